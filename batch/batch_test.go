@@ -1,0 +1,167 @@
+package batch
+
+import (
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/mailroom/tailer/decoder"
+)
+
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time          { return c.t }
+func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
+
+func tok(commit pglogrepl.LSN, idx uint32) *decoder.Token {
+	return &decoder.Token{Pos: decoder.Position{Commit: commit, Index: idx}, ID: int64(commit)*1000 + int64(idx)}
+}
+
+func TestBatcherLimit(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	b := NewBatcher(3, 5*time.Second, c.now)
+	var batches []*Batch
+	for i := uint32(0); i < 7; i++ {
+		if b.Add(tok(100, i)) {
+			batches = append(batches, b.Cut(CutLimit))
+		}
+	}
+	if len(batches) != 2 {
+		t.Fatalf("got %d full batches, want 2", len(batches))
+	}
+	for i, bt := range batches {
+		if len(bt.Tokens) != 3 || bt.Cut != CutLimit {
+			t.Errorf("batch %d: %d tokens, cut %v", i, len(bt.Tokens), bt.Cut)
+		}
+		if bt.FirstSeq != uint64(3*i+1) || bt.LastSeq != uint64(3*i+3) {
+			t.Errorf("batch %d: seq %d..%d", i, bt.FirstSeq, bt.LastSeq)
+		}
+		if bt.First().Index != uint32(3*i) || bt.Last().Index != uint32(3*i+2) {
+			t.Errorf("batch %d: positions %v..%v", i, bt.First(), bt.Last())
+		}
+	}
+	if b.Pending() != 1 || b.LastSeq() != 7 {
+		t.Errorf("pending %d lastSeq %d", b.Pending(), b.LastSeq())
+	}
+}
+
+func TestBatcherTimeout(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	b := NewBatcher(10, 5*time.Second, c.now)
+	if _, ok := b.Deadline(); ok {
+		t.Fatal("deadline without a batch")
+	}
+	b.Add(tok(1, 0))
+	c.advance(4 * time.Second)
+	b.Add(tok(1, 1))
+	// The deadline counts from the first token, not the latest.
+	if d, ok := b.Deadline(); !ok || !d.Equal(time.Unix(1005, 0)) {
+		t.Fatalf("deadline = %v, %v", d, ok)
+	}
+	bt := b.Cut(CutTimeout)
+	if len(bt.Tokens) != 2 || bt.Cut != CutTimeout {
+		t.Fatalf("batch = %d tokens, %v", len(bt.Tokens), bt.Cut)
+	}
+	if b.Cut(CutTimeout) != nil {
+		t.Fatal("second cut returned a batch")
+	}
+	b.Recycle(bt)
+	c.advance(time.Minute)
+	b.Add(tok(2, 0))
+	if d, _ := b.Deadline(); !d.Equal(c.t.Add(5 * time.Second)) {
+		t.Fatalf("deadline of a new batch = %v", d)
+	}
+	if got := b.Cut(CutShutdown); len(got.Tokens) != 1 || got.Tokens[0].Pos.Commit != 2 {
+		t.Fatalf("recycled batch kept old tokens: %+v", got.Tokens)
+	}
+}
+
+func TestTracker(t *testing.T) {
+	type step struct {
+		mark    *mark  // record this mark, or
+		done    uint64 // ask what is confirmable with this done sequence
+		want    pglogrepl.LSN
+		waiting int
+	}
+	m := func(lsn pglogrepl.LSN, seq uint64) *mark { return &mark{lsn, seq} }
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"keepalive with nothing pending confirms at once", []step{
+			{mark: m(0x200, 0)},
+			{done: 0, want: 0x200},
+		}},
+		{"transaction waits for its last token", []step{
+			{mark: m(0x200, 5)}, // tx 1: tokens 1..5
+			{mark: m(0x300, 9)}, // tx 2: tokens 6..9
+			{done: 4, want: 0x100, waiting: 2},
+			{done: 5, want: 0x200, waiting: 1},
+			{done: 8, want: 0x200, waiting: 1},
+			{done: 9, want: 0x300},
+		}},
+		{"keepalive after pending tokens waits for them", []step{
+			{mark: m(0x200, 3)},
+			{mark: m(0x900, 3)}, // supersedes 0x200: nothing new in between
+			{done: 2, want: 0x100, waiting: 1},
+			{done: 3, want: 0x900},
+		}},
+		{"transaction of only bad rows", []step{
+			{mark: m(0x200, 2)},
+			{mark: m(0x300, 2)}, // no good token: same sequence
+			{done: 2, want: 0x300},
+		}},
+		{"marks out of order or old are ignored", []step{
+			{mark: m(0x80, 0)},
+			{mark: m(0x400, 1)},
+			{mark: m(0x300, 2)},
+			{done: 2, want: 0x400},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := NewTracker(0x100)
+			for i, s := range tc.steps {
+				if s.mark != nil {
+					tr.Mark(s.mark.lsn, s.mark.seq)
+					continue
+				}
+				if got := tr.Confirmable(s.done); got != s.want {
+					t.Fatalf("step %d: Confirmable(%d) = %v, want %v", i, s.done, got, s.want)
+				}
+				if got := tr.Waiting(); got != s.waiting {
+					t.Fatalf("step %d: Waiting = %d, want %d", i, got, s.waiting)
+				}
+			}
+		})
+	}
+}
+
+func TestTrackerCompacts(t *testing.T) {
+	tr := NewTracker(1)
+	for i := uint64(1); i <= 100000; i++ {
+		tr.Mark(pglogrepl.LSN(i*16), i)
+		if i%3 == 0 {
+			if got := tr.Confirmable(i - 1); got != pglogrepl.LSN((i-1)*16) {
+				t.Fatalf("Confirmable(%d) = %v", i-1, got)
+			}
+		}
+	}
+	if tr.Waiting() != 2 { // marks 99999 and 100000
+		t.Fatalf("waiting = %d", tr.Waiting())
+	}
+	if cap(tr.marks) > 4096 {
+		t.Fatalf("marks grew to %d", cap(tr.marks))
+	}
+}
+
+func BenchmarkBatcherAdd(b *testing.B) {
+	bt := NewBatcher(1000, time.Second, nil)
+	tk := tok(1, 0)
+	b.ReportAllocs()
+	for b.Loop() {
+		if bt.Add(tk) {
+			bt.Recycle(bt.Cut(CutLimit))
+		}
+	}
+}

@@ -1,0 +1,551 @@
+package decoder
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// Sink receives what the decoder finds, in commit order. The decoder calls
+// it synchronously; a *Token is only valid for the duration of the call.
+type Sink interface {
+	// Token is called for every well-formed insert into the tokens table.
+	Token(t *Token)
+	// BadRow is called for an insert into the tokens table that cannot be
+	// turned into a Token. The row still occupies its position.
+	BadRow(pos Position, err error)
+	// Commit is called when a transaction that touched published tables
+	// ends; endLSN is the position the slot may be confirmed to once every
+	// row of the transaction has been handled.
+	Commit(commitLSN, endLSN pglogrepl.LSN)
+}
+
+// ErrProtocol marks a message that does not follow the pgoutput format. It is
+// not a bad row: the stream itself cannot be trusted past it.
+var ErrProtocol = errors.New("pgoutput protocol error")
+
+// Decoder holds the state pgoutput messages depend on: the relations seen so
+// far, the transaction in progress and the streamed transactions not yet
+// committed. The zero value is not usable; call New.
+type Decoder struct {
+	schema, table string
+
+	relations map[uint32]*relation
+
+	// inTx is set between Begin and Commit of a non-streamed transaction.
+	inTx     bool
+	txCommit pglogrepl.LSN
+	txIndex  uint32
+
+	// inStream is set between Stream Start and Stream Stop; streamXid is the
+	// top-level transaction the chunk belongs to.
+	inStream  bool
+	streamXid uint32
+	streams   map[uint32]*streamedTx
+
+	// tok is the scratch row handed to the Sink; reusing it keeps the
+	// interface call from moving every row to the heap.
+	tok Token
+}
+
+// New returns a Decoder for inserts into schema.table (normally
+// public.tokens).
+func New(schema, table string) *Decoder {
+	return &Decoder{
+		schema:    schema,
+		table:     table,
+		relations: make(map[uint32]*relation),
+		streams:   make(map[uint32]*streamedTx),
+	}
+}
+
+// relation maps the columns the tailer needs to their index in a tuple.
+// Columns are found by name so that column order and added columns do not
+// matter.
+type relation struct {
+	isTokens                                         bool
+	ncols                                            int
+	colID, colAction, colSecret, colCode, colAccount int
+}
+
+// streamedTx buffers a streamed transaction's rows until Stream Commit:
+// before it, the transaction may still abort.
+type streamedTx struct {
+	rows []streamedRow
+}
+
+type streamedRow struct {
+	subXid uint32
+	tok    Token
+	err    error
+}
+
+// Decode handles one pgoutput message (the payload of an XLogData message).
+func (d *Decoder) Decode(msg []byte, sink Sink) error {
+	if len(msg) == 0 {
+		return fmt.Errorf("%w: empty message", ErrProtocol)
+	}
+	r := reader{buf: msg[1:]}
+	switch msg[0] {
+	case 'B':
+		return d.begin(&r)
+	case 'C':
+		return d.commit(&r, sink)
+	case 'R':
+		return d.relation(&r)
+	case 'I':
+		return d.insert(&r, sink)
+	case 'S':
+		return d.streamStart(&r)
+	case 'E':
+		d.inStream = false
+		return nil
+	case 'c':
+		return d.streamCommit(&r, sink)
+	case 'A':
+		return d.streamAbort(&r)
+	case 'O', 'Y', 'U', 'D', 'T', 'M':
+		// Origins, types, updates, deletes, truncates and logical messages
+		// carry no token inserts.
+		return nil
+	}
+	return fmt.Errorf("%w: unexpected message type %q", ErrProtocol, msg[0])
+}
+
+// Pending reports how many streamed transactions are buffered, waiting for
+// their Stream Commit or Stream Abort.
+func (d *Decoder) Pending() int { return len(d.streams) }
+
+func (d *Decoder) begin(r *reader) error {
+	finalLSN := r.u64()
+	r.u64() // commit timestamp
+	r.u32() // xid
+	if r.err != nil {
+		return r.fail("begin")
+	}
+	d.inTx, d.txCommit, d.txIndex = true, pglogrepl.LSN(finalLSN), 0
+	return nil
+}
+
+func (d *Decoder) commit(r *reader, sink Sink) error {
+	r.u8() // flags
+	commitLSN := r.u64()
+	endLSN := r.u64()
+	r.u64() // commit timestamp
+	if r.err != nil {
+		return r.fail("commit")
+	}
+	d.inTx = false
+	sink.Commit(pglogrepl.LSN(commitLSN), pglogrepl.LSN(endLSN))
+	return nil
+}
+
+func (d *Decoder) streamStart(r *reader) error {
+	xid := r.u32()
+	r.u8() // first segment
+	if r.err != nil {
+		return r.fail("stream start")
+	}
+	d.inStream, d.streamXid = true, xid
+	if d.streams[xid] == nil {
+		d.streams[xid] = &streamedTx{}
+	}
+	return nil
+}
+
+func (d *Decoder) streamCommit(r *reader, sink Sink) error {
+	xid := r.u32()
+	r.u8() // flags
+	commitLSN := pglogrepl.LSN(r.u64())
+	endLSN := pglogrepl.LSN(r.u64())
+	r.u64() // commit timestamp
+	if r.err != nil {
+		return r.fail("stream commit")
+	}
+	if st := d.streams[xid]; st != nil {
+		for i := range st.rows {
+			row := &st.rows[i]
+			pos := Position{Commit: commitLSN, Index: uint32(i)}
+			if row.err != nil {
+				sink.BadRow(pos, row.err)
+				continue
+			}
+			row.tok.Pos = pos
+			sink.Token(&row.tok)
+		}
+		delete(d.streams, xid)
+	}
+	sink.Commit(commitLSN, endLSN)
+	return nil
+}
+
+func (d *Decoder) streamAbort(r *reader) error {
+	xid := r.u32()
+	subXid := r.u32()
+	// Protocol v4 appends the abort LSN and timestamp; they are not needed.
+	if r.err != nil {
+		return r.fail("stream abort")
+	}
+	st := d.streams[xid]
+	if st == nil {
+		return nil
+	}
+	if subXid == xid {
+		delete(d.streams, xid)
+		return nil
+	}
+	kept := st.rows[:0]
+	for _, row := range st.rows {
+		if row.subXid != subXid {
+			kept = append(kept, row)
+		}
+	}
+	st.rows = kept
+	return nil
+}
+
+func (d *Decoder) relation(r *reader) error {
+	if d.inStream {
+		r.u32() // xid
+	}
+	id := r.u32()
+	ns := r.cstring()
+	name := r.cstring()
+	r.u8() // replica identity
+	ncols := int(r.u16())
+	rel := &relation{
+		isTokens: string(ns) == d.schema && string(name) == d.table,
+		ncols:    ncols,
+		colID:    -1, colAction: -1, colSecret: -1, colCode: -1, colAccount: -1,
+	}
+	for i := 0; i < ncols && r.err == nil; i++ {
+		r.u8() // flags
+		col := r.cstring()
+		r.u32() // type oid
+		r.u32() // type modifier
+		switch string(col) {
+		case "id":
+			rel.colID = i
+		case "action":
+			rel.colAction = i
+		case "secret":
+			rel.colSecret = i
+		case "code":
+			rel.colCode = i
+		case "account":
+			rel.colAccount = i
+		}
+	}
+	if r.err != nil {
+		return r.fail("relation")
+	}
+	d.relations[id] = rel
+	return nil
+}
+
+func (d *Decoder) insert(r *reader, sink Sink) error {
+	var xid uint32
+	if d.inStream {
+		xid = r.u32()
+	}
+	relID := r.u32()
+	if kind := r.u8(); r.err == nil && kind != 'N' {
+		return fmt.Errorf("%w: insert: tuple kind %q, want 'N'", ErrProtocol, kind)
+	}
+	if r.err != nil {
+		return r.fail("insert")
+	}
+	rel := d.relations[relID]
+	if rel == nil {
+		return fmt.Errorf("%w: insert into relation %d before its Relation message", ErrProtocol, relID)
+	}
+	if !rel.isTokens {
+		return nil
+	}
+
+	tok := &d.tok
+	*tok = Token{}
+	rowErr, err := rel.decodeTuple(r, tok)
+	if err != nil {
+		return err
+	}
+
+	if d.inStream {
+		st := d.streams[d.streamXid]
+		st.rows = append(st.rows, streamedRow{subXid: xid, tok: *tok, err: rowErr})
+		return nil
+	}
+	if !d.inTx {
+		return fmt.Errorf("%w: insert outside a transaction", ErrProtocol)
+	}
+	pos := Position{Commit: d.txCommit, Index: d.txIndex}
+	d.txIndex++
+	if rowErr != nil {
+		sink.BadRow(pos, rowErr)
+		return nil
+	}
+	tok.Pos = pos
+	sink.Token(tok)
+	return nil
+}
+
+// decodeTuple fills tok from a TupleData. It returns a row error for values
+// that cannot form a token and a protocol error when the tuple itself is
+// malformed.
+func (rel *relation) decodeTuple(r *reader, tok *Token) (rowErr, err error) {
+	n := int(r.u16())
+	if r.err != nil {
+		return nil, r.fail("tuple")
+	}
+	var seen [5]bool // id, action, secret, code, account
+	for i := 0; i < n; i++ {
+		kind := r.u8()
+		var val []byte
+		switch kind {
+		case 'n', 'u':
+		case 't', 'b':
+			val = r.bytes(int(r.u32()))
+		default:
+			if r.err == nil {
+				return nil, fmt.Errorf("%w: tuple column %d: kind %q", ErrProtocol, i, kind)
+			}
+		}
+		if r.err != nil {
+			return nil, r.fail("tuple")
+		}
+		if rowErr != nil {
+			continue
+		}
+		binaryFmt := kind == 'b'
+		null := kind != 't' && kind != 'b'
+		switch i {
+		case rel.colID:
+			seen[0] = true
+			tok.ID, rowErr = int8Value("id", val, null, binaryFmt)
+		case rel.colAction:
+			seen[1] = true
+			if null {
+				rowErr = errors.New("action is NULL")
+			} else if tok.Action, rowErr = actionValue(val); rowErr != nil {
+				rowErr = fmt.Errorf("action: %w", rowErr)
+			}
+		case rel.colSecret:
+			seen[2] = true
+			rowErr = secretValue(&tok.Secret, val, null, binaryFmt)
+		case rel.colCode:
+			seen[3] = true
+			if null {
+				tok.CodeNull = true
+			} else if len(val) > len(tok.Code) {
+				rowErr = fmt.Errorf("code is %d bytes, want at most %d", len(val), len(tok.Code))
+			} else {
+				tok.CodeLen = uint8(copy(tok.Code[:], val))
+			}
+		case rel.colAccount:
+			seen[4] = true
+			tok.Account, rowErr = int8Value("account", val, null, binaryFmt)
+		}
+	}
+	if rowErr != nil {
+		return rowErr, nil
+	}
+	for i, name := range [...]string{"id", "action", "secret", "code", "account"} {
+		if !seen[i] {
+			return fmt.Errorf("column %s missing from the tokens relation", name), nil
+		}
+	}
+	if tok.Action == ActionPasswordRecovery && (tok.CodeNull || tok.CodeLen != 5) {
+		if tok.CodeNull {
+			return errors.New("password_recovery token has a NULL code"), nil
+		}
+		return fmt.Errorf("password_recovery token code is %d bytes, want 5", tok.CodeLen), nil
+	}
+	return nil, nil
+}
+
+func int8Value(col string, val []byte, null, binaryFmt bool) (int64, error) {
+	if null {
+		return 0, fmt.Errorf("%s is NULL", col)
+	}
+	if binaryFmt {
+		if len(val) != 8 {
+			return 0, fmt.Errorf("%s: binary int8 of %d bytes", col, len(val))
+		}
+		return int64(binary.BigEndian.Uint64(val)), nil
+	}
+	v, ok := atoi(val)
+	if !ok {
+		return 0, fmt.Errorf("%s: %q is not an integer", col, val)
+	}
+	return v, nil
+}
+
+func actionValue(val []byte) (Action, error) {
+	switch string(val) {
+	case "activation":
+		return ActionActivation, nil
+	case "password_recovery":
+		return ActionPasswordRecovery, nil
+	}
+	return ActionUnknown, fmt.Errorf("unknown value %q", val)
+}
+
+func secretValue(dst *[32]byte, val []byte, null, binaryFmt bool) error {
+	if null {
+		return errors.New("secret is NULL")
+	}
+	if binaryFmt {
+		if len(val) != len(dst) {
+			return fmt.Errorf("secret is %d bytes, want %d", len(val), len(dst))
+		}
+		copy(dst[:], val)
+		return nil
+	}
+	// Text format is bytea's hex output: \x followed by two digits a byte.
+	if len(val) < 2 || val[0] != '\\' || val[1] != 'x' {
+		return errors.New("secret is not in bytea hex format (bytea_output must be hex)")
+	}
+	hex := val[2:]
+	if len(hex) != 2*len(dst) {
+		return fmt.Errorf("secret is %d bytes, want %d", len(hex)/2, len(dst))
+	}
+	for i := range dst {
+		hi, ok1 := unhex(hex[2*i])
+		lo, ok2 := unhex(hex[2*i+1])
+		if !ok1 || !ok2 {
+			return errors.New("secret has a non-hex digit")
+		}
+		dst[i] = hi<<4 | lo
+	}
+	return nil
+}
+
+func unhex(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	case 'A' <= c && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
+}
+
+// atoi parses a decimal int64 without allocating.
+func atoi(b []byte) (int64, bool) {
+	if len(b) == 0 || len(b) > 20 {
+		return 0, false
+	}
+	neg := b[0] == '-'
+	if neg {
+		b = b[1:]
+		if len(b) == 0 {
+			return 0, false
+		}
+	}
+	var v uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		next := v*10 + uint64(c-'0')
+		if next < v || next > 1<<63 {
+			return 0, false
+		}
+		v = next
+	}
+	if !neg && v > 1<<63-1 {
+		return 0, false
+	}
+	if neg {
+		return -int64(v), true
+	}
+	return int64(v), true
+}
+
+// reader reads big-endian pgoutput fields; the first short read sets err and
+// makes every later read return zero values.
+type reader struct {
+	buf []byte
+	err error
+}
+
+func (r *reader) need(n int) bool {
+	if r.err != nil {
+		return false
+	}
+	if n < 0 || len(r.buf) < n {
+		r.err = errShort
+		return false
+	}
+	return true
+}
+
+var errShort = errors.New("message too short")
+
+func (r *reader) u8() byte {
+	if !r.need(1) {
+		return 0
+	}
+	v := r.buf[0]
+	r.buf = r.buf[1:]
+	return v
+}
+
+func (r *reader) u16() uint16 {
+	if !r.need(2) {
+		return 0
+	}
+	v := binary.BigEndian.Uint16(r.buf)
+	r.buf = r.buf[2:]
+	return v
+}
+
+func (r *reader) u32() uint32 {
+	if !r.need(4) {
+		return 0
+	}
+	v := binary.BigEndian.Uint32(r.buf)
+	r.buf = r.buf[4:]
+	return v
+}
+
+func (r *reader) u64() uint64 {
+	if !r.need(8) {
+		return 0
+	}
+	v := binary.BigEndian.Uint64(r.buf)
+	r.buf = r.buf[8:]
+	return v
+}
+
+func (r *reader) bytes(n int) []byte {
+	if !r.need(n) {
+		return nil
+	}
+	v := r.buf[:n:n]
+	r.buf = r.buf[n:]
+	return v
+}
+
+func (r *reader) cstring() []byte {
+	if r.err != nil {
+		return nil
+	}
+	for i, c := range r.buf {
+		if c == 0 {
+			v := r.buf[:i:i]
+			r.buf = r.buf[i+1:]
+			return v
+		}
+	}
+	r.err = errors.New("unterminated string")
+	return nil
+}
+
+func (r *reader) fail(what string) error {
+	return fmt.Errorf("%w: %s: %v", ErrProtocol, what, r.err)
+}

@@ -1,0 +1,394 @@
+package decoder
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// recorder is a Sink that keeps everything it is given.
+type recorder struct {
+	tokens  []Token
+	bad     []badRow
+	commits [][2]pglogrepl.LSN
+}
+
+type badRow struct {
+	pos Position
+	err error
+}
+
+func (r *recorder) Token(t *Token)               { r.tokens = append(r.tokens, *t) }
+func (r *recorder) BadRow(p Position, err error) { r.bad = append(r.bad, badRow{p, err}) }
+func (r *recorder) Commit(commit, end pglogrepl.LSN) {
+	r.commits = append(r.commits, [2]pglogrepl.LSN{commit, end})
+}
+
+// msg builds pgoutput messages the way the server encodes them.
+type msg struct{ bytes.Buffer }
+
+func newMsg(kind byte) *msg   { m := &msg{}; m.WriteByte(kind); return m }
+func (m *msg) u8(v byte) *msg { m.WriteByte(v); return m }
+func (m *msg) u16(v uint16) *msg {
+	m.Write(binary.BigEndian.AppendUint16(nil, v))
+	return m
+}
+func (m *msg) u32(v uint32) *msg {
+	m.Write(binary.BigEndian.AppendUint32(nil, v))
+	return m
+}
+func (m *msg) u64(v uint64) *msg {
+	m.Write(binary.BigEndian.AppendUint64(nil, v))
+	return m
+}
+func (m *msg) str(s string) *msg { m.WriteString(s); m.WriteByte(0); return m }
+
+func begin(final uint64, xid uint32) []byte {
+	return newMsg('B').u64(final).u64(0).u32(xid).Bytes()
+}
+
+func commit(commitLSN, end uint64) []byte {
+	return newMsg('C').u8(0).u64(commitLSN).u64(end).u64(0).Bytes()
+}
+
+// relationMsg describes a relation with the given columns; streamXid > 0
+// adds the xid prefix used inside a streamed chunk.
+func relationMsg(streamXid, id uint32, ns, name string, cols ...string) []byte {
+	m := newMsg('R')
+	if streamXid > 0 {
+		m.u32(streamXid)
+	}
+	m.u32(id).str(ns).str(name).u8('d').u16(uint16(len(cols)))
+	for _, c := range cols {
+		m.u8(0).str(c).u32(0).u32(0xffffffff)
+	}
+	return m.Bytes()
+}
+
+// col is one tuple value: kind 'n' (NULL), 't' (text) or 'b' (binary).
+type col struct {
+	kind byte
+	val  []byte
+}
+
+func text(s string) col      { return col{'t', []byte(s)} }
+func binv(b []byte) col      { return col{'b', b} }
+func null() col              { return col{'n', nil} }
+func i8(v int64) col         { return binv(binary.BigEndian.AppendUint64(nil, uint64(v))) }
+func itext(v int64) col      { return text(strconv.FormatInt(v, 10)) }
+func hexSecret(b []byte) col { return text(`\x` + hex.EncodeToString(b)) }
+
+func insertMsg(streamXid, rel uint32, cols ...col) []byte {
+	m := newMsg('I')
+	if streamXid > 0 {
+		m.u32(streamXid)
+	}
+	m.u32(rel).u8('N').u16(uint16(len(cols)))
+	for _, c := range cols {
+		m.u8(c.kind)
+		if c.kind == 't' || c.kind == 'b' {
+			m.u32(uint32(len(c.val)))
+			m.Write(c.val)
+		}
+	}
+	return m.Bytes()
+}
+
+var tokenCols = []string{"id", "action", "secret", "code", "account", "expires_at", "consumed_at", "created_at"}
+
+func secret(seed byte) []byte {
+	s := make([]byte, 32)
+	for i := range s {
+		s[i] = seed + byte(i)
+	}
+	return s
+}
+
+func textRow(id int64, action string, sec []byte, code col, account int64) []col {
+	return []col{itext(id), text(action), hexSecret(sec), code, itext(account), itext(1700000000), null(), itext(1700000000)}
+}
+
+func binRow(id int64, action string, sec []byte, code col, account int64) []col {
+	exp := binary.BigEndian.AppendUint32(nil, 1700000000)
+	return []col{i8(id), binv([]byte(action)), binv(sec), code, i8(account), binv(exp), null(), binv(exp)}
+}
+
+func run(t *testing.T, msgs ...[]byte) (*recorder, *Decoder) {
+	t.Helper()
+	d := New("public", "tokens")
+	rec := &recorder{}
+	for i, m := range msgs {
+		if err := d.Decode(m, rec); err != nil {
+			t.Fatalf("message %d (%q): %v", i, m[0], err)
+		}
+	}
+	return rec, d
+}
+
+func TestDecodeTransaction(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		row  func(int64, string, []byte, col, int64) []col
+	}{
+		{"text", textRow},
+		{"binary", binRow},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec, _ := run(t,
+				relationMsg(0, 16400, "public", "tokens", tokenCols...),
+				relationMsg(0, 16390, "public", "accounts", "id", "email"),
+				begin(0x1000, 7),
+				insertMsg(0, 16390, itext(1), text("a@b")),
+				insertMsg(0, 16400, tc.row(11, "activation", secret(1), text("01234"), 1)...),
+				insertMsg(0, 16400, tc.row(12, "password_recovery", secret(2), text("99999"), 2)...),
+				commit(0x1000, 0x1010),
+			)
+			if len(rec.bad) != 0 {
+				t.Fatalf("bad rows: %v", rec.bad)
+			}
+			if len(rec.tokens) != 2 {
+				t.Fatalf("got %d tokens, want 2", len(rec.tokens))
+			}
+			a, r := rec.tokens[0], rec.tokens[1]
+			if a.ID != 11 || a.Action != ActionActivation || a.Account != 1 || a.CodeString() != "01234" ||
+				!bytes.Equal(a.Secret[:], secret(1)) || a.Pos != (Position{0x1000, 0}) {
+				t.Errorf("activation token = %+v", a)
+			}
+			if r.ID != 12 || r.Action != ActionPasswordRecovery || r.Account != 2 || r.CodeString() != "99999" ||
+				!bytes.Equal(r.Secret[:], secret(2)) || r.Pos != (Position{0x1000, 1}) {
+				t.Errorf("recovery token = %+v", r)
+			}
+			if len(rec.commits) != 1 || rec.commits[0] != [2]pglogrepl.LSN{0x1000, 0x1010} {
+				t.Errorf("commits = %v", rec.commits)
+			}
+		})
+	}
+}
+
+func TestDecodeColumnsByName(t *testing.T) {
+	cols := []string{"created_at", "account", "code", "secret", "action", "id", "extra"}
+	rec, _ := run(t,
+		relationMsg(0, 1, "public", "tokens", cols...),
+		begin(0x2000, 1),
+		insertMsg(0, 1, itext(5), itext(42), text("12345"), hexSecret(secret(9)), text("activation"), itext(77), text("x")),
+		commit(0x2000, 0x2008),
+	)
+	if len(rec.tokens) != 1 {
+		t.Fatalf("tokens = %d, bad = %v", len(rec.tokens), rec.bad)
+	}
+	if tok := rec.tokens[0]; tok.ID != 77 || tok.Account != 42 || tok.CodeString() != "12345" {
+		t.Errorf("token = %+v", tok)
+	}
+}
+
+func TestDecodeBadRows(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		row  []col
+		want string
+	}{
+		{"short secret", textRow(1, "activation", secret(1)[:16], text("01234"), 1), "secret is 16 bytes, want 32"},
+		{"short binary secret", binRow(1, "activation", secret(1)[:31], text("01234"), 1), "secret is 31 bytes, want 32"},
+		{"unknown action", textRow(1, "login_link", secret(1), text("01234"), 1), `action: unknown value "login_link"`},
+		{"null code for recovery", textRow(1, "password_recovery", secret(1), null(), 1), "NULL code"},
+		{"short code for recovery", textRow(1, "password_recovery", secret(1), text("123"), 1), "code is 3 bytes, want 5"},
+		{"null id", append([]col{null()}, textRow(1, "activation", secret(1), text("0"), 1)[1:]...), "id is NULL"},
+		{"escape bytea", append(textRow(1, "activation", nil, text("0"), 1)[:2], append([]col{text("abc")}, textRow(1, "activation", nil, text("0"), 1)[3:]...)...), "bytea hex format"},
+		{"bad integer", append([]col{text("12a")}, textRow(1, "activation", secret(1), text("0"), 1)[1:]...), `id: "12a" is not an integer`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec, _ := run(t,
+				relationMsg(0, 1, "public", "tokens", tokenCols...),
+				begin(0x3000, 1),
+				insertMsg(0, 1, tc.row...),
+				insertMsg(0, 1, textRow(2, "activation", secret(3), text("11111"), 1)...),
+				commit(0x3000, 0x3010),
+			)
+			if len(rec.bad) != 1 {
+				t.Fatalf("bad rows = %v, want one", rec.bad)
+			}
+			if got := rec.bad[0].err.Error(); !strings.Contains(got, tc.want) {
+				t.Errorf("error = %q, want it to contain %q", got, tc.want)
+			}
+			if rec.bad[0].pos != (Position{0x3000, 0}) {
+				t.Errorf("bad row position = %v", rec.bad[0].pos)
+			}
+			// The next row keeps its own position and is decoded.
+			if len(rec.tokens) != 1 || rec.tokens[0].Pos != (Position{0x3000, 1}) || rec.tokens[0].ID != 2 {
+				t.Errorf("tokens after bad row = %+v", rec.tokens)
+			}
+		})
+	}
+}
+
+func TestDecodeMissingColumn(t *testing.T) {
+	rec, _ := run(t,
+		relationMsg(0, 1, "public", "tokens", "id", "action", "secret", "account"),
+		begin(0x10, 1),
+		insertMsg(0, 1, itext(1), text("activation"), hexSecret(secret(1)), itext(1)),
+		commit(0x10, 0x18),
+	)
+	if len(rec.bad) != 1 || !strings.Contains(rec.bad[0].err.Error(), "column code missing") {
+		t.Fatalf("bad = %v", rec.bad)
+	}
+}
+
+func TestDecodeStreamed(t *testing.T) {
+	const xid, sub = 900, 901
+	rel := relationMsg(xid, 1, "public", "tokens", tokenCols...)
+	row := func(streamXid uint32, id int64) []byte {
+		return insertMsg(streamXid, 1, textRow(id, "activation", secret(byte(id)), text("00000"), 1)...)
+	}
+	streamStart := func(x uint32) []byte { return newMsg('S').u32(x).u8(1).Bytes() }
+	streamStop := newMsg('E').Bytes()
+	streamCommit := func(x uint32, c, e uint64) []byte {
+		return newMsg('c').u32(x).u8(0).u64(c).u64(e).u64(0).Bytes()
+	}
+	streamAbort := func(x, s uint32) []byte { return newMsg('A').u32(x).u32(s).Bytes() }
+
+	t.Run("commit after chunks", func(t *testing.T) {
+		rec, d := run(t,
+			streamStart(xid), rel, row(xid, 1), row(sub, 2), streamStop,
+			streamStart(xid), row(xid, 3), streamStop,
+		)
+		if len(rec.tokens) != 0 || d.Pending() != 1 {
+			t.Fatalf("tokens delivered before Stream Commit: %v (pending %d)", rec.tokens, d.Pending())
+		}
+		for _, m := range [][]byte{streamAbort(xid, sub), streamCommit(xid, 0x5000, 0x5010)} {
+			if err := d.Decode(m, rec); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var ids []int64
+		for _, tok := range rec.tokens {
+			ids = append(ids, tok.ID)
+		}
+		if len(ids) != 2 || ids[0] != 1 || ids[1] != 3 {
+			t.Fatalf("ids = %v, want [1 3] (subtransaction 901 aborted)", ids)
+		}
+		if rec.tokens[1].Pos != (Position{0x5000, 1}) {
+			t.Errorf("position = %v", rec.tokens[1].Pos)
+		}
+		if d.Pending() != 0 || len(rec.commits) != 1 || rec.commits[0][1] != 0x5010 {
+			t.Errorf("pending %d commits %v", d.Pending(), rec.commits)
+		}
+	})
+	t.Run("abort drops everything", func(t *testing.T) {
+		rec, d := run(t, streamStart(xid), rel, row(xid, 1), streamStop, streamAbort(xid, xid))
+		if len(rec.tokens) != 0 || len(rec.commits) != 0 || d.Pending() != 0 {
+			t.Fatalf("tokens %v commits %v pending %d", rec.tokens, rec.commits, d.Pending())
+		}
+	})
+	t.Run("interleaved with a plain transaction", func(t *testing.T) {
+		rec, _ := run(t,
+			streamStart(xid), rel, row(xid, 1), streamStop,
+			begin(0x6000, 5), row(0, 2), commit(0x6000, 0x6008),
+			streamCommit(xid, 0x7000, 0x7008),
+		)
+		if len(rec.tokens) != 2 || rec.tokens[0].ID != 2 || rec.tokens[1].ID != 1 {
+			t.Fatalf("tokens = %+v", rec.tokens)
+		}
+	})
+}
+
+func TestDecodeProtocolErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		msgs [][]byte
+	}{
+		{"unknown type", [][]byte{{'Z'}}},
+		{"empty", [][]byte{{}}},
+		{"short begin", [][]byte{{'B', 0, 0}}},
+		{"unknown relation", [][]byte{begin(1, 1), insertMsg(0, 99, itext(1))}},
+		{"truncated tuple", [][]byte{
+			relationMsg(0, 1, "public", "tokens", tokenCols...), begin(1, 1),
+			insertMsg(0, 1, textRow(1, "activation", secret(1), text("0"), 1)...)[:20],
+		}},
+		{"unterminated relation name", [][]byte{{'R', 0, 0, 0, 1, 'p'}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := New("public", "tokens")
+			var err error
+			for _, m := range tc.msgs {
+				if err = d.Decode(m, &recorder{}); err != nil {
+					break
+				}
+			}
+			if !errors.Is(err, ErrProtocol) {
+				t.Fatalf("err = %v, want ErrProtocol", err)
+			}
+		})
+	}
+}
+
+func TestPositionText(t *testing.T) {
+	for _, p := range []Position{{0, 0}, {0x16B3748, 3}, {0xFFFFFFFF_FFFFFFFF, 4294967295}, {1 << 32, 12}} {
+		s := p.String()
+		if got := string(p.AppendText(nil)); got != s {
+			t.Errorf("AppendText = %q, String = %q", got, s)
+		}
+		back, err := ParsePosition(s)
+		if err != nil || back != p {
+			t.Errorf("ParsePosition(%q) = %v, %v", s, back, err)
+		}
+	}
+	for _, bad := range []string{"", "0/10", "0/10:x", "zz:1"} {
+		if _, err := ParsePosition(bad); err == nil {
+			t.Errorf("ParsePosition(%q) succeeded", bad)
+		}
+	}
+	if !(Position{1, 5}).Less(Position{2, 0}) || (Position{2, 0}).Less(Position{1, 5}) || !(Position{2, 0}).Less(Position{2, 1}) {
+		t.Error("Less is not commit order")
+	}
+}
+
+func TestAtoi(t *testing.T) {
+	for in, want := range map[string]int64{"0": 0, "42": 42, "-7": -7, "9223372036854775807": 9223372036854775807, "-9223372036854775808": -9223372036854775808} {
+		if got, ok := atoi([]byte(in)); !ok || got != want {
+			t.Errorf("atoi(%q) = %d, %v", in, got, ok)
+		}
+	}
+	for _, in := range []string{"", "-", "9223372036854775808", "1x", "99999999999999999999"} {
+		if _, ok := atoi([]byte(in)); ok {
+			t.Errorf("atoi(%q) succeeded", in)
+		}
+	}
+}
+
+func BenchmarkDecodeInsert(b *testing.B) {
+	d := New("public", "tokens")
+	rec := &countSink{}
+	for _, m := range [][]byte{relationMsg(0, 1, "public", "tokens", tokenCols...), begin(0x10, 1)} {
+		if err := d.Decode(m, rec); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		msg  []byte
+	}{
+		{"text", insertMsg(0, 1, textRow(1, "activation", secret(1), text("01234"), 1)...)},
+		{"binary", insertMsg(0, 1, binRow(1, "activation", secret(1), text("01234"), 1)...)},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := d.Decode(tc.msg, rec); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+type countSink struct{ n int }
+
+func (c *countSink) Token(*Token)              { c.n++ }
+func (c *countSink) BadRow(Position, error)    {}
+func (c *countSink) Commit(_, _ pglogrepl.LSN) {}
