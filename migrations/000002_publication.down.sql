@@ -1,0 +1,1 @@
+DROP PUBLICATION IF EXISTS mailroom;

@@ -1,0 +1,220 @@
+package migrations
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/mailroom/tailer/testutil/pgtest"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+func setup(t *testing.T) (context.Context, *pgx.Conn, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	url := pgtest.Shared(t).CreateDB(t)
+	if err := Up(ctx, url); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return ctx, conn, url
+}
+
+func TestUpIsIdempotentAndReversible(t *testing.T) {
+	ctx, conn, url := setup(t)
+	if err := Up(ctx, url); err != nil {
+		t.Fatalf("second Up: %v", err)
+	}
+	v, dirty, err := Version(ctx, url)
+	if err != nil || v != 2 || dirty {
+		t.Fatalf("Version = %d, %v, %v", v, dirty, err)
+	}
+	var pub string
+	if err := conn.QueryRow(ctx, `SELECT pubname FROM pg_publication_tables WHERE tablename = 'tokens'`).Scan(&pub); err != nil || pub != Publication {
+		t.Fatalf("publication = %q, %v", pub, err)
+	}
+	var ins, upd bool
+	if err := conn.QueryRow(ctx, `SELECT pubinsert, pubupdate FROM pg_publication WHERE pubname = $1`, Publication).Scan(&ins, &upd); err != nil || !ins || upd {
+		t.Fatalf("publication publishes insert=%v update=%v (%v), want inserts only", ins, upd, err)
+	}
+	if err := Down(ctx, url); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE tablename IN ('accounts','tokens')`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("tables after Down = %d, %v", n, err)
+	}
+	if err := Up(ctx, url); err != nil {
+		t.Fatalf("Up after Down: %v", err)
+	}
+}
+
+func TestAdoptsExistingMailroomSchema(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	url := pgtest.Shared(t).CreateDB(t)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// A database set up by the collector's own migration already has the
+	// types and tables.
+	if _, err := conn.Exec(ctx, `
+		CREATE EXTENSION pgcrypto;
+		CREATE TYPE account_status AS ENUM ('provisioned', 'active', 'suspended');
+		CREATE TYPE token_action AS ENUM ('activation', 'password_recovery');
+		CREATE TABLE accounts (id BIGSERIAL PRIMARY KEY, email VARCHAR(254) UNIQUE NOT NULL,
+			status account_status DEFAULT 'provisioned' NOT NULL, login VARCHAR(254) UNIQUE NOT NULL,
+			created_at INTEGER DEFAULT EXTRACT(EPOCH FROM NOW()) NOT NULL, status_changed_at INTEGER,
+			activated_at INTEGER, suspended_at INTEGER, unsuspended_at INTEGER);
+		INSERT INTO accounts (email, login) VALUES ('old@example.com', 'old');
+	`); err != nil {
+		t.Fatal(err)
+	}
+	if err := Up(ctx, url); err != nil {
+		t.Fatalf("Up over an existing schema: %v", err)
+	}
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM accounts`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("existing rows = %d, %v", n, err)
+	}
+}
+
+func TestTriggers(t *testing.T) {
+	ctx, conn, _ := setup(t)
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	type account struct {
+		status                                     string
+		changed, activated, suspended, unsuspended *int32
+	}
+	get := func(id int64) account {
+		t.Helper()
+		var a account
+		if err := conn.QueryRow(ctx, `SELECT status::text, status_changed_at, activated_at, suspended_at, unsuspended_at FROM accounts WHERE id = $1`, id).
+			Scan(&a.status, &a.changed, &a.activated, &a.suspended, &a.unsuspended); err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+
+	t.Run("activation token in the same transaction as the account", func(t *testing.T) {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var id int64
+		if err := tx.QueryRow(ctx, `INSERT INTO accounts (email, login) VALUES ('a@example.com', 'a') RETURNING id`).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		var action, code string
+		var secret []byte
+		var expires, created int32
+		if err := tx.QueryRow(ctx, `SELECT action::text, secret, code, expires_at, created_at FROM tokens WHERE account = $1`, id).
+			Scan(&action, &secret, &code, &expires, &created); err != nil {
+			t.Fatalf("token inside the inserting transaction: %v", err)
+		}
+		if action != "activation" || len(secret) != 32 || len(code) != 5 || expires-created != 900 {
+			t.Fatalf("token = %s secret %d bytes code %q ttl %d", action, len(secret), code, expires-created)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		conn.QueryRow(ctx, `SELECT count(*) FROM tokens`).Scan(&n)
+		if n != 0 {
+			t.Fatalf("rolled back account left %d tokens", n)
+		}
+	})
+
+	t.Run("no activation token for an account inserted active", func(t *testing.T) {
+		var id int64
+		conn.QueryRow(ctx, `INSERT INTO accounts (email, login, status) VALUES ('b@example.com', 'b', 'active') RETURNING id`).Scan(&id)
+		var n int
+		conn.QueryRow(ctx, `SELECT count(*) FROM tokens WHERE account = $1`, id).Scan(&n)
+		if n != 0 {
+			t.Fatalf("%d tokens for an active account", n)
+		}
+	})
+
+	t.Run("consuming the activation token activates the account", func(t *testing.T) {
+		var id int64
+		conn.QueryRow(ctx, `INSERT INTO accounts (email, login) VALUES ('c@example.com', 'c') RETURNING id`).Scan(&id)
+		exec(`UPDATE tokens SET consumed_at = extract(epoch FROM now()) WHERE account = $1 AND action = 'activation'`, id)
+		a := get(id)
+		if a.status != "active" || a.activated == nil || a.changed == nil {
+			t.Fatalf("after consume: %+v", a)
+		}
+	})
+
+	t.Run("consuming a recovery token changes nothing", func(t *testing.T) {
+		var id int64
+		conn.QueryRow(ctx, `INSERT INTO accounts (email, login) VALUES ('d@example.com', 'd') RETURNING id`).Scan(&id)
+		exec(`INSERT INTO tokens (account, action) VALUES ($1, 'password_recovery')`, id)
+		exec(`UPDATE tokens SET consumed_at = 1 WHERE account = $1 AND action = 'password_recovery'`, id)
+		if a := get(id); a.status != "provisioned" {
+			t.Fatalf("status = %s", a.status)
+		}
+	})
+
+	t.Run("suspend and unsuspend an activated account", func(t *testing.T) {
+		var id int64
+		conn.QueryRow(ctx, `INSERT INTO accounts (email, login) VALUES ('e@example.com', 'e') RETURNING id`).Scan(&id)
+		exec(`UPDATE accounts SET status = 'active' WHERE id = $1`, id)
+		exec(`UPDATE accounts SET status = 'suspended' WHERE id = $1`, id)
+		a := get(id)
+		if a.status != "suspended" || a.suspended == nil || a.unsuspended != nil {
+			t.Fatalf("after suspend: %+v", a)
+		}
+		exec(`UPDATE accounts SET status = 'active' WHERE id = $1`, id)
+		a = get(id)
+		if a.status != "active" || a.suspended != nil || a.unsuspended == nil || a.activated == nil {
+			t.Fatalf("after unsuspend: %+v", a)
+		}
+	})
+
+	t.Run("unsuspending a never-activated account reverts to provisioned", func(t *testing.T) {
+		var id int64
+		conn.QueryRow(ctx, `INSERT INTO accounts (email, login) VALUES ('f@example.com', 'f') RETURNING id`).Scan(&id)
+		exec(`UPDATE accounts SET status = 'suspended' WHERE id = $1`, id)
+		exec(`UPDATE accounts SET status = 'active' WHERE id = $1`, id)
+		a := get(id)
+		if a.status != "provisioned" || a.activated != nil || a.unsuspended == nil || a.suspended != nil {
+			t.Fatalf("after unsuspend of a never-activated account: %+v", a)
+		}
+	})
+
+	t.Run("same status leaves timestamps alone", func(t *testing.T) {
+		var id int64
+		conn.QueryRow(ctx, `INSERT INTO accounts (email, login) VALUES ('g@example.com', 'g') RETURNING id`).Scan(&id)
+		exec(`UPDATE accounts SET status = 'provisioned' WHERE id = $1`, id)
+		if a := get(id); a.changed != nil {
+			t.Fatalf("status_changed_at set without a change: %+v", a)
+		}
+	})
+
+	t.Run("deferred foreign key allows the token before the account", func(t *testing.T) {
+		tx, _ := conn.Begin(ctx)
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, `INSERT INTO tokens (account, action) VALUES (999999, 'password_recovery')`); err != nil {
+			t.Fatalf("insert before account: %v", err)
+		}
+		if err := tx.Commit(ctx); err == nil {
+			t.Fatal("commit without the account succeeded")
+		}
+	})
+}

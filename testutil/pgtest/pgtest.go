@@ -1,0 +1,258 @@
+// Package pgtest runs a throwaway PostgreSQL server with wal_level=logical
+// for tests and benchmarks: initdb into a temporary directory, pg_ctl on a
+// free loopback port. PostgreSQL refuses to run as root, so when the caller
+// is root the server runs as the "postgres" user (or $TAILER_PG_USER).
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Server is a running PostgreSQL cluster.
+type Server struct {
+	Dir  string // data directory
+	Port int
+	bin  string
+	cred *syscall.Credential
+	opts []string
+	log  string
+}
+
+// Options adjust the server started by Start.
+type Options struct {
+	// Settings are extra postgresql.conf settings (name=value).
+	Settings []string
+}
+
+// BinDir finds PostgreSQL's server programs: $TAILER_PG_BINDIR, the
+// directory of initdb on PATH, or the newest /usr/lib/postgresql/*/bin.
+func BinDir() (string, error) {
+	if d := os.Getenv("TAILER_PG_BINDIR"); d != "" {
+		return d, nil
+	}
+	if p, err := exec.LookPath("initdb"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
+		}
+		return filepath.Dir(p), nil
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool {
+		vi, _ := strconv.Atoi(filepath.Base(filepath.Dir(dirs[i])))
+		vj, _ := strconv.Atoi(filepath.Base(filepath.Dir(dirs[j])))
+		return vi < vj
+	})
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if _, err := os.Stat(filepath.Join(dirs[i], "initdb")); err == nil {
+			return dirs[i], nil
+		}
+	}
+	return "", errors.New("PostgreSQL server programs not found: install postgresql (Debian) or set TAILER_PG_BINDIR")
+}
+
+// credential returns who the server must run as: nil unless we are root.
+func credential() (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	name := os.Getenv("TAILER_PG_USER")
+	if name == "" {
+		name = "postgres"
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		return nil, fmt.Errorf("running as root needs an unprivileged user for PostgreSQL: %w", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Start creates a cluster in a new temporary directory and starts it.
+func Start(opts Options) (*Server, error) {
+	bin, err := BinDir()
+	if err != nil {
+		return nil, err
+	}
+	cred, err := credential()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "tailer-pg-")
+	if err != nil {
+		return nil, err
+	}
+	if cred != nil {
+		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+			return nil, err
+		}
+	}
+	port, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{Dir: filepath.Join(dir, "data"), Port: port, bin: bin, cred: cred, log: filepath.Join(dir, "postgres.log")}
+	if out, err := s.command("initdb", "-D", s.Dir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync").CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("initdb: %v: %s", err, out)
+	}
+	s.opts = append([]string{
+		"listen_addresses=127.0.0.1",
+		"port=" + strconv.Itoa(port),
+		"unix_socket_directories=" + dir,
+		"wal_level=logical",
+		"max_wal_senders=20",
+		"max_replication_slots=20",
+		"fsync=off",
+		"full_page_writes=off",
+		"max_connections=100",
+	}, opts.Settings...)
+	if err := s.Start(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Server) command(name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(filepath.Join(s.bin, name), args...)
+	if s.cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+	}
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	return cmd
+}
+
+// Start starts a stopped server.
+func (s *Server) Start() error {
+	var o []string
+	for _, kv := range s.opts {
+		o = append(o, "-c "+kv)
+	}
+	out, err := s.command("pg_ctl", "start", "-w", "-t", "60", "-D", s.Dir, "-l", s.log, "-o", strings.Join(o, " ")).CombinedOutput()
+	if err != nil {
+		logTail, _ := os.ReadFile(s.log)
+		return fmt.Errorf("pg_ctl start: %v: %s\n%s", err, out, logTail)
+	}
+	return nil
+}
+
+// Stop stops the server with the given pg_ctl mode (smart, fast, immediate).
+func (s *Server) Stop(mode string) error {
+	out, err := s.command("pg_ctl", "stop", "-w", "-t", "60", "-D", s.Dir, "-m", mode).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("pg_ctl stop: %v: %s", err, out)
+	}
+	return nil
+}
+
+// Close stops the server and removes its files.
+func (s *Server) Close() error {
+	err := s.Stop("immediate")
+	os.RemoveAll(filepath.Dir(s.Dir))
+	return err
+}
+
+// URL returns a connection URL for database db.
+func (s *Server) URL(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", s.Port, db)
+}
+
+var dbCounter atomic.Int64
+
+// CreateDB creates a new empty database and returns its URL. The database
+// and any replication slot left in it are dropped when the test ends.
+func (s *Server) CreateDB(tb testing.TB) string {
+	tb.Helper()
+	name := fmt.Sprintf("t%d_%d", os.Getpid(), dbCounter.Add(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, s.URL("postgres"))
+	if err != nil {
+		tb.Fatalf("pgtest: connect: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		tb.Fatalf("pgtest: create database: %v", err)
+	}
+	tb.Cleanup(func() { s.dropDB(name) })
+	return s.URL(name)
+}
+
+// dropDB drops a test database and its slots, so that they do not retain
+// WAL for the rest of the run. Failures only cost disk space.
+func (s *Server) dropDB(name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, s.URL("postgres"))
+	if err != nil {
+		return
+	}
+	defer conn.Close(ctx)
+	for i := 0; i < 50; i++ {
+		_, err = conn.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, name)
+		if err == nil {
+			_, err = conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1`, name)
+		}
+		if err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+}
+
+var (
+	shared     *Server
+	sharedErr  error
+	sharedOnce sync.Once
+)
+
+// Shared returns the package's server, starting it on first use. Tests using
+// it must call Main from TestMain so that it is stopped afterwards.
+func Shared(tb testing.TB) *Server {
+	tb.Helper()
+	sharedOnce.Do(func() {
+		// A small logical_decoding_work_mem makes the server stream large
+		// transactions (protocol v2), so tests exercise that path for real.
+		shared, sharedErr = Start(Options{Settings: []string{"logical_decoding_work_mem=64kB"}})
+	})
+	if sharedErr != nil {
+		tb.Fatalf("pgtest: %v", sharedErr)
+	}
+	return shared
+}
+
+// Main runs the tests and stops the shared server, if one was started.
+func Main(m *testing.M) int {
+	code := m.Run()
+	if shared != nil {
+		shared.Close()
+	}
+	return code
+}
