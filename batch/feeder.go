@@ -1,0 +1,179 @@
+package batch
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/mailroom/tailer/decoder"
+)
+
+// ErrPipelineStopped is returned when the consumer of batches is gone.
+var ErrPipelineStopped = errors.New("batch pipeline stopped")
+
+// Feeder sits on the replication goroutine: it decodes each pgoutput
+// message, cuts batches and hands them to the publishing side over a
+// bounded channel, and answers which position may be confirmed. It
+// satisfies replication.Handler.
+type Feeder struct {
+	dec     *decoder.Decoder
+	batcher *Batcher
+	tracker *Tracker
+	out     chan *Batch
+	// stalled is a cut batch the publishing side had no room for yet.
+	stalled *Batch
+	done    atomic.Uint64
+	drained <-chan struct{}
+
+	onBadRow    func(decoder.Position, error)
+	stopTimeout time.Duration
+}
+
+// FeederConfig configures a Feeder.
+type FeederConfig struct {
+	Limit   int
+	Timeout time.Duration
+	// Start is the slot's confirmed position when streaming began.
+	Start pglogrepl.LSN
+	// Depth is how many cut batches may wait for the publishing side.
+	Depth int
+	// Drained is closed when the publishing side has stopped; Stop waits
+	// for it so that the final status update covers everything published.
+	Drained <-chan struct{}
+	// OnBadRow is told about rows that could not be decoded.
+	OnBadRow func(decoder.Position, error)
+	// StopTimeout bounds how long Stop waits for the last batches.
+	StopTimeout time.Duration
+	Now         func() time.Time
+}
+
+// NewFeeder returns a Feeder decoding inserts into public.tokens.
+func NewFeeder(cfg FeederConfig) *Feeder {
+	if cfg.Depth <= 0 {
+		cfg.Depth = 4
+	}
+	if cfg.StopTimeout <= 0 {
+		cfg.StopTimeout = 10 * time.Second
+	}
+	return &Feeder{
+		dec:         decoder.New("public", "tokens"),
+		batcher:     NewBatcher(cfg.Limit, cfg.Timeout, cfg.Now),
+		tracker:     NewTracker(cfg.Start),
+		out:         make(chan *Batch, cfg.Depth),
+		drained:     cfg.Drained,
+		onBadRow:    cfg.OnBadRow,
+		stopTimeout: cfg.StopTimeout,
+	}
+}
+
+// Batches is where cut batches come out, in order. It is closed by Stop.
+func (f *Feeder) Batches() <-chan *Batch { return f.out }
+
+// MarkDone records that b and every batch before it are published or
+// skipped, and recycles b. Call it from the publishing side, in order.
+func (f *Feeder) MarkDone(b *Batch) {
+	f.done.Store(b.LastSeq)
+	f.batcher.Recycle(b)
+}
+
+// sink adapts the Feeder to decoder.Sink without exporting those methods.
+type sink Feeder
+
+func (s *sink) Token(t *decoder.Token) {
+	f := (*Feeder)(s)
+	if f.batcher.Add(t) {
+		f.handoff(f.batcher.Cut(CutLimit))
+	}
+}
+
+func (s *sink) BadRow(pos decoder.Position, err error) {
+	if s.onBadRow != nil {
+		s.onBadRow(pos, err)
+	}
+}
+
+func (s *sink) Commit(_, end pglogrepl.LSN) {
+	f := (*Feeder)(s)
+	f.tracker.Mark(end, f.batcher.LastSeq())
+}
+
+// handoff passes b on, or keeps it as stalled when the channel is full;
+// Wait then holds off further reads until it fits.
+func (f *Feeder) handoff(b *Batch) {
+	select {
+	case f.out <- b:
+	default:
+		f.stalled = b
+	}
+}
+
+// Data decodes one pgoutput message.
+func (f *Feeder) Data(data []byte) error { return f.dec.Decode(data, (*sink)(f)) }
+
+// ServerPosition records a keepalive position.
+func (f *Feeder) ServerPosition(lsn pglogrepl.LSN) { f.tracker.Mark(lsn, f.batcher.LastSeq()) }
+
+// Deadline is when the open batch times out.
+func (f *Feeder) Deadline() time.Time {
+	d, _ := f.batcher.Deadline()
+	return d
+}
+
+// Tick cuts the open batch once its timeout has passed.
+func (f *Feeder) Tick(now time.Time) error {
+	if d, ok := f.batcher.Deadline(); ok && !now.Before(d) {
+		f.handoff(f.batcher.Cut(CutTimeout))
+	}
+	return nil
+}
+
+// Wait blocks while a cut batch waits for room, at most until until.
+func (f *Feeder) Wait(ctx context.Context, until time.Time) (bool, error) {
+	if f.stalled == nil {
+		return true, nil
+	}
+	timer := time.NewTimer(time.Until(until))
+	defer timer.Stop()
+	select {
+	case f.out <- f.stalled:
+		f.stalled = nil
+		return true, nil
+	case <-f.drained:
+		return false, ErrPipelineStopped
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	return false, nil
+}
+
+// Confirmable is the newest position whose every token is done.
+func (f *Feeder) Confirmable() pglogrepl.LSN { return f.tracker.Confirmable(f.done.Load()) }
+
+// Stop cuts the open batch, hands over what is left, closes Batches and
+// waits (bounded) until the publishing side has finished them.
+func (f *Feeder) Stop() {
+	ctx, cancel := context.WithTimeout(context.Background(), f.stopTimeout)
+	defer cancel()
+	for _, b := range []*Batch{f.stalled, f.batcher.Cut(CutShutdown)} {
+		if b == nil {
+			continue
+		}
+		select {
+		case f.out <- b:
+		case <-f.drained:
+		case <-ctx.Done():
+		}
+	}
+	f.stalled = nil
+	close(f.out)
+	select {
+	case <-f.drained:
+	case <-ctx.Done():
+	}
+}
+
+// PendingTokens is the number of tokens in the open batch.
+func (f *Feeder) PendingTokens() int { return f.batcher.Pending() }

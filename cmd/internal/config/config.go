@@ -1,0 +1,271 @@
+// Package config reads the tailer's MAILROOM_* settings from the
+// environment and from the equivalent command-line flags (flags win), and
+// validates them before anything connects.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/mailroom/tailer/publish"
+	"github.com/mailroom/tailer/replication"
+)
+
+// Config is the tailer's configuration.
+type Config struct {
+	DatabaseURL  string
+	SecretKey    []byte
+	BatchLimit   int
+	BatchTimeout time.Duration
+	NATSURL      string // empty: embedded server
+	NATSListen   string // embedded server's client address
+	DataDir      string // embedded server's store
+	Stream       string
+	Subject      string
+	Format       publish.Format
+	HTTPAddr     string
+	Slot         string
+	Publication  string
+	ProtoVersion int
+	Binary       bool
+	MaxInFlight  int
+	LogFormat    string
+	LogLevel     string
+}
+
+// Var describes one setting.
+type Var struct {
+	Env     string
+	Flag    string
+	Default string
+	Usage   string
+	// Secret values are never echoed in errors or help.
+	Secret bool
+	set    func(c *Config, v string) error
+}
+
+// Vars lists every setting, in help order.
+var Vars = []Var{
+	{Env: "MAILROOM_DATABASE_URL", Flag: "database-url", Usage: "PostgreSQL URL (required), e.g. postgres://user@host:5432/mailroom", Secret: true, set: func(c *Config, v string) error {
+		if v == "" {
+			return errors.New("is required")
+		}
+		u, err := url.Parse(v)
+		if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+			if !strings.Contains(v, "=") {
+				return errors.New("must be a postgres:// URL or a key=value connection string")
+			}
+		}
+		c.DatabaseURL = v
+		return nil
+	}},
+	{Env: "MAILROOM_SECRET_KEY", Flag: "secret-key", Usage: "HMAC signing key: exactly 64 hex characters (or use MAILROOM_SECRET_KEY_FILE)", Secret: true, set: func(c *Config, v string) error {
+		if v == "" {
+			return nil
+		}
+		key, err := publish.ParseKey(v)
+		if err != nil {
+			return err
+		}
+		c.SecretKey = key
+		return nil
+	}},
+	{Env: "MAILROOM_SECRET_KEY_FILE", Flag: "secret-key-file", Usage: "file holding the signing key as 64 hex characters", set: func(c *Config, v string) error {
+		if v == "" {
+			return nil
+		}
+		if c.SecretKey != nil {
+			return errors.New("set together with MAILROOM_SECRET_KEY: use one of them")
+		}
+		data, err := os.ReadFile(v)
+		if err != nil {
+			return fmt.Errorf("cannot read key file: %w", err)
+		}
+		key, err := publish.ParseKey(strings.TrimSpace(string(data)))
+		if err != nil {
+			return fmt.Errorf("key in %s %w", v, err)
+		}
+		c.SecretKey = key
+		return nil
+	}},
+	{Env: "MAILROOM_BATCH_LIMIT", Flag: "batch-limit", Default: "10", Usage: "most tokens in one batch", set: func(c *Config, v string) error {
+		n, err := positiveInt(v, 1_000_000)
+		c.BatchLimit = n
+		return err
+	}},
+	{Env: "MAILROOM_BATCH_TIMEOUT", Flag: "batch-timeout", Default: "5000", Usage: "milliseconds after a batch's first token when it is cut at the latest", set: func(c *Config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return fmt.Errorf("must be a whole number of milliseconds >= 0, got %q", v)
+		}
+		c.BatchTimeout = time.Duration(n) * time.Millisecond
+		return nil
+	}},
+	{Env: "MAILROOM_NATS_URL", Flag: "nats-url", Usage: "NATS server URL; unset runs an embedded JetStream server", set: func(c *Config, v string) error {
+		for _, part := range strings.Split(v, ",") {
+			if v == "" {
+				break
+			}
+			u, err := url.Parse(strings.TrimSpace(part))
+			if err != nil || u.Host == "" || (u.Scheme != "nats" && u.Scheme != "tls" && u.Scheme != "ws" && u.Scheme != "wss") {
+				return fmt.Errorf("must be nats://host:port (comma-separated for a cluster), got %q", part)
+			}
+		}
+		c.NATSURL = v
+		return nil
+	}},
+	{Env: "MAILROOM_NATS_LISTEN", Flag: "nats-listen", Default: "127.0.0.1:4222", Usage: "client address of the embedded NATS server", set: func(c *Config, v string) error {
+		if _, _, err := net.SplitHostPort(v); err != nil {
+			return fmt.Errorf("must be host:port, got %q", v)
+		}
+		c.NATSListen = v
+		return nil
+	}},
+	{Env: "MAILROOM_DATA_DIR", Flag: "data-dir", Default: "tailer-data", Usage: "directory of the embedded NATS server's JetStream store", set: func(c *Config, v string) error {
+		if v == "" {
+			return errors.New("must not be empty")
+		}
+		c.DataDir = v
+		return nil
+	}},
+	{Env: "MAILROOM_NATS_STREAM", Flag: "nats-stream", Default: "MAILROOM", Usage: "JetStream stream name (created if missing)", set: func(c *Config, v string) error {
+		if v == "" || strings.ContainsAny(v, " \t.*>/\\") {
+			return fmt.Errorf("must be a stream name without spaces, '.', '*', '>', '/' or '\\', got %q", v)
+		}
+		c.Stream = v
+		return nil
+	}},
+	{Env: "MAILROOM_NATS_SUBJECT", Flag: "nats-subject", Default: "mailroom.batches", Usage: "subject batches are published on", set: func(c *Config, v string) error {
+		if v == "" || strings.ContainsAny(v, " \t*>") || strings.HasPrefix(v, ".") || strings.HasSuffix(v, ".") || strings.Contains(v, "..") {
+			return fmt.Errorf("must be a literal subject such as mailroom.batches, got %q", v)
+		}
+		c.Subject = v
+		return nil
+	}},
+	{Env: "MAILROOM_FORMAT", Flag: "format", Default: "line", Usage: "message body: line (collector-compatible) or json", set: func(c *Config, v string) error {
+		f, err := publish.ParseFormat(v)
+		c.Format = f
+		return err
+	}},
+	{Env: "MAILROOM_HTTP_ADDR", Flag: "http-addr", Default: "127.0.0.1:9187", Usage: "address for /metrics, /healthz and /readyz; empty disables", set: func(c *Config, v string) error {
+		if v != "" {
+			if _, _, err := net.SplitHostPort(v); err != nil {
+				return fmt.Errorf("must be host:port or empty, got %q", v)
+			}
+		}
+		c.HTTPAddr = v
+		return nil
+	}},
+	{Env: "MAILROOM_SLOT", Flag: "slot", Default: "mailroom", Usage: "logical replication slot name", set: func(c *Config, v string) error {
+		c.Slot = v
+		return replication.ValidateName(v)
+	}},
+	{Env: "MAILROOM_PUBLICATION", Flag: "publication", Default: "mailroom", Usage: "publication holding the tokens table", set: func(c *Config, v string) error {
+		c.Publication = v
+		return replication.ValidateName(v)
+	}},
+	{Env: "MAILROOM_PROTO_VERSION", Flag: "proto-version", Default: "2", Usage: "pgoutput protocol version: 1, or 2 to stream large transactions", set: func(c *Config, v string) error {
+		switch v {
+		case "1", "2":
+			c.ProtoVersion = int(v[0] - '0')
+			return nil
+		}
+		return fmt.Errorf("must be 1 or 2, got %q", v)
+	}},
+	{Env: "MAILROOM_BINARY", Flag: "binary", Default: "true", Usage: "ask pgoutput for binary column values (cheaper for the server)", set: func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("must be true or false, got %q", v)
+		}
+		c.Binary = b
+		return nil
+	}},
+	{Env: "MAILROOM_MAX_IN_FLIGHT", Flag: "max-in-flight", Default: "16", Usage: "batches published and awaiting their PubAck at once", set: func(c *Config, v string) error {
+		n, err := positiveInt(v, 4096)
+		c.MaxInFlight = n
+		return err
+	}},
+	{Env: "MAILROOM_LOG_FORMAT", Flag: "log-format", Default: "text", Usage: "log format: text or json", set: func(c *Config, v string) error {
+		if v != "text" && v != "json" {
+			return fmt.Errorf("must be text or json, got %q", v)
+		}
+		c.LogFormat = v
+		return nil
+	}},
+	{Env: "MAILROOM_LOG_LEVEL", Flag: "log-level", Default: "info", Usage: "log level: debug, info, warn or error", set: func(c *Config, v string) error {
+		switch v {
+		case "debug", "info", "warn", "error":
+			c.LogLevel = v
+			return nil
+		}
+		return fmt.Errorf("must be debug, info, warn or error, got %q", v)
+	}},
+}
+
+func positiveInt(v string, max int) (int, error) {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > max {
+		return 0, fmt.Errorf("must be a whole number from 1 to %d, got %q", max, v)
+	}
+	return n, nil
+}
+
+// Error is a configuration error: exit code 2, one line.
+type Error struct {
+	Var string
+	Err error
+}
+
+func (e *Error) Error() string { return e.Var + ": " + e.Err.Error() }
+func (e *Error) Unwrap() error { return e.Err }
+
+// Load parses args (flags for the named settings) over the environment and
+// validates the settings listed in use, by environment name. It returns the
+// remaining arguments. -h/--help returns flag.ErrHelp after printing usage
+// to out.
+func Load(name string, use []string, args []string, getenv func(string) string, out io.Writer) (*Config, []string, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(out)
+	values := make(map[string]*string, len(use))
+	byEnv := make(map[string]Var, len(Vars))
+	for _, v := range Vars {
+		byEnv[v.Env] = v
+	}
+	for _, env := range use {
+		v, ok := byEnv[env]
+		if !ok {
+			panic("config: unknown setting " + env)
+		}
+		val := v.Default
+		if e := getenv(v.Env); e != "" {
+			val = e
+		}
+		usage := v.Usage + " [" + v.Env + "]"
+		if v.Default != "" {
+			usage += " (default " + strconv.Quote(v.Default) + ")"
+		}
+		values[env] = fs.String(v.Flag, val, usage)
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, nil, err
+	}
+	c := &Config{}
+	for _, env := range use {
+		if err := byEnv[env].set(c, *values[env]); err != nil {
+			return nil, nil, &Error{Var: env, Err: err}
+		}
+	}
+	if slices.Contains(use, "MAILROOM_SECRET_KEY") && c.SecretKey == nil {
+		return nil, nil, &Error{Var: "MAILROOM_SECRET_KEY", Err: errors.New("is required (64 hex characters), or set MAILROOM_SECRET_KEY_FILE")}
+	}
+	return c, fs.Args(), nil
+}

@@ -1,0 +1,383 @@
+// Command tailer publishes mailroom tokens from PostgreSQL's WAL to NATS
+// JetStream. See the README for the commands and settings.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mailroom/tailer/cmd/internal/config"
+	"github.com/mailroom/tailer/cmd/internal/daemon"
+	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/migrations"
+	"github.com/mailroom/tailer/publish"
+	"github.com/mailroom/tailer/replication"
+)
+
+const usage = `tailer: publish mailroom tokens from PostgreSQL's WAL to NATS JetStream.
+
+Usage:
+  tailer run        stream tokens from the slot, sign them and publish batches
+  tailer migrate    apply the schema and publication, create the slot (migrate down reverts)
+  tailer status     show the slot, its lag and the stream; exit 1 above --max-lag
+  tailer verify     check a token with the signing key
+  tailer subscribe  print published batches, one line each
+
+Every setting is a MAILROOM_* environment variable and the matching flag;
+run "tailer COMMAND --help" for those of a command.
+`
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitConfig  = 2
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
+
+var (
+	runVars     = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SECRET_KEY", "MAILROOM_SECRET_KEY_FILE", "MAILROOM_BATCH_LIMIT", "MAILROOM_BATCH_TIMEOUT", "MAILROOM_NATS_URL", "MAILROOM_NATS_LISTEN", "MAILROOM_DATA_DIR", "MAILROOM_NATS_STREAM", "MAILROOM_NATS_SUBJECT", "MAILROOM_FORMAT", "MAILROOM_HTTP_ADDR", "MAILROOM_SLOT", "MAILROOM_PUBLICATION", "MAILROOM_PROTO_VERSION", "MAILROOM_BINARY", "MAILROOM_MAX_IN_FLIGHT", "MAILROOM_LOG_FORMAT", "MAILROOM_LOG_LEVEL"}
+	migrateVars = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SLOT", "MAILROOM_LOG_FORMAT", "MAILROOM_LOG_LEVEL"}
+	statusVars  = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SLOT", "MAILROOM_NATS_URL", "MAILROOM_NATS_STREAM"}
+	verifyVars  = []string{"MAILROOM_SECRET_KEY", "MAILROOM_SECRET_KEY_FILE"}
+	subVars     = []string{"MAILROOM_NATS_URL", "MAILROOM_NATS_STREAM", "MAILROOM_NATS_SUBJECT"}
+)
+
+func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stdout, usage)
+		if len(args) == 0 {
+			return exitConfig
+		}
+		return exitOK
+	}
+	cmd, rest := args[0], args[1:]
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	load := func(vars []string) (*config.Config, []string, int) {
+		cfg, remaining, err := config.Load("tailer "+cmd, vars, rest, getenv, stderr)
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, nil, exitOK
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "tailer %s: %v\n", cmd, err)
+			return nil, nil, exitConfig
+		}
+		return cfg, remaining, -1
+	}
+
+	switch cmd {
+	case "run":
+		cfg, _, code := load(runVars)
+		if cfg == nil {
+			return code
+		}
+		log := daemon.NewLogger(cfg.LogFormat, cfg.LogLevel, stderr)
+		go func() {
+			// A second signal means "now": skip the graceful drain.
+			<-ctx.Done()
+			sig := make(chan os.Signal, 1)
+			signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+			<-sig
+			log.Warn("second signal: exiting at once")
+			os.Exit(exitFailure)
+		}()
+		if err := daemon.New(cfg, log).Run(ctx); err != nil {
+			log.Error("tailer failed", "err", err)
+			return exitFailure
+		}
+		return exitOK
+	case "migrate":
+		return migrate(ctx, rest, getenv, stdout, stderr)
+	case "status":
+		return status(ctx, rest, getenv, stdout, stderr)
+	case "verify":
+		return verify(rest, getenv, stdout, stderr)
+	case "subscribe":
+		return subscribe(ctx, rest, getenv, stdout, stderr)
+	}
+	fmt.Fprintf(stderr, "tailer: unknown command %q\n\n%s", cmd, usage)
+	return exitConfig
+}
+
+func migrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	direction := "up"
+	if len(args) > 0 && (args[0] == "up" || args[0] == "down") {
+		direction, args = args[0], args[1:]
+	}
+	cfg, _, err := config.Load("tailer migrate [up|down]", migrateVars, args, getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer migrate: %v\n", err)
+		return exitConfig
+	}
+	log := daemon.NewLogger(cfg.LogFormat, cfg.LogLevel, stderr)
+	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
+	if err != nil {
+		log.Error("connect to PostgreSQL", "err", err)
+		return exitFailure
+	}
+	defer conn.Close(context.Background())
+	if direction == "down" {
+		// The slot goes first: left behind it would retain WAL forever.
+		if err := replication.DropSlot(ctx, conn, cfg.Slot); err != nil {
+			log.Error("migrate down", "err", err)
+			return exitFailure
+		}
+		if err := migrations.Down(ctx, cfg.DatabaseURL); err != nil {
+			log.Error("migrate down", "err", err)
+			return exitFailure
+		}
+		log.Info("schema, publication and slot removed", "slot", cfg.Slot)
+		return exitOK
+	}
+	if err := migrations.Up(ctx, cfg.DatabaseURL); err != nil {
+		log.Error("migrate", "err", err)
+		return exitFailure
+	}
+	created, err := replication.EnsureSlot(ctx, conn, cfg.Slot)
+	if err != nil {
+		log.Error("migrate", "err", err)
+		return exitFailure
+	}
+	version, _, _ := migrations.Version(ctx, cfg.DatabaseURL)
+	log.Info("schema up to date", "version", version, "publication", migrations.Publication, "slot", cfg.Slot, "slot_created", created)
+	return exitOK
+}
+
+// statusReport is the --json output of tailer status.
+type statusReport struct {
+	Slot           string  `json:"slot"`
+	Active         bool    `json:"active"`
+	ActivePID      int32   `json:"active_pid"`
+	ConfirmedLSN   string  `json:"confirmed_flush_lsn"`
+	RestartLSN     string  `json:"restart_lsn"`
+	CurrentLSN     string  `json:"current_wal_lsn"`
+	LagBytes       int64   `json:"lag_bytes"`
+	RetainedBytes  int64   `json:"retained_bytes"`
+	Stream         string  `json:"stream"`
+	StreamMessages *uint64 `json:"stream_messages"`
+	StreamLastSeq  *uint64 `json:"stream_last_seq"`
+	StreamError    string  `json:"stream_error,omitempty"`
+	MaxLagBytes    int64   `json:"max_lag_bytes"`
+	OK             bool    `json:"ok"`
+}
+
+func status(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	var asJSON bool
+	var maxLag int64 = 64 << 20
+	// Command-specific flags go before the shared ones are parsed.
+	var shared []string
+	for i := 0; i < len(args); i++ {
+		switch a := args[i]; {
+		case a == "--json" || a == "-json":
+			asJSON = true
+		case a == "--max-lag" || a == "-max-lag":
+			if i+1 >= len(args) {
+				fmt.Fprintln(stderr, "tailer status: --max-lag needs a number of bytes")
+				return exitConfig
+			}
+			i++
+			n, err := strconv.ParseInt(args[i], 10, 64)
+			if err != nil || n < 0 {
+				fmt.Fprintf(stderr, "tailer status: --max-lag: must be a number of bytes >= 0, got %q\n", args[i])
+				return exitConfig
+			}
+			maxLag = n
+		default:
+			shared = append(shared, a)
+		}
+	}
+	cfg, _, err := config.Load("tailer status [--json] [--max-lag BYTES]", statusVars, shared, getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer status: %v\n", err)
+		return exitConfig
+	}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer status: connect to PostgreSQL: %v\n", err)
+		return exitFailure
+	}
+	defer conn.Close(context.Background())
+	slot, err := replication.Slot(ctx, conn, cfg.Slot)
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer status: %v\n", err)
+		return exitFailure
+	}
+	rep := statusReport{
+		Slot: slot.Name, Active: slot.Active, ActivePID: slot.ActivePID,
+		ConfirmedLSN: slot.ConfirmedFlush.String(), RestartLSN: slot.RestartLSN.String(), CurrentLSN: slot.CurrentLSN.String(),
+		LagBytes: slot.LagBytes(), RetainedBytes: slot.RetainedBytes(), Stream: cfg.Stream, MaxLagBytes: maxLag,
+	}
+	rep.OK = rep.LagBytes <= maxLag
+	if cfg.NATSURL != "" {
+		if info, err := streamInfo(ctx, cfg.NATSURL, cfg.Stream); err != nil {
+			rep.StreamError = err.Error()
+		} else {
+			rep.StreamMessages, rep.StreamLastSeq = &info.State.Msgs, &info.State.LastSeq
+		}
+	} else {
+		rep.StreamError = "MAILROOM_NATS_URL not set (embedded server is only reachable while tailer run is up)"
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(rep)
+	} else {
+		fmt.Fprintf(stdout, "slot            %s (active=%v pid=%d)\n", rep.Slot, rep.Active, rep.ActivePID)
+		fmt.Fprintf(stdout, "confirmed LSN   %s\nrestart LSN     %s\ncurrent LSN     %s\n", rep.ConfirmedLSN, rep.RestartLSN, rep.CurrentLSN)
+		fmt.Fprintf(stdout, "lag             %d bytes (%s), max %s\n", rep.LagBytes, human(rep.LagBytes), human(maxLag))
+		fmt.Fprintf(stdout, "retained WAL    %d bytes (%s)\n", rep.RetainedBytes, human(rep.RetainedBytes))
+		if rep.StreamError != "" {
+			fmt.Fprintf(stdout, "stream          %s: %s\n", rep.Stream, rep.StreamError)
+		} else {
+			fmt.Fprintf(stdout, "stream          %s: %d messages, last seq %d\n", rep.Stream, *rep.StreamMessages, *rep.StreamLastSeq)
+		}
+	}
+	if !rep.OK {
+		return exitFailure
+	}
+	return exitOK
+}
+
+func streamInfo(ctx context.Context, url, name string) (*jetstream.StreamInfo, error) {
+	nc, err := nats.Connect(url, nats.Name("tailer status"), nats.Timeout(5*time.Second))
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	s, err := js.Stream(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return s.Info(ctx)
+}
+
+func human(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+func verify(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	var code string
+	var shared []string
+	for i := 0; i < len(args); i++ {
+		if args[i] == "--code" || args[i] == "-code" {
+			if i+1 >= len(args) {
+				fmt.Fprintln(stderr, "tailer verify: --code needs the 5-character code")
+				return exitConfig
+			}
+			i++
+			code = args[i]
+			continue
+		}
+		shared = append(shared, args[i])
+	}
+	cfg, rest, err := config.Load("tailer verify [--code CODE] TOKEN", verifyVars, shared, getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer verify: %v\n", err)
+		return exitConfig
+	}
+	if len(rest) != 1 {
+		fmt.Fprintln(stderr, "tailer verify: give exactly one token (and --code CODE for a password recovery token)")
+		return exitConfig
+	}
+	signer, err := publish.NewSigner(cfg.SecretKey)
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer verify: %v\n", err)
+		return exitConfig
+	}
+	action := decoder.ActionActivation
+	if code != "" {
+		action = decoder.ActionPasswordRecovery
+	}
+	secret, err := signer.Verify(rest[0], action, code)
+	if err != nil {
+		fmt.Fprintf(stdout, "invalid %s token: %v\n", action, err)
+		return exitFailure
+	}
+	fmt.Fprintf(stdout, "valid %s token; secret %x\n", action, secret)
+	return exitOK
+}
+
+func subscribe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	cfg, _, err := config.Load("tailer subscribe", subVars, args, getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer subscribe: %v\n", err)
+		return exitConfig
+	}
+	url := cfg.NATSURL
+	if url == "" {
+		url = nats.DefaultURL
+	}
+	nc, err := nats.Connect(url, nats.Name("tailer subscribe"), nats.MaxReconnects(-1))
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer subscribe: connect to NATS %s: %v\n", url, err)
+		return exitFailure
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer subscribe: %v\n", err)
+		return exitFailure
+	}
+	cons, err := js.OrderedConsumer(ctx, cfg.Stream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{cfg.Subject, cfg.Subject + ".>"},
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer subscribe: stream %s: %v\n", cfg.Stream, err)
+		return exitFailure
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		stdout.Write(append(m.Data(), '\n'))
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer subscribe: %v\n", err)
+		return exitFailure
+	}
+	<-ctx.Done()
+	cc.Stop()
+	return exitOK
+}

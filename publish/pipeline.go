@@ -1,0 +1,187 @@
+package publish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mailroom/tailer/batch"
+	"github.com/mailroom/tailer/batch/accounts"
+	"github.com/mailroom/tailer/decoder"
+)
+
+// Joiner fills in each token's current state; see accounts.Joiner.
+type Joiner interface {
+	Join(ctx context.Context, tokens []decoder.Token, rows []accounts.Row) error
+}
+
+// Observer is told what happened to every batch (metrics).
+type Observer interface {
+	// BatchPublished is called once the PubAck for a batch with published
+	// tokens arrived; latency runs from the publish call to the PubAck.
+	BatchPublished(b *batch.Batch, published int, latency time.Duration)
+	// TokensSkipped counts tokens not published, by reason.
+	TokensSkipped(reason accounts.Skip, n int)
+}
+
+// Pipeline turns cut batches into published messages: it joins accounts,
+// signs and encodes, publishes without waiting, and reports each batch done
+// strictly in order once its PubAck (or its skip) is in.
+type Pipeline struct {
+	Publisher *Publisher
+	Joiner    Joiner
+	Encoder   *Encoder
+	Format    Format
+	// MaxInFlight bounds the batches published but not yet acknowledged.
+	MaxInFlight int
+	// Done is called in batch order for every batch whose tokens are all
+	// published or skipped.
+	Done     func(*batch.Batch)
+	Observer Observer
+	Log      *slog.Logger
+}
+
+type inFlight struct {
+	b       *batch.Batch
+	fut     jetstream.PubAckFuture
+	body    []byte
+	n       int
+	started time.Time
+}
+
+// Run processes batches from in until in is closed (returning nil once every
+// batch is done) or a failure (returning it). A failure stops the pipeline:
+// the caller restarts from the replication slot, and the stream's last
+// message tells the next run where to resume.
+func (p *Pipeline) Run(ctx context.Context, in <-chan *batch.Batch) error {
+	if p.MaxInFlight <= 0 {
+		p.MaxInFlight = 16
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+
+	acks := make(chan inFlight, p.MaxInFlight)
+	bodies := make(chan []byte, p.MaxInFlight+1)
+	ackErr := make(chan error, 1)
+	go func() {
+		err := p.awaitAcks(ctx, acks, bodies)
+		if err != nil {
+			cancel(err)
+		}
+		ackErr <- err
+	}()
+
+	err := p.produce(ctx, in, acks, bodies)
+	close(acks)
+	if aerr := <-ackErr; aerr != nil {
+		return aerr
+	}
+	return err
+}
+
+func (p *Pipeline) produce(ctx context.Context, in <-chan *batch.Batch, acks chan<- inFlight, bodies chan []byte) error {
+	var rows []accounts.Row
+	for {
+		var b *batch.Batch
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case bt, ok := <-in:
+			if !ok {
+				return nil
+			}
+			b = bt
+		}
+		rows = resetRows(rows, len(b.Tokens))
+		already := 0
+		last := p.Publisher.LastPosition()
+		for i := range b.Tokens {
+			if !last.Less(b.Tokens[i].Pos) && !last.IsZero() {
+				rows[i].Skip = accounts.SkipAlreadyPublished
+				already++
+			}
+		}
+		if already < len(b.Tokens) {
+			if err := p.Joiner.Join(ctx, b.Tokens, rows); err != nil {
+				return err
+			}
+		}
+		var body []byte
+		select {
+		case body = <-bodies:
+		default:
+		}
+		item := inFlight{b: b, started: time.Now()}
+		var ids string
+		item.body, ids, item.n = p.Encoder.Encode(body[:0], BatchID(b.First(), b.Last()), b.Tokens, rows)
+		if p.Observer != nil {
+			p.countSkips(rows)
+		}
+		if item.n > 0 {
+			fut, err := p.Publisher.PublishAsync(&Message{
+				First: b.First(), Last: b.Last(), Count: item.n, TokenIDs: ids, Format: p.Format, Body: item.body,
+			})
+			if err != nil {
+				return err
+			}
+			item.fut = fut
+		}
+		select {
+		case acks <- item:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+}
+
+func (p *Pipeline) countSkips(rows []accounts.Row) {
+	var counts [8]int
+	for i := range rows {
+		counts[rows[i].Skip]++
+	}
+	for _, r := range accounts.Reasons {
+		if counts[r] > 0 {
+			p.Observer.TokensSkipped(r, counts[r])
+		}
+	}
+}
+
+func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, bodies chan<- []byte) error {
+	for it := range acks {
+		if it.fut != nil {
+			select {
+			case ack := <-it.fut.Ok():
+				if ack.Duplicate && p.Log != nil {
+					p.Log.Info("batch was already on the stream", "batch", BatchID(it.b.First(), it.b.Last()), "seq", ack.Sequence)
+				}
+			case err := <-it.fut.Err():
+				return fmt.Errorf("publish batch %s: %w", BatchID(it.b.First(), it.b.Last()), err)
+			case <-ctx.Done():
+				return errors.Join(errors.New("waiting for PubAck"), context.Cause(ctx))
+			}
+			if p.Observer != nil {
+				p.Observer.BatchPublished(it.b, it.n, time.Since(it.started))
+			}
+		}
+		select {
+		case bodies <- it.body:
+		default:
+		}
+		p.Done(it.b)
+	}
+	return nil
+}
+
+// resetRows returns rows with length n, all zero (Publish).
+func resetRows(rows []accounts.Row, n int) []accounts.Row {
+	if cap(rows) < n {
+		rows = make([]accounts.Row, n)
+	}
+	rows = rows[:n]
+	clear(rows)
+	return rows
+}

@@ -1,0 +1,400 @@
+// Package replication owns the logical replication connection: it creates
+// the pgoutput slot, starts streaming from the slot's confirmed position,
+// answers keepalives and reports the position the caller may confirm. One
+// goroutine (the one running Stream.Run) reads and writes the connection.
+package replication
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"regexp"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// Plugin is the output plugin the tailer decodes.
+const Plugin = "pgoutput"
+
+var identRe = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// ValidateName checks a slot or publication name. Both end up in
+// replication commands that do not take parameters, so only PostgreSQL's own
+// slot-name alphabet is accepted: lower-case letters, digits and underscores,
+// at most 63 characters.
+func ValidateName(name string) error {
+	if !identRe.MatchString(name) {
+		return fmt.Errorf("%q is not a valid name: use 1-63 lower-case letters, digits or underscores, not starting with a digit", name)
+	}
+	return nil
+}
+
+// SlotInfo describes a replication slot.
+type SlotInfo struct {
+	Name           string
+	Plugin         string
+	Database       string
+	Active         bool
+	ActivePID      int32 // 0 when inactive
+	RestartLSN     pglogrepl.LSN
+	ConfirmedFlush pglogrepl.LSN
+	// CurrentLSN is pg_current_wal_lsn() at the time of the query.
+	CurrentLSN pglogrepl.LSN
+}
+
+// LagBytes is how far the slot's confirmed position is behind the server's
+// current WAL position.
+func (s SlotInfo) LagBytes() int64 { return lsnDiff(s.CurrentLSN, s.ConfirmedFlush) }
+
+// RetainedBytes is how much WAL the slot makes the server keep.
+func (s SlotInfo) RetainedBytes() int64 { return lsnDiff(s.CurrentLSN, s.RestartLSN) }
+
+func lsnDiff(a, b pglogrepl.LSN) int64 {
+	if b == 0 || a < b {
+		return 0
+	}
+	return int64(a - b)
+}
+
+// ErrNoSlot is returned by Slot when the slot does not exist.
+var ErrNoSlot = errors.New("replication slot does not exist")
+
+// Querier is the part of pgx.Conn (or a pool) the slot functions need.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Slot looks up a slot by name.
+func Slot(ctx context.Context, q Querier, name string) (SlotInfo, error) {
+	var (
+		s                        SlotInfo
+		pid                      *int32
+		restart, confirmed, curr *string
+	)
+	err := q.QueryRow(ctx, `
+		SELECT slot_name, plugin, database, active, active_pid,
+		       restart_lsn::text, confirmed_flush_lsn::text, pg_current_wal_lsn()::text
+		FROM pg_replication_slots WHERE slot_name = $1`, name).
+		Scan(&s.Name, &s.Plugin, &s.Database, &s.Active, &pid, &restart, &confirmed, &curr)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s, fmt.Errorf("slot %s: %w", name, ErrNoSlot)
+	}
+	if err != nil {
+		return s, fmt.Errorf("query slot %s: %w", name, err)
+	}
+	if pid != nil {
+		s.ActivePID = *pid
+	}
+	for _, f := range []struct {
+		src *string
+		dst *pglogrepl.LSN
+	}{{restart, &s.RestartLSN}, {confirmed, &s.ConfirmedFlush}, {curr, &s.CurrentLSN}} {
+		if f.src == nil {
+			continue
+		}
+		if *f.dst, err = pglogrepl.ParseLSN(*f.src); err != nil {
+			return s, fmt.Errorf("slot %s: %w", name, err)
+		}
+	}
+	return s, nil
+}
+
+// EnsureSlot creates the logical slot with the pgoutput plugin unless it
+// exists, and reports whether it created it. An existing slot with another
+// plugin is an error.
+func EnsureSlot(ctx context.Context, q Querier, name string) (created bool, err error) {
+	if err := ValidateName(name); err != nil {
+		return false, fmt.Errorf("slot name: %w", err)
+	}
+	s, err := Slot(ctx, q, name)
+	if err == nil {
+		if s.Plugin != Plugin {
+			return false, fmt.Errorf("slot %s uses plugin %q, want %q", name, s.Plugin, Plugin)
+		}
+		return false, nil
+	}
+	if !errors.Is(err, ErrNoSlot) {
+		return false, err
+	}
+	_, err = q.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, $2)`, name, Plugin)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42710" {
+		// Another tailer created it a moment ago.
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("create slot %s: %w", name, err)
+	}
+	return true, nil
+}
+
+// DropSlot drops the slot if it exists.
+func DropSlot(ctx context.Context, q Querier, name string) error {
+	_, err := q.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, name)
+	if err != nil {
+		return fmt.Errorf("drop slot %s: %w", name, err)
+	}
+	return nil
+}
+
+// IsSlotInUse reports whether err says another connection holds the slot
+// (SQLSTATE 55006), which is what a standby tailer sees.
+func IsSlotInUse(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55006"
+}
+
+// Connect opens a replication connection (replication=database) to the
+// database named in url.
+func Connect(ctx context.Context, url string) (*pgconn.PgConn, error) {
+	cfg, err := pgconn.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database URL: %w", err)
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	cfg.RuntimeParams["application_name"] = "tailer"
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("replication connect: %w", err)
+	}
+	return conn, nil
+}
+
+// Options choose how pgoutput encodes the stream.
+type Options struct {
+	Slot        string
+	Publication string
+	// ProtoVersion is the pgoutput protocol: 1, or 2 for streaming of large
+	// in-progress transactions (PostgreSQL 14+).
+	ProtoVersion int
+	// Binary asks for binary column values (PostgreSQL 14+), which the
+	// walsender produces more cheaply than text.
+	Binary bool
+	// StatusInterval is how often a standby status update is sent even when
+	// nothing changed; it must stay well below wal_sender_timeout.
+	StatusInterval time.Duration
+}
+
+func (o Options) pluginArgs() []string {
+	args := []string{
+		fmt.Sprintf("proto_version '%d'", o.ProtoVersion),
+		fmt.Sprintf("publication_names '%s'", o.Publication),
+	}
+	if o.Binary {
+		args = append(args, "binary 'true'")
+	}
+	if o.ProtoVersion >= 2 {
+		args = append(args, "streaming 'on'")
+	}
+	return args
+}
+
+// Handler consumes the stream. Every method is called from the goroutine
+// running Stream.Run.
+type Handler interface {
+	// Data handles one pgoutput message; data is only valid during the
+	// call.
+	Data(data []byte) error
+	// ServerPosition reports a keepalive's WAL position: every change
+	// before it has been sent.
+	ServerPosition(lsn pglogrepl.LSN)
+	// Deadline returns when Tick must next be called, or the zero time.
+	Deadline() time.Time
+	// Tick is called once Deadline has passed.
+	Tick(now time.Time) error
+	// Wait applies backpressure: it returns true when the handler can take
+	// more data, or false at the latest at until, so that status updates
+	// keep flowing while it cannot.
+	Wait(ctx context.Context, until time.Time) (bool, error)
+	// Confirmable returns the position to report as flushed.
+	Confirmable() pglogrepl.LSN
+	// Stop is called once, when Run's context is done, before the final
+	// status update: the handler finishes what it holds (bounded in time).
+	Stop()
+}
+
+// Stream is a started replication stream.
+type Stream struct {
+	conn *pgconn.PgConn
+	opts Options
+
+	received pglogrepl.LSN
+	sent     pglogrepl.LSN
+	lastSent time.Time
+}
+
+// Start begins streaming the slot from its confirmed position.
+func Start(ctx context.Context, conn *pgconn.PgConn, opts Options) (*Stream, error) {
+	if err := ValidateName(opts.Slot); err != nil {
+		return nil, fmt.Errorf("slot name: %w", err)
+	}
+	if err := ValidateName(opts.Publication); err != nil {
+		return nil, fmt.Errorf("publication name: %w", err)
+	}
+	if opts.ProtoVersion == 0 {
+		opts.ProtoVersion = 2
+	}
+	if opts.StatusInterval <= 0 {
+		opts.StatusInterval = time.Second
+	}
+	// Start position 0 lets the server resume from the slot's
+	// confirmed_flush_lsn.
+	err := pglogrepl.StartReplication(ctx, conn, opts.Slot, 0, pglogrepl.StartReplicationOptions{
+		Mode:       pglogrepl.LogicalReplication,
+		PluginArgs: opts.pluginArgs(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start replication on slot %s: %w", opts.Slot, err)
+	}
+	return &Stream{conn: conn, opts: opts}, nil
+}
+
+// minStatusGap bounds how often a moved confirmed position is reported.
+const minStatusGap = 50 * time.Millisecond
+
+// Run reads the stream until ctx is done or the connection fails. When ctx
+// is done it calls h.Stop, sends a last status update and returns ctx's
+// error.
+func (s *Stream) Run(ctx context.Context, h Handler) error {
+	netConn := s.conn.Conn()
+	// A read blocked in ReceiveMessage wakes up at its deadline; pulling the
+	// deadline in is how cancellation reaches it without a context watcher
+	// goroutine per message.
+	stopWake := context.AfterFunc(ctx, func() { netConn.SetReadDeadline(time.Now()) })
+	defer stopWake()
+
+	var (
+		nextStatus  time.Time
+		curDeadline time.Time
+	)
+	for {
+		if ctx.Err() != nil {
+			h.Stop()
+			if err := s.sendStatus(h.Confirmable(), false); err != nil {
+				return fmt.Errorf("final status update: %w", err)
+			}
+			return ctx.Err()
+		}
+		now := time.Now()
+		if c := h.Confirmable(); !now.Before(nextStatus) || (c > s.sent && now.Sub(s.lastSent) >= minStatusGap) {
+			if err := s.sendStatus(c, false); err != nil {
+				return err
+			}
+			nextStatus = now.Add(s.opts.StatusInterval)
+		}
+		ready, err := h.Wait(ctx, nextStatus)
+		if err != nil {
+			return err
+		}
+		if !ready {
+			continue
+		}
+		deadline := nextStatus
+		if d := h.Deadline(); !d.IsZero() {
+			if !now.Before(d) {
+				if err := h.Tick(now); err != nil {
+					return err
+				}
+				continue
+			}
+			if d.Before(deadline) {
+				deadline = d
+			}
+		}
+		if !deadline.Equal(curDeadline) {
+			netConn.SetReadDeadline(deadline)
+			curDeadline = deadline
+		}
+		msg, err := s.conn.ReceiveMessage(context.Background())
+		if err != nil {
+			var netErr net.Error
+			if errors.As(err, &netErr) && netErr.Timeout() {
+				// The wake-up above may have moved the deadline.
+				curDeadline = time.Time{}
+				continue
+			}
+			return fmt.Errorf("receive replication message: %w", err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.CopyData:
+			if err := s.copyData(m.Data, h, &nextStatus); err != nil {
+				return err
+			}
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.CopyDone:
+			return errors.New("replication stream: server ended the stream")
+		}
+	}
+}
+
+func (s *Stream) copyData(data []byte, h Handler, nextStatus *time.Time) error {
+	if len(data) == 0 {
+		return errors.New("replication stream: empty CopyData")
+	}
+	switch data[0] {
+	case pglogrepl.XLogDataByteID:
+		// walStart(8) walEnd(8) sendTime(8) then the pgoutput message.
+		if len(data) < 25 {
+			return errors.New("replication stream: short XLogData")
+		}
+		if start := pglogrepl.LSN(binary.BigEndian.Uint64(data[1:])); start > s.received {
+			s.received = start
+		}
+		if err := h.Data(data[25:]); err != nil {
+			return fmt.Errorf("at %s: %w", s.received, err)
+		}
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		// walEnd(8) sendTime(8) replyRequested(1).
+		if len(data) < 18 {
+			return errors.New("replication stream: short keepalive")
+		}
+		walEnd := pglogrepl.LSN(binary.BigEndian.Uint64(data[1:]))
+		if walEnd > s.received {
+			s.received = walEnd
+		}
+		h.ServerPosition(walEnd)
+		if data[17] != 0 {
+			// The server is about to time us out: answer now.
+			*nextStatus = time.Time{}
+		}
+	}
+	return nil
+}
+
+// sendStatus reports confirmed as flushed and applied. Every position is
+// given explicitly: pglogrepl fills a zero flush position with the write
+// position, which would confirm data not yet published.
+func (s *Stream) sendStatus(confirmed pglogrepl.LSN, reply bool) error {
+	if confirmed == 0 {
+		// Nothing known yet; a zero flush would be replaced by the write
+		// position, so say nothing.
+		return nil
+	}
+	write := s.received
+	if write < confirmed {
+		write = confirmed
+	}
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: write,
+		WALFlushPosition: confirmed,
+		WALApplyPosition: confirmed,
+		ClientTime:       time.Now(),
+		ReplyRequested:   reply,
+	})
+	if err != nil {
+		return fmt.Errorf("send standby status: %w", err)
+	}
+	s.sent, s.lastSent = confirmed, time.Now()
+	return nil
+}
+
+// Sent returns the last position reported as flushed.
+func (s *Stream) Sent() pglogrepl.LSN { return s.sent }
