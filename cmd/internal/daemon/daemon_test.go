@@ -49,6 +49,8 @@ type envOpts struct {
 	limit   int
 	timeout time.Duration
 	format  string
+	proto   string // pgoutput protocol version, default 2
+	binary  string // "true" (default) or "false"
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
@@ -87,6 +89,8 @@ func newEnv(t *testing.T, o envOpts) *env {
 			"MAILROOM_FORMAT":        format,
 			"MAILROOM_HTTP_ADDR":     "",
 			"MAILROOM_LOG_LEVEL":     "warn",
+			"MAILROOM_PROTO_VERSION": o.proto,
+			"MAILROOM_BINARY":        o.binary,
 		}[k]
 	}, io.Discard)
 	if err != nil {
@@ -457,7 +461,20 @@ func TestLargeTransactionConfirmedOnlyAfterLastBatch(t *testing.T) {
 }
 
 func TestLineMatchesCollector(t *testing.T) {
-	e := newEnv(t, envOpts{limit: 5, timeout: 200 * time.Millisecond})
+	for _, tc := range []struct{ name, proto, binary string }{
+		{"v2 binary", "2", "true"},
+		{"v2 text", "2", "false"},
+		{"v1 text", "1", "false"},
+		{"v1 binary", "1", "true"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testLineMatchesCollector(t, envOpts{limit: 5, timeout: 200 * time.Millisecond, proto: tc.proto, binary: tc.binary})
+		})
+	}
+}
+
+func testLineMatchesCollector(t *testing.T, o envOpts) {
+	e := newEnv(t, o)
 	e.exec(`INSERT INTO accounts (email, login) SELECT 'c' || g || '@fake.mail', 'login' || g FROM generate_series(1, 4) g`)
 	e.exec(`INSERT INTO accounts (email, login, status) VALUES ('r@fake.mail', 'rlogin', 'active')`)
 	e.exec(`INSERT INTO tokens (account, action) SELECT id, 'password_recovery' FROM accounts WHERE login = 'rlogin'`)

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const goodKey = "cafebabecafebabecafebabecafebabecafebabecafebabecafebabecafebabe"
+
+func TestBadConfiguration(t *testing.T) {
+	keyFile := filepath.Join(t.TempDir(), "key")
+	os.WriteFile(keyFile, []byte("tooshort\n"), 0o600)
+	base := map[string]string{
+		"MAILROOM_DATABASE_URL": "postgres://u@127.0.0.1:1/db",
+		"MAILROOM_SECRET_KEY":   goodKey,
+	}
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string // the variable the error must name
+	}{
+		{"missing database URL", map[string]string{"MAILROOM_DATABASE_URL": ""}, nil, "MAILROOM_DATABASE_URL: is required"},
+		{"database URL not a URL", map[string]string{"MAILROOM_DATABASE_URL": "mysql://x"}, nil, "MAILROOM_DATABASE_URL"},
+		{"missing key", map[string]string{"MAILROOM_SECRET_KEY": ""}, nil, "MAILROOM_SECRET_KEY: is required"},
+		{"key too short", map[string]string{"MAILROOM_SECRET_KEY": goodKey[:62]}, nil, "MAILROOM_SECRET_KEY: must be exactly 64 hex characters, got 62"},
+		{"key not hex", map[string]string{"MAILROOM_SECRET_KEY": strings.Repeat("zz", 32)}, nil, "MAILROOM_SECRET_KEY: must contain only hex"},
+		{"key file bad", map[string]string{"MAILROOM_SECRET_KEY": "", "MAILROOM_SECRET_KEY_FILE": keyFile}, nil, "MAILROOM_SECRET_KEY_FILE"},
+		{"key file missing", map[string]string{"MAILROOM_SECRET_KEY": "", "MAILROOM_SECRET_KEY_FILE": "/nonexistent/key"}, nil, "MAILROOM_SECRET_KEY_FILE: cannot read key file"},
+		{"batch limit 0", map[string]string{"MAILROOM_BATCH_LIMIT": "0"}, nil, "MAILROOM_BATCH_LIMIT: must be a whole number from 1"},
+		{"batch limit negative", map[string]string{"MAILROOM_BATCH_LIMIT": "-5"}, nil, "MAILROOM_BATCH_LIMIT"},
+		{"batch limit flag", nil, []string{"--batch-limit", "abc"}, "MAILROOM_BATCH_LIMIT"},
+		{"timeout negative", map[string]string{"MAILROOM_BATCH_TIMEOUT": "-1"}, nil, "MAILROOM_BATCH_TIMEOUT: must be a whole number of milliseconds"},
+		{"bad slot name", map[string]string{"MAILROOM_SLOT": "mail room; DROP"}, nil, "MAILROOM_SLOT"},
+		{"slot name upper case", nil, []string{"--slot", "Mailroom"}, "MAILROOM_SLOT"},
+		{"bad NATS URL", map[string]string{"MAILROOM_NATS_URL": "localhost"}, nil, "MAILROOM_NATS_URL: must be nats://host:port"},
+		{"bad format", map[string]string{"MAILROOM_FORMAT": "xml"}, nil, "MAILROOM_FORMAT"},
+		{"bad stream", map[string]string{"MAILROOM_NATS_STREAM": "a.b"}, nil, "MAILROOM_NATS_STREAM"},
+		{"bad subject", map[string]string{"MAILROOM_NATS_SUBJECT": "a.*"}, nil, "MAILROOM_NATS_SUBJECT"},
+		{"bad http addr", map[string]string{"MAILROOM_HTTP_ADDR": "9187"}, nil, "MAILROOM_HTTP_ADDR"},
+		{"bad proto", map[string]string{"MAILROOM_PROTO_VERSION": "3"}, nil, "MAILROOM_PROTO_VERSION"},
+		{"bad log level", map[string]string{"MAILROOM_LOG_LEVEL": "loud"}, nil, "MAILROOM_LOG_LEVEL"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := func(k string) string {
+				if v, ok := tc.env[k]; ok {
+					return v
+				}
+				return base[k]
+			}
+			var stdout, stderr bytes.Buffer
+			code := run(append([]string{"run"}, tc.args...), env, &stdout, &stderr)
+			if code != exitConfig {
+				t.Fatalf("exit code %d, want %d; stderr: %s", code, exitConfig, stderr.String())
+			}
+			out := stderr.String()
+			if lines := strings.Count(strings.TrimSpace(out), "\n") + 1; lines != 1 {
+				t.Errorf("error is %d lines, want one:\n%s", lines, out)
+			}
+			if !strings.Contains(out, tc.want) {
+				t.Errorf("error %q does not contain %q", out, tc.want)
+			}
+			if strings.Contains(out, goodKey[:16]) {
+				t.Errorf("error repeats the key: %q", out)
+			}
+		})
+	}
+}
+
+func TestVerifyCommand(t *testing.T) {
+	env := func(k string) string {
+		if k == "MAILROOM_SECRET_KEY" {
+			return goodKey
+		}
+		return ""
+	}
+	vectors := readVectors(t)
+	for _, v := range vectors {
+		if v.KeyHex != goodKey {
+			continue
+		}
+		args := []string{"verify", v.Token}
+		if v.Action == "password_recovery" {
+			args = []string{"verify", "--code", v.Code, v.Token}
+		}
+		var out, errOut bytes.Buffer
+		if code := run(args, env, &out, &errOut); code != exitOK {
+			t.Fatalf("verify %v: exit %d: %s%s", args, code, out.String(), errOut.String())
+		}
+		if v.Action == "password_recovery" {
+			var bad bytes.Buffer
+			if code := run([]string{"verify", "--code", "00000", v.Token}, env, &bad, &bad); code != exitFailure || !strings.Contains(bad.String(), "invalid") {
+				t.Fatalf("wrong code: exit %d: %s", code, bad.String())
+			}
+		}
+	}
+	if n := countKey(vectors, goodKey); n == 0 {
+		t.Fatal("no vectors for the test key")
+	}
+}
+
+type vector struct {
+	KeyHex string `json:"key_hex"`
+	Action string `json:"action"`
+	Code   string `json:"code"`
+	Token  string `json:"token"`
+}
+
+func readVectors(t *testing.T) []vector {
+	data, err := os.ReadFile("../../publish/testdata/signing-vectors.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct{ Vectors []vector }
+	if err := json.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	return doc.Vectors
+}
+
+func countKey(vs []vector, key string) (n int) {
+	for _, v := range vs {
+		if v.KeyHex == key {
+			n++
+		}
+	}
+	return n
+}
