@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -71,21 +72,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	load := func(vars []string) (*config.Config, []string, int) {
-		cfg, remaining, err := config.Load("tailer "+cmd, vars, rest, getenv, stderr)
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, nil, exitOK
-		}
-		if err != nil {
-			fmt.Fprintf(stderr, "tailer %s: %v\n", cmd, err)
-			return nil, nil, exitConfig
-		}
-		return cfg, remaining, -1
-	}
-
 	switch cmd {
 	case "run":
-		cfg, _, code := load(runVars)
+		cfg, _, code := loadConfig("run", runVars, rest, getenv, stderr)
 		if cfg == nil {
 			return code
 		}
@@ -117,18 +106,30 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	return exitConfig
 }
 
+// loadConfig reads the settings of a command. It returns a nil Config with
+// the exit code when the command must not go on: after --help (0), or after
+// printing the one-line configuration error (2).
+func loadConfig(usage string, vars, args []string, getenv func(string) string, stderr io.Writer) (*config.Config, []string, int) {
+	cfg, rest, err := config.Load("tailer "+usage, vars, args, getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil, nil, exitOK
+	}
+	if err != nil {
+		name, _, _ := strings.Cut(usage, " ")
+		fmt.Fprintf(stderr, "tailer %s: %v\n", name, err)
+		return nil, nil, exitConfig
+	}
+	return cfg, rest, exitOK
+}
+
 func migrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	direction := "up"
 	if len(args) > 0 && (args[0] == "up" || args[0] == "down") {
 		direction, args = args[0], args[1:]
 	}
-	cfg, _, err := config.Load("tailer migrate [up|down]", migrateVars, args, getenv, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return exitOK
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "tailer migrate: %v\n", err)
-		return exitConfig
+	cfg, _, code := loadConfig("migrate [up|down]", migrateVars, args, getenv, stderr)
+	if cfg == nil {
+		return code
 	}
 	log := daemon.NewLogger(cfg.LogFormat, cfg.LogLevel, stderr)
 	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
@@ -207,13 +208,9 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 			shared = append(shared, a)
 		}
 	}
-	cfg, _, err := config.Load("tailer status [--json] [--max-lag BYTES]", statusVars, shared, getenv, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return exitOK
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "tailer status: %v\n", err)
-		return exitConfig
+	cfg, _, code := loadConfig("status [--json] [--max-lag BYTES]", statusVars, shared, getenv, stderr)
+	if cfg == nil {
+		return code
 	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
@@ -309,13 +306,9 @@ func verify(args []string, getenv func(string) string, stdout, stderr io.Writer)
 		}
 		shared = append(shared, args[i])
 	}
-	cfg, rest, err := config.Load("tailer verify [--code CODE] TOKEN", verifyVars, shared, getenv, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return exitOK
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "tailer verify: %v\n", err)
-		return exitConfig
+	cfg, rest, exit := loadConfig("verify [--code CODE] TOKEN", verifyVars, shared, getenv, stderr)
+	if cfg == nil {
+		return exit
 	}
 	if len(rest) != 1 {
 		fmt.Fprintln(stderr, "tailer verify: give exactly one token (and --code CODE for a password recovery token)")
@@ -340,13 +333,9 @@ func verify(args []string, getenv func(string) string, stdout, stderr io.Writer)
 }
 
 func subscribe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	cfg, _, err := config.Load("tailer subscribe", subVars, args, getenv, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return exitOK
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "tailer subscribe: %v\n", err)
-		return exitConfig
+	cfg, _, code := loadConfig("subscribe", subVars, args, getenv, stderr)
+	if cfg == nil {
+		return code
 	}
 	url := cfg.NATSURL
 	if url == "" {
