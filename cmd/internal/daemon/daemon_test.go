@@ -548,3 +548,31 @@ func TestRestartPublishesEachTokenOnce(t *testing.T) {
 	}
 	e.waitConfirmed(e.walLSN())
 }
+
+func TestPoisonRowsAreSkippedAndConfirmed(t *testing.T) {
+	e := newEnv(t, envOpts{limit: 10, timeout: 100 * time.Millisecond})
+	e.exec(`ALTER TYPE token_action ADD VALUE 'login_link'`)
+	e.exec(`INSERT INTO accounts (email, login, status) VALUES ('p@example.com', 'p', 'active')`)
+	tx, err := e.db.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sql := range []string{
+		`INSERT INTO tokens (account, action, secret) SELECT id, 'password_recovery', '\x0102'::bytea FROM accounts WHERE login = 'p'`,
+		`INSERT INTO tokens (account, action, code) SELECT id, 'password_recovery', NULL FROM accounts WHERE login = 'p'`,
+		`INSERT INTO tokens (account, action) SELECT id, 'login_link' FROM accounts WHERE login = 'p'`,
+		`INSERT INTO tokens (account, action, code) SELECT id, 'password_recovery', '24680' FROM accounts WHERE login = 'p'`,
+	} {
+		if _, err := tx.Exec(e.ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	if err := tx.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	msgs := e.messages(1)
+	if len(msgs) != 1 || msgs[0].count != 1 || !bytes.HasSuffix(msgs[0].body, []byte(",24680")) {
+		t.Fatalf("messages = %d, first %q", len(msgs), msgs[0].body)
+	}
+	e.waitConfirmed(e.walLSN())
+}
