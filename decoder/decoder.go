@@ -37,6 +37,7 @@ type Decoder struct {
 	// inTx is set between Begin and Commit of a non-streamed transaction.
 	inTx     bool
 	txCommit pglogrepl.LSN
+	txXid    uint32
 	txIndex  uint32
 
 	// inStream is set between Stream Start and Stream Stop; streamXid is the
@@ -121,11 +122,11 @@ func (d *Decoder) Pending() int { return len(d.streams) }
 func (d *Decoder) begin(r *reader) error {
 	finalLSN := r.u64()
 	r.u64() // commit timestamp
-	r.u32() // xid
+	xid := r.u32()
 	if r.err != nil {
 		return r.fail("begin")
 	}
-	d.inTx, d.txCommit, d.txIndex = true, pglogrepl.LSN(finalLSN), 0
+	d.inTx, d.txCommit, d.txXid, d.txIndex = true, pglogrepl.LSN(finalLSN), xid, 0
 	return nil
 }
 
@@ -172,7 +173,7 @@ func (d *Decoder) streamCommit(r *reader, sink Sink) error {
 				sink.BadRow(pos, row.err)
 				continue
 			}
-			row.tok.Pos = pos
+			row.tok.Pos, row.tok.Xid = pos, xid
 			sink.Token(&row.tok)
 		}
 		delete(d.streams, xid)
@@ -286,7 +287,7 @@ func (d *Decoder) insert(r *reader, sink Sink) error {
 		sink.BadRow(pos, rowErr)
 		return nil
 	}
-	tok.Pos = pos
+	tok.Pos, tok.Xid = pos, d.txXid
 	sink.Token(tok)
 	return nil
 }

@@ -164,6 +164,9 @@ func TestDecodeTransaction(t *testing.T) {
 				!bytes.Equal(r.Secret[:], secret(2)) || r.Pos != (Position{0x1000, 1}) {
 				t.Errorf("recovery token = %+v", r)
 			}
+			if a.Xid != 7 || r.Xid != 7 {
+				t.Errorf("xids = %d, %d, want 7", a.Xid, r.Xid)
+			}
 			if len(rec.commits) != 1 || rec.commits[0] != [2]pglogrepl.LSN{0x1000, 0x1010} {
 				t.Errorf("commits = %v", rec.commits)
 			}
@@ -272,7 +275,7 @@ func TestDecodeStreamed(t *testing.T) {
 		if len(ids) != 2 || ids[0] != 1 || ids[1] != 3 {
 			t.Fatalf("ids = %v, want [1 3] (subtransaction 901 aborted)", ids)
 		}
-		if rec.tokens[1].Pos != (Position{0x5000, 1}) {
+		if rec.tokens[1].Pos != (Position{0x5000, 1}) || rec.tokens[1].Xid != xid {
 			t.Errorf("position = %v", rec.tokens[1].Pos)
 		}
 		if d.Pending() != 0 || len(rec.commits) != 1 || rec.commits[0][1] != 0x5010 {

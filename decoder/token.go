@@ -121,7 +121,11 @@ func ParsePosition(s string) (Position, error) {
 // Secret and Code are fixed-size so that a Token can be copied into a batch
 // without a heap allocation.
 type Token struct {
-	Pos     Position
+	Pos Position
+	// Xid is the top-level transaction that inserted the row. Logical
+	// decoding can deliver a transaction before its commit is visible to
+	// other sessions, so readers of the row check this xid's visibility.
+	Xid     uint32
 	ID      int64
 	Account int64
 	Action  Action

@@ -96,6 +96,9 @@ func (p *Pipeline) produce(ctx context.Context, in <-chan *batch.Batch, acks cha
 			}
 			b = bt
 		}
+		if p.Log != nil {
+			p.Log.Debug("batch cut", "tokens", len(b.Tokens), "first", b.First().String(), "last", b.Last().String(), "cut", b.Cut.String())
+		}
 		rows = resetRows(rows, len(b.Tokens))
 		already := 0
 		last := p.Publisher.LastPosition()
@@ -155,6 +158,9 @@ func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, bodies c
 		if it.fut != nil {
 			select {
 			case ack := <-it.fut.Ok():
+				if p.Log != nil {
+					p.Log.Debug("batch acknowledged", "batch", BatchID(it.b.First(), it.b.Last()), "tokens", it.n, "seq", ack.Sequence, "duplicate", ack.Duplicate)
+				}
 				if ack.Duplicate && p.Log != nil {
 					p.Log.Info("batch was already on the stream", "batch", BatchID(it.b.First(), it.b.Last()), "seq", ack.Sequence)
 				}

@@ -5,7 +5,9 @@ package accounts
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -70,6 +72,7 @@ type Conn interface {
 type Joiner struct {
 	conn  Conn
 	ids   []int64
+	xids  []int64
 	index map[int64]int
 	arena []byte
 }
@@ -79,10 +82,20 @@ func NewJoiner(conn Conn) *Joiner {
 	return &Joiner{conn: conn, index: make(map[int64]int)}
 }
 
-// The decision is taken in SQL against the server's clock, as the mailroom
-// collector does: expired means expires_at <= now.
+// joinSQL returns one row per token still present, plus one marker row
+// (kind 1) counting the batch's transactions that the statement's snapshot
+// does not see yet. Logical decoding may deliver a transaction as soon as its
+// commit record is flushed, a moment before the commit becomes visible to
+// other sessions (and, under synchronous replication, until the standby
+// answers); a row missing from an invisible transaction is not deleted, just
+// not visible yet. Both parts run in one statement, so they share a snapshot.
+//
+// Expiry is decided against the server's clock, as the mailroom collector
+// does: expired means expires_at <= now. The 32-bit xids from the WAL are
+// widened to xid8 with the epoch of the snapshot's xmax.
 const joinSQL = `
-SELECT t.id,
+SELECT 0 AS kind,
+       t.id,
        t.expires_at,
        t.expires_at <= extract(epoch FROM now())::bigint AS expired,
        t.consumed_at IS NOT NULL AS consumed,
@@ -91,34 +104,69 @@ SELECT t.id,
          WHEN 'password_recovery' THEN a.status = 'active'
          ELSE false
        END AS status_ok,
-       a.email,
-       a.login
+       a.email::text,
+       a.login::text
 FROM tokens t
 JOIN accounts a ON a.id = t.account
-WHERE t.id = ANY($1)`
+WHERE t.id = ANY($1)
+UNION ALL
+SELECT 1, count(*), NULL, NULL, NULL, NULL, NULL, NULL
+FROM unnest($2::bigint[]) AS x(xid),
+     LATERAL (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax) s
+WHERE NOT pg_visible_in_snapshot(
+        ((((s.xmax >> 32) - CASE WHEN x.xid > (s.xmax & 4294967295) THEN 1 ELSE 0 END) << 32) | x.xid)::text::xid8,
+        pg_current_snapshot())`
 
 // Join fills rows (one per token, same order) with each token's current
 // state. Tokens whose row no longer exists are SkipDeleted; rows already
-// marked (Skip != Publish) are left alone and not queried.
+// marked (Skip != Publish) are left alone and not queried. When some of the
+// tokens' transactions are not visible yet, Join waits for them.
 func (j *Joiner) Join(ctx context.Context, tokens []decoder.Token, rows []Row) error {
-	j.ids = j.ids[:0]
+	j.ids, j.xids = j.ids[:0], j.xids[:0]
 	clear(j.index)
-	j.arena = j.arena[:0]
 	for i := range tokens {
 		if rows[i].Skip != Publish {
 			continue
 		}
-		rows[i].Skip = SkipDeleted
 		j.index[tokens[i].ID] = i
 		j.ids = append(j.ids, tokens[i].ID)
+		// Tokens of one transaction are adjacent in a batch.
+		if x := int64(tokens[i].Xid); len(j.xids) == 0 || j.xids[len(j.xids)-1] != x {
+			j.xids = append(j.xids, x)
+		}
 	}
 	if len(j.ids) == 0 {
 		return nil
 	}
+	wait := time.Millisecond
+	for {
+		invisible, err := j.query(ctx, rows)
+		if err != nil {
+			return err
+		}
+		if invisible == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("join accounts: waiting for %d transactions to become visible: %w", invisible, ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 100*time.Millisecond)
+	}
+}
+
+// query runs joinSQL once and returns how many of the batch's transactions
+// its snapshot did not see.
+func (j *Joiner) query(ctx context.Context, rows []Row) (invisible int64, err error) {
+	for _, i := range j.index {
+		rows[i] = Row{Skip: SkipDeleted}
+	}
+	j.arena = j.arena[:0]
 	// Binary results keep the per-row cost to a few byte copies.
-	res, err := j.conn.Query(ctx, joinSQL, pgx.QueryResultFormats{pgx.BinaryFormatCode}, j.ids)
+	res, err := j.conn.Query(ctx, joinSQL, pgx.QueryResultFormats{pgx.BinaryFormatCode}, j.ids, j.xids)
 	if err != nil {
-		return fmt.Errorf("join accounts: %w", err)
+		return 0, fmt.Errorf("join accounts: %w", err)
 	}
 	defer res.Close()
 	type span struct{ row, emailOff, emailEnd, loginEnd int }
@@ -126,41 +174,47 @@ func (j *Joiner) Join(ctx context.Context, tokens []decoder.Token, rows []Row) e
 	pending := spans[:0]
 	for res.Next() {
 		v := res.RawValues()
-		if len(v) != 7 || len(v[0]) != 8 || len(v[1]) != 4 || len(v[2]) != 1 || len(v[3]) != 1 || len(v[4]) != 1 {
-			return fmt.Errorf("join accounts: unexpected row shape")
+		if len(v) != 8 || len(v[0]) != 4 || len(v[1]) != 8 {
+			return 0, errors.New("join accounts: unexpected row shape")
 		}
-		id := int64(binary.BigEndian.Uint64(v[0]))
-		i, ok := j.index[id]
+		if binary.BigEndian.Uint32(v[0]) == 1 {
+			invisible = int64(binary.BigEndian.Uint64(v[1]))
+			continue
+		}
+		if len(v[2]) != 4 || len(v[3]) != 1 || len(v[4]) != 1 || len(v[5]) != 1 {
+			return 0, errors.New("join accounts: unexpected row shape")
+		}
+		i, ok := j.index[int64(binary.BigEndian.Uint64(v[1]))]
 		if !ok {
 			continue
 		}
 		r := &rows[i]
-		r.ExpiresAt = int64(int32(binary.BigEndian.Uint32(v[1])))
+		r.ExpiresAt = int64(int32(binary.BigEndian.Uint32(v[2])))
 		switch {
-		case v[2][0] != 0:
-			r.Skip = SkipExpired
 		case v[3][0] != 0:
+			r.Skip = SkipExpired
+		case v[4][0] != 0:
 			r.Skip = SkipConsumed
-		case v[4][0] == 0:
+		case v[5][0] == 0:
 			r.Skip = SkipStatus
 		default:
 			r.Skip = Publish
 			off := len(j.arena)
-			j.arena = append(j.arena, v[5]...)
-			emailEnd := len(j.arena)
 			j.arena = append(j.arena, v[6]...)
+			emailEnd := len(j.arena)
+			j.arena = append(j.arena, v[7]...)
 			// The arena may move while it grows; slices are taken at the end.
 			pending = append(pending, span{i, off, emailEnd, len(j.arena)})
 		}
 	}
 	if err := res.Err(); err != nil {
-		return fmt.Errorf("join accounts: %w", err)
+		return 0, fmt.Errorf("join accounts: %w", err)
 	}
 	for _, s := range pending {
 		rows[s.row].Email = j.arena[s.emailOff:s.emailEnd:s.emailEnd]
 		rows[s.row].Login = j.arena[s.emailEnd:s.loginEnd:s.loginEnd]
 	}
-	return nil
+	return invisible, nil
 }
 
 var _ Conn = (*pgx.Conn)(nil)

@@ -79,7 +79,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	if format == "" {
 		format = "line"
 	}
-	cfg, _, err := config.Load("test", runVarsForTest, nil, func(k string) string {
+	cfg, _, err := config.Load("test", runVarsForTest, []string{"--http-addr="}, func(k string) string {
 		return map[string]string{
 			"MAILROOM_DATABASE_URL":  url,
 			"MAILROOM_SECRET_KEY":    testKeyHex,
@@ -87,8 +87,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 			"MAILROOM_BATCH_TIMEOUT": strconv.Itoa(int(o.timeout / time.Millisecond)),
 			"MAILROOM_NATS_URL":      srv.ClientURL(),
 			"MAILROOM_FORMAT":        format,
-			"MAILROOM_HTTP_ADDR":     "",
-			"MAILROOM_LOG_LEVEL":     "warn",
+			"MAILROOM_LOG_LEVEL":     "debug",
 			"MAILROOM_PROTO_VERSION": o.proto,
 			"MAILROOM_BINARY":        o.binary,
 		}[k]
@@ -112,7 +111,7 @@ var runVarsForTest = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SECRET_KEY", "M
 // start runs the tailer in the background until stop is called.
 func (e *env) start() {
 	ctx, cancel := context.WithCancel(e.ctx)
-	d := New(e.cfg, NewLogger("text", "warn", testWriter{e.t}))
+	d := New(e.cfg, NewLogger("text", e.cfg.LogLevel, testWriter{e.t}))
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
 	select {
