@@ -89,6 +89,11 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 			os.Exit(exitFailure)
 		}()
 		if err := daemon.New(cfg, log).Run(ctx); err != nil {
+			var cfgErr *config.Error
+			if errors.As(err, &cfgErr) {
+				fmt.Fprintf(stderr, "tailer run: %v\n", cfgErr)
+				return exitConfig
+			}
 			log.Error("tailer failed", "err", err)
 			return exitFailure
 		}

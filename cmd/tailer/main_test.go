@@ -44,6 +44,7 @@ func TestBadConfiguration(t *testing.T) {
 		{"bad http addr", map[string]string{"MAILROOM_HTTP_ADDR": "9187"}, nil, "MAILROOM_HTTP_ADDR"},
 		{"bad proto", map[string]string{"MAILROOM_PROTO_VERSION": "3"}, nil, "MAILROOM_PROTO_VERSION"},
 		{"bad log level", map[string]string{"MAILROOM_LOG_LEVEL": "loud"}, nil, "MAILROOM_LOG_LEVEL"},
+		{"unreachable NATS URL", map[string]string{"MAILROOM_NATS_URL": "nats://127.0.0.1:1", "MAILROOM_HTTP_ADDR": ""}, []string{"--http-addr="}, "MAILROOM_NATS_URL: cannot connect to nats://127.0.0.1:1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env := func(k string) string {

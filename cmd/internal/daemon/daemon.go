@@ -71,6 +71,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	nc, err := nats.Connect(natsURL,
 		nats.Name("tailer"),
+		nats.Timeout(5*time.Second),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(500*time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -81,6 +82,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		nats.ReconnectHandler(func(c *nats.Conn) { d.log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }),
 	)
 	if err != nil {
+		if d.cfg.NATSURL != "" {
+			// Only a configured URL can be wrong; the tailer gives up at
+			// startup so that a typo does not look like an outage.
+			return &config.Error{Var: "MAILROOM_NATS_URL", Err: fmt.Errorf("cannot connect to %s: %w", d.cfg.NATSURL, err)}
+		}
 		return fmt.Errorf("connect to NATS: %w", err)
 	}
 	defer nc.Close()
@@ -132,7 +138,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 // session streams from the slot until ctx is done or something fails.
 func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	cfg := d.cfg
-	q, err := pgx.Connect(ctx, cfg.DatabaseURL)
+	qcfg, err := pgx.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("parse database URL: %w", err)
+	}
+	qcfg.RuntimeParams["application_name"] = "tailer"
+	q, err := pgx.ConnectConfig(ctx, qcfg)
 	if err != nil {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}

@@ -1,0 +1,531 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mailroom/tailer/migrations"
+	"github.com/mailroom/tailer/publish"
+	"github.com/mailroom/tailer/publish/embedded"
+	"github.com/mailroom/tailer/replication"
+	"github.com/mailroom/tailer/testutil/pgtest"
+)
+
+// tailerBin is the tailer built once for the fault tests, which run it as a
+// real process so that it can be killed.
+var tailerBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "tailer-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	tailerBin = filepath.Join(dir, "tailer")
+	if out, err := exec.Command("go", "build", "-o", tailerBin, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build tailer: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := pgtest.Main(m)
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// cluster is a database, a restartable NATS server and the tailers run
+// against them.
+type cluster struct {
+	t        *testing.T
+	ctx      context.Context
+	dbURL    string
+	db       *pgx.Conn
+	natsDir  string
+	natsPort int
+	nats     *server.Server
+	limit    int
+	timeout  time.Duration
+}
+
+func newCluster(t *testing.T, pg *pgtest.Server, limit int, timeout time.Duration) *cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	url := pg.CreateDB(t)
+	if err := migrations.Up(ctx, url); err != nil {
+		t.Fatal(err)
+	}
+	db, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close(context.Background()) })
+	if _, err := replication.EnsureSlot(ctx, db, "mailroom"); err != nil {
+		t.Fatal(err)
+	}
+	port, err := pgtest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{t: t, ctx: ctx, dbURL: url, db: db, natsDir: t.TempDir(), natsPort: port, limit: limit, timeout: timeout}
+	c.startNATS()
+	t.Cleanup(c.stopNATS)
+	return c
+}
+
+func (c *cluster) natsURL() string { return fmt.Sprintf("nats://127.0.0.1:%d", c.natsPort) }
+
+func (c *cluster) startNATS() {
+	c.t.Helper()
+	s, err := embedded.Start(c.natsDir, fmt.Sprintf("127.0.0.1:%d", c.natsPort))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.nats = s
+}
+
+func (c *cluster) stopNATS() {
+	if c.nats != nil {
+		c.nats.Shutdown()
+		c.nats.WaitForShutdown()
+		c.nats = nil
+	}
+}
+
+// proc is a running tailer process.
+type proc struct {
+	t    *testing.T
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+	err  error
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func (c *cluster) tailer(extraEnv ...string) *proc {
+	c.t.Helper()
+	cmd := exec.Command(tailerBin, "run", "--http-addr=")
+	cmd.Env = append(os.Environ(),
+		"MAILROOM_DATABASE_URL="+c.dbURL,
+		"MAILROOM_SECRET_KEY="+goodKey,
+		"MAILROOM_NATS_URL="+c.natsURL(),
+		"MAILROOM_BATCH_LIMIT="+strconv.Itoa(c.limit),
+		"MAILROOM_BATCH_TIMEOUT="+strconv.Itoa(int(c.timeout/time.Millisecond)),
+		"MAILROOM_LOG_LEVEL=info",
+	)
+	cmd.Env = append(cmd.Env, extraEnv...)
+	p := &proc{t: c.t, cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	if err := cmd.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	c.t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.done
+		if c.t.Failed() {
+			c.t.Logf("tailer pid %d output:\n%s", cmd.Process.Pid, p.out.String())
+		}
+	})
+	return p
+}
+
+// waitLog waits until the process has logged s (count times).
+func (p *proc) waitLog(s string, count int, within time.Duration) {
+	p.t.Helper()
+	deadline := time.Now().Add(within)
+	for strings.Count(p.out.String(), s) < count {
+		select {
+		case <-p.done:
+			p.t.Fatalf("tailer exited (%v) before logging %q:\n%s", p.err, s, p.out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("tailer did not log %q within %s:\n%s", s, within, p.out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (p *proc) kill() {
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// term sends SIGTERM and returns the exit code.
+func (p *proc) term(within time.Duration) int {
+	p.t.Helper()
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(within):
+		p.t.Fatalf("tailer did not exit within %s of SIGTERM:\n%s", within, p.out.String())
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+func (c *cluster) exec(sql string, args ...any) {
+	c.t.Helper()
+	if _, err := c.db.Exec(c.ctx, sql, args...); err != nil {
+		c.t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func (c *cluster) walLSN() pglogrepl.LSN {
+	c.t.Helper()
+	var s string
+	if err := c.db.QueryRow(c.ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&s); err != nil {
+		c.t.Fatal(err)
+	}
+	lsn, _ := pglogrepl.ParseLSN(s)
+	return lsn
+}
+
+func (c *cluster) slot() replication.SlotInfo {
+	c.t.Helper()
+	s, err := replication.Slot(c.ctx, c.db, "mailroom")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return s
+}
+
+// writer inserts accounts (each with an activation token) until stopped.
+type writer struct {
+	stop  chan struct{}
+	done  chan struct{}
+	count atomic.Int64
+	err   error
+}
+
+func (c *cluster) startWriter(perTx int, pause time.Duration) *writer {
+	c.t.Helper()
+	conn, err := pgx.Connect(c.ctx, c.dbURL)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	w := &writer{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		defer conn.Close(context.Background())
+		for n := 0; ; n++ {
+			select {
+			case <-w.stop:
+				return
+			default:
+			}
+			_, err := conn.Exec(c.ctx, `INSERT INTO accounts (email, login)
+				SELECT 'w' || $1::int || '_' || g || '@example.com', 'w' || $1::int || '_' || g FROM generate_series(1, $2::int) g`, n, perTx)
+			if err != nil {
+				w.err = err
+				return
+			}
+			w.count.Add(int64(perTx))
+			time.Sleep(pause)
+		}
+	}()
+	c.t.Cleanup(w.halt)
+	return w
+}
+
+func (w *writer) halt() {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	<-w.done
+}
+
+// tokenCounts reads the whole stream and counts each token id.
+func (c *cluster) tokenCounts() map[int64]int {
+	c.t.Helper()
+	nc, err := nats.Connect(c.natsURL())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	counts := map[int64]int{}
+	stream, err := js.Stream(c.ctx, "MAILROOM")
+	if err != nil {
+		return counts
+	}
+	info, err := stream.Info(c.ctx)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	for seq := info.State.FirstSeq; info.State.LastSeq > 0 && seq <= info.State.LastSeq; seq++ {
+		m, err := stream.GetMsg(c.ctx, seq)
+		if err != nil {
+			c.t.Fatalf("message %d: %v", seq, err)
+		}
+		for _, s := range strings.Split(m.Header.Get(publish.HeaderTokenIDs), ",") {
+			id, err := strconv.ParseInt(s, 10, 64)
+			if err != nil {
+				c.t.Fatalf("message %d: token ids %q", seq, m.Header.Get(publish.HeaderTokenIDs))
+			}
+			counts[id]++
+		}
+	}
+	return counts
+}
+
+// expectExactlyOnce waits until every token in the table is on the stream
+// and fails on any token published twice.
+func (c *cluster) expectExactlyOnce(within time.Duration) int {
+	c.t.Helper()
+	var want []int64
+	rows, _ := c.db.Query(c.ctx, `SELECT id FROM tokens ORDER BY id`)
+	want, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	deadline := time.Now().Add(within)
+	for {
+		counts := c.tokenCounts()
+		for id, n := range counts {
+			if n > 1 {
+				c.t.Fatalf("token %d published %d times", id, n)
+			}
+		}
+		missing := 0
+		for _, id := range want {
+			if counts[id] == 0 {
+				missing++
+			}
+		}
+		if missing == 0 {
+			return len(want)
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("%d of %d tokens never reached the stream", missing, len(want))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func TestCrashLoop(t *testing.T) {
+	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
+	// Three tokens a transaction against batches of ten: a restart resumes
+	// at a transaction end inside an already published batch, so replayed
+	// batches get new ids and only the stream's last position keeps them
+	// from being published twice.
+	w := c.startWriter(3, 10*time.Millisecond)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < 12; i++ {
+		p := c.tailer()
+		// Kill at a random moment: sometimes before it streams at all.
+		time.Sleep(time.Duration(50+rng.IntN(600)) * time.Millisecond)
+		p.kill()
+	}
+	w.halt()
+	if w.err != nil {
+		t.Fatal(w.err)
+	}
+	p := c.tailer()
+	n := c.expectExactlyOnce(60 * time.Second)
+	if code := p.term(15 * time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM", code)
+	}
+	t.Logf("%d tokens written during 12 SIGKILLs, each on the stream exactly once", n)
+	if n < 100 {
+		t.Fatalf("only %d tokens written: the writer did not run", n)
+	}
+}
+
+func TestSIGTERMPublishesPendingBatch(t *testing.T) {
+	// No timeout can cut the batch: only the shutdown does.
+	c := newCluster(t, pgtest.Shared(t), 10, time.Hour)
+	p := c.tailer()
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	c.exec(`INSERT INTO accounts (email, login) SELECT 'h' || g || '@x', 'h' || g FROM generate_series(1, 3) g`)
+	end := c.walLSN()
+	// Let the tailer read the three tokens into its open batch: the
+	// walsender has sent them, and the tailer had a moment to read them.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var sent string
+		c.db.QueryRow(c.ctx, `SELECT coalesce(max(sent_lsn), '0/0')::text FROM pg_stat_replication WHERE application_name = 'tailer'`).Scan(&sent)
+		if lsn, _ := pglogrepl.ParseLSN(sent); lsn >= end {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("walsender sent only up to %s, want %s", sent, end)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if got := len(c.tokenCounts()); got != 0 {
+		t.Fatalf("%d tokens published before SIGTERM with a one-hour timeout", got)
+	}
+	if code := p.term(15 * time.Second); code != 0 {
+		t.Fatalf("exit code %d, want 0:\n%s", code, p.out.String())
+	}
+	if n := c.expectExactlyOnce(time.Second); n != 3 {
+		t.Fatalf("%d tokens, want 3", n)
+	}
+	if s := c.slot(); s.ConfirmedFlush < end {
+		t.Fatalf("slot confirmed at %s after shutdown, before the published batch's end %s", s.ConfirmedFlush, end)
+	}
+}
+
+func TestStandbyTakesOver(t *testing.T) {
+	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
+	a := c.tailer()
+	a.waitLog("msg=streaming", 1, 30*time.Second)
+	b := c.tailer()
+	b.waitLog("standing by", 1, 30*time.Second)
+	w := c.startWriter(3, 20*time.Millisecond)
+	time.Sleep(500 * time.Millisecond)
+	a.kill()
+	b.waitLog("msg=streaming", 1, 15*time.Second)
+	time.Sleep(500 * time.Millisecond)
+	w.halt()
+	if w.err != nil {
+		t.Fatal(w.err)
+	}
+	c.expectExactlyOnce(30 * time.Second)
+}
+
+func TestIdleSlotAdvances(t *testing.T) {
+	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
+	// Active accounts get no activation token.
+	c.exec(`INSERT INTO accounts (email, login, status) SELECT 'i' || g || '@x', 'i' || g, 'active' FROM generate_series(1, 10000) g`)
+	p := c.tailer()
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	before := c.walLSN()
+	for i := 0; i < 100; i++ {
+		c.exec(`UPDATE accounts SET created_at = created_at + 1 WHERE id % 100 = $1`, i)
+	}
+	written := int64(c.walLSN() - before)
+	t.Logf("10,000 account updates wrote %d bytes of WAL", written)
+	if written < 2<<20 {
+		t.Fatalf("the updates wrote only %d bytes of WAL: a lag under 1 MiB would prove nothing", written)
+	}
+	if got := len(c.tokenCounts()); got != 0 {
+		t.Fatalf("%d tokens published", got)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		s := c.slot()
+		if s.LagBytes() < 1<<20 {
+			t.Logf("lag %d bytes after 10,000 account updates", s.LagBytes())
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slot lag still %d bytes (confirmed %s, current %s)", s.LagBytes(), s.ConfirmedFlush, s.CurrentLSN)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	p.term(15 * time.Second)
+}
+
+func TestNATSOutage(t *testing.T) {
+	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
+	p := c.tailer()
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	w := c.startWriter(2, 10*time.Millisecond)
+
+	// The tailer rides out an outage on its own.
+	time.Sleep(300 * time.Millisecond)
+	c.stopNATS()
+	time.Sleep(3 * time.Second)
+	c.startNATS()
+	time.Sleep(time.Second)
+
+	// A second outage with the tailer killed in the middle of it: had the
+	// slot been confirmed past tokens not yet on the stream, the restarted
+	// tailer would never see them again.
+	c.stopNATS()
+	time.Sleep(1500 * time.Millisecond)
+	p.kill()
+	time.Sleep(500 * time.Millisecond)
+	c.startNATS()
+	p = c.tailer()
+	time.Sleep(500 * time.Millisecond)
+	w.halt()
+	if w.err != nil {
+		t.Fatal(w.err)
+	}
+	n := c.expectExactlyOnce(60 * time.Second)
+	t.Logf("%d tokens across two NATS outages, each exactly once", n)
+}
+
+func TestPostgresFaults(t *testing.T) {
+	t.Run("backends terminated", func(t *testing.T) {
+		c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
+		p := c.tailer()
+		p.waitLog("msg=streaming", 1, 30*time.Second)
+		w := c.startWriter(2, 10*time.Millisecond)
+		for i := 0; i < 3; i++ {
+			time.Sleep(400 * time.Millisecond)
+			// Both of the tailer's backends: the walsender and the query
+			// connection.
+			c.exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'tailer'`)
+			p.waitLog("msg=streaming", i+2, 30*time.Second)
+		}
+		w.halt()
+		c.expectExactlyOnce(60 * time.Second)
+	})
+	t.Run("server restarted", func(t *testing.T) {
+		pg, err := pgtest.Start(pgtest.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pg.Close()
+		c := newCluster(t, pg, 10, 100*time.Millisecond)
+		p := c.tailer()
+		p.waitLog("msg=streaming", 1, 30*time.Second)
+		c.exec(`INSERT INTO accounts (email, login) SELECT 'r' || g || '@x', 'r' || g FROM generate_series(1, 25) g`)
+		if err := pg.Stop("fast"); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		if err := pg.Start(); err != nil {
+			t.Fatal(err)
+		}
+		db, err := pgx.Connect(c.ctx, c.dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.db = db
+		c.exec(`INSERT INTO accounts (email, login) SELECT 's' || g || '@x', 's' || g FROM generate_series(1, 25) g`)
+		p.waitLog("msg=streaming", 2, 60*time.Second)
+		if n := c.expectExactlyOnce(60 * time.Second); n != 50 {
+			t.Fatalf("%d tokens, want 50", n)
+		}
+	})
+}
