@@ -26,6 +26,7 @@ type Feeder struct {
 	// stalled is a cut batch the publishing side had no room for yet.
 	stalled *Batch
 	done    atomic.Uint64
+	read    atomic.Uint64
 	drained <-chan struct{}
 
 	onBadRow    func(decoder.Position, error)
@@ -84,7 +85,9 @@ type sink Feeder
 
 func (s *sink) Token(t *decoder.Token) {
 	f := (*Feeder)(s)
-	if f.batcher.Add(t) {
+	full := f.batcher.Add(t)
+	f.read.Store(f.batcher.LastSeq())
+	if full {
 		f.handoff(f.batcher.Cut(CutLimit))
 	}
 }
@@ -175,5 +178,10 @@ func (f *Feeder) Stop() {
 	}
 }
 
-// PendingTokens is the number of tokens in the open batch.
-func (f *Feeder) PendingTokens() int { return f.batcher.Pending() }
+// PendingTokens is the number of tokens read from the WAL and not yet
+// published or skipped. It is safe to call from any goroutine.
+func (f *Feeder) PendingTokens() uint64 {
+	// done first: it never passes what had been read when it was stored.
+	done := f.done.Load()
+	return f.read.Load() - done
+}

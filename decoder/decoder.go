@@ -38,6 +38,7 @@ type Decoder struct {
 	inTx     bool
 	txCommit pglogrepl.LSN
 	txXid    uint32
+	txTime   int64
 	txIndex  uint32
 
 	// inStream is set between Stream Start and Stream Stop; streamXid is the
@@ -121,12 +122,12 @@ func (d *Decoder) Pending() int { return len(d.streams) }
 
 func (d *Decoder) begin(r *reader) error {
 	finalLSN := r.u64()
-	r.u64() // commit timestamp
+	commitTime := int64(r.u64())
 	xid := r.u32()
 	if r.err != nil {
 		return r.fail("begin")
 	}
-	d.inTx, d.txCommit, d.txXid, d.txIndex = true, pglogrepl.LSN(finalLSN), xid, 0
+	d.inTx, d.txCommit, d.txXid, d.txTime, d.txIndex = true, pglogrepl.LSN(finalLSN), xid, commitTime, 0
 	return nil
 }
 
@@ -161,7 +162,7 @@ func (d *Decoder) streamCommit(r *reader, sink Sink) error {
 	r.u8() // flags
 	commitLSN := pglogrepl.LSN(r.u64())
 	endLSN := pglogrepl.LSN(r.u64())
-	r.u64() // commit timestamp
+	commitTime := int64(r.u64())
 	if r.err != nil {
 		return r.fail("stream commit")
 	}
@@ -173,7 +174,7 @@ func (d *Decoder) streamCommit(r *reader, sink Sink) error {
 				sink.BadRow(pos, row.err)
 				continue
 			}
-			row.tok.Pos, row.tok.Xid = pos, xid
+			row.tok.Pos, row.tok.Xid, row.tok.CommitTime = pos, xid, commitTime
 			sink.Token(&row.tok)
 		}
 		delete(d.streams, xid)
@@ -287,7 +288,7 @@ func (d *Decoder) insert(r *reader, sink Sink) error {
 		sink.BadRow(pos, rowErr)
 		return nil
 	}
-	tok.Pos, tok.Xid = pos, d.txXid
+	tok.Pos, tok.Xid, tok.CommitTime = pos, d.txXid, d.txTime
 	sink.Token(tok)
 	return nil
 }

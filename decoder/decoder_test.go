@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -49,8 +50,11 @@ func (m *msg) u64(v uint64) *msg {
 }
 func (m *msg) str(s string) *msg { m.WriteString(s); m.WriteByte(0); return m }
 
+// commitMicros is 2024-01-01 00:00:00 UTC in PostgreSQL's timestamp unit.
+const commitMicros = 757382400_000000
+
 func begin(final uint64, xid uint32) []byte {
-	return newMsg('B').u64(final).u64(0).u32(xid).Bytes()
+	return newMsg('B').u64(final).u64(commitMicros).u32(xid).Bytes()
 }
 
 func commit(commitLSN, end uint64) []byte {
@@ -167,6 +171,9 @@ func TestDecodeTransaction(t *testing.T) {
 			if a.Xid != 7 || r.Xid != 7 {
 				t.Errorf("xids = %d, %d, want 7", a.Xid, r.Xid)
 			}
+			if got := a.Committed(); !got.Equal(time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)) {
+				t.Errorf("commit time = %v", got)
+			}
 			if len(rec.commits) != 1 || rec.commits[0] != [2]pglogrepl.LSN{0x1000, 0x1010} {
 				t.Errorf("commits = %v", rec.commits)
 			}
@@ -251,7 +258,7 @@ func TestDecodeStreamed(t *testing.T) {
 	streamStart := func(x uint32) []byte { return newMsg('S').u32(x).u8(1).Bytes() }
 	streamStop := newMsg('E').Bytes()
 	streamCommit := func(x uint32, c, e uint64) []byte {
-		return newMsg('c').u32(x).u8(0).u64(c).u64(e).u64(0).Bytes()
+		return newMsg('c').u32(x).u8(0).u64(c).u64(e).u64(commitMicros).Bytes()
 	}
 	streamAbort := func(x, s uint32) []byte { return newMsg('A').u32(x).u32(s).Bytes() }
 
@@ -275,7 +282,7 @@ func TestDecodeStreamed(t *testing.T) {
 		if len(ids) != 2 || ids[0] != 1 || ids[1] != 3 {
 			t.Fatalf("ids = %v, want [1 3] (subtransaction 901 aborted)", ids)
 		}
-		if rec.tokens[1].Pos != (Position{0x5000, 1}) || rec.tokens[1].Xid != xid {
+		if rec.tokens[1].Pos != (Position{0x5000, 1}) || rec.tokens[1].Xid != xid || rec.tokens[1].CommitTime != commitMicros {
 			t.Errorf("position = %v", rec.tokens[1].Pos)
 		}
 		if d.Pending() != 0 || len(rec.commits) != 1 || rec.commits[0][1] != 0x5010 {

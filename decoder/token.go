@@ -12,6 +12,7 @@ package decoder
 import (
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -125,10 +126,13 @@ type Token struct {
 	// Xid is the top-level transaction that inserted the row. Logical
 	// decoding can deliver a transaction before its commit is visible to
 	// other sessions, so readers of the row check this xid's visibility.
-	Xid     uint32
-	ID      int64
-	Account int64
-	Action  Action
+	Xid uint32
+	// CommitTime is the transaction's commit time in microseconds since
+	// 2000-01-01 UTC, as PostgreSQL sends it; see Committed.
+	CommitTime int64
+	ID         int64
+	Account    int64
+	Action     Action
 	// Secret is the token's 32 random bytes.
 	Secret [32]byte
 	// Code holds CodeLen bytes of the short code (the column is VARCHAR(5)).
@@ -136,6 +140,14 @@ type Token struct {
 	CodeLen uint8
 	// CodeNull is set when the code column was NULL.
 	CodeNull bool
+}
+
+// pgEpoch is PostgreSQL's timestamp epoch.
+var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Committed returns when the token's transaction committed.
+func (t *Token) Committed() time.Time {
+	return pgEpoch.Add(time.Duration(t.CommitTime) * time.Microsecond)
 }
 
 // CodeString returns the code as a string (allocates).

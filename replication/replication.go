@@ -180,6 +180,8 @@ type Options struct {
 	// StatusInterval is how often a standby status update is sent even when
 	// nothing changed; it must stay well below wal_sender_timeout.
 	StatusInterval time.Duration
+	// OnStatus, if set, is told every position reported as flushed.
+	OnStatus func(confirmed pglogrepl.LSN)
 }
 
 func (o Options) pluginArgs() []string {
@@ -393,6 +395,9 @@ func (s *Stream) sendStatus(confirmed pglogrepl.LSN, reply bool) error {
 		return fmt.Errorf("send standby status: %w", err)
 	}
 	s.sent, s.lastSent = confirmed, time.Now()
+	if s.opts.OnStatus != nil {
+		s.opts.OnStatus(confirmed)
+	}
 	return nil
 }
 

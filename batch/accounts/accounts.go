@@ -149,7 +149,7 @@ func (j *Joiner) Join(ctx context.Context, tokens []decoder.Token, rows []Row) e
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("join accounts: waiting for %d transactions to become visible: %w", invisible, ctx.Err())
+			return fmt.Errorf("%w: waiting for %d transactions to become visible: %w", ErrJoin, invisible, ctx.Err())
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, 100*time.Millisecond)
@@ -166,7 +166,7 @@ func (j *Joiner) query(ctx context.Context, rows []Row) (invisible int64, err er
 	// Binary results keep the per-row cost to a few byte copies.
 	res, err := j.conn.Query(ctx, joinSQL, pgx.QueryResultFormats{pgx.BinaryFormatCode}, j.ids, j.xids)
 	if err != nil {
-		return 0, fmt.Errorf("join accounts: %w", err)
+		return 0, fmt.Errorf("%w: %w", ErrJoin, err)
 	}
 	defer res.Close()
 	type span struct{ row, emailOff, emailEnd, loginEnd int }
@@ -175,14 +175,14 @@ func (j *Joiner) query(ctx context.Context, rows []Row) (invisible int64, err er
 	for res.Next() {
 		v := res.RawValues()
 		if len(v) != 8 || len(v[0]) != 4 || len(v[1]) != 8 {
-			return 0, errors.New("join accounts: unexpected row shape")
+			return 0, fmt.Errorf("%w: unexpected row shape", ErrJoin)
 		}
 		if binary.BigEndian.Uint32(v[0]) == 1 {
 			invisible = int64(binary.BigEndian.Uint64(v[1]))
 			continue
 		}
 		if len(v[2]) != 4 || len(v[3]) != 1 || len(v[4]) != 1 || len(v[5]) != 1 {
-			return 0, errors.New("join accounts: unexpected row shape")
+			return 0, fmt.Errorf("%w: unexpected row shape", ErrJoin)
 		}
 		i, ok := j.index[int64(binary.BigEndian.Uint64(v[1]))]
 		if !ok {
@@ -208,7 +208,7 @@ func (j *Joiner) query(ctx context.Context, rows []Row) (invisible int64, err er
 		}
 	}
 	if err := res.Err(); err != nil {
-		return 0, fmt.Errorf("join accounts: %w", err)
+		return 0, fmt.Errorf("%w: %w", ErrJoin, err)
 	}
 	for _, s := range pending {
 		rows[s.row].Email = j.arena[s.emailOff:s.emailEnd:s.emailEnd]
@@ -218,3 +218,6 @@ func (j *Joiner) query(ctx context.Context, rows []Row) (invisible int64, err er
 }
 
 var _ Conn = (*pgx.Conn)(nil)
+
+// ErrJoin marks errors of the join query (as opposed to the caller's own).
+var ErrJoin = errors.New("join accounts")

@@ -11,7 +11,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -53,9 +52,9 @@ func main() {
 }
 
 var (
-	runVars     = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SECRET_KEY", "MAILROOM_SECRET_KEY_FILE", "MAILROOM_BATCH_LIMIT", "MAILROOM_BATCH_TIMEOUT", "MAILROOM_NATS_URL", "MAILROOM_NATS_LISTEN", "MAILROOM_DATA_DIR", "MAILROOM_NATS_STREAM", "MAILROOM_NATS_SUBJECT", "MAILROOM_FORMAT", "MAILROOM_HTTP_ADDR", "MAILROOM_SLOT", "MAILROOM_PUBLICATION", "MAILROOM_PROTO_VERSION", "MAILROOM_BINARY", "MAILROOM_MAX_IN_FLIGHT", "MAILROOM_LOG_FORMAT", "MAILROOM_LOG_LEVEL"}
+	runVars     = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SECRET_KEY", "MAILROOM_SECRET_KEY_FILE", "MAILROOM_BATCH_LIMIT", "MAILROOM_BATCH_TIMEOUT", "MAILROOM_NATS_URL", "MAILROOM_NATS_LISTEN", "MAILROOM_DATA_DIR", "MAILROOM_NATS_STREAM", "MAILROOM_NATS_SUBJECT", "MAILROOM_FORMAT", "MAILROOM_HTTP_ADDR", "MAILROOM_SLOT", "MAILROOM_PUBLICATION", "MAILROOM_PROTO_VERSION", "MAILROOM_BINARY", "MAILROOM_MAX_IN_FLIGHT", "MAILROOM_MAX_LAG", "MAILROOM_LAG_INTERVAL", "MAILROOM_LOG_FORMAT", "MAILROOM_LOG_LEVEL"}
 	migrateVars = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SLOT", "MAILROOM_LOG_FORMAT", "MAILROOM_LOG_LEVEL"}
-	statusVars  = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SLOT", "MAILROOM_NATS_URL", "MAILROOM_NATS_STREAM"}
+	statusVars  = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SLOT", "MAILROOM_NATS_URL", "MAILROOM_NATS_STREAM", "MAILROOM_MAX_LAG"}
 	verifyVars  = []string{"MAILROOM_SECRET_KEY", "MAILROOM_SECRET_KEY_FILE"}
 	subVars     = []string{"MAILROOM_NATS_URL", "MAILROOM_NATS_STREAM", "MAILROOM_NATS_SUBJECT"}
 )
@@ -189,31 +188,17 @@ type statusReport struct {
 }
 
 func status(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	// --json is status's own flag; the rest are shared settings.
 	var asJSON bool
-	var maxLag int64 = 64 << 20
-	// Command-specific flags go before the shared ones are parsed.
 	var shared []string
-	for i := 0; i < len(args); i++ {
-		switch a := args[i]; {
-		case a == "--json" || a == "-json":
+	for _, a := range args {
+		if a == "--json" || a == "-json" {
 			asJSON = true
-		case a == "--max-lag" || a == "-max-lag":
-			if i+1 >= len(args) {
-				fmt.Fprintln(stderr, "tailer status: --max-lag needs a number of bytes")
-				return exitConfig
-			}
-			i++
-			n, err := strconv.ParseInt(args[i], 10, 64)
-			if err != nil || n < 0 {
-				fmt.Fprintf(stderr, "tailer status: --max-lag: must be a number of bytes >= 0, got %q\n", args[i])
-				return exitConfig
-			}
-			maxLag = n
-		default:
-			shared = append(shared, a)
+			continue
 		}
+		shared = append(shared, a)
 	}
-	cfg, _, code := loadConfig("status [--json] [--max-lag BYTES]", statusVars, shared, getenv, stderr)
+	cfg, _, code := loadConfig("status [--json]", statusVars, shared, getenv, stderr)
 	if cfg == nil {
 		return code
 	}
@@ -233,9 +218,9 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 	rep := statusReport{
 		Slot: slot.Name, Active: slot.Active, ActivePID: slot.ActivePID,
 		ConfirmedLSN: slot.ConfirmedFlush.String(), RestartLSN: slot.RestartLSN.String(), CurrentLSN: slot.CurrentLSN.String(),
-		LagBytes: slot.LagBytes(), RetainedBytes: slot.RetainedBytes(), Stream: cfg.Stream, MaxLagBytes: maxLag,
+		LagBytes: slot.LagBytes(), RetainedBytes: slot.RetainedBytes(), Stream: cfg.Stream, MaxLagBytes: cfg.MaxLag,
 	}
-	rep.OK = rep.LagBytes <= maxLag
+	rep.OK = rep.LagBytes <= cfg.MaxLag
 	if cfg.NATSURL != "" {
 		if info, err := streamInfo(ctx, cfg.NATSURL, cfg.Stream); err != nil {
 			rep.StreamError = err.Error()
@@ -252,7 +237,7 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 	} else {
 		fmt.Fprintf(stdout, "slot            %s (active=%v pid=%d)\n", rep.Slot, rep.Active, rep.ActivePID)
 		fmt.Fprintf(stdout, "confirmed LSN   %s\nrestart LSN     %s\ncurrent LSN     %s\n", rep.ConfirmedLSN, rep.RestartLSN, rep.CurrentLSN)
-		fmt.Fprintf(stdout, "lag             %d bytes (%s), max %s\n", rep.LagBytes, human(rep.LagBytes), human(maxLag))
+		fmt.Fprintf(stdout, "lag             %d bytes (%s), max %s\n", rep.LagBytes, human(rep.LagBytes), human(cfg.MaxLag))
 		fmt.Fprintf(stdout, "retained WAL    %d bytes (%s)\n", rep.RetainedBytes, human(rep.RetainedBytes))
 		if rep.StreamError != "" {
 			fmt.Fprintf(stdout, "stream          %s: %s\n", rep.Stream, rep.StreamError)

@@ -40,6 +40,10 @@ type Config struct {
 	MaxInFlight  int
 	LogFormat    string
 	LogLevel     string
+	// MaxLag is the slot lag in bytes above which the tailer is not ready.
+	MaxLag int64
+	// LagInterval is how often the slot's lag is sampled.
+	LagInterval time.Duration
 }
 
 // Var describes one setting.
@@ -193,6 +197,22 @@ var Vars = []Var{
 		n, err := positiveInt(v, 4096)
 		c.MaxInFlight = n
 		return err
+	}},
+	{Env: "MAILROOM_MAX_LAG", Flag: "max-lag", Default: "67108864", Usage: "slot lag in bytes above which /readyz reports not ready (and tailer status exits 1)", set: func(c *Config, v string) error {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return fmt.Errorf("must be a number of bytes >= 0, got %q", v)
+		}
+		c.MaxLag = n
+		return nil
+	}},
+	{Env: "MAILROOM_LAG_INTERVAL", Flag: "lag-interval", Default: "5000", Usage: "milliseconds between samples of the slot's lag for metrics and /readyz", set: func(c *Config, v string) error {
+		n, err := positiveInt(v, 3_600_000)
+		if err != nil {
+			return fmt.Errorf("must be a whole number of milliseconds from 1, got %q", v)
+		}
+		c.LagInterval = time.Duration(n) * time.Millisecond
+		return nil
 	}},
 	{Env: "MAILROOM_LOG_FORMAT", Flag: "log-format", Default: "text", Usage: "log format: text or json", set: func(c *Config, v string) error {
 		if v != "text" && v != "json" {

@@ -5,6 +5,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -42,14 +44,60 @@ type Daemon struct {
 	cfg     *config.Config
 	log     *slog.Logger
 	metrics *Metrics
-	// Ready is closed once the first session streams (tests and the demo
-	// wait for it).
+	// ready is closed once the first session streams (tests wait for it).
 	ready chan struct{}
+
+	feeder atomic.Pointer[batch.Feeder]
+	held   atomic.Bool
+	nc     atomic.Pointer[nats.Conn]
+	lag    atomic.Pointer[lagSample]
+}
+
+// lagSample is the last look at the slot.
+type lagSample struct {
+	at   time.Time
+	slot replication.SlotInfo
+	err  error
 }
 
 // New returns a Daemon for cfg.
 func New(cfg *config.Config, log *slog.Logger) *Daemon {
-	return &Daemon{cfg: cfg, log: log, metrics: NewMetrics(), ready: make(chan struct{})}
+	d := &Daemon{cfg: cfg, log: log, ready: make(chan struct{})}
+	d.metrics = NewMetrics(func() float64 {
+		if f := d.feeder.Load(); f != nil {
+			return float64(f.PendingTokens())
+		}
+		return 0
+	})
+	return d
+}
+
+// What a failed session's error is blamed on, for tailer_reconnects_total.
+const (
+	targetPostgres = "postgres"
+	targetNATS     = "nats"
+)
+
+type sessionError struct {
+	target string
+	err    error
+}
+
+func (e *sessionError) Error() string { return e.err.Error() }
+func (e *sessionError) Unwrap() error { return e.err }
+
+func pgErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &sessionError{targetPostgres, err}
+}
+
+func natsErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &sessionError{targetNATS, err}
 }
 
 // Ready is closed once the tailer streams from its slot for the first time.
@@ -90,6 +138,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return fmt.Errorf("connect to NATS: %w", err)
 	}
 	defer nc.Close()
+	d.nc.Store(nc)
+	go d.sampleSlot(ctx)
 
 	if d.cfg.HTTPAddr != "" {
 		stop, err := d.serveHTTP()
@@ -111,6 +161,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		if time.Since(started) > time.Minute {
 			delay = minDelay
+		}
+		var se *sessionError
+		if errors.As(err, &se) && !replication.IsSlotInUse(err) {
+			d.metrics.reconnect(se.target)
 		}
 		switch {
 		case replication.IsSlotInUse(err):
@@ -138,45 +192,47 @@ func (d *Daemon) Run(ctx context.Context) error {
 // session streams from the slot until ctx is done or something fails.
 func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	cfg := d.cfg
-	qcfg, err := pgx.ParseConfig(cfg.DatabaseURL)
+	q, err := connectQuery(ctx, cfg.DatabaseURL)
 	if err != nil {
-		return fmt.Errorf("parse database URL: %w", err)
-	}
-	qcfg.RuntimeParams["application_name"] = "tailer"
-	q, err := pgx.ConnectConfig(ctx, qcfg)
-	if err != nil {
-		return fmt.Errorf("connect to PostgreSQL: %w", err)
+		return pgErr(err)
 	}
 	defer q.Close(context.Background())
 
 	created, err := replication.EnsureSlot(ctx, q, cfg.Slot)
 	if err != nil {
-		return err
+		return pgErr(err)
 	}
 	if created {
 		d.log.Warn("created replication slot: tokens committed before now were not captured (run `tailer migrate` to create it together with the schema)", "slot", cfg.Slot)
 	}
 	slot, err := replication.Slot(ctx, q, cfg.Slot)
 	if err != nil {
-		return err
+		return pgErr(err)
 	}
 
 	pub, err := publish.NewPublisher(ctx, nc, publish.Stream{Name: cfg.Stream, Subject: cfg.Subject})
 	if err != nil {
-		return err
+		return natsErr(err)
 	}
 
 	rc, err := replication.Connect(ctx, cfg.DatabaseURL)
 	if err != nil {
-		return err
+		return pgErr(err)
 	}
 	defer rc.Close(context.Background())
 	stream, err := replication.Start(ctx, rc, replication.Options{
 		Slot: cfg.Slot, Publication: cfg.Publication, ProtoVersion: cfg.ProtoVersion, Binary: cfg.Binary,
+		OnStatus: d.metrics.statusSent,
 	})
 	if err != nil {
-		return err
+		return pgErr(err)
 	}
+	d.held.Store(true)
+	d.metrics.setHeld(true)
+	defer func() {
+		d.held.Store(false)
+		d.metrics.setHeld(false)
+	}()
 	d.log.Info("streaming", "slot", cfg.Slot, "from", slot.ConfirmedFlush, "resume_after", pub.LastPosition(),
 		"stream", cfg.Stream, "subject", cfg.Subject, "batch_limit", cfg.BatchLimit, "batch_timeout", cfg.BatchTimeout)
 	select {
@@ -207,13 +263,15 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		Format:      cfg.Format,
 		MaxInFlight: cfg.MaxInFlight,
 		Done: func(b *batch.Batch) {
-			d.metrics.Confirmed(b)
+			d.metrics.done(b)
 			feeder.MarkDone(b)
 		},
 		Observer: d.metrics,
 		Log:      d.log,
 	}
 
+	d.feeder.Store(feeder)
+	defer d.feeder.Store(nil)
 	runCtx, cancelRun := context.WithCancelCause(ctx)
 	defer cancelRun(nil)
 	pipeCtx, cancelPipe := context.WithCancel(context.Background())
@@ -231,12 +289,113 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	<-drained
 	d.log.Info("session ended", "confirmed", stream.Sent())
 	if pipeErr != nil {
-		return pipeErr
+		if errors.Is(pipeErr, accounts.ErrJoin) {
+			return pgErr(pipeErr)
+		}
+		return natsErr(pipeErr)
 	}
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		return nil
 	}
-	return err
+	return pgErr(err)
+}
+
+// connectQuery opens the tailer's ordinary connection, named so that
+// operators (and pg_terminate_backend) can tell it apart in pg_stat_activity.
+func connectQuery(ctx context.Context, url string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database URL: %w", err)
+	}
+	cfg.RuntimeParams["application_name"] = "tailer"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	return conn, nil
+}
+
+// sampleSlot looks at the slot every LagInterval for the lag metrics and
+// /readyz, on a connection of its own. It works in standby too: the slot's
+// lag is what operators care about, whoever holds it.
+func (d *Daemon) sampleSlot(ctx context.Context) {
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close(context.Background())
+		}
+	}()
+	ticker := time.NewTicker(d.cfg.LagInterval)
+	defer ticker.Stop()
+	failing := false
+	for {
+		var err error
+		if conn == nil {
+			conn, err = connectQuery(ctx, d.cfg.DatabaseURL)
+		}
+		var s replication.SlotInfo
+		if err == nil {
+			s, err = replication.Slot(ctx, conn, d.cfg.Slot)
+			if err != nil && !errors.Is(err, replication.ErrNoSlot) {
+				conn.Close(context.Background())
+				conn = nil
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		d.lag.Store(&lagSample{at: time.Now(), slot: s, err: err})
+		if err == nil {
+			d.metrics.slotSample(s)
+		}
+		if err != nil && !failing {
+			d.log.Warn("cannot sample the slot's lag", "err", err)
+		}
+		failing = err != nil
+		d.metrics.setReady(d.readiness().Ready)
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+// Readiness is the body of /readyz.
+type Readiness struct {
+	Ready         bool     `json:"ready"`
+	Reasons       []string `json:"reasons,omitempty"`
+	SlotHeld      bool     `json:"slot_held"`
+	NATSConnected bool     `json:"nats_connected"`
+	LagBytes      *int64   `json:"lag_bytes"`
+	MaxLagBytes   int64    `json:"max_lag_bytes"`
+}
+
+func (d *Daemon) readiness() Readiness {
+	r := Readiness{SlotHeld: d.held.Load(), MaxLagBytes: d.cfg.MaxLag}
+	if nc := d.nc.Load(); nc != nil {
+		r.NATSConnected = nc.IsConnected()
+	}
+	if !r.SlotHeld {
+		r.Reasons = append(r.Reasons, "not streaming from the slot (standing by or reconnecting)")
+	}
+	if !r.NATSConnected {
+		r.Reasons = append(r.Reasons, "not connected to NATS")
+	}
+	switch s := d.lag.Load(); {
+	case s == nil:
+		r.Reasons = append(r.Reasons, "slot lag not sampled yet")
+	case s.err != nil:
+		r.Reasons = append(r.Reasons, "slot lag unknown: "+s.err.Error())
+	default:
+		lag := s.slot.LagBytes()
+		r.LagBytes = &lag
+		if lag > d.cfg.MaxLag {
+			r.Reasons = append(r.Reasons, fmt.Sprintf("slot lag %d bytes exceeds %d", lag, d.cfg.MaxLag))
+		}
+	}
+	r.Ready = len(r.Reasons) == 0
+	return r
 }
 
 func (d *Daemon) serveHTTP() (stop func(), err error) {
@@ -249,6 +408,15 @@ func (d *Daemon) serveHTTP() (stop func(), err error) {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"status":"ok"}`+"\n")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		r := d.readiness()
+		d.metrics.setReady(r.Ready)
+		w.Header().Set("Content-Type", "application/json")
+		if !r.Ready {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		json.NewEncoder(w).Encode(r)
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)

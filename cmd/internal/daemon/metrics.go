@@ -4,15 +4,19 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/mailroom/tailer/batch"
 	"github.com/mailroom/tailer/batch/accounts"
+	"github.com/mailroom/tailer/replication"
 )
 
 // Metrics are the tailer's Prometheus metrics, on a registry of their own.
+// Every name is listed in MetricNames, which the infra tests compare with the
+// dashboard and the alert rules.
 type Metrics struct {
 	reg            *prometheus.Registry
 	published      prometheus.Counter
@@ -20,11 +24,43 @@ type Metrics struct {
 	batches        *prometheus.CounterVec
 	batchSize      prometheus.Histogram
 	publishLatency prometheus.Histogram
-	lastPosition   prometheus.Gauge
+	commitToAck    prometheus.Histogram
+	lastDone       prometheus.Gauge
+	confirmed      prometheus.Gauge
+	slotLag        prometheus.Gauge
+	slotRetained   prometheus.Gauge
+	slotConfirmed  prometheus.Gauge
+	slotSampled    prometheus.Gauge
+	slotHeld       prometheus.Gauge
+	ready          prometheus.Gauge
+	reconnects     *prometheus.CounterVec
+	pending        prometheus.GaugeFunc
 }
 
-// NewMetrics registers the metrics.
-func NewMetrics() *Metrics {
+// MetricNames lists the tailer's own metric families.
+var MetricNames = []string{
+	"tailer_tokens_published_total",
+	"tailer_tokens_skipped_total",
+	"tailer_batches_published_total",
+	"tailer_batch_size_tokens",
+	"tailer_publish_latency_seconds",
+	"tailer_commit_to_ack_seconds",
+	"tailer_last_done_commit_lsn",
+	"tailer_confirmed_lsn",
+	"tailer_slot_lag_bytes",
+	"tailer_slot_retained_bytes",
+	"tailer_slot_confirmed_lsn",
+	"tailer_slot_sample_timestamp_seconds",
+	"tailer_slot_held",
+	"tailer_ready",
+	"tailer_reconnects_total",
+	"tailer_tokens_pending",
+}
+
+// NewMetrics registers the metrics. pending reports the tokens read from the
+// WAL and not yet done.
+func NewMetrics(pending func() float64) *Metrics {
+	latency := prometheus.ExponentialBuckets(0.0001, 2, 18) // 100µs .. 13s
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
 		published: prometheus.NewCounter(prometheus.CounterOpts{
@@ -34,27 +70,61 @@ func NewMetrics() *Metrics {
 			Name: "tailer_tokens_skipped_total", Help: "Tokens not published, by reason.",
 		}, []string{"reason"}),
 		batches: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tailer_batches_published_total", Help: "Batches published, by why they were cut.",
+			Name: "tailer_batches_published_total", Help: "Batches published, by why they were cut (limit, timeout, shutdown).",
 		}, []string{"cut"}),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "tailer_batch_size_tokens", Help: "Tokens per published batch.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 14),
 		}),
 		publishLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "tailer_publish_latency_seconds", Help: "Time from publishing a batch to its PubAck.",
-			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
+			Name: "tailer_publish_latency_seconds", Help: "Time from publishing a batch to its PubAck.", Buckets: latency,
 		}),
-		lastPosition: prometheus.NewGauge(prometheus.GaugeOpts{
+		commitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tailer_commit_to_ack_seconds", Help: "Time from the commit of a batch's oldest token to the batch's PubAck.", Buckets: latency,
+		}),
+		lastDone: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tailer_last_done_commit_lsn", Help: "Commit LSN of the newest token published or skipped.",
 		}),
+		confirmed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tailer_confirmed_lsn", Help: "Last position this instance reported to the slot as flushed.",
+		}),
+		slotLag: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tailer_slot_lag_bytes", Help: "pg_current_wal_lsn() minus the slot's confirmed_flush_lsn, sampled.",
+		}),
+		slotRetained: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tailer_slot_retained_bytes", Help: "WAL the slot makes the server keep: pg_current_wal_lsn() minus restart_lsn, sampled.",
+		}),
+		slotConfirmed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tailer_slot_confirmed_lsn", Help: "The slot's confirmed_flush_lsn, sampled.",
+		}),
+		slotSampled: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tailer_slot_sample_timestamp_seconds", Help: "When the slot was last sampled successfully (Unix time).",
+		}),
+		slotHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tailer_slot_held", Help: "1 while this instance streams from the slot, 0 while it stands by or reconnects.",
+		}),
+		ready: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tailer_ready", Help: "1 when /readyz answers ready.",
+		}),
+		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tailer_reconnects_total", Help: "Sessions restarted after a failure, by what failed (postgres, nats).",
+		}, []string{"target"}),
 	}
+	m.pending = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tailer_tokens_pending", Help: "Tokens read from the WAL and not yet published or skipped.",
+	}, pending)
 	for _, r := range accounts.Reasons {
 		m.skipped.WithLabelValues(r.String())
 	}
 	for _, c := range []batch.CutReason{batch.CutLimit, batch.CutTimeout, batch.CutShutdown} {
 		m.batches.WithLabelValues(c.String())
 	}
-	m.reg.MustRegister(m.published, m.skipped, m.batches, m.batchSize, m.publishLatency, m.lastPosition,
+	for _, t := range []string{targetPostgres, targetNATS} {
+		m.reconnects.WithLabelValues(t)
+	}
+	m.reg.MustRegister(m.published, m.skipped, m.batches, m.batchSize, m.publishLatency, m.commitToAck,
+		m.lastDone, m.confirmed, m.slotLag, m.slotRetained, m.slotConfirmed, m.slotSampled, m.slotHeld, m.ready,
+		m.reconnects, m.pending,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -68,6 +138,7 @@ func (m *Metrics) BatchPublished(b *batch.Batch, n int, latency time.Duration) {
 	m.batches.WithLabelValues(b.Cut.String()).Inc()
 	m.batchSize.Observe(float64(n))
 	m.publishLatency.Observe(latency.Seconds())
+	m.commitToAck.Observe(time.Since(b.Tokens[0].Committed()).Seconds())
 }
 
 // TokensSkipped implements publish.Observer.
@@ -75,7 +146,21 @@ func (m *Metrics) TokensSkipped(reason accounts.Skip, n int) {
 	m.skipped.WithLabelValues(reason.String()).Add(float64(n))
 }
 
-// Confirmed records the newest batch that is done.
-func (m *Metrics) Confirmed(b *batch.Batch) {
-	m.lastPosition.Set(float64(b.Last().Commit))
+func (m *Metrics) done(b *batch.Batch)          { m.lastDone.Set(float64(b.Last().Commit)) }
+func (m *Metrics) statusSent(lsn pglogrepl.LSN) { m.confirmed.Set(float64(lsn)) }
+func (m *Metrics) reconnect(target string)      { m.reconnects.WithLabelValues(target).Inc() }
+func (m *Metrics) setHeld(held bool)            { m.slotHeld.Set(b2f(held)) }
+func (m *Metrics) setReady(ready bool)          { m.ready.Set(b2f(ready)) }
+func (m *Metrics) slotSample(s replication.SlotInfo) {
+	m.slotLag.Set(float64(s.LagBytes()))
+	m.slotRetained.Set(float64(s.RetainedBytes()))
+	m.slotConfirmed.Set(float64(s.ConfirmedFlush))
+	m.slotSampled.SetToCurrentTime()
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
