@@ -18,9 +18,11 @@ import (
 type Stream struct {
 	Name    string
 	Subject string
-	// Duplicates is JetStream's duplicate window for Nats-Msg-Id, used when
-	// the stream is created.
+	// Duplicates is JetStream's duplicate window for Nats-Msg-Id, and
+	// Replicas the number of copies; both only apply when the stream is
+	// created.
 	Duplicates time.Duration
+	Replicas   int
 }
 
 // Publisher sends batches to one JetStream stream, chaining each message to
@@ -56,6 +58,7 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Stream) (*Publisher, e
 			Subjects:    []string{cfg.Subject, cfg.Subject + ".>"},
 			Storage:     jetstream.FileStorage,
 			Duplicates:  cfg.Duplicates,
+			Replicas:    max(cfg.Replicas, 1),
 		})
 	}
 	if err != nil {

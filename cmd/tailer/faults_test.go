@@ -3,11 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -136,7 +140,12 @@ func (s *syncBuffer) String() string {
 
 func (c *cluster) tailer(extraEnv ...string) *proc {
 	c.t.Helper()
-	cmd := exec.Command(tailerBin, "run", "--http-addr=")
+	args := []string{"run"}
+	if !slices.ContainsFunc(extraEnv, func(e string) bool { return strings.HasPrefix(e, "MAILROOM_HTTP_ADDR=") }) {
+		// Tests run in parallel packages: no fixed HTTP port.
+		args = append(args, "--http-addr=")
+	}
+	cmd := exec.Command(tailerBin, args...)
 	cmd.Env = append(os.Environ(),
 		"MAILROOM_DATABASE_URL="+c.dbURL,
 		"MAILROOM_SECRET_KEY="+goodKey,
@@ -582,4 +591,113 @@ func TestPostgresFaults(t *testing.T) {
 			t.Fatalf("%d tokens, want 50", n)
 		}
 	})
+}
+
+// httpGet returns the status code and body of a GET, or 0 when the request
+// failed.
+func httpGet(url string) (int, string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// metricValue reads one unlabelled sample from a /metrics page.
+func metricValue(page, name string) (float64, bool) {
+	for _, line := range strings.Split(page, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return f, err == nil
+		}
+	}
+	return 0, false
+}
+
+// status runs tailer status --json against the cluster.
+func (c *cluster) status(maxLag int64) (statusReport, int) {
+	c.t.Helper()
+	cmd := exec.Command(tailerBin, "status", "--json", "--max-lag", strconv.FormatInt(maxLag, 10))
+	cmd.Env = append(os.Environ(), "MAILROOM_DATABASE_URL="+c.dbURL, "MAILROOM_NATS_URL="+c.natsURL())
+	out, _ := cmd.Output()
+	var rep statusReport
+	if err := json.Unmarshal(out, &rep); err != nil {
+		c.t.Fatalf("tailer status --json: %v: %s", err, out)
+	}
+	return rep, cmd.ProcessState.ExitCode()
+}
+
+func TestLagAndReadinessDuringNATSOutage(t *testing.T) {
+	const maxLag = 256 << 10
+	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
+	port, _ := pgtest.FreePort()
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	c.tailer("MAILROOM_HTTP_ADDR=127.0.0.1:"+strconv.Itoa(port), "MAILROOM_LAG_INTERVAL=100", "MAILROOM_MAX_LAG="+strconv.Itoa(maxLag))
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	waitFor("/readyz 200", func() bool { code, _ := httpGet(base + "/readyz"); return code == 200 })
+	if code, body := httpGet(base + "/healthz"); code != 200 || !strings.Contains(body, "ok") {
+		t.Fatalf("/healthz = %d %s", code, body)
+	}
+	rep, code := c.status(maxLag)
+	if code != 0 || !rep.OK || !rep.Active || rep.ActivePID == 0 || rep.Stream != "MAILROOM" || rep.StreamMessages == nil {
+		t.Fatalf("status before the outage: exit %d, %+v", code, rep)
+	}
+
+	w := c.startWriter(20, 5*time.Millisecond)
+	c.stopNATS()
+	var readyBody string
+	waitFor("/readyz 503", func() bool {
+		code, body := httpGet(base + "/readyz")
+		readyBody = body
+		return code == 503
+	})
+	var ready struct {
+		Ready         bool     `json:"ready"`
+		Reasons       []string `json:"reasons"`
+		NATSConnected bool     `json:"nats_connected"`
+	}
+	if err := json.Unmarshal([]byte(readyBody), &ready); err != nil || ready.Ready || len(ready.Reasons) == 0 {
+		t.Fatalf("/readyz body %q (%v)", readyBody, err)
+	}
+	waitFor("slot lag metric above the threshold", func() bool {
+		_, page := httpGet(base + "/metrics")
+		v, ok := metricValue(page, "tailer_slot_lag_bytes")
+		return ok && v > maxLag
+	})
+	waitFor("tailer status to fail on lag", func() bool {
+		rep, code := c.status(maxLag)
+		return code == 1 && !rep.OK && rep.LagBytes > maxLag
+	})
+	_, page := httpGet(base + "/metrics")
+	if v, _ := metricValue(page, "tailer_ready"); v != 0 {
+		t.Errorf("tailer_ready = %v during the outage", v)
+	}
+
+	c.startNATS()
+	w.halt()
+	if w.err != nil {
+		t.Fatal(w.err)
+	}
+	waitFor("/readyz 200 again", func() bool { code, _ := httpGet(base + "/readyz"); return code == 200 })
+	waitFor("slot lag metric back under the threshold", func() bool {
+		_, page := httpGet(base + "/metrics")
+		v, ok := metricValue(page, "tailer_slot_lag_bytes")
+		return ok && v < maxLag
+	})
+	rep, code = c.status(maxLag)
+	if code != 0 || rep.LagBytes > maxLag {
+		t.Fatalf("status after the outage: exit %d, %+v", code, rep)
+	}
+	c.expectExactlyOnce(30 * time.Second)
 }

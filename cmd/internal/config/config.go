@@ -31,6 +31,7 @@ type Config struct {
 	DataDir      string // embedded server's store
 	Stream       string
 	Subject      string
+	Replicas     int
 	Format       publish.Format
 	HTTPAddr     string
 	Slot         string
@@ -154,6 +155,11 @@ var Vars = []Var{
 		}
 		c.Subject = v
 		return nil
+	}},
+	{Env: "MAILROOM_NATS_REPLICAS", Flag: "nats-replicas", Default: "1", Usage: "replicas of the stream when the tailer creates it (3 on a three-node cluster)", set: func(c *Config, v string) error {
+		n, err := positiveInt(v, 5)
+		c.Replicas = n
+		return err
 	}},
 	{Env: "MAILROOM_FORMAT", Flag: "format", Default: "line", Usage: "message body: line (collector-compatible) or json", set: func(c *Config, v string) error {
 		f, err := publish.ParseFormat(v)

@@ -210,7 +210,7 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		return pgErr(err)
 	}
 
-	pub, err := publish.NewPublisher(ctx, nc, publish.Stream{Name: cfg.Stream, Subject: cfg.Subject})
+	pub, err := publish.NewPublisher(ctx, nc, publish.Stream{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas})
 	if err != nil {
 		return natsErr(err)
 	}
