@@ -605,6 +605,16 @@ func httpGet(url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+func grepLines(page, substr string) string {
+	var out []string
+	for _, l := range strings.Split(page, "\n") {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
 // metricValue reads one unlabelled sample from a /metrics page.
 func metricValue(page, name string) (float64, bool) {
 	for _, line := range strings.Split(page, "\n") {
@@ -683,6 +693,9 @@ func TestLagAndReadinessDuringNATSOutage(t *testing.T) {
 	if v, _ := metricValue(page, "tailer_ready"); v != 0 {
 		t.Errorf("tailer_ready = %v during the outage", v)
 	}
+	if v, _ := metricValue(page, "tailer_slot_held"); v != 1 {
+		t.Errorf("tailer_slot_held = %v: the slot is still held during a NATS outage", v)
+	}
 
 	c.startNATS()
 	w.halt()
@@ -698,6 +711,10 @@ func TestLagAndReadinessDuringNATSOutage(t *testing.T) {
 	rep, code = c.status(maxLag)
 	if code != 0 || rep.LagBytes > maxLag {
 		t.Fatalf("status after the outage: exit %d, %+v", code, rep)
+	}
+	_, page = httpGet(base + "/metrics")
+	if !strings.Contains(page, `tailer_reconnects_total{target="nats"}`) || strings.Contains(page, `tailer_reconnects_total{target="nats"} 0`+"\n") {
+		t.Errorf("no NATS reconnect counted:\n%s", grepLines(page, "tailer_reconnects_total"))
 	}
 	c.expectExactlyOnce(30 * time.Second)
 }

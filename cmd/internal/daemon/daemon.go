@@ -127,7 +127,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 				d.log.Warn("NATS disconnected", "err", err)
 			}
 		}),
-		nats.ReconnectHandler(func(c *nats.Conn) { d.log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }),
+		nats.ReconnectHandler(func(c *nats.Conn) {
+			d.metrics.reconnect(targetNATS)
+			d.log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted())
+		}),
 	)
 	if err != nil {
 		if d.cfg.NATSURL != "" {

@@ -107,7 +107,7 @@ func NewMetrics(pending func() float64) *Metrics {
 			Name: "tailer_ready", Help: "1 when /readyz answers ready.",
 		}),
 		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tailer_reconnects_total", Help: "Sessions restarted after a failure, by what failed (postgres, nats).",
+			Name: "tailer_reconnects_total", Help: "Reconnects by target (postgres, nats): sessions restarted after a failure, and NATS client reconnects.",
 		}, []string{"target"}),
 	}
 	m.pending = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
