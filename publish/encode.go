@@ -7,6 +7,7 @@ import (
 
 	"github.com/mailroom/tailer/batch/accounts"
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish/consume"
 )
 
 // Format is the body format of a published batch.
@@ -39,16 +40,17 @@ func (f Format) String() string {
 	return "line"
 }
 
-// Header names of a published batch.
+// Header names of a published batch; consumers find the same names in
+// package consume.
 const (
-	HeaderMsgID    = "Nats-Msg-Id"
-	HeaderCount    = "Mailroom-Count"
-	HeaderTokenIDs = "Mailroom-Token-Ids"
+	HeaderMsgID    = consume.HeaderMsgID
+	HeaderCount    = consume.HeaderCount
+	HeaderTokenIDs = consume.HeaderTokenIDs
+	HeaderFormat   = consume.HeaderFormat
 	// HeaderPosFirst and HeaderPosLast give the WAL positions (LSN:index)
 	// of the first and last token the batch covers, published or skipped.
 	HeaderPosFirst = "Mailroom-Pos-First"
 	HeaderPosLast  = "Mailroom-Pos-Last"
-	HeaderFormat   = "Mailroom-Format"
 )
 
 // BatchID derives a batch's id from the WAL positions it covers only, so the

@@ -69,7 +69,7 @@ for _ in $(seq 100); do grep -q '"streaming"\|msg=streaming' "$WORK/tailer.log" 
 grep -q 'msg=streaming' "$WORK/tailer.log" || { cat "$WORK/tailer.log"; exit 1; }
 sed 's/^/  tailer: /' "$WORK/tailer.log"
 
-MAILROOM_NATS_URL="nats://$MAILROOM_NATS_LISTEN" "$WORK/tailer" subscribe >"$WORK/batches" 2>"$WORK/subscribe.log" &
+MAILROOM_NATS_URL="nats://$MAILROOM_NATS_LISTEN" "$WORK/tailer" subscribe --durable demo --from-start >"$WORK/batches" 2>"$WORK/subscribe.log" &
 PIDS+=($!)
 
 say "inserting 5 accounts (each gets an activation token from the trigger)"

@@ -1,0 +1,278 @@
+package main
+
+import (
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish"
+	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/testutil/pgtest"
+)
+
+// subscriber runs tailer subscribe with stdout appended to out.
+func (c *cluster) subscriber(out string, args ...string) *proc {
+	c.t.Helper()
+	f, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.Command(tailerBin, append([]string{"subscribe"}, args...)...)
+	cmd.Env = append(os.Environ(), "MAILROOM_NATS_URL="+c.natsURL())
+	p := &proc{t: c.t, cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = f, p.out
+	if err := cmd.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	c.t.Cleanup(func() { cmd.Process.Kill(); <-p.done })
+	return p
+}
+
+// signedTokens returns the signed token of every row in tokens, by id.
+func (c *cluster) signedTokens() map[int64]string {
+	c.t.Helper()
+	key, _ := publish.ParseKey(goodKey)
+	signer, _ := publish.NewSigner(key)
+	rows, err := c.db.Query(c.ctx, `SELECT id, action::text, secret, coalesce(code, '') FROM tokens`)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	out := map[int64]string{}
+	for rows.Next() {
+		var id int64
+		var action, code string
+		var secret []byte
+		if err := rows.Scan(&id, &action, &secret, &code); err != nil {
+			c.t.Fatal(err)
+		}
+		var s [32]byte
+		copy(s[:], secret)
+		a, _ := decoder.ParseAction(action)
+		tok, err := signer.Token(a, &s, []byte(code))
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		out[id] = tok
+	}
+	return out
+}
+
+// firstMessage returns the stream's first message.
+func (c *cluster) firstMessage() *jetstream.RawStreamMsg {
+	c.t.Helper()
+	nc, err := nats.Connect(c.natsURL())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	s, err := js.Stream(c.ctx, "MAILROOM")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	m, err := s.GetMsg(c.ctx, 1)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return m
+}
+
+// outputTokens reads the lines a subscriber wrote, in order.
+func outputTokens(t *testing.T, path string) (tokens []consume.Token, lines [][]consume.Token) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(strings.TrimSuffix(string(data), "\n"), "\n") {
+		if line == "" {
+			continue
+		}
+		toks, err := consume.DecodeLine(line)
+		if err != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		lines = append(lines, toks)
+		tokens = append(tokens, toks...)
+	}
+	return tokens, lines
+}
+
+func TestSubscribeSurvivesKills(t *testing.T) {
+	// One token a batch: 1,000 messages keep the subscriber busy long
+	// enough to be killed mid-stream.
+	c := newCluster(t, pgtest.Shared(t), 1, 50*time.Millisecond)
+	c.tailer()
+	for i := 0; i < 100; i++ {
+		c.exec(`INSERT INTO accounts (email, login) SELECT 'k' || $1::int || '_' || g || '@x', 'k' || $1::int || '_' || g FROM generate_series(1, 10) g`, i)
+	}
+	c.expectExactlyOnce(60 * time.Second)
+	want := c.signedTokens()
+	if len(want) != 1000 {
+		t.Fatalf("%d tokens", len(want))
+	}
+
+	// The first batch's line, as a run killed after writing it but before
+	// acknowledging it would have left it.
+	first := c.firstMessage()
+	b, err := consume.Decode(first.Header, first.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unacked := string(consume.AppendLine(nil, b.Tokens)) + "\n"
+
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		exact bool
+	}{
+		{"at least once", []string{"--durable", "plain", "--from-start", "--ack-wait", "2s"}, false},
+		{"exactly once with a dedup window", []string{"--durable", "dedup", "--from-start", "--ack-wait", "2s", "--dedup-window", "5000"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "lines")
+			if err := os.WriteFile(out, []byte(unacked), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			rng := rand.New(rand.NewPCG(3, 4))
+			// Kill it at random moments until four kills hit it mid-stream
+			// (some output, not all of it).
+			midStream, runs := 0, 0
+			for midStream < 4 {
+				if runs++; runs > 40 {
+					t.Fatalf("only %d of 40 kills landed mid-stream", midStream)
+				}
+				p := c.subscriber(out, tc.args...)
+				p.waitLog("consuming", 1, 10*time.Second)
+				time.Sleep(time.Duration(5+rng.IntN(60)) * time.Millisecond)
+				p.kill()
+				got, _ := outputTokens(t, out)
+				if len(got) > 0 && len(got) < len(want) {
+					midStream++
+				}
+			}
+			p := c.subscriber(out, tc.args...)
+			p.waitLog("consuming", 1, 10*time.Second)
+			deadline := time.Now().Add(60 * time.Second)
+			for {
+				got, _ := outputTokens(t, out)
+				seen := map[string]int{}
+				for _, tok := range got {
+					seen[tok.Token]++
+				}
+				missing := 0
+				for _, tok := range want {
+					if seen[tok] == 0 {
+						missing++
+					}
+				}
+				if missing == 0 {
+					dups := 0
+					for _, n := range seen {
+						if n > 1 {
+							dups += n - 1
+						}
+					}
+					t.Logf("%d tokens written for %d over %d runs (%d killed mid-stream), %d repeated", len(got), len(want), runs+1, midStream, dups)
+					if tc.exact && dups > 0 {
+						t.Fatalf("%d tokens written more than once with --dedup-window", dups)
+					}
+					if !tc.exact && dups == 0 {
+						t.Fatal("the unacknowledged first batch was not written again: the test does not exercise redelivery")
+					}
+					if len(seen) != len(want) {
+						t.Fatalf("%d distinct tokens written, want %d", len(seen), len(want))
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d of %d tokens never written", missing, len(want))
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			p.cmd.Process.Signal(syscall.SIGTERM)
+			<-p.done
+			if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+				t.Fatalf("exit %d after SIGTERM:\n%s", code, p.out.String())
+			}
+		})
+	}
+}
+
+func TestSubscribeMaxTokensPerLine(t *testing.T) {
+	c := newCluster(t, pgtest.Shared(t), 25, 100*time.Millisecond)
+	c.tailer()
+	c.exec(`INSERT INTO accounts (email, login) SELECT 'm' || g || '@x', 'm' || g FROM generate_series(1, 60) g`)
+	c.expectExactlyOnce(30 * time.Second)
+	// The tokens in stream order.
+	var streamOrder []int64
+	rows, _ := c.db.Query(c.ctx, `SELECT id FROM tokens ORDER BY id`)
+	streamOrder, _ = pgx.CollectRows(rows, pgx.RowTo[int64])
+	signed := c.signedTokens()
+
+	out := filepath.Join(t.TempDir(), "lines")
+	p := c.subscriber(out, "--durable", "split", "--from-start", "--max-tokens-per-line", "10")
+	p.waitLog("consuming", 1, 10*time.Second)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got, _ := outputTokens(t, out)
+		if len(got) >= 60 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d tokens written", len(got))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	<-p.done
+	got, lines := outputTokens(t, out)
+	for i, l := range lines {
+		if len(l) > 10 {
+			t.Fatalf("line %d holds %d tokens", i, len(l))
+		}
+	}
+	if len(lines) != 7 { // 25+25+10 tokens: 3+3+1 lines
+		t.Errorf("%d lines, want 7", len(lines))
+	}
+	if len(got) != len(streamOrder) {
+		t.Fatalf("%d tokens, want %d", len(got), len(streamOrder))
+	}
+	for i, id := range streamOrder {
+		if got[i].Token != signed[id] {
+			t.Fatalf("token %d of the output is not token %d of the stream", i, id)
+		}
+	}
+}
+
+func TestSubscribeBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "--durable"},
+		{[]string{"--durable", "a.b"}, "--durable"},
+		{[]string{"--durable", "x", "--format", "xml"}, "--format"},
+		{[]string{"--durable", "x", "--filter-action", "login"}, "--filter-action"},
+		{[]string{"--durable", "x", "--max-tokens-per-line", "-1"}, "--max-tokens-per-line"},
+		{[]string{"--durable", "x", "--nats-url", "localhost"}, "MAILROOM_NATS_URL"},
+	} {
+		var stdout, stderr strings.Builder
+		code := run(append([]string{"subscribe"}, tc.args...), func(string) string { return "" }, &stdout, &stderr)
+		if code != exitConfig || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("subscribe %v: exit %d, %q; want exit 2 naming %s", tc.args, code, stderr.String(), tc.want)
+		}
+	}
+}

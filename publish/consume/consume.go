@@ -1,0 +1,283 @@
+// Package consume is for programs that read the tailer's stream: it decodes
+// a published batch (line or json) into typed tokens with their ids, writes
+// collector-compatible lines, and keeps a bounded window of token ids seen,
+// so that a redelivered or re-published batch is processed once per token.
+//
+// It depends on nats.go only for the header type; it does not pull in the
+// tailer's PostgreSQL or server code.
+package consume
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Header names, as the tailer publishes them.
+const (
+	HeaderMsgID    = "Nats-Msg-Id"
+	HeaderCount    = "Mailroom-Count"
+	HeaderTokenIDs = "Mailroom-Token-Ids"
+	HeaderFormat   = "Mailroom-Format"
+)
+
+// Token is one token of a batch.
+type Token struct {
+	ID     int64  `json:"id"`
+	Action string `json:"action"` // activation or password_recovery
+	Email  string `json:"email"`
+	Login  string `json:"login"`
+	// Token is the signed token: 86 base64url characters.
+	Token string `json:"token"`
+	Code  string `json:"code"`
+	// ExpiresAt is only carried by the json format (0 in line batches).
+	ExpiresAt int64 `json:"expires_at"`
+}
+
+// Batch is a decoded message.
+type Batch struct {
+	ID     string
+	Tokens []Token
+}
+
+// Error is a malformed batch; Field names what is wrong.
+type Error struct {
+	Field string
+	Err   error
+}
+
+func (e *Error) Error() string { return "malformed batch: " + e.Field + ": " + e.Err.Error() }
+func (e *Error) Unwrap() error { return e.Err }
+
+func fieldErr(field string, format string, args ...any) error {
+	return &Error{Field: field, Err: fmt.Errorf(format, args...)}
+}
+
+// Decode decodes a batch from its headers and body. The format comes from
+// the Mailroom-Format header (line when absent); line batches take their
+// token ids from Mailroom-Token-Ids.
+func Decode(h nats.Header, body []byte) (*Batch, error) {
+	format := h.Get(HeaderFormat)
+	if format == "" {
+		format = "line"
+	}
+	var b *Batch
+	var err error
+	switch format {
+	case "line":
+		b, err = decodeLine(h.Get(HeaderTokenIDs), string(body))
+	case "json":
+		b, err = decodeJSON(body)
+	default:
+		return nil, fieldErr(HeaderFormat, "unknown format %q", format)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if b.ID == "" {
+		b.ID = h.Get(HeaderMsgID)
+	}
+	if c := h.Get(HeaderCount); c != "" {
+		if n, err := strconv.Atoi(c); err != nil || n != len(b.Tokens) {
+			return nil, fieldErr(HeaderCount, "says %q, body holds %d tokens", c, len(b.Tokens))
+		}
+	}
+	return b, nil
+}
+
+var actionsByDigit = map[string]string{"1": "activation", "2": "password_recovery"}
+
+func decodeLine(idsHeader, body string) (*Batch, error) {
+	if body == "" {
+		return nil, fieldErr("body", "empty")
+	}
+	fields := strings.Split(body, ",")
+	if len(fields)%5 != 0 {
+		return nil, fieldErr("body", "%d comma-separated fields, want 5 per token", len(fields))
+	}
+	n := len(fields) / 5
+	if idsHeader == "" {
+		return nil, fieldErr(HeaderTokenIDs, "missing: line batches need it for token ids")
+	}
+	ids := strings.Split(idsHeader, ",")
+	if len(ids) != n {
+		return nil, fieldErr(HeaderTokenIDs, "%d ids for %d tokens", len(ids), n)
+	}
+	b := &Batch{Tokens: make([]Token, n)}
+	for i := range b.Tokens {
+		f := fields[5*i : 5*i+5]
+		t := &b.Tokens[i]
+		id, err := strconv.ParseInt(ids[i], 10, 64)
+		if err != nil {
+			return nil, fieldErr(HeaderTokenIDs, "id %d: %q is not an integer", i, ids[i])
+		}
+		t.ID = id
+		var ok bool
+		if t.Action, ok = actionsByDigit[f[0]]; !ok {
+			return nil, fieldErr(fmt.Sprintf("token %d action", i), "%q, want 1 or 2", f[0])
+		}
+		t.Email, t.Login, t.Token, t.Code = f[1], f[2], f[3], f[4]
+		if err := t.validate(i); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+func decodeJSON(body []byte) (*Batch, error) {
+	var doc struct {
+		Batch  *string `json:"batch"`
+		Tokens []struct {
+			ID        *int64  `json:"id"`
+			Action    string  `json:"action"`
+			Email     string  `json:"email"`
+			Login     string  `json:"login"`
+			Token     string  `json:"token"`
+			Code      *string `json:"code"`
+			ExpiresAt int64   `json:"expires_at"`
+		} `json:"tokens"`
+	}
+	if err := json.Unmarshal(body, &doc); err != nil {
+		return nil, fieldErr("body", "not JSON: %v", err)
+	}
+	if doc.Batch == nil {
+		return nil, fieldErr("batch", "missing")
+	}
+	if len(doc.Tokens) == 0 {
+		return nil, fieldErr("tokens", "missing or empty")
+	}
+	b := &Batch{ID: *doc.Batch, Tokens: make([]Token, len(doc.Tokens))}
+	for i, jt := range doc.Tokens {
+		if jt.ID == nil {
+			return nil, fieldErr(fmt.Sprintf("token %d id", i), "missing")
+		}
+		t := Token{ID: *jt.ID, Action: jt.Action, Email: jt.Email, Login: jt.Login, Token: jt.Token, ExpiresAt: jt.ExpiresAt}
+		if jt.Code != nil {
+			t.Code = *jt.Code
+		}
+		if t.Action != "activation" && t.Action != "password_recovery" {
+			return nil, fieldErr(fmt.Sprintf("token %d action", i), "%q, want activation or password_recovery", t.Action)
+		}
+		if err := t.validate(i); err != nil {
+			return nil, err
+		}
+		b.Tokens[i] = t
+	}
+	return b, nil
+}
+
+func (t *Token) validate(i int) error {
+	switch {
+	case t.Email == "":
+		return fieldErr(fmt.Sprintf("token %d email", i), "empty")
+	case t.Login == "":
+		return fieldErr(fmt.Sprintf("token %d login", i), "empty")
+	case len(t.Token) != 86 || strings.Trim(t.Token, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_") != "":
+		return fieldErr(fmt.Sprintf("token %d token", i), "%d characters, want 86 base64url characters", len(t.Token))
+	case t.Action == "password_recovery" && len(t.Code) != 5:
+		return fieldErr(fmt.Sprintf("token %d code", i), "%q, want 5 characters for password_recovery", t.Code)
+	}
+	return nil
+}
+
+// AppendLine appends the mailroom collector's line for tokens (without a
+// newline): action,email,login,token,code per token, comma-joined.
+func AppendLine(dst []byte, tokens []Token) []byte {
+	for i, t := range tokens {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		digit := byte('1')
+		if t.Action == "password_recovery" {
+			digit = '2'
+		}
+		dst = append(dst, digit, ',')
+		dst = append(dst, t.Email...)
+		dst = append(dst, ',')
+		dst = append(dst, t.Login...)
+		dst = append(dst, ',')
+		dst = append(dst, t.Token...)
+		dst = append(dst, ',')
+		dst = append(dst, t.Code...)
+	}
+	return dst
+}
+
+// AppendJSON appends a json batch body holding tokens.
+func AppendJSON(dst []byte, id string, tokens []Token) ([]byte, error) {
+	out, err := json.Marshal(struct {
+		Batch  string  `json:"batch"`
+		Tokens []Token `json:"tokens"`
+	}{id, tokens})
+	if err != nil {
+		return dst, err
+	}
+	return append(dst, out...), nil
+}
+
+// Dedup remembers the last Size keys it was given, so that a consumer
+// processes each token once across redeliveries. Key it on the token id. It
+// is not safe for concurrent use.
+type Dedup[K comparable] struct {
+	ring []K
+	next int
+	full bool
+	seen map[K]struct{}
+}
+
+// NewDedup returns a window of size keys (at least 1).
+func NewDedup[K comparable](size int) *Dedup[K] {
+	size = max(size, 1)
+	return &Dedup[K]{ring: make([]K, size), seen: make(map[K]struct{}, size)}
+}
+
+// Seen reports whether k is in the window, and adds it if not (evicting the
+// oldest key when the window is full).
+func (d *Dedup[K]) Seen(k K) bool {
+	if _, ok := d.seen[k]; ok {
+		return true
+	}
+	if d.full {
+		delete(d.seen, d.ring[d.next])
+	}
+	d.ring[d.next] = k
+	d.seen[k] = struct{}{}
+	d.next++
+	if d.next == len(d.ring) {
+		d.next, d.full = 0, true
+	}
+	return false
+}
+
+// Contains reports whether k is in the window without adding it.
+func (d *Dedup[K]) Contains(k K) bool {
+	_, ok := d.seen[k]
+	return ok
+}
+
+// ErrNotMailroom is returned by DecodeLine for a line that is not a
+// collector line.
+var ErrNotMailroom = errors.New("not a mailroom line")
+
+// DecodeLine parses a collector line (as written by tailer subscribe) into
+// tokens without ids; it lets a consumer reread its own output.
+func DecodeLine(line string) ([]Token, error) {
+	fields := strings.Split(line, ",")
+	if line == "" || len(fields)%5 != 0 {
+		return nil, ErrNotMailroom
+	}
+	tokens := make([]Token, len(fields)/5)
+	for i := range tokens {
+		f := fields[5*i : 5*i+5]
+		action, ok := actionsByDigit[f[0]]
+		if !ok {
+			return nil, ErrNotMailroom
+		}
+		tokens[i] = Token{Action: action, Email: f[1], Login: f[2], Token: f[3], Code: f[4]}
+	}
+	return tokens, nil
+}

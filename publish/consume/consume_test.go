@@ -1,0 +1,160 @@
+package consume_test
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/mailroom/tailer/batch/accounts"
+	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish"
+	"github.com/mailroom/tailer/publish/consume"
+)
+
+// encoded builds a batch the way the tailer publishes it.
+func encoded(t *testing.T, format publish.Format) (nats.Header, []byte, []decoder.Token, []accounts.Row) {
+	t.Helper()
+	key, _ := publish.ParseKey(strings.Repeat("cafebabe", 8))
+	signer, _ := publish.NewSigner(key)
+	tokens := []decoder.Token{
+		{ID: 7, Action: decoder.ActionActivation, Code: [5]byte{'0', '1', '2', '3', '4'}, CodeLen: 5},
+		{ID: 9, Action: decoder.ActionPasswordRecovery, Code: [5]byte{'9', '8', '7', '6', '5'}, CodeLen: 5},
+		{ID: 11, Action: decoder.ActionActivation, CodeNull: true},
+	}
+	for i := range tokens {
+		tokens[i].Secret[0] = byte(i + 1)
+	}
+	rows := []accounts.Row{
+		{Email: []byte("a@example.com"), Login: []byte("a"), ExpiresAt: 100},
+		{Email: []byte(`q"uote@example.com`), Login: []byte("b"), ExpiresAt: 200},
+		{Email: []byte("c@example.com"), Login: []byte("c"), ExpiresAt: 300},
+	}
+	body, ids, n := publish.NewEncoder(signer, format).Encode(nil, "0/10:0-0/10:2", tokens, rows)
+	h := nats.Header{}
+	h.Set(publish.HeaderMsgID, "0/10:0-0/10:2")
+	h.Set(publish.HeaderTokenIDs, ids)
+	h.Set(publish.HeaderCount, strconv.Itoa(n))
+	h.Set(publish.HeaderFormat, format.String())
+	return h, body, tokens, rows
+}
+
+func TestRoundTrip(t *testing.T) {
+	for _, format := range []publish.Format{publish.FormatLine, publish.FormatJSON} {
+		t.Run(format.String(), func(t *testing.T) {
+			h, body, tokens, rows := encoded(t, format)
+			b, err := consume.Decode(h, body)
+			if err != nil {
+				t.Fatalf("Decode(%s): %v", body, err)
+			}
+			if b.ID != "0/10:0-0/10:2" || len(b.Tokens) != 3 {
+				t.Fatalf("batch = %+v", b)
+			}
+			for i, tok := range b.Tokens {
+				if tok.ID != tokens[i].ID || tok.Action != tokens[i].Action.String() || tok.Email != string(rows[i].Email) ||
+					tok.Login != string(rows[i].Login) || tok.Code != tokens[i].CodeString() || len(tok.Token) != 86 {
+					t.Errorf("token %d = %+v", i, tok)
+				}
+				if _, err := publish.Verify(strings.Repeat("cafebabe", 8), tok.Token, tokens[i].Action, tok.Code); err != nil {
+					t.Errorf("token %d does not verify: %v", i, err)
+				}
+				if format == publish.FormatJSON && tok.ExpiresAt != rows[i].ExpiresAt {
+					t.Errorf("token %d expires_at %d", i, tok.ExpiresAt)
+				}
+			}
+			// Re-encoding gives back the same bytes.
+			var again []byte
+			if format == publish.FormatLine {
+				again = consume.AppendLine(nil, b.Tokens)
+				if back, err := consume.DecodeLine(string(again)); err != nil || len(back) != 3 || back[1].Token != b.Tokens[1].Token {
+					t.Errorf("DecodeLine = %+v, %v", back, err)
+				}
+			} else {
+				again, err = consume.AppendJSON(nil, b.ID, b.Tokens)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b2, err := consume.Decode(h, again)
+				if err != nil || len(b2.Tokens) != 3 || b2.Tokens[2] != b.Tokens[2] {
+					t.Fatalf("json round trip: %+v, %v", b2, err)
+				}
+				return
+			}
+			if string(again) != string(body) {
+				t.Errorf("re-encoded\n%s\nwant\n%s", again, body)
+			}
+		})
+	}
+}
+
+func TestDecodeRejects(t *testing.T) {
+	lineH, lineBody, _, _ := encoded(t, publish.FormatLine)
+	jsonH, jsonBody, _, _ := encoded(t, publish.FormatJSON)
+	tok := string(lineBody[strings.Index(string(lineBody), ",a,")+3:][:86])
+	with := func(h nats.Header, k, v string) nats.Header {
+		c := nats.Header{}
+		for kk, vv := range h {
+			c[kk] = vv
+		}
+		c.Set(k, v)
+		return c
+	}
+	for _, tc := range []struct {
+		name  string
+		h     nats.Header
+		body  string
+		field string
+	}{
+		{"empty line", lineH, "", "body"},
+		{"field count", lineH, "1,a@x,a," + tok, "body"},
+		{"no ids", with(lineH, consume.HeaderTokenIDs, ""), string(lineBody), consume.HeaderTokenIDs},
+		{"id count", with(lineH, consume.HeaderTokenIDs, "1,2"), string(lineBody), consume.HeaderTokenIDs},
+		{"bad id", with(lineH, consume.HeaderTokenIDs, "1,x,3"), string(lineBody), consume.HeaderTokenIDs},
+		{"bad action", with(lineH, consume.HeaderTokenIDs, "1"), "3,a@x,a," + tok + ",01234", "token 0 action"},
+		{"empty email", with(lineH, consume.HeaderTokenIDs, "1"), "1,,a," + tok + ",01234", "token 0 email"},
+		{"empty login", with(lineH, consume.HeaderTokenIDs, "1"), "1,a@x,," + tok + ",01234", "token 0 login"},
+		{"short token", with(lineH, consume.HeaderTokenIDs, "1"), "1,a@x,a," + tok[:85] + ",01234", "token 0 token"},
+		{"bad token alphabet", with(lineH, consume.HeaderTokenIDs, "1"), "1,a@x,a," + tok[:85] + "+,01234", "token 0 token"},
+		{"recovery code", with(lineH, consume.HeaderTokenIDs, "1"), "2,a@x,a," + tok + ",123", "token 0 code"},
+		{"count header", with(lineH, consume.HeaderCount, "5"), string(lineBody), consume.HeaderCount},
+		{"unknown format", with(lineH, consume.HeaderFormat, "xml"), string(lineBody), consume.HeaderFormat},
+		{"json garbage", jsonH, "{", "body"},
+		{"json no batch", jsonH, `{"tokens":[]}`, "batch"},
+		{"json no tokens", jsonH, `{"batch":"x"}`, "tokens"},
+		{"json no id", jsonH, `{"batch":"x","tokens":[{"action":"activation","email":"a","login":"a","token":"` + tok + `"}]}`, "token 0 id"},
+		{"json bad action", jsonH, `{"batch":"x","tokens":[{"id":1,"action":"x","email":"a","login":"a","token":"` + tok + `"}]}`, "token 0 action"},
+		{"json count", with(jsonH, consume.HeaderCount, "1"), string(jsonBody), consume.HeaderCount},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := consume.Decode(tc.h, []byte(tc.body))
+			var ce *consume.Error
+			if !errors.As(err, &ce) {
+				t.Fatalf("err = %v, want *consume.Error", err)
+			}
+			if ce.Field != tc.field || !strings.Contains(err.Error(), tc.field) {
+				t.Fatalf("error %q names field %q, want %q", err, ce.Field, tc.field)
+			}
+		})
+	}
+}
+
+func TestDedupWindow(t *testing.T) {
+	d := consume.NewDedup[int64](3)
+	for _, id := range []int64{1, 2, 3} {
+		if d.Seen(id) {
+			t.Fatalf("%d seen before", id)
+		}
+	}
+	if !d.Seen(2) || !d.Contains(1) {
+		t.Fatal("window forgot a key too early")
+	}
+	d.Seen(4) // evicts 1
+	if d.Contains(1) || !d.Contains(4) || !d.Contains(2) || !d.Contains(3) {
+		t.Fatal("window did not evict the oldest key")
+	}
+	if d.Seen(1) {
+		t.Fatal("an evicted key is reported seen")
+	}
+}
