@@ -2,13 +2,15 @@
 // timeout, and keeps the books of which WAL positions may be confirmed to
 // the replication slot.
 //
-// Every token gets a sequence number in commit order. A batch covers a
-// contiguous range of them, and batches finish (are published or skipped) in
-// order, so "everything up to sequence N is done" is a single number. WAL
-// positions are recorded as marks (LSN, last sequence before it): a
+// Tokens are split into lanes (one, or one per action when each action has
+// its own subject); every token gets a sequence number in commit order within
+// its lane. A batch covers a contiguous range of one lane's numbers, and
+// batches finish (are published or skipped) in order, so "everything up to
+// sequence N of lane L is done" is one number per lane. WAL positions are
+// recorded as marks (LSN, last sequence of each lane before it): a
 // transaction's end LSN, or a keepalive's server position. A mark becomes
-// confirmable once its sequence is done. Tokens that could not be decoded get
-// no sequence number, so they never hold a mark back.
+// confirmable once every lane is done up to it. Tokens that could not be
+// decoded get no sequence number, so they never hold a mark back.
 package batch
 
 import (
@@ -40,8 +42,15 @@ func (r CutReason) String() string {
 	return "unknown"
 }
 
-// Batch is a run of consecutive tokens in commit order.
+// MaxLanes is the most lanes a Batcher splits tokens into.
+const MaxLanes = 2
+
+// Seqs holds one sequence number per lane.
+type Seqs [MaxLanes]uint64
+
+// Batch is a run of consecutive tokens of one lane in commit order.
 type Batch struct {
+	Lane   int
 	Tokens []decoder.Token
 	// FirstSeq and LastSeq are the sequence numbers of the first and last
 	// token.
@@ -57,72 +66,119 @@ func (b *Batch) First() decoder.Position { return b.Tokens[0].Pos }
 func (b *Batch) Last() decoder.Position  { return b.Tokens[len(b.Tokens)-1].Pos }
 
 // Batcher accumulates tokens and cuts a batch when it holds limit tokens or
-// when timeout has passed since its first token. It is owned by one
-// goroutine.
+// when timeout has passed since its first token; each lane has its own open
+// batch. It is owned by one goroutine.
 type Batcher struct {
 	limit   int
 	timeout time.Duration
 	now     func() time.Time
+	lane    func(*decoder.Token) int
 
-	cur     *Batch
-	nextSeq uint64
+	cur     [MaxLanes]*Batch
+	lastSeq Seqs
 	free    chan *Batch
 }
 
-// NewBatcher returns a Batcher. Batches given back with Recycle are reused,
-// so that a steady stream allocates no new token slices.
+// NewBatcher returns a Batcher with one lane. Batches given back with
+// Recycle are reused, so that a steady stream allocates no new token slices.
 func NewBatcher(limit int, timeout time.Duration, now func() time.Time) *Batcher {
 	if now == nil {
 		now = time.Now
 	}
-	return &Batcher{limit: limit, timeout: timeout, now: now, nextSeq: 1, free: make(chan *Batch, 64)}
+	return &Batcher{limit: limit, timeout: timeout, now: now, lane: func(*decoder.Token) int { return 0 }, free: make(chan *Batch, 64)}
 }
 
-// Add appends a copy of t and reports whether the batch reached the limit;
-// the caller then calls Cut(CutLimit).
-func (b *Batcher) Add(t *decoder.Token) (full bool) {
-	if b.cur == nil {
+// ByAction gives each action a lane of its own: lane 0 for activation,
+// lane 1 for password recovery.
+func ByAction(t *decoder.Token) int {
+	if t.Action == decoder.ActionPasswordRecovery {
+		return 1
+	}
+	return 0
+}
+
+// SetLanes makes the Batcher split tokens with lane (which must return
+// 0..MaxLanes-1). Call it before adding tokens.
+func (b *Batcher) SetLanes(lane func(*decoder.Token) int) { b.lane = lane }
+
+// Add appends a copy of t and returns the batch it completed (limit reached),
+// or nil.
+func (b *Batcher) Add(t *decoder.Token) *Batch {
+	l := b.lane(t)
+	cur := b.cur[l]
+	if cur == nil {
 		select {
-		case b.cur = <-b.free:
+		case cur = <-b.free:
 		default:
-			b.cur = &Batch{Tokens: make([]decoder.Token, 0, min(b.limit, 4096))}
+			cur = &Batch{Tokens: make([]decoder.Token, 0, min(b.limit, 4096))}
 		}
-		b.cur.FirstSeq = b.nextSeq
-		b.cur.Started = b.now()
+		cur.Lane = l
+		cur.FirstSeq = b.lastSeq[l] + 1
+		cur.Started = b.now()
+		b.cur[l] = cur
 	}
-	b.cur.Tokens = append(b.cur.Tokens, *t)
-	b.cur.LastSeq = b.nextSeq
-	b.nextSeq++
-	return len(b.cur.Tokens) >= b.limit
+	b.lastSeq[l]++
+	cur.Tokens = append(cur.Tokens, *t)
+	cur.LastSeq = b.lastSeq[l]
+	if len(cur.Tokens) >= b.limit {
+		return b.cut(l, CutLimit)
+	}
+	return nil
 }
 
-// LastSeq returns the sequence number of the newest token added.
-func (b *Batcher) LastSeq() uint64 { return b.nextSeq - 1 }
+// LastSeqs returns each lane's newest sequence number.
+func (b *Batcher) LastSeqs() Seqs { return b.lastSeq }
 
-// Pending returns the number of tokens in the open batch.
+// Pending returns the number of tokens in the open batches.
 func (b *Batcher) Pending() int {
-	if b.cur == nil {
-		return 0
+	n := 0
+	for _, c := range b.cur {
+		if c != nil {
+			n += len(c.Tokens)
+		}
 	}
-	return len(b.cur.Tokens)
+	return n
 }
 
-// Deadline returns when the open batch must be cut, and false when there is
-// no open batch.
+// Deadline returns when the first open batch must be cut, and false when no
+// batch is open.
 func (b *Batcher) Deadline() (time.Time, bool) {
-	if b.cur == nil {
-		return time.Time{}, false
+	var d time.Time
+	for _, c := range b.cur {
+		if c != nil {
+			if cd := c.Started.Add(b.timeout); d.IsZero() || cd.Before(d) {
+				d = cd
+			}
+		}
 	}
-	return b.cur.Started.Add(b.timeout), true
+	return d, !d.IsZero()
 }
 
-// Cut closes the open batch and returns it, or nil when it is empty.
-func (b *Batcher) Cut(reason CutReason) *Batch {
-	out := b.cur
-	b.cur = nil
-	if out != nil {
-		out.Cut = reason
+// CutExpired cuts the open batches whose timeout has passed at now and
+// returns them in lane order.
+func (b *Batcher) CutExpired(now time.Time, out []*Batch) []*Batch {
+	for l, c := range b.cur {
+		if c != nil && !now.Before(c.Started.Add(b.timeout)) {
+			out = append(out, b.cut(l, CutTimeout))
+		}
 	}
+	return out
+}
+
+// CutAll cuts every open batch (shutdown).
+func (b *Batcher) CutAll(reason CutReason, out []*Batch) []*Batch {
+	for l, c := range b.cur {
+		if c != nil {
+			out = append(out, b.cut(l, reason))
+		}
+	}
+	return out
+}
+
+func (b *Batcher) cut(l int, reason CutReason) *Batch {
+	out := b.cur[l]
+	b.cur[l] = nil
+	out.Cut = reason
 	return out
 }
 
@@ -147,7 +203,7 @@ type Tracker struct {
 
 type mark struct {
 	lsn pglogrepl.LSN
-	seq uint64
+	seq Seqs
 }
 
 // NewTracker starts at the slot's confirmed position.
@@ -156,9 +212,9 @@ func NewTracker(start pglogrepl.LSN) *Tracker {
 }
 
 // Mark records that every row before lsn has been seen and that the newest
-// token among them has sequence number seq. Marks must come in WAL order;
-// one at or below the newest is ignored.
-func (t *Tracker) Mark(lsn pglogrepl.LSN, seq uint64) {
+// tokens among them have the sequence numbers seq. Marks must come in WAL
+// order; one at or below the newest is ignored.
+func (t *Tracker) Mark(lsn pglogrepl.LSN, seq Seqs) {
 	if n := len(t.marks); n > t.head {
 		last := &t.marks[n-1]
 		if lsn <= last.lsn {
@@ -180,9 +236,9 @@ func (t *Tracker) Mark(lsn pglogrepl.LSN, seq uint64) {
 }
 
 // Confirmable returns the newest position whose every token has a sequence
-// number at or below done.
-func (t *Tracker) Confirmable(done uint64) pglogrepl.LSN {
-	for t.head < len(t.marks) && t.marks[t.head].seq <= done {
+// number at or below done in its lane.
+func (t *Tracker) Confirmable(done Seqs) pglogrepl.LSN {
+	for t.head < len(t.marks) && t.marks[t.head].seq.doneBy(done) {
 		t.confirmed = t.marks[t.head].lsn
 		t.head++
 	}
@@ -191,6 +247,15 @@ func (t *Tracker) Confirmable(done uint64) pglogrepl.LSN {
 		t.marks, t.head = t.marks[:n], 0
 	}
 	return t.confirmed
+}
+
+func (s Seqs) doneBy(done Seqs) bool {
+	for l := range s {
+		if s[l] > done[l] {
+			return false
+		}
+	}
+	return true
 }
 
 // Waiting returns the number of marks not yet confirmable.

@@ -23,8 +23,8 @@ func TestBatcherLimit(t *testing.T) {
 	b := NewBatcher(3, 5*time.Second, c.now)
 	var batches []*Batch
 	for i := uint32(0); i < 7; i++ {
-		if b.Add(tok(100, i)) {
-			batches = append(batches, b.Cut(CutLimit))
+		if full := b.Add(tok(100, i)); full != nil {
+			batches = append(batches, full)
 		}
 	}
 	if len(batches) != 2 {
@@ -41,8 +41,8 @@ func TestBatcherLimit(t *testing.T) {
 			t.Errorf("batch %d: positions %v..%v", i, bt.First(), bt.Last())
 		}
 	}
-	if b.Pending() != 1 || b.LastSeq() != 7 {
-		t.Errorf("pending %d lastSeq %d", b.Pending(), b.LastSeq())
+	if b.Pending() != 1 || b.LastSeqs()[0] != 7 {
+		t.Errorf("pending %d lastSeqs %v", b.Pending(), b.LastSeqs())
 	}
 }
 
@@ -59,11 +59,19 @@ func TestBatcherTimeout(t *testing.T) {
 	if d, ok := b.Deadline(); !ok || !d.Equal(time.Unix(1005, 0)) {
 		t.Fatalf("deadline = %v, %v", d, ok)
 	}
-	bt := b.Cut(CutTimeout)
+	if got := b.CutExpired(c.t, nil); len(got) != 0 {
+		t.Fatalf("cut %d batches before the timeout", len(got))
+	}
+	c.advance(time.Second)
+	cut := b.CutExpired(c.t, nil)
+	if len(cut) != 1 {
+		t.Fatalf("cut %d batches at the timeout", len(cut))
+	}
+	bt := cut[0]
 	if len(bt.Tokens) != 2 || bt.Cut != CutTimeout {
 		t.Fatalf("batch = %d tokens, %v", len(bt.Tokens), bt.Cut)
 	}
-	if b.Cut(CutTimeout) != nil {
+	if len(b.CutAll(CutShutdown, nil)) != 0 {
 		t.Fatal("second cut returned a batch")
 	}
 	b.Recycle(bt)
@@ -72,51 +80,96 @@ func TestBatcherTimeout(t *testing.T) {
 	if d, _ := b.Deadline(); !d.Equal(c.t.Add(5 * time.Second)) {
 		t.Fatalf("deadline of a new batch = %v", d)
 	}
-	if got := b.Cut(CutShutdown); len(got.Tokens) != 1 || got.Tokens[0].Pos.Commit != 2 {
-		t.Fatalf("recycled batch kept old tokens: %+v", got.Tokens)
+	if got := b.CutAll(CutShutdown, nil); len(got) != 1 || len(got[0].Tokens) != 1 || got[0].Tokens[0].Pos.Commit != 2 {
+		t.Fatalf("recycled batch kept old tokens: %+v", got)
+	}
+}
+
+func TestBatcherLanes(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	b := NewBatcher(2, 5*time.Second, c.now)
+	b.SetLanes(ByAction)
+	act := func(i uint32) *decoder.Token { return tok(1, i) }
+	rec := func(i uint32) *decoder.Token {
+		t := tok(1, i)
+		t.Action = decoder.ActionPasswordRecovery
+		return t
+	}
+	if b.Add(act(0)) != nil || b.Add(rec(1)) != nil {
+		t.Fatal("a lane was cut before its limit")
+	}
+	c.advance(time.Second)
+	full := b.Add(rec(2))
+	if full == nil || full.Lane != 1 || len(full.Tokens) != 2 || full.FirstSeq != 1 || full.LastSeq != 2 {
+		t.Fatalf("recovery lane batch = %+v", full)
+	}
+	if seqs := b.LastSeqs(); seqs != (Seqs{1, 2}) {
+		t.Fatalf("lane sequences = %v", seqs)
+	}
+	// The activation batch started first, so it sets the deadline.
+	if d, _ := b.Deadline(); !d.Equal(time.Unix(1005, 0)) {
+		t.Fatalf("deadline = %v", d)
+	}
+	b.Add(rec(3))
+	c.advance(4 * time.Second)
+	cut := b.CutExpired(c.t, nil)
+	if len(cut) != 1 || cut[0].Lane != 0 || cut[0].Tokens[0].Pos.Index != 0 {
+		t.Fatalf("expired = %+v", cut)
+	}
+	rest := b.CutAll(CutShutdown, nil)
+	if len(rest) != 1 || rest[0].Lane != 1 || rest[0].FirstSeq != 3 {
+		t.Fatalf("shutdown cut = %+v", rest)
 	}
 }
 
 func TestTracker(t *testing.T) {
 	type step struct {
-		mark    *mark  // record this mark, or
-		done    uint64 // ask what is confirmable with this done sequence
+		mark    *mark // record this mark, or
+		done    Seqs  // ask what is confirmable with these done sequences
 		want    pglogrepl.LSN
 		waiting int
 	}
-	m := func(lsn pglogrepl.LSN, seq uint64) *mark { return &mark{lsn, seq} }
+	m := func(lsn pglogrepl.LSN, seq uint64) *mark { return &mark{lsn, Seqs{seq}} }
+	d := func(seq uint64) Seqs { return Seqs{seq} }
 	for _, tc := range []struct {
 		name  string
 		steps []step
 	}{
 		{"keepalive with nothing pending confirms at once", []step{
 			{mark: m(0x200, 0)},
-			{done: 0, want: 0x200},
+			{done: d(0), want: 0x200},
 		}},
 		{"transaction waits for its last token", []step{
 			{mark: m(0x200, 5)}, // tx 1: tokens 1..5
 			{mark: m(0x300, 9)}, // tx 2: tokens 6..9
-			{done: 4, want: 0x100, waiting: 2},
-			{done: 5, want: 0x200, waiting: 1},
-			{done: 8, want: 0x200, waiting: 1},
-			{done: 9, want: 0x300},
+			{done: d(4), want: 0x100, waiting: 2},
+			{done: d(5), want: 0x200, waiting: 1},
+			{done: d(8), want: 0x200, waiting: 1},
+			{done: d(9), want: 0x300},
 		}},
 		{"keepalive after pending tokens waits for them", []step{
 			{mark: m(0x200, 3)},
 			{mark: m(0x900, 3)}, // supersedes 0x200: nothing new in between
-			{done: 2, want: 0x100, waiting: 1},
-			{done: 3, want: 0x900},
+			{done: d(2), want: 0x100, waiting: 1},
+			{done: d(3), want: 0x900},
 		}},
 		{"transaction of only bad rows", []step{
 			{mark: m(0x200, 2)},
 			{mark: m(0x300, 2)}, // no good token: same sequence
-			{done: 2, want: 0x300},
+			{done: d(2), want: 0x300},
+		}},
+		{"two lanes: a mark waits for both", []step{
+			{mark: &mark{0x200, Seqs{3, 0}}},
+			{mark: &mark{0x300, Seqs{3, 2}}},
+			{done: Seqs{3, 0}, want: 0x200, waiting: 1},
+			{done: Seqs{5, 1}, want: 0x200, waiting: 1},
+			{done: Seqs{3, 2}, want: 0x300},
 		}},
 		{"marks out of order or old are ignored", []step{
 			{mark: m(0x80, 0)},
 			{mark: m(0x400, 1)},
 			{mark: m(0x300, 2)},
-			{done: 2, want: 0x400},
+			{done: d(2), want: 0x400},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -140,9 +193,9 @@ func TestTracker(t *testing.T) {
 func TestTrackerCompacts(t *testing.T) {
 	tr := NewTracker(1)
 	for i := uint64(1); i <= 100000; i++ {
-		tr.Mark(pglogrepl.LSN(i*16), i)
+		tr.Mark(pglogrepl.LSN(i*16), Seqs{i})
 		if i%3 == 0 {
-			if got := tr.Confirmable(i - 1); got != pglogrepl.LSN((i-1)*16) {
+			if got := tr.Confirmable(Seqs{i - 1}); got != pglogrepl.LSN((i-1)*16) {
 				t.Fatalf("Confirmable(%d) = %v", i-1, got)
 			}
 		}
@@ -160,8 +213,8 @@ func BenchmarkBatcherAdd(b *testing.B) {
 	tk := tok(1, 0)
 	b.ReportAllocs()
 	for b.Loop() {
-		if bt.Add(tk) {
-			bt.Recycle(bt.Cut(CutLimit))
+		if full := bt.Add(tk); full != nil {
+			bt.Recycle(full)
 		}
 	}
 }

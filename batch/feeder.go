@@ -23,10 +23,11 @@ type Feeder struct {
 	batcher *Batcher
 	tracker *Tracker
 	out     chan *Batch
-	// stalled is a cut batch the publishing side had no room for yet.
-	stalled *Batch
-	done    atomic.Uint64
-	read    atomic.Uint64
+	// stalled holds cut batches the publishing side had no room for yet,
+	// oldest first.
+	stalled []*Batch
+	done    [MaxLanes]atomic.Uint64
+	read    [MaxLanes]atomic.Uint64
 	drained <-chan struct{}
 
 	onBadRow    func(decoder.Position, error)
@@ -49,6 +50,8 @@ type FeederConfig struct {
 	// StopTimeout bounds how long Stop waits for the last batches.
 	StopTimeout time.Duration
 	Now         func() time.Time
+	// ByAction gives each action a lane (and batches) of its own.
+	ByAction bool
 }
 
 // NewFeeder returns a Feeder decoding inserts into public.tokens.
@@ -59,9 +62,13 @@ func NewFeeder(cfg FeederConfig) *Feeder {
 	if cfg.StopTimeout <= 0 {
 		cfg.StopTimeout = 10 * time.Second
 	}
+	batcher := NewBatcher(cfg.Limit, cfg.Timeout, cfg.Now)
+	if cfg.ByAction {
+		batcher.SetLanes(ByAction)
+	}
 	return &Feeder{
 		dec:         decoder.New("public", "tokens"),
-		batcher:     NewBatcher(cfg.Limit, cfg.Timeout, cfg.Now),
+		batcher:     batcher,
 		tracker:     NewTracker(cfg.Start),
 		out:         make(chan *Batch, cfg.Depth),
 		drained:     cfg.Drained,
@@ -76,7 +83,7 @@ func (f *Feeder) Batches() <-chan *Batch { return f.out }
 // MarkDone records that b and every batch before it are published or
 // skipped, and recycles b. Call it from the publishing side, in order.
 func (f *Feeder) MarkDone(b *Batch) {
-	f.done.Store(b.LastSeq)
+	f.done[b.Lane].Store(b.LastSeq)
 	f.batcher.Recycle(b)
 }
 
@@ -86,9 +93,11 @@ type sink Feeder
 func (s *sink) Token(t *decoder.Token) {
 	f := (*Feeder)(s)
 	full := f.batcher.Add(t)
-	f.read.Store(f.batcher.LastSeq())
-	if full {
-		f.handoff(f.batcher.Cut(CutLimit))
+	for l, seq := range f.batcher.LastSeqs() {
+		f.read[l].Store(seq)
+	}
+	if full != nil {
+		f.handoff(full)
 	}
 }
 
@@ -100,24 +109,27 @@ func (s *sink) BadRow(pos decoder.Position, err error) {
 
 func (s *sink) Commit(_, end pglogrepl.LSN) {
 	f := (*Feeder)(s)
-	f.tracker.Mark(end, f.batcher.LastSeq())
+	f.tracker.Mark(end, f.batcher.LastSeqs())
 }
 
-// handoff passes b on, or keeps it as stalled when the channel is full;
-// Wait then holds off further reads until it fits.
+// handoff passes b on, or queues it as stalled when the channel is full (or
+// older batches wait); Wait then holds off further reads until they fit.
 func (f *Feeder) handoff(b *Batch) {
-	select {
-	case f.out <- b:
-	default:
-		f.stalled = b
+	if len(f.stalled) == 0 {
+		select {
+		case f.out <- b:
+			return
+		default:
+		}
 	}
+	f.stalled = append(f.stalled, b)
 }
 
 // Data decodes one pgoutput message.
 func (f *Feeder) Data(data []byte) error { return f.dec.Decode(data, (*sink)(f)) }
 
 // ServerPosition records a keepalive position.
-func (f *Feeder) ServerPosition(lsn pglogrepl.LSN) { f.tracker.Mark(lsn, f.batcher.LastSeq()) }
+func (f *Feeder) ServerPosition(lsn pglogrepl.LSN) { f.tracker.Mark(lsn, f.batcher.LastSeqs()) }
 
 // Deadline is when the open batch times out.
 func (f *Feeder) Deadline() time.Time {
@@ -125,45 +137,52 @@ func (f *Feeder) Deadline() time.Time {
 	return d
 }
 
-// Tick cuts the open batch once its timeout has passed.
+// Tick cuts the open batches whose timeout has passed.
 func (f *Feeder) Tick(now time.Time) error {
-	if d, ok := f.batcher.Deadline(); ok && !now.Before(d) {
-		f.handoff(f.batcher.Cut(CutTimeout))
+	var buf [MaxLanes]*Batch
+	for _, b := range f.batcher.CutExpired(now, buf[:0]) {
+		f.handoff(b)
 	}
 	return nil
 }
 
-// Wait blocks while a cut batch waits for room, at most until until.
+// Wait blocks while cut batches wait for room, at most until until.
 func (f *Feeder) Wait(ctx context.Context, until time.Time) (bool, error) {
-	if f.stalled == nil {
+	if len(f.stalled) == 0 {
 		return true, nil
 	}
 	timer := time.NewTimer(time.Until(until))
 	defer timer.Stop()
-	select {
-	case f.out <- f.stalled:
-		f.stalled = nil
-		return true, nil
-	case <-f.drained:
-		return false, ErrPipelineStopped
-	case <-timer.C:
-	case <-ctx.Done():
+	for len(f.stalled) > 0 {
+		select {
+		case f.out <- f.stalled[0]:
+			f.stalled = f.stalled[1:]
+		case <-f.drained:
+			return false, ErrPipelineStopped
+		case <-timer.C:
+			return false, nil
+		case <-ctx.Done():
+			return false, nil
+		}
 	}
-	return false, nil
+	return true, nil
 }
 
 // Confirmable is the newest position whose every token is done.
-func (f *Feeder) Confirmable() pglogrepl.LSN { return f.tracker.Confirmable(f.done.Load()) }
+func (f *Feeder) Confirmable() pglogrepl.LSN {
+	var done Seqs
+	for l := range done {
+		done[l] = f.done[l].Load()
+	}
+	return f.tracker.Confirmable(done)
+}
 
 // Stop cuts the open batch, hands over what is left, closes Batches and
 // waits (bounded) until the publishing side has finished them.
 func (f *Feeder) Stop() {
 	ctx, cancel := context.WithTimeout(context.Background(), f.stopTimeout)
 	defer cancel()
-	for _, b := range []*Batch{f.stalled, f.batcher.Cut(CutShutdown)} {
-		if b == nil {
-			continue
-		}
+	for _, b := range f.batcher.CutAll(CutShutdown, f.stalled) {
 		select {
 		case f.out <- b:
 		case <-f.drained:
@@ -181,7 +200,12 @@ func (f *Feeder) Stop() {
 // PendingTokens is the number of tokens read from the WAL and not yet
 // published or skipped. It is safe to call from any goroutine.
 func (f *Feeder) PendingTokens() uint64 {
-	// done first: it never passes what had been read when it was stored.
-	done := f.done.Load()
-	return f.read.Load() - done
+	var n uint64
+	for l := range f.done {
+		// done first: it never passes what had been read when it was
+		// stored.
+		done := f.done[l].Load()
+		n += f.read[l].Load() - done
+	}
+	return n
 }

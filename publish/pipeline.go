@@ -101,7 +101,7 @@ func (p *Pipeline) produce(ctx context.Context, in <-chan *batch.Batch, acks cha
 		}
 		rows = resetRows(rows, len(b.Tokens))
 		already := 0
-		last := p.Publisher.LastPosition()
+		last := p.Publisher.LastPosition(b.Lane)
 		for i := range b.Tokens {
 			if !last.Less(b.Tokens[i].Pos) && !last.IsZero() {
 				rows[i].Skip = accounts.SkipAlreadyPublished
@@ -126,7 +126,7 @@ func (p *Pipeline) produce(ctx context.Context, in <-chan *batch.Batch, acks cha
 		}
 		if item.n > 0 {
 			fut, err := p.Publisher.PublishAsync(&Message{
-				First: b.First(), Last: b.Last(), Count: item.n, TokenIDs: ids, Format: p.Format, Body: item.body,
+				Lane: b.Lane, First: b.First(), Last: b.Last(), Count: item.n, TokenIDs: ids, Format: p.Format, Body: item.body,
 			})
 			if err != nil {
 				return err

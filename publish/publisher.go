@@ -23,6 +23,18 @@ type Stream struct {
 	// created.
 	Duplicates time.Duration
 	Replicas   int
+	// PerAction publishes each action's batches on a subject of its own:
+	// Subject.activation and Subject.password_recovery (lanes 0 and 1 of
+	// batch.ByAction).
+	PerAction bool
+}
+
+// LaneSubjects returns the subject of each lane.
+func (s Stream) LaneSubjects() []string {
+	if s.PerAction {
+		return []string{s.Subject + ".activation", s.Subject + ".password_recovery"}
+	}
+	return []string{s.Subject}
 }
 
 // Publisher sends batches to one JetStream stream, chaining each message to
@@ -30,12 +42,12 @@ type Stream struct {
 // did not land is refused, so pipelined publishes can never leave a gap that
 // a later batch hides.
 type Publisher struct {
-	js      jetstream.JetStream
-	stream  jetstream.Stream
-	subject string
+	js       jetstream.JetStream
+	stream   jetstream.Stream
+	subjects []string
 
 	lastID  string
-	lastPos decoder.Position
+	lastPos []decoder.Position
 }
 
 // NewPublisher connects to the stream, creating it (file storage) if it does
@@ -65,17 +77,24 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Stream) (*Publisher, e
 		return nil, fmt.Errorf("stream %s: %w", cfg.Name, err)
 	}
 	info := stream.CachedInfo()
-	if !slices.Contains(info.Config.Subjects, cfg.Subject) {
-		return nil, fmt.Errorf("stream %s does not take subject %s (its subjects: %v)", cfg.Name, cfg.Subject, info.Config.Subjects)
+	want := cfg.Subject
+	if cfg.PerAction {
+		want = cfg.Subject + ".>"
 	}
-	p := &Publisher{js: js, stream: stream, subject: cfg.Subject}
+	if !slices.Contains(info.Config.Subjects, want) {
+		return nil, fmt.Errorf("stream %s does not take subject %s (its subjects: %v)", cfg.Name, want, info.Config.Subjects)
+	}
+	subjects := cfg.LaneSubjects()
+	p := &Publisher{js: js, stream: stream, subjects: subjects, lastPos: make([]decoder.Position, len(subjects))}
 	if err := p.readLast(ctx); err != nil {
 		return nil, err
 	}
 	return p, nil
 }
 
-// readLast loads the id and position of the stream's last message.
+// readLast loads the id of the stream's last message, which the next
+// publish is chained to, and the position of the last message on each lane's
+// subject.
 func (p *Publisher) readLast(ctx context.Context) error {
 	info, err := p.stream.Info(ctx)
 	if err != nil {
@@ -85,28 +104,39 @@ func (p *Publisher) readLast(ctx context.Context) error {
 		return nil
 	}
 	msg, err := p.stream.GetMsg(ctx, info.State.LastSeq)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		// Removed by retention: nothing to chain to or compare with.
-		return nil
-	}
-	if err != nil {
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		// Removed by retention: nothing to chain to.
+	case err != nil:
 		return fmt.Errorf("read last message of stream: %w", err)
+	default:
+		p.lastID = msg.Header.Get(HeaderMsgID)
 	}
-	p.lastID = msg.Header.Get(HeaderMsgID)
-	if s := msg.Header.Get(HeaderPosLast); s != "" {
-		if p.lastPos, err = decoder.ParsePosition(s); err != nil {
-			return fmt.Errorf("last message of stream (seq %d): %s: %w", msg.Sequence, HeaderPosLast, err)
+	for lane, subject := range p.subjects {
+		msg, err := p.stream.GetLastMsgForSubject(ctx, subject)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("read last message on %s: %w", subject, err)
+		}
+		if s := msg.Header.Get(HeaderPosLast); s != "" {
+			if p.lastPos[lane], err = decoder.ParsePosition(s); err != nil {
+				return fmt.Errorf("last message on %s (seq %d): %s: %w", subject, msg.Sequence, HeaderPosLast, err)
+			}
 		}
 	}
 	return nil
 }
 
-// LastPosition is the WAL position of the last token the stream holds; every
-// token at or before it was published (or skipped) by an earlier run.
-func (p *Publisher) LastPosition() decoder.Position { return p.lastPos }
+// LastPosition is the WAL position of the last token published on lane's
+// subject; every token of that lane at or before it was published (or
+// skipped) by an earlier run.
+func (p *Publisher) LastPosition(lane int) decoder.Position { return p.lastPos[lane] }
 
 // Message is one batch ready to send.
 type Message struct {
+	Lane        int
 	First, Last decoder.Position
 	Count       int
 	TokenIDs    string
@@ -119,7 +149,7 @@ type Message struct {
 func (p *Publisher) PublishAsync(m *Message) (jetstream.PubAckFuture, error) {
 	id := BatchID(m.First, m.Last)
 	msg := &nats.Msg{
-		Subject: p.subject,
+		Subject: p.subjects[m.Lane],
 		Data:    m.Body,
 		Header: nats.Header{
 			HeaderCount:    {strconv.Itoa(m.Count)},
@@ -137,6 +167,6 @@ func (p *Publisher) PublishAsync(m *Message) (jetstream.PubAckFuture, error) {
 	if err != nil {
 		return nil, fmt.Errorf("publish batch %s: %w", id, err)
 	}
-	p.lastID, p.lastPos = id, m.Last
+	p.lastID, p.lastPos[m.Lane] = id, m.Last
 	return fut, nil
 }

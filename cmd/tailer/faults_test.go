@@ -240,6 +240,12 @@ type writer struct {
 }
 
 func (c *cluster) startWriter(perTx int, pause time.Duration) *writer {
+	return c.startMixedWriter(perTx, 0, pause)
+}
+
+// startMixedWriter also inserts recoveries password recovery tokens per
+// transaction, for accounts made active beforehand.
+func (c *cluster) startMixedWriter(perTx, recoveries int, pause time.Duration) *writer {
 	c.t.Helper()
 	conn, err := pgx.Connect(c.ctx, c.dbURL)
 	if err != nil {
@@ -255,13 +261,23 @@ func (c *cluster) startWriter(perTx int, pause time.Duration) *writer {
 				return
 			default:
 			}
-			_, err := conn.Exec(c.ctx, `INSERT INTO accounts (email, login)
-				SELECT 'w' || $1::int || '_' || g || '@example.com', 'w' || $1::int || '_' || g FROM generate_series(1, $2::int) g`, n, perTx)
+			err := pgx.BeginFunc(c.ctx, conn, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(c.ctx, `INSERT INTO accounts (email, login)
+					SELECT 'w' || $1::int || '_' || g || '@example.com', 'w' || $1::int || '_' || g FROM generate_series(1, $2::int) g`, n, perTx); err != nil {
+					return err
+				}
+				if recoveries == 0 {
+					return nil
+				}
+				_, err := tx.Exec(c.ctx, `INSERT INTO tokens (account, action)
+					SELECT id, 'password_recovery' FROM accounts WHERE status = 'active' ORDER BY random() LIMIT $1`, recoveries)
+				return err
+			})
 			if err != nil {
 				w.err = err
 				return
 			}
-			w.count.Add(int64(perTx))
+			w.count.Add(int64(perTx + recoveries))
 			time.Sleep(pause)
 		}
 	}()
@@ -347,31 +363,45 @@ func (c *cluster) expectExactlyOnce(within time.Duration) int {
 }
 
 func TestCrashLoop(t *testing.T) {
-	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
-	// Three tokens a transaction against batches of ten: a restart resumes
-	// at a transaction end inside an already published batch, so replayed
-	// batches get new ids and only the stream's last position keeps them
-	// from being published twice.
-	w := c.startWriter(3, 10*time.Millisecond)
-	rng := rand.New(rand.NewPCG(1, 2))
-	for i := 0; i < 12; i++ {
-		p := c.tailer()
-		// Kill at a random moment: sometimes before it streams at all.
-		time.Sleep(time.Duration(50+rng.IntN(600)) * time.Millisecond)
-		p.kill()
-	}
-	w.halt()
-	if w.err != nil {
-		t.Fatal(w.err)
-	}
-	p := c.tailer()
-	n := c.expectExactlyOnce(60 * time.Second)
-	if code := p.term(15 * time.Second); code != 0 {
-		t.Fatalf("exit code %d after SIGTERM", code)
-	}
-	t.Logf("%d tokens written during 12 SIGKILLs, each on the stream exactly once", n)
-	if n < 100 {
-		t.Fatalf("only %d tokens written: the writer did not run", n)
+	for _, tc := range []struct {
+		name      string
+		perAction bool
+	}{{"one subject", false}, {"subject per action", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
+			env := []string{"MAILROOM_SUBJECT_PER_ACTION=" + strconv.FormatBool(tc.perAction)}
+			c.exec(`INSERT INTO accounts (email, login, status) SELECT 'act' || g || '@x', 'act' || g, 'active' FROM generate_series(1, 50) g`)
+			// Three tokens a transaction (plus two recoveries per action
+			// mode) against batches of ten: a restart resumes at a
+			// transaction end inside an already published batch, so
+			// replayed batches get new ids and only the stream's last
+			// position keeps them from being published twice.
+			recoveries := 0
+			if tc.perAction {
+				recoveries = 2
+			}
+			w := c.startMixedWriter(3, recoveries, 10*time.Millisecond)
+			rng := rand.New(rand.NewPCG(1, 2))
+			for i := 0; i < 12; i++ {
+				p := c.tailer(env...)
+				// Kill at a random moment: sometimes before it streams.
+				time.Sleep(time.Duration(50+rng.IntN(600)) * time.Millisecond)
+				p.kill()
+			}
+			w.halt()
+			if w.err != nil {
+				t.Fatal(w.err)
+			}
+			p := c.tailer(env...)
+			n := c.expectExactlyOnce(60 * time.Second)
+			if code := p.term(15 * time.Second); code != 0 {
+				t.Fatalf("exit code %d after SIGTERM", code)
+			}
+			t.Logf("%d tokens written during 12 SIGKILLs, each on the stream exactly once", n)
+			if n < 100 {
+				t.Fatalf("only %d tokens written: the writer did not run", n)
+			}
+		})
 	}
 }
 

@@ -276,3 +276,69 @@ func TestSubscribeBadFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestSubjectPerAction(t *testing.T) {
+	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
+	c.tailer("MAILROOM_SUBJECT_PER_ACTION=true")
+	c.exec(`INSERT INTO accounts (email, login) SELECT 'p' || g || '@x', 'p' || g FROM generate_series(1, 40) g`)
+	c.expectExactlyOnce(30 * time.Second)
+	// Half of them activate, then ask for recoveries, interleaved with new
+	// accounts' activation tokens.
+	c.exec(`UPDATE tokens SET consumed_at = 1 WHERE account % 2 = 0`)
+	for i := 0; i < 10; i++ {
+		c.exec(`INSERT INTO tokens (account, action) SELECT id, 'password_recovery' FROM accounts WHERE status = 'active' AND id % 10 = $1 % 5 * 2`, i)
+		c.exec(`INSERT INTO accounts (email, login) VALUES ('q' || $1::int || '@x', 'q' || $1::int)`, i)
+	}
+	total := c.expectExactlyOnce(30 * time.Second)
+	var recoveries int
+	c.db.QueryRow(c.ctx, `SELECT count(*) FROM tokens WHERE action = 'password_recovery'`).Scan(&recoveries)
+	if recoveries == 0 || recoveries == total {
+		t.Fatalf("%d recoveries of %d tokens: the test needs both actions", recoveries, total)
+	}
+
+	// Every batch is on its action's subject and holds only that action.
+	nc, _ := nats.Connect(c.natsURL())
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	stream, _ := js.Stream(c.ctx, "MAILROOM")
+	info, _ := stream.Info(c.ctx)
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		m, err := stream.GetMsg(c.ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := consume.Decode(m.Header, m.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tok := range b.Tokens {
+			if m.Subject != "mailroom.batches."+tok.Action {
+				t.Fatalf("message %d on %s holds a %s token", seq, m.Subject, tok.Action)
+			}
+		}
+	}
+
+	// A consumer of password recovery alone gets exactly those.
+	out := filepath.Join(t.TempDir(), "lines")
+	p := c.subscriber(out, "--durable", "recovery", "--from-start", "--filter-action", "password_recovery")
+	p.waitLog("consuming", 1, 10*time.Second)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got, _ := outputTokens(t, out)
+		if len(got) >= recoveries {
+			for _, tok := range got {
+				if tok.Action != "password_recovery" {
+					t.Fatalf("recovery consumer got a %s token", tok.Action)
+				}
+			}
+			if len(got) != recoveries {
+				t.Fatalf("recovery consumer wrote %d tokens, want %d", len(got), recoveries)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("recovery consumer wrote %d of %d tokens", len(got), recoveries)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

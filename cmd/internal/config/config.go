@@ -32,6 +32,7 @@ type Config struct {
 	Stream       string
 	Subject      string
 	Replicas     int
+	PerAction    bool
 	Format       publish.Format
 	HTTPAddr     string
 	Slot         string
@@ -160,6 +161,14 @@ var Vars = []Var{
 		n, err := positiveInt(v, 5)
 		c.Replicas = n
 		return err
+	}},
+	{Env: "MAILROOM_SUBJECT_PER_ACTION", Flag: "subject-per-action", Default: "false", Usage: "publish each action on its own subject (<subject>.activation, <subject>.password_recovery), one action a batch", set: func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("must be true or false, got %q", v)
+		}
+		c.PerAction = b
+		return nil
 	}},
 	{Env: "MAILROOM_FORMAT", Flag: "format", Default: "line", Usage: "message body: line (collector-compatible) or json", set: func(c *Config, v string) error {
 		f, err := publish.ParseFormat(v)

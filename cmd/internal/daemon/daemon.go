@@ -213,7 +213,7 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		return pgErr(err)
 	}
 
-	pub, err := publish.NewPublisher(ctx, nc, publish.Stream{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas})
+	pub, err := publish.NewPublisher(ctx, nc, publish.Stream{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction})
 	if err != nil {
 		return natsErr(err)
 	}
@@ -236,7 +236,7 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		d.held.Store(false)
 		d.metrics.setHeld(false)
 	}()
-	d.log.Info("streaming", "slot", cfg.Slot, "from", slot.ConfirmedFlush, "resume_after", pub.LastPosition(),
+	d.log.Info("streaming", "slot", cfg.Slot, "from", slot.ConfirmedFlush, "resume_after", pub.LastPosition(0).String(),
 		"stream", cfg.Stream, "subject", cfg.Subject, "batch_limit", cfg.BatchLimit, "batch_timeout", cfg.BatchTimeout)
 	select {
 	case <-d.ready:
@@ -250,10 +250,11 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	}
 	drained := make(chan struct{})
 	feeder := batch.NewFeeder(batch.FeederConfig{
-		Limit:   cfg.BatchLimit,
-		Timeout: cfg.BatchTimeout,
-		Start:   slot.ConfirmedFlush,
-		Drained: drained,
+		Limit:    cfg.BatchLimit,
+		Timeout:  cfg.BatchTimeout,
+		ByAction: cfg.PerAction,
+		Start:    slot.ConfirmedFlush,
+		Drained:  drained,
 		OnBadRow: func(pos decoder.Position, err error) {
 			d.log.Warn("skipping a token row that cannot be decoded", "position", pos.String(), "err", err)
 			d.metrics.TokensSkipped(accounts.SkipMalformed, 1)
