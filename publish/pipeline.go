@@ -14,9 +14,10 @@ import (
 	"github.com/mailroom/tailer/decoder"
 )
 
-// Joiner fills in each token's current state; see accounts.Joiner.
+// Joiner fills in each token's current state, for several batches at once;
+// see accounts.Joiner.
 type Joiner interface {
-	Join(ctx context.Context, tokens []decoder.Token, rows []accounts.Row) error
+	JoinMany(ctx context.Context, tokens [][]decoder.Token, rows [][]accounts.Row) error
 }
 
 // Observer is told what happened to every batch (metrics).
@@ -83,61 +84,118 @@ func (p *Pipeline) Run(ctx context.Context, in <-chan *batch.Batch) error {
 	return err
 }
 
+// Bounds of one coalesced join.
+const (
+	maxGroupBatches = 64
+	maxGroupTokens  = 8192
+)
+
 func (p *Pipeline) produce(ctx context.Context, in <-chan *batch.Batch, acks chan<- inFlight, bodies chan []byte) error {
-	var rows []accounts.Row
+	var (
+		group  []*batch.Batch
+		tokens [][]decoder.Token
+		rows   [][]accounts.Row
+	)
 	for {
-		var b *batch.Batch
+		group = group[:0]
 		select {
 		case <-ctx.Done():
 			return context.Cause(ctx)
-		case bt, ok := <-in:
+		case b, ok := <-in:
 			if !ok {
 				return nil
 			}
-			b = bt
+			group = append(group, b)
 		}
+		// Batches already waiting share the join's round trip.
+		closed := false
+		n := len(group[0].Tokens)
+	more:
+		for len(group) < maxGroupBatches && n < maxGroupTokens {
+			select {
+			case b, ok := <-in:
+				if !ok {
+					closed = true
+					break more
+				}
+				group = append(group, b)
+				n += len(b.Tokens)
+			default:
+				break more
+			}
+		}
+		if err := p.joinGroup(ctx, group, &tokens, &rows); err != nil {
+			return err
+		}
+		for k, b := range group {
+			if err := p.publish(ctx, b, rows[k], acks, bodies); err != nil {
+				return err
+			}
+		}
+		if closed {
+			return nil
+		}
+	}
+}
+
+// joinGroup marks tokens already on the stream and joins the rest of the
+// group's tokens in one query; rows[k] belongs to group[k].
+func (p *Pipeline) joinGroup(ctx context.Context, group []*batch.Batch, tokens *[][]decoder.Token, rows *[][]accounts.Row) error {
+	*tokens = (*tokens)[:0]
+	for len(*rows) < len(group) {
+		*rows = append(*rows, nil)
+	}
+	toJoin := 0
+	for k, b := range group {
 		if p.Log != nil {
 			p.Log.Debug("batch cut", "tokens", len(b.Tokens), "first", b.First().String(), "last", b.Last().String(), "cut", b.Cut.String())
 		}
-		rows = resetRows(rows, len(b.Tokens))
-		already := 0
+		r := resetRows((*rows)[k], len(b.Tokens))
+		(*rows)[k] = r
 		last := p.Publisher.LastPosition(b.Lane)
 		for i := range b.Tokens {
-			if !last.Less(b.Tokens[i].Pos) && !last.IsZero() {
-				rows[i].Skip = accounts.SkipAlreadyPublished
-				already++
+			if !last.IsZero() && !last.Less(b.Tokens[i].Pos) {
+				r[i].Skip = accounts.SkipAlreadyPublished
+			} else {
+				toJoin++
 			}
 		}
-		if already < len(b.Tokens) {
-			if err := p.Joiner.Join(ctx, b.Tokens, rows); err != nil {
-				return err
-			}
+		*tokens = append(*tokens, b.Tokens)
+	}
+	if toJoin == 0 {
+		return nil
+	}
+	return p.Joiner.JoinMany(ctx, *tokens, (*rows)[:len(group)])
+}
+
+// publish encodes b and publishes it without waiting for the PubAck, which
+// awaitAcks collects in order.
+func (p *Pipeline) publish(ctx context.Context, b *batch.Batch, rows []accounts.Row, acks chan<- inFlight, bodies chan []byte) error {
+	var body []byte
+	select {
+	case body = <-bodies:
+	default:
+	}
+	item := inFlight{b: b, started: time.Now()}
+	var ids string
+	item.body, ids, item.n = p.Encoder.Encode(body[:0], BatchID(b.First(), b.Last()), b.Tokens, rows)
+	if p.Observer != nil {
+		p.countSkips(rows)
+	}
+	if item.n > 0 {
+		fut, err := p.Publisher.PublishAsync(&Message{
+			Lane: b.Lane, First: b.First(), Last: b.Last(), Count: item.n, TokenIDs: ids, Format: p.Format, Body: item.body,
+		})
+		if err != nil {
+			return err
 		}
-		var body []byte
-		select {
-		case body = <-bodies:
-		default:
-		}
-		item := inFlight{b: b, started: time.Now()}
-		var ids string
-		item.body, ids, item.n = p.Encoder.Encode(body[:0], BatchID(b.First(), b.Last()), b.Tokens, rows)
-		if p.Observer != nil {
-			p.countSkips(rows)
-		}
-		if item.n > 0 {
-			fut, err := p.Publisher.PublishAsync(&Message{
-				Lane: b.Lane, First: b.First(), Last: b.Last(), Count: item.n, TokenIDs: ids, Format: p.Format, Body: item.body,
-			})
-			if err != nil {
-				return err
-			}
-			item.fut = fut
-		}
-		select {
-		case acks <- item:
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		}
+		item.fut = fut
+	}
+	select {
+	case acks <- item:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
 	}
 }
 

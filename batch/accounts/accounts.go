@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -70,16 +71,22 @@ type Conn interface {
 // Joiner looks up tokens and accounts, one query per batch. It is not safe
 // for concurrent use.
 type Joiner struct {
+	// Log, if set, is told (at debug level) when Join waits for
+	// transactions to become visible.
+	Log   *slog.Logger
 	conn  Conn
 	ids   []int64
 	xids  []int64
-	index map[int64]int
+	index map[int64]ref
 	arena []byte
 }
 
+// ref locates a token: batch b, row i.
+type ref struct{ b, i int32 }
+
 // NewJoiner returns a Joiner using conn.
 func NewJoiner(conn Conn) *Joiner {
-	return &Joiner{conn: conn, index: make(map[int64]int)}
+	return &Joiner{conn: conn, index: make(map[int64]ref)}
 }
 
 // joinSQL returns one row per token still present, plus one marker row
@@ -122,17 +129,26 @@ WHERE NOT pg_visible_in_snapshot(
 // marked (Skip != Publish) are left alone and not queried. When some of the
 // tokens' transactions are not visible yet, Join waits for them.
 func (j *Joiner) Join(ctx context.Context, tokens []decoder.Token, rows []Row) error {
+	return j.JoinMany(ctx, [][]decoder.Token{tokens}, [][]Row{rows})
+}
+
+// JoinMany is Join for several batches at once, with one query: under load,
+// the batches waiting to be published share a round trip.
+func (j *Joiner) JoinMany(ctx context.Context, tokens [][]decoder.Token, rows [][]Row) error {
 	j.ids, j.xids = j.ids[:0], j.xids[:0]
 	clear(j.index)
-	for i := range tokens {
-		if rows[i].Skip != Publish {
-			continue
-		}
-		j.index[tokens[i].ID] = i
-		j.ids = append(j.ids, tokens[i].ID)
-		// Tokens of one transaction are adjacent in a batch.
-		if x := int64(tokens[i].Xid); len(j.xids) == 0 || j.xids[len(j.xids)-1] != x {
-			j.xids = append(j.xids, x)
+	for b := range tokens {
+		for i := range tokens[b] {
+			if rows[b][i].Skip != Publish {
+				continue
+			}
+			t := &tokens[b][i]
+			j.index[t.ID] = ref{int32(b), int32(i)}
+			j.ids = append(j.ids, t.ID)
+			// Tokens of one transaction are adjacent in a batch.
+			if x := int64(t.Xid); len(j.xids) == 0 || j.xids[len(j.xids)-1] != x {
+				j.xids = append(j.xids, x)
+			}
 		}
 	}
 	if len(j.ids) == 0 {
@@ -147,6 +163,9 @@ func (j *Joiner) Join(ctx context.Context, tokens []decoder.Token, rows []Row) e
 		if invisible == 0 {
 			return nil
 		}
+		if j.Log != nil {
+			j.Log.Debug("waiting for transactions to become visible", "invisible", invisible, "xids", len(j.xids), "wait", wait)
+		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%w: waiting for %d transactions to become visible: %w", ErrJoin, invisible, ctx.Err())
@@ -158,9 +177,9 @@ func (j *Joiner) Join(ctx context.Context, tokens []decoder.Token, rows []Row) e
 
 // query runs joinSQL once and returns how many of the batch's transactions
 // its snapshot did not see.
-func (j *Joiner) query(ctx context.Context, rows []Row) (invisible int64, err error) {
-	for _, i := range j.index {
-		rows[i] = Row{Skip: SkipDeleted}
+func (j *Joiner) query(ctx context.Context, rows [][]Row) (invisible int64, err error) {
+	for _, r := range j.index {
+		rows[r.b][r.i] = Row{Skip: SkipDeleted}
 	}
 	j.arena = j.arena[:0]
 	// Binary results keep the per-row cost to a few byte copies.
@@ -169,7 +188,10 @@ func (j *Joiner) query(ctx context.Context, rows []Row) (invisible int64, err er
 		return 0, fmt.Errorf("%w: %w", ErrJoin, err)
 	}
 	defer res.Close()
-	type span struct{ row, emailOff, emailEnd, loginEnd int }
+	type span struct {
+		row                          ref
+		emailOff, emailEnd, loginEnd int
+	}
 	var spans [64]span
 	pending := spans[:0]
 	for res.Next() {
@@ -184,11 +206,11 @@ func (j *Joiner) query(ctx context.Context, rows []Row) (invisible int64, err er
 		if len(v[2]) != 4 || len(v[3]) != 1 || len(v[4]) != 1 || len(v[5]) != 1 {
 			return 0, fmt.Errorf("%w: unexpected row shape", ErrJoin)
 		}
-		i, ok := j.index[int64(binary.BigEndian.Uint64(v[1]))]
+		at, ok := j.index[int64(binary.BigEndian.Uint64(v[1]))]
 		if !ok {
 			continue
 		}
-		r := &rows[i]
+		r := &rows[at.b][at.i]
 		r.ExpiresAt = int64(int32(binary.BigEndian.Uint32(v[2])))
 		switch {
 		case v[3][0] != 0:
@@ -204,15 +226,16 @@ func (j *Joiner) query(ctx context.Context, rows []Row) (invisible int64, err er
 			emailEnd := len(j.arena)
 			j.arena = append(j.arena, v[7]...)
 			// The arena may move while it grows; slices are taken at the end.
-			pending = append(pending, span{i, off, emailEnd, len(j.arena)})
+			pending = append(pending, span{at, off, emailEnd, len(j.arena)})
 		}
 	}
 	if err := res.Err(); err != nil {
 		return 0, fmt.Errorf("%w: %w", ErrJoin, err)
 	}
 	for _, s := range pending {
-		rows[s.row].Email = j.arena[s.emailOff:s.emailEnd:s.emailEnd]
-		rows[s.row].Login = j.arena[s.emailEnd:s.loginEnd:s.loginEnd]
+		r := &rows[s.row.b][s.row.i]
+		r.Email = j.arena[s.emailOff:s.emailEnd:s.emailEnd]
+		r.Login = j.arena[s.emailEnd:s.loginEnd:s.loginEnd]
 	}
 	return invisible, nil
 }

@@ -142,3 +142,34 @@ func TestJoinRolledBackTransactionIsDeleted(t *testing.T) {
 		t.Fatalf("skip = %v", rows[0].Skip)
 	}
 }
+
+// Batches joined together get the same answers as joined one by one.
+func TestJoinMany(t *testing.T) {
+	ctx, _, conn := setup(t)
+	conn.Exec(ctx, `INSERT INTO accounts (email, login, status) VALUES ('a@x', 'active', 'active'), ('p@x', 'prov', 'provisioned')`)
+	a := []decoder.Token{
+		insertToken(t, ctx, conn, "active", "password_recovery", ""),
+		insertToken(t, ctx, conn, "prov", "password_recovery", ""),
+	}
+	b := []decoder.Token{
+		insertToken(t, ctx, conn, "prov", "activation", ""),
+		insertToken(t, ctx, conn, "active", "password_recovery", "consumed_at"),
+		insertToken(t, ctx, conn, "active", "password_recovery", ""),
+	}
+	rows := [][]Row{make([]Row, 2), make([]Row, 3)}
+	rows[1][2].Skip = SkipAlreadyPublished
+	if err := NewJoiner(conn).JoinMany(ctx, [][]decoder.Token{a, b}, rows); err != nil {
+		t.Fatal(err)
+	}
+	want := [][]Skip{{Publish, SkipStatus}, {Publish, SkipConsumed, SkipAlreadyPublished}}
+	for k := range want {
+		for i, w := range want[k] {
+			if rows[k][i].Skip != w {
+				t.Errorf("batch %d token %d: %v, want %v", k, i, rows[k][i].Skip, w)
+			}
+		}
+	}
+	if string(rows[0][0].Login) != "active" || string(rows[1][0].Login) != "prov" {
+		t.Errorf("joined rows: %q %q", rows[0][0].Login, rows[1][0].Login)
+	}
+}

@@ -260,9 +260,11 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 			d.metrics.TokensSkipped(accounts.SkipMalformed, 1)
 		},
 	})
+	joiner := accounts.NewJoiner(q)
+	joiner.Log = d.log
 	pipeline := &publish.Pipeline{
 		Publisher:   pub,
-		Joiner:      accounts.NewJoiner(q),
+		Joiner:      joiner,
 		Encoder:     publish.NewEncoder(signer, cfg.Format),
 		Format:      cfg.Format,
 		MaxInFlight: cfg.MaxInFlight,

@@ -1,0 +1,610 @@
+// Command bench measures the tailer the way its users judge it, against a
+// throwaway PostgreSQL and an embedded JetStream server it starts itself:
+// backlog drain rate and CPU (tailer and walsender), drain rate as the
+// backlog grows, live commit-to-delivery latency, and memory. It prints a
+// table and writes the figures as JSON.
+//
+//	go run ./cmd/bench [-tokens 200000] [-big 1000000] [-out bench-results.json]
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mailroom/tailer/migrations"
+	"github.com/mailroom/tailer/publish"
+	"github.com/mailroom/tailer/publish/embedded"
+	"github.com/mailroom/tailer/replication"
+	"github.com/mailroom/tailer/testutil/pgtest"
+)
+
+const key = "cafebabecafebabecafebabecafebabecafebabecafebabecafebabecafebabe"
+
+// clkTck is the unit of utime and stime in /proc/<pid>/stat on Linux.
+const clkTck = 100
+
+type options struct {
+	tokens, big      int
+	limit            int
+	liveRate         int
+	liveSeconds      int
+	liveConns        int
+	variants         string
+	tailer, out, dir string
+	keep             bool
+}
+
+// Drain is one backlog drain.
+type Drain struct {
+	Variant           string  `json:"variant"`
+	Tokens            int     `json:"tokens"`
+	Seconds           float64 `json:"seconds"`
+	TokensPerSecond   float64 `json:"tokens_per_second"`
+	WalsenderCPUPct   float64 `json:"walsender_cpu_percent_of_one_core"`
+	TailerCPUSeconds  float64 `json:"tailer_cpu_seconds"`
+	TailerMicrosPerTk float64 `json:"tailer_cpu_microseconds_per_token"`
+	TailerPeakRSSMiB  float64 `json:"tailer_peak_rss_mib"`
+	CPUSecondsPer100k float64 `json:"tailer_cpu_seconds_per_100k_tokens"`
+}
+
+// Results is the JSON document.
+type Results struct {
+	Machine          string  `json:"machine"`
+	When             string  `json:"when"`
+	BatchLimit       int     `json:"batch_limit"`
+	Drains           []Drain `json:"drains"`
+	ServerDecodeRate float64 `json:"server_decode_rows_per_second"`
+	GrowthRatio      float64 `json:"drain_rate_big_over_small"`
+	Live             *Live   `json:"live"`
+}
+
+// Live is the live-latency run.
+type Live struct {
+	TargetPerSecond int     `json:"target_tokens_per_second"`
+	Tokens          int     `json:"tokens"`
+	AchievedPerSec  float64 `json:"achieved_tokens_per_second"`
+	P50Millis       float64 `json:"p50_ms"`
+	P99Millis       float64 `json:"p99_ms"`
+	MaxMillis       float64 `json:"max_ms"`
+	// Stored*: commit to the message's JetStream timestamp (when it was
+	// stored, which is when the PubAck leaves the server).
+	StoredP50Millis float64 `json:"commit_to_stored_p50_ms"`
+	StoredP99Millis float64 `json:"commit_to_stored_p99_ms"`
+}
+
+func main() {
+	var o options
+	flag.IntVar(&o.tokens, "tokens", 200_000, "backlog size for the drain runs")
+	flag.IntVar(&o.big, "big", 1_000_000, "backlog size for the growth run (0 skips it)")
+	flag.IntVar(&o.limit, "batch-limit", 1000, "MAILROOM_BATCH_LIMIT for the drains")
+	flag.IntVar(&o.liveRate, "live-rate", 2000, "single-row transactions per second in the live run (0 skips it)")
+	flag.IntVar(&o.liveSeconds, "live-seconds", 10, "length of the live run")
+	flag.IntVar(&o.liveConns, "live-conns", 8, "writer connections in the live run")
+	flag.StringVar(&o.variants, "variants", "v1-text,v1-binary,v2-text,v2-binary", "pgoutput options to compare on the small backlog (proto-format)")
+	flag.StringVar(&o.tailer, "tailer", "", "tailer binary (default: build ./cmd/tailer)")
+	flag.StringVar(&o.out, "out", "bench-results.json", "where to write the JSON")
+	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (tailer logs)")
+	flag.Parse()
+	if err := run(o); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(o options) error {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "tailer-bench-")
+	if err != nil {
+		return err
+	}
+	if o.keep {
+		fmt.Println("keeping", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
+	o.dir = dir
+	if o.tailer == "" {
+		o.tailer = filepath.Join(dir, "tailer")
+		fmt.Println("building tailer ...")
+		if out, err := exec.Command("go", "build", "-o", o.tailer, "./cmd/tailer").CombinedOutput(); err != nil {
+			return fmt.Errorf("build tailer: %v\n%s", err, out)
+		}
+	}
+	fmt.Println("starting PostgreSQL ...")
+	pg, err := pgtest.Start(pgtest.Options{Settings: []string{"shared_buffers=512MB", "max_wal_size=8GB", "checkpoint_timeout=30min"}})
+	if err != nil {
+		return err
+	}
+	defer pg.Close()
+
+	res := Results{Machine: machine(), When: time.Now().UTC().Format(time.RFC3339), BatchLimit: o.limit}
+
+	// The small backlog, drained once per pgoutput variant, each on a slot
+	// of its own made before the inserts.
+	variants := strings.Split(o.variants, ",")
+	url, err := createDB(ctx, pg, "bench_small")
+	if err != nil {
+		return err
+	}
+	slots := append([]string{"peek"}, variants...)
+	if err := prepare(ctx, url, slots, o.tokens); err != nil {
+		return err
+	}
+	if res.ServerDecodeRate, err = peekRate(ctx, url, o.tokens); err != nil {
+		return err
+	}
+	for _, v := range variants {
+		d, err := drain(ctx, o, url, v, o.tokens)
+		if err != nil {
+			return fmt.Errorf("drain %s: %w", v, err)
+		}
+		res.Drains = append(res.Drains, d)
+		printDrain(d)
+	}
+
+	if o.big > 0 {
+		best := variants[len(variants)-1]
+		url, err := createDB(ctx, pg, "bench_big")
+		if err != nil {
+			return err
+		}
+		if err := prepare(ctx, url, []string{best}, o.big); err != nil {
+			return err
+		}
+		d, err := drain(ctx, o, url, best, o.big)
+		if err != nil {
+			return fmt.Errorf("drain %d: %w", o.big, err)
+		}
+		res.Drains = append(res.Drains, d)
+		printDrain(d)
+		for _, small := range res.Drains {
+			if small.Variant == best && small.Tokens == o.tokens {
+				res.GrowthRatio = d.TokensPerSecond / small.TokensPerSecond
+			}
+		}
+	}
+
+	if o.liveRate > 0 {
+		url, err := createDB(ctx, pg, "bench_live")
+		if err != nil {
+			return err
+		}
+		live, err := liveLatency(ctx, o, url)
+		if err != nil {
+			return fmt.Errorf("live: %w", err)
+		}
+		res.Live = live
+	}
+
+	printSummary(res)
+	data, _ := json.MarshalIndent(res, "", "  ")
+	if err := os.WriteFile(o.out, append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	fmt.Println("wrote", o.out)
+	return nil
+}
+
+func machine() string {
+	host, _ := os.Hostname()
+	cpus := 0
+	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		cpus = strings.Count(string(data), "processor\t:")
+	}
+	return fmt.Sprintf("%s, %d CPUs", host, cpus)
+}
+
+func createDB(ctx context.Context, pg *pgtest.Server, name string) (string, error) {
+	conn, err := pgx.Connect(ctx, pg.URL("postgres"))
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		return "", err
+	}
+	return pg.URL(name), nil
+}
+
+// prepare migrates, creates the slots and commits n tokens, one INSERT per
+// 1,000 accounts (each gets an activation token from the trigger).
+func prepare(ctx context.Context, url string, slots []string, n int) error {
+	if err := migrations.Up(ctx, url); err != nil {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	for _, s := range slots {
+		if _, err := replication.EnsureSlot(ctx, conn, slotName(s)); err != nil {
+			return err
+		}
+	}
+	start := time.Now()
+	for i := 0; i < n; i += 1000 {
+		if _, err := conn.Exec(ctx, `INSERT INTO accounts (email, login)
+			SELECT 'user' || g || '@example.com', 'user' || g FROM generate_series($1::int, $2::int) g`, i+1, min(i+1000, n)); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("committed %d tokens in %s\n", n, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+func slotName(variant string) string { return "s_" + strings.ReplaceAll(variant, "-", "_") }
+
+// peekRate decodes the backlog inside the server, for context: how fast
+// pgoutput itself turns this WAL into messages.
+func peekRate(ctx context.Context, url string, n int) (float64, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(ctx)
+	start := time.Now()
+	var rows int64
+	err = conn.QueryRow(ctx, `SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
+		'proto_version', '1', 'publication_names', 'mailroom')`, slotName("peek")).Scan(&rows)
+	if err != nil {
+		return 0, err
+	}
+	el := time.Since(start).Seconds()
+	if err := replication.DropSlot(ctx, conn, slotName("peek")); err != nil {
+		return 0, err
+	}
+	rate := float64(n) / el
+	fmt.Printf("in-server decode (pg_logical_slot_peek_binary_changes): %d messages for %d tokens in %.2fs = %.0f tokens/s\n", rows, n, el, rate)
+	return rate, nil
+}
+
+// child is a running tailer.
+type child struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	log  string
+}
+
+func startTailer(o options, url, natsURL, slot string, env ...string) (*child, error) {
+	logPath := filepath.Join(o.dir, slot+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(o.tailer, "run", "--http-addr=")
+	cmd.Env = append(os.Environ(),
+		"MAILROOM_DATABASE_URL="+url,
+		"MAILROOM_SECRET_KEY="+key,
+		"MAILROOM_NATS_URL="+natsURL,
+		"MAILROOM_SLOT="+slot,
+		"MAILROOM_LOG_LEVEL="+logLevel(),
+	)
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c := &child{cmd: cmd, done: make(chan struct{}), log: logPath}
+	go func() { cmd.Wait(); logf.Close(); close(c.done) }()
+	return c, nil
+}
+
+func (c *child) stop() {
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.done:
+	case <-time.After(20 * time.Second):
+		c.cmd.Process.Kill()
+		<-c.done
+	}
+}
+
+// cpuSeconds reads utime+stime of pid from /proc.
+func cpuSeconds(pid int) (float64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command name, which is in parentheses.
+	f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+2:]))
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / clkTck, nil
+}
+
+// peakRSS reads VmHWM of pid in MiB.
+func peakRSS(pid int) float64 {
+	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// counter counts tokens arriving on the stream.
+type counter struct {
+	n     atomic.Int64
+	done  chan struct{}
+	want  int64
+	close sync.Once
+}
+
+func subscribe(ctx context.Context, nc *nats.Conn, stream string, want int, onMsg func(jetstream.Msg)) (*counter, func(), error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The tailer creates the stream; wait for it.
+	var s jetstream.Stream
+	for i := 0; ; i++ {
+		if s, err = js.Stream(ctx, stream); err == nil {
+			break
+		}
+		if i > 600 {
+			return nil, nil, fmt.Errorf("stream %s never appeared: %w", stream, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return nil, nil, err
+	}
+	c := &counter{done: make(chan struct{}), want: int64(want)}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		if onMsg != nil {
+			onMsg(m)
+		}
+		n, _ := strconv.Atoi(m.Headers().Get(publish.HeaderCount))
+		if c.n.Add(int64(n)) >= c.want {
+			c.close.Do(func() { close(c.done) })
+		}
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return c, cc.Stop, nil
+}
+
+func variantEnv(v string) []string {
+	proto, format, _ := strings.Cut(v, "-")
+	return []string{
+		"MAILROOM_PROTO_VERSION=" + strings.TrimPrefix(proto, "v"),
+		"MAILROOM_BINARY=" + strconv.FormatBool(format == "binary"),
+	}
+}
+
+func drain(ctx context.Context, o options, url, variant string, n int) (Drain, error) {
+	d := Drain{Variant: variant, Tokens: n}
+	srv, err := embedded.Start(filepath.Join(o.dir, "nats-"+variant+strconv.Itoa(n)), "127.0.0.1:0")
+	if err != nil {
+		return d, err
+	}
+	defer srv.Shutdown()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		return d, err
+	}
+	defer nc.Close()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return d, err
+	}
+	defer conn.Close(ctx)
+
+	env := append(variantEnv(variant), "MAILROOM_BATCH_LIMIT="+strconv.Itoa(o.limit), "MAILROOM_BATCH_TIMEOUT=1000")
+	start := time.Now()
+	t, err := startTailer(o, url, srv.ClientURL(), slotName(variant), env...)
+	if err != nil {
+		return d, err
+	}
+	defer t.stop()
+	cnt, stop, err := subscribe(ctx, nc, "MAILROOM", n, nil)
+	if err != nil {
+		return d, err
+	}
+	defer stop()
+	walPID := 0
+	for walPID == 0 && time.Since(start) < 30*time.Second {
+		var pid *int32
+		conn.QueryRow(ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, slotName(variant)).Scan(&pid)
+		if pid != nil {
+			walPID = int(*pid)
+		} else {
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	if walPID == 0 {
+		return d, errors.New("the walsender never started")
+	}
+	select {
+	case <-cnt.done:
+	case <-t.done:
+		log, _ := os.ReadFile(t.log)
+		return d, fmt.Errorf("tailer exited:\n%s", log)
+	case <-time.After(10 * time.Minute):
+		return d, fmt.Errorf("only %d of %d tokens after 10 minutes", cnt.n.Load(), n)
+	}
+	d.Seconds = time.Since(start).Seconds()
+	walCPU, _ := cpuSeconds(walPID)
+	tailerCPU, _ := cpuSeconds(t.cmd.Process.Pid)
+	d.TokensPerSecond = float64(n) / d.Seconds
+	d.WalsenderCPUPct = 100 * walCPU / d.Seconds
+	d.TailerCPUSeconds = tailerCPU
+	d.TailerMicrosPerTk = 1e6 * tailerCPU / float64(n)
+	d.CPUSecondsPer100k = tailerCPU * 100_000 / float64(n)
+	d.TailerPeakRSSMiB = peakRSS(t.cmd.Process.Pid)
+	return d, nil
+}
+
+func liveLatency(ctx context.Context, o options, url string) (*Live, error) {
+	const accounts = 10_000
+	if err := migrations.Up(ctx, url); err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.New(ctx, url+"&pool_max_conns="+strconv.Itoa(o.liveConns+2))
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	if _, err := replication.EnsureSlot(ctx, pool, "mailroom"); err != nil {
+		return nil, err
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO accounts (email, login, status) SELECT 'l' || g || '@x', 'l' || g, 'active' FROM generate_series(1, $1::int) g`, accounts); err != nil {
+		return nil, err
+	}
+	srv, err := embedded.Start(filepath.Join(o.dir, "nats-live"), "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Shutdown()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	t, err := startTailer(o, url, srv.ClientURL(), "mailroom", "MAILROOM_BATCH_LIMIT=1", "MAILROOM_BATCH_TIMEOUT=1000")
+	if err != nil {
+		return nil, err
+	}
+	defer t.stop()
+
+	total := o.liveRate * o.liveSeconds
+	var mu sync.Mutex
+	committed := make(map[int64]time.Time, total)
+	arrived := make(map[int64]time.Time, total)
+	stored := make(map[int64]time.Time, total)
+	cnt, stop, err := subscribe(ctx, nc, "MAILROOM", total, func(m jetstream.Msg) {
+		now := time.Now()
+		var at time.Time
+		if meta, err := m.Metadata(); err == nil {
+			at = meta.Timestamp
+		}
+		mu.Lock()
+		for _, s := range strings.Split(m.Headers().Get(publish.HeaderTokenIDs), ",") {
+			id, _ := strconv.ParseInt(s, 10, 64)
+			arrived[id], stored[id] = now, at
+		}
+		mu.Unlock()
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	time.Sleep(500 * time.Millisecond)
+
+	// Writers share a paced schedule: token i is due at start + i/rate.
+	var next atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	errc := make(chan error, o.liveConns)
+	for w := 0; w < o.liveConns; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(total) {
+					return
+				}
+				if d := time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(o.liveRate))); d > 0 {
+					time.Sleep(d)
+				}
+				var id int64
+				err := pool.QueryRow(ctx, `INSERT INTO tokens (account, action) VALUES ($1, 'password_recovery') RETURNING id`, 1+i%accounts).Scan(&id)
+				if err != nil {
+					errc <- err
+					return
+				}
+				// QueryRow returns after the COMMIT of the implicit
+				// transaction: this is the commit time the writer sees.
+				now := time.Now()
+				mu.Lock()
+				committed[id] = now
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	writeSecs := time.Since(start).Seconds()
+	select {
+	case err := <-errc:
+		return nil, err
+	default:
+	}
+	select {
+	case <-cnt.done:
+	case <-time.After(60 * time.Second):
+		return nil, fmt.Errorf("%d of %d tokens arrived", cnt.n.Load(), total)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var lat, lstored []float64
+	for id, c := range committed {
+		if a, ok := arrived[id]; ok {
+			lat = append(lat, float64(a.Sub(c).Microseconds())/1000)
+			lstored = append(lstored, float64(stored[id].Sub(c).Microseconds())/1000)
+		}
+	}
+	slices.Sort(lat)
+	slices.Sort(lstored)
+	if len(lat) == 0 {
+		return nil, errors.New("no latencies")
+	}
+	pct := func(l []float64, p float64) float64 { return l[min(len(l)-1, int(p*float64(len(l))))] }
+	return &Live{
+		TargetPerSecond: o.liveRate, Tokens: len(lat), AchievedPerSec: float64(total) / writeSecs,
+		P50Millis: pct(lat, 0.50), P99Millis: pct(lat, 0.99), MaxMillis: lat[len(lat)-1],
+		StoredP50Millis: pct(lstored, 0.50), StoredP99Millis: pct(lstored, 0.99),
+	}, nil
+}
+
+func printDrain(d Drain) {
+	fmt.Printf("drain %-10s %8d tokens: %6.2fs  %9.0f tokens/s  walsender %5.1f%% of a core  tailer %.2f µs/token, %.2f CPU s/100k, peak RSS %.1f MiB\n",
+		d.Variant, d.Tokens, d.Seconds, d.TokensPerSecond, d.WalsenderCPUPct, d.TailerMicrosPerTk, d.CPUSecondsPer100k, d.TailerPeakRSSMiB)
+}
+
+func printSummary(r Results) {
+	fmt.Printf("\n%-12s %9s %9s %12s %11s %12s %11s %9s\n", "variant", "tokens", "seconds", "tokens/s", "walsender%", "tailer µs/tk", "CPU s/100k", "RSS MiB")
+	for _, d := range r.Drains {
+		fmt.Printf("%-12s %9d %9.2f %12.0f %11.1f %12.2f %11.2f %9.1f\n", d.Variant, d.Tokens, d.Seconds, d.TokensPerSecond, d.WalsenderCPUPct, d.TailerMicrosPerTk, d.CPUSecondsPer100k, d.TailerPeakRSSMiB)
+	}
+	fmt.Printf("in-server decode rate: %.0f tokens/s\n", r.ServerDecodeRate)
+	if r.GrowthRatio > 0 {
+		fmt.Printf("drain rate, big backlog over small: %.3f\n", r.GrowthRatio)
+	}
+	if r.Live != nil {
+		fmt.Printf("live: %d tokens at %.0f/s (target %d/s), batch limit 1: commit to arrival p50 %.2f ms, p99 %.2f ms, max %.2f ms; commit to stored (PubAck) p50 %.2f ms, p99 %.2f ms\n",
+			r.Live.Tokens, r.Live.AchievedPerSec, r.Live.TargetPerSecond, r.Live.P50Millis, r.Live.P99Millis, r.Live.MaxMillis, r.Live.StoredP50Millis, r.Live.StoredP99Millis)
+	}
+}
+
+// logLevel lets a developer see the tailer's debug logs in the bench's
+// temporary directory (BENCH_LOG_LEVEL=debug, with -keep).
+func logLevel() string {
+	if l := os.Getenv("BENCH_LOG_LEVEL"); l != "" {
+		return l
+	}
+	return "warn"
+}
