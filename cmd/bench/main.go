@@ -13,6 +13,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,6 +52,7 @@ type options struct {
 	variants         string
 	tailer, out, dir string
 	keep             bool
+	cpuProfile       string
 }
 
 // Drain is one backlog drain.
@@ -102,6 +105,7 @@ func main() {
 	flag.StringVar(&o.tailer, "tailer", "", "tailer binary (default: build ./cmd/tailer)")
 	flag.StringVar(&o.out, "out", "bench-results.json", "where to write the JSON")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (tailer logs)")
+	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the tailer during the first drain to this file")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -151,7 +155,10 @@ func run(o options) error {
 	if res.ServerDecodeRate, err = peekRate(ctx, url, o.tokens); err != nil {
 		return err
 	}
-	for _, v := range variants {
+	for i, v := range variants {
+		if i > 0 {
+			o.cpuProfile = ""
+		}
 		d, err := drain(ctx, o, url, v, o.tokens)
 		if err != nil {
 			return fmt.Errorf("drain %s: %w", v, err)
@@ -290,7 +297,11 @@ func startTailer(o options, url, natsURL, slot string, env ...string) (*child, e
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(o.tailer, "run", "--http-addr=")
+	httpAddr := ""
+	if o.cpuProfile != "" {
+		httpAddr = "127.0.0.1:19999"
+	}
+	cmd := exec.Command(o.tailer, "run", "--http-addr="+httpAddr)
 	cmd.Env = append(os.Environ(),
 		"MAILROOM_DATABASE_URL="+url,
 		"MAILROOM_SECRET_KEY="+key,
@@ -425,6 +436,17 @@ func drain(ctx context.Context, o options, url, variant string, n int) (Drain, e
 		return d, err
 	}
 	defer stop()
+	profiled := make(chan struct{})
+	if path := o.cpuProfile; path != "" {
+		go func() {
+			defer close(profiled)
+			time.Sleep(200 * time.Millisecond)
+			if err := fetchProfile(path, "http://127.0.0.1:19999/debug/pprof/profile?seconds=2"); err != nil {
+				fmt.Fprintln(os.Stderr, "cpu profile:", err)
+			}
+		}()
+		defer func() { <-profiled }()
+	}
 	walPID := 0
 	for walPID == 0 && time.Since(start) < 30*time.Second {
 		var pid *int32
@@ -598,6 +620,24 @@ func printSummary(r Results) {
 		fmt.Printf("live: %d tokens at %.0f/s (target %d/s), batch limit 1: commit to arrival p50 %.2f ms, p99 %.2f ms, max %.2f ms; commit to stored (PubAck) p50 %.2f ms, p99 %.2f ms\n",
 			r.Live.Tokens, r.Live.AchievedPerSec, r.Live.TargetPerSecond, r.Live.P50Millis, r.Live.P99Millis, r.Live.MaxMillis, r.Live.StoredP50Millis, r.Live.StoredP99Millis)
 	}
+}
+
+func fetchProfile(path, url string) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.Copy(f, resp.Body)
+	return err
 }
 
 // logLevel lets a developer see the tailer's debug logs in the bench's

@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sync/atomic"
 	"time"
 
@@ -411,6 +412,10 @@ func (d *Daemon) serveHTTP() (stop func(), err error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", d.metrics.Handler())
+	// Profiles name code paths, not data; the address is loopback unless
+	// the operator says otherwise.
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"status":"ok"}`+"\n")
