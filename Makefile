@@ -1,4 +1,4 @@
-.PHONY: build test demo
+.PHONY: build test demo bench
 
 build:
 	go build -o bin/tailer ./cmd/tailer
@@ -13,3 +13,8 @@ test:
 # Runs the whole thing end to end on a throwaway PostgreSQL.
 demo:
 	./scripts/demo.sh
+
+# Drain rate, CPU, growth, live latency and memory against a throwaway
+# PostgreSQL and embedded JetStream; prints a table, writes bench-results.json.
+bench:
+	go run ./cmd/bench

@@ -107,14 +107,22 @@ func Slot(ctx context.Context, q Querier, name string) (SlotInfo, error) {
 }
 
 // EnsureSlot creates the logical slot with the pgoutput plugin unless it
-// exists, and reports whether it created it. An existing slot with another
-// plugin is an error.
+// exists, and reports whether it created it. Slot names are global to the
+// server: an existing slot of another database, or with another plugin, is
+// an error.
 func EnsureSlot(ctx context.Context, q Querier, name string) (created bool, err error) {
 	if err := ValidateName(name); err != nil {
 		return false, fmt.Errorf("slot name: %w", err)
 	}
 	s, err := Slot(ctx, q, name)
 	if err == nil {
+		var db string
+		if err := q.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+			return false, fmt.Errorf("query current database: %w", err)
+		}
+		if s.Database != db {
+			return false, fmt.Errorf("slot %s belongs to database %q, not %q: slot names are global to the server, choose another (MAILROOM_SLOT)", name, s.Database, db)
+		}
 		if s.Plugin != Plugin {
 			return false, fmt.Errorf("slot %s uses plugin %q, want %q", name, s.Plugin, Plugin)
 		}

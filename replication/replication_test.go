@@ -63,6 +63,15 @@ func TestSlots(t *testing.T) {
 	if _, err := EnsureSlot(ctx, db, "other_plugin"); err == nil || !strings.Contains(err.Error(), "test_decoding") {
 		t.Fatalf("EnsureSlot on a test_decoding slot: %v", err)
 	}
+	// A slot of the same name in another database is not ours.
+	otherDB, err := pgx.Connect(ctx, pgtest.Shared(t).CreateDB(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer otherDB.Close(ctx)
+	if _, err := EnsureSlot(ctx, otherDB, "s1"); err == nil || !strings.Contains(err.Error(), "belongs to database") {
+		t.Fatalf("EnsureSlot from another database: %v", err)
+	}
 	s, err := Slot(ctx, db, "s1")
 	if err != nil || s.Active || s.ConfirmedFlush == 0 || s.LagBytes() < 0 {
 		t.Fatalf("Slot = %+v, %v", s, err)

@@ -243,7 +243,7 @@ func prepare(ctx context.Context, url string, slots []string, n int) error {
 	}
 	defer conn.Close(ctx)
 	for _, s := range slots {
-		if _, err := replication.EnsureSlot(ctx, conn, slotName(s)); err != nil {
+		if _, err := replication.EnsureSlot(ctx, conn, slotName(s, n)); err != nil {
 			return err
 		}
 	}
@@ -258,7 +258,11 @@ func prepare(ctx context.Context, url string, slots []string, n int) error {
 	return nil
 }
 
-func slotName(variant string) string { return "s_" + strings.ReplaceAll(variant, "-", "_") }
+// slotName is per variant and backlog size: slot names are global to the
+// server, and each backlog has its own database.
+func slotName(variant string, n int) string {
+	return fmt.Sprintf("s%d_%s", n, strings.ReplaceAll(variant, "-", "_"))
+}
 
 // peekRate decodes the backlog inside the server, for context: how fast
 // pgoutput itself turns this WAL into messages.
@@ -271,12 +275,12 @@ func peekRate(ctx context.Context, url string, n int) (float64, error) {
 	start := time.Now()
 	var rows int64
 	err = conn.QueryRow(ctx, `SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
-		'proto_version', '1', 'publication_names', 'mailroom')`, slotName("peek")).Scan(&rows)
+		'proto_version', '1', 'publication_names', 'mailroom')`, slotName("peek", n)).Scan(&rows)
 	if err != nil {
 		return 0, err
 	}
 	el := time.Since(start).Seconds()
-	if err := replication.DropSlot(ctx, conn, slotName("peek")); err != nil {
+	if err := replication.DropSlot(ctx, conn, slotName("peek", n)); err != nil {
 		return 0, err
 	}
 	rate := float64(n) / el
@@ -426,7 +430,7 @@ func drain(ctx context.Context, o options, url, variant string, n int) (Drain, e
 
 	env := append(variantEnv(variant), "MAILROOM_BATCH_LIMIT="+strconv.Itoa(o.limit), "MAILROOM_BATCH_TIMEOUT=1000")
 	start := time.Now()
-	t, err := startTailer(o, url, srv.ClientURL(), slotName(variant), env...)
+	t, err := startTailer(o, url, srv.ClientURL(), slotName(variant, n), env...)
 	if err != nil {
 		return d, err
 	}
@@ -450,7 +454,7 @@ func drain(ctx context.Context, o options, url, variant string, n int) (Drain, e
 	walPID := 0
 	for walPID == 0 && time.Since(start) < 30*time.Second {
 		var pid *int32
-		conn.QueryRow(ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, slotName(variant)).Scan(&pid)
+		conn.QueryRow(ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, slotName(variant, n)).Scan(&pid)
 		if pid != nil {
 			walPID = int(*pid)
 		} else {
@@ -490,7 +494,7 @@ func liveLatency(ctx context.Context, o options, url string) (*Live, error) {
 		return nil, err
 	}
 	defer pool.Close()
-	if _, err := replication.EnsureSlot(ctx, pool, "mailroom"); err != nil {
+	if _, err := replication.EnsureSlot(ctx, pool, "live"); err != nil {
 		return nil, err
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO accounts (email, login, status) SELECT 'l' || g || '@x', 'l' || g, 'active' FROM generate_series(1, $1::int) g`, accounts); err != nil {
@@ -506,7 +510,7 @@ func liveLatency(ctx context.Context, o options, url string) (*Live, error) {
 		return nil, err
 	}
 	defer nc.Close()
-	t, err := startTailer(o, url, srv.ClientURL(), "mailroom", "MAILROOM_BATCH_LIMIT=1", "MAILROOM_BATCH_TIMEOUT=1000")
+	t, err := startTailer(o, url, srv.ClientURL(), "live", "MAILROOM_BATCH_LIMIT=1", "MAILROOM_BATCH_TIMEOUT=1000")
 	if err != nil {
 		return nil, err
 	}
