@@ -5,10 +5,12 @@
 package replication
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"regexp"
 	"time"
@@ -168,11 +170,55 @@ func Connect(ctx context.Context, url string) (*pgconn.PgConn, error) {
 	}
 	cfg.RuntimeParams["replication"] = "database"
 	cfg.RuntimeParams["application_name"] = "tailer"
+	dial := cfg.DialFunc
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &coalescingConn{Conn: c}, nil
+	}
+	// pgproto3 reads at most 8 KiB at a time; a large buffer lets one read
+	// take everything that has piled up.
+	cfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
+		return pgproto3.NewFrontend(bufio.NewReaderSize(r, readBuffer), w)
+	}
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("replication connect: %w", err)
 	}
 	return conn, nil
+}
+
+const (
+	// readBuffer is the most one read of the replication socket takes.
+	readBuffer = 256 << 10
+	// shortRead is a read small enough to say the walsender is slower
+	// than the tailer.
+	shortRead = 16 << 10
+	// coalesceDelay is how long a read waits after a short one.
+	coalesceDelay = 500 * time.Microsecond
+)
+
+// coalescingConn makes reads of the replication stream take many messages
+// at once. The walsender sends every row with a send() of its own; a reader
+// that keeps up gets them one by one, paying a wakeup and a read() per
+// ~150-byte row, CPU that on a small machine the walsender itself needs.
+// After a short read the next one first waits coalesceDelay so that rows
+// pile up in the socket buffer (which holds far more than that delay's
+// worth). That costs at most the delay in latency per read.
+type coalescingConn struct {
+	net.Conn
+	short bool
+}
+
+func (c *coalescingConn) Read(p []byte) (int, error) {
+	if c.short {
+		time.Sleep(coalesceDelay)
+	}
+	n, err := c.Conn.Read(p)
+	c.short = n < shortRead
+	return n, err
 }
 
 // Options choose how pgoutput encodes the stream.

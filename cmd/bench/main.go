@@ -53,6 +53,7 @@ type options struct {
 	tailer, out, dir string
 	keep             bool
 	cpuProfile       string
+	tailerEnv        string
 }
 
 // Drain is one backlog drain.
@@ -105,6 +106,7 @@ func main() {
 	flag.StringVar(&o.tailer, "tailer", "", "tailer binary (default: build ./cmd/tailer)")
 	flag.StringVar(&o.out, "out", "bench-results.json", "where to write the JSON")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (tailer logs)")
+	flag.StringVar(&o.tailerEnv, "tailer-env", "", "extra environment for the tailer, comma-separated K=V (e.g. GOMAXPROCS=1)")
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the tailer during the first drain to this file")
 	flag.Parse()
 	if err := run(o); err != nil {
@@ -314,6 +316,9 @@ func startTailer(o options, url, natsURL, slot string, env ...string) (*child, e
 		"MAILROOM_LOG_LEVEL="+logLevel(),
 	)
 	cmd.Env = append(cmd.Env, env...)
+	if o.tailerEnv != "" {
+		cmd.Env = append(cmd.Env, strings.Split(o.tailerEnv, ",")...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		return nil, err

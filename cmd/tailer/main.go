@@ -79,6 +79,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 			return code
 		}
 		log := daemon.NewLogger(cfg.LogFormat, cfg.LogLevel, stderr)
+		daemon.TuneRuntime(cfg)
 		go func() {
 			// A second signal means "now": skip the graceful drain.
 			<-ctx.Done()
