@@ -207,19 +207,12 @@ func (p *proc) term(within time.Duration) int {
 
 func (c *cluster) exec(sql string, args ...any) {
 	c.t.Helper()
-	if _, err := c.db.Exec(c.ctx, sql, args...); err != nil {
-		c.t.Fatalf("%s: %v", sql, err)
-	}
+	pgtest.Exec(c.t, c.ctx, c.db, sql, args...)
 }
 
 func (c *cluster) walLSN() pglogrepl.LSN {
 	c.t.Helper()
-	var s string
-	if err := c.db.QueryRow(c.ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&s); err != nil {
-		c.t.Fatal(err)
-	}
-	lsn, _ := pglogrepl.ParseLSN(s)
-	return lsn
+	return pgtest.WalLSN(c.t, c.ctx, c.db)
 }
 
 func (c *cluster) slot() replication.SlotInfo {

@@ -22,7 +22,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Server is a running PostgreSQL cluster.
@@ -255,4 +257,32 @@ func Main(m *testing.M) int {
 		shared.Close()
 	}
 	return code
+}
+
+// Querier is the part of pgx.Conn the helpers below use.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Exec runs sql and fails the test on error.
+func Exec(tb testing.TB, ctx context.Context, q Querier, sql string, args ...any) {
+	tb.Helper()
+	if _, err := q.Exec(ctx, sql, args...); err != nil {
+		tb.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// WalLSN returns pg_current_wal_lsn().
+func WalLSN(tb testing.TB, ctx context.Context, q Querier) pglogrepl.LSN {
+	tb.Helper()
+	var s string
+	if err := q.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&s); err != nil {
+		tb.Fatal(err)
+	}
+	lsn, err := pglogrepl.ParseLSN(s)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return lsn
 }

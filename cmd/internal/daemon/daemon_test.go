@@ -142,19 +142,12 @@ func (w testWriter) Write(p []byte) (int, error) {
 
 func (e *env) exec(sql string, args ...any) {
 	e.t.Helper()
-	if _, err := e.db.Exec(e.ctx, sql, args...); err != nil {
-		e.t.Fatalf("%s: %v", sql, err)
-	}
+	pgtest.Exec(e.t, e.ctx, e.db, sql, args...)
 }
 
 func (e *env) walLSN() pglogrepl.LSN {
 	e.t.Helper()
-	var s string
-	if err := e.db.QueryRow(e.ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&s); err != nil {
-		e.t.Fatal(err)
-	}
-	lsn, _ := pglogrepl.ParseLSN(s)
-	return lsn
+	return pgtest.WalLSN(e.t, e.ctx, e.db)
 }
 
 func (e *env) confirmed() pglogrepl.LSN {
