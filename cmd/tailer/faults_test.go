@@ -405,21 +405,8 @@ func TestSIGTERMPublishesPendingBatch(t *testing.T) {
 	p.waitLog("msg=streaming", 1, 30*time.Second)
 	c.exec(`INSERT INTO accounts (email, login) SELECT 'h' || g || '@x', 'h' || g FROM generate_series(1, 3) g`)
 	end := c.walLSN()
-	// Let the tailer read the three tokens into its open batch: the
-	// walsender has sent them, and the tailer had a moment to read them.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var sent string
-		c.db.QueryRow(c.ctx, `SELECT coalesce(max(sent_lsn), '0/0')::text FROM pg_stat_replication WHERE application_name = 'tailer'`).Scan(&sent)
-		if lsn, _ := pglogrepl.ParseLSN(sent); lsn >= end {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("walsender sent only up to %s, want %s", sent, end)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	time.Sleep(300 * time.Millisecond)
+	// Let the tailer read the three tokens into its open batch.
+	c.waitSent(end)
 	if got := len(c.tokenCounts()); got != 0 {
 		t.Fatalf("%d tokens published before SIGTERM with a one-hour timeout", got)
 	}
@@ -517,12 +504,29 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	p := c.tailer()
 	p.waitLog("msg=streaming", 1, 30*time.Second)
 	c.exec(`INSERT INTO accounts (email, login) VALUES ('s@x', 's')`)
-	// With NATS gone the pending batch cannot be published, so the graceful
-	// stop would wait out its drain timeout.
-	c.stopNATS()
+	c.waitSent(c.walLSN())
+	// With accounts locked the pending batch's join waits, so the graceful
+	// stop cannot finish (it would wait out its drain timeout).
+	lock, err := pgx.Connect(c.ctx, c.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close(context.Background())
+	tx, err := lock.Begin(c.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(c.ctx, `LOCK TABLE accounts IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
 	p.cmd.Process.Signal(syscall.SIGTERM)
-	p.waitLog("level=INFO", 1, time.Second)
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond)
+	select {
+	case <-p.done:
+		t.Fatalf("the graceful stop finished while the join was blocked:\n%s", p.out.String())
+	default:
+	}
 	start := time.Now()
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
@@ -530,13 +534,59 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatalf("second SIGTERM did not end the process:\n%s", p.out.String())
 	}
-	if code := p.cmd.ProcessState.ExitCode(); code == 0 {
-		t.Fatalf("exit code 0 after an interrupted shutdown")
+	if code := p.cmd.ProcessState.ExitCode(); code != 1 {
+		t.Fatalf("exit code %d after an interrupted shutdown, want 1", code)
 	}
 	if !strings.Contains(p.out.String(), "second signal") {
 		t.Fatalf("no word of the second signal in the log:\n%s", p.out.String())
 	}
 	t.Logf("exited %s after the second signal", time.Since(start).Round(time.Millisecond))
+}
+
+// A stop that cannot publish what it read says so with exit code 1; the
+// tokens stay in the slot.
+func TestStopWithoutNATSExitsNonZero(t *testing.T) {
+	c := newCluster(t, pgtest.Shared(t), 10, time.Hour)
+	p := c.tailer()
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	c.exec(`INSERT INTO accounts (email, login) VALUES ('n@x', 'n')`)
+	end := c.walLSN()
+	c.waitSent(end)
+	c.stopNATS()
+	if code := p.term(30 * time.Second); code != 1 {
+		t.Fatalf("exit code %d, want 1:\n%s", code, p.out.String())
+	}
+	if !strings.Contains(p.out.String(), "stay in the slot") {
+		t.Fatalf("the log does not say what happened:\n%s", p.out.String())
+	}
+	if s := c.slot(); s.ConfirmedFlush >= end {
+		t.Fatalf("slot confirmed at %s past the unpublished token (%s)", s.ConfirmedFlush, end)
+	}
+	c.startNATS()
+	// The replayed token is cut by the timeout, not the one-hour one above.
+	c.tailer("MAILROOM_BATCH_TIMEOUT=100")
+	if n := c.expectExactlyOnce(30 * time.Second); n != 1 {
+		t.Fatalf("%d tokens", n)
+	}
+}
+
+// waitSent waits until the walsender has sent everything up to lsn to the
+// tailer, and gives the tailer a moment to read it.
+func (c *cluster) waitSent(lsn pglogrepl.LSN) {
+	c.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var sent string
+		c.db.QueryRow(c.ctx, `SELECT coalesce(max(sent_lsn), '0/0')::text FROM pg_stat_replication WHERE application_name = 'tailer'`).Scan(&sent)
+		if got, _ := pglogrepl.ParseLSN(sent); got >= lsn {
+			break
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("walsender sent only up to %s, want %s", sent, lsn)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
 }
 
 func TestNATSOutage(t *testing.T) {

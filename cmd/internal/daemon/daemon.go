@@ -87,6 +87,15 @@ func New(cfg *config.Config, log *slog.Logger) *Daemon {
 	return d
 }
 
+// stopError is a graceful stop that could not publish every token it had
+// read; they stay in the slot for the next run.
+type stopError struct{ err error }
+
+func (e *stopError) Error() string {
+	return "stopped without publishing every token read (they stay in the slot for the next run): " + e.err.Error()
+}
+func (e *stopError) Unwrap() error { return e.err }
+
 // What a failed session's error is blamed on, for tailer_reconnects_total.
 const (
 	targetPostgres = "postgres"
@@ -174,6 +183,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 		started := time.Now()
 		err := d.session(ctx, nc)
 		if ctx.Err() != nil {
+			var se *stopError
+			if errors.As(err, &se) {
+				return se
+			}
 			d.log.Info("stopped")
 			return nil
 		}
@@ -309,6 +322,9 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	cancelPipe()
 	<-drained
 	d.log.Info("session ended", "confirmed", stream.Sent())
+	if pipeErr != nil && ctx.Err() != nil {
+		return &stopError{pipeErr}
+	}
 	if pipeErr != nil {
 		if errors.Is(pipeErr, accounts.ErrJoin) {
 			return pgErr(pipeErr)
