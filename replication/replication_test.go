@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mailroom/tailer/migrations"
+	"github.com/mailroom/tailer/testutil/dbtest"
 	"github.com/mailroom/tailer/testutil/pgtest"
 )
 
@@ -38,15 +39,7 @@ func TestValidateName(t *testing.T) {
 func TestSlots(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	url := pgtest.Shared(t).CreateDB(t)
-	if err := migrations.Up(ctx, url); err != nil {
-		t.Fatal(err)
-	}
-	db, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close(ctx)
+	url, db := dbtest.New(t, pgtest.Shared(t))
 
 	if _, err := EnsureSlot(ctx, db, "bad-name"); err == nil {
 		t.Fatal("EnsureSlot accepted an invalid name")

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mailroom/tailer/decoder"
-	"github.com/mailroom/tailer/migrations"
+	"github.com/mailroom/tailer/testutil/dbtest"
 	"github.com/mailroom/tailer/testutil/pgtest"
 )
 
@@ -19,15 +19,7 @@ func setup(t *testing.T) (context.Context, string, *pgx.Conn) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
-	url := pgtest.Shared(t).CreateDB(t)
-	if err := migrations.Up(ctx, url); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
+	url, conn := dbtest.New(t, pgtest.Shared(t))
 	return ctx, url, conn
 }
 

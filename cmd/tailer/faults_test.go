@@ -26,10 +26,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/mailroom/tailer/migrations"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/embedded"
 	"github.com/mailroom/tailer/replication"
+	"github.com/mailroom/tailer/testutil/dbtest"
 	"github.com/mailroom/tailer/testutil/pgtest"
 )
 
@@ -71,15 +71,7 @@ func newCluster(t *testing.T, pg *pgtest.Server, limit int, timeout time.Duratio
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
-	url := pg.CreateDB(t)
-	if err := migrations.Up(ctx, url); err != nil {
-		t.Fatal(err)
-	}
-	db, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close(context.Background()) })
+	url, db := dbtest.New(t, pg)
 	if _, err := replication.EnsureSlot(ctx, db, "mailroom"); err != nil {
 		t.Fatal(err)
 	}

@@ -23,10 +23,10 @@ import (
 
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/decoder"
-	"github.com/mailroom/tailer/migrations"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/embedded"
 	"github.com/mailroom/tailer/replication"
+	"github.com/mailroom/tailer/testutil/dbtest"
 	"github.com/mailroom/tailer/testutil/pgtest"
 )
 
@@ -57,15 +57,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
-	url := pgtest.Shared(t).CreateDB(t)
-	if err := migrations.Up(ctx, url); err != nil {
-		t.Fatal(err)
-	}
-	db, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close(context.Background()) })
+	url, db := dbtest.New(t, pgtest.Shared(t))
 	if _, err := replication.EnsureSlot(ctx, db, "mailroom"); err != nil {
 		t.Fatal(err)
 	}
