@@ -2,7 +2,9 @@ package accounts
 
 import (
 	"context"
+	"maps"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -163,5 +165,54 @@ func TestJoinMany(t *testing.T) {
 	}
 	if string(rows[0][0].Login) != "active" || string(rows[1][0].Login) != "prov" {
 		t.Errorf("joined rows: %q %q", rows[0][0].Login, rows[1][0].Login)
+	}
+}
+
+// On a freshly loaded table (no statistics yet, as after a bulk import that
+// the tailer then drains), the join must still be planned as index probes.
+// PostgreSQL's custom plans for it were parallel sequential scans of both
+// tables; SessionSettings makes the connection use the generic plan.
+func TestJoinPlanOnUnanalyzedTables(t *testing.T) {
+	ctx, url, conn := setup(t)
+	if _, err := conn.Exec(ctx, `INSERT INTO accounts (email, login)
+		SELECT 'u' || g || '@x', 'u' || g FROM generate_series(1, 50000) g`); err != nil {
+		t.Fatal(err)
+	}
+	var ids string
+	if err := conn.QueryRow(ctx, `SELECT array_agg(id)::text FROM (SELECT id FROM tokens ORDER BY id LIMIT 1000) t`).Scan(&ids); err != nil {
+		t.Fatal(err)
+	}
+	plan := func(conn *pgx.Conn) string {
+		t.Helper()
+		if _, err := conn.Exec(ctx, `PREPARE j(bigint[], bigint[]) AS `+joinSQL); err != nil {
+			t.Fatal(err)
+		}
+		var p string
+		// EXPLAIN EXECUTE goes through the plan cache, as the Joiner's
+		// prepared statement does; this is its first execution.
+		if err := conn.QueryRow(ctx, `EXPLAIN (FORMAT JSON) EXECUTE j('`+ids+`', '{1}')`).Scan(&p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	maps.Copy(cfg.RuntimeParams, SessionSettings())
+	tuned, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tuned.Close(ctx)
+
+	if p := plan(conn); !strings.Contains(p, `"Seq Scan"`) {
+		t.Logf("this server plans the join well even without the settings:\n%s", p)
+	}
+	p := plan(tuned)
+	for _, bad := range []string{`"Seq Scan"`, `"Gather"`} {
+		if strings.Contains(p, bad) {
+			t.Errorf("join plan with SessionSettings has a %s node:\n%s", bad, p)
+		}
 	}
 }

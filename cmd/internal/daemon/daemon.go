@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -290,6 +291,9 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	})
 	joiner := accounts.NewJoiner(q)
 	joiner.Log = d.log
+	if err := joiner.Prepare(ctx); err != nil {
+		return pgErr(err)
+	}
 	pipeline := &publish.Pipeline{
 		Publisher:   pub,
 		Joiner:      joiner,
@@ -345,6 +349,7 @@ func connectQuery(ctx context.Context, url string) (*pgx.Conn, error) {
 		return nil, fmt.Errorf("parse database URL: %w", err)
 	}
 	cfg.RuntimeParams["application_name"] = "tailer"
+	maps.Copy(cfg.RuntimeParams, accounts.SessionSettings())
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
