@@ -176,7 +176,7 @@ func Connect(ctx context.Context, url string) (*pgconn.PgConn, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &coalescingConn{Conn: c}, nil
+		return newLowWaterConn(c), nil
 	}
 	// pgproto3 reads at most 8 KiB at a time; a large buffer lets one read
 	// take everything that has piled up.
@@ -190,36 +190,8 @@ func Connect(ctx context.Context, url string) (*pgconn.PgConn, error) {
 	return conn, nil
 }
 
-const (
-	// readBuffer is the most one read of the replication socket takes.
-	readBuffer = 256 << 10
-	// shortRead is a read small enough to say the walsender is slower
-	// than the tailer.
-	shortRead = 16 << 10
-	// coalesceDelay is how long a read waits after a short one.
-	coalesceDelay = 500 * time.Microsecond
-)
-
-// coalescingConn makes reads of the replication stream take many messages
-// at once. The walsender sends every row with a send() of its own; a reader
-// that keeps up gets them one by one, paying a wakeup and a read() per
-// ~150-byte row, CPU that on a small machine the walsender itself needs.
-// After a short read the next one first waits coalesceDelay so that rows
-// pile up in the socket buffer (which holds far more than that delay's
-// worth). That costs at most the delay in latency per read.
-type coalescingConn struct {
-	net.Conn
-	short bool
-}
-
-func (c *coalescingConn) Read(p []byte) (int, error) {
-	if c.short {
-		time.Sleep(coalesceDelay)
-	}
-	n, err := c.Conn.Read(p)
-	c.short = n < shortRead
-	return n, err
-}
+// readBuffer is the most one read of the replication socket takes.
+const readBuffer = 256 << 10
 
 // Options choose how pgoutput encodes the stream.
 type Options struct {
