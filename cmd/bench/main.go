@@ -48,6 +48,7 @@ type options struct {
 	limit            int
 	liveRate         int
 	liveSeconds      int
+	liveWarmup       int
 	liveConns        int
 	variants         string
 	tailer, out, dir string
@@ -67,6 +68,21 @@ type Drain struct {
 	TailerMicrosPerTk float64 `json:"tailer_cpu_microseconds_per_token"`
 	TailerPeakRSSMiB  float64 `json:"tailer_peak_rss_mib"`
 	CPUSecondsPer100k float64 `json:"tailer_cpu_seconds_per_100k_tokens"`
+	// Where the rest of the machine's CPU went, per token: the walsender,
+	// the tailer's query backend (the account join), and this process
+	// (the embedded NATS server and the counting subscriber).
+	WalsenderMicrosPerTk float64 `json:"walsender_cpu_microseconds_per_token"`
+	JoinMicrosPerTk      float64 `json:"join_backend_cpu_microseconds_per_token"`
+	NATSMicrosPerTk      float64 `json:"nats_and_bench_cpu_microseconds_per_token"`
+	// WalsenderRunqueuePct is the time the walsender was ready to run but
+	// waited for a CPU, as % of the drain: it was crowded out, not idle.
+	WalsenderRunqueuePct float64 `json:"walsender_runqueue_wait_percent"`
+	// TailerReads is the number of read(2) calls the tailer made.
+	TailerReads int64 `json:"tailer_read_syscalls"`
+	// StealPct is the CPU time the hypervisor gave to other guests during
+	// the drain, as % of this machine's CPU time: noise to read the other
+	// figures by.
+	StealPct float64 `json:"steal_percent"`
 }
 
 // Results is the JSON document.
@@ -83,6 +99,7 @@ type Results struct {
 // Live is the live-latency run.
 type Live struct {
 	TargetPerSecond int     `json:"target_tokens_per_second"`
+	WarmupTokens    int     `json:"warmup_tokens_not_counted"`
 	Tokens          int     `json:"tokens"`
 	AchievedPerSec  float64 `json:"achieved_tokens_per_second"`
 	P50Millis       float64 `json:"p50_ms"`
@@ -92,6 +109,7 @@ type Live struct {
 	// stored, which is when the PubAck leaves the server).
 	StoredP50Millis float64 `json:"commit_to_stored_p50_ms"`
 	StoredP99Millis float64 `json:"commit_to_stored_p99_ms"`
+	StealPct        float64 `json:"steal_percent"`
 }
 
 func main() {
@@ -101,6 +119,7 @@ func main() {
 	flag.IntVar(&o.limit, "batch-limit", 1000, "MAILROOM_BATCH_LIMIT for the drains")
 	flag.IntVar(&o.liveRate, "live-rate", 2000, "single-row transactions per second in the live run (0 skips it)")
 	flag.IntVar(&o.liveSeconds, "live-seconds", 10, "length of the live run")
+	flag.IntVar(&o.liveWarmup, "live-warmup", 1, "seconds of the live run before latencies are counted")
 	flag.IntVar(&o.liveConns, "live-conns", 8, "writer connections in the live run")
 	flag.StringVar(&o.variants, "variants", "v1-text,v1-binary,v2-text,v2-binary", "pgoutput options to compare on the small backlog (proto-format)")
 	flag.StringVar(&o.tailer, "tailer", "", "tailer binary (default: build ./cmd/tailer)")
@@ -351,6 +370,62 @@ func cpuSeconds(pid int) (float64, error) {
 	return (ut + st) / clkTck, nil
 }
 
+// runqueueSeconds reads how long pid has waited for a CPU while runnable,
+// from /proc/<pid>/schedstat.
+func runqueueSeconds(pid int) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(data))
+	if len(f) < 2 {
+		return 0
+	}
+	ns, _ := strconv.ParseFloat(f[1], 64)
+	return ns / 1e9
+}
+
+// stealMeter starts measuring steal time; the function it returns gives
+// the steal since then as % of all CPU time, from /proc/stat.
+func stealMeter() func() float64 {
+	read := func() (steal, total float64) {
+		data, _ := os.ReadFile("/proc/stat")
+		line, _, _ := strings.Cut(string(data), "\n")
+		f := strings.Fields(line)
+		for i, v := range f[1:] {
+			x, _ := strconv.ParseFloat(v, 64)
+			// guest and guest_nice (10th and 11th) are already in user.
+			if i < 8 {
+				total += x
+			}
+			if i == 7 {
+				steal = x
+			}
+		}
+		return steal, total
+	}
+	s0, t0 := read()
+	return func() float64 {
+		s1, t1 := read()
+		if t1 == t0 {
+			return 0
+		}
+		return 100 * (s1 - s0) / (t1 - t0)
+	}
+}
+
+// readSyscalls reads syscr, the number of read-like system calls of pid.
+func readSyscalls(pid int) int64 {
+	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "syscr:"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
 // peakRSS reads VmHWM of pid in MiB.
 func peakRSS(pid int) float64 {
 	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
@@ -387,7 +462,9 @@ func subscribe(ctx context.Context, nc *nats.Conn, stream string, want int, onMs
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	// Headers carry all the bench needs; bodies would only add delivery
+	// work to the machine being measured.
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{HeadersOnly: true})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -456,6 +533,8 @@ func drain(ctx context.Context, o options, url, variant string, n int) (Drain, e
 		}()
 		defer func() { <-profiled }()
 	}
+	selfCPU0, _ := cpuSeconds(os.Getpid())
+	steal := stealMeter()
 	walPID := 0
 	for walPID == 0 && time.Since(start) < 30*time.Second {
 		var pid *int32
@@ -480,6 +559,26 @@ func drain(ctx context.Context, o options, url, variant string, n int) (Drain, e
 	d.Seconds = time.Since(start).Seconds()
 	walCPU, _ := cpuSeconds(walPID)
 	tailerCPU, _ := cpuSeconds(t.cmd.Process.Pid)
+	selfCPU, _ := cpuSeconds(os.Getpid())
+	var joinCPU float64
+	rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = 'tailer' AND backend_type = 'client backend'`)
+	if err != nil {
+		return d, err
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return d, err
+	}
+	for _, pid := range pids {
+		c, _ := cpuSeconds(int(pid))
+		joinCPU += c
+	}
+	d.WalsenderMicrosPerTk = 1e6 * walCPU / float64(n)
+	d.JoinMicrosPerTk = 1e6 * joinCPU / float64(n)
+	d.NATSMicrosPerTk = 1e6 * (selfCPU - selfCPU0) / float64(n)
+	d.WalsenderRunqueuePct = 100 * runqueueSeconds(walPID) / d.Seconds
+	d.TailerReads = readSyscalls(t.cmd.Process.Pid)
+	d.StealPct = steal()
 	d.TokensPerSecond = float64(n) / d.Seconds
 	d.WalsenderCPUPct = 100 * walCPU / d.Seconds
 	d.TailerCPUSeconds = tailerCPU
@@ -488,6 +587,8 @@ func drain(ctx context.Context, o options, url, variant string, n int) (Drain, e
 	d.TailerPeakRSSMiB = peakRSS(t.cmd.Process.Pid)
 	return d, nil
 }
+
+const insertToken = `INSERT INTO tokens (account, action) VALUES ($1, 'password_recovery') RETURNING id`
 
 func liveLatency(ctx context.Context, o options, url string) (*Live, error) {
 	const accounts = 10_000
@@ -521,7 +622,11 @@ func liveLatency(ctx context.Context, o options, url string) (*Live, error) {
 	}
 	defer t.stop()
 
-	total := o.liveRate * o.liveSeconds
+	// The first liveWarmup seconds are written at the same rate but not
+	// counted: the measure is the steady state, not the first moments of
+	// freshly started writers and a tailer that has been idle.
+	warm := o.liveRate * o.liveWarmup
+	total := warm + o.liveRate*o.liveSeconds
 	var mu sync.Mutex
 	committed := make(map[int64]time.Time, total)
 	arrived := make(map[int64]time.Time, total)
@@ -543,17 +648,36 @@ func liveLatency(ctx context.Context, o options, url string) (*Live, error) {
 		return nil, err
 	}
 	defer stop()
+	// Open and prepare the writers' connections before the clock starts:
+	// eight backends starting at once would measure PostgreSQL's
+	// connection start-up, not the tailer.
+	conns := make([]*pgxpool.Conn, 0, o.liveConns)
+	for range o.liveConns {
+		c, err := pool.Acquire(ctx)
+		if err == nil {
+			conns = append(conns, c)
+			_, err = c.Conn().Prepare(ctx, insertToken, insertToken)
+		}
+		if err != nil {
+			for _, c := range conns {
+				c.Release()
+			}
+			return nil, err
+		}
+	}
 	time.Sleep(500 * time.Millisecond)
 
+	steal := stealMeter()
 	// Writers share a paced schedule: token i is due at start + i/rate.
 	var next atomic.Int64
 	start := time.Now()
 	var wg sync.WaitGroup
 	errc := make(chan error, o.liveConns)
-	for w := 0; w < o.liveConns; w++ {
+	for _, conn := range conns {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer conn.Release()
 			for {
 				i := next.Add(1) - 1
 				if i >= int64(total) {
@@ -563,7 +687,7 @@ func liveLatency(ctx context.Context, o options, url string) (*Live, error) {
 					time.Sleep(d)
 				}
 				var id int64
-				err := pool.QueryRow(ctx, `INSERT INTO tokens (account, action) VALUES ($1, 'password_recovery') RETURNING id`, 1+i%accounts).Scan(&id)
+				err := conn.QueryRow(ctx, insertToken, 1+i%accounts).Scan(&id)
 				if err != nil {
 					errc <- err
 					return
@@ -571,6 +695,9 @@ func liveLatency(ctx context.Context, o options, url string) (*Live, error) {
 				// QueryRow returns after the COMMIT of the implicit
 				// transaction: this is the commit time the writer sees.
 				now := time.Now()
+				if i < int64(warm) {
+					continue
+				}
 				mu.Lock()
 				committed[id] = now
 				mu.Unlock()
@@ -579,6 +706,7 @@ func liveLatency(ctx context.Context, o options, url string) (*Live, error) {
 	}
 	wg.Wait()
 	writeSecs := time.Since(start).Seconds()
+	stealPct := steal()
 	select {
 	case err := <-errc:
 		return nil, err
@@ -605,29 +733,32 @@ func liveLatency(ctx context.Context, o options, url string) (*Live, error) {
 	}
 	pct := func(l []float64, p float64) float64 { return l[min(len(l)-1, int(p*float64(len(l))))] }
 	return &Live{
-		TargetPerSecond: o.liveRate, Tokens: len(lat), AchievedPerSec: float64(total) / writeSecs,
+		TargetPerSecond: o.liveRate, WarmupTokens: warm, Tokens: len(lat), AchievedPerSec: float64(total) / writeSecs,
 		P50Millis: pct(lat, 0.50), P99Millis: pct(lat, 0.99), MaxMillis: lat[len(lat)-1],
 		StoredP50Millis: pct(lstored, 0.50), StoredP99Millis: pct(lstored, 0.99),
+		StealPct: stealPct,
 	}, nil
 }
 
 func printDrain(d Drain) {
 	fmt.Printf("drain %-10s %8d tokens: %6.2fs  %9.0f tokens/s  walsender %5.1f%% of a core  tailer %.2f µs/token, %.2f CPU s/100k, peak RSS %.1f MiB\n",
 		d.Variant, d.Tokens, d.Seconds, d.TokensPerSecond, d.WalsenderCPUPct, d.TailerMicrosPerTk, d.CPUSecondsPer100k, d.TailerPeakRSSMiB)
+	fmt.Printf("      CPU µs/token: walsender %.2f, join backend %.2f, NATS+bench %.2f; walsender waited for a CPU %.1f%% of the drain; tailer read(2) calls %d; steal %.1f%%\n",
+		d.WalsenderMicrosPerTk, d.JoinMicrosPerTk, d.NATSMicrosPerTk, d.WalsenderRunqueuePct, d.TailerReads, d.StealPct)
 }
 
 func printSummary(r Results) {
-	fmt.Printf("\n%-12s %9s %9s %12s %11s %12s %11s %9s\n", "variant", "tokens", "seconds", "tokens/s", "walsender%", "tailer µs/tk", "CPU s/100k", "RSS MiB")
+	fmt.Printf("\n%-12s %9s %8s %10s %10s %8s %12s %10s %10s %10s %8s\n", "variant", "tokens", "seconds", "tokens/s", "walsender%", "rq wait%", "tailer µs/tk", "CPU s/100k", "RSS MiB", "ws µs/tk", "join µs")
 	for _, d := range r.Drains {
-		fmt.Printf("%-12s %9d %9.2f %12.0f %11.1f %12.2f %11.2f %9.1f\n", d.Variant, d.Tokens, d.Seconds, d.TokensPerSecond, d.WalsenderCPUPct, d.TailerMicrosPerTk, d.CPUSecondsPer100k, d.TailerPeakRSSMiB)
+		fmt.Printf("%-12s %9d %8.2f %10.0f %10.1f %8.1f %12.2f %10.2f %10.1f %10.2f %8.2f\n", d.Variant, d.Tokens, d.Seconds, d.TokensPerSecond, d.WalsenderCPUPct, d.WalsenderRunqueuePct, d.TailerMicrosPerTk, d.CPUSecondsPer100k, d.TailerPeakRSSMiB, d.WalsenderMicrosPerTk, d.JoinMicrosPerTk)
 	}
 	fmt.Printf("in-server decode rate: %.0f tokens/s\n", r.ServerDecodeRate)
 	if r.GrowthRatio > 0 {
 		fmt.Printf("drain rate, big backlog over small: %.3f\n", r.GrowthRatio)
 	}
 	if r.Live != nil {
-		fmt.Printf("live: %d tokens at %.0f/s (target %d/s), batch limit 1: commit to arrival p50 %.2f ms, p99 %.2f ms, max %.2f ms; commit to stored (PubAck) p50 %.2f ms, p99 %.2f ms\n",
-			r.Live.Tokens, r.Live.AchievedPerSec, r.Live.TargetPerSecond, r.Live.P50Millis, r.Live.P99Millis, r.Live.MaxMillis, r.Live.StoredP50Millis, r.Live.StoredP99Millis)
+		fmt.Printf("live: %d tokens (after %d not counted) at %.0f/s (target %d/s), batch limit 1: commit to arrival p50 %.2f ms, p99 %.2f ms, max %.2f ms; commit to stored (PubAck) p50 %.2f ms, p99 %.2f ms; steal %.1f%%\n",
+			r.Live.Tokens, r.Live.WarmupTokens, r.Live.AchievedPerSec, r.Live.TargetPerSecond, r.Live.P50Millis, r.Live.P99Millis, r.Live.MaxMillis, r.Live.StoredP50Millis, r.Live.StoredP99Millis, r.Live.StealPct)
 	}
 }
 
