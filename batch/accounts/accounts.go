@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -89,7 +90,7 @@ func NewJoiner(conn Conn) *Joiner {
 	return &Joiner{conn: conn, index: make(map[int64]ref)}
 }
 
-// joinSQL returns one row per token still present, plus one marker row
+// The join returns one row per token still present, plus one marker row
 // (kind 1) counting the batch's transactions that the statement's snapshot
 // does not see yet. Logical decoding may deliver a transaction as soon as its
 // commit record is flushed, a moment before the commit becomes visible to
@@ -100,7 +101,16 @@ func NewJoiner(conn Conn) *Joiner {
 // Expiry is decided against the server's clock, as the mailroom collector
 // does: expired means expires_at <= now. The 32-bit xids from the WAL are
 // widened to xid8 with the epoch of the snapshot's xmax.
-const joinSQL = `
+//
+// It comes in two forms. joinByIDs looks the tokens up one by one. Tokens
+// inserted together have consecutive ids, so a batch from a backlog is
+// usually one dense range, and joinByRange scans it instead: a third less
+// work for the server per token than a probe per id. The range may hold
+// tokens of other batches; their rows are ignored. The accounts are joined
+// through a LATERAL subquery that cannot be flattened, so the plan stays
+// one index probe per token whatever the planner estimates for the range.
+const (
+	joinSelect = `
 SELECT 0 AS kind,
        t.id,
        t.expires_at,
@@ -114,8 +124,9 @@ SELECT 0 AS kind,
        a.email::text,
        a.login::text
 FROM tokens t
-JOIN accounts a ON a.id = t.account
-WHERE t.id = ANY($1)
+CROSS JOIN LATERAL (SELECT status, email, login FROM accounts a WHERE a.id = t.account OFFSET 0) a
+`
+	joinInvisible = `
 UNION ALL
 SELECT 1, count(*), NULL, NULL, NULL, NULL, NULL, NULL
 FROM unnest($2::bigint[]) AS x(xid),
@@ -123,6 +134,15 @@ FROM unnest($2::bigint[]) AS x(xid),
 WHERE NOT pg_visible_in_snapshot(
         ((((s.xmax >> 32) - CASE WHEN x.xid > (s.xmax & 4294967295) THEN 1 ELSE 0 END) << 32) | x.xid)::text::xid8,
         pg_current_snapshot())`
+	joinByIDs   = joinSelect + `WHERE t.id = ANY($1)` + joinInvisible
+	joinByRange = joinSelect + `WHERE t.id BETWEEN $1::bigint AND $3::bigint` + joinInvisible
+)
+
+// dense reports whether the sorted ids fill most of their range, so that
+// scanning the range reads few rows that are not theirs.
+func dense(lo, hi int64, n int) bool {
+	return hi-lo < int64(n+n/4)
+}
 
 // SessionSettings are the run-time parameters the Joiner's connection should
 // be opened with. The join looks up at most a few thousand tokens by primary
@@ -206,7 +226,14 @@ func (j *Joiner) query(ctx context.Context, rows [][]Row) (invisible int64, err 
 	}
 	j.arena = j.arena[:0]
 	// Binary results keep the per-row cost to a few byte copies.
-	res, err := j.conn.Query(ctx, joinSQL, pgx.QueryResultFormats{pgx.BinaryFormatCode}, j.ids, j.xids)
+	args := []any{pgx.QueryResultFormats{pgx.BinaryFormatCode}, j.ids, j.xids}
+	sql := joinByIDs
+	if len(j.ids) > 1 {
+		if lo, hi := slices.Min(j.ids), slices.Max(j.ids); dense(lo, hi, len(j.ids)) {
+			sql, args = joinByRange, []any{args[0], lo, j.xids, hi}
+		}
+	}
+	res, err := j.conn.Query(ctx, sql, args...)
 	if err != nil {
 		return 0, fmt.Errorf("%w: %w", ErrJoin, err)
 	}

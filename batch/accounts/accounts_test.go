@@ -2,6 +2,7 @@ package accounts
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"os"
 	"strings"
@@ -169,9 +170,10 @@ func TestJoinMany(t *testing.T) {
 }
 
 // On a freshly loaded table (no statistics yet, as after a bulk import that
-// the tailer then drains), the join must still be planned as index probes.
-// PostgreSQL's custom plans for it were parallel sequential scans of both
-// tables; SessionSettings makes the connection use the generic plan.
+// the tailer then drains), both forms of the join must still be planned as
+// index probes. PostgreSQL's custom plans for them were parallel sequential
+// scans of both tables; SessionSettings makes the connection use the generic
+// plan.
 func TestJoinPlanOnUnanalyzedTables(t *testing.T) {
 	ctx, url, conn := setup(t)
 	if _, err := conn.Exec(ctx, `INSERT INTO accounts (email, login)
@@ -179,19 +181,28 @@ func TestJoinPlanOnUnanalyzedTables(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ids string
-	if err := conn.QueryRow(ctx, `SELECT array_agg(id)::text FROM (SELECT id FROM tokens ORDER BY id LIMIT 1000) t`).Scan(&ids); err != nil {
+	var lo, hi int64
+	if err := conn.QueryRow(ctx, `SELECT array_agg(id)::text, min(id), max(id) FROM (SELECT id FROM tokens ORDER BY id LIMIT 1000) t`).Scan(&ids, &lo, &hi); err != nil {
 		t.Fatal(err)
 	}
-	plan := func(conn *pgx.Conn) string {
+	plans := func(conn *pgx.Conn) map[string]string {
 		t.Helper()
-		if _, err := conn.Exec(ctx, `PREPARE j(bigint[], bigint[]) AS `+joinSQL); err != nil {
-			t.Fatal(err)
-		}
-		var p string
-		// EXPLAIN EXECUTE goes through the plan cache, as the Joiner's
-		// prepared statement does; this is its first execution.
-		if err := conn.QueryRow(ctx, `EXPLAIN (FORMAT JSON) EXECUTE j('`+ids+`', '{1}')`).Scan(&p); err != nil {
-			t.Fatal(err)
+		p := map[string]string{}
+		for name, c := range map[string]struct{ sql, args string }{
+			"by ids":   {joinByIDs, fmt.Sprintf(`'%s', '{1}'`, ids)},
+			"by range": {joinByRange, fmt.Sprintf(`%d, '{1}', %d`, lo, hi)},
+		} {
+			conn.Exec(ctx, `DEALLOCATE ALL`)
+			if _, err := conn.Exec(ctx, `PREPARE j AS `+c.sql); err != nil {
+				t.Fatal(err)
+			}
+			var plan string
+			// EXPLAIN EXECUTE goes through the plan cache, as the Joiner's
+			// prepared statements do; this is the first execution.
+			if err := conn.QueryRow(ctx, `EXPLAIN (FORMAT JSON) EXECUTE j(`+c.args+`)`).Scan(&plan); err != nil {
+				t.Fatal(err)
+			}
+			p[name] = plan
 		}
 		return p
 	}
@@ -206,13 +217,65 @@ func TestJoinPlanOnUnanalyzedTables(t *testing.T) {
 	}
 	defer tuned.Close(ctx)
 
-	if p := plan(conn); !strings.Contains(p, `"Seq Scan"`) {
-		t.Logf("this server plans the join well even without the settings:\n%s", p)
+	for name, p := range plans(conn) {
+		if !strings.Contains(p, `"Seq Scan"`) {
+			t.Logf("this server plans the join %s well even without the settings:\n%s", name, p)
+		}
 	}
-	p := plan(tuned)
-	for _, bad := range []string{`"Seq Scan"`, `"Gather"`} {
-		if strings.Contains(p, bad) {
-			t.Errorf("join plan with SessionSettings has a %s node:\n%s", bad, p)
+	for name, p := range plans(tuned) {
+		for _, bad := range []string{`"Seq Scan"`, `"Gather"`, `"Hash Join"`} {
+			if strings.Contains(p, bad) {
+				t.Errorf("join %s with SessionSettings has a %s node:\n%s", name, bad, p)
+			}
+		}
+	}
+}
+
+// Both forms of the join give the same answers: a dense batch is joined by
+// range, the same tokens spread over a wider range by id, and tokens in the
+// range that are not the batch's are left alone.
+func TestJoinByRangeAndByIDs(t *testing.T) {
+	ctx, _, conn := setup(t)
+	conn.Exec(ctx, `INSERT INTO accounts (email, login, status) VALUES ('a@x', 'active', 'active'), ('p@x', 'prov', 'provisioned')`)
+	var all []decoder.Token
+	for i := range 40 {
+		setOne := ""
+		if i%5 == 3 {
+			setOne = "consumed_at"
+		}
+		all = append(all, insertToken(t, ctx, conn, []string{"active", "prov"}[i%2], "password_recovery", setOne))
+	}
+	want := func(i int) Skip {
+		switch {
+		case i%5 == 3:
+			return SkipConsumed
+		case i%2 == 1:
+			return SkipStatus
+		}
+		return Publish
+	}
+	for name, pick := range map[string]func(i int) bool{
+		"dense":  func(i int) bool { return i >= 10 && i < 30 && i != 20 },
+		"sparse": func(i int) bool { return i%3 == 0 },
+	} {
+		var tokens []decoder.Token
+		var idx []int
+		for i, tok := range all {
+			if pick(i) {
+				tokens, idx = append(tokens, tok), append(idx, i)
+			}
+		}
+		rows := make([]Row, len(tokens))
+		if err := NewJoiner(conn).Join(ctx, tokens, rows); err != nil {
+			t.Fatal(err)
+		}
+		for k, r := range rows {
+			if w := want(idx[k]); r.Skip != w {
+				t.Errorf("%s: token %d: %v, want %v", name, idx[k], r.Skip, w)
+			}
+			if r.Skip == Publish && string(r.Login) != "active" {
+				t.Errorf("%s: token %d: login %q", name, idx[k], r.Login)
+			}
 		}
 	}
 }
