@@ -170,12 +170,12 @@ func run(o options) error {
 		return err
 	}
 	best := variants[len(variants)-1]
-	// againSlot is drained just before the big backlog, so that the growth
-	// ratio compares two drains run minutes apart rather than the first
-	// and the last of the run: this machine's speed drifts by more than the
-	// 15% the ratio is judged by.
-	againSlot := best + "-again"
-	slots := append([]string{"peek", againSlot}, variants...)
+	// The best variant's small backlog is drained again just before and
+	// just after the big one, and the growth ratio compares the big drain
+	// with the mean of those two: this machine's speed drifts by more than
+	// the 15% the ratio is judged by, and bracketing cancels a steady drift.
+	before, after := best+"-before", best+"-after"
+	slots := append([]string{"peek", before, after}, variants...)
 	if err := prepare(ctx, url, slots, o.tokens); err != nil {
 		return err
 	}
@@ -195,27 +195,32 @@ func run(o options) error {
 	}
 
 	if o.big > 0 {
-		small, err := drain(ctx, o, url, best, slotName(againSlot, o.tokens), o.tokens)
-		if err != nil {
-			return fmt.Errorf("drain %s again: %w", best, err)
-		}
-		small.Variant = againSlot
-		res.Drains = append(res.Drains, small)
-		printDrain(small)
-		url, err := createDB(ctx, pg, "bench_big")
+		bigURL, err := createDB(ctx, pg, "bench_big")
 		if err != nil {
 			return err
 		}
-		if err := prepare(ctx, url, []string{best}, o.big); err != nil {
+		if err := prepare(ctx, bigURL, []string{best}, o.big); err != nil {
 			return err
 		}
-		d, err := drain(ctx, o, url, best, slotName(best, o.big), o.big)
-		if err != nil {
-			return fmt.Errorf("drain %d: %w", o.big, err)
+		var rates [2]float64
+		for i, run := range []struct {
+			label, url string
+			n          int
+		}{{before, url, o.tokens}, {best, bigURL, o.big}, {after, url, o.tokens}} {
+			d, err := drain(ctx, o, run.url, best, slotName(run.label, run.n), run.n)
+			if err != nil {
+				return fmt.Errorf("drain %s, %d tokens: %w", run.label, run.n, err)
+			}
+			d.Variant = run.label
+			res.Drains = append(res.Drains, d)
+			printDrain(d)
+			if i == 1 {
+				rates[0] = d.TokensPerSecond
+			} else {
+				rates[1] += d.TokensPerSecond / 2
+			}
 		}
-		res.Drains = append(res.Drains, d)
-		printDrain(d)
-		res.GrowthRatio = d.TokensPerSecond / small.TokensPerSecond
+		res.GrowthRatio = rates[0] / rates[1]
 	}
 
 	if o.liveRate > 0 {
@@ -762,7 +767,7 @@ func printSummary(r Results) {
 	}
 	fmt.Printf("in-server decode rate: %.0f tokens/s\n", r.ServerDecodeRate)
 	if r.GrowthRatio > 0 {
-		fmt.Printf("drain rate, big backlog over small (the small one drained again just before): %.3f\n", r.GrowthRatio)
+		fmt.Printf("drain rate, big backlog over small (mean of the small one drained just before and just after): %.3f\n", r.GrowthRatio)
 	}
 	if r.Live != nil {
 		fmt.Printf("live: %d tokens (after %d not counted) at %.0f/s (target %d/s), batch limit 1: commit to arrival p50 %.2f ms, p99 %.2f ms, max %.2f ms; commit to stored (PubAck) p50 %.2f ms, p99 %.2f ms; steal %.1f%%\n",
