@@ -279,20 +279,36 @@ func (w *writer) halt() {
 	<-w.done
 }
 
-// tokenCounts reads the whole stream and counts each token id.
-func (c *cluster) tokenCounts() map[int64]int {
+// stream opens the MAILROOM stream on a NATS connection of its own, which
+// the returned function closes. The error is the stream lookup's.
+func (c *cluster) stream() (jetstream.Stream, func(), error) {
 	c.t.Helper()
 	nc, err := nats.Connect(c.natsURL())
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		c.t.Fatal(err)
+	}
+	s, err := js.Stream(c.ctx, "MAILROOM")
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return s, nc.Close, nil
+}
+
+// tokenCounts reads the whole stream and counts each token id.
+func (c *cluster) tokenCounts() map[int64]int {
+	c.t.Helper()
 	counts := map[int64]int{}
-	stream, err := js.Stream(c.ctx, "MAILROOM")
+	stream, done, err := c.stream()
 	if err != nil {
 		return counts
 	}
+	defer done()
 	info, err := stream.Info(c.ctx)
 	if err != nil {
 		c.t.Fatal(err)

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/decoder"
@@ -72,16 +71,11 @@ func (c *cluster) signedTokens() map[int64]string {
 // firstMessage returns the stream's first message.
 func (c *cluster) firstMessage() *jetstream.RawStreamMsg {
 	c.t.Helper()
-	nc, err := nats.Connect(c.natsURL())
+	s, done, err := c.stream()
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	s, err := js.Stream(c.ctx, "MAILROOM")
-	if err != nil {
-		c.t.Fatal(err)
-	}
+	defer done()
 	m, err := s.GetMsg(c.ctx, 1)
 	if err != nil {
 		c.t.Fatal(err)
@@ -297,11 +291,15 @@ func TestSubjectPerAction(t *testing.T) {
 	}
 
 	// Every batch is on its action's subject and holds only that action.
-	nc, _ := nats.Connect(c.natsURL())
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	stream, _ := js.Stream(c.ctx, "MAILROOM")
-	info, _ := stream.Info(c.ctx)
+	stream, done, err := c.stream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	info, err := stream.Info(c.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
 		m, err := stream.GetMsg(c.ctx, seq)
 		if err != nil {
