@@ -52,7 +52,16 @@ type FeederConfig struct {
 	Now         func() time.Time
 	// ByAction gives each action a lane (and batches) of its own.
 	ByAction bool
+	// SpillDir is where large streamed transactions are buffered until
+	// their commit (os.TempDir() when empty).
+	SpillDir string
 }
+
+// handoverChunk is how many rows of a committed streamed transaction are cut
+// into batches before the Feeder waits for the publishing side again: a
+// transaction of a million tokens must not become a thousand batches
+// waiting in memory.
+const handoverChunk = 4096
 
 // NewFeeder returns a Feeder decoding inserts into public.tokens.
 func NewFeeder(cfg FeederConfig) *Feeder {
@@ -66,8 +75,10 @@ func NewFeeder(cfg FeederConfig) *Feeder {
 	if cfg.ByAction {
 		batcher.SetLanes(ByAction)
 	}
+	dec := decoder.New("public", "tokens")
+	dec.SpillDir, dec.HandoverChunk = cfg.SpillDir, handoverChunk
 	return &Feeder{
-		dec:         decoder.New("public", "tokens"),
+		dec:         dec,
 		batcher:     batcher,
 		tracker:     NewTracker(cfg.Start),
 		out:         make(chan *Batch, cfg.Depth),
@@ -146,26 +157,39 @@ func (f *Feeder) Tick(now time.Time) error {
 	return nil
 }
 
-// Wait blocks while cut batches wait for room, at most until until.
+// Wait blocks while cut batches wait for room, at most until until. It also
+// goes on handing over a committed streamed transaction, a chunk at a time,
+// so that the batches it makes never wait in memory all at once.
 func (f *Feeder) Wait(ctx context.Context, until time.Time) (bool, error) {
-	if len(f.stalled) == 0 {
-		return true, nil
-	}
-	timer := time.NewTimer(time.Until(until))
-	defer timer.Stop()
-	for len(f.stalled) > 0 {
-		select {
-		case f.out <- f.stalled[0]:
-			f.stalled = f.stalled[1:]
-		case <-f.drained:
-			return false, ErrPipelineStopped
-		case <-timer.C:
-			return false, nil
-		case <-ctx.Done():
-			return false, nil
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		for len(f.stalled) > 0 {
+			if timer == nil {
+				timer = time.NewTimer(time.Until(until))
+			}
+			select {
+			case f.out <- f.stalled[0]:
+				f.stalled = f.stalled[1:]
+			case <-f.drained:
+				return false, ErrPipelineStopped
+			case <-timer.C:
+				return false, nil
+			case <-ctx.Done():
+				return false, nil
+			}
+		}
+		if !f.dec.Handing() {
+			return true, nil
+		}
+		if _, err := f.dec.Resume((*sink)(f)); err != nil {
+			return false, err
 		}
 	}
-	return true, nil
 }
 
 // Confirmable is the newest position whose every token is done.
@@ -196,6 +220,9 @@ func (f *Feeder) Stop() {
 	case <-ctx.Done():
 	}
 }
+
+// Close releases what the decoder buffered for streamed transactions.
+func (f *Feeder) Close() { f.dec.Close() }
 
 // PendingTokens is the number of tokens read from the WAL and not yet
 // published or skipped. It is safe to call from any goroutine.

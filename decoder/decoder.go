@@ -47,6 +47,15 @@ type Decoder struct {
 	streamXid uint32
 	streams   map[uint32]*streamedTx
 
+	// SpillDir is where rows of large streamed transactions are buffered
+	// (os.TempDir() when empty).
+	SpillDir string
+	// HandoverChunk, when positive, is the most rows of a committed
+	// streamed transaction that one call hands to the Sink; the caller
+	// continues with Resume. Zero hands the whole transaction over at once.
+	HandoverChunk int
+	handing       *handover
+
 	// tok is the scratch row handed to the Sink; reusing it keeps the
 	// interface call from moving every row to the heap.
 	tok Token
@@ -72,22 +81,17 @@ type relation struct {
 	colID, colAction, colSecret, colCode, colAccount int
 }
 
-// streamedTx buffers a streamed transaction's rows until Stream Commit:
-// before it, the transaction may still abort.
-type streamedTx struct {
-	rows []streamedRow
-}
-
-type streamedRow struct {
-	subXid uint32
-	tok    Token
-	err    error
-}
-
 // Decode handles one pgoutput message (the payload of an XLogData message).
 func (d *Decoder) Decode(msg []byte, sink Sink) error {
 	if len(msg) == 0 {
 		return fmt.Errorf("%w: empty message", ErrProtocol)
+	}
+	// A transaction still being handed over comes first: rows must reach
+	// the sink in commit order.
+	for d.handing != nil {
+		if _, err := d.Resume(sink); err != nil {
+			return err
+		}
 	}
 	r := reader{buf: msg[1:]}
 	switch msg[0] {
@@ -119,6 +123,45 @@ func (d *Decoder) Decode(msg []byte, sink Sink) error {
 // Pending reports how many streamed transactions are buffered, waiting for
 // their Stream Commit or Stream Abort.
 func (d *Decoder) Pending() int { return len(d.streams) }
+
+// Handing reports whether a committed streamed transaction is only partly
+// handed over (see HandoverChunk); call Resume to go on.
+func (d *Decoder) Handing() bool { return d.handing != nil }
+
+// Resume hands the next HandoverChunk rows of a committed streamed
+// transaction to sink, and its commit after the last row. It reports whether
+// the transaction is now fully handed over.
+func (d *Decoder) Resume(sink Sink) (bool, error) {
+	if d.handing == nil {
+		return true, nil
+	}
+	chunk := d.HandoverChunk
+	if chunk <= 0 {
+		chunk = int(^uint(0) >> 1)
+	}
+	done, err := d.handing.step(sink, chunk)
+	if err != nil {
+		d.handing.tx.close()
+		d.handing = nil
+		return false, err
+	}
+	if done {
+		d.handing = nil
+	}
+	return done, nil
+}
+
+// Close releases the files of buffered streamed transactions.
+func (d *Decoder) Close() {
+	for xid, st := range d.streams {
+		st.close()
+		delete(d.streams, xid)
+	}
+	if d.handing != nil {
+		d.handing.tx.close()
+		d.handing = nil
+	}
+}
 
 func (d *Decoder) begin(r *reader) error {
 	finalLSN := r.u64()
@@ -166,21 +209,19 @@ func (d *Decoder) streamCommit(r *reader, sink Sink) error {
 	if r.err != nil {
 		return r.fail("stream commit")
 	}
-	if st := d.streams[xid]; st != nil {
-		for i := range st.rows {
-			row := &st.rows[i]
-			pos := Position{Commit: commitLSN, Index: uint32(i)}
-			if row.err != nil {
-				sink.BadRow(pos, row.err)
-				continue
-			}
-			row.tok.Pos, row.tok.Xid, row.tok.CommitTime = pos, xid, commitTime
-			sink.Token(&row.tok)
-		}
-		delete(d.streams, xid)
+	st := d.streams[xid]
+	delete(d.streams, xid)
+	if st == nil {
+		st = &streamedTx{}
 	}
-	sink.Commit(commitLSN, endLSN)
-	return nil
+	h := &handover{tx: st, xid: xid, commitLSN: commitLSN, endLSN: endLSN, commitTime: commitTime}
+	if err := h.start(); err != nil {
+		st.close()
+		return err
+	}
+	d.handing = h
+	_, err := d.Resume(sink)
+	return err
 }
 
 func (d *Decoder) streamAbort(r *reader) error {
@@ -195,16 +236,14 @@ func (d *Decoder) streamAbort(r *reader) error {
 		return nil
 	}
 	if subXid == xid {
+		st.close()
 		delete(d.streams, xid)
 		return nil
 	}
-	kept := st.rows[:0]
-	for _, row := range st.rows {
-		if row.subXid != subXid {
-			kept = append(kept, row)
-		}
+	if st.aborted == nil {
+		st.aborted = make(map[uint32]struct{})
 	}
-	st.rows = kept
+	st.aborted[subXid] = struct{}{}
 	return nil
 }
 
@@ -276,8 +315,10 @@ func (d *Decoder) insert(r *reader, sink Sink) error {
 
 	if d.inStream {
 		st := d.streams[d.streamXid]
-		st.rows = append(st.rows, streamedRow{subXid: xid, tok: *tok, err: rowErr})
-		return nil
+		if st == nil {
+			return fmt.Errorf("%w: insert for streamed transaction %d after its Stream Abort", ErrProtocol, d.streamXid)
+		}
+		return st.add(d.SpillDir, &streamedRow{subXid: xid, tok: *tok, err: rowErr})
 	}
 	if !d.inTx {
 		return fmt.Errorf("%w: insert outside a transaction", ErrProtocol)

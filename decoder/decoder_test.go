@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -305,6 +307,130 @@ func TestDecodeStreamed(t *testing.T) {
 			t.Fatalf("tokens = %+v", rec.tokens)
 		}
 	})
+}
+
+func TestDecodeStreamedSpillsToDisk(t *testing.T) {
+	const xid, sub = 900, 901
+	const rows = 3*memRows + 17
+	streamStart := newMsg('S').u32(xid).u8(1).Bytes()
+	streamStop := newMsg('E').Bytes()
+	for _, chunk := range []int{0, 1000} {
+		t.Run("chunk "+strconv.Itoa(chunk), func(t *testing.T) {
+			dir := t.TempDir()
+			d := New("public", "tokens")
+			d.SpillDir, d.HandoverChunk = dir, chunk
+			rec := &recorder{}
+			feed := func(m []byte) {
+				t.Helper()
+				if err := d.Decode(m, rec); err != nil {
+					t.Fatal(err)
+				}
+			}
+			feed(streamStart)
+			feed(relationMsg(xid, 1, "public", "tokens", tokenCols...))
+			var want []int64
+			for id := int64(1); id <= rows; id++ {
+				x := uint32(xid)
+				switch {
+				case id%7 == 0:
+					x = sub // rolled back below
+				case id%1000 == 0:
+					// A row that cannot be decoded keeps its position.
+					feed(insertMsg(xid, 1, textRow(id, "activation", []byte{1, 2}, text("00000"), 1)...))
+					want = append(want, -id)
+					continue
+				default:
+					want = append(want, id)
+				}
+				feed(insertMsg(x, 1, binRow(id, "password_recovery", secret(byte(id)), binv([]byte("12345")), id)...))
+				if id%5000 == 0 {
+					feed(streamStop)
+					feed(streamStart)
+				}
+			}
+			feed(streamStop)
+			if files, _ := os.ReadDir(dir); len(files) != 0 {
+				t.Fatalf("spill file left visible in %s: %v", dir, files)
+			}
+			feed(newMsg('A').u32(xid).u32(sub).Bytes())
+			feed(newMsg('c').u32(xid).u8(0).u64(0x9000).u64(0x9010).u64(commitMicros).Bytes())
+			for d.Handing() {
+				if len(rec.commits) != 0 {
+					t.Fatal("commit before the last row was handed over")
+				}
+				if _, err := d.Resume(rec); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if len(rec.commits) != 1 || rec.commits[0] != [2]pglogrepl.LSN{0x9000, 0x9010} {
+				t.Fatalf("commits = %v", rec.commits)
+			}
+			got := make([]int64, 0, len(want))
+			var index uint32
+			next := func(p Position) {
+				t.Helper()
+				if p != (Position{0x9000, index}) {
+					t.Fatalf("row %d at %v, want index %d", len(got), p, index)
+				}
+				index++
+			}
+			ti, bi := 0, 0
+			for ti < len(rec.tokens) || bi < len(rec.bad) {
+				if bi < len(rec.bad) && (ti == len(rec.tokens) || rec.bad[bi].pos.Less(rec.tokens[ti].Pos)) {
+					next(rec.bad[bi].pos)
+					if !strings.Contains(rec.bad[bi].err.Error(), "secret is 2 bytes") {
+						t.Errorf("bad row error = %v", rec.bad[bi].err)
+					}
+					if w := want[len(got)]; w >= 0 {
+						t.Fatalf("bad row at index %d where token %d belongs", len(got), w)
+					}
+					got = append(got, want[len(got)])
+					bi++
+					continue
+				}
+				tok := rec.tokens[ti]
+				next(tok.Pos)
+				if tok.Xid != xid || tok.Account != tok.ID || tok.Action != ActionPasswordRecovery ||
+					tok.CodeString() != "12345" || tok.Secret != [32]byte(secret(byte(tok.ID))) {
+					t.Fatalf("token %d = %+v", tok.ID, tok)
+				}
+				got = append(got, tok.ID)
+				ti++
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("got %d rows, want %d (first difference near %d)", len(got), len(want), firstDiff(got, want))
+			}
+		})
+	}
+}
+
+func firstDiff(a, b []int64) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
+func TestDecodeInsertAfterStreamAbort(t *testing.T) {
+	const xid = 900
+	d := New("public", "tokens")
+	rec := &recorder{}
+	for _, m := range [][]byte{
+		newMsg('S').u32(xid).u8(1).Bytes(),
+		relationMsg(xid, 1, "public", "tokens", tokenCols...),
+		insertMsg(xid, 1, textRow(1, "activation", secret(1), text("00000"), 1)...),
+		newMsg('A').u32(xid).u32(xid).Bytes(),
+	} {
+		if err := d.Decode(m, rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := d.Decode(insertMsg(xid, 1, textRow(2, "activation", secret(2), text("00000"), 1)...), rec)
+	if !errors.Is(err, ErrProtocol) {
+		t.Fatalf("insert after the transaction's Stream Abort: err = %v, want ErrProtocol", err)
+	}
 }
 
 func TestDecodeProtocolErrors(t *testing.T) {

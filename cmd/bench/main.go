@@ -45,6 +45,7 @@ const clkTck = 100
 
 type options struct {
 	tokens, big      int
+	oneTx            int
 	limit            int
 	liveRate         int
 	liveSeconds      int
@@ -93,7 +94,11 @@ type Results struct {
 	Drains           []Drain `json:"drains"`
 	ServerDecodeRate float64 `json:"server_decode_rows_per_second"`
 	GrowthRatio      float64 `json:"drain_rate_big_over_small"`
-	Live             *Live   `json:"live"`
+	// OneTxRatio compares the drain of one huge transaction with the
+	// drain of the same number of tokens in 1,000-row transactions (the
+	// big backlog, or the small one when the sizes differ).
+	OneTxRatio float64 `json:"drain_rate_one_tx_over_1000_row_tx"`
+	Live       *Live   `json:"live"`
 }
 
 // Live is the live-latency run.
@@ -116,6 +121,7 @@ func main() {
 	var o options
 	flag.IntVar(&o.tokens, "tokens", 200_000, "backlog size for the drain runs")
 	flag.IntVar(&o.big, "big", 1_000_000, "backlog size for the growth run (0 skips it)")
+	flag.IntVar(&o.oneTx, "one-tx", 1_000_000, "tokens committed in a single transaction, drained with the default options (0 skips it)")
 	flag.IntVar(&o.limit, "batch-limit", 1000, "MAILROOM_BATCH_LIMIT for the drains")
 	flag.IntVar(&o.liveRate, "live-rate", 2000, "single-row transactions per second in the live run (0 skips it)")
 	flag.IntVar(&o.liveSeconds, "live-seconds", 10, "length of the live run")
@@ -176,7 +182,7 @@ func run(o options) error {
 	// the 15% the ratio is judged by, and bracketing cancels a steady drift.
 	before, after := best+"-before", best+"-after"
 	slots := append([]string{"peek", before, after}, variants...)
-	if err := prepare(ctx, url, slots, o.tokens); err != nil {
+	if err := prepare(ctx, url, slots, o.tokens, 1000); err != nil {
 		return err
 	}
 	if res.ServerDecodeRate, err = peekRate(ctx, url, o.tokens); err != nil {
@@ -199,7 +205,7 @@ func run(o options) error {
 		if err != nil {
 			return err
 		}
-		if err := prepare(ctx, bigURL, []string{best}, o.big); err != nil {
+		if err := prepare(ctx, bigURL, []string{best}, o.big, 1000); err != nil {
 			return err
 		}
 		var rates [2]float64
@@ -221,6 +227,38 @@ func run(o options) error {
 			}
 		}
 		res.GrowthRatio = rates[0] / rates[1]
+	}
+
+	if o.oneTx > 0 {
+		// One INSERT of o.oneTx rows: the server streams it in chunks
+		// (protocol v2) and the tailer buffers it until its commit.
+		oneURL, err := createDB(ctx, pg, "bench_one_tx")
+		if err != nil {
+			return err
+		}
+		label := best + "-one-tx"
+		if err := prepare(ctx, oneURL, []string{label}, o.oneTx, o.oneTx); err != nil {
+			return err
+		}
+		d, err := drain(ctx, o, oneURL, best, slotName(label, o.oneTx), o.oneTx)
+		if err != nil {
+			return fmt.Errorf("drain one transaction of %d tokens: %w", o.oneTx, err)
+		}
+		d.Variant = label
+		res.Drains = append(res.Drains, d)
+		printDrain(d)
+		// The reference is the same number of tokens in 1,000-row
+		// transactions when the big backlog has that size, else the small
+		// backlog.
+		var ref Drain
+		for _, r := range res.Drains {
+			if r.Variant == best && (ref.Tokens == 0 || r.Tokens == o.oneTx) {
+				ref = r
+			}
+		}
+		if ref.TokensPerSecond > 0 {
+			res.OneTxRatio = d.TokensPerSecond / ref.TokensPerSecond
+		}
 	}
 
 	if o.liveRate > 0 {
@@ -266,8 +304,8 @@ func createDB(ctx context.Context, pg *pgtest.Server, name string) (string, erro
 }
 
 // prepare migrates, creates the slots and commits n tokens, one INSERT per
-// 1,000 accounts (each gets an activation token from the trigger).
-func prepare(ctx context.Context, url string, slots []string, n int) error {
+// perTx accounts (each gets an activation token from the trigger).
+func prepare(ctx context.Context, url string, slots []string, n, perTx int) error {
 	if err := migrations.Up(ctx, url); err != nil {
 		return err
 	}
@@ -282,13 +320,13 @@ func prepare(ctx context.Context, url string, slots []string, n int) error {
 		}
 	}
 	start := time.Now()
-	for i := 0; i < n; i += 1000 {
+	for i := 0; i < n; i += perTx {
 		if _, err := conn.Exec(ctx, `INSERT INTO accounts (email, login)
-			SELECT 'user' || g || '@example.com', 'user' || g FROM generate_series($1::int, $2::int) g`, i+1, min(i+1000, n)); err != nil {
+			SELECT 'user' || g || '@example.com', 'user' || g FROM generate_series($1::int, $2::int) g`, i+1, min(i+perTx, n)); err != nil {
 			return err
 		}
 	}
-	fmt.Printf("committed %d tokens in %s\n", n, time.Since(start).Round(time.Millisecond))
+	fmt.Printf("committed %d tokens in transactions of %d in %s\n", n, min(perTx, n), time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
@@ -768,6 +806,9 @@ func printSummary(r Results) {
 	fmt.Printf("in-server decode rate: %.0f tokens/s\n", r.ServerDecodeRate)
 	if r.GrowthRatio > 0 {
 		fmt.Printf("drain rate, big backlog over small (mean of the small one drained just before and just after): %.3f\n", r.GrowthRatio)
+	}
+	if r.OneTxRatio > 0 {
+		fmt.Printf("drain rate, one transaction over 1,000-row transactions: %.3f\n", r.OneTxRatio)
 	}
 	if r.Live != nil {
 		fmt.Printf("live: %d tokens (after %d not counted) at %.0f/s (target %d/s), batch limit 1: commit to arrival p50 %.2f ms, p99 %.2f ms, max %.2f ms; commit to stored (PubAck) p50 %.2f ms, p99 %.2f ms; steal %.1f%%\n",

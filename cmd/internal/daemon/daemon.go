@@ -325,6 +325,7 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	err = stream.Run(runCtx, feeder)
 	cancelPipe()
 	<-drained
+	feeder.Close()
 	d.log.Info("session ended", "confirmed", stream.Sent())
 	if pipeErr != nil && ctx.Err() != nil {
 		return &stopError{pipeErr}

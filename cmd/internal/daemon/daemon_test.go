@@ -449,6 +449,40 @@ func TestLargeTransactionConfirmedOnlyAfterLastBatch(t *testing.T) {
 	}
 }
 
+// A transaction far larger than logical_decoding_work_mem is streamed by the
+// server in chunks and spilled to disk by the decoder; it must come out whole,
+// in order and once.
+func TestHugeStreamedTransactionExactlyOnce(t *testing.T) {
+	const n, limit = 20_000, 1000
+	e := newEnv(t, envOpts{limit: limit, timeout: 200 * time.Millisecond})
+	e.exec(`INSERT INTO accounts (email, login) SELECT 'huge' || g || '@example.com', 'huge' || g FROM generate_series(1, $1) g`, n)
+	var lo, hi int64
+	if err := e.db.QueryRow(e.ctx, `SELECT min(id), max(id) FROM tokens`).Scan(&lo, &hi); err != nil {
+		t.Fatal(err)
+	}
+	msgs := e.messages(n)
+	next := lo
+	for _, m := range msgs {
+		for _, id := range m.ids {
+			if id != next {
+				t.Fatalf("token id %d, want %d: tokens out of order, lost or repeated", id, next)
+			}
+			next++
+		}
+	}
+	if next != hi+1 {
+		t.Fatalf("published tokens %d..%d, want %d..%d", lo, next-1, lo, hi)
+	}
+	e.waitConfirmed(e.walLSN())
+	var streamed int64
+	if err := e.db.QueryRow(e.ctx, `SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = 'mailroom'`).Scan(&streamed); err != nil {
+		t.Fatal(err)
+	}
+	if streamed == 0 {
+		t.Error("the server did not stream the transaction")
+	}
+}
+
 func TestLineMatchesCollector(t *testing.T) {
 	for _, tc := range []struct{ name, proto, binary string }{
 		{"v2 binary", "2", "true"},
