@@ -129,6 +129,10 @@ func (p *Publisher) readLast(ctx context.Context) error {
 	return nil
 }
 
+// Close releases what the JetStream context holds for asynchronous
+// publishing (its reply subscription); the connection stays open.
+func (p *Publisher) Close() { p.js.CleanupPublisher() }
+
 // LastPosition is the WAL position of the last token published on lane's
 // subject; every token of that lane at or before it was published (or
 // skipped) by an earlier run.

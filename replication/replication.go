@@ -208,7 +208,18 @@ type Options struct {
 	StatusInterval time.Duration
 	// OnStatus, if set, is told every position reported as flushed.
 	OnStatus func(confirmed pglogrepl.LSN)
+	// Timeout is how long the server may stay silent (no message and no
+	// keepalive) while the stream is read before the connection is given
+	// up as dead; after half of it the server is asked for a reply. A
+	// half-open TCP connection otherwise goes unnoticed until the kernel
+	// gives up retransmitting, about 15 minutes, while the slot looks held.
+	// Default 60s.
+	Timeout time.Duration
 }
+
+// ErrSilent is returned by Run when the server sent nothing for
+// Options.Timeout, not even an answer to a status update asking for one.
+var ErrSilent = errors.New("replication connection silent")
 
 func (o Options) pluginArgs() []string {
 	args := []string{
@@ -272,6 +283,9 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts Options) (*Stream, err
 	if opts.StatusInterval <= 0 {
 		opts.StatusInterval = time.Second
 	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 60 * time.Second
+	}
 	// Start position 0 lets the server resume from the slot's
 	// confirmed_flush_lsn.
 	err := pglogrepl.StartReplication(ctx, conn, opts.Slot, 0, pglogrepl.StartReplicationOptions{
@@ -301,6 +315,12 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 	var (
 		nextStatus  time.Time
 		curDeadline time.Time
+		// heard is when the server was last heard from, or when reading
+		// last resumed after backpressure (the server is not silent while
+		// the tailer does not read); pinged is set once a reply was asked
+		// for since then.
+		heard  = time.Now()
+		pinged bool
 	)
 	for {
 		if ctx.Err() != nil {
@@ -311,10 +331,16 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 			return ctx.Err()
 		}
 		now := time.Now()
-		if c := h.Confirmable(); !now.Before(nextStatus) || (c > s.sent && now.Sub(s.lastSent) >= minStatusGap) {
-			if err := s.sendStatus(c, false); err != nil {
+		silent := now.Sub(heard)
+		if silent >= s.opts.Timeout {
+			return fmt.Errorf("%w: nothing from the server for %s, not even a reply to a status update that asked for one", ErrSilent, silent.Round(time.Millisecond))
+		}
+		ping := !pinged && silent >= s.opts.Timeout/2
+		if c := h.Confirmable(); ping || !now.Before(nextStatus) || (c > s.sent && now.Sub(s.lastSent) >= minStatusGap) {
+			if err := s.sendStatus(c, ping); err != nil {
 				return err
 			}
+			pinged = pinged || ping
 			nextStatus = now.Add(s.opts.StatusInterval)
 		}
 		ready, err := h.Wait(ctx, nextStatus)
@@ -322,6 +348,7 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 			return err
 		}
 		if !ready {
+			heard, pinged = time.Now(), false
 			continue
 		}
 		deadline := nextStatus
@@ -350,6 +377,7 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 			}
 			return fmt.Errorf("receive replication message: %w", err)
 		}
+		heard, pinged = time.Now(), false
 		switch m := msg.(type) {
 		case *pgproto3.CopyData:
 			if err := s.copyData(m.Data, h, &nextStatus); err != nil {

@@ -2,11 +2,17 @@ package replication
 
 import (
 	"context"
+	"errors"
+	"net"
+	neturl "net/url"
 	"os"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mailroom/tailer/migrations"
@@ -94,5 +100,142 @@ func TestSlots(t *testing.T) {
 	}
 	if err := DropSlot(ctx, db, "other_plugin"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// freezeProxy forwards TCP connections to a server until freeze is called;
+// from then on it keeps every connection open but passes nothing either way,
+// as a half-open connection (a peer gone without a FIN or RST) looks.
+type freezeProxy struct {
+	ln     net.Listener
+	frozen atomic.Bool
+}
+
+func newFreezeProxy(t *testing.T, target string) *freezeProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &freezeProxy{ln: ln}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			t.Cleanup(func() { c.Close(); s.Close() })
+			go p.pipe(c, s)
+			go p.pipe(s, c)
+		}
+	}()
+	return p
+}
+
+func (p *freezeProxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if err != nil {
+			return
+		}
+		if p.frozen.Load() {
+			continue // swallowed: the peer never sees it
+		}
+		if _, err := dst.Write(buf[:n]); err != nil {
+			return
+		}
+	}
+}
+
+func (p *freezeProxy) url(t *testing.T, dbURL string) string {
+	u, err := neturl.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = p.ln.Addr().String()
+	return u.String()
+}
+
+// idle is a Handler for a stream with nothing to do.
+type idle struct{ at pglogrepl.LSN }
+
+func (h *idle) Data([]byte) error                             { return nil }
+func (h *idle) ServerPosition(lsn pglogrepl.LSN)              { h.at = max(h.at, lsn) }
+func (h *idle) Deadline() time.Time                           { return time.Time{} }
+func (h *idle) Tick(time.Time) error                          { return nil }
+func (h *idle) Wait(context.Context, time.Time) (bool, error) { return true, nil }
+func (h *idle) Confirmable() pglogrepl.LSN                    { return h.at }
+func (h *idle) Stop()                                         {}
+
+func TestSilentConnectionIsGivenUp(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	url, db := dbtest.New(t, pgtest.Shared(t))
+	if _, err := EnsureSlot(ctx, db, "silent"); err != nil {
+		t.Fatal(err)
+	}
+	slot, err := Slot(ctx, db, "silent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newFreezeProxy(t, "127.0.0.1:"+strconv.Itoa(pgtest.Shared(t).Port))
+	conn, err := Connect(ctx, proxy.url(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	const timeout = 4 * time.Second
+	stream, err := Start(ctx, conn, Options{Slot: "silent", Publication: migrations.Publication, Timeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// An idle but healthy server answers the status update that asks for a
+	// reply, so the stream outlives its timeout.
+	healthy, stop := context.WithTimeout(ctx, timeout+2*time.Second)
+	defer stop()
+	if err := stream.Run(healthy, &idle{at: slot.ConfirmedFlush}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("healthy idle stream ended with %v, want it to run until its context ends", err)
+	}
+	conn.Close(ctx)
+
+	conn2, err := Connect(ctx, proxy.url(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn2.Close(context.Background())
+	waitInactive(t, ctx, db, "silent")
+	stream, err = Start(ctx, conn2, Options{Slot: "silent", Publication: migrations.Publication, Timeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.frozen.Store(true)
+	if err := stream.Run(ctx, &idle{at: slot.ConfirmedFlush}); !errors.Is(err, ErrSilent) {
+		t.Fatalf("stream over a frozen connection ended with %v, want ErrSilent", err)
+	}
+}
+
+func waitInactive(t *testing.T, ctx context.Context, db *pgx.Conn, slot string) {
+	t.Helper()
+	for {
+		s, err := Slot(ctx, db, slot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !s.Active {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("slot still active")
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }

@@ -3,10 +3,17 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/mailroom/tailer/testutil/pgtest"
 )
 
 const goodKey = "cafebabecafebabecafebabecafebabecafebabecafebabecafebabecafebabe"
@@ -130,4 +137,115 @@ func countKey(vs []vector, key string) (n int) {
 		}
 	}
 	return n
+}
+
+// Secret settings never show their value: not in --help, not in the usage
+// printed for a mistyped flag, not in errors.
+func TestSecretsNeverShown(t *testing.T) {
+	const (
+		dbPass   = "db-hunter2-pass"
+		natsPass = "nats-hunter2-pass"
+	)
+	env := map[string]string{
+		"MAILROOM_DATABASE_URL": "postgres://tailer:" + dbPass + "@127.0.0.1:1/db",
+		"MAILROOM_SECRET_KEY":   goodKey,
+		"MAILROOM_NATS_URL":     "nats://tailer:" + natsPass + "@127.0.0.1:1",
+	}
+	getenv := func(k string) string { return env[k] }
+	for _, args := range [][]string{
+		{"run", "--help"}, {"run", "--no-such-flag"}, {"status", "--help"}, {"migrate", "--help"},
+		{"verify", "--help"}, {"subscribe", "--help"}, {"subscribe", "--durable", "d", "--no-such-flag"},
+		{"run", "--http-addr="}, // unreachable NATS: the startup error names the URL
+		{"subscribe", "--durable", "d"},
+		{"run", "--nats-url", "nats://tailer:" + natsPass + "@"}, // invalid URL echoed in the error
+	} {
+		var stdout, stderr bytes.Buffer
+		run(args, getenv, &stdout, &stderr)
+		out := stdout.String() + stderr.String()
+		for _, secret := range []string{dbPass, natsPass, goodKey[:16]} {
+			if strings.Contains(out, secret) {
+				t.Errorf("tailer %s shows a secret (%s...):\n%s", strings.Join(args, " "), secret[:4], out)
+			}
+		}
+	}
+}
+
+func TestKeyWithTrailingNewline(t *testing.T) {
+	for _, key := range []string{goodKey + "\n", goodKey + "\r\n", " " + goodKey} {
+		var stdout, stderr bytes.Buffer
+		code := run([]string{"verify", "x"}, func(k string) string {
+			if k == "MAILROOM_SECRET_KEY" {
+				return key
+			}
+			return ""
+		}, &stdout, &stderr)
+		if code == exitConfig {
+			t.Errorf("key %q rejected: %s", key, stderr.String())
+		}
+	}
+}
+
+// A wrong password for PostgreSQL or NATS at startup is a configuration
+// error: one line, exit 2, the password not repeated.
+func TestWrongCredentialsAtStartup(t *testing.T) {
+	const dbPass, natsPass = "right-db-pass", "right-nats-pass"
+	pg, err := pgtest.Start(pgtest.Options{Password: dbPass})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Close() })
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, Username: "tailer", Password: natsPass, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	t.Cleanup(ns.Shutdown)
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("NATS not ready")
+	}
+	natsURL := func(pass string) string {
+		return fmt.Sprintf("nats://tailer:%s@%s", pass, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	}
+	dbURL := func(pass, db string) string {
+		return fmt.Sprintf("postgres://postgres:%s@127.0.0.1:%d/%s?sslmode=disable", pass, pg.Port, db)
+	}
+	for _, tc := range []struct {
+		name, db, nats, want, secret string
+	}{
+		{"database password", dbURL("wrong-db-pass", "postgres"), natsURL(natsPass), "MAILROOM_DATABASE_URL: authentication failed", "wrong-db-pass"},
+		{"database name", dbURL(dbPass, "nosuchdb"), natsURL(natsPass), `MAILROOM_DATABASE_URL: database "nosuchdb" does not exist`, dbPass},
+		{"NATS password", dbURL(dbPass, "postgres"), natsURL("wrong-nats-pass"), "MAILROOM_NATS_URL: cannot connect to nats://REDACTED@", "wrong-nats-pass"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(tailerBin, "run", "--http-addr=", "--lag-interval=60000")
+			cmd.Env = append(os.Environ(), "MAILROOM_DATABASE_URL="+tc.db, "MAILROOM_SECRET_KEY="+goodKey, "MAILROOM_NATS_URL="+tc.nats)
+			var out bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			done := make(chan error, 1)
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			go func() { done <- cmd.Wait() }()
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				cmd.Process.Kill()
+				<-done
+				t.Fatalf("tailer still running after 30s (retrying a configuration error?):\n%s", out.String())
+			}
+			text := strings.TrimSpace(out.String())
+			if code := cmd.ProcessState.ExitCode(); code != exitConfig {
+				t.Fatalf("exit code %d, want %d:\n%s", code, exitConfig, text)
+			}
+			if lines := strings.Count(text, "\n") + 1; lines != 1 {
+				t.Errorf("error is %d lines, want one:\n%s", lines, text)
+			}
+			if !strings.Contains(text, tc.want) {
+				t.Errorf("error %q does not contain %q", text, tc.want)
+			}
+			if strings.Contains(text, tc.secret) {
+				t.Errorf("error repeats the password: %q", text)
+			}
+		})
+	}
 }

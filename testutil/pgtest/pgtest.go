@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -30,18 +31,22 @@ import (
 
 // Server is a running PostgreSQL cluster.
 type Server struct {
-	Dir  string // data directory
-	Port int
-	bin  string
-	cred *syscall.Credential
-	opts []string
-	log  string
+	Dir      string // data directory
+	Port     int
+	Password string
+	bin      string
+	cred     *syscall.Credential
+	opts     []string
+	log      string
 }
 
 // Options adjust the server started by Start.
 type Options struct {
 	// Settings are extra postgresql.conf settings (name=value).
 	Settings []string
+	// Password, if set, is the postgres user's password, and TCP
+	// connections must give it (scram-sha-256); URL includes it.
+	Password string
 }
 
 // BinDir finds PostgreSQL's server programs: $TAILER_PG_BINDIR, the
@@ -128,8 +133,16 @@ func Start(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{Dir: filepath.Join(dir, "data"), Port: port, bin: bin, cred: cred, log: filepath.Join(dir, "postgres.log")}
-	if out, err := s.command("initdb", "-D", s.Dir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync").CombinedOutput(); err != nil {
+	s := &Server{Dir: filepath.Join(dir, "data"), Port: port, Password: opts.Password, bin: bin, cred: cred, log: filepath.Join(dir, "postgres.log")}
+	initArgs := []string{"-D", s.Dir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"}
+	if opts.Password != "" {
+		pwfile := filepath.Join(dir, "pwfile")
+		if err := os.WriteFile(pwfile, []byte(opts.Password+"\n"), 0o644); err != nil {
+			return nil, err
+		}
+		initArgs = append(initArgs, "--auth-host=scram-sha-256", "--pwfile="+pwfile)
+	}
+	if out, err := s.command("initdb", initArgs...).CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("initdb: %v: %s", err, out)
 	}
 	s.opts = append([]string{
@@ -190,7 +203,11 @@ func (s *Server) Close() error {
 
 // URL returns a connection URL for database db.
 func (s *Server) URL(db string) string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", s.Port, db)
+	user := "postgres"
+	if s.Password != "" {
+		user += ":" + url.QueryEscape(s.Password)
+	}
+	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", user, s.Port, db)
 }
 
 var dbCounter atomic.Int64

@@ -46,6 +46,11 @@ type Config struct {
 	MaxLag int64
 	// LagInterval is how often the slot's lag is sampled.
 	LagInterval time.Duration
+	// ReplicationTimeout is how long the replication connection may stay
+	// silent (no message, no keepalive) before it is given up as dead.
+	ReplicationTimeout time.Duration
+	// Pprof serves /debug/pprof on the HTTP address.
+	Pprof bool
 }
 
 // Var describes one setting.
@@ -75,6 +80,9 @@ var Vars = []Var{
 		return nil
 	}},
 	{Env: "MAILROOM_SECRET_KEY", Flag: "secret-key", Usage: "HMAC signing key: exactly 64 hex characters (or use MAILROOM_SECRET_KEY_FILE)", Secret: true, set: func(c *Config, v string) error {
+		// Trimmed like the file form: a key pasted with its newline is the
+		// same key.
+		v = strings.TrimSpace(v)
 		if v == "" {
 			return nil
 		}
@@ -116,14 +124,14 @@ var Vars = []Var{
 		c.BatchTimeout = time.Duration(n) * time.Millisecond
 		return nil
 	}},
-	{Env: "MAILROOM_NATS_URL", Flag: "nats-url", Usage: "NATS server URL; unset runs an embedded JetStream server", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_URL", Flag: "nats-url", Usage: "NATS server URL; unset runs an embedded JetStream server", Secret: true, set: func(c *Config, v string) error {
 		for _, part := range strings.Split(v, ",") {
 			if v == "" {
 				break
 			}
 			u, err := url.Parse(strings.TrimSpace(part))
 			if err != nil || u.Host == "" || (u.Scheme != "nats" && u.Scheme != "tls" && u.Scheme != "ws" && u.Scheme != "wss") {
-				return fmt.Errorf("must be nats://host:port (comma-separated for a cluster), got %q", part)
+				return fmt.Errorf("must be nats://host:port (comma-separated for a cluster), got %q", RedactURL(part))
 			}
 		}
 		c.NATSURL = v
@@ -209,7 +217,7 @@ var Vars = []Var{
 		return nil
 	}},
 	{Env: "MAILROOM_MAX_IN_FLIGHT", Flag: "max-in-flight", Default: "16", Usage: "batches published and awaiting their PubAck at once", set: func(c *Config, v string) error {
-		n, err := positiveInt(v, 4096)
+		n, err := positiveInt(v, MaxInFlight)
 		c.MaxInFlight = n
 		return err
 	}},
@@ -229,6 +237,22 @@ var Vars = []Var{
 		c.LagInterval = time.Duration(n) * time.Millisecond
 		return nil
 	}},
+	{Env: "MAILROOM_REPLICATION_TIMEOUT", Flag: "replication-timeout", Default: "60000", Usage: "milliseconds the replication connection may stay silent (no message, no keepalive) before it is reconnected", set: func(c *Config, v string) error {
+		n, err := positiveInt(v, 3_600_000)
+		if err != nil || n < 1000 {
+			return fmt.Errorf("must be a whole number of milliseconds from 1000 to 3600000, got %q", v)
+		}
+		c.ReplicationTimeout = time.Duration(n) * time.Millisecond
+		return nil
+	}},
+	{Env: "MAILROOM_PPROF", Flag: "pprof", Default: "false", Usage: "serve /debug/pprof on the HTTP address (profiles show code paths; keep the address private)", set: func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("must be true or false, got %q", v)
+		}
+		c.Pprof = b
+		return nil
+	}},
 	{Env: "MAILROOM_LOG_FORMAT", Flag: "log-format", Default: "text", Usage: "log format: text or json", set: func(c *Config, v string) error {
 		if v != "text" && v != "json" {
 			return fmt.Errorf("must be text or json, got %q", v)
@@ -244,6 +268,29 @@ var Vars = []Var{
 		}
 		return fmt.Errorf("must be debug, info, warn or error, got %q", v)
 	}},
+}
+
+// MaxInFlight bounds MAILROOM_MAX_IN_FLIGHT below the NATS client's cap on
+// asynchronous publishes awaiting their PubAck (1024); past it, publishing
+// stalls the session.
+const MaxInFlight = 1000
+
+// RedactURL hides the user information (user, password or token) of a URL,
+// and of each URL in a comma-separated list, so that it can be logged.
+func RedactURL(s string) string {
+	parts := strings.Split(s, ",")
+	for i, part := range parts {
+		u, err := url.Parse(strings.TrimSpace(part))
+		switch {
+		case err != nil && strings.Contains(part, "@"):
+			parts[i] = "(a URL with user information that does not parse)"
+		case err != nil:
+		case u.User != nil:
+			u.User = url.User("REDACTED")
+			parts[i] = u.String()
+		}
+	}
+	return strings.Join(parts, ",")
 }
 
 func positiveInt(v string, max int) (int, error) {
@@ -280,22 +327,30 @@ func Load(name string, use []string, args []string, getenv func(string) string, 
 		if !ok {
 			panic("config: unknown setting " + env)
 		}
-		val := v.Default
-		if e := getenv(v.Env); e != "" {
-			val = e
-		}
+		// The flag's default is the static one: help and usage errors
+		// print defaults, and the environment may hold passwords and keys.
 		usage := v.Usage + " [" + v.Env + "]"
 		if v.Default != "" {
 			usage += " (default " + strconv.Quote(v.Default) + ")"
 		}
-		values[env] = fs.String(v.Flag, val, usage)
+		values[env] = fs.String(v.Flag, "", usage)
 	}
 	if err := fs.Parse(args); err != nil {
 		return nil, nil, err
 	}
+	set := make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	c := &Config{}
 	for _, env := range use {
-		if err := byEnv[env].set(c, *values[env]); err != nil {
+		v := byEnv[env]
+		val := *values[env]
+		if !set[v.Flag] {
+			val = v.Default
+			if e := getenv(v.Env); e != "" {
+				val = e
+			}
+		}
+		if err := v.set(c, val); err != nil {
 			return nil, nil, &Error{Var: env, Err: err}
 		}
 	}

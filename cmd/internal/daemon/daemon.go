@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
 
 	"github.com/mailroom/tailer/batch"
@@ -128,6 +129,34 @@ func natsErr(err error) error {
 // Ready is closed once the tailer streams from its slot for the first time.
 func (d *Daemon) Ready() <-chan struct{} { return d.ready }
 
+func (d *Daemon) streamed() bool {
+	select {
+	case <-d.ready:
+		return true
+	default:
+		return false
+	}
+}
+
+// startupConfigError turns errors that only the operator can fix (a wrong
+// password or user, a database that does not exist) into a configuration
+// error, so that the first start fails with exit code 2 instead of retrying
+// forever. Later, the same errors are retried: a password may be rotated
+// while the tailer runs.
+func startupConfigError(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return nil
+	}
+	switch pgErr.Code {
+	case "28P01", "28000":
+		return &config.Error{Var: "MAILROOM_DATABASE_URL", Err: fmt.Errorf("authentication failed: %s (SQLSTATE %s)", pgErr.Message, pgErr.Code)}
+	case "3D000":
+		return &config.Error{Var: "MAILROOM_DATABASE_URL", Err: fmt.Errorf("%s (SQLSTATE %s)", pgErr.Message, pgErr.Code)}
+	}
+	return nil
+}
+
 // Run runs the tailer until ctx is done. Failures of PostgreSQL or NATS end
 // the current session; a new one starts after a capped backoff and resumes
 // from the slot. Run returns nil after a graceful stop.
@@ -159,9 +188,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	)
 	if err != nil {
 		if d.cfg.NATSURL != "" {
-			// Only a configured URL can be wrong; the tailer gives up at
-			// startup so that a typo does not look like an outage.
-			return &config.Error{Var: "MAILROOM_NATS_URL", Err: fmt.Errorf("cannot connect to %s: %w", d.cfg.NATSURL, err)}
+			// Only a configured URL (or its credentials) can be wrong; the
+			// tailer gives up at startup so that a typo does not look like
+			// an outage.
+			return &config.Error{Var: "MAILROOM_NATS_URL", Err: fmt.Errorf("cannot connect to %s: %w", config.RedactURL(d.cfg.NATSURL), err)}
 		}
 		return fmt.Errorf("connect to NATS: %w", err)
 	}
@@ -190,6 +220,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 			}
 			d.log.Info("stopped")
 			return nil
+		}
+		if cerr := startupConfigError(err); cerr != nil && !d.streamed() {
+			return cerr
 		}
 		if time.Since(started) > time.Minute {
 			delay = minDelay
@@ -246,6 +279,7 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	if err != nil {
 		return natsErr(err)
 	}
+	defer pub.Close()
 
 	rc, err := replication.Connect(ctx, cfg.DatabaseURL)
 	if err != nil {
@@ -254,7 +288,7 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	defer rc.Close(context.Background())
 	stream, err := replication.Start(ctx, rc, replication.Options{
 		Slot: cfg.Slot, Publication: cfg.Publication, ProtoVersion: cfg.ProtoVersion, Binary: cfg.Binary,
-		OnStatus: d.metrics.statusSent,
+		OnStatus: d.metrics.statusSent, Timeout: cfg.ReplicationTimeout,
 	})
 	if err != nil {
 		return pgErr(err)
@@ -323,23 +357,35 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	}()
 
 	err = stream.Run(runCtx, feeder)
+	// Read before the pipeline is stopped: afterwards it reports its own
+	// cancellation, which is not why the session ended.
+	pipelineFailed := context.Cause(runCtx) != nil && ctx.Err() == nil
 	cancelPipe()
 	<-drained
 	feeder.Close()
 	d.log.Info("session ended", "confirmed", stream.Sent())
-	if pipeErr != nil && ctx.Err() != nil {
+	return sessionCause(ctx, err, pipeErr, pipelineFailed)
+}
+
+// sessionCause says why a session ended, blaming the side that failed
+// first: when the replication stream fails, the pipeline is stopped and
+// reports the cancellation, which is not the cause.
+func sessionCause(ctx context.Context, streamErr, pipeErr error, pipelineFirst bool) error {
+	switch {
+	case pipeErr != nil && ctx.Err() != nil:
 		return &stopError{pipeErr}
-	}
-	if pipeErr != nil {
-		if errors.Is(pipeErr, accounts.ErrJoin) {
-			return pgErr(pipeErr)
-		}
+	case pipelineFirst && errors.Is(pipeErr, accounts.ErrJoin):
+		return pgErr(pipeErr)
+	case pipelineFirst:
+		return natsErr(pipeErr)
+	case errors.Is(streamErr, context.Canceled) && ctx.Err() != nil:
+		return nil
+	case streamErr != nil:
+		return pgErr(streamErr)
+	case pipeErr != nil:
 		return natsErr(pipeErr)
 	}
-	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
-		return nil
-	}
-	return pgErr(err)
+	return nil
 }
 
 // connectQuery opens the tailer's ordinary connection, named so that
@@ -391,7 +437,9 @@ func (d *Daemon) sampleSlot(ctx context.Context) {
 		if err == nil {
 			d.metrics.slotSample(s)
 		}
-		if err != nil && !failing {
+		// A configuration error at startup is the session loop's to
+		// report, as the one line before exit.
+		if err != nil && !failing && (d.streamed() || startupConfigError(err) == nil) {
 			d.log.Warn("cannot sample the slot's lag", "err", err)
 		}
 		failing = err != nil
@@ -448,10 +496,13 @@ func (d *Daemon) serveHTTP() (stop func(), err error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", d.metrics.Handler())
-	// Profiles name code paths, not data; the address is loopback unless
-	// the operator says otherwise.
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	if d.cfg.Pprof {
+		// Off by default: the metrics address is often reachable by more
+		// than the operator, and a profile is cheap to ask for and costly
+		// to serve.
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"status":"ok"}`+"\n")

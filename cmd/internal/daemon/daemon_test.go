@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/decoder"
@@ -42,7 +43,31 @@ type env struct {
 	db   *pgx.Conn
 	nc   *nats.Conn
 	js   jetstream.JetStream
+	d    *Daemon
+	logs *logBuffer
 	stop func() // stops the tailer gracefully and waits for it
+}
+
+// logBuffer keeps the tailer's log for assertions and passes it on to the
+// test log.
+type logBuffer struct {
+	t  *testing.T
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	l.b.Write(p)
+	l.mu.Unlock()
+	l.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 type envOpts struct {
@@ -103,7 +128,9 @@ var runVarsForTest = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SECRET_KEY", "M
 // start runs the tailer in the background until stop is called.
 func (e *env) start() {
 	ctx, cancel := context.WithCancel(e.ctx)
-	d := New(e.cfg, NewLogger("text", e.cfg.LogLevel, testWriter{e.t}))
+	e.logs = &logBuffer{t: e.t}
+	d := New(e.cfg, NewLogger("text", e.cfg.LogLevel, e.logs))
+	e.d = d
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
 	select {
@@ -481,6 +508,43 @@ func TestHugeStreamedTransactionExactlyOnce(t *testing.T) {
 	if streamed == 0 {
 		t.Error("the server did not stream the transaction")
 	}
+}
+
+// When the replication stream fails, the session's error is PostgreSQL's,
+// and the reconnect is counted against postgres: the pipeline, stopped
+// because of it, only reports its own cancellation.
+func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+func TestStreamFailureKeepsItsCause(t *testing.T) {
+	e := newEnv(t, envOpts{limit: 10, timeout: 100 * time.Millisecond})
+	e.exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'mailroom'`)
+	deadline := time.Now().Add(30 * time.Second)
+	for counterValue(t, e.d.metrics.reconnects.WithLabelValues(targetPostgres)) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("no postgres reconnect counted after the walsender was terminated")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := counterValue(t, e.d.metrics.reconnects.WithLabelValues(targetNATS)); n != 0 {
+		t.Errorf("%v NATS reconnects counted for a PostgreSQL failure", n)
+	}
+	logs := e.logs.String()
+	if !strings.Contains(logs, "terminating connection due to administrator command") {
+		t.Errorf("PostgreSQL's reason is not in the log:\n%s", logs)
+	}
+	if strings.Contains(logs, `session ended; retrying" err="context canceled`) {
+		t.Errorf("the session's error was replaced by the pipeline's cancellation:\n%s", logs)
+	}
+	// And it recovers: a token after the failure is published.
+	e.exec(`INSERT INTO accounts (email, login) VALUES ('after@example.com', 'after')`)
+	e.messages(1)
 }
 
 func TestLineMatchesCollector(t *testing.T) {
