@@ -1,6 +1,7 @@
 package publish
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"unicode/utf8"
@@ -43,10 +44,11 @@ func (f Format) String() string {
 // Header names of a published batch; consumers find the same names in
 // package consume.
 const (
-	HeaderMsgID    = consume.HeaderMsgID
-	HeaderCount    = consume.HeaderCount
-	HeaderTokenIDs = consume.HeaderTokenIDs
-	HeaderFormat   = consume.HeaderFormat
+	HeaderMsgID     = consume.HeaderMsgID
+	HeaderCount     = consume.HeaderCount
+	HeaderTokenIDs  = consume.HeaderTokenIDs
+	HeaderTokenKeys = consume.HeaderTokenKeys
+	HeaderFormat    = consume.HeaderFormat
 	// HeaderPosFirst and HeaderPosLast give the WAL positions (LSN:index)
 	// of the first and last token the batch covers, published or skipped.
 	HeaderPosFirst = "Mailroom-Pos-First"
@@ -64,9 +66,11 @@ func BatchID(first, last decoder.Position) string {
 
 // Encoder builds batch bodies. It is not safe for concurrent use.
 type Encoder struct {
-	signer *Signer
-	format Format
-	ids    []byte
+	signer  *Signer
+	format  Format
+	ids     []byte
+	keys    []byte
+	entries []byte
 }
 
 // NewEncoder returns an Encoder signing with signer.
@@ -74,50 +78,95 @@ func NewEncoder(signer *Signer, format Format) *Encoder {
 	return &Encoder{signer: signer, format: format}
 }
 
-// Encode appends the body for the tokens whose row says Publish to dst and
-// returns it with the comma-joined ids of the tokens it holds and their
-// count. A token that cannot be signed is marked SkipMalformed in rows.
-func (e *Encoder) Encode(dst []byte, id string, tokens []decoder.Token, rows []accounts.Row) (body []byte, ids string, n int) {
-	e.ids = e.ids[:0]
+// Encoded is one message's worth of a batch.
+type Encoded struct {
+	Body []byte
+	// IDs and Keys are the comma-joined ids and keys of the tokens in Body.
+	IDs, Keys string
+	// N is the number of tokens in Body; Covered the number of tokens of
+	// the batch the message stands for, skipped ones included.
+	N, Covered int
+}
+
+// Bytes a message needs besides its tokens: the other headers and the json
+// envelope.
+const messageOverhead = 1024
+
+// Encode appends to dst the body for the tokens whose row says Publish,
+// starting at tokens[0], until the body and its per-token headers would
+// exceed maxBytes (0: no limit); at least one token is always taken. A token
+// that cannot be signed is marked SkipMalformed in rows, and in the line
+// format one whose email or login is not consume.LineSafe is marked
+// SkipUnsafeField. id is the message's id, which the json body repeats; it
+// is called with the positions the message covers once they are known.
+func (e *Encoder) Encode(dst []byte, id func(covered int) string, tokens []decoder.Token, rows []accounts.Row, maxBytes int) Encoded {
+	e.ids, e.keys, e.entries = e.ids[:0], e.keys[:0], e.entries[:0]
+	// Line bodies are the entries themselves; json ones get an envelope
+	// that names the message, so their entries are built apart.
+	out := dst
 	if e.format == FormatJSON {
-		dst = append(dst, `{"batch":`...)
-		dst = appendJSONString(dst, []byte(id))
-		dst = append(dst, `,"tokens":[`...)
+		out = e.entries
 	}
+	base := len(out)
+	budget := maxBytes - messageOverhead
+	var enc Encoded
 	for i := range tokens {
 		r := &rows[i]
 		if r.Skip != accounts.Publish {
+			enc.Covered = i + 1
 			continue
 		}
 		t := &tokens[i]
-		start := len(dst)
-		if n > 0 {
-			dst = append(dst, ',')
+		start, idsLen, keysLen := len(out), len(e.ids), len(e.keys)
+		if enc.N > 0 {
+			out = append(out, ',')
+			e.ids = append(e.ids, ',')
+			e.keys = append(e.keys, ',')
 		}
 		var err error
 		if e.format == FormatJSON {
-			dst, err = e.appendJSON(dst, t, r)
+			out, err = e.appendJSON(out, t, r)
 		} else {
-			dst, err = e.appendLine(dst, t, r)
+			out, err = e.appendLine(out, t, r)
 		}
 		if err != nil {
-			dst = dst[:start]
+			out, e.ids, e.keys = out[:start], e.ids[:idsLen], e.keys[:keysLen]
 			r.Skip = accounts.SkipMalformed
+			if errors.Is(err, errUnsafeField) {
+				r.Skip = accounts.SkipUnsafeField
+			}
+			enc.Covered = i + 1
 			continue
 		}
-		if n > 0 {
-			e.ids = append(e.ids, ',')
-		}
 		e.ids = strconv.AppendInt(e.ids, t.ID, 10)
-		n++
+		e.keys = consume.AppendKey(e.keys, &t.Secret)
+		if maxBytes > 0 && enc.N > 0 && len(out)-base+len(e.ids)+len(e.keys) > budget {
+			// This token goes into the next message.
+			out, e.ids, e.keys = out[:start], e.ids[:idsLen], e.keys[:keysLen]
+			break
+		}
+		enc.N++
+		enc.Covered = i + 1
 	}
 	if e.format == FormatJSON {
-		dst = append(dst, "]}"...)
+		e.entries = out
+		out = append(dst, `{"batch":`...)
+		out = appendJSONString(out, []byte(id(enc.Covered)))
+		out = append(out, `,"tokens":[`...)
+		out = append(out, e.entries...)
+		out = append(out, "]}"...)
 	}
-	return dst, string(e.ids), n
+	enc.Body, enc.IDs, enc.Keys = out, string(e.ids), string(e.keys)
+	return enc
 }
 
+// errUnsafeField is a token whose email or login cannot go into a line.
+var errUnsafeField = errors.New("email or login holds a comma, CR, LF or NUL, or exceeds 254 bytes")
+
 func (e *Encoder) appendLine(dst []byte, t *decoder.Token, r *accounts.Row) ([]byte, error) {
+	if !consume.LineSafe(r.Email) || !consume.LineSafe(r.Login) {
+		return dst, errUnsafeField
+	}
 	dst = append(dst, '0'+byte(t.Action), ',')
 	dst = append(dst, r.Email...)
 	dst = append(dst, ',')
@@ -145,6 +194,8 @@ func (e *Encoder) appendJSON(dst []byte, t *decoder.Token, r *accounts.Row) ([]b
 	if err != nil {
 		return dst, err
 	}
+	dst = append(dst, `","key":"`...)
+	dst = consume.AppendKey(dst, &t.Secret)
 	dst = append(dst, `","code":`...)
 	if t.CodeNull {
 		dst = append(dst, "null"...)

@@ -37,8 +37,12 @@ type Pipeline struct {
 	Joiner    Joiner
 	Encoder   *Encoder
 	Format    Format
-	// MaxInFlight bounds the batches published but not yet acknowledged.
+	// MaxInFlight bounds the messages published but not yet acknowledged.
 	MaxInFlight int
+	// MaxBytes is the most bytes a message may have, body and headers
+	// (the server's max_payload); a batch that would exceed it goes out as
+	// several messages, each naming the positions it covers. 0: no limit.
+	MaxBytes int
 	// Done is called in batch order for every batch whose tokens are all
 	// published or skipped.
 	Done     func(*batch.Batch)
@@ -46,11 +50,14 @@ type Pipeline struct {
 	Log      *slog.Logger
 }
 
+// inFlight is one message of a batch; last is set on the batch's last.
 type inFlight struct {
 	b       *batch.Batch
 	fut     jetstream.PubAckFuture
+	id      string
 	body    []byte
 	n       int
+	last    bool
 	started time.Time
 }
 
@@ -168,41 +175,63 @@ func (p *Pipeline) joinGroup(ctx context.Context, group []*batch.Batch, tokens *
 	return p.Joiner.JoinMany(ctx, *tokens, (*rows)[:len(group)])
 }
 
-// publish encodes b and publishes it without waiting for the PubAck, which
-// awaitAcks collects in order.
+// publish encodes b and publishes it without waiting for the PubAcks, which
+// awaitAcks collects in order: one message, or several when the batch's
+// tokens exceed MaxBytes.
 func (p *Pipeline) publish(ctx context.Context, b *batch.Batch, rows []accounts.Row, acks chan<- inFlight, bodies chan []byte) error {
-	var body []byte
-	select {
-	case body = <-bodies:
-	default:
-	}
-	item := inFlight{b: b, started: time.Now()}
-	var ids string
-	item.body, ids, item.n = p.Encoder.Encode(body[:0], BatchID(b.First(), b.Last()), b.Tokens, rows)
-	if p.Observer != nil {
-		p.countSkips(rows)
-	}
-	if item.n > 0 {
-		fut, err := p.Publisher.PublishAsync(&Message{
-			Lane: b.Lane, First: b.First(), Last: b.Last(), Count: item.n, TokenIDs: ids, Format: p.Format, Body: item.body,
-		})
-		if err != nil {
-			return err
+	// Once its last message is handed to awaitAcks, b may be done and
+	// recycled: nothing of it is read after that.
+	for start, end := 0, len(b.Tokens); start < end; {
+		var body []byte
+		select {
+		case body = <-bodies:
+		default:
 		}
-		item.fut = fut
+		item := inFlight{b: b, started: time.Now()}
+		tokens := b.Tokens[start:]
+		id := func(covered int) string {
+			item.id = BatchID(tokens[0].Pos, tokens[covered-1].Pos)
+			return item.id
+		}
+		enc := p.Encoder.Encode(body[:0], id, tokens, rows[start:], p.MaxBytes)
+		if item.id == "" {
+			id(enc.Covered)
+		}
+		item.body, item.n = enc.Body, enc.N
+		if p.Observer != nil {
+			p.countSkips(tokens[:enc.Covered], rows[start:start+enc.Covered])
+		}
+		if enc.N > 0 {
+			fut, err := p.Publisher.PublishAsync(&Message{
+				Lane: b.Lane, First: tokens[0].Pos, Last: tokens[enc.Covered-1].Pos, Count: enc.N,
+				TokenIDs: enc.IDs, TokenKeys: enc.Keys, Format: p.Format, Body: enc.Body,
+			})
+			if err != nil {
+				return err
+			}
+			item.fut = fut
+		}
+		start += enc.Covered
+		item.last = start == end
+		select {
+		case acks <- item:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
 	}
-	select {
-	case acks <- item:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
+	return nil
 }
 
-func (p *Pipeline) countSkips(rows []accounts.Row) {
-	var counts [8]int
+func (p *Pipeline) countSkips(tokens []decoder.Token, rows []accounts.Row) {
+	var counts [accounts.NumSkips]int
 	for i := range rows {
 		counts[rows[i].Skip]++
+		if rows[i].Skip == accounts.SkipUnsafeField && p.Log != nil {
+			// The token id and position, never the field: it is the
+			// user's, and may be crafted to forge log lines too.
+			p.Log.Warn("token not published in a line: its email or login holds a comma, CR, LF or NUL, or exceeds 254 bytes",
+				"reason", "unsafe_field", "token_id", tokens[i].ID, "position", tokens[i].Pos.String())
+		}
 	}
 	for _, r := range accounts.Reasons {
 		if counts[r] > 0 {
@@ -217,13 +246,13 @@ func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, bodies c
 			select {
 			case ack := <-it.fut.Ok():
 				if p.Log != nil {
-					p.Log.Debug("batch acknowledged", "batch", BatchID(it.b.First(), it.b.Last()), "tokens", it.n, "seq", ack.Sequence, "duplicate", ack.Duplicate)
+					p.Log.Debug("batch acknowledged", "batch", it.id, "tokens", it.n, "seq", ack.Sequence, "duplicate", ack.Duplicate)
 				}
 				if ack.Duplicate && p.Log != nil {
-					p.Log.Info("batch was already on the stream", "batch", BatchID(it.b.First(), it.b.Last()), "seq", ack.Sequence)
+					p.Log.Info("batch was already on the stream", "batch", it.id, "seq", ack.Sequence)
 				}
 			case err := <-it.fut.Err():
-				return fmt.Errorf("publish batch %s: %w", BatchID(it.b.First(), it.b.Last()), err)
+				return fmt.Errorf("publish batch %s: %w", it.id, err)
 			case <-ctx.Done():
 				return errors.Join(errors.New("waiting for PubAck"), context.Cause(ctx))
 			}
@@ -235,7 +264,9 @@ func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, bodies c
 		case bodies <- it.body:
 		default:
 		}
-		p.Done(it.b)
+		if it.last {
+			p.Done(it.b)
+		}
 	}
 	return nil
 }

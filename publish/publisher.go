@@ -37,6 +37,8 @@ func (s Stream) LaneSubjects() []string {
 	return []string{s.Subject}
 }
 
+const minMaxPayload = 8 << 10
+
 // Publisher sends batches to one JetStream stream, chaining each message to
 // the previous one with Nats-Expected-Last-Msg-Id: a batch whose predecessor
 // did not land is refused, so pipelined publishes can never leave a gap that
@@ -53,6 +55,11 @@ type Publisher struct {
 // NewPublisher connects to the stream, creating it (file storage) if it does
 // not exist, and reads its last message to learn what was published before.
 func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Stream) (*Publisher, error) {
+	// One token can take 4 KiB in a json body (every byte of a 254-byte
+	// email escaped); batches are split to fit the rest.
+	if mp := nc.MaxPayload(); mp < minMaxPayload {
+		return nil, fmt.Errorf("NATS server's max_payload is %d bytes: at least %d are needed", mp, minMaxPayload)
+	}
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(1024),
 		jetstream.WithPublishAsyncTimeout(30*time.Second))
@@ -144,6 +151,7 @@ type Message struct {
 	First, Last decoder.Position
 	Count       int
 	TokenIDs    string
+	TokenKeys   string
 	Format      Format
 	Body        []byte
 }
@@ -156,11 +164,12 @@ func (p *Publisher) PublishAsync(m *Message) (jetstream.PubAckFuture, error) {
 		Subject: p.subjects[m.Lane],
 		Data:    m.Body,
 		Header: nats.Header{
-			HeaderCount:    {strconv.Itoa(m.Count)},
-			HeaderTokenIDs: {m.TokenIDs},
-			HeaderPosFirst: {m.First.String()},
-			HeaderPosLast:  {m.Last.String()},
-			HeaderFormat:   {m.Format.String()},
+			HeaderCount:     {strconv.Itoa(m.Count)},
+			HeaderTokenIDs:  {m.TokenIDs},
+			HeaderTokenKeys: {m.TokenKeys},
+			HeaderPosFirst:  {m.First.String()},
+			HeaderPosLast:   {m.Last.String()},
+			HeaderFormat:    {m.Format.String()},
 		},
 	}
 	opts := []jetstream.PublishOpt{jetstream.WithMsgID(id)}

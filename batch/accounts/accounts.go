@@ -30,10 +30,17 @@ const (
 	SkipAlreadyPublished
 	// SkipMalformed marks rows that could not be decoded or signed.
 	SkipMalformed
+	// SkipUnsafeField marks tokens whose email or login cannot go into a
+	// collector line (a separator, NUL, or more than 254 bytes).
+	SkipUnsafeField
+	skipCount
 )
 
 // Reasons lists every skip reason, for metrics.
-var Reasons = []Skip{SkipExpired, SkipConsumed, SkipDeleted, SkipStatus, SkipAlreadyPublished, SkipMalformed}
+var Reasons = []Skip{SkipExpired, SkipConsumed, SkipDeleted, SkipStatus, SkipAlreadyPublished, SkipMalformed, SkipUnsafeField}
+
+// NumSkips bounds the Skip values, for arrays indexed by them.
+const NumSkips = int(skipCount)
 
 func (s Skip) String() string {
 	switch s {
@@ -51,6 +58,8 @@ func (s Skip) String() string {
 		return "already_published"
 	case SkipMalformed:
 		return "malformed"
+	case SkipUnsafeField:
+		return "unsafe_field"
 	}
 	return "unknown"
 }

@@ -377,7 +377,7 @@ func startTailer(o options, url, natsURL, slot string, env ...string) (*child, e
 	if o.cpuProfile != "" {
 		httpAddr = "127.0.0.1:19999"
 	}
-	cmd := exec.Command(o.tailer, "run", "--http-addr="+httpAddr)
+	cmd := exec.Command(o.tailer, "run", "--http-addr="+httpAddr, "--pprof="+strconv.FormatBool(o.cpuProfile != ""))
 	cmd.Env = append(os.Environ(),
 		"MAILROOM_DATABASE_URL="+url,
 		"MAILROOM_SECRET_KEY="+key,

@@ -332,7 +332,7 @@ func subscribe(ctx context.Context, args []string, getenv func(string) string, s
 	perLine := fs.Int("max-tokens-per-line", 0, "split a batch into lines of at most N tokens (the mailroom sender holds 10); 0 keeps one line per batch")
 	fromStart := fs.Bool("from-start", false, "a new consumer starts at the stream's first message instead of the next one")
 	action := fs.String("filter-action", "", "only tokens of this action: activation or password_recovery")
-	window := fs.Int("dedup-window", 0, "drop tokens whose id was among the last N written (0: off); with stdout a file, also those at its end")
+	window := fs.Int("dedup-window", 0, "drop tokens whose key (a hash of the secret, never reused) was among the last N written (0: off); with stdout a file, also those at its end")
 	ackWait := fs.Duration("ack-wait", 30*time.Second, "how long the server waits for an ack before redelivering, for a new consumer")
 	// The shared settings come after the subscriber's own flags.
 	var own, shared []string
@@ -384,14 +384,13 @@ func subscribe(ctx context.Context, args []string, getenv func(string) string, s
 		AckWait: *ackWait,
 	}
 	if *window > 0 {
-		sub.Dedup = consume.NewDedup[int64](*window)
+		sub.Dedup = consume.NewDedup[string](*window)
 		if f, ok := stdout.(*os.File); ok {
 			if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
 				// Reopened for reading: the tokens a killed run wrote but
 				// could not acknowledge are at the end of this file.
 				if r, err := os.Open("/proc/self/fd/1"); err == nil {
-					sub.Written = consume.NewDedup[string](*window)
-					err = consume.SeedFromOutput(r, st.Size(), sub.Written)
+					err = consume.SeedFromOutput(r, st.Size(), sub.Dedup)
 					r.Close()
 					if err != nil {
 						log.Warn("cannot read earlier output", "err", err)

@@ -8,6 +8,8 @@
 package consume
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,8 +24,58 @@ const (
 	HeaderMsgID    = "Nats-Msg-Id"
 	HeaderCount    = "Mailroom-Count"
 	HeaderTokenIDs = "Mailroom-Token-Ids"
-	HeaderFormat   = "Mailroom-Format"
+	// HeaderTokenKeys holds each token's Key, comma-joined in body order.
+	HeaderTokenKeys = "Mailroom-Token-Keys"
+	HeaderFormat    = "Mailroom-Format"
 )
+
+// KeyLen is the length of a token's Key.
+const KeyLen = 22
+
+var b64 = base64.RawURLEncoding
+
+// AppendKey appends the per-token idempotency key for a token's 32-byte
+// secret: the first 16 bytes of SHA-256(secret), base64url without padding.
+// Secrets are UNIQUE in the schema and random, so unlike token ids (which
+// TRUNCATE ... RESTART IDENTITY reuses) a key is never reused, and it does
+// not change when the signing key is rotated.
+func AppendKey(dst []byte, secret *[32]byte) []byte {
+	sum := sha256.Sum256(secret[:])
+	var out [KeyLen]byte
+	b64.Encode(out[:], sum[:16])
+	return append(dst, out[:]...)
+}
+
+// KeyOf returns the Key of a signed token, whose first 32 bytes are the
+// secret.
+func KeyOf(token string) (string, error) {
+	raw, err := b64.DecodeString(token)
+	if err != nil || len(raw) != 64 {
+		return "", errors.New("not an 86-character base64url token")
+	}
+	return string(AppendKey(nil, (*[32]byte)(raw[:32]))), nil
+}
+
+// MaxLineField is the most bytes the mailroom sender reads in one field of
+// a line.
+const MaxLineField = 254
+
+// LineSafe reports whether a field can go into a collector line: the
+// mailroom sender splits rows at commas and lines at newlines, so a field
+// holding either (or CR, or NUL, which C strings end at) would shift every
+// field after it, or forge rows; and it reads at most MaxLineField bytes.
+func LineSafe[T string | []byte](field T) bool {
+	if len(field) > MaxLineField {
+		return false
+	}
+	for i := 0; i < len(field); i++ {
+		switch field[i] {
+		case ',', '\r', '\n', 0:
+			return false
+		}
+	}
+	return true
+}
 
 // Token is one token of a batch.
 type Token struct {
@@ -33,6 +85,8 @@ type Token struct {
 	Login  string `json:"login"`
 	// Token is the signed token: 86 base64url characters.
 	Token string `json:"token"`
+	// Key is the token's idempotency key (see AppendKey): dedup on it.
+	Key string `json:"key"`
 	Code  string `json:"code"`
 	// ExpiresAt is only carried by the json format (0 in line batches).
 	ExpiresAt int64 `json:"expires_at"`
@@ -81,12 +135,41 @@ func Decode(h nats.Header, body []byte) (*Batch, error) {
 	if b.ID == "" {
 		b.ID = h.Get(HeaderMsgID)
 	}
+	if err := b.fillKeys(h.Get(HeaderTokenKeys)); err != nil {
+		return nil, err
+	}
 	if c := h.Get(HeaderCount); c != "" {
 		if n, err := strconv.Atoi(c); err != nil || n != len(b.Tokens) {
 			return nil, fieldErr(HeaderCount, "says %q, body holds %d tokens", c, len(b.Tokens))
 		}
 	}
 	return b, nil
+}
+
+// fillKeys derives each token's Key from its token, and checks it against
+// the header (or the json "key") when the batch carries one.
+func (b *Batch) fillKeys(header string) error {
+	var keys []string
+	if header != "" {
+		if keys = strings.Split(header, ","); len(keys) != len(b.Tokens) {
+			return fieldErr(HeaderTokenKeys, "%d keys for %d tokens", len(keys), len(b.Tokens))
+		}
+	}
+	for i := range b.Tokens {
+		t := &b.Tokens[i]
+		key, err := KeyOf(t.Token)
+		if err != nil {
+			return fieldErr(fmt.Sprintf("token %d token", i), "%v", err)
+		}
+		switch {
+		case keys != nil && keys[i] != key:
+			return fieldErr(HeaderTokenKeys, "key %d is %q, the token's is %q", i, keys[i], key)
+		case t.Key != "" && t.Key != key:
+			return fieldErr(fmt.Sprintf("token %d key", i), "%q, the token's is %q", t.Key, key)
+		}
+		t.Key = key
+	}
+	return nil
 }
 
 var actionsByDigit = map[string]string{"1": "activation", "2": "password_recovery"}
@@ -137,6 +220,7 @@ func decodeJSON(body []byte) (*Batch, error) {
 			Email     string  `json:"email"`
 			Login     string  `json:"login"`
 			Token     string  `json:"token"`
+			Key       string  `json:"key"`
 			Code      *string `json:"code"`
 			ExpiresAt int64   `json:"expires_at"`
 		} `json:"tokens"`
@@ -155,7 +239,7 @@ func decodeJSON(body []byte) (*Batch, error) {
 		if jt.ID == nil {
 			return nil, fieldErr(fmt.Sprintf("token %d id", i), "missing")
 		}
-		t := Token{ID: *jt.ID, Action: jt.Action, Email: jt.Email, Login: jt.Login, Token: jt.Token, ExpiresAt: jt.ExpiresAt}
+		t := Token{ID: *jt.ID, Action: jt.Action, Email: jt.Email, Login: jt.Login, Token: jt.Token, Key: jt.Key, ExpiresAt: jt.ExpiresAt}
 		if jt.Code != nil {
 			t.Code = *jt.Code
 		}
@@ -185,7 +269,8 @@ func (t *Token) validate(i int) error {
 }
 
 // AppendLine appends the mailroom collector's line for tokens (without a
-// newline): action,email,login,token,code per token, comma-joined.
+// newline): action,email,login,token,code per token, comma-joined. Leave out
+// tokens whose email or login is not LineSafe.
 func AppendLine(dst []byte, tokens []Token) []byte {
 	for i, t := range tokens {
 		if i > 0 {
@@ -220,7 +305,8 @@ func AppendJSON(dst []byte, id string, tokens []Token) ([]byte, error) {
 }
 
 // Dedup remembers the last Size keys it was given, so that a consumer
-// processes each token once across redeliveries. Key it on the token id. It
+// processes each token once across redeliveries. Key it on Token.Key, which
+// is never reused (token ids are, after TRUNCATE ... RESTART IDENTITY). It
 // is not safe for concurrent use.
 type Dedup[K comparable] struct {
 	ring []K

@@ -32,13 +32,14 @@ func encoded(t *testing.T, format publish.Format) (nats.Header, []byte, []decode
 		{Email: []byte(`q"uote@example.com`), Login: []byte("b"), ExpiresAt: 200},
 		{Email: []byte("c@example.com"), Login: []byte("c"), ExpiresAt: 300},
 	}
-	body, ids, n := publish.NewEncoder(signer, format).Encode(nil, "0/10:0-0/10:2", tokens, rows)
+	enc := publish.NewEncoder(signer, format).Encode(nil, func(int) string { return "0/10:0-0/10:2" }, tokens, rows, 0)
 	h := nats.Header{}
 	h.Set(publish.HeaderMsgID, "0/10:0-0/10:2")
-	h.Set(publish.HeaderTokenIDs, ids)
-	h.Set(publish.HeaderCount, strconv.Itoa(n))
+	h.Set(publish.HeaderTokenIDs, enc.IDs)
+	h.Set(publish.HeaderTokenKeys, enc.Keys)
+	h.Set(publish.HeaderCount, strconv.Itoa(enc.N))
 	h.Set(publish.HeaderFormat, format.String())
-	return h, body, tokens, rows
+	return h, enc.Body, tokens, rows
 }
 
 func TestRoundTrip(t *testing.T) {
@@ -59,6 +60,9 @@ func TestRoundTrip(t *testing.T) {
 				}
 				if _, err := publish.Verify(strings.Repeat("cafebabe", 8), tok.Token, tokens[i].Action, tok.Code); err != nil {
 					t.Errorf("token %d does not verify: %v", i, err)
+				}
+				if want := string(consume.AppendKey(nil, &tokens[i].Secret)); tok.Key != want || len(want) != consume.KeyLen {
+					t.Errorf("token %d key %q, want %q", i, tok.Key, want)
 				}
 				if format == publish.FormatJSON && tok.ExpiresAt != rows[i].ExpiresAt {
 					t.Errorf("token %d expires_at %d", i, tok.ExpiresAt)
@@ -126,6 +130,9 @@ func TestDecodeRejects(t *testing.T) {
 		{"json no id", jsonH, `{"batch":"x","tokens":[{"action":"activation","email":"a","login":"a","token":"` + tok + `"}]}`, "token 0 id"},
 		{"json bad action", jsonH, `{"batch":"x","tokens":[{"id":1,"action":"x","email":"a","login":"a","token":"` + tok + `"}]}`, "token 0 action"},
 		{"json count", with(jsonH, consume.HeaderCount, "1"), string(jsonBody), consume.HeaderCount},
+		{"key count", with(lineH, consume.HeaderTokenKeys, "a,b"), string(lineBody), consume.HeaderTokenKeys},
+		{"key mismatch", with(lineH, consume.HeaderTokenKeys, "a,b,c"), string(lineBody), consume.HeaderTokenKeys},
+		{"json key mismatch", with(jsonH, consume.HeaderTokenKeys, ""), `{"batch":"x","tokens":[{"id":1,"action":"activation","email":"a","login":"a","token":"` + tok + `","key":"AAAAAAAAAAAAAAAAAAAAAA"}]}`, "token 0 key"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := consume.Decode(tc.h, []byte(tc.body))
@@ -156,5 +163,27 @@ func TestDedupWindow(t *testing.T) {
 	}
 	if d.Seen(1) {
 		t.Fatal("an evicted key is reported seen")
+	}
+}
+
+func TestLineSafe(t *testing.T) {
+	for field, want := range map[string]bool{
+		"john@example.com":                   true,
+		"":                                   true,
+		strings.Repeat("a", 254):             true,
+		strings.Repeat("a", 255):             false,
+		strings.Repeat("é", 127):             true, // 254 bytes
+		strings.Repeat("é", 128):             false,
+		"a,b@example.com":                    false,
+		"a@example.com\n2,x@evil,x,tok,1234": false,
+		"a\r@example.com":                    false,
+		"a\x00@example.com":                  false,
+	} {
+		if got := consume.LineSafe(field); got != want {
+			t.Errorf("LineSafe(%q) = %v, want %v", field, got, want)
+		}
+		if got := consume.LineSafe([]byte(field)); got != want {
+			t.Errorf("LineSafe([]byte(%q)) = %v, want %v", field, got, want)
+		}
 	}
 }

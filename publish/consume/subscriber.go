@@ -31,11 +31,10 @@ type Subscriber struct {
 	// MaxTokensPerLine splits a batch into lines of at most this many
 	// tokens (0: one line per batch).
 	MaxTokensPerLine int
-	// Dedup, if set, drops tokens whose id it has seen.
-	Dedup *Dedup[int64]
-	// Written, if set, drops tokens whose signed token it holds: the tokens
-	// an earlier run already wrote (see SeedFromOutput).
-	Written *Dedup[string]
+	// Dedup, if set, drops tokens whose Key it has seen: tokens written
+	// before in this run, or by an earlier run into the same file (see
+	// SeedFromOutput).
+	Dedup *Dedup[string]
 	// Out receives the lines; each message's lines go out in one Write.
 	Out io.Writer
 	Log *slog.Logger
@@ -128,7 +127,15 @@ func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg, buf []byte) 
 		if s.Action != "" && t.Action != s.Action {
 			continue
 		}
-		if (s.Dedup != nil && s.Dedup.Contains(t.ID)) || (s.Written != nil && s.Written.Contains(t.Token)) {
+		if s.Dedup != nil && s.Dedup.Contains(t.Key) {
+			continue
+		}
+		if !s.JSON && (!LineSafe(t.Email) || !LineSafe(t.Login)) {
+			// The sender would misparse the line: every other token of it
+			// would be lost, or a crafted field would forge rows.
+			if s.Log != nil {
+				s.Log.Warn("token not written: its email or login holds a comma, CR, LF or NUL, or exceeds 254 bytes", "reason", "unsafe_field", "token_id", t.ID, "stream_seq", seqOf(meta))
+			}
 			continue
 		}
 		keep = append(keep, t)
@@ -155,7 +162,7 @@ func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg, buf []byte) 
 	}
 	if s.Dedup != nil {
 		for _, t := range keep {
-			s.Dedup.Seen(t.ID)
+			s.Dedup.Seen(t.Key)
 		}
 	}
 	// The lines are out: only now may the server forget the message.
@@ -172,10 +179,10 @@ func seqOf(m *jetstream.MsgMetadata) uint64 {
 	return m.Sequence.Stream
 }
 
-// SeedFromOutput fills a window with the signed tokens found in the last
-// lines of an earlier run's output (collector lines or json lines), so that
-// a restarted subscriber writing to the same file does not repeat the batch
-// it wrote but could not acknowledge.
+// SeedFromOutput fills a window with the Keys of the tokens found in the
+// last lines of an earlier run's output (collector lines or json lines), so
+// that a restarted subscriber writing to the same file does not repeat the
+// batch it wrote but could not acknowledge.
 func SeedFromOutput(r io.ReaderAt, size int64, window *Dedup[string]) error {
 	const maxTail = 64 << 20
 	off := max(size-maxTail, 0)
@@ -196,7 +203,9 @@ func SeedFromOutput(r io.ReaderAt, size int64, window *Dedup[string]) error {
 			tokens = b.Tokens
 		}
 		for _, t := range tokens {
-			window.Seen(t.Token)
+			if key, err := KeyOf(t.Token); err == nil {
+				window.Seen(key)
+			}
 		}
 	}
 	return nil

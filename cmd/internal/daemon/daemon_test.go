@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	dto "github.com/prometheus/client_model/go"
@@ -76,6 +77,8 @@ type envOpts struct {
 	format  string
 	proto   string // pgoutput protocol version, default 2
 	binary  string // "true" (default) or "false"
+	// maxPayload, if set, is the NATS server's max_payload.
+	maxPayload int32
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
@@ -86,7 +89,18 @@ func newEnv(t *testing.T, o envOpts) *env {
 	if _, err := replication.EnsureSlot(ctx, db, "mailroom"); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := embedded.Start(t.TempDir(), "127.0.0.1:0")
+	var srv *server.Server
+	var err error
+	if o.maxPayload > 0 {
+		if srv, err = server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), MaxPayload: o.maxPayload, NoLog: true, NoSigs: true}); err == nil {
+			srv.Start()
+			if !srv.ReadyForConnections(10 * time.Second) {
+				t.Fatal("NATS not ready")
+			}
+		}
+	} else {
+		srv, err = embedded.Start(t.TempDir(), "127.0.0.1:0")
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -545,6 +559,43 @@ func TestStreamFailureKeepsItsCause(t *testing.T) {
 	// And it recovers: a token after the failure is published.
 	e.exec(`INSERT INTO accounts (email, login) VALUES ('after@example.com', 'after')`)
 	e.messages(1)
+}
+
+// A batch whose tokens do not fit the server's max_payload goes out as
+// several messages, each within it: nothing is refused, nothing lost.
+func TestBatchesFitMaxPayload(t *testing.T) {
+	const maxPayload = 64 << 10
+	for _, format := range []string{"line", "json"} {
+		t.Run(format, func(t *testing.T) {
+			e := newEnv(t, envOpts{limit: 1000, timeout: 200 * time.Millisecond, format: format, maxPayload: maxPayload})
+			// 600-byte lines, 1,000 to a batch: ten times the limit.
+			e.exec(`INSERT INTO accounts (email, login)
+				SELECT lpad(g::text, 240, 'e') || '@example.com', lpad(g::text, 250, 'l') FROM generate_series(1, 1000) g`)
+			msgs := e.messages(1000)
+			seen := map[int64]bool{}
+			for _, m := range msgs {
+				size := len(m.body)
+				for k, vs := range m.header {
+					for _, v := range vs {
+						size += len(k) + len(v) + 4
+					}
+				}
+				if size > maxPayload {
+					t.Errorf("message %d: %d bytes, over max_payload %d", m.seq, size, maxPayload)
+				}
+				for _, id := range m.ids {
+					if seen[id] {
+						t.Fatalf("token %d published twice", id)
+					}
+					seen[id] = true
+				}
+			}
+			if len(seen) != 1000 || len(msgs) < 10 {
+				t.Fatalf("%d tokens in %d messages", len(seen), len(msgs))
+			}
+			e.waitConfirmed(e.walLSN())
+		})
+	}
 }
 
 func TestLineMatchesCollector(t *testing.T) {

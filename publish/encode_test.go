@@ -1,0 +1,120 @@
+package publish
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/mailroom/tailer/batch/accounts"
+	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish/consume"
+)
+
+func testEncoder(t *testing.T, format Format) *Encoder {
+	t.Helper()
+	key, _ := ParseKey(strings.Repeat("cafebabe", 8))
+	signer, err := NewSigner(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NewEncoder(signer, format)
+}
+
+func testTokens(n int) []decoder.Token {
+	tokens := make([]decoder.Token, n)
+	for i := range tokens {
+		tokens[i] = decoder.Token{Pos: decoder.Position{Commit: pglogrepl.LSN(0x1000), Index: uint32(i)}, ID: int64(i + 1), Action: decoder.ActionActivation}
+		tokens[i].Secret[0], tokens[i].Secret[1] = byte(i), byte(i>>8)
+	}
+	return tokens
+}
+
+// A field the sender would misparse never goes into a line; the other
+// tokens of the batch do, and JSON carries it.
+func TestEncodeUnsafeField(t *testing.T) {
+	tokens := testTokens(5)
+	fields := [][2]string{
+		{"a@example.com", "a"},
+		{"b,x@example.com", "b"},
+		{"c@example.com", "c\n1,forged@example.com,f," + strings.Repeat("A", 86) + ",00000"},
+		{strings.Repeat("é", 128) + "@example.com", "d"},
+		{"e@example.com", "e"},
+	}
+	rows := func() []accounts.Row {
+		r := make([]accounts.Row, len(fields))
+		for i, f := range fields {
+			r[i] = accounts.Row{Email: []byte(f[0]), Login: []byte(f[1])}
+		}
+		return r
+	}
+	id := func(int) string { return "x" }
+
+	r := rows()
+	enc := testEncoder(t, FormatLine).Encode(nil, id, tokens, r, 0)
+	if enc.N != 2 || enc.Covered != 5 || enc.IDs != "1,5" {
+		t.Fatalf("line: %d tokens (ids %s) covering %d, want tokens 1 and 5 covering 5", enc.N, enc.IDs, enc.Covered)
+	}
+	for i, want := range []accounts.Skip{accounts.Publish, accounts.SkipUnsafeField, accounts.SkipUnsafeField, accounts.SkipUnsafeField, accounts.Publish} {
+		if r[i].Skip != want {
+			t.Errorf("token %d: %v, want %v", i+1, r[i].Skip, want)
+		}
+	}
+	if fields := strings.Split(string(enc.Body), ","); len(fields) != 10 || strings.ContainsAny(string(enc.Body), "\r\n\x00") {
+		t.Fatalf("line body %q: %d fields, want 10", enc.Body, len(fields))
+	}
+
+	r = rows()
+	enc = testEncoder(t, FormatJSON).Encode(nil, id, tokens, r, 0)
+	if enc.N != 5 {
+		t.Fatalf("json: %d tokens, want all 5", enc.N)
+	}
+	if _, err := consume.Decode(map[string][]string{HeaderFormat: {"json"}, HeaderTokenKeys: {enc.Keys}}, enc.Body); err != nil {
+		t.Fatalf("json body does not decode: %v", err)
+	}
+}
+
+// A batch whose body would exceed the message size goes out as several
+// messages, each covering a contiguous run of the batch, skipped tokens
+// included, and each within the limit.
+func TestEncodeSplitsByBytes(t *testing.T) {
+	const maxBytes = 16 << 10
+	for _, format := range []Format{FormatLine, FormatJSON} {
+		t.Run(format.String(), func(t *testing.T) {
+			tokens := testTokens(300)
+			rows := make([]accounts.Row, len(tokens))
+			for i := range rows {
+				rows[i] = accounts.Row{Email: []byte(strings.Repeat("e", 240)), Login: []byte(strings.Repeat("l", 240))}
+				if i%7 == 0 {
+					rows[i].Skip = accounts.SkipExpired
+				}
+			}
+			e := testEncoder(t, format)
+			published, messages := 0, 0
+			for start := 0; start < len(tokens); messages++ {
+				var first, last decoder.Position
+				enc := e.Encode(nil, func(covered int) string {
+					first, last = tokens[start].Pos, tokens[start+covered-1].Pos
+					return BatchID(first, last)
+				}, tokens[start:], rows[start:], maxBytes)
+				if size := len(enc.Body) + len(enc.IDs) + len(enc.Keys); size > maxBytes-messageOverhead {
+					t.Fatalf("message %d: %d bytes of body and token headers, limit %d", messages, size, maxBytes-messageOverhead)
+				}
+				if enc.Covered == 0 {
+					t.Fatal("a message covers no token")
+				}
+				if format == FormatJSON {
+					b, err := consume.Decode(map[string][]string{HeaderFormat: {"json"}}, enc.Body)
+					if err != nil || len(b.Tokens) != enc.N || b.ID != BatchID(first, last) {
+						t.Fatalf("message %d: %v (%d tokens, id %q)", messages, err, enc.N, b.ID)
+					}
+				}
+				published += enc.N
+				start += enc.Covered
+			}
+			if want := 300 - 43; published != want || messages < 10 {
+				t.Fatalf("%d tokens in %d messages, want %d in at least 10", published, messages, want)
+			}
+		})
+	}
+}
