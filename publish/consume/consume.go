@@ -86,8 +86,8 @@ type Token struct {
 	// Token is the signed token: 86 base64url characters.
 	Token string `json:"token"`
 	// Key is the token's idempotency key (see AppendKey): dedup on it.
-	Key string `json:"key"`
-	Code  string `json:"code"`
+	Key  string `json:"key"`
+	Code string `json:"code"`
 	// ExpiresAt is only carried by the json format (0 in line batches).
 	ExpiresAt int64 `json:"expires_at"`
 }
