@@ -55,6 +55,8 @@ type Decoder struct {
 	// continues with Resume. Zero hands the whole transaction over at once.
 	HandoverChunk int
 	handing       *handover
+	// memRows is memRows but for tests, which spill sooner.
+	memRows int
 
 	// tok is the scratch row handed to the Sink; reusing it keeps the
 	// interface call from moving every row to the heap.
@@ -69,6 +71,7 @@ func New(schema, table string) *Decoder {
 		table:     table,
 		relations: make(map[uint32]*relation),
 		streams:   make(map[uint32]*streamedTx),
+		memRows:   memRows,
 	}
 }
 
@@ -170,6 +173,9 @@ func (d *Decoder) begin(r *reader) error {
 	if r.err != nil {
 		return r.fail("begin")
 	}
+	if d.inTx || d.inStream {
+		return fmt.Errorf("%w: begin inside a transaction or a streamed chunk", ErrProtocol)
+	}
 	d.inTx, d.txCommit, d.txXid, d.txTime, d.txIndex = true, pglogrepl.LSN(finalLSN), xid, commitTime, 0
 	return nil
 }
@@ -182,6 +188,10 @@ func (d *Decoder) commit(r *reader, sink Sink) error {
 	if r.err != nil {
 		return r.fail("commit")
 	}
+	if !d.inTx || pglogrepl.LSN(commitLSN) != d.txCommit {
+		// Rows were positioned by the Begin's final LSN.
+		return fmt.Errorf("%w: commit at %s does not end the transaction begun for %s", ErrProtocol, pglogrepl.LSN(commitLSN), d.txCommit)
+	}
 	d.inTx = false
 	sink.Commit(pglogrepl.LSN(commitLSN), pglogrepl.LSN(endLSN))
 	return nil
@@ -192,6 +202,9 @@ func (d *Decoder) streamStart(r *reader) error {
 	r.u8() // first segment
 	if r.err != nil {
 		return r.fail("stream start")
+	}
+	if d.inTx {
+		return fmt.Errorf("%w: stream start inside a transaction", ErrProtocol)
 	}
 	d.inStream, d.streamXid = true, xid
 	if d.streams[xid] == nil {
@@ -208,6 +221,9 @@ func (d *Decoder) streamCommit(r *reader, sink Sink) error {
 	commitTime := int64(r.u64())
 	if r.err != nil {
 		return r.fail("stream commit")
+	}
+	if d.inTx || d.inStream {
+		return fmt.Errorf("%w: stream commit inside a transaction or a streamed chunk", ErrProtocol)
 	}
 	st := d.streams[xid]
 	delete(d.streams, xid)
@@ -318,7 +334,7 @@ func (d *Decoder) insert(r *reader, sink Sink) error {
 		if st == nil {
 			return fmt.Errorf("%w: insert for streamed transaction %d after its Stream Abort", ErrProtocol, d.streamXid)
 		}
-		return st.add(d.SpillDir, &streamedRow{subXid: xid, tok: *tok, err: rowErr})
+		return st.add(d.SpillDir, d.memRows, &streamedRow{subXid: xid, tok: *tok, err: rowErr})
 	}
 	if !d.inTx {
 		return fmt.Errorf("%w: insert outside a transaction", ErrProtocol)

@@ -37,8 +37,8 @@ type streamedRow struct {
 	err    error
 }
 
-func (st *streamedTx) add(dir string, row *streamedRow) error {
-	if len(st.rows) < memRows {
+func (st *streamedTx) add(dir string, inMemory int, row *streamedRow) error {
+	if len(st.rows) < inMemory {
 		st.rows = append(st.rows, *row)
 		return nil
 	}

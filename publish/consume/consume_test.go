@@ -15,7 +15,7 @@ import (
 )
 
 // encoded builds a batch the way the tailer publishes it.
-func encoded(t *testing.T, format publish.Format) (nats.Header, []byte, []decoder.Token, []accounts.Row) {
+func encoded(t testing.TB, format publish.Format) (nats.Header, []byte, []decoder.Token, []accounts.Row) {
 	t.Helper()
 	key, _ := publish.ParseKey(strings.Repeat("cafebabe", 8))
 	signer, _ := publish.NewSigner(key)

@@ -1,0 +1,63 @@
+package consume_test
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/mailroom/tailer/publish"
+	"github.com/mailroom/tailer/publish/consume"
+)
+
+// FuzzDecode decodes arbitrary headers and bodies in both formats. It must
+// not panic; what it accepts must be valid tokens, and must encode back to
+// the same body (line) or to a body that decodes to the same tokens (json).
+func FuzzDecode(f *testing.F) {
+	for _, format := range []publish.Format{publish.FormatLine, publish.FormatJSON} {
+		h, body, _, _ := encoded(f, format)
+		f.Add(h.Get(consume.HeaderFormat), h.Get(consume.HeaderTokenIDs), h.Get(consume.HeaderTokenKeys), h.Get(consume.HeaderCount), body)
+	}
+	f.Add("line", "1", "", "1", []byte("1,a,b,c,d"))
+	f.Add("json", "", "", "", []byte(`{"batch":"x","tokens":[{"id":1}]}`))
+	f.Add("xml", "", "", "", []byte{})
+	f.Fuzz(func(t *testing.T, format, ids, keys, count string, body []byte) {
+		h := nats.Header{}
+		for k, v := range map[string]string{consume.HeaderFormat: format, consume.HeaderTokenIDs: ids, consume.HeaderTokenKeys: keys, consume.HeaderCount: count} {
+			if v != "" {
+				h.Set(k, v)
+			}
+		}
+		b, err := consume.Decode(h, body)
+		if err != nil {
+			return
+		}
+		if len(b.Tokens) == 0 {
+			t.Fatal("accepted a batch without tokens")
+		}
+		for i, tok := range b.Tokens {
+			if key, err := consume.KeyOf(tok.Token); err != nil || key != tok.Key {
+				t.Fatalf("token %d: key %q, from its token %q (%v)", i, tok.Key, key, err)
+			}
+		}
+		if format == "" || format == "line" {
+			if again := consume.AppendLine(nil, b.Tokens); !bytes.Equal(again, body) {
+				t.Fatalf("line %q encodes back to %q", body, again)
+			}
+			return
+		}
+		again, err := consume.AppendJSON(nil, b.ID, b.Tokens)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b2, err := consume.Decode(nats.Header{consume.HeaderFormat: {"json"}}, again)
+		if err != nil || len(b2.Tokens) != len(b.Tokens) || b2.ID != b.ID {
+			t.Fatalf("json re-encoded as %s does not decode back: %v", again, err)
+		}
+		for i := range b.Tokens {
+			if b2.Tokens[i] != b.Tokens[i] {
+				t.Fatalf("token %d: %+v, after a round trip %+v", i, b.Tokens[i], b2.Tokens[i])
+			}
+		}
+	})
+}
