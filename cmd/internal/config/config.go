@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/url"
 	"os"
@@ -102,11 +103,16 @@ var Vars = []Var{
 		}
 		data, err := os.ReadFile(v)
 		if err != nil {
-			return fmt.Errorf("cannot read key file: %w", err)
+			// The path is quoted here; the error's own copy is not.
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
+			return fmt.Errorf("cannot read key file %q: %w", v, err)
 		}
 		key, err := publish.ParseKey(strings.TrimSpace(string(data)))
 		if err != nil {
-			return fmt.Errorf("key in %s %w", v, err)
+			return fmt.Errorf("key in %q %w", v, err)
 		}
 		c.SecretKey = key
 		return nil
