@@ -740,6 +740,10 @@ func TestLagAndReadinessDuringNATSOutage(t *testing.T) {
 	if code, body := httpGet(base + "/healthz"); code != 200 || !strings.Contains(body, "ok") {
 		t.Fatalf("/healthz = %d %s", code, body)
 	}
+	// Profiles are off unless MAILROOM_PPROF=true.
+	if code, _ := httpGet(base + "/debug/pprof/"); code != 404 {
+		t.Fatalf("/debug/pprof/ = %d without MAILROOM_PPROF, want 404", code)
+	}
 	rep, code := c.status(maxLag)
 	if code != 0 || !rep.OK || !rep.Active || rep.ActivePID == 0 || rep.Stream != "MAILROOM" || rep.StreamMessages == nil {
 		t.Fatalf("status before the outage: exit %d, %+v", code, rep)

@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"strconv"
@@ -559,6 +560,18 @@ func TestStreamFailureKeepsItsCause(t *testing.T) {
 	// And it recovers: a token after the failure is published.
 	e.exec(`INSERT INTO accounts (email, login) VALUES ('after@example.com', 'after')`)
 	e.messages(1)
+
+	// Each session publishes on a JetStream context of its own and cleans
+	// it up: the connection's subscriptions do not grow with sessions.
+	subs := e.d.nc.Load().NumSubscriptions()
+	for i := 2; i <= 4; i++ {
+		e.exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'mailroom'`)
+		e.exec(`INSERT INTO accounts (email, login) VALUES ($1, $2)`, fmt.Sprintf("after%d@example.com", i), fmt.Sprintf("after%d", i))
+		e.messages(i)
+	}
+	if n := e.d.nc.Load().NumSubscriptions(); n > subs {
+		t.Errorf("NATS subscriptions grew from %d to %d over 3 sessions", subs, n)
+	}
 }
 
 // A batch whose tokens do not fit the server's max_payload goes out as
