@@ -248,8 +248,13 @@ func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, bodies c
 				if p.Log != nil {
 					p.Log.Debug("batch acknowledged", "batch", it.id, "tokens", it.n, "seq", ack.Sequence, "duplicate", ack.Duplicate)
 				}
-				if ack.Duplicate && p.Log != nil {
-					p.Log.Info("batch was already on the stream", "batch", it.id, "seq", ack.Sequence)
+				if ack.Duplicate {
+					if err := p.Publisher.CheckDuplicate(ctx, it.id, ack.Sequence); err != nil {
+						return err
+					}
+					if p.Log != nil {
+						p.Log.Info("batch was already on the stream", "batch", it.id, "seq", ack.Sequence)
+					}
 				}
 			case err := <-it.fut.Err():
 				return fmt.Errorf("publish batch %s: %w", it.id, err)

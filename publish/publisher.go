@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -50,6 +51,28 @@ type Publisher struct {
 
 	lastID  string
 	lastPos []decoder.Position
+	// lastSeq is the stream's last sequence when the session started: the
+	// first publish expects it when there is no message id to chain to
+	// (an empty stream), so that two tailers cannot both start the chain.
+	lastSeq uint64
+}
+
+// SubjectMatches reports whether subject is matched by pattern under NATS
+// rules: tokens separated by '.', '*' matching one token, '>' as the last
+// token matching one or more.
+func SubjectMatches(pattern, subject string) bool {
+	pt, st := strings.Split(pattern, "."), strings.Split(subject, ".")
+	for i, p := range pt {
+		switch {
+		case p == ">" && i == len(pt)-1:
+			return len(st) > i
+		case i >= len(st):
+			return false
+		case p != "*" && p != st[i]:
+			return false
+		}
+	}
+	return len(pt) == len(st)
 }
 
 // NewPublisher connects to the stream, creating it (file storage) if it does
@@ -84,14 +107,12 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Stream) (*Publisher, e
 		return nil, fmt.Errorf("stream %s: %w", cfg.Name, err)
 	}
 	info := stream.CachedInfo()
-	want := cfg.Subject
-	if cfg.PerAction {
-		want = cfg.Subject + ".>"
-	}
-	if !slices.Contains(info.Config.Subjects, want) {
-		return nil, fmt.Errorf("stream %s does not take subject %s (its subjects: %v)", cfg.Name, want, info.Config.Subjects)
-	}
 	subjects := cfg.LaneSubjects()
+	for _, subject := range subjects {
+		if !slices.ContainsFunc(info.Config.Subjects, func(pattern string) bool { return SubjectMatches(pattern, subject) }) {
+			return nil, fmt.Errorf("stream %s does not take subject %s (its subjects: %v): set MAILROOM_NATS_SUBJECT to one it takes, or add it to the stream", cfg.Name, subject, info.Config.Subjects)
+		}
+	}
 	p := &Publisher{js: js, stream: stream, subjects: subjects, lastPos: make([]decoder.Position, len(subjects))}
 	if err := p.readLast(ctx); err != nil {
 		return nil, err
@@ -107,6 +128,7 @@ func (p *Publisher) readLast(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("stream info: %w", err)
 	}
+	p.lastSeq = info.State.LastSeq
 	if info.State.LastSeq == 0 {
 		return nil
 	}
@@ -132,6 +154,25 @@ func (p *Publisher) readLast(ctx context.Context) error {
 				return fmt.Errorf("last message on %s (seq %d): %s: %w", subject, msg.Sequence, HeaderPosLast, err)
 			}
 		}
+	}
+	return nil
+}
+
+// CheckDuplicate verifies a PubAck that says a batch was already on the
+// stream: the sequence it names must hold a message with the batch's id. A
+// duplicate ack for a message the stream no longer holds (seen with sequence
+// 0 on a NATS 2.10 cluster after a full restart) would otherwise count
+// tokens as published that are not.
+func (p *Publisher) CheckDuplicate(ctx context.Context, id string, seq uint64) error {
+	if seq == 0 {
+		return fmt.Errorf("batch %s: duplicate PubAck without a stream sequence: the stream does not show it holds the batch", id)
+	}
+	msg, err := p.stream.GetMsg(ctx, seq)
+	if err != nil {
+		return fmt.Errorf("batch %s: duplicate PubAck names sequence %d, which cannot be read: %w", id, seq, err)
+	}
+	if got := msg.Header.Get(HeaderMsgID); got != id {
+		return fmt.Errorf("batch %s: duplicate PubAck names sequence %d, which holds %q", id, seq, got)
 	}
 	return nil
 }
@@ -175,6 +216,8 @@ func (p *Publisher) PublishAsync(m *Message) (jetstream.PubAckFuture, error) {
 	opts := []jetstream.PublishOpt{jetstream.WithMsgID(id)}
 	if p.lastID != "" {
 		opts = append(opts, jetstream.WithExpectLastMsgID(p.lastID))
+	} else {
+		opts = append(opts, jetstream.WithExpectLastSequence(p.lastSeq))
 	}
 	fut, err := p.js.PublishMsgAsync(msg, opts...)
 	if err != nil {

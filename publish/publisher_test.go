@@ -1,0 +1,156 @@
+package publish
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish/embedded"
+)
+
+func TestSubjectMatches(t *testing.T) {
+	for _, tc := range []struct {
+		pattern, subject string
+		want             bool
+	}{
+		{"mailroom.batches", "mailroom.batches", true},
+		{"mailroom.>", "mailroom.batches", true},
+		{"mailroom.>", "mailroom.batches.activation", true},
+		{"mailroom.>", "mailroom", false},
+		{"mailroom.*", "mailroom.batches", true},
+		{"mailroom.*", "mailroom.batches.activation", false},
+		{"*.batches", "mailroom.batches", true},
+		{">", "mailroom.batches", true},
+		{"mailroom.batches", "mailroom.batches.activation", false},
+		{"mailroom.batches.>", "mailroom.batches", false},
+		{"mailroom.batches.*", "mailroom.batches.password_recovery", true},
+		{"other.>", "mailroom.batches", false},
+	} {
+		if got := SubjectMatches(tc.pattern, tc.subject); got != tc.want {
+			t.Errorf("SubjectMatches(%q, %q) = %v, want %v", tc.pattern, tc.subject, got, tc.want)
+		}
+	}
+}
+
+func testJetStream(t *testing.T) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	srv, err := embedded.Start(t.TempDir(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
+}
+
+func testMessage(commit uint64) *Message {
+	pos := decoder.Position{Commit: pglogrepl.LSN(0x1000 + commit)}
+	return &Message{First: pos, Last: pos, Count: 1, TokenIDs: "1", Body: []byte("x")}
+}
+
+func TestStreamSubjectsByWildcard(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, js := testJetStream(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "WILD", Subjects: []string{"mailroom.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, perAction := range []bool{false, true} {
+		p, err := NewPublisher(ctx, nc, Stream{Name: "WILD", Subject: "mailroom.batches", PerAction: perAction})
+		if err != nil {
+			t.Fatalf("stream of mailroom.> refused for mailroom.batches (per action %v): %v", perAction, err)
+		}
+		p.Close()
+	}
+	_, err := NewPublisher(ctx, nc, Stream{Name: "WILD", Subject: "other.batches"})
+	if err == nil || !strings.Contains(err.Error(), "does not take subject other.batches") {
+		t.Fatalf("foreign subject: %v", err)
+	}
+}
+
+// Two tailers that both start on an empty stream (a standby taking over
+// before the first batch landed) cannot both publish: the first publish
+// expects the stream's last sequence.
+func TestFirstPublishIsChained(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, _ := testJetStream(t)
+	cfg := Stream{Name: "CHAIN", Subject: "mailroom.batches"}
+	a, err := NewPublisher(ctx, nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := NewPublisher(ctx, nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	fa, err := a.PublishAsync(testMessage(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-fa.Ok():
+	case err := <-fa.Err():
+		t.Fatalf("first tailer: %v", err)
+	}
+	fb, err := b.PublishAsync(testMessage(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ack := <-fb.Ok():
+		t.Fatalf("second tailer's first publish onto a stream it saw empty was accepted (seq %d)", ack.Sequence)
+	case err := <-fb.Err():
+		if !strings.Contains(err.Error(), "wrong last sequence") {
+			t.Fatalf("second tailer: %v, want wrong last sequence", err)
+		}
+	}
+}
+
+func TestCheckDuplicate(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, _ := testJetStream(t)
+	p, err := NewPublisher(ctx, nc, Stream{Name: "DUP", Subject: "mailroom.batches"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var ids []string
+	for i := uint64(1); i <= 2; i++ {
+		m := testMessage(i)
+		f, err := p.PublishAsync(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-f.Ok()
+		ids = append(ids, BatchID(m.First, m.Last))
+	}
+	if err := p.CheckDuplicate(ctx, ids[0], 1); err != nil {
+		t.Errorf("duplicate naming the batch's own message: %v", err)
+	}
+	for _, tc := range []struct {
+		seq  uint64
+		want string
+	}{{0, "without a stream sequence"}, {2, "which holds"}, {9, "cannot be read"}} {
+		if err := p.CheckDuplicate(ctx, ids[0], tc.seq); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("duplicate naming sequence %d: %v, want %q", tc.seq, err, tc.want)
+		}
+	}
+}
