@@ -24,6 +24,9 @@ type Stream struct {
 	// created.
 	Duplicates time.Duration
 	Replicas   int
+	// Origin is put on every message, and checked against the stream's
+	// last message with CheckOrigin.
+	Origin Origin
 	// PerAction publishes each action's batches on a subject of its own:
 	// Subject.activation and Subject.password_recovery (lanes 0 and 1 of
 	// batch.ByAction).
@@ -47,7 +50,12 @@ const minMaxPayload = 8 << 10
 type Publisher struct {
 	js       jetstream.JetStream
 	stream   jetstream.Stream
+	name     string
 	subjects []string
+	origin   string
+	// lastOrigin is the origin of the stream's last message ("" when it
+	// has none).
+	lastOrigin string
 
 	lastID  string
 	lastPos []decoder.Position
@@ -113,7 +121,10 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Stream) (*Publisher, e
 			return nil, fmt.Errorf("stream %s does not take subject %s (its subjects: %v): set MAILROOM_NATS_SUBJECT to one it takes, or add it to the stream", cfg.Name, subject, info.Config.Subjects)
 		}
 	}
-	p := &Publisher{js: js, stream: stream, subjects: subjects, lastPos: make([]decoder.Position, len(subjects))}
+	p := &Publisher{js: js, stream: stream, name: cfg.Name, subjects: subjects, lastPos: make([]decoder.Position, len(subjects))}
+	if cfg.Origin != (Origin{}) {
+		p.origin = cfg.Origin.String()
+	}
 	if err := p.readLast(ctx); err != nil {
 		return nil, err
 	}
@@ -140,6 +151,7 @@ func (p *Publisher) readLast(ctx context.Context) error {
 		return fmt.Errorf("read last message of stream: %w", err)
 	default:
 		p.lastID = msg.Header.Get(HeaderMsgID)
+		p.lastOrigin = msg.Header.Get(HeaderOrigin)
 	}
 	for lane, subject := range p.subjects {
 		msg, err := p.stream.GetLastMsgForSubject(ctx, subject)
@@ -212,6 +224,9 @@ func (p *Publisher) PublishAsync(m *Message) (jetstream.PubAckFuture, error) {
 			HeaderPosLast:   {m.Last.String()},
 			HeaderFormat:    {m.Format.String()},
 		},
+	}
+	if p.origin != "" {
+		msg.Header[HeaderOrigin] = []string{p.origin}
 	}
 	opts := []jetstream.PublishOpt{jetstream.WithMsgID(id)}
 	if p.lastID != "" {

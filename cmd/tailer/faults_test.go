@@ -800,3 +800,85 @@ func TestLagAndReadinessDuringNATSOutage(t *testing.T) {
 	}
 	c.expectExactlyOnce(30 * time.Second)
 }
+
+// exit waits for the process to exit on its own and returns its code.
+func (p *proc) exit(within time.Duration) int {
+	p.t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(within):
+		p.t.Fatalf("tailer still running after %s:\n%s", within, p.out.String())
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+// A stream published from one database, pointed at by a tailer of another
+// (another database of the server, a fresh cluster, a restore whose WAL is
+// behind the stream): the tailer refuses to start, naming both sides,
+// instead of skipping every token up to the stream's position.
+func TestForeignStreamRefused(t *testing.T) {
+	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
+	tp := c.tailer()
+	tp.waitLog("streaming", 1, 20*time.Second)
+	c.exec(`INSERT INTO accounts (email, login) SELECT 'o' || g || '@x', 'o' || g FROM generate_series(1, 20) g`)
+	c.expectExactlyOnce(30 * time.Second)
+	if code := tp.term(15 * time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	first := c.firstMessage()
+	if first.Header.Get(publish.HeaderOrigin) == "" {
+		t.Fatal("messages carry no origin")
+	}
+
+	fresh, err := pgtest.Start(pgtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fresh.Close() })
+	otherDB, _ := dbtest.New(t, pgtest.Shared(t))
+	freshDB, _ := dbtest.New(t, fresh)
+	for _, tc := range []struct{ name, url, want string }{
+		{"another database", otherDB, "published from another database"},
+		{"a fresh cluster", freshDB, "published from another database"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := c.tailer("MAILROOM_DATABASE_URL="+tc.url, "MAILROOM_SLOT=foreign")
+			if code := p.exit(30 * time.Second); code != exitFailure {
+				t.Fatalf("exit %d, want %d:\n%s", code, exitFailure, p.out.String())
+			}
+			out := p.out.String()
+			if !strings.Contains(out, tc.want) || !strings.Contains(out, first.Header.Get(publish.HeaderOrigin)) || !strings.Contains(out, "MAILROOM_NATS_STREAM") {
+				t.Fatalf("refusal does not name the problem, both origins and the way out:\n%s", out)
+			}
+			if strings.Count(out, "refuses to start") != 1 {
+				t.Errorf("refusal not said exactly once:\n%s", out)
+			}
+		})
+	}
+
+	t.Run("positions ahead of the WAL", func(t *testing.T) {
+		// A stream of an older tailer (no origin header) whose last
+		// position is ahead of this server's WAL, as after a restore.
+		nc, err := nats.Connect(c.natsURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		js, _ := jetstream.New(nc)
+		if _, err := js.CreateStream(c.ctx, jetstream.StreamConfig{Name: "AHEAD", Subjects: []string{"ahead.batches"}}); err != nil {
+			t.Fatal(err)
+		}
+		m := nats.NewMsg("ahead.batches")
+		m.Header.Set(publish.HeaderMsgID, "FF/0:0-FF/0:0")
+		m.Header.Set(publish.HeaderPosLast, "FF/0:0")
+		m.Data = []byte("x")
+		if _, err := js.PublishMsg(c.ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		c.exec(`INSERT INTO accounts (email, login) VALUES ('behind@x', 'behind')`)
+		p := c.tailer("MAILROOM_NATS_STREAM=AHEAD", "MAILROOM_NATS_SUBJECT=ahead.batches")
+		if code := p.exit(30 * time.Second); code != exitFailure || !strings.Contains(p.out.String(), "ahead of this server's WAL") {
+			t.Fatalf("exit %d:\n%s", code, p.out.String())
+		}
+	})
+}

@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
@@ -224,6 +225,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		if cerr := startupConfigError(err); cerr != nil && !d.streamed() {
 			return cerr
 		}
+		// Retrying cannot make a stream of another database ours.
+		var foreign *publish.ErrForeignStream
+		if errors.As(err, &foreign) {
+			return err
+		}
 		if time.Since(started) > time.Minute {
 			delay = minDelay
 		}
@@ -275,17 +281,25 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		return pgErr(err)
 	}
 
-	pub, err := publish.NewPublisher(ctx, nc, publish.Stream{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction})
-	if err != nil {
-		return natsErr(err)
-	}
-	defer pub.Close()
-
 	rc, err := replication.Connect(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return pgErr(err)
 	}
 	defer rc.Close(context.Background())
+	ident, err := pglogrepl.IdentifySystem(ctx, rc)
+	if err != nil {
+		return pgErr(fmt.Errorf("identify system: %w", err))
+	}
+	origin := publish.Origin{SystemID: ident.SystemID, Timeline: ident.Timeline, Database: ident.DBName}
+
+	pub, err := publish.NewPublisher(ctx, nc, publish.Stream{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction, Origin: origin})
+	if err != nil {
+		return natsErr(err)
+	}
+	defer pub.Close()
+	if err := pub.CheckOrigin(origin, slot.CurrentLSN); err != nil {
+		return err
+	}
 	stream, err := replication.Start(ctx, rc, replication.Options{
 		Slot: cfg.Slot, Publication: cfg.Publication, ProtoVersion: cfg.ProtoVersion, Binary: cfg.Binary,
 		OnStatus: d.metrics.statusSent, Timeout: cfg.ReplicationTimeout,
