@@ -65,6 +65,21 @@ type Publisher struct {
 	lastSeq uint64
 }
 
+// resumable refuses stream configurations that can remove the stream's
+// last message while the tailer is away or idle: that message is the resume
+// point, and without it a restarted tailer publishes again every token the
+// slot replays. Limits that discard the oldest messages keep the newest
+// one, and are fine.
+func resumable(c jetstream.StreamConfig) error {
+	switch {
+	case c.Retention == jetstream.WorkQueuePolicy || c.Retention == jetstream.InterestPolicy:
+		return fmt.Errorf("retention %s removes messages once they are consumed, and with them the tailer's resume point: use limits retention (the tailer's own stream) and let consumers keep their own position", c.Retention)
+	case c.MaxAge > 0:
+		return fmt.Errorf("max_age %s removes the last message after a quiet spell, and with it the tailer's resume point: set max_age 0 and bound the stream with max_msgs or max_bytes (discard old)", c.MaxAge)
+	}
+	return nil
+}
+
 // SubjectMatches reports whether subject is matched by pattern under NATS
 // rules: tokens separated by '.', '*' matching one token, '>' as the last
 // token matching one or more.
@@ -115,6 +130,9 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Stream) (*Publisher, e
 		return nil, fmt.Errorf("stream %s: %w", cfg.Name, err)
 	}
 	info := stream.CachedInfo()
+	if err := resumable(info.Config); err != nil {
+		return nil, fmt.Errorf("stream %s: %w", cfg.Name, err)
+	}
 	subjects := cfg.LaneSubjects()
 	for _, subject := range subjects {
 		if !slices.ContainsFunc(info.Config.Subjects, func(pattern string) bool { return SubjectMatches(pattern, subject) }) {

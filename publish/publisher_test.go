@@ -154,3 +154,40 @@ func TestCheckDuplicate(t *testing.T) {
 		}
 	}
 }
+
+// Configurations that can remove the stream's last message are refused,
+// naming the setting; limits that discard old messages are not.
+func TestStreamConfigurationsThatForget(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, js := testJetStream(t)
+	for _, tc := range []struct {
+		cfg  jetstream.StreamConfig
+		want string // "" accepted
+	}{
+		{jetstream.StreamConfig{Retention: jetstream.WorkQueuePolicy}, "retention WorkQueue"},
+		{jetstream.StreamConfig{Retention: jetstream.InterestPolicy}, "retention Interest"},
+		{jetstream.StreamConfig{MaxAge: time.Hour}, "max_age 1h0m0s"},
+		{jetstream.StreamConfig{MaxMsgs: 100, Discard: jetstream.DiscardOld}, ""},
+		{jetstream.StreamConfig{MaxMsgs: 100, Discard: jetstream.DiscardNew}, ""},
+	} {
+		name := strings.NewReplacer(" ", "_", ".", "_").Replace(tc.want)
+		if name == "" {
+			name = "OK" + strings.ToUpper(tc.cfg.Discard.String())
+		}
+		tc.cfg.Name, tc.cfg.Subjects = "S_"+name, []string{name + ".batches"}
+		if _, err := js.CreateStream(ctx, tc.cfg); err != nil {
+			t.Fatal(err)
+		}
+		p, err := NewPublisher(ctx, nc, Stream{Name: tc.cfg.Name, Subject: name + ".batches"})
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s refused: %v", tc.cfg.Name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want a refusal naming %q", tc.cfg.Name, err, tc.want)
+		}
+		if p != nil {
+			p.Close()
+		}
+	}
+}
