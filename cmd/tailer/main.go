@@ -337,6 +337,12 @@ func subscribe(ctx context.Context, args []string, getenv func(string) string, s
 	// The shared settings come after the subscriber's own flags.
 	var own, shared []string
 	for i := 0; i < len(args); i++ {
+		if args[i] == "-h" || args[i] == "--help" || args[i] == "-help" {
+			// Both sets of flags: the subscriber's own, then the shared
+			// settings it reads.
+			own = []string{"-h"}
+			break
+		}
 		name := strings.TrimLeft(strings.SplitN(args[i], "=", 2)[0], "-")
 		if f := fs.Lookup(name); f != nil && strings.HasPrefix(args[i], "-") {
 			own = append(own, args[i])

@@ -252,3 +252,21 @@ func TestWrongCredentialsAtStartup(t *testing.T) {
 		})
 	}
 }
+
+// Every command's help lists its own flags.
+func TestHelpListsEveryFlag(t *testing.T) {
+	for cmd, flags := range map[string][]string{
+		"subscribe": {"-durable", "-format", "-max-tokens-per-line", "-from-start", "-filter-action", "-dedup-window", "-ack-wait", "-nats-url", "-nats-stream", "-nats-subject"},
+		"run":       {"-database-url", "-secret-key", "-batch-limit", "-replication-timeout", "-pprof", "-max-in-flight"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := run([]string{cmd, "--help"}, func(string) string { return "" }, &stdout, &stderr); code != exitOK {
+			t.Errorf("%s --help: exit %d", cmd, code)
+		}
+		for _, f := range flags {
+			if !strings.Contains(stderr.String()+stdout.String(), f) {
+				t.Errorf("%s --help does not list %s:\n%s", cmd, f, stderr.String())
+			}
+		}
+	}
+}

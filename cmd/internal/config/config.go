@@ -130,7 +130,7 @@ var Vars = []Var{
 		c.BatchTimeout = time.Duration(n) * time.Millisecond
 		return nil
 	}},
-	{Env: "MAILROOM_NATS_URL", Flag: "nats-url", Usage: "NATS server URL; unset runs an embedded JetStream server", Secret: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_URL", Flag: "nats-url", Usage: "NATS server URL(s), comma-separated; unset: tailer run starts an embedded JetStream server, tailer subscribe connects to nats://127.0.0.1:4222", Secret: true, set: func(c *Config, v string) error {
 		for _, part := range strings.Split(v, ",") {
 			if v == "" {
 				break
