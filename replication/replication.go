@@ -48,6 +48,28 @@ type SlotInfo struct {
 	ConfirmedFlush pglogrepl.LSN
 	// CurrentLSN is pg_current_wal_lsn() at the time of the query.
 	CurrentLSN pglogrepl.LSN
+	// WALStatus is pg_replication_slots.wal_status: reserved, extended,
+	// unreserved, or lost once the WAL the slot needs was removed.
+	WALStatus string
+}
+
+// Lost reports whether the server removed WAL the slot still needed
+// (max_slot_wal_keep_size): the changes in it can never be read.
+func (s SlotInfo) Lost() bool { return s.WALStatus == "lost" }
+
+// LostMessage says what a lost slot means and how to recover, for logs,
+// /readyz and tailer status.
+func (s SlotInfo) LostMessage() string {
+	return fmt.Sprintf("slot %s is lost (wal_status lost): the server removed WAL it still needed (max_slot_wal_keep_size), so tokens committed after %s cannot be read from it. "+
+		"The tailer will not recreate it by itself. To go on: stop every tailer, SELECT pg_drop_replication_slot('%s'), run tailer migrate (it creates the slot again) and tailer run; "+
+		"tokens committed while the slot was lost are not published and must be sent again another way", s.Name, s.ConfirmedFlush, s.Name)
+}
+
+// IsSlotLost reports whether err is the server refusing to stream an
+// invalidated slot (SQLSTATE 55000).
+func IsSlotLost(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55000"
 }
 
 // LagBytes is how far the slot's confirmed position is behind the server's
@@ -82,9 +104,9 @@ func Slot(ctx context.Context, q Querier, name string) (SlotInfo, error) {
 	)
 	err := q.QueryRow(ctx, `
 		SELECT slot_name, plugin, database, active, active_pid,
-		       restart_lsn::text, confirmed_flush_lsn::text, pg_current_wal_lsn()::text
+		       restart_lsn::text, confirmed_flush_lsn::text, pg_current_wal_lsn()::text, coalesce(wal_status, '')
 		FROM pg_replication_slots WHERE slot_name = $1`, name).
-		Scan(&s.Name, &s.Plugin, &s.Database, &s.Active, &pid, &restart, &confirmed, &curr)
+		Scan(&s.Name, &s.Plugin, &s.Database, &s.Active, &pid, &restart, &confirmed, &curr, &s.WALStatus)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, fmt.Errorf("slot %s: %w", name, ErrNoSlot)
 	}

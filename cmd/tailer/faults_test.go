@@ -882,3 +882,73 @@ func TestForeignStreamRefused(t *testing.T) {
 		}
 	})
 }
+
+// A slot the server invalidated (max_slot_wal_keep_size exceeded while no
+// tailer ran) is said to be lost, loudly: tailer status exits 1 and says
+// so, tailer run logs it once and waits without recreating the slot, and
+// /readyz and tailer_slot_invalidated say why.
+func TestLostSlotIsReported(t *testing.T) {
+	pg, err := pgtest.Start(pgtest.Options{Settings: []string{"max_slot_wal_keep_size=1MB", "wal_keep_size=0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Close() })
+	c := newCluster(t, pg, 10, 100*time.Millisecond)
+	tp := c.tailer()
+	tp.waitLog("streaming", 1, 20*time.Second)
+	c.exec(`INSERT INTO accounts (email, login) SELECT 'before' || g || '@x', 'before' || g FROM generate_series(1, 5) g`)
+	c.expectExactlyOnce(30 * time.Second)
+	if code := tp.term(15 * time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+
+	// While no tailer runs: tokens, then more WAL than the slot may keep.
+	c.exec(`INSERT INTO accounts (email, login) SELECT 'during' || g || '@x', 'during' || g FROM generate_series(1, 5) g`)
+	for i := 0; i < 4; i++ {
+		c.exec(`CREATE TABLE IF NOT EXISTS filler (x text)`)
+		c.exec(`INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 2000)`)
+		c.exec(`SELECT pg_switch_wal()`)
+	}
+	c.exec(`CHECKPOINT`)
+	if s := c.slot(); !s.Lost() {
+		t.Fatalf("slot not invalidated: wal_status %q", s.WALStatus)
+	}
+
+	rep, code := c.status(1 << 40)
+	if code != 1 || rep.OK || rep.WALStatus != "lost" {
+		t.Fatalf("tailer status on a lost slot: exit %d, %+v", code, rep)
+	}
+
+	port, err := pgtest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	p := c.tailer(fmt.Sprintf("MAILROOM_HTTP_ADDR=127.0.0.1:%d", port), "MAILROOM_LAG_INTERVAL=200")
+	p.waitLog("replication slot lost", 1, 20*time.Second)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		code, body := httpGet(base + "/readyz")
+		_, metrics := httpGet(base + "/metrics")
+		v, _ := metricValue(metrics, "tailer_slot_invalidated")
+		if code == 503 && strings.Contains(body, "is lost") && v == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz %d %s; tailer_slot_invalidated %v", code, body, v)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// It keeps checking but says it once, and does not recreate the slot.
+	time.Sleep(6 * time.Second)
+	out := p.out.String()
+	if n := strings.Count(out, "replication slot lost"); n != 1 {
+		t.Errorf("lost slot logged %d times, want once:\n%s", n, out)
+	}
+	if !strings.Contains(out, "pg_drop_replication_slot('mailroom')") {
+		t.Errorf("the log does not say how to recover:\n%s", out)
+	}
+	if s := c.slot(); !s.Lost() {
+		t.Errorf("the slot was recreated: wal_status %q", s.WALStatus)
+	}
+}

@@ -181,6 +181,8 @@ type statusReport struct {
 	CurrentLSN     string  `json:"current_wal_lsn"`
 	LagBytes       int64   `json:"lag_bytes"`
 	RetainedBytes  int64   `json:"retained_bytes"`
+	WALStatus      string  `json:"wal_status"`
+	Lost           string  `json:"lost,omitempty"`
 	Stream         string  `json:"stream"`
 	StreamMessages *uint64 `json:"stream_messages"`
 	StreamLastSeq  *uint64 `json:"stream_last_seq"`
@@ -222,7 +224,11 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 		ConfirmedLSN: slot.ConfirmedFlush.String(), RestartLSN: slot.RestartLSN.String(), CurrentLSN: slot.CurrentLSN.String(),
 		LagBytes: slot.LagBytes(), RetainedBytes: slot.RetainedBytes(), Stream: cfg.Stream, MaxLagBytes: cfg.MaxLag,
 	}
-	rep.OK = rep.LagBytes <= cfg.MaxLag
+	rep.WALStatus = slot.WALStatus
+	if slot.Lost() {
+		rep.Lost = slot.LostMessage()
+	}
+	rep.OK = rep.LagBytes <= cfg.MaxLag && !slot.Lost()
 	if cfg.NATSURL != "" {
 		if info, err := streamInfo(ctx, cfg.NATSURL, cfg.Stream); err != nil {
 			rep.StreamError = err.Error()
@@ -240,7 +246,10 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 		fmt.Fprintf(stdout, "slot            %s (active=%v pid=%d)\n", rep.Slot, rep.Active, rep.ActivePID)
 		fmt.Fprintf(stdout, "confirmed LSN   %s\nrestart LSN     %s\ncurrent LSN     %s\n", rep.ConfirmedLSN, rep.RestartLSN, rep.CurrentLSN)
 		fmt.Fprintf(stdout, "lag             %d bytes (%s), max %s\n", rep.LagBytes, human(rep.LagBytes), human(cfg.MaxLag))
-		fmt.Fprintf(stdout, "retained WAL    %d bytes (%s)\n", rep.RetainedBytes, human(rep.RetainedBytes))
+		fmt.Fprintf(stdout, "retained WAL    %d bytes (%s), wal_status %s\n", rep.RetainedBytes, human(rep.RetainedBytes), rep.WALStatus)
+		if rep.Lost != "" {
+			fmt.Fprintf(stdout, "LOST            %s\n", rep.Lost)
+		}
 		if rep.StreamError != "" {
 			fmt.Fprintf(stdout, "stream          %s: %s\n", rep.Stream, rep.StreamError)
 		} else {

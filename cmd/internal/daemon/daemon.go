@@ -99,6 +99,20 @@ func (e *stopError) Error() string {
 }
 func (e *stopError) Unwrap() error { return e.err }
 
+// slotLostError is a slot the server invalidated: retrying cannot read it,
+// but the operator may recreate it while the tailer waits.
+type slotLostError struct {
+	slot  replication.SlotInfo
+	cause error // the server's refusal, when it came at the start of streaming
+}
+
+func (e *slotLostError) Error() string {
+	if e.cause != nil {
+		return e.slot.LostMessage() + " (" + e.cause.Error() + ")"
+	}
+	return e.slot.LostMessage()
+}
+
 // What a failed session's error is blamed on, for tailer_reconnects_total.
 const (
 	targetPostgres = "postgres"
@@ -210,7 +224,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 	const minDelay, maxDelay = 250 * time.Millisecond, 30 * time.Second
 	delay := minDelay
-	waitingForSlot := false
+	waitingForSlot, slotLost := false, false
 	for {
 		started := time.Now()
 		err := d.session(ctx, nc)
@@ -237,7 +251,17 @@ func (d *Daemon) Run(ctx context.Context) error {
 		if errors.As(err, &se) && !replication.IsSlotInUse(err) {
 			d.metrics.reconnect(se.target)
 		}
+		var lost *slotLostError
 		switch {
+		case errors.As(err, &lost):
+			// Said once; the tailer waits for the operator, checking
+			// every few seconds, and /readyz and the metric say why.
+			if !slotLost {
+				d.log.Error("replication slot lost", "err", err)
+				slotLost = true
+			}
+			delay = 5 * time.Second
+			waitingForSlot = false
 		case replication.IsSlotInUse(err):
 			if !waitingForSlot {
 				d.log.Info("slot is in use by another tailer; standing by", "slot", d.cfg.Slot)
@@ -245,7 +269,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			}
 			delay = time.Second
 		default:
-			waitingForSlot = false
+			waitingForSlot, slotLost = false, false
 			d.log.Error("session ended; retrying", "err", err, "retry_in", delay.Round(time.Millisecond))
 		}
 		// Full jitter keeps several tailers from retrying in lockstep.
@@ -280,6 +304,9 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	if err != nil {
 		return pgErr(err)
 	}
+	if slot.Lost() {
+		return &slotLostError{slot: slot}
+	}
 
 	rc, err := replication.Connect(ctx, cfg.DatabaseURL)
 	if err != nil {
@@ -304,6 +331,9 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		Slot: cfg.Slot, Publication: cfg.Publication, ProtoVersion: cfg.ProtoVersion, Binary: cfg.Binary,
 		OnStatus: d.metrics.statusSent, Timeout: cfg.ReplicationTimeout,
 	})
+	if replication.IsSlotLost(err) {
+		return &slotLostError{slot: slot, cause: err}
+	}
 	if err != nil {
 		return pgErr(err)
 	}
@@ -493,6 +523,8 @@ func (d *Daemon) readiness() Readiness {
 		r.Reasons = append(r.Reasons, "slot lag not sampled yet")
 	case s.err != nil:
 		r.Reasons = append(r.Reasons, "slot lag unknown: "+s.err.Error())
+	case s.slot.Lost():
+		r.Reasons = append(r.Reasons, s.slot.LostMessage())
 	default:
 		lag := s.slot.LagBytes()
 		r.LagBytes = &lag

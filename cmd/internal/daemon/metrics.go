@@ -32,6 +32,7 @@ type Metrics struct {
 	slotConfirmed  prometheus.Gauge
 	slotSampled    prometheus.Gauge
 	slotHeld       prometheus.Gauge
+	slotLost       prometheus.Gauge
 	ready          prometheus.Gauge
 	reconnects     *prometheus.CounterVec
 	pending        prometheus.GaugeFunc
@@ -52,6 +53,7 @@ var MetricNames = []string{
 	"tailer_slot_confirmed_lsn",
 	"tailer_slot_sample_timestamp_seconds",
 	"tailer_slot_held",
+	"tailer_slot_invalidated",
 	"tailer_ready",
 	"tailer_reconnects_total",
 	"tailer_tokens_pending",
@@ -100,6 +102,9 @@ func NewMetrics(pending func() float64) *Metrics {
 		slotSampled: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tailer_slot_sample_timestamp_seconds", Help: "When the slot was last sampled successfully (Unix time).",
 		}),
+		slotLost: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tailer_slot_invalidated", Help: "1 when the slot is lost (wal_status lost): WAL it needed was removed and its tokens cannot be read.",
+		}),
 		slotHeld: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tailer_slot_held", Help: "1 while this instance streams from the slot, 0 while it stands by or reconnects.",
 		}),
@@ -123,7 +128,7 @@ func NewMetrics(pending func() float64) *Metrics {
 		m.reconnects.WithLabelValues(t)
 	}
 	m.reg.MustRegister(m.published, m.skipped, m.batches, m.batchSize, m.publishLatency, m.commitToAck,
-		m.lastDone, m.confirmed, m.slotLag, m.slotRetained, m.slotConfirmed, m.slotSampled, m.slotHeld, m.ready,
+		m.lastDone, m.confirmed, m.slotLag, m.slotRetained, m.slotConfirmed, m.slotSampled, m.slotHeld, m.slotLost, m.ready,
 		m.reconnects, m.pending,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -156,6 +161,7 @@ func (m *Metrics) slotSample(s replication.SlotInfo) {
 	m.slotRetained.Set(float64(s.RetainedBytes()))
 	m.slotConfirmed.Set(float64(s.ConfirmedFlush))
 	m.slotSampled.SetToCurrentTime()
+	m.slotLost.Set(b2f(s.Lost()))
 }
 
 func b2f(b bool) float64 {
