@@ -745,7 +745,8 @@ func TestLagAndReadinessDuringNATSOutage(t *testing.T) {
 		t.Fatalf("/debug/pprof/ = %d without MAILROOM_PPROF, want 404", code)
 	}
 	rep, code := c.status(maxLag)
-	if code != 0 || !rep.OK || !rep.Active || rep.ActivePID == 0 || rep.Stream != "MAILROOM" || rep.StreamMessages == nil {
+	if code != 0 || !rep.OK || !rep.Active || rep.ActivePID == 0 || rep.Stream != "MAILROOM" || rep.StreamMessages == nil ||
+		rep.StreamReplicas == nil || *rep.StreamReplicas != 1 || rep.WALStatus != "reserved" {
 		t.Fatalf("status before the outage: exit %d, %+v", code, rep)
 	}
 

@@ -186,6 +186,7 @@ type statusReport struct {
 	Stream         string  `json:"stream"`
 	StreamMessages *uint64 `json:"stream_messages"`
 	StreamLastSeq  *uint64 `json:"stream_last_seq"`
+	StreamReplicas *int    `json:"stream_replicas"`
 	StreamError    string  `json:"stream_error,omitempty"`
 	MaxLagBytes    int64   `json:"max_lag_bytes"`
 	OK             bool    `json:"ok"`
@@ -233,7 +234,7 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 		if info, err := streamInfo(ctx, cfg.NATSURL, cfg.Stream); err != nil {
 			rep.StreamError = err.Error()
 		} else {
-			rep.StreamMessages, rep.StreamLastSeq = &info.State.Msgs, &info.State.LastSeq
+			rep.StreamMessages, rep.StreamLastSeq, rep.StreamReplicas = &info.State.Msgs, &info.State.LastSeq, &info.Config.Replicas
 		}
 	} else {
 		rep.StreamError = "MAILROOM_NATS_URL not set (embedded server is only reachable while tailer run is up)"
@@ -253,7 +254,7 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 		if rep.StreamError != "" {
 			fmt.Fprintf(stdout, "stream          %s: %s\n", rep.Stream, rep.StreamError)
 		} else {
-			fmt.Fprintf(stdout, "stream          %s: %d messages, last seq %d\n", rep.Stream, *rep.StreamMessages, *rep.StreamLastSeq)
+			fmt.Fprintf(stdout, "stream          %s: %d messages, last seq %d, %d replicas\n", rep.Stream, *rep.StreamMessages, *rep.StreamLastSeq, *rep.StreamReplicas)
 		}
 	}
 	if !rep.OK {
