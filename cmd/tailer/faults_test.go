@@ -802,6 +802,19 @@ func TestLagAndReadinessDuringNATSOutage(t *testing.T) {
 	c.expectExactlyOnce(30 * time.Second)
 }
 
+// publishThenStop runs a tailer until n new accounts' tokens (emails
+// prefix1@x...) are on the stream exactly once, then stops it gracefully.
+func (c *cluster) publishThenStop(prefix string, n int) {
+	c.t.Helper()
+	tp := c.tailer()
+	tp.waitLog("streaming", 1, 20*time.Second)
+	c.exec(`INSERT INTO accounts (email, login) SELECT $1 || g || '@x', $1 || g FROM generate_series(1, $2::int) g`, prefix, n)
+	c.expectExactlyOnce(30 * time.Second)
+	if code := tp.term(15 * time.Second); code != 0 {
+		c.t.Fatalf("tailer exit %d after SIGTERM", code)
+	}
+}
+
 // exit waits for the process to exit on its own and returns its code.
 func (p *proc) exit(within time.Duration) int {
 	p.t.Helper()
@@ -819,13 +832,7 @@ func (p *proc) exit(within time.Duration) int {
 // instead of skipping every token up to the stream's position.
 func TestForeignStreamRefused(t *testing.T) {
 	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
-	tp := c.tailer()
-	tp.waitLog("streaming", 1, 20*time.Second)
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'o' || g || '@x', 'o' || g FROM generate_series(1, 20) g`)
-	c.expectExactlyOnce(30 * time.Second)
-	if code := tp.term(15 * time.Second); code != 0 {
-		t.Fatalf("exit %d", code)
-	}
+	c.publishThenStop("o", 20)
 	first := c.firstMessage()
 	if first.Header.Get(publish.HeaderOrigin) == "" {
 		t.Fatal("messages carry no origin")
@@ -895,13 +902,7 @@ func TestLostSlotIsReported(t *testing.T) {
 	}
 	t.Cleanup(func() { pg.Close() })
 	c := newCluster(t, pg, 10, 100*time.Millisecond)
-	tp := c.tailer()
-	tp.waitLog("streaming", 1, 20*time.Second)
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'before' || g || '@x', 'before' || g FROM generate_series(1, 5) g`)
-	c.expectExactlyOnce(30 * time.Second)
-	if code := tp.term(15 * time.Second); code != 0 {
-		t.Fatalf("exit %d", code)
-	}
+	c.publishThenStop("before", 5)
 
 	// While no tailer runs: tokens, then more WAL than the slot may keep.
 	c.exec(`INSERT INTO accounts (email, login) SELECT 'during' || g || '@x', 'during' || g FROM generate_series(1, 5) g`)
