@@ -53,6 +53,9 @@ const (
 	// of the first and last token the batch covers, published or skipped.
 	HeaderPosFirst = "Mailroom-Pos-First"
 	HeaderPosLast  = "Mailroom-Pos-Last"
+	// HeaderResync marks a batch published by a resync from a snapshot
+	// (instead of positions): the consistent point of the slot it made.
+	HeaderResync = "Mailroom-Resync"
 )
 
 // BatchID derives a batch's id from the WAL positions it covers only, so the

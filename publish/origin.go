@@ -36,7 +36,8 @@ type ErrForeignStream struct {
 
 func (e *ErrForeignStream) Error() string {
 	return fmt.Sprintf("stream %s holds batches %s (stream: %s; this server: %s): publishing would skip or repeat tokens, so the tailer refuses to start. "+
-		"Use a stream of this database (MAILROOM_NATS_STREAM) once the consumers have drained the old one",
+		"To go on from here, run `tailer resync`: it recreates the slot and publishes, once, every still-eligible token of this database that the stream lacks. "+
+		"Or use a stream of this database (MAILROOM_NATS_STREAM) once the consumers have drained the old one",
 		e.Stream, e.Reason, e.Stored, e.Here)
 }
 

@@ -59,6 +59,10 @@ type Publisher struct {
 
 	lastID  string
 	lastPos []decoder.Position
+	// lastPosSeq is the sequence of the message lastPos comes from.
+	lastPosSeq []uint64
+	// lastTime is when the stream's last message was stored.
+	lastTime time.Time
 	// lastSeq is the stream's last sequence when the session started: the
 	// first publish expects it when there is no message id to chain to
 	// (an empty stream), so that two tailers cannot both start the chain.
@@ -139,7 +143,7 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Stream) (*Publisher, e
 			return nil, fmt.Errorf("stream %s does not take subject %s (its subjects: %v): set MAILROOM_NATS_SUBJECT to one it takes, or add it to the stream", cfg.Name, subject, info.Config.Subjects)
 		}
 	}
-	p := &Publisher{js: js, stream: stream, name: cfg.Name, subjects: subjects, lastPos: make([]decoder.Position, len(subjects))}
+	p := &Publisher{js: js, stream: stream, name: cfg.Name, subjects: subjects, lastPos: make([]decoder.Position, len(subjects)), lastPosSeq: make([]uint64, len(subjects))}
 	if cfg.Origin != (Origin{}) {
 		p.origin = cfg.Origin.String()
 	}
@@ -170,6 +174,7 @@ func (p *Publisher) readLast(ctx context.Context) error {
 	default:
 		p.lastID = msg.Header.Get(HeaderMsgID)
 		p.lastOrigin = msg.Header.Get(HeaderOrigin)
+		p.lastTime = msg.Time
 	}
 	for lane, subject := range p.subjects {
 		msg, err := p.stream.GetLastMsgForSubject(ctx, subject)
@@ -183,6 +188,7 @@ func (p *Publisher) readLast(ctx context.Context) error {
 			if p.lastPos[lane], err = decoder.ParsePosition(s); err != nil {
 				return fmt.Errorf("last message on %s (seq %d): %s: %w", subject, msg.Sequence, HeaderPosLast, err)
 			}
+			p.lastPosSeq[lane] = msg.Sequence
 		}
 	}
 	return nil
@@ -207,6 +213,29 @@ func (p *Publisher) CheckDuplicate(ctx context.Context, id string, seq uint64) e
 	return nil
 }
 
+// ResumeAfter makes the publisher disregard what the stream's messages up
+// to seq say about positions and origin: a resync recreated the slot from a
+// snapshot and published what the stream lacked, so those messages describe
+// the old slot (or another database), and the new slot starts after them.
+func (p *Publisher) ResumeAfter(seq uint64) {
+	if p.lastSeq <= seq {
+		p.lastOrigin = ""
+	}
+	for lane := range p.lastPos {
+		if p.lastPosSeq[lane] <= seq {
+			p.lastPos[lane] = decoder.Position{}
+		}
+	}
+}
+
+// LastSeq is the stream's last sequence when the publisher started; 0 for
+// an empty stream.
+func (p *Publisher) LastSeq() uint64 { return p.lastSeq }
+
+// LastTime is when the stream's last message was stored (zero for an empty
+// stream, or when retention removed it).
+func (p *Publisher) LastTime() time.Time { return p.lastTime }
+
 // Close releases what the JetStream context holds for asynchronous
 // publishing (its reply subscription); the connection stays open.
 func (p *Publisher) Close() { p.js.CleanupPublisher() }
@@ -218,8 +247,12 @@ func (p *Publisher) LastPosition(lane int) decoder.Position { return p.lastPos[l
 
 // Message is one batch ready to send.
 type Message struct {
-	Lane        int
+	Lane int
+	// First and Last are the positions the batch covers. A batch of a
+	// resync has none: ID names it, and Resync the consistent point of the
+	// slot it was published for.
 	First, Last decoder.Position
+	ID, Resync  string
 	Count       int
 	TokenIDs    string
 	TokenKeys   string
@@ -230,7 +263,6 @@ type Message struct {
 // PublishAsync sends m and returns the future of its PubAck. Futures
 // complete in publishing order.
 func (p *Publisher) PublishAsync(m *Message) (jetstream.PubAckFuture, error) {
-	id := BatchID(m.First, m.Last)
 	msg := &nats.Msg{
 		Subject: p.subjects[m.Lane],
 		Data:    m.Body,
@@ -238,10 +270,17 @@ func (p *Publisher) PublishAsync(m *Message) (jetstream.PubAckFuture, error) {
 			HeaderCount:     {strconv.Itoa(m.Count)},
 			HeaderTokenIDs:  {m.TokenIDs},
 			HeaderTokenKeys: {m.TokenKeys},
-			HeaderPosFirst:  {m.First.String()},
-			HeaderPosLast:   {m.Last.String()},
 			HeaderFormat:    {m.Format.String()},
 		},
+	}
+	id := m.ID
+	if id == "" {
+		id = BatchID(m.First, m.Last)
+		msg.Header[HeaderPosFirst] = []string{m.First.String()}
+		msg.Header[HeaderPosLast] = []string{m.Last.String()}
+	}
+	if m.Resync != "" {
+		msg.Header[HeaderResync] = []string{m.Resync}
 	}
 	if p.origin != "" {
 		msg.Header[HeaderOrigin] = []string{p.origin}
@@ -256,6 +295,9 @@ func (p *Publisher) PublishAsync(m *Message) (jetstream.PubAckFuture, error) {
 	if err != nil {
 		return nil, fmt.Errorf("publish batch %s: %w", id, err)
 	}
-	p.lastID, p.lastPos[m.Lane] = id, m.Last
+	p.lastID = id
+	if m.ID == "" {
+		p.lastPos[m.Lane] = m.Last
+	}
 	return fut, nil
 }

@@ -61,8 +61,8 @@ func (s SlotInfo) Lost() bool { return s.WALStatus == "lost" }
 // /readyz and tailer status.
 func (s SlotInfo) LostMessage() string {
 	return fmt.Sprintf("slot %s is lost (wal_status lost): the server removed WAL it still needed (max_slot_wal_keep_size), so tokens committed after %s cannot be read from it. "+
-		"The tailer will not recreate it by itself. To go on: stop every tailer, SELECT pg_drop_replication_slot('%s'), run tailer migrate (it creates the slot again) and tailer run; "+
-		"tokens committed while the slot was lost are not published and must be sent again another way", s.Name, s.ConfirmedFlush, s.Name)
+		"The tailer will not recreate it by itself. To go on: stop every tailer run and run `tailer resync`, which recreates the slot and publishes, once, every still-eligible token the stream lacks "+
+		"(or set MAILROOM_AUTO_RESYNC=true to let tailer run do it)", s.Name, s.ConfirmedFlush)
 }
 
 // IsSlotLost reports whether err is the server refusing to stream an
@@ -174,6 +174,41 @@ func DropSlot(ctx context.Context, q Querier, name string) error {
 		return fmt.Errorf("drop slot %s: %w", name, err)
 	}
 	return nil
+}
+
+// Snapshot is a slot's starting point: the transactions committed before
+// ConsistentPoint are visible in the exported snapshot Name, and every later
+// one is decoded from the slot.
+type Snapshot struct {
+	ConsistentPoint pglogrepl.LSN
+	Name            string
+}
+
+var snapshotNameRe = regexp.MustCompile(`^[0-9A-F]+-[0-9A-F]+-[0-9]+$`)
+
+// CreateSlotWithSnapshot creates the logical slot on the replication
+// connection conn and exports the snapshot it starts from. The snapshot can
+// be imported (SET TRANSACTION SNAPSHOT) until conn runs another command or
+// closes.
+func CreateSlotWithSnapshot(ctx context.Context, conn *pgconn.PgConn, name string) (Snapshot, error) {
+	if err := ValidateName(name); err != nil {
+		return Snapshot{}, fmt.Errorf("slot name: %w", err)
+	}
+	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, name, Plugin,
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("create slot %s with a snapshot: %w", name, err)
+	}
+	lsn, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("create slot %s: consistent point: %w", name, err)
+	}
+	// The name goes into SET TRANSACTION SNAPSHOT, which takes no
+	// parameters.
+	if !snapshotNameRe.MatchString(res.SnapshotName) {
+		return Snapshot{}, fmt.Errorf("create slot %s: unexpected snapshot name %q", name, res.SnapshotName)
+	}
+	return Snapshot{ConsistentPoint: lsn, Name: res.SnapshotName}, nil
 }
 
 // IsSlotInUse reports whether err says another connection holds the slot

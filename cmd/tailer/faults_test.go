@@ -69,12 +69,19 @@ type cluster struct {
 
 func newCluster(t *testing.T, pg *pgtest.Server, limit int, timeout time.Duration) *cluster {
 	t.Helper()
+	c := newClusterWithoutSlot(t, pg, limit, timeout)
+	if _, err := replication.EnsureSlot(c.ctx, c.db, "mailroom"); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// newClusterWithoutSlot is newCluster before tailer migrate made the slot.
+func newClusterWithoutSlot(t *testing.T, pg *pgtest.Server, limit int, timeout time.Duration) *cluster {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
 	url, db := dbtest.New(t, pg)
-	if _, err := replication.EnsureSlot(ctx, db, "mailroom"); err != nil {
-		t.Fatal(err)
-	}
 	port, err := pgtest.FreePort()
 	if err != nil {
 		t.Fatal(err)
@@ -137,6 +144,12 @@ func (c *cluster) tailer(extraEnv ...string) *proc {
 		// Tests run in parallel packages: no fixed HTTP port.
 		args = append(args, "--http-addr=")
 	}
+	return c.command(args, extraEnv...)
+}
+
+// command starts the tailer binary with args, configured for the cluster.
+func (c *cluster) command(args []string, extraEnv ...string) *proc {
+	c.t.Helper()
 	cmd := exec.Command(tailerBin, args...)
 	cmd.Env = append(os.Environ(),
 		"MAILROOM_DATABASE_URL="+c.dbURL,
@@ -300,28 +313,38 @@ func (c *cluster) stream() (jetstream.Stream, func(), error) {
 	return s, nc.Close, nil
 }
 
-// tokenCounts reads the whole stream and counts each token id.
-func (c *cluster) tokenCounts() map[int64]int {
+// messages reads the whole stream.
+func (c *cluster) messages() []*jetstream.RawStreamMsg {
 	c.t.Helper()
-	counts := map[int64]int{}
 	stream, done, err := c.stream()
 	if err != nil {
-		return counts
+		return nil
 	}
 	defer done()
 	info, err := stream.Info(c.ctx)
 	if err != nil {
 		c.t.Fatal(err)
 	}
+	var msgs []*jetstream.RawStreamMsg
 	for seq := info.State.FirstSeq; info.State.LastSeq > 0 && seq <= info.State.LastSeq; seq++ {
 		m, err := stream.GetMsg(c.ctx, seq)
 		if err != nil {
 			c.t.Fatalf("message %d: %v", seq, err)
 		}
+		msgs = append(msgs, m)
+	}
+	return msgs
+}
+
+// tokenCounts reads the whole stream and counts each token id.
+func (c *cluster) tokenCounts() map[int64]int {
+	c.t.Helper()
+	counts := map[int64]int{}
+	for _, m := range c.messages() {
 		for _, s := range strings.Split(m.Header.Get(publish.HeaderTokenIDs), ",") {
 			id, err := strconv.ParseInt(s, 10, 64)
 			if err != nil {
-				c.t.Fatalf("message %d: token ids %q", seq, m.Header.Get(publish.HeaderTokenIDs))
+				c.t.Fatalf("message %d: token ids %q", m.Sequence, m.Header.Get(publish.HeaderTokenIDs))
 			}
 			counts[id]++
 		}
@@ -844,7 +867,7 @@ func TestForeignStreamRefused(t *testing.T) {
 	}
 	t.Cleanup(func() { fresh.Close() })
 	otherDB, _ := dbtest.New(t, pgtest.Shared(t))
-	freshDB, _ := dbtest.New(t, fresh)
+	freshDB, freshConn := dbtest.New(t, fresh)
 	for _, tc := range []struct{ name, url, want string }{
 		{"another database", otherDB, "published from another database"},
 		{"a fresh cluster", freshDB, "published from another database"},
@@ -863,6 +886,37 @@ func TestForeignStreamRefused(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("resync is the way out", func(t *testing.T) {
+		// The fresh cluster has no token the stream lacks: the resync
+		// publishes nothing, and tailer run goes on from its slot all the
+		// same, with positions of its own.
+		env := []string{"MAILROOM_DATABASE_URL=" + freshDB, "MAILROOM_SLOT=foreign"}
+		r := c.command([]string{"resync"}, env...)
+		if code := r.exit(30 * time.Second); code != exitOK || !strings.Contains(r.out.String(), "published=0") {
+			t.Fatalf("resync exit %d:\n%s", code, r.out.String())
+		}
+		p := c.tailer(env...)
+		p.waitLog("streaming", 1, 20*time.Second)
+		pgtest.Exec(t, c.ctx, freshConn, `INSERT INTO accounts (email, login) SELECT 'f' || g || '@x', 'f' || g FROM generate_series(1, 5) g`)
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			n := 0
+			for _, m := range c.messages() {
+				if m.Header.Get(publish.HeaderOrigin) != first.Header.Get(publish.HeaderOrigin) {
+					n += len(strings.Split(m.Header.Get(publish.HeaderTokenIDs), ","))
+				}
+			}
+			if n == 5 {
+				break
+			}
+			if n > 5 || time.Now().After(deadline) {
+				t.Fatalf("%d tokens of the fresh cluster on the stream, want 5:\n%s", n, p.out.String())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		p.kill()
+	})
 
 	t.Run("positions ahead of the WAL", func(t *testing.T) {
 		// A stream of an older tailer (no origin header) whose last
@@ -927,7 +981,7 @@ func TestLostSlotIsReported(t *testing.T) {
 	}
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	p := c.tailer(fmt.Sprintf("MAILROOM_HTTP_ADDR=127.0.0.1:%d", port), "MAILROOM_LAG_INTERVAL=200")
-	p.waitLog("replication slot lost", 1, 20*time.Second)
+	p.waitLog("replication slot cannot be streamed from", 1, 20*time.Second)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		code, body := httpGet(base + "/readyz")
@@ -944,10 +998,10 @@ func TestLostSlotIsReported(t *testing.T) {
 	// It keeps checking but says it once, and does not recreate the slot.
 	time.Sleep(6 * time.Second)
 	out := p.out.String()
-	if n := strings.Count(out, "replication slot lost"); n != 1 {
+	if n := strings.Count(out, "replication slot cannot be streamed from"); n != 1 {
 		t.Errorf("lost slot logged %d times, want once:\n%s", n, out)
 	}
-	if !strings.Contains(out, "pg_drop_replication_slot('mailroom')") {
+	if !strings.Contains(out, "tailer resync") {
 		t.Errorf("the log does not say how to recover:\n%s", out)
 	}
 	if s := c.slot(); !s.Lost() {

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
+	"github.com/mailroom/tailer/cmd/internal/resync"
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/migrations"
 	"github.com/mailroom/tailer/publish"
@@ -32,7 +34,10 @@ const usage = `tailer: publish mailroom tokens from PostgreSQL's WAL to NATS Jet
 
 Usage:
   tailer run        stream tokens from the slot, sign them and publish batches
-  tailer migrate    apply the schema and publication, create the slot (migrate down reverts)
+  tailer migrate    apply the schema and publication, create the slot (migrate down reverts);
+                    on a collector's database, publish once the tokens after jobs.last_seq
+  tailer resync     recreate a lost or dropped slot and publish, once, every
+                    still-eligible token the stream lacks
   tailer status     show the slot, its lag and the stream; exit 1 above --max-lag
   tailer verify     check a token with the signing key
   tailer subscribe  print published batches, one line each
@@ -53,8 +58,11 @@ func main() {
 }
 
 var (
-	runVars     = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SECRET_KEY", "MAILROOM_SECRET_KEY_FILE", "MAILROOM_BATCH_LIMIT", "MAILROOM_BATCH_TIMEOUT", "MAILROOM_NATS_URL", "MAILROOM_NATS_LISTEN", "MAILROOM_DATA_DIR", "MAILROOM_NATS_STREAM", "MAILROOM_NATS_SUBJECT", "MAILROOM_NATS_REPLICAS", "MAILROOM_SUBJECT_PER_ACTION", "MAILROOM_FORMAT", "MAILROOM_HTTP_ADDR", "MAILROOM_SLOT", "MAILROOM_PUBLICATION", "MAILROOM_PROTO_VERSION", "MAILROOM_BINARY", "MAILROOM_MAX_IN_FLIGHT", "MAILROOM_MAX_LAG", "MAILROOM_LAG_INTERVAL", "MAILROOM_REPLICATION_TIMEOUT", "MAILROOM_PPROF", "MAILROOM_LOG_FORMAT", "MAILROOM_LOG_LEVEL"}
-	migrateVars = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SLOT", "MAILROOM_LOG_FORMAT", "MAILROOM_LOG_LEVEL"}
+	runVars = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SECRET_KEY", "MAILROOM_SECRET_KEY_FILE", "MAILROOM_BATCH_LIMIT", "MAILROOM_BATCH_TIMEOUT", "MAILROOM_NATS_URL", "MAILROOM_NATS_LISTEN", "MAILROOM_DATA_DIR", "MAILROOM_NATS_STREAM", "MAILROOM_NATS_SUBJECT", "MAILROOM_NATS_REPLICAS", "MAILROOM_SUBJECT_PER_ACTION", "MAILROOM_FORMAT", "MAILROOM_HTTP_ADDR", "MAILROOM_SLOT", "MAILROOM_PUBLICATION", "MAILROOM_PROTO_VERSION", "MAILROOM_BINARY", "MAILROOM_MAX_IN_FLIGHT", "MAILROOM_MAX_LAG", "MAILROOM_LAG_INTERVAL", "MAILROOM_REPLICATION_TIMEOUT", "MAILROOM_PPROF", "MAILROOM_AUTO_RESYNC", "MAILROOM_LOG_FORMAT", "MAILROOM_LOG_LEVEL"}
+	// A resync (and the adoption of a collector's database by migrate)
+	// publishes like tailer run.
+	resyncVars  = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SECRET_KEY", "MAILROOM_SECRET_KEY_FILE", "MAILROOM_BATCH_LIMIT", "MAILROOM_NATS_URL", "MAILROOM_NATS_LISTEN", "MAILROOM_DATA_DIR", "MAILROOM_NATS_STREAM", "MAILROOM_NATS_SUBJECT", "MAILROOM_NATS_REPLICAS", "MAILROOM_SUBJECT_PER_ACTION", "MAILROOM_FORMAT", "MAILROOM_SLOT", "MAILROOM_MAX_IN_FLIGHT", "MAILROOM_LOG_FORMAT", "MAILROOM_LOG_LEVEL"}
+	migrateVars = resyncVars
 	statusVars  = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SLOT", "MAILROOM_NATS_URL", "MAILROOM_NATS_STREAM", "MAILROOM_MAX_LAG"}
 	verifyVars  = []string{"MAILROOM_SECRET_KEY", "MAILROOM_SECRET_KEY_FILE"}
 	subVars     = []string{"MAILROOM_NATS_URL", "MAILROOM_NATS_STREAM", "MAILROOM_NATS_SUBJECT"}
@@ -77,6 +85,10 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		cfg, _, code := loadConfig("run", runVars, rest, getenv, stderr)
 		if cfg == nil {
 			return code
+		}
+		if err := cfg.RequireKey(); err != nil {
+			fmt.Fprintf(stderr, "tailer run: %v\n", err)
+			return exitConfig
 		}
 		log := daemon.NewLogger(cfg.LogFormat, cfg.LogLevel, stderr)
 		daemon.TuneRuntime(cfg)
@@ -101,6 +113,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return exitOK
 	case "migrate":
 		return migrate(ctx, rest, getenv, stdout, stderr)
+	case "resync":
+		return resyncCmd(ctx, rest, getenv, stderr)
 	case "status":
 		return status(ctx, rest, getenv, stdout, stderr)
 	case "verify":
@@ -161,14 +175,96 @@ func migrate(ctx context.Context, args []string, getenv func(string) string, std
 		log.Error("migrate", "err", err)
 		return exitFailure
 	}
+	version, _, _ := migrations.Version(ctx, cfg.DatabaseURL)
+	state, err := resync.Load(ctx, conn, cfg.Slot)
+	if err != nil {
+		log.Error("migrate", "err", err)
+		return exitFailure
+	}
+	cursor, collector, err := resync.CollectorCursor(ctx, conn)
+	if err != nil {
+		log.Error("migrate", "err", err)
+		return exitFailure
+	}
+	_, err = replication.Slot(ctx, conn, cfg.Slot)
+	if err != nil && !errors.Is(err, replication.ErrNoSlot) {
+		log.Error("migrate", "err", err)
+		return exitFailure
+	}
+	// A collector's database is adopted when the slot is made for it: the
+	// tokens after the collector's cursor are in the slot's snapshot. A
+	// resync left unfinished is finished.
+	if state.Pending() || (collector && err != nil && !state.Exists) {
+		if err := cfg.RequireKey(); err != nil {
+			fmt.Fprintf(stderr, "tailer migrate: adopting the collector's database publishes the tokens after jobs.last_seq: %v\n", err)
+			return exitConfig
+		}
+		var after *int64
+		if !state.Pending() {
+			after = &cursor
+			log.Info("adopting mailroom's collector: publishing the eligible tokens after its cursor", "jobs.last_seq", cursor)
+		}
+		rep, err := runResync(ctx, cfg, log, after)
+		if err != nil {
+			return exitCode(stderr, "migrate", log, err)
+		}
+		daemon.LogResync(log, "slot created from a snapshot; its tokens are on the stream", rep)
+		log.Info("schema up to date", "version", version, "publication", migrations.Publication, "slot", cfg.Slot)
+		return exitOK
+	}
 	created, err := replication.EnsureSlot(ctx, conn, cfg.Slot)
 	if err != nil {
 		log.Error("migrate", "err", err)
 		return exitFailure
 	}
-	version, _, _ := migrations.Version(ctx, cfg.DatabaseURL)
 	log.Info("schema up to date", "version", version, "publication", migrations.Publication, "slot", cfg.Slot, "slot_created", created)
 	return exitOK
+}
+
+func resyncCmd(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) int {
+	cfg, _, code := loadConfig("resync", resyncVars, args, getenv, stderr)
+	if cfg == nil {
+		return code
+	}
+	if err := cfg.RequireKey(); err != nil {
+		fmt.Fprintf(stderr, "tailer resync: %v\n", err)
+		return exitConfig
+	}
+	log := daemon.NewLogger(cfg.LogFormat, cfg.LogLevel, stderr)
+	rep, err := runResync(ctx, cfg, log, nil)
+	if err != nil {
+		return exitCode(stderr, "resync", log, err)
+	}
+	daemon.LogResync(log, "slot resynced: start tailer run", rep)
+	return exitOK
+}
+
+// runResync recreates cfg's slot from a snapshot and publishes what the
+// stream lacks (see package resync).
+func runResync(ctx context.Context, cfg *config.Config, log *slog.Logger, after *int64) (resync.Report, error) {
+	opts, err := daemon.ResyncOptions(cfg, log)
+	if err != nil {
+		return resync.Report{}, err
+	}
+	opts.AfterID = after
+	nc, shutdown, err := daemon.ConnectNATS(cfg, log, nats.Name("tailer resync"))
+	if err != nil {
+		return resync.Report{}, err
+	}
+	defer shutdown()
+	return resync.Run(ctx, nc, opts)
+}
+
+// exitCode reports a command's failure: a configuration error as one line
+// (exit 2), anything else logged (exit 1).
+func exitCode(stderr io.Writer, cmd string, log *slog.Logger, err error) int {
+	var cfgErr *config.Error
+	if errors.As(err, &cfgErr) {
+		fmt.Fprintf(stderr, "tailer %s: %v\n", cmd, cfgErr)
+		return exitConfig
+	}
+	log.Error("tailer "+cmd+" failed", "err", err)
+	return exitFailure
 }
 
 // statusReport is the --json output of tailer status.
@@ -311,6 +407,10 @@ func verify(args []string, getenv func(string) string, stdout, stderr io.Writer)
 	cfg, rest, exit := loadConfig("verify [--code CODE] TOKEN", verifyVars, shared, getenv, stderr)
 	if cfg == nil {
 		return exit
+	}
+	if err := cfg.RequireKey(); err != nil {
+		fmt.Fprintf(stderr, "tailer verify: %v\n", err)
+		return exitConfig
 	}
 	if len(rest) != 1 {
 		fmt.Fprintln(stderr, "tailer verify: give exactly one token (and --code CODE for a password recovery token)")

@@ -257,7 +257,9 @@ func TestWrongCredentialsAtStartup(t *testing.T) {
 func TestHelpListsEveryFlag(t *testing.T) {
 	for cmd, flags := range map[string][]string{
 		"subscribe": {"-durable", "-format", "-max-tokens-per-line", "-from-start", "-filter-action", "-dedup-window", "-ack-wait", "-nats-url", "-nats-stream", "-nats-subject"},
-		"run":       {"-database-url", "-secret-key", "-batch-limit", "-replication-timeout", "-pprof", "-max-in-flight"},
+		"run":       {"-database-url", "-secret-key", "-batch-limit", "-replication-timeout", "-pprof", "-max-in-flight", "-auto-resync"},
+		"resync":    {"-database-url", "-secret-key", "-nats-url", "-nats-stream", "-slot", "-format"},
+		"migrate":   {"-database-url", "-slot", "-secret-key", "-nats-url"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run([]string{cmd, "--help"}, func(string) string { return "" }, &stdout, &stderr); code != exitOK {

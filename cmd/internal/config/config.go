@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -52,6 +51,8 @@ type Config struct {
 	ReplicationTimeout time.Duration
 	// Pprof serves /debug/pprof on the HTTP address.
 	Pprof bool
+	// AutoResync lets tailer run resync a lost or vanished slot by itself.
+	AutoResync bool
 }
 
 // Var describes one setting.
@@ -259,6 +260,14 @@ var Vars = []Var{
 		c.Pprof = b
 		return nil
 	}},
+	{Env: "MAILROOM_AUTO_RESYNC", Flag: "auto-resync", Default: "false", Usage: "when the slot is lost or gone, recreate it and publish the still-eligible tokens the stream lacks (tailer resync) instead of waiting for the operator", set: func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("must be true or false, got %q", v)
+		}
+		c.AutoResync = b
+		return nil
+	}},
 	{Env: "MAILROOM_LOG_FORMAT", Flag: "log-format", Default: "text", Usage: "log format: text or json", set: func(c *Config, v string) error {
 		if v != "text" && v != "json" {
 			return fmt.Errorf("must be text or json, got %q", v)
@@ -360,8 +369,15 @@ func Load(name string, use []string, args []string, getenv func(string) string, 
 			return nil, nil, &Error{Var: env, Err: err}
 		}
 	}
-	if slices.Contains(use, "MAILROOM_SECRET_KEY") && c.SecretKey == nil {
-		return nil, nil, &Error{Var: "MAILROOM_SECRET_KEY", Err: errors.New("is required (64 hex characters), or set MAILROOM_SECRET_KEY_FILE")}
-	}
 	return c, fs.Args(), nil
+}
+
+// RequireKey is the error of a command that signs tokens when no key is
+// set. It is not Load's: tailer migrate only needs one to adopt a
+// collector's database.
+func (c *Config) RequireKey() error {
+	if c.SecretKey == nil {
+		return &Error{Var: "MAILROOM_SECRET_KEY", Err: errors.New("is required (64 hex characters), or set MAILROOM_SECRET_KEY_FILE")}
+	}
+	return nil
 }

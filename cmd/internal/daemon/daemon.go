@@ -28,6 +28,7 @@ import (
 	"github.com/mailroom/tailer/batch"
 	"github.com/mailroom/tailer/batch/accounts"
 	"github.com/mailroom/tailer/cmd/internal/config"
+	"github.com/mailroom/tailer/cmd/internal/resync"
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/embedded"
@@ -67,8 +68,10 @@ type Daemon struct {
 
 	feeder atomic.Pointer[batch.Feeder]
 	held   atomic.Bool
-	nc     atomic.Pointer[nats.Conn]
-	lag    atomic.Pointer[lagSample]
+	// blocked says why the slot may not be streamed from, until it is.
+	blocked atomic.Pointer[string]
+	nc      atomic.Pointer[nats.Conn]
+	lag     atomic.Pointer[lagSample]
 }
 
 // lagSample is the last look at the slot.
@@ -112,6 +115,13 @@ func (e *slotLostError) Error() string {
 	}
 	return e.slot.LostMessage()
 }
+
+// resyncNeededError is a slot the tailer must not stream from until a
+// resync: one started and did not finish, or the slot is gone while the
+// stream says it existed.
+type resyncNeededError struct{ msg string }
+
+func (e *resyncNeededError) Error() string { return e.msg }
 
 // What a failed session's error is blamed on, for tailer_reconnects_total.
 const (
@@ -172,23 +182,70 @@ func startupConfigError(err error) error {
 	return nil
 }
 
+// ConnectNATS connects to MAILROOM_NATS_URL, or starts the embedded server
+// (on MAILROOM_DATA_DIR) when it is unset. shutdown closes the connection
+// and stops the embedded server.
+func ConnectNATS(cfg *config.Config, log *slog.Logger, opts ...nats.Option) (nc *nats.Conn, shutdown func(), err error) {
+	natsURL := cfg.NATSURL
+	stop := func() {}
+	if natsURL == "" {
+		srv, err := embedded.Start(cfg.DataDir, cfg.NATSListen)
+		if err != nil {
+			return nil, nil, err
+		}
+		stop = srv.Shutdown
+		natsURL = srv.ClientURL()
+		log.Info("embedded NATS JetStream started", "url", natsURL, "store", cfg.DataDir)
+	}
+	nc, err = nats.Connect(natsURL, append([]nats.Option{nats.Timeout(5 * time.Second)}, opts...)...)
+	if err != nil {
+		stop()
+		if cfg.NATSURL != "" {
+			// Only a configured URL (or its credentials) can be wrong; the
+			// tailer gives up at startup so that a typo does not look like
+			// an outage.
+			return nil, nil, &config.Error{Var: "MAILROOM_NATS_URL", Err: fmt.Errorf("cannot connect to %s: %w", config.RedactURL(cfg.NATSURL), err)}
+		}
+		return nil, nil, fmt.Errorf("connect to NATS: %w", err)
+	}
+	return nc, func() { nc.Close(); stop() }, nil
+}
+
+// ResyncOptions are the settings of a resync of cfg's slot.
+func ResyncOptions(cfg *config.Config, log *slog.Logger) (resync.Options, error) {
+	signer, err := publish.NewSigner(cfg.SecretKey)
+	if err != nil {
+		return resync.Options{}, err
+	}
+	return resync.Options{
+		DatabaseURL: cfg.DatabaseURL,
+		Slot:        cfg.Slot,
+		Stream:      publish.Stream{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction},
+		Signer:      signer,
+		Format:      cfg.Format,
+		BatchLimit:  cfg.BatchLimit,
+		MaxInFlight: cfg.MaxInFlight,
+		Log:         log,
+	}, nil
+}
+
+// LogResync logs what a resync did.
+func LogResync(log *slog.Logger, msg string, r resync.Report) {
+	args := []any{"slot", r.Slot, "consistent_point", r.ConsistentPoint.String(), "eligible", r.Eligible,
+		"already_on_stream", r.OnStream, "published", r.Published, "messages", r.Messages,
+		"unsafe_field", r.Unsafe, "expired_unpublished", r.Expired, "stream_seq", r.StreamSeq}
+	if r.AfterID != nil {
+		args = append(args, "after_id", *r.AfterID)
+	}
+	log.Info(msg, args...)
+}
+
 // Run runs the tailer until ctx is done. Failures of PostgreSQL or NATS end
 // the current session; a new one starts after a capped backoff and resumes
 // from the slot. Run returns nil after a graceful stop.
 func (d *Daemon) Run(ctx context.Context) error {
-	natsURL := d.cfg.NATSURL
-	if natsURL == "" {
-		srv, err := embedded.Start(d.cfg.DataDir, d.cfg.NATSListen)
-		if err != nil {
-			return err
-		}
-		defer srv.Shutdown()
-		natsURL = srv.ClientURL()
-		d.log.Info("embedded NATS JetStream started", "url", natsURL, "store", d.cfg.DataDir)
-	}
-	nc, err := nats.Connect(natsURL,
+	nc, shutdown, err := ConnectNATS(d.cfg, d.log,
 		nats.Name("tailer"),
-		nats.Timeout(5*time.Second),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(500*time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -202,15 +259,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}),
 	)
 	if err != nil {
-		if d.cfg.NATSURL != "" {
-			// Only a configured URL (or its credentials) can be wrong; the
-			// tailer gives up at startup so that a typo does not look like
-			// an outage.
-			return &config.Error{Var: "MAILROOM_NATS_URL", Err: fmt.Errorf("cannot connect to %s: %w", config.RedactURL(d.cfg.NATSURL), err)}
-		}
-		return fmt.Errorf("connect to NATS: %w", err)
+		return err
 	}
-	defer nc.Close()
+	defer shutdown()
 	d.nc.Store(nc)
 	go d.sampleSlot(ctx)
 
@@ -251,13 +302,29 @@ func (d *Daemon) Run(ctx context.Context) error {
 		if errors.As(err, &se) && !replication.IsSlotInUse(err) {
 			d.metrics.reconnect(se.target)
 		}
-		var lost *slotLostError
+		var (
+			lost *slotLostError
+			need *resyncNeededError
+		)
 		switch {
-		case errors.As(err, &lost):
+		case (errors.As(err, &lost) || errors.As(err, &need)) && d.cfg.AutoResync:
+			d.log.Warn("resyncing the slot (MAILROOM_AUTO_RESYNC)", "reason", err)
+			if err := d.resync(ctx, nc); err != nil {
+				d.log.Error("resync failed; retrying", "err", err)
+				delay = 5 * time.Second
+			} else {
+				delay = minDelay
+			}
+			waitingForSlot, slotLost = false, false
+		case errors.As(err, &lost), errors.As(err, &need):
 			// Said once; the tailer waits for the operator, checking
-			// every few seconds, and /readyz and the metric say why.
+			// every few seconds, and /readyz (and the metric, for a
+			// lost slot) say why.
+			if need != nil {
+				d.blocked.Store(&need.msg)
+			}
 			if !slotLost {
-				d.log.Error("replication slot lost", "err", err)
+				d.log.Error("replication slot cannot be streamed from", "err", err)
 				slotLost = true
 			}
 			delay = 5 * time.Second
@@ -293,19 +360,14 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	}
 	defer q.Close(context.Background())
 
-	created, err := replication.EnsureSlot(ctx, q, cfg.Slot)
+	state, err := resync.Load(ctx, q, cfg.Slot)
 	if err != nil {
 		return pgErr(err)
-	}
-	if created {
-		d.log.Warn("created replication slot: tokens committed before now were not captured (run `tailer migrate` to create it together with the schema)", "slot", cfg.Slot)
 	}
 	slot, err := replication.Slot(ctx, q, cfg.Slot)
-	if err != nil {
+	vanished := errors.Is(err, replication.ErrNoSlot)
+	if err != nil && !vanished {
 		return pgErr(err)
-	}
-	if slot.Lost() {
-		return &slotLostError{slot: slot}
 	}
 
 	rc, err := replication.Connect(ctx, cfg.DatabaseURL)
@@ -324,8 +386,40 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		return natsErr(err)
 	}
 	defer pub.Close()
-	if err := pub.CheckOrigin(origin, slot.CurrentLSN); err != nil {
+	if state.Done {
+		pub.ResumeAfter(state.StreamSeq)
+	}
+	current := slot.CurrentLSN
+	if vanished {
+		if current, err = currentLSN(ctx, q); err != nil {
+			return pgErr(err)
+		}
+	}
+	if err := pub.CheckOrigin(origin, current); err != nil {
 		return err
+	}
+	if state.Pending() {
+		return &resyncNeededError{resync.PendingMessage(cfg.Slot)}
+	}
+	if vanished {
+		if pub.LastSeq() > 0 {
+			return &resyncNeededError{fmt.Sprintf("slot %s does not exist, but stream %s holds batches published from it: it was dropped, and the tokens committed since are not in any slot. "+
+				"The tailer will not recreate it by itself. To go on: run `tailer resync`, which recreates the slot and publishes, once, every still-eligible token the stream lacks "+
+				"(or set MAILROOM_AUTO_RESYNC=true to let tailer run do it)", cfg.Slot, cfg.Stream)}
+		}
+		if _, err := replication.EnsureSlot(ctx, q, cfg.Slot); err != nil {
+			return pgErr(err)
+		}
+		d.log.Warn("created replication slot: tokens committed before now were not captured (run `tailer migrate` to create it together with the schema)", "slot", cfg.Slot)
+		if slot, err = replication.Slot(ctx, q, cfg.Slot); err != nil {
+			return pgErr(err)
+		}
+	} else if _, err := replication.EnsureSlot(ctx, q, cfg.Slot); err != nil {
+		// It exists: this checks its database and plugin.
+		return pgErr(err)
+	}
+	if slot.Lost() {
+		return &slotLostError{slot: slot}
 	}
 	stream, err := replication.Start(ctx, rc, replication.Options{
 		Slot: cfg.Slot, Publication: cfg.Publication, ProtoVersion: cfg.ProtoVersion, Binary: cfg.Binary,
@@ -337,6 +431,15 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	if err != nil {
 		return pgErr(err)
 	}
+	// A resync that started after the check above may have recreated the
+	// slot this session now holds; its snapshot is not all published yet.
+	if state, err := resync.Load(ctx, q, cfg.Slot); err != nil || state.Pending() {
+		if err != nil {
+			return pgErr(err)
+		}
+		return &resyncNeededError{resync.PendingMessage(cfg.Slot)}
+	}
+	d.blocked.Store(nil)
 	d.held.Store(true)
 	d.metrics.setHeld(true)
 	defer func() {
@@ -433,6 +536,29 @@ func sessionCause(ctx context.Context, streamErr, pipeErr error, pipelineFirst b
 	return nil
 }
 
+func currentLSN(ctx context.Context, q *pgx.Conn) (pglogrepl.LSN, error) {
+	var s string
+	if err := q.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&s); err != nil {
+		return 0, fmt.Errorf("query current WAL position: %w", err)
+	}
+	return pglogrepl.ParseLSN(s)
+}
+
+// resync runs a resync of the slot for MAILROOM_AUTO_RESYNC.
+func (d *Daemon) resync(ctx context.Context, nc *nats.Conn) error {
+	opts, err := ResyncOptions(d.cfg, d.log)
+	if err != nil {
+		return err
+	}
+	rep, err := resync.Run(ctx, nc, opts)
+	if err != nil {
+		return err
+	}
+	d.blocked.Store(nil)
+	LogResync(d.log, "slot resynced", rep)
+	return nil
+}
+
 // connectQuery opens the tailer's ordinary connection, named so that
 // operators (and pg_terminate_backend) can tell it apart in pg_stat_activity.
 func connectQuery(ctx context.Context, url string) (*pgx.Conn, error) {
@@ -512,7 +638,9 @@ func (d *Daemon) readiness() Readiness {
 	if nc := d.nc.Load(); nc != nil {
 		r.NATSConnected = nc.IsConnected()
 	}
-	if !r.SlotHeld {
+	if b := d.blocked.Load(); b != nil {
+		r.Reasons = append(r.Reasons, *b)
+	} else if !r.SlotHeld {
 		r.Reasons = append(r.Reasons, "not streaming from the slot (standing by or reconnecting)")
 	}
 	if !r.NATSConnected {

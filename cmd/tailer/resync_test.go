@@ -1,0 +1,227 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/mailroom/tailer/testutil/pgtest"
+)
+
+// streamMsgs is the number of messages on the stream (0 before it exists).
+func (c *cluster) streamMsgs() uint64 {
+	c.t.Helper()
+	s, done, err := c.stream()
+	if err != nil {
+		return 0
+	}
+	defer done()
+	info, err := s.Info(c.ctx)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+// expectOnStream waits until the stream holds exactly the tokens that
+// query selects, each once, and fails on any other token or a duplicate.
+func (c *cluster) expectOnStream(query string, within time.Duration) int {
+	c.t.Helper()
+	rows, _ := c.db.Query(c.ctx, query)
+	want, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	wanted := make(map[int64]bool, len(want))
+	for _, id := range want {
+		wanted[id] = true
+	}
+	deadline := time.Now().Add(within)
+	for {
+		counts := c.tokenCounts()
+		for id, n := range counts {
+			if n > 1 {
+				c.t.Fatalf("token %d published %d times", id, n)
+			}
+			if !wanted[id] {
+				c.t.Fatalf("token %d published, but it should not be", id)
+			}
+		}
+		if len(counts) == len(want) {
+			return len(want)
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("%d of %d tokens never reached the stream", len(want)-len(counts), len(want))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (c *cluster) resyncDone() bool {
+	c.t.Helper()
+	var done bool
+	if err := c.db.QueryRow(c.ctx, `SELECT done_at IS NOT NULL FROM tailer_resync WHERE slot = 'mailroom'`).Scan(&done); err != nil {
+		c.t.Fatal(err)
+	}
+	return done
+}
+
+// loseSlot writes more WAL than max_slot_wal_keep_size lets the slot keep,
+// so that the next checkpoint invalidates it.
+func (c *cluster) loseSlot() {
+	c.t.Helper()
+	for i := 0; i < 4; i++ {
+		c.exec(`CREATE TABLE IF NOT EXISTS filler (x text)`)
+		c.exec(`INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 2000)`)
+		c.exec(`SELECT pg_switch_wal()`)
+	}
+	c.exec(`CHECKPOINT`)
+	if s := c.slot(); !s.Lost() {
+		c.t.Fatalf("slot not invalidated: wal_status %q", s.WALStatus)
+	}
+}
+
+// The slot is invalidated for real while tokens are committed; tailer
+// resync, killed half way and run again, then tailer run: every token that
+// is still eligible reaches the stream exactly once, the ones that expired
+// meanwhile are counted, and tailer run refuses the slot while the resync
+// is unfinished.
+func TestResyncAfterLostSlot(t *testing.T) {
+	pg, err := pgtest.Start(pgtest.Options{Settings: []string{"max_slot_wal_keep_size=1MB", "wal_keep_size=0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Close() })
+	c := newCluster(t, pg, 10, 100*time.Millisecond)
+	c.publishThenStop("before", 5)
+
+	// While no tailer runs: many tokens, some that expire or are used
+	// before anyone could mail them, then the slot is lost.
+	c.exec(`INSERT INTO accounts (email, login) SELECT 'during' || g || '@x', 'during' || g FROM generate_series(1, 3000) g`)
+	c.exec(`INSERT INTO accounts (email, login) SELECT 'gone' || g || '@x', 'gone' || g FROM generate_series(1, 7) g`)
+	c.exec(`UPDATE tokens SET expires_at = extract(epoch FROM now())::int - 1 WHERE account IN (SELECT id FROM accounts WHERE email LIKE 'gone%')`)
+	c.exec(`INSERT INTO accounts (email, login) VALUES ('used@x', 'used')`)
+	c.exec(`UPDATE tokens SET consumed_at = extract(epoch FROM now()) WHERE account = (SELECT id FROM accounts WHERE email = 'used@x')`)
+	c.loseSlot()
+	c.exec(`INSERT INTO accounts (email, login) SELECT 'lost' || g || '@x', 'lost' || g FROM generate_series(1, 5) g`)
+
+	// One message per token, one at a time: slow enough to be killed half
+	// way.
+	slow := []string{"MAILROOM_BATCH_LIMIT=1", "MAILROOM_MAX_IN_FLIGHT=1"}
+	before := c.streamMsgs()
+	r := c.command([]string{"resync"}, slow...)
+	deadline := time.Now().Add(60 * time.Second)
+	for c.streamMsgs() < before+300 {
+		if time.Now().After(deadline) {
+			t.Fatalf("resync published %d messages in 60s:\n%s", c.streamMsgs()-before, r.out.String())
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	r.kill()
+	if c.resyncDone() {
+		t.Fatal("the resync finished before it was killed: the test did not kill it half way")
+	}
+	halfway := c.streamMsgs()
+
+	// Until the resync is finished, tailer run must not stream.
+	p := c.tailer()
+	p.waitLog("did not finish", 1, 20*time.Second)
+	c.exec(`INSERT INTO accounts (email, login) VALUES ('waiting@x', 'waiting')`)
+	time.Sleep(time.Second)
+	if n := c.streamMsgs(); n != halfway {
+		t.Fatalf("tailer run published %d messages while the resync was unfinished", n-halfway)
+	}
+	p.kill()
+
+	r = c.command([]string{"resync"})
+	if code := r.exit(60 * time.Second); code != exitOK {
+		t.Fatalf("resync exit %d:\n%s", code, r.out.String())
+	}
+	out := r.out.String()
+	if !strings.Contains(out, "expired_unpublished=7") || !strings.Contains(out, "slot resynced") {
+		t.Errorf("resync does not report the 7 expired tokens:\n%s", out)
+	}
+	if c.slot().Lost() {
+		t.Fatal("slot still lost after resync")
+	}
+
+	p = c.tailer()
+	p.waitLog("streaming", 1, 20*time.Second)
+	c.exec(`INSERT INTO accounts (email, login) SELECT 'after' || g || '@x', 'after' || g FROM generate_series(1, 5) g`)
+	n := c.expectOnStream(`SELECT t.id FROM tokens t JOIN accounts a ON a.id = t.account WHERE a.email NOT LIKE 'gone%' AND a.email <> 'used@x' ORDER BY t.id`, 60*time.Second)
+	if n != 5+3000+5+1+5 {
+		t.Fatalf("%d tokens expected on the stream", n)
+	}
+	if code := p.term(15 * time.Second); code != 0 {
+		t.Fatalf("tailer exit %d", code)
+	}
+}
+
+// A dropped slot is not recreated silently when the stream says it
+// existed: tailer run refuses and names tailer resync, and with
+// MAILROOM_AUTO_RESYNC it resyncs by itself, exactly once.
+func TestVanishedSlot(t *testing.T) {
+	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
+	c.publishThenStop("v", 5)
+	c.exec(`SELECT pg_drop_replication_slot('mailroom')`)
+	c.exec(`INSERT INTO accounts (email, login) SELECT 'dropped' || g || '@x', 'dropped' || g FROM generate_series(1, 5) g`)
+
+	p := c.tailer()
+	p.waitLog("does not exist, but stream MAILROOM holds batches", 1, 20*time.Second)
+	if !strings.Contains(p.out.String(), "tailer resync") {
+		t.Errorf("the refusal does not name tailer resync:\n%s", p.out.String())
+	}
+	p.kill()
+	if _, err := c.db.Exec(c.ctx, `SELECT 1 FROM pg_replication_slots WHERE slot_name = 'mailroom'`); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	c.db.QueryRow(c.ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'mailroom'`).Scan(&n)
+	if n != 0 {
+		t.Fatal("tailer run recreated the slot")
+	}
+
+	p = c.tailer("MAILROOM_AUTO_RESYNC=true")
+	p.waitLog("slot resynced", 1, 30*time.Second)
+	p.waitLog("streaming", 1, 20*time.Second)
+	c.exec(`INSERT INTO accounts (email, login) SELECT 'later' || g || '@x', 'later' || g FROM generate_series(1, 5) g`)
+	if n := c.expectExactlyOnce(30 * time.Second); n != 15 {
+		t.Fatalf("%d tokens", n)
+	}
+}
+
+// A database that ran mailroom's collector: tailer migrate publishes the
+// eligible tokens after the collector's cursor exactly once (also when run
+// again), nothing before it, and tailer run goes on from the slot.
+func TestMigrateAdoptsCollector(t *testing.T) {
+	c := newClusterWithoutSlot(t, pgtest.Shared(t), 10, 100*time.Millisecond)
+	c.exec(`CREATE TYPE job_type AS ENUM ('mailroom')`)
+	c.exec(`CREATE TABLE jobs (job_type job_type PRIMARY KEY, last_seq BIGINT)`)
+	c.exec(`INSERT INTO accounts (email, login) SELECT 'c' || g || '@x', 'c' || g FROM generate_series(1, 30) g`)
+	c.exec(`INSERT INTO jobs VALUES ('mailroom', (SELECT id FROM tokens ORDER BY id OFFSET 9 LIMIT 1))`)
+	c.exec(`UPDATE tokens SET consumed_at = extract(epoch FROM now()) WHERE id = (SELECT last_seq + 5 FROM jobs)`)
+	c.exec(`UPDATE tokens SET expires_at = extract(epoch FROM now())::int - 1 WHERE id = (SELECT last_seq + 10 FROM jobs)`)
+
+	for i := 0; i < 2; i++ {
+		m := c.command([]string{"migrate"})
+		if code := m.exit(60 * time.Second); code != exitOK {
+			t.Fatalf("migrate exit %d:\n%s", code, m.out.String())
+		}
+		if out := m.out.String(); i == 0 && (!strings.Contains(out, "published=18") || !strings.Contains(out, "expired_unpublished=1")) {
+			t.Errorf("migrate does not say it published 18 tokens and 1 expired:\n%s", out)
+		}
+	}
+	want := `SELECT id FROM tokens WHERE id > (SELECT last_seq FROM jobs) AND id NOT IN ((SELECT last_seq + 5 FROM jobs), (SELECT last_seq + 10 FROM jobs)) ORDER BY id`
+	if n := c.expectOnStream(want, 30*time.Second); n != 18 {
+		t.Fatalf("%d tokens after the cursor", n)
+	}
+
+	p := c.tailer()
+	p.waitLog("streaming", 1, 20*time.Second)
+	c.exec(`INSERT INTO accounts (email, login) SELECT 'n' || g || '@x', 'n' || g FROM generate_series(1, 5) g`)
+	if n := c.expectOnStream(want, 30*time.Second); n != 23 {
+		t.Fatalf("%d tokens after the cursor", n)
+	}
+}
