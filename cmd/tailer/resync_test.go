@@ -140,6 +140,7 @@ func TestResyncAfterLostSlot(t *testing.T) {
 		t.Fatalf("resync exit %d:\n%s", code, r.out.String())
 	}
 	out := r.out.String()
+	t.Logf("resync:\n%s", out)
 	if !strings.Contains(out, "expired_unpublished=7") || !strings.Contains(out, "slot resynced") {
 		t.Errorf("resync does not report the 7 expired tokens:\n%s", out)
 	}
