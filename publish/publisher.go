@@ -43,6 +43,18 @@ func (s Stream) LaneSubjects() []string {
 
 const minMaxPayload = 8 << 10
 
+// StreamConfigError is a stream (or server) the tailer cannot keep its
+// promise with: retrying does not change it, the operator must.
+type StreamConfigError struct {
+	Stream string
+	Err    error
+}
+
+func (e *StreamConfigError) Error() string {
+	return "stream " + e.Stream + ": " + e.Err.Error() + " (the tailer refuses to publish to it)"
+}
+func (e *StreamConfigError) Unwrap() error { return e.Err }
+
 // Publisher sends batches to one JetStream stream, chaining each message to
 // the previous one with Nats-Expected-Last-Msg-Id: a batch whose predecessor
 // did not land is refused, so pipelined publishes can never leave a gap that
@@ -108,7 +120,7 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Stream) (*Publisher, e
 	// One token can take 4 KiB in a json body (every byte of a 254-byte
 	// email escaped); batches are split to fit the rest.
 	if mp := nc.MaxPayload(); mp < minMaxPayload {
-		return nil, fmt.Errorf("NATS server's max_payload is %d bytes: at least %d are needed", mp, minMaxPayload)
+		return nil, &StreamConfigError{cfg.Name, fmt.Errorf("NATS server's max_payload is %d bytes: at least %d are needed", mp, minMaxPayload)}
 	}
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(1024),
@@ -135,12 +147,12 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Stream) (*Publisher, e
 	}
 	info := stream.CachedInfo()
 	if err := resumable(info.Config); err != nil {
-		return nil, fmt.Errorf("stream %s: %w", cfg.Name, err)
+		return nil, &StreamConfigError{cfg.Name, err}
 	}
 	subjects := cfg.LaneSubjects()
 	for _, subject := range subjects {
 		if !slices.ContainsFunc(info.Config.Subjects, func(pattern string) bool { return SubjectMatches(pattern, subject) }) {
-			return nil, fmt.Errorf("stream %s does not take subject %s (its subjects: %v): set MAILROOM_NATS_SUBJECT to one it takes, or add it to the stream", cfg.Name, subject, info.Config.Subjects)
+			return nil, &StreamConfigError{cfg.Name, fmt.Errorf("does not take subject %s (its subjects: %v): set MAILROOM_NATS_SUBJECT to one it takes, or add it to the stream", subject, info.Config.Subjects)}
 		}
 	}
 	p := &Publisher{js: js, stream: stream, name: cfg.Name, subjects: subjects, lastPos: make([]decoder.Position, len(subjects)), lastPosSeq: make([]uint64, len(subjects))}

@@ -1,12 +1,20 @@
 package main
 
 import (
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/testutil/pgtest"
 )
 
@@ -225,4 +233,153 @@ func TestMigrateAdoptsCollector(t *testing.T) {
 	if n := c.expectOnStream(want, 30*time.Second); n != 23 {
 		t.Fatalf("%d tokens after the cursor", n)
 	}
+}
+
+// collect copies every message stored on the stream from now on, as it
+// arrives, so that tokens a stream discards soon after are still seen.
+func (c *cluster) collect() (stop func() map[int64]int) {
+	c.t.Helper()
+	s, done, err := c.stream()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	var (
+		mu     sync.Mutex
+		counts = map[int64]int{}
+		bad    error
+	)
+	cons, err := s.OrderedConsumer(c.ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, s := range strings.Split(m.Headers().Get(publish.HeaderTokenIDs), ",") {
+			id, err := strconv.ParseInt(s, 10, 64)
+			if err != nil {
+				bad = fmt.Errorf("token ids %q", m.Headers().Get(publish.HeaderTokenIDs))
+			}
+			counts[id]++
+		}
+	})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return func() map[int64]int {
+		// The last message was stored before stop is called; give the
+		// consumer a moment to deliver it.
+		time.Sleep(200 * time.Millisecond)
+		cc.Stop()
+		done()
+		mu.Lock()
+		defer mu.Unlock()
+		if bad != nil {
+			c.t.Fatal(bad)
+		}
+		return maps.Clone(counts)
+	}
+}
+
+// Whatever the stream's configuration, no token is lost or published
+// twice across SIGKILLs: configurations that can remove the resume point
+// are refused at start, naming the setting; the others go through a kill
+// loop exactly once.
+func TestStreamConfigurations(t *testing.T) {
+	subjects := []string{"mailroom.batches", "mailroom.batches.>"}
+	for _, tc := range []struct {
+		name    string
+		cfg     jetstream.StreamConfig
+		refused string
+	}{
+		{"max_age", jetstream.StreamConfig{Subjects: subjects, MaxAge: time.Hour}, "max_age 1h0m0s removes the last message"},
+		{"work queue", jetstream.StreamConfig{Subjects: subjects, Retention: jetstream.WorkQueuePolicy}, "retention WorkQueue removes messages"},
+		{"interest", jetstream.StreamConfig{Subjects: subjects, Retention: jetstream.InterestPolicy}, "retention Interest removes messages"},
+		{"max_msgs discard old", jetstream.StreamConfig{Subjects: subjects, MaxMsgs: 5, Discard: jetstream.DiscardOld}, ""},
+		{"max_msgs discard new", jetstream.StreamConfig{Subjects: subjects, MaxMsgs: 100000, Discard: jetstream.DiscardNew}, ""},
+		{"wildcard subjects", jetstream.StreamConfig{Subjects: []string{"mailroom.>"}}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
+			nc, err := nats.Connect(c.natsURL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			js, _ := jetstream.New(nc)
+			tc.cfg.Name = "MAILROOM"
+			if _, err := js.CreateStream(c.ctx, tc.cfg); err != nil {
+				t.Fatal(err)
+			}
+			if tc.refused != "" {
+				p := c.tailer()
+				if code := p.exit(30 * time.Second); code != exitFailure || !strings.Contains(p.out.String(), tc.refused) {
+					t.Fatalf("exit %d, want %d and %q:\n%s", code, exitFailure, tc.refused, p.out.String())
+				}
+				return
+			}
+			stop := c.collect()
+			w := c.startWriter(3, 10*time.Millisecond)
+			rng := rand.New(rand.NewPCG(3, 4))
+			for i := 0; i < 5; i++ {
+				p := c.tailer()
+				time.Sleep(time.Duration(100+rng.IntN(500)) * time.Millisecond)
+				p.kill()
+			}
+			w.halt()
+			if w.err != nil {
+				t.Fatal(w.err)
+			}
+			p := c.tailer()
+			rows, _ := c.db.Query(c.ctx, `SELECT id FROM tokens ORDER BY id`)
+			want, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+			if err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for c.lastTokenOnStream() != want[len(want)-1] {
+				if time.Now().After(deadline) {
+					t.Fatalf("token %d never reached the stream:\n%s", want[len(want)-1], p.out.String())
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if code := p.term(15 * time.Second); code != 0 {
+				t.Fatalf("exit %d", code)
+			}
+			counts := stop()
+			for _, id := range want {
+				if counts[id] != 1 {
+					t.Fatalf("token %d published %d times (of %d tokens)", id, counts[id], len(want))
+				}
+			}
+			if len(counts) != len(want) {
+				t.Fatalf("%d token ids published, %d in the table", len(counts), len(want))
+			}
+			t.Logf("%d tokens through 5 SIGKILLs, each published once", len(want))
+		})
+	}
+}
+
+// lastTokenOnStream is the highest token id of the stream's last message.
+func (c *cluster) lastTokenOnStream() int64 {
+	c.t.Helper()
+	s, done, err := c.stream()
+	if err != nil {
+		return 0
+	}
+	defer done()
+	info, err := s.Info(c.ctx)
+	if err != nil || info.State.LastSeq == 0 {
+		return 0
+	}
+	m, err := s.GetMsg(c.ctx, info.State.LastSeq)
+	if err != nil {
+		return 0
+	}
+	var last int64
+	for _, f := range strings.Split(m.Header.Get(publish.HeaderTokenIDs), ",") {
+		id, _ := strconv.ParseInt(f, 10, 64)
+		last = max(last, id)
+	}
+	return last
 }

@@ -290,9 +290,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 		if cerr := startupConfigError(err); cerr != nil && !d.streamed() {
 			return cerr
 		}
-		// Retrying cannot make a stream of another database ours.
-		var foreign *publish.ErrForeignStream
-		if errors.As(err, &foreign) {
+		// Retrying cannot make a stream of another database ours, nor
+		// change a stream's configuration.
+		var (
+			foreign   *publish.ErrForeignStream
+			streamCfg *publish.StreamConfigError
+		)
+		if errors.As(err, &foreign) || errors.As(err, &streamCfg) {
 			return err
 		}
 		if time.Since(started) > time.Minute {
