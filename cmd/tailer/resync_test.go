@@ -2,11 +2,14 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"maps"
+	"net"
 	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -382,4 +385,129 @@ func (c *cluster) lastTokenOnStream() int64 {
 		last = max(last, id)
 	}
 	return last
+}
+
+// A standby takes over while the stream is still empty (the first tailer
+// killed before, at or just after its first PubAck): the first publish of
+// each session expects the stream's last sequence, so the two cannot both
+// start the stream, and every token is on it exactly once.
+func TestStandbyTakeoverOntoEmptyStream(t *testing.T) {
+	for _, killAfter := range []int{0, 1, 2} {
+		t.Run(fmt.Sprintf("killed after %d messages", killAfter), func(t *testing.T) {
+			c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
+			a := c.tailer()
+			a.waitLog("msg=streaming", 1, 30*time.Second)
+			b := c.tailer()
+			b.waitLog("standing by", 1, 30*time.Second)
+			w := c.startWriter(3, 5*time.Millisecond)
+			deadline := time.Now().Add(30 * time.Second)
+			for c.streamMsgs() < uint64(killAfter) {
+				if time.Now().After(deadline) {
+					t.Fatalf("no message on the stream:\n%s", a.out.String())
+				}
+				time.Sleep(time.Millisecond)
+			}
+			a.kill()
+			b.waitLog("msg=streaming", 1, 15*time.Second)
+			time.Sleep(300 * time.Millisecond)
+			w.halt()
+			if w.err != nil {
+				t.Fatal(w.err)
+			}
+			c.expectExactlyOnce(30 * time.Second)
+		})
+	}
+}
+
+// delayProxy forwards TCP connections to target. Once arm is called, what
+// a client sends is delivered delay late (in order, also after the client
+// is gone); replies pass at once. A killed tailer's last publishes then
+// land after the standby has read the stream.
+func delayProxy(t *testing.T, target string, delay time.Duration) (addr string, arm func()) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var armed atomic.Bool
+	type chunk struct {
+		at   time.Time
+		data []byte
+	}
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial("tcp", target)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			go func() {
+				io.Copy(client, server)
+				client.Close()
+			}()
+			chunks := make(chan chunk, 1024)
+			go func() {
+				defer close(chunks)
+				for {
+					buf := make([]byte, 32<<10)
+					n, err := client.Read(buf)
+					if n > 0 {
+						at := time.Now().Add(-delay)
+						if armed.Load() {
+							at = time.Now()
+						}
+						chunks <- chunk{at, buf[:n]}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+			go func() {
+				defer server.Close()
+				for c := range chunks {
+					time.Sleep(time.Until(c.at.Add(delay)))
+					if _, err := server.Write(c.data); err != nil {
+						return
+					}
+				}
+				// What the client sent last needs a moment to be answered.
+				time.Sleep(time.Second)
+			}()
+		}
+	}()
+	return ln.Addr().String(), func() { armed.Store(true) }
+}
+
+// The killed tailer's first batch reaches NATS only after the standby took
+// over the slot and found the stream empty: the standby's first publish
+// and the late one both expect an empty stream, so only one is stored, and
+// no token is on the stream twice.
+func TestLatePublishAfterTakeover(t *testing.T) {
+	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
+	slow, arm := delayProxy(t, fmt.Sprintf("127.0.0.1:%d", c.natsPort), 3*time.Second)
+	a := c.tailer("MAILROOM_NATS_URL=nats://"+slow, "MAILROOM_LOG_LEVEL=debug")
+	a.waitLog("msg=streaming", 1, 30*time.Second)
+	b := c.tailer()
+	b.waitLog("standing by", 1, 30*time.Second)
+	// Seven tokens: a batch cut by the timeout, published into the proxy.
+	arm()
+	c.exec(`INSERT INTO accounts (email, login) SELECT 'late' || g || '@x', 'late' || g FROM generate_series(1, 7) g`)
+	a.waitLog("batch cut", 1, 10*time.Second)
+	time.Sleep(100 * time.Millisecond)
+	a.kill()
+	// The standby replays thirteen: its first batch (ten, cut by the
+	// limit) has another id than the late one, so JetStream's duplicate
+	// window does not tell them apart.
+	c.exec(`INSERT INTO accounts (email, login) SELECT 'next' || g || '@x', 'next' || g FROM generate_series(1, 6) g`)
+	b.waitLog("msg=streaming", 1, 15*time.Second)
+	time.Sleep(4 * time.Second)
+	if n := c.expectExactlyOnce(30 * time.Second); n != 13 {
+		t.Fatalf("%d tokens", n)
+	}
 }

@@ -1,0 +1,68 @@
+package publish
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mailroom/tailer/batch"
+	"github.com/mailroom/tailer/batch/accounts"
+	"github.com/mailroom/tailer/decoder"
+)
+
+// publishAll is a Joiner for which every token is still to be mailed.
+type publishAll struct{}
+
+func (publishAll) JoinMany(_ context.Context, _ [][]decoder.Token, rows [][]accounts.Row) error {
+	for b := range rows {
+		for i := range rows[b] {
+			if rows[b][i].Skip == accounts.Publish {
+				rows[b][i].Email, rows[b][i].Login = []byte("a@example.com"), []byte("a")
+			}
+		}
+	}
+	return nil
+}
+
+// A PubAck that says "duplicate" for a message the stream does not hold
+// (seen on a NATS 2.10 cluster after a full restart; here the message is
+// deleted while its id stays in the duplicate window) must not count the
+// batch as published: the pipeline fails and the batch is not done, so its
+// tokens stay in the slot.
+func TestDuplicateAckForAMissingMessage(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, js := testJetStream(t)
+	signer, err := NewSigner(make([]byte, KeySize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := decoder.Token{Pos: decoder.Position{Commit: 0x2000}, ID: 1, Action: decoder.ActionActivation}
+	session := func() (done int, err error) {
+		pub, err := NewPublisher(ctx, nc, Stream{Name: "DUPACK", Subject: "mailroom.batches"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pub.Close()
+		p := &Pipeline{Publisher: pub, Joiner: publishAll{}, Encoder: NewEncoder(signer, FormatLine), Done: func(*batch.Batch) { done++ }}
+		in := make(chan *batch.Batch, 1)
+		in <- &batch.Batch{Tokens: []decoder.Token{tok}}
+		close(in)
+		return done, p.Run(ctx, in)
+	}
+	if done, err := session(); done != 1 || err != nil {
+		t.Fatalf("first publish: done %d, %v", done, err)
+	}
+	stream, err := js.Stream(ctx, "DUPACK")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.DeleteMsg(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	done, err := session()
+	if done != 0 || err == nil || !strings.Contains(err.Error(), "duplicate PubAck names sequence 1, which cannot be read") {
+		t.Fatalf("republished batch whose message is gone: done %d, %v", done, err)
+	}
+}
