@@ -51,11 +51,13 @@ type options struct {
 	liveSeconds      int
 	liveWarmup       int
 	liveConns        int
+	liveLimit        int
 	variants         string
 	tailer, out, dir string
 	keep             bool
 	cpuProfile       string
 	tailerEnv        string
+	natsSync         time.Duration
 }
 
 // Drain is one backlog drain.
@@ -88,9 +90,12 @@ type Drain struct {
 
 // Results is the JSON document.
 type Results struct {
-	Machine          string  `json:"machine"`
-	When             string  `json:"when"`
-	BatchLimit       int     `json:"batch_limit"`
+	Machine    string `json:"machine"`
+	When       string `json:"when"`
+	BatchLimit int    `json:"batch_limit"`
+	// NATSSync is the NATS store's sync: "always" (before every PubAck,
+	// the embedded server's default) or an interval.
+	NATSSync         string  `json:"nats_sync"`
 	Drains           []Drain `json:"drains"`
 	ServerDecodeRate float64 `json:"server_decode_rows_per_second"`
 	GrowthRatio      float64 `json:"drain_rate_big_over_small"`
@@ -104,6 +109,7 @@ type Results struct {
 // Live is the live-latency run.
 type Live struct {
 	TargetPerSecond int     `json:"target_tokens_per_second"`
+	BatchLimit      int     `json:"batch_limit"`
 	WarmupTokens    int     `json:"warmup_tokens_not_counted"`
 	Tokens          int     `json:"tokens"`
 	AchievedPerSec  float64 `json:"achieved_tokens_per_second"`
@@ -127,13 +133,24 @@ func main() {
 	flag.IntVar(&o.liveSeconds, "live-seconds", 10, "length of the live run")
 	flag.IntVar(&o.liveWarmup, "live-warmup", 1, "seconds of the live run before latencies are counted")
 	flag.IntVar(&o.liveConns, "live-conns", 8, "writer connections in the live run")
+	flag.IntVar(&o.liveLimit, "live-batch-limit", 1, "MAILROOM_BATCH_LIMIT in the live run (1: one message per token)")
 	flag.StringVar(&o.variants, "variants", "v1-text,v1-binary,v2-text,v2-binary", "pgoutput options to compare on the small backlog (proto-format)")
 	flag.StringVar(&o.tailer, "tailer", "", "tailer binary (default: build ./cmd/tailer)")
 	flag.StringVar(&o.out, "out", "bench-results.json", "where to write the JSON")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (tailer logs)")
 	flag.StringVar(&o.tailerEnv, "tailer-env", "", "extra environment for the tailer, comma-separated K=V (e.g. GOMAXPROCS=1)")
+	var natsSync string
+	flag.StringVar(&natsSync, "nats-sync", "always", "the NATS server's store sync: always (fsync before every PubAck, as tailer run's embedded server) or an interval such as 2m (nats-server's own default)")
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the tailer during the first drain to this file")
 	flag.Parse()
+	if natsSync != "always" {
+		d, err := time.ParseDuration(natsSync)
+		if err != nil || d <= 0 {
+			fmt.Fprintf(os.Stderr, "bench: -nats-sync must be always or a positive duration, got %q\n", natsSync)
+			os.Exit(2)
+		}
+		o.natsSync = d
+	}
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -166,7 +183,10 @@ func run(o options) error {
 	}
 	defer pg.Close()
 
-	res := Results{Machine: machine(), When: time.Now().UTC().Format(time.RFC3339), BatchLimit: o.limit}
+	res := Results{Machine: machine(), When: time.Now().UTC().Format(time.RFC3339), BatchLimit: o.limit, NATSSync: "always"}
+	if o.natsSync > 0 {
+		res.NATSSync = o.natsSync.String()
+	}
 
 	// The small backlog, drained once per pgoutput variant, each on a slot
 	// of its own made before the inserts.
@@ -545,7 +565,7 @@ func variantEnv(v string) []string {
 
 func drain(ctx context.Context, o options, url, variant, slot string, n int) (Drain, error) {
 	d := Drain{Variant: variant, Tokens: n}
-	srv, err := embedded.Start(filepath.Join(o.dir, "nats-"+slot), "127.0.0.1:0")
+	srv, err := embedded.Start(filepath.Join(o.dir, "nats-"+slot), "127.0.0.1:0", embedded.SyncInterval(o.natsSync))
 	if err != nil {
 		return d, err
 	}
@@ -657,7 +677,7 @@ func liveLatency(ctx context.Context, o options, url string) (*Live, error) {
 	if _, err := pool.Exec(ctx, `INSERT INTO accounts (email, login, status) SELECT 'l' || g || '@x', 'l' || g, 'active' FROM generate_series(1, $1::int) g`, accounts); err != nil {
 		return nil, err
 	}
-	srv, err := embedded.Start(filepath.Join(o.dir, "nats-live"), "127.0.0.1:0")
+	srv, err := embedded.Start(filepath.Join(o.dir, "nats-live"), "127.0.0.1:0", embedded.SyncInterval(o.natsSync))
 	if err != nil {
 		return nil, err
 	}
@@ -667,7 +687,7 @@ func liveLatency(ctx context.Context, o options, url string) (*Live, error) {
 		return nil, err
 	}
 	defer nc.Close()
-	t, err := startTailer(o, url, srv.ClientURL(), "live", "MAILROOM_BATCH_LIMIT=1", "MAILROOM_BATCH_TIMEOUT=1000")
+	t, err := startTailer(o, url, srv.ClientURL(), "live", "MAILROOM_BATCH_LIMIT="+strconv.Itoa(o.liveLimit), "MAILROOM_BATCH_TIMEOUT=1000")
 	if err != nil {
 		return nil, err
 	}
@@ -784,7 +804,7 @@ func liveLatency(ctx context.Context, o options, url string) (*Live, error) {
 	}
 	pct := func(l []float64, p float64) float64 { return l[min(len(l)-1, int(p*float64(len(l))))] }
 	return &Live{
-		TargetPerSecond: o.liveRate, WarmupTokens: warm, Tokens: len(lat), AchievedPerSec: float64(total) / writeSecs,
+		TargetPerSecond: o.liveRate, BatchLimit: o.liveLimit, WarmupTokens: warm, Tokens: len(lat), AchievedPerSec: float64(total) / writeSecs,
 		P50Millis: pct(lat, 0.50), P99Millis: pct(lat, 0.99), MaxMillis: lat[len(lat)-1],
 		StoredP50Millis: pct(lstored, 0.50), StoredP99Millis: pct(lstored, 0.99),
 		StealPct: stealPct,
@@ -811,8 +831,8 @@ func printSummary(r Results) {
 		fmt.Printf("drain rate, one transaction over 1,000-row transactions: %.3f\n", r.OneTxRatio)
 	}
 	if r.Live != nil {
-		fmt.Printf("live: %d tokens (after %d not counted) at %.0f/s (target %d/s), batch limit 1: commit to arrival p50 %.2f ms, p99 %.2f ms, max %.2f ms; commit to stored (PubAck) p50 %.2f ms, p99 %.2f ms; steal %.1f%%\n",
-			r.Live.Tokens, r.Live.WarmupTokens, r.Live.AchievedPerSec, r.Live.TargetPerSecond, r.Live.P50Millis, r.Live.P99Millis, r.Live.MaxMillis, r.Live.StoredP50Millis, r.Live.StoredP99Millis, r.Live.StealPct)
+		fmt.Printf("live: %d tokens (after %d not counted) at %.0f/s (target %d/s), batch limit %d, NATS sync %s: commit to arrival p50 %.2f ms, p99 %.2f ms, max %.2f ms; commit to stored (PubAck) p50 %.2f ms, p99 %.2f ms; steal %.1f%%\n",
+			r.Live.Tokens, r.Live.WarmupTokens, r.Live.AchievedPerSec, r.Live.TargetPerSecond, r.Live.BatchLimit, r.NATSSync, r.Live.P50Millis, r.Live.P99Millis, r.Live.MaxMillis, r.Live.StoredP50Millis, r.Live.StoredP99Millis, r.Live.StealPct)
 	}
 }
 

@@ -28,6 +28,9 @@ type Config struct {
 	BatchTimeout time.Duration
 	NATSURL      string // empty: embedded server
 	NATSListen   string // embedded server's client address
+	// NATSSync is how often the embedded server syncs its store; 0 means
+	// before every acknowledgement.
+	NATSSync     time.Duration
 	DataDir      string // embedded server's store
 	Stream       string
 	Subject      string
@@ -149,6 +152,18 @@ var Vars = []Var{
 			return fmt.Errorf("must be host:port, got %q", v)
 		}
 		c.NATSListen = v
+		return nil
+	}},
+	{Env: "MAILROOM_NATS_SYNC", Flag: "nats-sync", Default: "always", Usage: "when the embedded NATS server syncs its store to disk: always (before every acknowledgement) or an interval such as 1s (faster for many small batches; a host crash loses up to that much)", set: func(c *Config, v string) error {
+		if v == "always" {
+			c.NATSSync = 0
+			return nil
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("must be always or a positive duration such as 1s, got %q", v)
+		}
+		c.NATSSync = d
 		return nil
 	}},
 	{Env: "MAILROOM_DATA_DIR", Flag: "data-dir", Default: "tailer-data", Usage: "directory of the embedded NATS server's JetStream store", set: func(c *Config, v string) error {

@@ -189,7 +189,7 @@ func ConnectNATS(cfg *config.Config, log *slog.Logger, opts ...nats.Option) (nc 
 	natsURL := cfg.NATSURL
 	stop := func() {}
 	if natsURL == "" {
-		srv, err := embedded.Start(cfg.DataDir, cfg.NATSListen)
+		srv, err := embedded.Start(cfg.DataDir, cfg.NATSListen, embedded.SyncInterval(cfg.NATSSync))
 		if err != nil {
 			return nil, nil, err
 		}
