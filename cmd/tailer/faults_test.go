@@ -760,6 +760,20 @@ func TestLagAndReadinessDuringNATSOutage(t *testing.T) {
 		}
 	}
 	waitFor("/readyz 200", func() bool { code, _ := httpGet(base + "/readyz"); return code == 200 })
+	// tailer health, as a container healthcheck runs it: the listen
+	// address may be a wildcard.
+	health := func() int {
+		var out bytes.Buffer
+		return run([]string{"health"}, func(k string) string {
+			if k == "MAILROOM_HTTP_ADDR" {
+				return "0.0.0.0:" + strconv.Itoa(port)
+			}
+			return ""
+		}, &out, &out)
+	}
+	if code := health(); code != exitOK {
+		t.Fatalf("tailer health exit %d while /readyz is 200", code)
+	}
 	if code, body := httpGet(base + "/healthz"); code != 200 || !strings.Contains(body, "ok") {
 		t.Fatalf("/healthz = %d %s", code, body)
 	}
@@ -788,6 +802,9 @@ func TestLagAndReadinessDuringNATSOutage(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(readyBody), &ready); err != nil || ready.Ready || len(ready.Reasons) == 0 {
 		t.Fatalf("/readyz body %q (%v)", readyBody, err)
+	}
+	if code := health(); code != exitFailure {
+		t.Fatalf("tailer health exit %d while /readyz is 503", code)
 	}
 	waitFor("slot lag metric above the threshold", func() bool {
 		_, page := httpGet(base + "/metrics")

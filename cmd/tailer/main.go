@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -39,6 +41,7 @@ Usage:
   tailer resync     recreate a lost or dropped slot and publish, once, every
                     still-eligible token the stream lacks
   tailer status     show the slot, its lag and the stream; exit 1 above --max-lag
+  tailer health     exit 0 when the running tailer's /readyz says ready (for container healthchecks)
   tailer verify     check a token with the signing key
   tailer subscribe  print published batches, one line each
 
@@ -65,6 +68,7 @@ var (
 	migrateVars = resyncVars
 	statusVars  = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SLOT", "MAILROOM_NATS_URL", "MAILROOM_NATS_STREAM", "MAILROOM_MAX_LAG"}
 	verifyVars  = []string{"MAILROOM_SECRET_KEY", "MAILROOM_SECRET_KEY_FILE"}
+	healthVars  = []string{"MAILROOM_HTTP_ADDR"}
 	subVars     = []string{"MAILROOM_NATS_URL", "MAILROOM_NATS_STREAM", "MAILROOM_NATS_SUBJECT"}
 )
 
@@ -117,6 +121,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return resyncCmd(ctx, rest, getenv, stderr)
 	case "status":
 		return status(ctx, rest, getenv, stdout, stderr)
+	case "health":
+		return health(ctx, rest, getenv, stdout, stderr)
 	case "verify":
 		return verify(rest, getenv, stdout, stderr)
 	case "subscribe":
@@ -286,6 +292,47 @@ type statusReport struct {
 	StreamError    string  `json:"stream_error,omitempty"`
 	MaxLagBytes    int64   `json:"max_lag_bytes"`
 	OK             bool    `json:"ok"`
+}
+
+// health asks the tailer at MAILROOM_HTTP_ADDR whether it is ready: the
+// container healthcheck of an image without curl.
+func health(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	cfg, _, code := loadConfig("health", healthVars, args, getenv, stderr)
+	if cfg == nil {
+		return code
+	}
+	if cfg.HTTPAddr == "" {
+		fmt.Fprintln(stderr, "tailer health: MAILROOM_HTTP_ADDR is empty: the tailer serves no /readyz")
+		return exitConfig
+	}
+	host, port, err := net.SplitHostPort(cfg.HTTPAddr)
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer health: MAILROOM_HTTP_ADDR: %v\n", err)
+		return exitConfig
+	}
+	// A wildcard listen address is reached on loopback.
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/readyz", nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer health: %v\n", err)
+		return exitFailure
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer health: %v\n", err)
+		return exitFailure
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	fmt.Fprint(stdout, string(body))
+	if resp.StatusCode != http.StatusOK {
+		return exitFailure
+	}
+	return exitOK
 }
 
 func status(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -260,6 +261,7 @@ func TestHelpListsEveryFlag(t *testing.T) {
 		"run":       {"-database-url", "-secret-key", "-batch-limit", "-replication-timeout", "-pprof", "-max-in-flight", "-auto-resync"},
 		"resync":    {"-database-url", "-secret-key", "-nats-url", "-nats-stream", "-slot", "-format"},
 		"migrate":   {"-database-url", "-slot", "-secret-key", "-nats-url"},
+		"health":    {"-http-addr"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run([]string{cmd, "--help"}, func(string) string { return "" }, &stdout, &stderr); code != exitOK {
@@ -269,6 +271,24 @@ func TestHelpListsEveryFlag(t *testing.T) {
 			if !strings.Contains(stderr.String()+stdout.String(), f) {
 				t.Errorf("%s --help does not list %s:\n%s", cmd, f, stderr.String())
 			}
+		}
+	}
+}
+
+// tailer health fails when no tailer answers, and says so on a bad address.
+func TestHealthWithoutTailer(t *testing.T) {
+	port, err := pgtest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		addr string
+		code int
+	}{{"127.0.0.1:" + strconv.Itoa(port), exitFailure}, {"", exitConfig}, {"nonsense", exitConfig}} {
+		var out bytes.Buffer
+		code := run([]string{"health", "--http-addr=" + tc.addr}, func(string) string { return "" }, &out, &out)
+		if code != tc.code {
+			t.Errorf("health --http-addr=%q: exit %d, want %d:\n%s", tc.addr, code, tc.code, out.String())
 		}
 	}
 }
