@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -13,6 +15,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/mailroom/tailer/cmd/internal/daemon"
@@ -255,5 +260,100 @@ func TestRunsAsRestrictedRole(t *testing.T) {
 	}
 	if strings.Contains(p.out.String(), "permission denied") {
 		t.Fatalf("permission errors:\n%s", p.out.String())
+	}
+}
+
+// startNATSConfig runs a real NATS server with a configuration file, on a
+// free loopback port with its store in a temporary directory, and points
+// the cluster at it.
+func (c *cluster) startNATSConfig(path string) {
+	c.t.Helper()
+	opts, err := server.ProcessConfigFile(path)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.stopNATS()
+	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", c.natsPort, 0
+	opts.StoreDir, opts.NoSigs, opts.NoLog = c.t.TempDir(), true, true
+	s, err := server.NewServer(opts)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		c.t.Fatal("NATS with " + path + " not ready")
+	}
+	c.nats = s
+}
+
+// The compose stack's NATS configuration, run for real: no anonymous
+// access; the tailer's user publishes, resyncs and reads status; the
+// subscriber's user consumes with tailer subscribe but can neither publish
+// batches nor purge or delete the stream.
+func TestComposeNATSAccounts(t *testing.T) {
+	t.Setenv("NATS_TAILER_PASSWORD", "tailer-test-pw")
+	t.Setenv("NATS_SUBSCRIBER_PASSWORD", "subscriber-test-pw")
+	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
+	c.startNATSConfig(infra + "nats/nats.conf")
+	if nc, err := nats.Connect(c.natsURL()); err == nil {
+		nc.Close()
+		t.Fatal("anonymous connection accepted")
+	}
+	asTailer := []string{"MAILROOM_NATS_USER=tailer", "MAILROOM_NATS_PASSWORD=tailer-test-pw"}
+	p := c.tailer(asTailer...)
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	c.exec(`INSERT INTO accounts (email, login) SELECT 'acl' || g || '@x', 'acl' || g FROM generate_series(1, 20) g`)
+
+	out := filepath.Join(t.TempDir(), "out")
+	sub := c.subscriber(out, "--durable", "sender", "--from-start", "--nats-user", "subscriber", "--nats-password", "subscriber-test-pw")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if tokens, _ := outputTokens(t, out); len(tokens) == 20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("subscriber output incomplete:\n%s\ntailer:\n%s", sub.out.String(), p.out.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	nc, err := nats.Connect(c.natsURL(), nats.UserInfo("subscriber", "subscriber-test-pw"),
+		// The refusals below are the point: no need to print them.
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, "MAILROOM")
+	if err != nil {
+		t.Fatalf("subscriber cannot look up the stream: %v", err)
+	}
+	for what, f := range map[string]func(context.Context) error{
+		"purge":   func(ctx context.Context) error { return s.Purge(ctx) },
+		"delete":  func(ctx context.Context) error { return js.DeleteStream(ctx, "MAILROOM") },
+		"publish": func(ctx context.Context) error { _, err := js.Publish(ctx, "mailroom.batches", []byte("forged")); return err },
+	} {
+		ctx, cancel := context.WithTimeout(c.ctx, 2*time.Second)
+		if err := f(ctx); err == nil {
+			t.Errorf("the subscriber's user may %s", what)
+		}
+		cancel()
+	}
+
+	if code := p.term(15 * time.Second); code != 0 {
+		t.Fatalf("tailer exit %d", code)
+	}
+	r := c.command([]string{"resync"}, asTailer...)
+	if code := r.exit(30 * time.Second); code != exitOK || !strings.Contains(r.out.String(), "already_on_stream=20 published=0") {
+		t.Fatalf("resync as the tailer's user: exit %d:\n%s", code, r.out.String())
+	}
+	for _, bad := range [][]string{nil, {"MAILROOM_NATS_USER=tailer", "MAILROOM_NATS_PASSWORD=wrong-pw"}} {
+		p := c.tailer(bad...)
+		if code := p.exit(30 * time.Second); code != exitConfig || strings.Count(p.out.String(), "\n") != 1 || strings.Contains(p.out.String(), "wrong-pw") {
+			t.Fatalf("tailer with credentials %v: exit %d, want %d and one line without the password:\n%s", bad, code, exitConfig, p.out.String())
+		}
 	}
 }

@@ -61,15 +61,15 @@ func main() {
 }
 
 var (
-	runVars = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SECRET_KEY", "MAILROOM_SECRET_KEY_FILE", "MAILROOM_BATCH_LIMIT", "MAILROOM_BATCH_TIMEOUT", "MAILROOM_NATS_URL", "MAILROOM_NATS_LISTEN", "MAILROOM_NATS_SYNC", "MAILROOM_DATA_DIR", "MAILROOM_NATS_STREAM", "MAILROOM_NATS_SUBJECT", "MAILROOM_NATS_REPLICAS", "MAILROOM_SUBJECT_PER_ACTION", "MAILROOM_FORMAT", "MAILROOM_HTTP_ADDR", "MAILROOM_SLOT", "MAILROOM_PUBLICATION", "MAILROOM_PROTO_VERSION", "MAILROOM_BINARY", "MAILROOM_MAX_IN_FLIGHT", "MAILROOM_MAX_LAG", "MAILROOM_LAG_INTERVAL", "MAILROOM_REPLICATION_TIMEOUT", "MAILROOM_PPROF", "MAILROOM_AUTO_RESYNC", "MAILROOM_LOG_FORMAT", "MAILROOM_LOG_LEVEL"}
+	runVars = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SECRET_KEY", "MAILROOM_SECRET_KEY_FILE", "MAILROOM_BATCH_LIMIT", "MAILROOM_BATCH_TIMEOUT", "MAILROOM_NATS_URL", "MAILROOM_NATS_USER", "MAILROOM_NATS_PASSWORD", "MAILROOM_NATS_TOKEN", "MAILROOM_NATS_CREDS", "MAILROOM_NATS_NKEY", "MAILROOM_NATS_TLS_CA", "MAILROOM_NATS_TLS_CERT", "MAILROOM_NATS_TLS_KEY", "MAILROOM_NATS_LISTEN", "MAILROOM_NATS_SYNC", "MAILROOM_DATA_DIR", "MAILROOM_NATS_STREAM", "MAILROOM_NATS_SUBJECT", "MAILROOM_NATS_REPLICAS", "MAILROOM_SUBJECT_PER_ACTION", "MAILROOM_FORMAT", "MAILROOM_HTTP_ADDR", "MAILROOM_SLOT", "MAILROOM_PUBLICATION", "MAILROOM_PROTO_VERSION", "MAILROOM_BINARY", "MAILROOM_MAX_IN_FLIGHT", "MAILROOM_MAX_LAG", "MAILROOM_LAG_INTERVAL", "MAILROOM_REPLICATION_TIMEOUT", "MAILROOM_PPROF", "MAILROOM_AUTO_RESYNC", "MAILROOM_LOG_FORMAT", "MAILROOM_LOG_LEVEL"}
 	// A resync (and the adoption of a collector's database by migrate)
 	// publishes like tailer run.
-	resyncVars  = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SECRET_KEY", "MAILROOM_SECRET_KEY_FILE", "MAILROOM_BATCH_LIMIT", "MAILROOM_NATS_URL", "MAILROOM_NATS_LISTEN", "MAILROOM_NATS_SYNC", "MAILROOM_DATA_DIR", "MAILROOM_NATS_STREAM", "MAILROOM_NATS_SUBJECT", "MAILROOM_NATS_REPLICAS", "MAILROOM_SUBJECT_PER_ACTION", "MAILROOM_FORMAT", "MAILROOM_SLOT", "MAILROOM_MAX_IN_FLIGHT", "MAILROOM_LOG_FORMAT", "MAILROOM_LOG_LEVEL"}
+	resyncVars  = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SECRET_KEY", "MAILROOM_SECRET_KEY_FILE", "MAILROOM_BATCH_LIMIT", "MAILROOM_NATS_URL", "MAILROOM_NATS_USER", "MAILROOM_NATS_PASSWORD", "MAILROOM_NATS_TOKEN", "MAILROOM_NATS_CREDS", "MAILROOM_NATS_NKEY", "MAILROOM_NATS_TLS_CA", "MAILROOM_NATS_TLS_CERT", "MAILROOM_NATS_TLS_KEY", "MAILROOM_NATS_LISTEN", "MAILROOM_NATS_SYNC", "MAILROOM_DATA_DIR", "MAILROOM_NATS_STREAM", "MAILROOM_NATS_SUBJECT", "MAILROOM_NATS_REPLICAS", "MAILROOM_SUBJECT_PER_ACTION", "MAILROOM_FORMAT", "MAILROOM_SLOT", "MAILROOM_MAX_IN_FLIGHT", "MAILROOM_LOG_FORMAT", "MAILROOM_LOG_LEVEL"}
 	migrateVars = resyncVars
-	statusVars  = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SLOT", "MAILROOM_NATS_URL", "MAILROOM_NATS_STREAM", "MAILROOM_MAX_LAG"}
+	statusVars  = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SLOT", "MAILROOM_NATS_URL", "MAILROOM_NATS_USER", "MAILROOM_NATS_PASSWORD", "MAILROOM_NATS_TOKEN", "MAILROOM_NATS_CREDS", "MAILROOM_NATS_NKEY", "MAILROOM_NATS_TLS_CA", "MAILROOM_NATS_TLS_CERT", "MAILROOM_NATS_TLS_KEY", "MAILROOM_NATS_STREAM", "MAILROOM_MAX_LAG"}
 	verifyVars  = []string{"MAILROOM_SECRET_KEY", "MAILROOM_SECRET_KEY_FILE"}
 	healthVars  = []string{"MAILROOM_HTTP_ADDR"}
-	subVars     = []string{"MAILROOM_NATS_URL", "MAILROOM_NATS_STREAM", "MAILROOM_NATS_SUBJECT"}
+	subVars     = []string{"MAILROOM_NATS_URL", "MAILROOM_NATS_USER", "MAILROOM_NATS_PASSWORD", "MAILROOM_NATS_TOKEN", "MAILROOM_NATS_CREDS", "MAILROOM_NATS_NKEY", "MAILROOM_NATS_TLS_CA", "MAILROOM_NATS_TLS_CERT", "MAILROOM_NATS_TLS_KEY", "MAILROOM_NATS_STREAM", "MAILROOM_NATS_SUBJECT"}
 )
 
 func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
@@ -374,7 +374,7 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 	rep.OK = rep.LagBytes <= cfg.MaxLag && !slot.Lost()
 	if cfg.NATSURL != "" {
-		if info, err := streamInfo(ctx, cfg.NATSURL, cfg.Stream); err != nil {
+		if info, err := streamInfo(ctx, cfg); err != nil {
 			rep.StreamError = err.Error()
 		} else {
 			rep.StreamMessages, rep.StreamLastSeq, rep.StreamReplicas = &info.State.Msgs, &info.State.LastSeq, &info.Config.Replicas
@@ -406,8 +406,8 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 	return exitOK
 }
 
-func streamInfo(ctx context.Context, url, name string) (*jetstream.StreamInfo, error) {
-	nc, err := nats.Connect(url, nats.Name("tailer status"), nats.Timeout(5*time.Second))
+func streamInfo(ctx context.Context, cfg *config.Config) (*jetstream.StreamInfo, error) {
+	nc, err := nats.Connect(cfg.NATSURL, append(cfg.NATSOptions(), nats.Name("tailer status"), nats.Timeout(5*time.Second))...)
 	if err != nil {
 		return nil, err
 	}
@@ -416,7 +416,7 @@ func streamInfo(ctx context.Context, url, name string) (*jetstream.StreamInfo, e
 	if err != nil {
 		return nil, err
 	}
-	s, err := js.Stream(ctx, name)
+	s, err := js.Stream(ctx, cfg.Stream)
 	if err != nil {
 		return nil, err
 	}
@@ -566,7 +566,7 @@ func subscribe(ctx context.Context, args []string, getenv func(string) string, s
 	if url == "" {
 		url = nats.DefaultURL
 	}
-	nc, err := nats.Connect(url, nats.Name("tailer subscribe"), nats.MaxReconnects(-1))
+	nc, err := nats.Connect(url, append(cfg.NATSOptions(), nats.Name("tailer subscribe"), nats.MaxReconnects(-1))...)
 	if err != nil {
 		fmt.Fprintf(stderr, "tailer subscribe: MAILROOM_NATS_URL: cannot connect to %s: %v\n", config.RedactURL(url), err)
 		return exitConfig

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/replication"
 )
@@ -28,6 +30,10 @@ type Config struct {
 	BatchTimeout time.Duration
 	NATSURL      string // empty: embedded server
 	NATSListen   string // embedded server's client address
+	// NATS credentials and TLS for MAILROOM_NATS_URL; see NATSOptions.
+	NATSUser, NATSPassword, NATSToken  string
+	NATSCreds, NATSNkey                string
+	NATSTLSCA, NATSTLSCert, NATSTLSKey string
 	// NATSSync is how often the embedded server syncs its store; 0 means
 	// before every acknowledgement.
 	NATSSync     time.Duration
@@ -146,6 +152,44 @@ var Vars = []Var{
 		}
 		c.NATSURL = v
 		return nil
+	}},
+	{Env: "MAILROOM_NATS_USER", Flag: "nats-user", Usage: "NATS user name (with MAILROOM_NATS_PASSWORD)", set: func(c *Config, v string) error {
+		c.NATSUser = v
+		return nil
+	}},
+	{Env: "MAILROOM_NATS_PASSWORD", Flag: "nats-password", Usage: "NATS password of MAILROOM_NATS_USER", Secret: true, set: func(c *Config, v string) error {
+		if v != "" && c.NATSUser == "" {
+			return errors.New("is set without MAILROOM_NATS_USER")
+		}
+		c.NATSPassword = v
+		return nil
+	}},
+	{Env: "MAILROOM_NATS_TOKEN", Flag: "nats-token", Usage: "NATS authentication token", Secret: true, set: func(c *Config, v string) error {
+		c.NATSToken = v
+		return nil
+	}},
+	{Env: "MAILROOM_NATS_CREDS", Flag: "nats-creds", Usage: "NATS credentials file (JWT and nkey seed, as nsc writes it)", set: func(c *Config, v string) error {
+		c.NATSCreds = v
+		return readable(v)
+	}},
+	{Env: "MAILROOM_NATS_NKEY", Flag: "nats-nkey", Usage: "file holding a NATS nkey seed (SU...)", set: func(c *Config, v string) error {
+		c.NATSNkey = v
+		return readable(v)
+	}},
+	{Env: "MAILROOM_NATS_TLS_CA", Flag: "nats-tls-ca", Usage: "PEM file of the CA that signed the NATS server's certificate (enables TLS)", set: func(c *Config, v string) error {
+		c.NATSTLSCA = v
+		return readable(v)
+	}},
+	{Env: "MAILROOM_NATS_TLS_CERT", Flag: "nats-tls-cert", Usage: "PEM client certificate for NATS (with MAILROOM_NATS_TLS_KEY)", set: func(c *Config, v string) error {
+		c.NATSTLSCert = v
+		return readable(v)
+	}},
+	{Env: "MAILROOM_NATS_TLS_KEY", Flag: "nats-tls-key", Usage: "PEM private key of MAILROOM_NATS_TLS_CERT", set: func(c *Config, v string) error {
+		if (v == "") != (c.NATSTLSCert == "") {
+			return errors.New("must be set together with MAILROOM_NATS_TLS_CERT")
+		}
+		c.NATSTLSKey = v
+		return readable(v)
 	}},
 	{Env: "MAILROOM_NATS_LISTEN", Flag: "nats-listen", Default: "127.0.0.1:4222", Usage: "client address of the embedded NATS server", set: func(c *Config, v string) error {
 		if _, _, err := net.SplitHostPort(v); err != nil {
@@ -385,6 +429,52 @@ func Load(name string, use []string, args []string, getenv func(string) string, 
 		}
 	}
 	return c, fs.Args(), nil
+}
+
+// readable checks that a configured file can be read, so that a wrong path
+// is a configuration error at startup rather than a connection failure.
+func readable(path string) error {
+	if path == "" {
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return fmt.Errorf("cannot read %q: %w", path, err)
+	}
+	return f.Close()
+}
+
+// NATSOptions are the connection options for the configured credentials
+// and TLS.
+func (c *Config) NATSOptions() []nats.Option {
+	var opts []nats.Option
+	if c.NATSUser != "" {
+		opts = append(opts, nats.UserInfo(c.NATSUser, c.NATSPassword))
+	}
+	if c.NATSToken != "" {
+		opts = append(opts, nats.Token(c.NATSToken))
+	}
+	if c.NATSCreds != "" {
+		opts = append(opts, nats.UserCredentials(c.NATSCreds))
+	}
+	if c.NATSNkey != "" {
+		if opt, err := nats.NkeyOptionFromSeed(c.NATSNkey); err == nil {
+			opts = append(opts, opt)
+		} else {
+			opts = append(opts, func(*nats.Options) error { return fmt.Errorf("MAILROOM_NATS_NKEY: %w", err) })
+		}
+	}
+	if c.NATSTLSCA != "" {
+		opts = append(opts, nats.RootCAs(c.NATSTLSCA))
+	}
+	if c.NATSTLSCert != "" {
+		opts = append(opts, nats.ClientCert(c.NATSTLSCert, c.NATSTLSKey))
+	}
+	return opts
 }
 
 // RequireKey is the error of a command that signs tokens when no key is

@@ -197,7 +197,11 @@ func ConnectNATS(cfg *config.Config, log *slog.Logger, opts ...nats.Option) (nc 
 		natsURL = srv.ClientURL()
 		log.Info("embedded NATS JetStream started", "url", natsURL, "store", cfg.DataDir)
 	}
-	nc, err = nats.Connect(natsURL, append([]nats.Option{nats.Timeout(5 * time.Second)}, opts...)...)
+	all := []nats.Option{nats.Timeout(5 * time.Second)}
+	if cfg.NATSURL != "" {
+		all = append(all, cfg.NATSOptions()...)
+	}
+	nc, err = nats.Connect(natsURL, append(all, opts...)...)
 	if err != nil {
 		stop()
 		if cfg.NATSURL != "" {
