@@ -63,6 +63,8 @@ type cluster struct {
 	natsDir  string
 	natsPort int
 	nats     *server.Server
+	// natsOpts are what the test's own connections need (credentials).
+	natsOpts []nats.Option
 	limit    int
 	timeout  time.Duration
 }
@@ -296,7 +298,7 @@ func (w *writer) halt() {
 // the returned function closes. The error is the stream lookup's.
 func (c *cluster) stream() (jetstream.Stream, func(), error) {
 	c.t.Helper()
-	nc, err := nats.Connect(c.natsURL())
+	nc, err := nats.Connect(c.natsURL(), c.natsOpts...)
 	if err != nil {
 		c.t.Fatal(err)
 	}

@@ -47,6 +47,9 @@ type Options struct {
 	// Password, if set, is the postgres user's password, and TCP
 	// connections must give it (scram-sha-256); URL includes it.
 	Password string
+	// TLSCert and TLSKey, if set, are PEM files the server offers TLS
+	// with (ssl=on); they are copied next to the data directory.
+	TLSCert, TLSKey string
 }
 
 // BinDir finds PostgreSQL's server programs: $TAILER_PG_BINDIR, the
@@ -156,6 +159,26 @@ func Start(opts Options) (*Server, error) {
 		"full_page_writes=off",
 		"max_connections=100",
 	}, opts.Settings...)
+	if opts.TLSCert != "" {
+		// PostgreSQL reads them as its own user and refuses a key that
+		// others can read.
+		for _, f := range []struct{ src, dst string }{{opts.TLSCert, "server.crt"}, {opts.TLSKey, "server.key"}} {
+			data, err := os.ReadFile(f.src)
+			if err != nil {
+				return nil, err
+			}
+			dst := filepath.Join(dir, f.dst)
+			if err := os.WriteFile(dst, data, 0o600); err != nil {
+				return nil, err
+			}
+			if cred != nil {
+				if err := os.Chown(dst, int(cred.Uid), int(cred.Gid)); err != nil {
+					return nil, err
+				}
+			}
+		}
+		s.opts = append(s.opts, "ssl=on", "ssl_cert_file="+filepath.Join(dir, "server.crt"), "ssl_key_file="+filepath.Join(dir, "server.key"))
+	}
 	if err := s.Start(); err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -169,6 +170,23 @@ func (d *Daemon) streamed() bool {
 // forever. Later, the same errors are retried: a password may be rotated
 // while the tailer runs.
 func startupConfigError(err error) error {
+	var (
+		unknownCA x509.UnknownAuthorityError
+		hostname  x509.HostnameError
+		invalid   x509.CertificateInvalidError
+	)
+	var tlsErr error
+	switch {
+	case errors.As(err, &unknownCA):
+		tlsErr = unknownCA
+	case errors.As(err, &hostname):
+		tlsErr = hostname
+	case errors.As(err, &invalid):
+		tlsErr = invalid
+	}
+	if tlsErr != nil {
+		return &config.Error{Var: "MAILROOM_DATABASE_URL", Err: fmt.Errorf("the server's TLS certificate is not accepted (see sslrootcert and sslmode): %w", tlsErr)}
+	}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return nil
