@@ -21,6 +21,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/mailroom/tailer/cmd/internal/daemon"
+	"github.com/mailroom/tailer/publish/embedded"
 	"github.com/mailroom/tailer/testutil/pgtest"
 )
 
@@ -32,7 +33,12 @@ type composeFile struct {
 		Command     []string          `yaml:"command"`
 		Environment map[string]string `yaml:"environment"`
 		Volumes     []string          `yaml:"volumes"`
-		DependsOn   map[string]struct {
+		Ports       []string          `yaml:"ports"`
+		Restart     string            `yaml:"restart"`
+		Healthcheck struct {
+			Test []string `yaml:"test"`
+		} `yaml:"healthcheck"`
+		DependsOn map[string]struct {
 			Condition string `yaml:"condition"`
 		} `yaml:"depends_on"`
 	} `yaml:"services"`
@@ -64,8 +70,23 @@ func TestComposeFile(t *testing.T) {
 			t.Errorf("postgres command %q lacks %s", pg, want)
 		}
 	}
-	if n := c.Services["nats"]; !slices.Contains(n.Command, "--jetstream") || len(n.Volumes) == 0 {
-		t.Errorf("nats service: command %v, volumes %v; want JetStream on a volume", n.Command, n.Volumes)
+	if n := c.Services["nats"]; !slices.Contains(n.Command, "--config") || !slices.Contains(n.Volumes, "natsdata:/data") {
+		t.Errorf("nats service: command %v, volumes %v; want nats/nats.conf and JetStream on a volume", n.Command, n.Volumes)
+	}
+	if got := c.Services["postgres"].Healthcheck.Test; !strings.Contains(strings.Join(got, " "), "pg_isready -h 127.0.0.1") {
+		t.Errorf("postgres healthcheck %v must check over TCP: the init scripts' temporary server only listens on the socket", got)
+	}
+	if r := c.Services["migrate"].Restart; r != "on-failure" {
+		t.Errorf("migrate restart %q: a slow first start of PostgreSQL must not leave the stack without its schema", r)
+	}
+	if got := c.Services["tailer"].Healthcheck.Test; !slices.Equal(got, []string{"CMD", "/usr/local/bin/tailer", "health"}) {
+		t.Errorf("tailer healthcheck %v, want tailer health", got)
+	}
+	if g := c.Services["grafana"].Environment; g["GF_AUTH_ANONYMOUS_ENABLED"] != "false" || !strings.HasPrefix(g["GF_SECURITY_ADMIN_PASSWORD"], "${GRAFANA_ADMIN_PASSWORD:?") {
+		t.Errorf("grafana: anonymous access and an admin password: %v", g)
+	}
+	if _, ok := c.Services["alertmanager"]; !ok {
+		t.Error("no alertmanager: the alert rules would fire into nothing")
 	}
 	if got := c.Services["migrate"].Command; !slices.Equal(got, []string{"migrate"}) {
 		t.Errorf("migrate command = %v", got)
@@ -87,12 +108,55 @@ func TestComposeFile(t *testing.T) {
 	}
 
 	cluster := readCompose(t, infra+"nats-cluster/docker-compose.yml")
+	for path, f := range map[string]composeFile{"docker-compose.yml": c, "nats-cluster/docker-compose.yml": cluster} {
+		for name, s := range f.Services {
+			// Every port on loopback only.
+			for _, p := range s.Ports {
+				if !strings.HasPrefix(p, "127.0.0.1:") {
+					t.Errorf("%s: %s publishes %q on every interface", path, name, p)
+				}
+			}
+			// The server version the tests embed (see the nats service).
+			if strings.HasPrefix(s.Image, "nats:") && s.Image != "nats:"+server.VERSION {
+				t.Errorf("%s: %s runs %s; the tests embed nats-server %s", path, name, s.Image, server.VERSION)
+			}
+			if strings.HasPrefix(s.Image, "nats:") && !slices.Contains(s.Command, "--config") {
+				t.Errorf("%s: %s runs without nats/nats.conf: anonymous access", path, name)
+			}
+		}
+		raw, err := os.ReadFile(infra + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// ${VAR:-default} would start the stack with a password anyone can read here.
+		if m := regexp.MustCompile(`\$\{[A-Z_]*(PASSWORD|SECRET|KEY|TOKEN)[A-Z_]*:-[^}]*\}`).Find(raw); m != nil {
+			t.Errorf("%s: %s gives a secret a default", path, m)
+		}
+	}
+	conf, err := os.ReadFile(infra + "nats/nats.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"no_auth_user", "authorization"} {
+		if strings.Contains(string(conf), bad) {
+			t.Errorf("nats/nats.conf uses %s: every client must log in as one of the account's users", bad)
+		}
+	}
+	ignore, err := os.ReadFile("../../.dockerignore")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{".git", "infra/secrets", "infra/.env"} {
+		if !slices.Contains(strings.Split(string(ignore), "\n"), want) {
+			t.Errorf(".dockerignore lacks %s: it would go into the build context", want)
+		}
+	}
 	if len(cluster.Services) != 3 {
 		t.Fatalf("cluster has %d nodes", len(cluster.Services))
 	}
 	for name, s := range cluster.Services {
 		cmd := strings.Join(s.Command, " ")
-		if !strings.Contains(cmd, "--jetstream") || !strings.Contains(cmd, "--routes") || !strings.Contains(cmd, "--cluster_name mailroom") {
+		if !strings.Contains(cmd, "--routes") || !strings.Contains(cmd, "--cluster_name mailroom") {
 			t.Errorf("%s: %s", name, cmd)
 		}
 	}
@@ -355,5 +419,77 @@ func TestComposeNATSAccounts(t *testing.T) {
 		if code := p.exit(30 * time.Second); code != exitConfig || strings.Count(p.out.String(), "\n") != 1 || strings.Contains(p.out.String(), "wrong-pw") {
 			t.Fatalf("tailer with credentials %v: exit %d, want %d and one line without the password:\n%s", bad, code, exitConfig, p.out.String())
 		}
+	}
+}
+
+// infra/postgres/01-roles.sh, run for real as the postgres image runs it:
+// the schema's owner migrates without being a superuser, and the tailer
+// role streams, publishes and resyncs with what the migrations grant it.
+func TestComposeRoles(t *testing.T) {
+	pg, err := pgtest.Start(pgtest.Options{Password: "super-pw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Close() })
+	ctx := t.Context()
+	admin, err := pgx.Connect(ctx, pg.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	pgtest.Exec(t, ctx, admin, `CREATE DATABASE mailroom`)
+	bin, err := pgtest.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := exec.Command("bash", infra+"postgres/01-roles.sh")
+	script.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"),
+		"PGHOST=127.0.0.1", "PGPORT="+strconv.Itoa(pg.Port), "PGPASSWORD=super-pw",
+		"POSTGRES_USER=postgres", "POSTGRES_DB=mailroom",
+		"OWNER_DB_PASSWORD=owner-pw", "TAILER_DB_PASSWORD=tailer-pw", "APP_DB_PASSWORD=app-pw")
+	if out, err := script.CombinedOutput(); err != nil {
+		t.Fatalf("01-roles.sh: %v\n%s", err, out)
+	}
+	var super bool
+	if err := admin.QueryRow(ctx, `SELECT bool_or(rolsuper) FROM pg_roles WHERE rolname IN ('mailroom_owner', 'tailer', 'mailroom_app')`).Scan(&super); err != nil || super {
+		t.Fatalf("a service role is a superuser (%v)", err)
+	}
+	roleURL := func(role, pw string) string {
+		return fmt.Sprintf("postgres://%s:%s@127.0.0.1:%d/mailroom?sslmode=disable", role, pw, pg.Port)
+	}
+	m := exec.Command(tailerBin, "migrate")
+	m.Env = append(os.Environ(), "MAILROOM_DATABASE_URL="+roleURL("mailroom_owner", "owner-pw"))
+	if out, err := m.CombinedOutput(); err != nil {
+		t.Fatalf("tailer migrate as mailroom_owner: %v\n%s", err, out)
+	}
+
+	port, err := pgtest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := embedded.Start(t.TempDir(), fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	app, err := pgx.Connect(ctx, roleURL("mailroom_app", "app-pw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close(ctx)
+	c := &cluster{t: t, ctx: ctx, dbURL: roleURL("tailer", "tailer-pw"), db: app, natsPort: port, limit: 10, timeout: 100 * time.Millisecond}
+	p := c.tailer()
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	c.exec(`INSERT INTO accounts (email, login) SELECT 'role' || g || '@x', 'role' || g FROM generate_series(1, 7) g`)
+	if n := c.expectExactlyOnce(30 * time.Second); n != 7 {
+		t.Fatalf("%d tokens", n)
+	}
+	p.term(15 * time.Second)
+	r := c.command([]string{"resync"})
+	if code := r.exit(30 * time.Second); code != exitOK || !strings.Contains(r.out.String(), "already_on_stream=7 published=0") {
+		t.Fatalf("tailer resync as the tailer role: exit %d:\n%s", code, r.out.String())
+	}
+	if out := p.out.String() + r.out.String(); strings.Contains(out, "permission denied") {
+		t.Fatalf("permission errors:\n%s", out)
 	}
 }

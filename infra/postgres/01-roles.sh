@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# Runs once, when the postgres container initialises its data directory.
-# Three roles: the schema's owner (POSTGRES_USER, runs `tailer migrate`), the
-# application, and the tailer, which only needs REPLICATION and SELECT on
-# tokens and accounts (granted by migration 000003 once the tables exist).
+# Runs once, when the postgres container initialises its data directory, as
+# the superuser (which no service uses). Three roles:
+#   mailroom_owner  owns the schema and runs `tailer migrate` (not a
+#                   superuser: CREATE on the database, the public schema,
+#                   and REPLICATION to create the slot);
+#   mailroom_app    the application: reads and writes the mailroom tables;
+#   tailer          the daemon: REPLICATION, SELECT on tokens and accounts
+#                   and its resync bookkeeping (granted by the migrations).
 set -euo pipefail
 psql -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname "$POSTGRES_DB" \
-  -v tailer_pw="$TAILER_DB_PASSWORD" -v app_pw="$APP_DB_PASSWORD" <<'EOSQL'
+  -v owner_pw="$OWNER_DB_PASSWORD" -v tailer_pw="$TAILER_DB_PASSWORD" -v app_pw="$APP_DB_PASSWORD" <<'EOSQL'
+CREATE ROLE mailroom_owner WITH LOGIN REPLICATION PASSWORD :'owner_pw';
 CREATE ROLE tailer WITH LOGIN REPLICATION PASSWORD :'tailer_pw';
 CREATE ROLE mailroom_app WITH LOGIN PASSWORD :'app_pw';
+GRANT CONNECT, CREATE ON DATABASE mailroom TO mailroom_owner;
+ALTER SCHEMA public OWNER TO mailroom_owner;
 GRANT CONNECT ON DATABASE mailroom TO tailer, mailroom_app;
 GRANT USAGE ON SCHEMA public TO tailer, mailroom_app;
 -- The application reads and writes the mailroom tables the owner creates.
