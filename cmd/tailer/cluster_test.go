@@ -1,0 +1,249 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mailroom/tailer/testutil/pgtest"
+)
+
+// natsCluster is three real nats-server nodes on loopback, each with its
+// own store, restartable on the same ports.
+type natsCluster struct {
+	t          *testing.T
+	dir        string
+	client, cl [3]int
+	nodes      [3]*server.Server
+}
+
+func newNATSCluster(t *testing.T) *natsCluster {
+	t.Helper()
+	nc := &natsCluster{t: t, dir: t.TempDir()}
+	for i := range 3 {
+		var err error
+		if nc.client[i], err = pgtest.FreePort(); err != nil {
+			t.Fatal(err)
+		}
+		if nc.cl[i], err = pgtest.FreePort(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 3 {
+		nc.start(i)
+	}
+	t.Cleanup(func() {
+		for i := range 3 {
+			nc.stop(i)
+		}
+	})
+	return nc
+}
+
+func (nc *natsCluster) start(i int) {
+	nc.t.Helper()
+	var routes []*url.URL
+	for j := range 3 {
+		if j != i {
+			routes = append(routes, &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", nc.cl[j])})
+		}
+	}
+	s, err := server.NewServer(&server.Options{
+		ServerName: fmt.Sprintf("n%d", i+1), Host: "127.0.0.1", Port: nc.client[i],
+		JetStream: true, StoreDir: filepath.Join(nc.dir, fmt.Sprint(i)), NoSigs: true, NoLog: true,
+		Cluster: server.ClusterOpts{Name: "mailroom", Host: "127.0.0.1", Port: nc.cl[i]},
+		Routes:  routes,
+	})
+	if err != nil {
+		nc.t.Fatal(err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(15 * time.Second) {
+		nc.t.Fatalf("node %d not ready", i+1)
+	}
+	nc.nodes[i] = s
+}
+
+func (nc *natsCluster) stop(i int) {
+	if s := nc.nodes[i]; s != nil {
+		s.Shutdown()
+		s.WaitForShutdown()
+		nc.nodes[i] = nil
+	}
+}
+
+func (nc *natsCluster) urls() string {
+	var u []string
+	for _, p := range nc.client {
+		u = append(u, fmt.Sprintf("nats://127.0.0.1:%d", p))
+	}
+	return strings.Join(u, ",")
+}
+
+// index returns the node named name (n1..n3).
+func (nc *natsCluster) index(name string) int {
+	for i := range 3 {
+		if fmt.Sprintf("n%d", i+1) == name {
+			return i
+		}
+	}
+	nc.t.Fatalf("no node %q", name)
+	return -1
+}
+
+// The distributed engine: an R3 stream on three real nodes, the tailer
+// publishing under load while the stream's leader is stopped and started
+// again, then a follower, then every node is stopped and all three restart
+// after the duplicate window has passed. Every token is on the stream exactly once,
+// publishing goes on after the restart (no "wrong last msg ID" stall), and
+// a durable subscriber resumes where it was.
+//
+// Not part of make test yet: in 2 of 6 runs here (nats-server 2.15.2, three
+// nodes in one process) the stream had no leader for more than 30 s after a
+// node came back, once for more than 90 s after the full restart, and the
+// tailer waited (nothing lost, nothing duplicated). Until that is
+// understood, TAILER_NATS_CLUSTER_TEST=1 runs it.
+func TestNATSClusterLosesNodes(t *testing.T) {
+	if os.Getenv("TAILER_NATS_CLUSTER_TEST") == "" {
+		t.Skip("set TAILER_NATS_CLUSTER_TEST=1: the stream's leader election is not yet reliable enough here for make test")
+	}
+	nats3 := newNATSCluster(t)
+	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
+	c.stopNATS()
+	c.natsURLs = nats3.urls()
+
+	// The stream as the tailer would create it, with a duplicate window
+	// short enough to outlast in a test.
+	conn, err := nats.Connect(c.natsURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(conn)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "MAILROOM", Subjects: []string{"mailroom.batches", "mailroom.batches.>"},
+			Storage: jetstream.FileStorage, Replicas: 3, Duplicates: 2 * time.Second})
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("R3 stream: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	conn.Close()
+	leader := func() int {
+		t.Helper()
+		conn, err := nats.Connect(c.natsURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		js, _ := jetstream.New(conn)
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			ctx, cancel := context.WithTimeout(c.ctx, 2*time.Second)
+			s, err := js.Stream(ctx, "MAILROOM")
+			cancel()
+			if err == nil && s.CachedInfo().Cluster != nil && s.CachedInfo().Cluster.Leader != "" {
+				return nats3.index(s.CachedInfo().Cluster.Leader)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no stream leader: %v", err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+
+	out := filepath.Join(t.TempDir(), "out")
+	sub := c.subscriber(out, "--durable", "sender", "--from-start")
+	p := c.tailer("MAILROOM_NATS_REPLICAS=3")
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	w := c.startWriter(3, 10*time.Millisecond)
+	time.Sleep(time.Second)
+	// The leader, then a follower, each while the other two keep quorum
+	// and the tailer goes on publishing; then every node at once.
+	l := leader()
+	nats3.stop(l)
+	time.Sleep(2 * time.Second)
+	nats3.start(l)
+	time.Sleep(2 * time.Second)
+	f := (leader() + 1) % 3
+	nats3.stop(f)
+	time.Sleep(2 * time.Second)
+	nats3.start(f)
+	time.Sleep(2 * time.Second)
+	for i := range 3 {
+		nats3.stop(i)
+	}
+	// Longer than the duplicate window: the nodes must restore the last
+	// message id from their stores, not from the window.
+	time.Sleep(3 * time.Second)
+	for i := range 3 {
+		nats3.start(i)
+	}
+	// Where it sticks, say what each node says.
+	defer func() {
+		if !t.Failed() {
+			return
+		}
+		for i := range 3 {
+			conn, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d", nats3.client[i]))
+			if err != nil {
+				t.Logf("node n%d: %v", i+1, err)
+				continue
+			}
+			js, _ := jetstream.New(conn)
+			ctx, cancel := context.WithTimeout(c.ctx, 3*time.Second)
+			s, err := js.Stream(ctx, "MAILROOM")
+			if err != nil {
+				t.Logf("node n%d: stream: %v", i+1, err)
+			} else {
+				info := s.CachedInfo()
+				_, gerr := s.GetMsg(ctx, info.State.LastSeq)
+				t.Logf("node n%d: last seq %d, leader %q, get last: %v", i+1, info.State.LastSeq, info.Cluster.Leader, gerr)
+			}
+			cancel()
+			conn.Close()
+		}
+	}()
+	time.Sleep(2 * time.Second)
+	w.halt()
+	if w.err != nil {
+		t.Fatal(w.err)
+	}
+	n := c.expectExactlyOnce(90 * time.Second)
+	if strings.Contains(p.out.String(), "wrong last msg ID") && !strings.Contains(p.out.String(), "streaming") {
+		t.Fatalf("publishing stalled:\n%s", p.out.String())
+	}
+	// After the restart, new tokens still go out.
+	c.exec(`INSERT INTO accounts (email, login) SELECT 'after' || g || '@x', 'after' || g FROM generate_series(1, 5) g`)
+	n = c.expectExactlyOnce(60 * time.Second)
+	deadline = time.Now().Add(60 * time.Second)
+	for {
+		// Lines carry no token ids: the signed tokens are told apart.
+		tokens, _ := outputTokens(t, out)
+		seen := map[string]bool{}
+		for _, tok := range tokens {
+			seen[tok.Token] = true
+		}
+		if len(seen) == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("subscriber wrote %d of %d tokens:\n%s", len(seen), n, sub.out.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("%d tokens through the loss of the leader, a follower and a full restart; each on the stream once", n)
+}
