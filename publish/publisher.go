@@ -56,9 +56,17 @@ func (e *StreamConfigError) Error() string {
 func (e *StreamConfigError) Unwrap() error { return e.Err }
 
 // Publisher sends batches to one JetStream stream, chaining each message to
-// the previous one with Nats-Expected-Last-Msg-Id: a batch whose predecessor
+// the one before with Nats-Expected-Last-Sequence: the tailer is the
+// stream's only writer, so the n-th publish of a session expects the
+// stream's last sequence at the start plus n-1. A batch whose predecessor
 // did not land is refused, so pipelined publishes can never leave a gap that
-// a later batch hides.
+// a later batch hides, and two tailers (a standby taking over) cannot both
+// extend the stream. The chain is by sequence rather than by message id:
+// a replica's last message id is not part of its stored state, and
+// nats-server 2.15.2 was seen to stall an R3 stream when a replica, after a
+// restart, checked the id chain on entries its leader had accepted ("last
+// msgid mismatch"); servers before 2.15 also forget the last id outside the
+// duplicate window.
 type Publisher struct {
 	js       jetstream.JetStream
 	stream   jetstream.Stream
@@ -69,16 +77,14 @@ type Publisher struct {
 	// has none).
 	lastOrigin string
 
-	lastID  string
 	lastPos []decoder.Position
 	// lastPosSeq is the sequence of the message lastPos comes from.
 	lastPosSeq []uint64
 	// lastTime is when the stream's last message was stored.
 	lastTime time.Time
-	// lastSeq is the stream's last sequence when the session started: the
-	// first publish expects it when there is no message id to chain to
-	// (an empty stream), so that two tailers cannot both start the chain.
-	lastSeq uint64
+	// lastSeq is the stream's last sequence when the session started, and
+	// next the last sequence the next publish expects.
+	lastSeq, next uint64
 }
 
 // resumable refuses stream configurations that can remove the stream's
@@ -173,7 +179,7 @@ func (p *Publisher) readLast(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("stream info: %w", err)
 	}
-	p.lastSeq = info.State.LastSeq
+	p.lastSeq, p.next = info.State.LastSeq, info.State.LastSeq
 	if info.State.LastSeq == 0 {
 		return nil
 	}
@@ -184,7 +190,6 @@ func (p *Publisher) readLast(ctx context.Context) error {
 	case err != nil:
 		return fmt.Errorf("read last message of stream: %w", err)
 	default:
-		p.lastID = msg.Header.Get(HeaderMsgID)
 		p.lastOrigin = msg.Header.Get(HeaderOrigin)
 		p.lastTime = msg.Time
 	}
@@ -297,17 +302,11 @@ func (p *Publisher) PublishAsync(m *Message) (jetstream.PubAckFuture, error) {
 	if p.origin != "" {
 		msg.Header[HeaderOrigin] = []string{p.origin}
 	}
-	opts := []jetstream.PublishOpt{jetstream.WithMsgID(id)}
-	if p.lastID != "" {
-		opts = append(opts, jetstream.WithExpectLastMsgID(p.lastID))
-	} else {
-		opts = append(opts, jetstream.WithExpectLastSequence(p.lastSeq))
-	}
-	fut, err := p.js.PublishMsgAsync(msg, opts...)
+	fut, err := p.js.PublishMsgAsync(msg, jetstream.WithMsgID(id), jetstream.WithExpectLastSequence(p.next))
 	if err != nil {
 		return nil, fmt.Errorf("publish batch %s: %w", id, err)
 	}
-	p.lastID = id
+	p.next++
 	if m.ID == "" {
 		p.lastPos[m.Lane] = m.Last
 	}

@@ -103,6 +103,15 @@ func (s *Subscriber) Run(ctx context.Context, js jetstream.JetStream) error {
 			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 				return nil
 			}
+			// The iterator asks again by itself: a consumer whose leader is
+			// being elected (a cluster losing a node) misses heartbeats for
+			// a while.
+			if errors.Is(err, jetstream.ErrNoHeartbeat) {
+				if s.Log != nil {
+					s.Log.Warn("no heartbeat from the consumer; asking again", "durable", s.Durable)
+				}
+				continue
+			}
 			return fmt.Errorf("consume %s: %w", s.Durable, err)
 		}
 		if buf, err = s.handle(ctx, msg, buf[:0]); err != nil {
@@ -165,9 +174,12 @@ func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg, buf []byte) 
 			s.Dedup.Seen(t.Key)
 		}
 	}
-	// The lines are out: only now may the server forget the message.
-	if err := msg.DoubleAck(ctx); err != nil && ctx.Err() == nil {
-		return buf, fmt.Errorf("ack stream seq %d: %w", seqOf(meta), err)
+	// The lines are out: only now may the server forget the message. An
+	// ack the server does not confirm (a cluster electing a leader) is not
+	// fatal: the message comes again after AckWait, and the dedup window
+	// (or the consumer of the lines) drops what was written twice.
+	if err := msg.DoubleAck(ctx); err != nil && ctx.Err() == nil && s.Log != nil {
+		s.Log.Warn("ack not confirmed; the message will be delivered again", "stream_seq", seqOf(meta), "err", err)
 	}
 	return buf, nil
 }
