@@ -396,9 +396,12 @@ func TestComposeNATSAccounts(t *testing.T) {
 		t.Fatalf("subscriber cannot look up the stream: %v", err)
 	}
 	for what, f := range map[string]func(context.Context) error{
-		"purge":   func(ctx context.Context) error { return s.Purge(ctx) },
-		"delete":  func(ctx context.Context) error { return js.DeleteStream(ctx, "MAILROOM") },
-		"publish": func(ctx context.Context) error { _, err := js.Publish(ctx, "mailroom.batches", []byte("forged")); return err },
+		"purge":  func(ctx context.Context) error { return s.Purge(ctx) },
+		"delete": func(ctx context.Context) error { return js.DeleteStream(ctx, "MAILROOM") },
+		"publish": func(ctx context.Context) error {
+			_, err := js.Publish(ctx, "mailroom.batches", []byte("forged"))
+			return err
+		},
 	} {
 		ctx, cancel := context.WithTimeout(c.ctx, 2*time.Second)
 		if err := f(ctx); err == nil {
