@@ -58,6 +58,7 @@ type options struct {
 	cpuProfile       string
 	tailerEnv        string
 	natsSync         time.Duration
+	natsReplicas     int
 }
 
 // Drain is one backlog drain.
@@ -93,6 +94,8 @@ type Results struct {
 	Machine    string `json:"machine"`
 	When       string `json:"when"`
 	BatchLimit int    `json:"batch_limit"`
+	// NATSReplicas is the stream's replicas: 1 server, or 3 nodes.
+	NATSReplicas int `json:"nats_replicas"`
 	// NATSSync is the NATS store's sync: "always" (before every PubAck,
 	// the embedded server's default) or an interval.
 	NATSSync         string  `json:"nats_sync"`
@@ -139,6 +142,7 @@ func main() {
 	flag.StringVar(&o.out, "out", "bench-results.json", "where to write the JSON")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (tailer logs)")
 	flag.StringVar(&o.tailerEnv, "tailer-env", "", "extra environment for the tailer, comma-separated K=V (e.g. GOMAXPROCS=1)")
+	flag.IntVar(&o.natsReplicas, "nats-replicas", 1, "1: one embedded NATS server; 3: a three-node cluster in this process and an R3 stream")
 	var natsSync string
 	flag.StringVar(&natsSync, "nats-sync", "always", "the NATS server's store sync: always (fsync before every PubAck, as tailer run's embedded server) or an interval such as 2m (nats-server's own default)")
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the tailer during the first drain to this file")
@@ -183,7 +187,7 @@ func run(o options) error {
 	}
 	defer pg.Close()
 
-	res := Results{Machine: machine(), When: time.Now().UTC().Format(time.RFC3339), BatchLimit: o.limit, NATSSync: "always"}
+	res := Results{Machine: machine(), When: time.Now().UTC().Format(time.RFC3339), BatchLimit: o.limit, NATSReplicas: max(o.natsReplicas, 1), NATSSync: "always"}
 	if o.natsSync > 0 {
 		res.NATSSync = o.natsSync.String()
 	}
@@ -565,12 +569,12 @@ func variantEnv(v string) []string {
 
 func drain(ctx context.Context, o options, url, variant, slot string, n int) (Drain, error) {
 	d := Drain{Variant: variant, Tokens: n}
-	srv, err := embedded.Start(filepath.Join(o.dir, "nats-"+slot), "127.0.0.1:0", embedded.SyncInterval(o.natsSync))
+	natsURL, stopNATS, err := startNATS(o, slot)
 	if err != nil {
 		return d, err
 	}
-	defer srv.Shutdown()
-	nc, err := nats.Connect(srv.ClientURL())
+	defer stopNATS()
+	nc, err := nats.Connect(natsURL)
 	if err != nil {
 		return d, err
 	}
@@ -581,9 +585,10 @@ func drain(ctx context.Context, o options, url, variant, slot string, n int) (Dr
 	}
 	defer conn.Close(ctx)
 
-	env := append(variantEnv(variant), "MAILROOM_BATCH_LIMIT="+strconv.Itoa(o.limit), "MAILROOM_BATCH_TIMEOUT=1000")
+	env := append(variantEnv(variant), "MAILROOM_BATCH_LIMIT="+strconv.Itoa(o.limit), "MAILROOM_BATCH_TIMEOUT=1000",
+		"MAILROOM_NATS_REPLICAS="+strconv.Itoa(max(o.natsReplicas, 1)))
 	start := time.Now()
-	t, err := startTailer(o, url, srv.ClientURL(), slot, env...)
+	t, err := startTailer(o, url, natsURL, slot, env...)
 	if err != nil {
 		return d, err
 	}

@@ -104,24 +104,20 @@ func (nc *natsCluster) index(name string) int {
 }
 
 // The distributed engine: an R3 stream on three real nodes, the tailer
-// publishing under load while the stream's leader is stopped and started
-// again, then a follower, then every node is stopped and all three restart
-// after the duplicate window has passed. Every token is on the stream exactly once,
+// publishing under load while the stream's leader is killed, then a
+// follower (the stream loses quorum and the tailer waits), then the last
+// node stops and all three restart after the duplicate window has passed. Every token is on the stream exactly once,
 // publishing goes on after the restart (no "wrong last msg ID" stall), and
 // a durable subscriber resumes where it was.
 //
-// Opt-in (TAILER_NATS_CLUSTER_TEST=1; TAILER_NATS_LOG=1 shows the servers'
-// logs) until it has a longer record. While the tailer chained messages by
-// Nats-Expected-Last-Msg-Id, 3 of 12 runs stalled: a replica failed to apply
-// its leader's entries ("last msgid mismatch") and the stream lost quorum.
-// With the chain by expected sequence, 10 of 10 runs kept the stream
-// exactly once without a stall; with tailer subscribe riding out missed
-// heartbeats and unconfirmed acks as well, 7 of 7 runs passed (3 with
-// -race).
+// TAILER_NATS_LOG=1 shows the servers' logs. While the tailer chained
+// messages by Nats-Expected-Last-Msg-Id, 3 of 12 runs here stalled: a
+// replica failed to apply its leader's entries ("last msgid mismatch") and
+// the stream lost quorum for 30 to 90 s and more. With the chain by expected
+// sequence and tailer subscribe riding out missed heartbeats and unconfirmed
+// acks, 5 of 5 runs of this test passed (and 7 of 7 of a milder form that
+// restarted each node before stopping the next) before it joined make test.
 func TestNATSClusterLosesNodes(t *testing.T) {
-	if os.Getenv("TAILER_NATS_CLUSTER_TEST") == "" {
-		t.Skip("set TAILER_NATS_CLUSTER_TEST=1: the stream's leader election is not yet reliable enough here for make test")
-	}
 	nats3 := newNATSCluster(t)
 	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
 	c.stopNATS()
@@ -182,13 +178,9 @@ func TestNATSClusterLosesNodes(t *testing.T) {
 	l := leader()
 	nats3.stop(l)
 	time.Sleep(2 * time.Second)
-	nats3.start(l)
-	time.Sleep(2 * time.Second)
-	f := (leader() + 1) % 3
+	f := (l + 1) % 3
 	nats3.stop(f)
-	time.Sleep(2 * time.Second)
-	nats3.start(f)
-	time.Sleep(2 * time.Second)
+	time.Sleep(time.Second)
 	for i := range 3 {
 		nats3.stop(i)
 	}
