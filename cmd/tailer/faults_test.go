@@ -984,13 +984,7 @@ func TestForeignStreamRefused(t *testing.T) {
 // so, tailer run logs it once and waits without recreating the slot, and
 // /readyz and tailer_slot_invalidated say why.
 func TestLostSlotIsReported(t *testing.T) {
-	pg, err := pgtest.Start(pgtest.Options{Settings: []string{"max_slot_wal_keep_size=1MB", "wal_keep_size=0"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pg.Close() })
-	c := newCluster(t, pg, 10, 100*time.Millisecond)
-	c.publishThenStop("before", 5)
+	c := newLosableCluster(t)
 
 	// While no tailer runs: tokens, then more WAL than the slot may keep.
 	c.exec(`INSERT INTO accounts (email, login) SELECT 'during' || g || '@x', 'during' || g FROM generate_series(1, 5) g`)

@@ -79,6 +79,21 @@ func (c *cluster) resyncDone() bool {
 	return done
 }
 
+// newLosableCluster is a cluster on a server of its own whose slot may
+// keep only 1 MB of WAL (see loseSlot), after a tailer published 5 tokens
+// (emails before1@x...) and stopped.
+func newLosableCluster(t *testing.T) *cluster {
+	t.Helper()
+	pg, err := pgtest.Start(pgtest.Options{Settings: []string{"max_slot_wal_keep_size=1MB", "wal_keep_size=0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Close() })
+	c := newCluster(t, pg, 10, 100*time.Millisecond)
+	c.publishThenStop("before", 5)
+	return c
+}
+
 // loseSlot writes more WAL than max_slot_wal_keep_size lets the slot keep,
 // so that the next checkpoint invalidates it.
 func (c *cluster) loseSlot() {
@@ -100,13 +115,7 @@ func (c *cluster) loseSlot() {
 // meanwhile are counted, and tailer run refuses the slot while the resync
 // is unfinished.
 func TestResyncAfterLostSlot(t *testing.T) {
-	pg, err := pgtest.Start(pgtest.Options{Settings: []string{"max_slot_wal_keep_size=1MB", "wal_keep_size=0"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pg.Close() })
-	c := newCluster(t, pg, 10, 100*time.Millisecond)
-	c.publishThenStop("before", 5)
+	c := newLosableCluster(t)
 
 	// While no tailer runs: many tokens, some that expire or are used
 	// before anyone could mail them, then the slot is lost.
