@@ -2,60 +2,12 @@ package publish
 
 import (
 	"errors"
-	"fmt"
 	"strconv"
 	"unicode/utf8"
 
-	"github.com/mailroom/tailer/batch/accounts"
+	"github.com/mailroom/tailer/batch/join"
 	"github.com/mailroom/tailer/decoder"
-	"github.com/mailroom/tailer/publish/consume"
-)
-
-// Format is the body format of a published batch.
-type Format uint8
-
-const (
-	// FormatLine is the mailroom collector's batch line without its
-	// newline: action,email,login,token,code for every token, comma-joined.
-	FormatLine Format = iota
-	// FormatJSON is {"batch": id, "tokens": [{id, action, email, login,
-	// token, code, expires_at}, ...]}.
-	FormatJSON
-)
-
-// ParseFormat parses "line" or "json".
-func ParseFormat(s string) (Format, error) {
-	switch s {
-	case "line":
-		return FormatLine, nil
-	case "json":
-		return FormatJSON, nil
-	}
-	return 0, fmt.Errorf("%q is not a format: use line or json", s)
-}
-
-func (f Format) String() string {
-	if f == FormatJSON {
-		return "json"
-	}
-	return "line"
-}
-
-// Header names of a published batch; consumers find the same names in
-// package consume.
-const (
-	HeaderMsgID     = consume.HeaderMsgID
-	HeaderCount     = consume.HeaderCount
-	HeaderTokenIDs  = consume.HeaderTokenIDs
-	HeaderTokenKeys = consume.HeaderTokenKeys
-	HeaderFormat    = consume.HeaderFormat
-	// HeaderPosFirst and HeaderPosLast give the WAL positions (LSN:index)
-	// of the first and last token the batch covers, published or skipped.
-	HeaderPosFirst = "Mailroom-Pos-First"
-	HeaderPosLast  = "Mailroom-Pos-Last"
-	// HeaderResync marks a batch published by a resync from a snapshot
-	// (instead of positions): the consistent point of the slot it made.
-	HeaderResync = "Mailroom-Resync"
+	"github.com/mailroom/tailer/publish/wire"
 )
 
 // BatchID derives a batch's id from the WAL positions it covers only, so the
@@ -70,14 +22,14 @@ func BatchID(first, last decoder.Position) string {
 // Encoder builds batch bodies. It is not safe for concurrent use.
 type Encoder struct {
 	signer  *Signer
-	format  Format
+	format  wire.Format
 	ids     []byte
 	keys    []byte
 	entries []byte
 }
 
 // NewEncoder returns an Encoder signing with signer.
-func NewEncoder(signer *Signer, format Format) *Encoder {
+func NewEncoder(signer *Signer, format wire.Format) *Encoder {
 	return &Encoder{signer: signer, format: format}
 }
 
@@ -99,15 +51,15 @@ const messageOverhead = 1024
 // starting at tokens[0], until the body and its per-token headers would
 // exceed maxBytes (0: no limit); at least one token is always taken. A token
 // that cannot be signed is marked SkipMalformed in rows, and in the line
-// format one whose email or login is not consume.LineSafe is marked
+// format one whose email or login is not wire.LineSafe is marked
 // SkipUnsafeField. id is the message's id, which the json body repeats; it
 // is called with the positions the message covers once they are known.
-func (e *Encoder) Encode(dst []byte, id func(covered int) string, tokens []decoder.Token, rows []accounts.Row, maxBytes int) Encoded {
+func (e *Encoder) Encode(dst []byte, id func(covered int) string, tokens []decoder.Token, rows []join.TokenState, maxBytes int) Encoded {
 	e.ids, e.keys, e.entries = e.ids[:0], e.keys[:0], e.entries[:0]
 	// Line bodies are the entries themselves; json ones get an envelope
 	// that names the message, so their entries are built apart.
 	out := dst
-	if e.format == FormatJSON {
+	if e.format == wire.FormatJSON {
 		out = e.entries
 	}
 	base := len(out)
@@ -115,7 +67,7 @@ func (e *Encoder) Encode(dst []byte, id func(covered int) string, tokens []decod
 	var enc Encoded
 	for i := range tokens {
 		r := &rows[i]
-		if r.Skip != accounts.Publish {
+		if r.Skip != join.Publish {
 			enc.Covered = i + 1
 			continue
 		}
@@ -127,22 +79,22 @@ func (e *Encoder) Encode(dst []byte, id func(covered int) string, tokens []decod
 			e.keys = append(e.keys, ',')
 		}
 		var err error
-		if e.format == FormatJSON {
+		if e.format == wire.FormatJSON {
 			out, err = e.appendJSON(out, t, r)
 		} else {
 			out, err = e.appendLine(out, t, r)
 		}
 		if err != nil {
 			out, e.ids, e.keys = out[:start], e.ids[:idsLen], e.keys[:keysLen]
-			r.Skip = accounts.SkipMalformed
+			r.Skip = join.SkipMalformed
 			if errors.Is(err, errUnsafeField) {
-				r.Skip = accounts.SkipUnsafeField
+				r.Skip = join.SkipUnsafeField
 			}
 			enc.Covered = i + 1
 			continue
 		}
 		e.ids = strconv.AppendInt(e.ids, t.ID, 10)
-		e.keys = consume.AppendKey(e.keys, &t.Secret)
+		e.keys = wire.AppendKey(e.keys, &t.Secret)
 		if maxBytes > 0 && enc.N > 0 && len(out)-base+len(e.ids)+len(e.keys) > budget {
 			// This token goes into the next message.
 			out, e.ids, e.keys = out[:start], e.ids[:idsLen], e.keys[:keysLen]
@@ -151,7 +103,7 @@ func (e *Encoder) Encode(dst []byte, id func(covered int) string, tokens []decod
 		enc.N++
 		enc.Covered = i + 1
 	}
-	if e.format == FormatJSON {
+	if e.format == wire.FormatJSON {
 		e.entries = out
 		out = append(dst, `{"batch":`...)
 		out = appendJSONString(out, []byte(id(enc.Covered)))
@@ -166,8 +118,8 @@ func (e *Encoder) Encode(dst []byte, id func(covered int) string, tokens []decod
 // errUnsafeField is a token whose email or login cannot go into a line.
 var errUnsafeField = errors.New("email or login holds a comma, CR, LF or NUL, or exceeds 254 bytes")
 
-func (e *Encoder) appendLine(dst []byte, t *decoder.Token, r *accounts.Row) ([]byte, error) {
-	if !consume.LineSafe(r.Email) || !consume.LineSafe(r.Login) {
+func (e *Encoder) appendLine(dst []byte, t *decoder.Token, r *join.TokenState) ([]byte, error) {
+	if !wire.LineSafe(r.Email) || !wire.LineSafe(r.Login) {
 		return dst, errUnsafeField
 	}
 	dst = append(dst, '0'+byte(t.Action), ',')
@@ -183,7 +135,7 @@ func (e *Encoder) appendLine(dst []byte, t *decoder.Token, r *accounts.Row) ([]b
 	return append(dst, t.Code[:t.CodeLen]...), nil
 }
 
-func (e *Encoder) appendJSON(dst []byte, t *decoder.Token, r *accounts.Row) ([]byte, error) {
+func (e *Encoder) appendJSON(dst []byte, t *decoder.Token, r *join.TokenState) ([]byte, error) {
 	dst = append(dst, `{"id":`...)
 	dst = strconv.AppendInt(dst, t.ID, 10)
 	dst = append(dst, `,"action":"`...)
@@ -198,7 +150,7 @@ func (e *Encoder) appendJSON(dst []byte, t *decoder.Token, r *accounts.Row) ([]b
 		return dst, err
 	}
 	dst = append(dst, `","key":"`...)
-	dst = consume.AppendKey(dst, &t.Secret)
+	dst = wire.AppendKey(dst, &t.Secret)
 	dst = append(dst, `","code":`...)
 	if t.CodeNull {
 		dst = append(dst, "null"...)

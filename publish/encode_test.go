@@ -6,12 +6,13 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/mailroom/tailer/batch/accounts"
+	"github.com/mailroom/tailer/batch/join"
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/wire"
 )
 
-func testEncoder(t *testing.T, format Format) *Encoder {
+func testEncoder(t *testing.T, format wire.Format) *Encoder {
 	t.Helper()
 	key, _ := ParseKey(strings.Repeat("cafebabe", 8))
 	signer, err := NewSigner(key)
@@ -41,21 +42,21 @@ func TestEncodeUnsafeField(t *testing.T) {
 		{strings.Repeat("é", 128) + "@example.com", "d"},
 		{"e@example.com", "e"},
 	}
-	rows := func() []accounts.Row {
-		r := make([]accounts.Row, len(fields))
+	rows := func() []join.TokenState {
+		r := make([]join.TokenState, len(fields))
 		for i, f := range fields {
-			r[i] = accounts.Row{Email: []byte(f[0]), Login: []byte(f[1])}
+			r[i] = join.TokenState{Email: []byte(f[0]), Login: []byte(f[1])}
 		}
 		return r
 	}
 	id := func(int) string { return "x" }
 
 	r := rows()
-	enc := testEncoder(t, FormatLine).Encode(nil, id, tokens, r, 0)
+	enc := testEncoder(t, wire.FormatLine).Encode(nil, id, tokens, r, 0)
 	if enc.N != 2 || enc.Covered != 5 || enc.IDs != "1,5" {
 		t.Fatalf("line: %d tokens (ids %s) covering %d, want tokens 1 and 5 covering 5", enc.N, enc.IDs, enc.Covered)
 	}
-	for i, want := range []accounts.Skip{accounts.Publish, accounts.SkipUnsafeField, accounts.SkipUnsafeField, accounts.SkipUnsafeField, accounts.Publish} {
+	for i, want := range []join.Skip{join.Publish, join.SkipUnsafeField, join.SkipUnsafeField, join.SkipUnsafeField, join.Publish} {
 		if r[i].Skip != want {
 			t.Errorf("token %d: %v, want %v", i+1, r[i].Skip, want)
 		}
@@ -65,11 +66,11 @@ func TestEncodeUnsafeField(t *testing.T) {
 	}
 
 	r = rows()
-	enc = testEncoder(t, FormatJSON).Encode(nil, id, tokens, r, 0)
+	enc = testEncoder(t, wire.FormatJSON).Encode(nil, id, tokens, r, 0)
 	if enc.N != 5 {
 		t.Fatalf("json: %d tokens, want all 5", enc.N)
 	}
-	if _, err := consume.Decode(map[string][]string{HeaderFormat: {"json"}, HeaderTokenKeys: {enc.Keys}}, enc.Body); err != nil {
+	if _, err := consume.Decode(map[string][]string{wire.HeaderFormat: {"json"}, wire.HeaderTokenKeys: {enc.Keys}}, enc.Body); err != nil {
 		t.Fatalf("json body does not decode: %v", err)
 	}
 }
@@ -79,14 +80,14 @@ func TestEncodeUnsafeField(t *testing.T) {
 // included, and each within the limit.
 func TestEncodeSplitsByBytes(t *testing.T) {
 	const maxBytes = 16 << 10
-	for _, format := range []Format{FormatLine, FormatJSON} {
+	for _, format := range []wire.Format{wire.FormatLine, wire.FormatJSON} {
 		t.Run(format.String(), func(t *testing.T) {
 			tokens := testTokens(300)
-			rows := make([]accounts.Row, len(tokens))
+			rows := make([]join.TokenState, len(tokens))
 			for i := range rows {
-				rows[i] = accounts.Row{Email: []byte(strings.Repeat("e", 240)), Login: []byte(strings.Repeat("l", 240))}
+				rows[i] = join.TokenState{Email: []byte(strings.Repeat("e", 240)), Login: []byte(strings.Repeat("l", 240))}
 				if i%7 == 0 {
-					rows[i].Skip = accounts.SkipExpired
+					rows[i].Skip = join.SkipExpired
 				}
 			}
 			e := testEncoder(t, format)
@@ -103,8 +104,8 @@ func TestEncodeSplitsByBytes(t *testing.T) {
 				if enc.Covered == 0 {
 					t.Fatal("a message covers no token")
 				}
-				if format == FormatJSON {
-					b, err := consume.Decode(map[string][]string{HeaderFormat: {"json"}}, enc.Body)
+				if format == wire.FormatJSON {
+					b, err := consume.Decode(map[string][]string{wire.HeaderFormat: {"json"}}, enc.Body)
 					if err != nil || len(b.Tokens) != enc.N || b.ID != BatchID(first, last) {
 						t.Fatalf("message %d: %v (%d tokens, id %q)", messages, err, enc.N, b.ID)
 					}

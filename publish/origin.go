@@ -7,9 +7,6 @@ import (
 	"github.com/jackc/pglogrepl"
 )
 
-// HeaderOrigin names the database a batch's WAL positions belong to.
-const HeaderOrigin = "Mailroom-Origin"
-
 // Origin identifies the database whose WAL positions a batch carries: the
 // cluster's system identifier and timeline (IDENTIFY_SYSTEM) and the
 // database. Positions from another origin mean nothing here: compared with

@@ -10,14 +10,15 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/batch"
-	"github.com/mailroom/tailer/batch/accounts"
+	"github.com/mailroom/tailer/batch/join"
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish/wire"
 )
 
 // Joiner fills in each token's current state, for several batches at once;
-// see accounts.Joiner.
+// see join.Joiner.
 type Joiner interface {
-	JoinMany(ctx context.Context, tokens [][]decoder.Token, rows [][]accounts.Row) error
+	JoinMany(ctx context.Context, tokens [][]decoder.Token, rows [][]join.TokenState) error
 }
 
 // Observer is told what happened to every batch (metrics).
@@ -26,7 +27,7 @@ type Observer interface {
 	// tokens arrived; latency runs from the publish call to the PubAck.
 	BatchPublished(b *batch.Batch, published int, latency time.Duration)
 	// TokensSkipped counts tokens not published, by reason.
-	TokensSkipped(reason accounts.Skip, n int)
+	TokensSkipped(reason join.Skip, n int)
 }
 
 // Pipeline turns cut batches into published messages: it joins accounts,
@@ -36,7 +37,7 @@ type Pipeline struct {
 	Publisher *Publisher
 	Joiner    Joiner
 	Encoder   *Encoder
-	Format    Format
+	Format    wire.Format
 	// MaxInFlight bounds the messages published but not yet acknowledged.
 	MaxInFlight int
 	// MaxBytes is the most bytes a message may have, body and headers
@@ -101,7 +102,7 @@ func (p *Pipeline) produce(ctx context.Context, in <-chan *batch.Batch, acks cha
 	var (
 		group  []*batch.Batch
 		tokens [][]decoder.Token
-		rows   [][]accounts.Row
+		rows   [][]join.TokenState
 	)
 	for {
 		group = group[:0]
@@ -147,7 +148,7 @@ func (p *Pipeline) produce(ctx context.Context, in <-chan *batch.Batch, acks cha
 
 // joinGroup marks tokens already on the stream and joins the rest of the
 // group's tokens in one query; rows[k] belongs to group[k].
-func (p *Pipeline) joinGroup(ctx context.Context, group []*batch.Batch, tokens *[][]decoder.Token, rows *[][]accounts.Row) error {
+func (p *Pipeline) joinGroup(ctx context.Context, group []*batch.Batch, tokens *[][]decoder.Token, rows *[][]join.TokenState) error {
 	*tokens = (*tokens)[:0]
 	for len(*rows) < len(group) {
 		*rows = append(*rows, nil)
@@ -162,7 +163,7 @@ func (p *Pipeline) joinGroup(ctx context.Context, group []*batch.Batch, tokens *
 		last := p.Publisher.LastPosition(b.Lane)
 		for i := range b.Tokens {
 			if !last.IsZero() && !last.Less(b.Tokens[i].Pos) {
-				r[i].Skip = accounts.SkipAlreadyPublished
+				r[i].Skip = join.SkipAlreadyPublished
 			} else {
 				toJoin++
 			}
@@ -178,7 +179,7 @@ func (p *Pipeline) joinGroup(ctx context.Context, group []*batch.Batch, tokens *
 // publish encodes b and publishes it without waiting for the PubAcks, which
 // awaitAcks collects in order: one message, or several when the batch's
 // tokens exceed MaxBytes.
-func (p *Pipeline) publish(ctx context.Context, b *batch.Batch, rows []accounts.Row, acks chan<- inFlight, bodies chan []byte) error {
+func (p *Pipeline) publish(ctx context.Context, b *batch.Batch, rows []join.TokenState, acks chan<- inFlight, bodies chan []byte) error {
 	// Once its last message is handed to awaitAcks, b may be done and
 	// recycled: nothing of it is read after that.
 	for start, end := 0, len(b.Tokens); start < end; {
@@ -222,18 +223,18 @@ func (p *Pipeline) publish(ctx context.Context, b *batch.Batch, rows []accounts.
 	return nil
 }
 
-func (p *Pipeline) countSkips(tokens []decoder.Token, rows []accounts.Row) {
-	var counts [accounts.NumSkips]int
+func (p *Pipeline) countSkips(tokens []decoder.Token, rows []join.TokenState) {
+	var counts [join.NumSkips]int
 	for i := range rows {
 		counts[rows[i].Skip]++
-		if rows[i].Skip == accounts.SkipUnsafeField && p.Log != nil {
+		if rows[i].Skip == join.SkipUnsafeField && p.Log != nil {
 			// The token id and position, never the field: it is the
 			// user's, and may be crafted to forge log lines too.
 			p.Log.Warn("token not published in a line: its email or login holds a comma, CR, LF or NUL, or exceeds 254 bytes",
 				"reason", "unsafe_field", "token_id", tokens[i].ID, "position", tokens[i].Pos.String())
 		}
 	}
-	for _, r := range accounts.Reasons {
+	for _, r := range join.Reasons {
 		if counts[r] > 0 {
 			p.Observer.TokensSkipped(r, counts[r])
 		}
@@ -277,9 +278,9 @@ func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, bodies c
 }
 
 // resetRows returns rows with length n, all zero (Publish).
-func resetRows(rows []accounts.Row, n int) []accounts.Row {
+func resetRows(rows []join.TokenState, n int) []join.TokenState {
 	if cap(rows) < n {
-		rows = make([]accounts.Row, n)
+		rows = make([]join.TokenState, n)
 	}
 	rows = rows[:n]
 	clear(rows)

@@ -7,17 +7,18 @@ import (
 	"time"
 
 	"github.com/mailroom/tailer/batch"
-	"github.com/mailroom/tailer/batch/accounts"
+	"github.com/mailroom/tailer/batch/join"
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish/wire"
 )
 
 // publishAll is a Joiner for which every token is still to be mailed.
 type publishAll struct{}
 
-func (publishAll) JoinMany(_ context.Context, _ [][]decoder.Token, rows [][]accounts.Row) error {
+func (publishAll) JoinMany(_ context.Context, _ [][]decoder.Token, rows [][]join.TokenState) error {
 	for b := range rows {
 		for i := range rows[b] {
-			if rows[b][i].Skip == accounts.Publish {
+			if rows[b][i].Skip == join.Publish {
 				rows[b][i].Email, rows[b][i].Login = []byte("a@example.com"), []byte("a")
 			}
 		}
@@ -45,7 +46,7 @@ func TestDuplicateAckForAMissingMessage(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer pub.Close()
-		p := &Pipeline{Publisher: pub, Joiner: publishAll{}, Encoder: NewEncoder(signer, FormatLine), Done: func(*batch.Batch) { done++ }}
+		p := &Pipeline{Publisher: pub, Joiner: publishAll{}, Encoder: NewEncoder(signer, wire.FormatLine), Done: func(*batch.Batch) { done++ }}
 		in := make(chan *batch.Batch, 1)
 		in <- &batch.Batch{Tokens: []decoder.Token{tok}}
 		close(in)

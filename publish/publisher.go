@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish/wire"
 )
 
 // Stream describes where batches go.
@@ -190,7 +191,7 @@ func (p *Publisher) readLast(ctx context.Context) error {
 	case err != nil:
 		return fmt.Errorf("read last message of stream: %w", err)
 	default:
-		p.lastOrigin = msg.Header.Get(HeaderOrigin)
+		p.lastOrigin = msg.Header.Get(wire.HeaderOrigin)
 		p.lastTime = msg.Time
 	}
 	for lane, subject := range p.subjects {
@@ -201,9 +202,9 @@ func (p *Publisher) readLast(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("read last message on %s: %w", subject, err)
 		}
-		if s := msg.Header.Get(HeaderPosLast); s != "" {
+		if s := msg.Header.Get(wire.HeaderPosLast); s != "" {
 			if p.lastPos[lane], err = decoder.ParsePosition(s); err != nil {
-				return fmt.Errorf("last message on %s (seq %d): %s: %w", subject, msg.Sequence, HeaderPosLast, err)
+				return fmt.Errorf("last message on %s (seq %d): %s: %w", subject, msg.Sequence, wire.HeaderPosLast, err)
 			}
 			p.lastPosSeq[lane] = msg.Sequence
 		}
@@ -224,7 +225,7 @@ func (p *Publisher) CheckDuplicate(ctx context.Context, id string, seq uint64) e
 	if err != nil {
 		return fmt.Errorf("batch %s: duplicate PubAck names sequence %d, which cannot be read: %w", id, seq, err)
 	}
-	if got := msg.Header.Get(HeaderMsgID); got != id {
+	if got := msg.Header.Get(wire.HeaderMsgID); got != id {
 		return fmt.Errorf("batch %s: duplicate PubAck names sequence %d, which holds %q", id, seq, got)
 	}
 	return nil
@@ -248,6 +249,9 @@ func (p *Publisher) ResumeAfter(seq uint64) {
 // LastSeq is the stream's last sequence when the publisher started; 0 for
 // an empty stream.
 func (p *Publisher) LastSeq() uint64 { return p.lastSeq }
+
+// Stream is the stream the publisher writes to.
+func (p *Publisher) Stream() jetstream.Stream { return p.stream }
 
 // LastTime is when the stream's last message was stored (zero for an empty
 // stream, or when retention removed it).
@@ -273,7 +277,7 @@ type Message struct {
 	Count       int
 	TokenIDs    string
 	TokenKeys   string
-	Format      Format
+	Format      wire.Format
 	Body        []byte
 }
 
@@ -284,23 +288,23 @@ func (p *Publisher) PublishAsync(m *Message) (jetstream.PubAckFuture, error) {
 		Subject: p.subjects[m.Lane],
 		Data:    m.Body,
 		Header: nats.Header{
-			HeaderCount:     {strconv.Itoa(m.Count)},
-			HeaderTokenIDs:  {m.TokenIDs},
-			HeaderTokenKeys: {m.TokenKeys},
-			HeaderFormat:    {m.Format.String()},
+			wire.HeaderCount:     {strconv.Itoa(m.Count)},
+			wire.HeaderTokenIDs:  {m.TokenIDs},
+			wire.HeaderTokenKeys: {m.TokenKeys},
+			wire.HeaderFormat:    {m.Format.String()},
 		},
 	}
 	id := m.ID
 	if id == "" {
 		id = BatchID(m.First, m.Last)
-		msg.Header[HeaderPosFirst] = []string{m.First.String()}
-		msg.Header[HeaderPosLast] = []string{m.Last.String()}
+		msg.Header[wire.HeaderPosFirst] = []string{m.First.String()}
+		msg.Header[wire.HeaderPosLast] = []string{m.Last.String()}
 	}
 	if m.Resync != "" {
-		msg.Header[HeaderResync] = []string{m.Resync}
+		msg.Header[wire.HeaderResync] = []string{m.Resync}
 	}
 	if p.origin != "" {
-		msg.Header[HeaderOrigin] = []string{p.origin}
+		msg.Header[wire.HeaderOrigin] = []string{p.origin}
 	}
 	fut, err := p.js.PublishMsgAsync(msg, jetstream.WithMsgID(id), jetstream.WithExpectLastSequence(p.next))
 	if err != nil {

@@ -32,8 +32,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/migrations"
-	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/embedded"
+	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 	"github.com/mailroom/tailer/testutil/pgtest"
 )
@@ -548,7 +548,7 @@ func subscribe(ctx context.Context, nc *nats.Conn, stream string, want int, onMs
 		if onMsg != nil {
 			onMsg(m)
 		}
-		n, _ := strconv.Atoi(m.Headers().Get(publish.HeaderCount))
+		n, _ := strconv.Atoi(m.Headers().Get(wire.HeaderCount))
 		if c.n.Add(int64(n)) >= c.want {
 			c.close.Do(func() { close(c.done) })
 		}
@@ -714,7 +714,7 @@ func liveLatency(ctx context.Context, o options, url string) (*Live, error) {
 			at = meta.Timestamp
 		}
 		mu.Lock()
-		for _, s := range strings.Split(m.Headers().Get(publish.HeaderTokenIDs), ",") {
+		for _, s := range strings.Split(m.Headers().Get(wire.HeaderTokenIDs), ",") {
 			id, _ := strconv.ParseInt(s, 10, 64)
 			arrived[id], stored[id] = now, at
 		}

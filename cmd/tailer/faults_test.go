@@ -26,8 +26,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/embedded"
+	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 	"github.com/mailroom/tailer/testutil/dbtest"
 	"github.com/mailroom/tailer/testutil/pgtest"
@@ -358,10 +358,10 @@ func (c *cluster) tokenCounts() map[int64]int {
 	c.t.Helper()
 	counts := map[int64]int{}
 	for _, m := range c.messages() {
-		for _, s := range strings.Split(m.Header.Get(publish.HeaderTokenIDs), ",") {
+		for _, s := range strings.Split(m.Header.Get(wire.HeaderTokenIDs), ",") {
 			id, err := strconv.ParseInt(s, 10, 64)
 			if err != nil {
-				c.t.Fatalf("message %d: token ids %q", m.Sequence, m.Header.Get(publish.HeaderTokenIDs))
+				c.t.Fatalf("message %d: token ids %q", m.Sequence, m.Header.Get(wire.HeaderTokenIDs))
 			}
 			counts[id]++
 		}
@@ -891,7 +891,7 @@ func TestForeignStreamRefused(t *testing.T) {
 	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
 	c.publishThenStop("o", 20)
 	first := c.firstMessage()
-	if first.Header.Get(publish.HeaderOrigin) == "" {
+	if first.Header.Get(wire.HeaderOrigin) == "" {
 		t.Fatal("messages carry no origin")
 	}
 
@@ -912,7 +912,7 @@ func TestForeignStreamRefused(t *testing.T) {
 				t.Fatalf("exit %d, want %d:\n%s", code, exitFailure, p.out.String())
 			}
 			out := p.out.String()
-			if !strings.Contains(out, tc.want) || !strings.Contains(out, first.Header.Get(publish.HeaderOrigin)) || !strings.Contains(out, "MAILROOM_NATS_STREAM") {
+			if !strings.Contains(out, tc.want) || !strings.Contains(out, first.Header.Get(wire.HeaderOrigin)) || !strings.Contains(out, "MAILROOM_NATS_STREAM") {
 				t.Fatalf("refusal does not name the problem, both origins and the way out:\n%s", out)
 			}
 			if strings.Count(out, "refuses to start") != 1 {
@@ -937,8 +937,8 @@ func TestForeignStreamRefused(t *testing.T) {
 		for {
 			n := 0
 			for _, m := range c.messages() {
-				if m.Header.Get(publish.HeaderOrigin) != first.Header.Get(publish.HeaderOrigin) {
-					n += len(strings.Split(m.Header.Get(publish.HeaderTokenIDs), ","))
+				if m.Header.Get(wire.HeaderOrigin) != first.Header.Get(wire.HeaderOrigin) {
+					n += len(strings.Split(m.Header.Get(wire.HeaderTokenIDs), ","))
 				}
 			}
 			if n == 5 {
@@ -965,8 +965,8 @@ func TestForeignStreamRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 		m := nats.NewMsg("ahead.batches")
-		m.Header.Set(publish.HeaderMsgID, "FF/0:0-FF/0:0")
-		m.Header.Set(publish.HeaderPosLast, "FF/0:0")
+		m.Header.Set(wire.HeaderMsgID, "FF/0:0-FF/0:0")
+		m.Header.Set(wire.HeaderPosLast, "FF/0:0")
 		m.Data = []byte("x")
 		if _, err := js.PublishMsg(c.ctx, m); err != nil {
 			t.Fatal(err)

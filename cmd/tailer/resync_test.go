@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/mailroom/tailer/publish"
+	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/testutil/pgtest"
 )
 
@@ -267,10 +267,10 @@ func (c *cluster) collect() (stop func() map[int64]int) {
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		mu.Lock()
 		defer mu.Unlock()
-		for _, s := range strings.Split(m.Headers().Get(publish.HeaderTokenIDs), ",") {
+		for _, s := range strings.Split(m.Headers().Get(wire.HeaderTokenIDs), ",") {
 			id, err := strconv.ParseInt(s, 10, 64)
 			if err != nil {
-				bad = fmt.Errorf("token ids %q", m.Headers().Get(publish.HeaderTokenIDs))
+				bad = fmt.Errorf("token ids %q", m.Headers().Get(wire.HeaderTokenIDs))
 			}
 			counts[id]++
 		}
@@ -389,7 +389,7 @@ func (c *cluster) lastTokenOnStream() int64 {
 		return 0
 	}
 	var last int64
-	for _, f := range strings.Split(m.Header.Get(publish.HeaderTokenIDs), ",") {
+	for _, f := range strings.Split(m.Header.Get(wire.HeaderTokenIDs), ",") {
 		id, _ := strconv.ParseInt(f, 10, 64)
 		last = max(last, id)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/testutil/pgtest"
 )
 
@@ -363,7 +364,7 @@ func checkLines(t *testing.T, data string, maxPerAction int) []string {
 				t.Fatalf("line %d row %d: action %q", n, r/5, row[0])
 			}
 			for _, f := range row {
-				if len(f) > consume.MaxLineField {
+				if len(f) > wire.MaxLineField {
 					t.Fatalf("line %d row %d: a field of %d bytes", n, r/5, len(f))
 				}
 			}

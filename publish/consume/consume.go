@@ -3,13 +3,12 @@
 // collector-compatible lines, and keeps a bounded window of token ids seen,
 // so that a redelivered or re-published batch is processed once per token.
 //
-// It depends on nats.go only for the header type; it does not pull in the
-// tailer's PostgreSQL or server code.
+// The header names and formats are package wire's, which the tailer writes
+// with. It depends on nats.go for the header type and the stream reads; it
+// does not pull in the tailer's PostgreSQL or server code.
 package consume
 
 import (
-	"crypto/sha256"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,65 +16,9 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/mailroom/tailer/publish/wire"
 )
-
-// Header names, as the tailer publishes them.
-const (
-	HeaderMsgID    = "Nats-Msg-Id"
-	HeaderCount    = "Mailroom-Count"
-	HeaderTokenIDs = "Mailroom-Token-Ids"
-	// HeaderTokenKeys holds each token's Key, comma-joined in body order.
-	HeaderTokenKeys = "Mailroom-Token-Keys"
-	HeaderFormat    = "Mailroom-Format"
-)
-
-// KeyLen is the length of a token's Key.
-const KeyLen = 22
-
-var b64 = base64.RawURLEncoding
-
-// AppendKey appends the per-token idempotency key for a token's 32-byte
-// secret: the first 16 bytes of SHA-256(secret), base64url without padding.
-// Secrets are UNIQUE in the schema and random, so unlike token ids (which
-// TRUNCATE ... RESTART IDENTITY reuses) a key is never reused, and it does
-// not change when the signing key is rotated.
-func AppendKey(dst []byte, secret *[32]byte) []byte {
-	sum := sha256.Sum256(secret[:])
-	var out [KeyLen]byte
-	b64.Encode(out[:], sum[:16])
-	return append(dst, out[:]...)
-}
-
-// KeyOf returns the Key of a signed token, whose first 32 bytes are the
-// secret.
-func KeyOf(token string) (string, error) {
-	raw, err := b64.DecodeString(token)
-	if err != nil || len(raw) != 64 {
-		return "", errors.New("not an 86-character base64url token")
-	}
-	return string(AppendKey(nil, (*[32]byte)(raw[:32]))), nil
-}
-
-// MaxLineField is the most bytes the mailroom sender reads in one field of
-// a line.
-const MaxLineField = 254
-
-// LineSafe reports whether a field can go into a collector line: the
-// mailroom sender splits rows at commas and lines at newlines, so a field
-// holding either (or CR, or NUL, which C strings end at) would shift every
-// field after it, or forge rows; and it reads at most MaxLineField bytes.
-func LineSafe[T string | []byte](field T) bool {
-	if len(field) > MaxLineField {
-		return false
-	}
-	for i := 0; i < len(field); i++ {
-		switch field[i] {
-		case ',', '\r', '\n', 0:
-			return false
-		}
-	}
-	return true
-}
 
 // Token is one token of a batch.
 type Token struct {
@@ -85,7 +28,7 @@ type Token struct {
 	Login  string `json:"login"`
 	// Token is the signed token: 86 base64url characters.
 	Token string `json:"token"`
-	// Key is the token's idempotency key (see AppendKey): dedup on it.
+	// Key is the token's idempotency key (see wire.AppendKey): dedup on it.
 	Key  string `json:"key"`
 	Code string `json:"code"`
 	// ExpiresAt is only carried by the json format (0 in line batches).
@@ -115,7 +58,7 @@ func fieldErr(field string, format string, args ...any) error {
 // the Mailroom-Format header (line when absent); line batches take their
 // token ids from Mailroom-Token-Ids.
 func Decode(h nats.Header, body []byte) (*Batch, error) {
-	format := h.Get(HeaderFormat)
+	format := h.Get(wire.HeaderFormat)
 	if format == "" {
 		format = "line"
 	}
@@ -123,24 +66,24 @@ func Decode(h nats.Header, body []byte) (*Batch, error) {
 	var err error
 	switch format {
 	case "line":
-		b, err = decodeLine(h.Get(HeaderTokenIDs), string(body))
+		b, err = decodeLine(h.Get(wire.HeaderTokenIDs), string(body))
 	case "json":
 		b, err = decodeJSON(body)
 	default:
-		return nil, fieldErr(HeaderFormat, "unknown format %q", format)
+		return nil, fieldErr(wire.HeaderFormat, "unknown format %q", format)
 	}
 	if err != nil {
 		return nil, err
 	}
 	if b.ID == "" {
-		b.ID = h.Get(HeaderMsgID)
+		b.ID = h.Get(wire.HeaderMsgID)
 	}
-	if err := b.fillKeys(h.Get(HeaderTokenKeys)); err != nil {
+	if err := b.fillKeys(h.Get(wire.HeaderTokenKeys)); err != nil {
 		return nil, err
 	}
-	if c := h.Get(HeaderCount); c != "" {
+	if c := h.Get(wire.HeaderCount); c != "" {
 		if n, err := strconv.Atoi(c); err != nil || n != len(b.Tokens) {
-			return nil, fieldErr(HeaderCount, "says %q, body holds %d tokens", c, len(b.Tokens))
+			return nil, fieldErr(wire.HeaderCount, "says %q, body holds %d tokens", c, len(b.Tokens))
 		}
 	}
 	return b, nil
@@ -152,18 +95,18 @@ func (b *Batch) fillKeys(header string) error {
 	var keys []string
 	if header != "" {
 		if keys = strings.Split(header, ","); len(keys) != len(b.Tokens) {
-			return fieldErr(HeaderTokenKeys, "%d keys for %d tokens", len(keys), len(b.Tokens))
+			return fieldErr(wire.HeaderTokenKeys, "%d keys for %d tokens", len(keys), len(b.Tokens))
 		}
 	}
 	for i := range b.Tokens {
 		t := &b.Tokens[i]
-		key, err := KeyOf(t.Token)
+		key, err := wire.KeyOf(t.Token)
 		if err != nil {
 			return fieldErr(fmt.Sprintf("token %d token", i), "%v", err)
 		}
 		switch {
 		case keys != nil && keys[i] != key:
-			return fieldErr(HeaderTokenKeys, "key %d is %q, the token's is %q", i, keys[i], key)
+			return fieldErr(wire.HeaderTokenKeys, "key %d is %q, the token's is %q", i, keys[i], key)
 		case t.Key != "" && t.Key != key:
 			return fieldErr(fmt.Sprintf("token %d key", i), "%q, the token's is %q", t.Key, key)
 		}
@@ -184,11 +127,11 @@ func decodeLine(idsHeader, body string) (*Batch, error) {
 	}
 	n := len(fields) / 5
 	if idsHeader == "" {
-		return nil, fieldErr(HeaderTokenIDs, "missing: line batches need it for token ids")
+		return nil, fieldErr(wire.HeaderTokenIDs, "missing: line batches need it for token ids")
 	}
 	ids := strings.Split(idsHeader, ",")
 	if len(ids) != n {
-		return nil, fieldErr(HeaderTokenIDs, "%d ids for %d tokens", len(ids), n)
+		return nil, fieldErr(wire.HeaderTokenIDs, "%d ids for %d tokens", len(ids), n)
 	}
 	b := &Batch{Tokens: make([]Token, n)}
 	for i := range b.Tokens {
@@ -196,7 +139,7 @@ func decodeLine(idsHeader, body string) (*Batch, error) {
 		t := &b.Tokens[i]
 		id, err := strconv.ParseInt(ids[i], 10, 64)
 		if err != nil {
-			return nil, fieldErr(HeaderTokenIDs, "id %d: %q is not an integer", i, ids[i])
+			return nil, fieldErr(wire.HeaderTokenIDs, "id %d: %q is not an integer", i, ids[i])
 		}
 		t.ID = id
 		var ok bool
@@ -270,7 +213,7 @@ func (t *Token) validate(i int) error {
 
 // AppendLine appends the mailroom collector's line for tokens (without a
 // newline): action,email,login,token,code per token, comma-joined. Leave out
-// tokens whose email or login is not LineSafe.
+// tokens whose email or login is not wire.LineSafe.
 func AppendLine(dst []byte, tokens []Token) []byte {
 	for i, t := range tokens {
 		if i > 0 {

@@ -8,14 +8,15 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/mailroom/tailer/batch/accounts"
+	"github.com/mailroom/tailer/batch/join"
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/wire"
 )
 
 // encoded builds a batch the way the tailer publishes it.
-func encoded(t testing.TB, format publish.Format) (nats.Header, []byte, []decoder.Token, []accounts.Row) {
+func encoded(t testing.TB, format wire.Format) (nats.Header, []byte, []decoder.Token, []join.TokenState) {
 	t.Helper()
 	key, _ := publish.ParseKey(strings.Repeat("cafebabe", 8))
 	signer, _ := publish.NewSigner(key)
@@ -27,23 +28,23 @@ func encoded(t testing.TB, format publish.Format) (nats.Header, []byte, []decode
 	for i := range tokens {
 		tokens[i].Secret[0] = byte(i + 1)
 	}
-	rows := []accounts.Row{
+	rows := []join.TokenState{
 		{Email: []byte("a@example.com"), Login: []byte("a"), ExpiresAt: 100},
 		{Email: []byte(`q"uote@example.com`), Login: []byte("b"), ExpiresAt: 200},
 		{Email: []byte("c@example.com"), Login: []byte("c"), ExpiresAt: 300},
 	}
 	enc := publish.NewEncoder(signer, format).Encode(nil, func(int) string { return "0/10:0-0/10:2" }, tokens, rows, 0)
 	h := nats.Header{}
-	h.Set(publish.HeaderMsgID, "0/10:0-0/10:2")
-	h.Set(publish.HeaderTokenIDs, enc.IDs)
-	h.Set(publish.HeaderTokenKeys, enc.Keys)
-	h.Set(publish.HeaderCount, strconv.Itoa(enc.N))
-	h.Set(publish.HeaderFormat, format.String())
+	h.Set(wire.HeaderMsgID, "0/10:0-0/10:2")
+	h.Set(wire.HeaderTokenIDs, enc.IDs)
+	h.Set(wire.HeaderTokenKeys, enc.Keys)
+	h.Set(wire.HeaderCount, strconv.Itoa(enc.N))
+	h.Set(wire.HeaderFormat, format.String())
 	return h, enc.Body, tokens, rows
 }
 
 func TestRoundTrip(t *testing.T) {
-	for _, format := range []publish.Format{publish.FormatLine, publish.FormatJSON} {
+	for _, format := range []wire.Format{wire.FormatLine, wire.FormatJSON} {
 		t.Run(format.String(), func(t *testing.T) {
 			h, body, tokens, rows := encoded(t, format)
 			b, err := consume.Decode(h, body)
@@ -61,16 +62,16 @@ func TestRoundTrip(t *testing.T) {
 				if _, err := publish.Verify(strings.Repeat("cafebabe", 8), tok.Token, tokens[i].Action, tok.Code); err != nil {
 					t.Errorf("token %d does not verify: %v", i, err)
 				}
-				if want := string(consume.AppendKey(nil, &tokens[i].Secret)); tok.Key != want || len(want) != consume.KeyLen {
+				if want := string(wire.AppendKey(nil, &tokens[i].Secret)); tok.Key != want || len(want) != wire.KeyLen {
 					t.Errorf("token %d key %q, want %q", i, tok.Key, want)
 				}
-				if format == publish.FormatJSON && tok.ExpiresAt != rows[i].ExpiresAt {
+				if format == wire.FormatJSON && tok.ExpiresAt != rows[i].ExpiresAt {
 					t.Errorf("token %d expires_at %d", i, tok.ExpiresAt)
 				}
 			}
 			// Re-encoding gives back the same bytes.
 			var again []byte
-			if format == publish.FormatLine {
+			if format == wire.FormatLine {
 				again = consume.AppendLine(nil, b.Tokens)
 				if back, err := consume.DecodeLine(string(again)); err != nil || len(back) != 3 || back[1].Token != b.Tokens[1].Token {
 					t.Errorf("DecodeLine = %+v, %v", back, err)
@@ -94,8 +95,8 @@ func TestRoundTrip(t *testing.T) {
 }
 
 func TestDecodeRejects(t *testing.T) {
-	lineH, lineBody, _, _ := encoded(t, publish.FormatLine)
-	jsonH, jsonBody, _, _ := encoded(t, publish.FormatJSON)
+	lineH, lineBody, _, _ := encoded(t, wire.FormatLine)
+	jsonH, jsonBody, _, _ := encoded(t, wire.FormatJSON)
 	tok := string(lineBody[strings.Index(string(lineBody), ",a,")+3:][:86])
 	with := func(h nats.Header, k, v string) nats.Header {
 		c := nats.Header{}
@@ -113,26 +114,26 @@ func TestDecodeRejects(t *testing.T) {
 	}{
 		{"empty line", lineH, "", "body"},
 		{"field count", lineH, "1,a@x,a," + tok, "body"},
-		{"no ids", with(lineH, consume.HeaderTokenIDs, ""), string(lineBody), consume.HeaderTokenIDs},
-		{"id count", with(lineH, consume.HeaderTokenIDs, "1,2"), string(lineBody), consume.HeaderTokenIDs},
-		{"bad id", with(lineH, consume.HeaderTokenIDs, "1,x,3"), string(lineBody), consume.HeaderTokenIDs},
-		{"bad action", with(lineH, consume.HeaderTokenIDs, "1"), "3,a@x,a," + tok + ",01234", "token 0 action"},
-		{"empty email", with(lineH, consume.HeaderTokenIDs, "1"), "1,,a," + tok + ",01234", "token 0 email"},
-		{"empty login", with(lineH, consume.HeaderTokenIDs, "1"), "1,a@x,," + tok + ",01234", "token 0 login"},
-		{"short token", with(lineH, consume.HeaderTokenIDs, "1"), "1,a@x,a," + tok[:85] + ",01234", "token 0 token"},
-		{"bad token alphabet", with(lineH, consume.HeaderTokenIDs, "1"), "1,a@x,a," + tok[:85] + "+,01234", "token 0 token"},
-		{"recovery code", with(lineH, consume.HeaderTokenIDs, "1"), "2,a@x,a," + tok + ",123", "token 0 code"},
-		{"count header", with(lineH, consume.HeaderCount, "5"), string(lineBody), consume.HeaderCount},
-		{"unknown format", with(lineH, consume.HeaderFormat, "xml"), string(lineBody), consume.HeaderFormat},
+		{"no ids", with(lineH, wire.HeaderTokenIDs, ""), string(lineBody), wire.HeaderTokenIDs},
+		{"id count", with(lineH, wire.HeaderTokenIDs, "1,2"), string(lineBody), wire.HeaderTokenIDs},
+		{"bad id", with(lineH, wire.HeaderTokenIDs, "1,x,3"), string(lineBody), wire.HeaderTokenIDs},
+		{"bad action", with(lineH, wire.HeaderTokenIDs, "1"), "3,a@x,a," + tok + ",01234", "token 0 action"},
+		{"empty email", with(lineH, wire.HeaderTokenIDs, "1"), "1,,a," + tok + ",01234", "token 0 email"},
+		{"empty login", with(lineH, wire.HeaderTokenIDs, "1"), "1,a@x,," + tok + ",01234", "token 0 login"},
+		{"short token", with(lineH, wire.HeaderTokenIDs, "1"), "1,a@x,a," + tok[:85] + ",01234", "token 0 token"},
+		{"bad token alphabet", with(lineH, wire.HeaderTokenIDs, "1"), "1,a@x,a," + tok[:85] + "+,01234", "token 0 token"},
+		{"recovery code", with(lineH, wire.HeaderTokenIDs, "1"), "2,a@x,a," + tok + ",123", "token 0 code"},
+		{"count header", with(lineH, wire.HeaderCount, "5"), string(lineBody), wire.HeaderCount},
+		{"unknown format", with(lineH, wire.HeaderFormat, "xml"), string(lineBody), wire.HeaderFormat},
 		{"json garbage", jsonH, "{", "body"},
 		{"json no batch", jsonH, `{"tokens":[]}`, "batch"},
 		{"json no tokens", jsonH, `{"batch":"x"}`, "tokens"},
 		{"json no id", jsonH, `{"batch":"x","tokens":[{"action":"activation","email":"a","login":"a","token":"` + tok + `"}]}`, "token 0 id"},
 		{"json bad action", jsonH, `{"batch":"x","tokens":[{"id":1,"action":"x","email":"a","login":"a","token":"` + tok + `"}]}`, "token 0 action"},
-		{"json count", with(jsonH, consume.HeaderCount, "1"), string(jsonBody), consume.HeaderCount},
-		{"key count", with(lineH, consume.HeaderTokenKeys, "a,b"), string(lineBody), consume.HeaderTokenKeys},
-		{"key mismatch", with(lineH, consume.HeaderTokenKeys, "a,b,c"), string(lineBody), consume.HeaderTokenKeys},
-		{"json key mismatch", with(jsonH, consume.HeaderTokenKeys, ""), `{"batch":"x","tokens":[{"id":1,"action":"activation","email":"a","login":"a","token":"` + tok + `","key":"AAAAAAAAAAAAAAAAAAAAAA"}]}`, "token 0 key"},
+		{"json count", with(jsonH, wire.HeaderCount, "1"), string(jsonBody), wire.HeaderCount},
+		{"key count", with(lineH, wire.HeaderTokenKeys, "a,b"), string(lineBody), wire.HeaderTokenKeys},
+		{"key mismatch", with(lineH, wire.HeaderTokenKeys, "a,b,c"), string(lineBody), wire.HeaderTokenKeys},
+		{"json key mismatch", with(jsonH, wire.HeaderTokenKeys, ""), `{"batch":"x","tokens":[{"id":1,"action":"activation","email":"a","login":"a","token":"` + tok + `","key":"AAAAAAAAAAAAAAAAAAAAAA"}]}`, "token 0 key"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := consume.Decode(tc.h, []byte(tc.body))
@@ -163,27 +164,5 @@ func TestDedupWindow(t *testing.T) {
 	}
 	if d.Seen(1) {
 		t.Fatal("an evicted key is reported seen")
-	}
-}
-
-func TestLineSafe(t *testing.T) {
-	for field, want := range map[string]bool{
-		"john@example.com":                   true,
-		"":                                   true,
-		strings.Repeat("a", 254):             true,
-		strings.Repeat("a", 255):             false,
-		strings.Repeat("é", 127):             true, // 254 bytes
-		strings.Repeat("é", 128):             false,
-		"a,b@example.com":                    false,
-		"a@example.com\n2,x@evil,x,tok,1234": false,
-		"a\r@example.com":                    false,
-		"a\x00@example.com":                  false,
-	} {
-		if got := consume.LineSafe(field); got != want {
-			t.Errorf("LineSafe(%q) = %v, want %v", field, got, want)
-		}
-		if got := consume.LineSafe([]byte(field)); got != want {
-			t.Errorf("LineSafe([]byte(%q)) = %v, want %v", field, got, want)
-		}
 	}
 }

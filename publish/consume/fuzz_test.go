@@ -6,24 +6,24 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/wire"
 )
 
 // FuzzDecode decodes arbitrary headers and bodies in both formats. It must
 // not panic; what it accepts must be valid tokens, and must encode back to
 // the same body (line) or to a body that decodes to the same tokens (json).
 func FuzzDecode(f *testing.F) {
-	for _, format := range []publish.Format{publish.FormatLine, publish.FormatJSON} {
+	for _, format := range []wire.Format{wire.FormatLine, wire.FormatJSON} {
 		h, body, _, _ := encoded(f, format)
-		f.Add(h.Get(consume.HeaderFormat), h.Get(consume.HeaderTokenIDs), h.Get(consume.HeaderTokenKeys), h.Get(consume.HeaderCount), body)
+		f.Add(h.Get(wire.HeaderFormat), h.Get(wire.HeaderTokenIDs), h.Get(wire.HeaderTokenKeys), h.Get(wire.HeaderCount), body)
 	}
 	f.Add("line", "1", "", "1", []byte("1,a,b,c,d"))
 	f.Add("json", "", "", "", []byte(`{"batch":"x","tokens":[{"id":1}]}`))
 	f.Add("xml", "", "", "", []byte{})
 	f.Fuzz(func(t *testing.T, format, ids, keys, count string, body []byte) {
 		h := nats.Header{}
-		for k, v := range map[string]string{consume.HeaderFormat: format, consume.HeaderTokenIDs: ids, consume.HeaderTokenKeys: keys, consume.HeaderCount: count} {
+		for k, v := range map[string]string{wire.HeaderFormat: format, wire.HeaderTokenIDs: ids, wire.HeaderTokenKeys: keys, wire.HeaderCount: count} {
 			if v != "" {
 				h.Set(k, v)
 			}
@@ -36,7 +36,7 @@ func FuzzDecode(f *testing.F) {
 			t.Fatal("accepted a batch without tokens")
 		}
 		for i, tok := range b.Tokens {
-			if key, err := consume.KeyOf(tok.Token); err != nil || key != tok.Key {
+			if key, err := wire.KeyOf(tok.Token); err != nil || key != tok.Key {
 				t.Fatalf("token %d: key %q, from its token %q (%v)", i, tok.Key, key, err)
 			}
 		}
@@ -50,7 +50,7 @@ func FuzzDecode(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		b2, err := consume.Decode(nats.Header{consume.HeaderFormat: {"json"}}, again)
+		b2, err := consume.Decode(nats.Header{wire.HeaderFormat: {"json"}}, again)
 		if err != nil || len(b2.Tokens) != len(b.Tokens) || b2.ID != b.ID {
 			t.Fatalf("json re-encoded as %s does not decode back: %v", again, err)
 		}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mailroom/tailer/publish/wire"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -139,7 +140,7 @@ func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg, buf []byte) 
 		if s.Dedup != nil && s.Dedup.Contains(t.Key) {
 			continue
 		}
-		if !s.JSON && (!LineSafe(t.Email) || !LineSafe(t.Login)) {
+		if !s.JSON && (!wire.LineSafe(t.Email) || !wire.LineSafe(t.Login)) {
 			// The sender would misparse the line: every other token of it
 			// would be lost, or a crafted field would forge rows.
 			if s.Log != nil {
@@ -215,7 +216,7 @@ func SeedFromOutput(r io.ReaderAt, size int64, window *Dedup[string]) error {
 			tokens = b.Tokens
 		}
 		for _, t := range tokens {
-			if key, err := KeyOf(t.Token); err == nil {
+			if key, err := wire.KeyOf(t.Token); err == nil {
 				window.Seen(key)
 			}
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/mailroom/tailer/publish"
+	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -42,7 +43,7 @@ type Config struct {
 	Subject      string
 	Replicas     int
 	PerAction    bool
-	Format       publish.Format
+	Format       wire.Format
 	HTTPAddr     string
 	Slot         string
 	Publication  string
@@ -245,7 +246,7 @@ var Vars = []Var{
 		return nil
 	}},
 	{Env: "MAILROOM_FORMAT", Flag: "format", Default: "line", Usage: "message body: line (collector-compatible) or json", set: func(c *Config, v string) error {
-		f, err := publish.ParseFormat(v)
+		f, err := wire.ParseFormat(v)
 		c.Format = f
 		return err
 	}},

@@ -28,6 +28,7 @@ import (
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/embedded"
+	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 	"github.com/mailroom/tailer/testutil/dbtest"
 	"github.com/mailroom/tailer/testutil/pgtest"
@@ -253,11 +254,11 @@ func (e *env) readAll() []published {
 			e.t.Fatalf("get msg %d: %v", seq, err)
 		}
 		p := published{seq: seq, header: m.Header, body: m.Data}
-		p.count, _ = strconv.Atoi(m.Header.Get(publish.HeaderCount))
-		for _, s := range strings.Split(m.Header.Get(publish.HeaderTokenIDs), ",") {
+		p.count, _ = strconv.Atoi(m.Header.Get(wire.HeaderCount))
+		for _, s := range strings.Split(m.Header.Get(wire.HeaderTokenIDs), ",") {
 			id, err := strconv.ParseInt(s, 10, 64)
 			if err != nil {
-				e.t.Fatalf("msg %d: token ids %q", seq, m.Header.Get(publish.HeaderTokenIDs))
+				e.t.Fatalf("msg %d: token ids %q", seq, m.Header.Get(wire.HeaderTokenIDs))
 			}
 			p.ids = append(p.ids, id)
 		}
@@ -346,7 +347,7 @@ func TestEndToEnd(t *testing.T) {
 		if m.count < limit {
 			belowLimit++
 		}
-		if id := m.header.Get(publish.HeaderMsgID); id != m.header.Get(publish.HeaderPosFirst)+"-"+m.header.Get(publish.HeaderPosLast) {
+		if id := m.header.Get(wire.HeaderMsgID); id != m.header.Get(wire.HeaderPosFirst)+"-"+m.header.Get(wire.HeaderPosLast) {
 			t.Fatalf("message %d: Nats-Msg-Id %q is not its position range", m.seq, id)
 		}
 		fields := strings.Split(string(m.body), ",")
@@ -459,7 +460,7 @@ func TestLargeTransactionConfirmedOnlyAfterLastBatch(t *testing.T) {
 	if len(msgs) != 2 || msgs[0].count != limit || msgs[1].count != limit {
 		t.Fatalf("got %d messages, want two full batches", len(msgs))
 	}
-	first, err := decoder.ParsePosition(msgs[0].header.Get(publish.HeaderPosFirst))
+	first, err := decoder.ParsePosition(msgs[0].header.Get(wire.HeaderPosFirst))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -661,7 +662,7 @@ func TestJSONFormat(t *testing.T) {
 	if err := json.Unmarshal(msgs[0].body, &body); err != nil {
 		t.Fatalf("body %s: %v", msgs[0].body, err)
 	}
-	if body.Batch != msgs[0].header.Get(publish.HeaderMsgID) || len(body.Tokens) != 1 {
+	if body.Batch != msgs[0].header.Get(wire.HeaderMsgID) || len(body.Tokens) != 1 {
 		t.Fatalf("body = %+v", body)
 	}
 	tok := body.Tokens[0]

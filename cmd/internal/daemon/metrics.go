@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/mailroom/tailer/batch"
-	"github.com/mailroom/tailer/batch/accounts"
+	"github.com/mailroom/tailer/batch/join"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -118,7 +118,7 @@ func NewMetrics(pending func() float64) *Metrics {
 	m.pending = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tailer_tokens_pending", Help: "Tokens read from the WAL and not yet published or skipped.",
 	}, pending)
-	for _, r := range accounts.Reasons {
+	for _, r := range join.Reasons {
 		m.skipped.WithLabelValues(r.String())
 	}
 	for _, c := range []batch.CutReason{batch.CutLimit, batch.CutTimeout, batch.CutShutdown} {
@@ -147,7 +147,7 @@ func (m *Metrics) BatchPublished(b *batch.Batch, n int, latency time.Duration) {
 }
 
 // TokensSkipped implements publish.Observer.
-func (m *Metrics) TokensSkipped(reason accounts.Skip, n int) {
+func (m *Metrics) TokensSkipped(reason join.Skip, n int) {
 	m.skipped.WithLabelValues(reason.String()).Add(float64(n))
 }
 

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/mailroom/tailer/batch"
-	"github.com/mailroom/tailer/batch/accounts"
+	"github.com/mailroom/tailer/batch/join"
 	"github.com/mailroom/tailer/cmd/internal/resync"
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
@@ -134,10 +134,10 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		Drained:  drained,
 		OnBadRow: func(pos decoder.Position, err error) {
 			d.log.Warn("skipping a token row that cannot be decoded", "position", pos.String(), "err", err)
-			d.metrics.TokensSkipped(accounts.SkipMalformed, 1)
+			d.metrics.TokensSkipped(join.SkipMalformed, 1)
 		},
 	})
-	joiner := accounts.NewJoiner(q)
+	joiner := join.NewJoiner(q)
 	joiner.Log = d.log
 	if err := joiner.Prepare(ctx); err != nil {
 		return pgErr(err)
@@ -189,7 +189,7 @@ func sessionCause(ctx context.Context, streamErr, pipeErr error, pipelineFirst b
 	switch {
 	case pipeErr != nil && ctx.Err() != nil:
 		return &stopError{pipeErr}
-	case pipelineFirst && errors.Is(pipeErr, accounts.ErrJoin):
+	case pipelineFirst && errors.Is(pipeErr, join.ErrJoin):
 		return pgErr(pipeErr)
 	case pipelineFirst:
 		return natsErr(pipeErr)
@@ -234,7 +234,7 @@ func connectQuery(ctx context.Context, url string) (*pgx.Conn, error) {
 		return nil, fmt.Errorf("parse database URL: %w", err)
 	}
 	cfg.RuntimeParams["application_name"] = "tailer"
-	maps.Copy(cfg.RuntimeParams, accounts.SessionSettings())
+	maps.Copy(cfg.RuntimeParams, join.SessionSettings())
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)

@@ -27,10 +27,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/mailroom/tailer/batch/accounts"
+	"github.com/mailroom/tailer/batch/join"
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -109,7 +110,7 @@ type Options struct {
 	// Stream is where tokens are published; its Origin is set by Run.
 	Stream      publish.Stream
 	Signer      *publish.Signer
-	Format      publish.Format
+	Format      wire.Format
 	BatchLimit  int
 	MaxInFlight int
 	// AfterID, when set, limits a new resync to tokens with a greater id
@@ -257,7 +258,7 @@ func Run(ctx context.Context, nc *nats.Conn, opts Options) (Report, error) {
 	}
 	onStream := map[string]struct{}{}
 	if oldest != nil {
-		if onStream, err = pub.KeysSince(ctx, time.Unix(*oldest, 0).Add(-opts.ClockSkew)); err != nil {
+		if onStream, err = consume.KeysSince(ctx, pub.Stream(), time.Unix(*oldest, 0).Add(-opts.ClockSkew), pub.LastSeq()); err != nil {
 			return rep, err
 		}
 	}
@@ -294,7 +295,7 @@ type sender struct {
 
 type pending struct {
 	tok decoder.Token
-	row accounts.Row
+	row join.TokenState
 }
 
 type ack struct {
@@ -330,7 +331,7 @@ func (s *sender) publishEligible(ctx context.Context, tx pgx.Tx, after int64, on
 		} else {
 			p.tok.CodeLen = uint8(copy(p.tok.Code[:], *code))
 		}
-		key = consume.AppendKey(key[:0], &p.tok.Secret)
+		key = wire.AppendKey(key[:0], &p.tok.Secret)
 		if _, ok := onStream[string(key)]; ok {
 			s.rep.OnStream++
 			continue
@@ -361,7 +362,7 @@ func (s *sender) publishEligible(ctx context.Context, tx pgx.Tx, after int64, on
 func (s *sender) flush(ctx context.Context, lane int) error {
 	batch := s.lanes[lane]
 	tokens := make([]decoder.Token, len(batch))
-	rows := make([]accounts.Row, len(batch))
+	rows := make([]join.TokenState, len(batch))
 	for i := range batch {
 		tokens[i], rows[i] = batch[i].tok, batch[i].row
 	}
@@ -370,10 +371,10 @@ func (s *sender) flush(ctx context.Context, lane int) error {
 		id := fmt.Sprintf("%s%d", s.id, s.rep.Messages+1)
 		enc := s.enc.Encode(nil, func(int) string { return id }, tokens[start:], rows[start:], s.maxBytes)
 		for i := start; i < start+enc.Covered; i++ {
-			if rows[i].Skip == accounts.SkipUnsafeField {
+			if rows[i].Skip == join.SkipUnsafeField {
 				s.rep.Unsafe++
 				s.log("token not published in a line: its email or login holds a comma, CR, LF or NUL, or exceeds 254 bytes", "reason", "unsafe_field", "token_id", tokens[i].ID)
-			} else if rows[i].Skip == accounts.SkipMalformed {
+			} else if rows[i].Skip == join.SkipMalformed {
 				s.log("token not published: it cannot be signed", "token_id", tokens[i].ID)
 			}
 		}

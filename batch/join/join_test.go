@@ -1,4 +1,4 @@
-package accounts
+package join
 
 import (
 	"context"
@@ -70,7 +70,7 @@ func TestJoinSkips(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Skip{Publish, SkipStatus, SkipStatus, SkipExpired, SkipConsumed, SkipStatus, Publish, SkipDeleted}
-	rows := make([]Row, len(tokens))
+	rows := make([]TokenState, len(tokens))
 	rows[6].Skip = SkipAlreadyPublished // marked rows are left alone
 	want[6] = SkipAlreadyPublished
 	if err := NewJoiner(conn).Join(ctx, tokens, rows); err != nil {
@@ -102,7 +102,7 @@ func TestJoinWaitsForInvisibleTransaction(t *testing.T) {
 	}
 	tok := insertToken(t, ctx, tx, "active", "password_recovery", "")
 
-	rows := make([]Row, 1)
+	rows := make([]TokenState, 1)
 	done := make(chan error, 1)
 	go func() { done <- NewJoiner(conn).Join(ctx, []decoder.Token{tok}, rows) }()
 	select {
@@ -129,7 +129,7 @@ func TestJoinRolledBackTransactionIsDeleted(t *testing.T) {
 	tx, _ := writer.Begin(ctx)
 	tok := insertToken(t, ctx, tx, "active", "password_recovery", "")
 	tx.Rollback(ctx)
-	rows := make([]Row, 1)
+	rows := make([]TokenState, 1)
 	if err := NewJoiner(conn).Join(ctx, []decoder.Token{tok}, rows); err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func TestJoinMany(t *testing.T) {
 		insertToken(t, ctx, conn, "active", "password_recovery", "consumed_at"),
 		insertToken(t, ctx, conn, "active", "password_recovery", ""),
 	}
-	rows := [][]Row{make([]Row, 2), make([]Row, 3)}
+	rows := [][]TokenState{make([]TokenState, 2), make([]TokenState, 3)}
 	rows[1][2].Skip = SkipAlreadyPublished
 	if err := NewJoiner(conn).JoinMany(ctx, [][]decoder.Token{a, b}, rows); err != nil {
 		t.Fatal(err)
@@ -265,7 +265,7 @@ func TestJoinByRangeAndByIDs(t *testing.T) {
 				tokens, idx = append(tokens, tok), append(idx, i)
 			}
 		}
-		rows := make([]Row, len(tokens))
+		rows := make([]TokenState, len(tokens))
 		if err := NewJoiner(conn).Join(ctx, tokens, rows); err != nil {
 			t.Fatal(err)
 		}

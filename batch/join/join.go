@@ -1,6 +1,7 @@
-// Package accounts joins a batch of tokens with the current state of their
-// rows and accounts, and decides which tokens are still to be mailed.
-package accounts
+// Package join is the stage between cutting batches and publishing them: it
+// joins a batch of tokens with the current state of their rows and
+// accounts, and decides which tokens are still to be mailed.
+package join
 
 import (
 	"context"
@@ -64,9 +65,9 @@ func (s Skip) String() string {
 	return "unknown"
 }
 
-// Row is the joined state of one token. Email and Login point into a
+// TokenState is the joined state of one token. Email and Login point into a
 // buffer reused by the next Join.
-type Row struct {
+type TokenState struct {
 	Skip      Skip
 	Email     []byte
 	Login     []byte
@@ -171,13 +172,13 @@ func SessionSettings() map[string]string {
 // state. Tokens whose row no longer exists are SkipDeleted; rows already
 // marked (Skip != Publish) are left alone and not queried. When some of the
 // tokens' transactions are not visible yet, Join waits for them.
-func (j *Joiner) Join(ctx context.Context, tokens []decoder.Token, rows []Row) error {
-	return j.JoinMany(ctx, [][]decoder.Token{tokens}, [][]Row{rows})
+func (j *Joiner) Join(ctx context.Context, tokens []decoder.Token, rows []TokenState) error {
+	return j.JoinMany(ctx, [][]decoder.Token{tokens}, [][]TokenState{rows})
 }
 
 // JoinMany is Join for several batches at once, with one query: under load,
 // the batches waiting to be published share a round trip.
-func (j *Joiner) JoinMany(ctx context.Context, tokens [][]decoder.Token, rows [][]Row) error {
+func (j *Joiner) JoinMany(ctx context.Context, tokens [][]decoder.Token, rows [][]TokenState) error {
 	j.ids, j.xids = j.ids[:0], j.xids[:0]
 	clear(j.index)
 	for b := range tokens {
@@ -229,9 +230,9 @@ func (j *Joiner) Prepare(ctx context.Context) error {
 
 // query runs joinSQL once and returns how many of the batch's transactions
 // its snapshot did not see.
-func (j *Joiner) query(ctx context.Context, rows [][]Row) (invisible int64, err error) {
+func (j *Joiner) query(ctx context.Context, rows [][]TokenState) (invisible int64, err error) {
 	for _, r := range j.index {
-		rows[r.b][r.i] = Row{Skip: SkipDeleted}
+		rows[r.b][r.i] = TokenState{Skip: SkipDeleted}
 	}
 	j.arena = j.arena[:0]
 	// Binary results keep the per-row cost to a few byte copies.

@@ -1,0 +1,116 @@
+// Package wire is the tailer's message format as both ends see it: the
+// header names of a published batch, the body formats, the per-token
+// idempotency key and the rule for what may go into a collector line. The
+// producer (package publish) writes it and consumers (package consume) read
+// it; neither owns it.
+//
+// It depends on the standard library only.
+package wire
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+)
+
+// Header names of a published batch.
+const (
+	HeaderMsgID = "Nats-Msg-Id"
+	// HeaderCount is how many tokens the body holds.
+	HeaderCount = "Mailroom-Count"
+	// HeaderTokenIDs holds the token ids, comma-joined in body order.
+	HeaderTokenIDs = "Mailroom-Token-Ids"
+	// HeaderTokenKeys holds each token's key (AppendKey), comma-joined in
+	// body order.
+	HeaderTokenKeys = "Mailroom-Token-Keys"
+	// HeaderFormat is the body's Format.
+	HeaderFormat = "Mailroom-Format"
+	// HeaderPosFirst and HeaderPosLast give the WAL positions (LSN:index)
+	// of the first and last token the batch covers, published or skipped.
+	HeaderPosFirst = "Mailroom-Pos-First"
+	HeaderPosLast  = "Mailroom-Pos-Last"
+	// HeaderResync marks a batch published by a resync from a snapshot
+	// (instead of positions): the consistent point of the slot it made.
+	HeaderResync = "Mailroom-Resync"
+	// HeaderOrigin names the database a batch's WAL positions belong to.
+	HeaderOrigin = "Mailroom-Origin"
+)
+
+// Format is the body format of a published batch.
+type Format uint8
+
+const (
+	// FormatLine is the mailroom collector's batch line without its
+	// newline: action,email,login,token,code for every token, comma-joined.
+	FormatLine Format = iota
+	// FormatJSON is {"batch": id, "tokens": [{id, action, email, login,
+	// token, key, code, expires_at}, ...]}.
+	FormatJSON
+)
+
+// ParseFormat parses "line" or "json".
+func ParseFormat(s string) (Format, error) {
+	switch s {
+	case "line":
+		return FormatLine, nil
+	case "json":
+		return FormatJSON, nil
+	}
+	return 0, fmt.Errorf("%q is not a format: use line or json", s)
+}
+
+func (f Format) String() string {
+	if f == FormatJSON {
+		return "json"
+	}
+	return "line"
+}
+
+// KeyLen is the length of a token's key.
+const KeyLen = 22
+
+var b64 = base64.RawURLEncoding
+
+// AppendKey appends the per-token idempotency key for a token's 32-byte
+// secret: the first 16 bytes of SHA-256(secret), base64url without padding.
+// Secrets are UNIQUE in the schema and random, so unlike token ids (which
+// TRUNCATE ... RESTART IDENTITY reuses) a key is never reused, and it does
+// not change when the signing key is rotated.
+func AppendKey(dst []byte, secret *[32]byte) []byte {
+	sum := sha256.Sum256(secret[:])
+	var out [KeyLen]byte
+	b64.Encode(out[:], sum[:16])
+	return append(dst, out[:]...)
+}
+
+// KeyOf returns the key of a signed token, whose first 32 bytes are the
+// secret.
+func KeyOf(token string) (string, error) {
+	raw, err := b64.DecodeString(token)
+	if err != nil || len(raw) != 64 {
+		return "", errors.New("not an 86-character base64url token")
+	}
+	return string(AppendKey(nil, (*[32]byte)(raw[:32]))), nil
+}
+
+// MaxLineField is the most bytes the mailroom sender reads in one field of
+// a line.
+const MaxLineField = 254
+
+// LineSafe reports whether a field can go into a collector line: the
+// mailroom sender splits rows at commas and lines at newlines, so a field
+// holding either (or CR, or NUL, which C strings end at) would shift every
+// field after it, or forge rows; and it reads at most MaxLineField bytes.
+func LineSafe[T string | []byte](field T) bool {
+	if len(field) > MaxLineField {
+		return false
+	}
+	for i := 0; i < len(field); i++ {
+		switch field[i] {
+		case ',', '\r', '\n', 0:
+			return false
+		}
+	}
+	return true
+}
