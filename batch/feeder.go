@@ -98,10 +98,12 @@ func (f *Feeder) MarkDone(b *Batch) {
 	f.batcher.Recycle(b)
 }
 
-// sink adapts the Feeder to decoder.Sink without exporting those methods.
-type sink Feeder
+// decoderSink is the Feeder seen as the decoder's decoder.Sink: the same
+// memory (a conversion, no allocation per message) with methods of its own,
+// so that Token, BadRow and Commit are not part of the Feeder's API.
+type decoderSink Feeder
 
-func (s *sink) Token(t *decoder.Token) {
+func (s *decoderSink) Token(t *decoder.Token) {
 	f := (*Feeder)(s)
 	full := f.batcher.Add(t)
 	for l, seq := range f.batcher.LastSeqs() {
@@ -112,13 +114,13 @@ func (s *sink) Token(t *decoder.Token) {
 	}
 }
 
-func (s *sink) BadRow(pos decoder.Position, err error) {
+func (s *decoderSink) BadRow(pos decoder.Position, err error) {
 	if s.onBadRow != nil {
 		s.onBadRow(pos, err)
 	}
 }
 
-func (s *sink) Commit(_, end pglogrepl.LSN) {
+func (s *decoderSink) Commit(_, end pglogrepl.LSN) {
 	f := (*Feeder)(s)
 	f.tracker.Mark(end, f.batcher.LastSeqs())
 }
@@ -137,7 +139,7 @@ func (f *Feeder) handoff(b *Batch) {
 }
 
 // Data decodes one pgoutput message.
-func (f *Feeder) Data(data []byte) error { return f.dec.Decode(data, (*sink)(f)) }
+func (f *Feeder) Data(data []byte) error { return f.dec.Decode(data, (*decoderSink)(f)) }
 
 // ServerPosition records a keepalive position.
 func (f *Feeder) ServerPosition(lsn pglogrepl.LSN) { f.tracker.Mark(lsn, f.batcher.LastSeqs()) }
@@ -186,7 +188,7 @@ func (f *Feeder) Wait(ctx context.Context, until time.Time) (bool, error) {
 		if !f.dec.Handing() {
 			return true, nil
 		}
-		if _, err := f.dec.Resume((*sink)(f)); err != nil {
+		if _, err := f.dec.Resume((*decoderSink)(f)); err != nil {
 			return false, err
 		}
 	}

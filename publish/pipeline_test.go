@@ -41,7 +41,7 @@ func TestDuplicateAckForAMissingMessage(t *testing.T) {
 	}
 	tok := decoder.Token{Pos: decoder.Position{Commit: 0x2000}, ID: 1, Action: decoder.ActionActivation}
 	session := func() (done int, err error) {
-		pub, err := NewPublisher(ctx, nc, Stream{Name: "DUPACK", Subject: "mailroom.batches"})
+		pub, err := NewPublisher(ctx, nc, Destination{Name: "DUPACK", Subject: "mailroom.batches"})
 		if err != nil {
 			t.Fatal(err)
 		}

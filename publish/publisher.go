@@ -16,8 +16,8 @@ import (
 	"github.com/mailroom/tailer/publish/wire"
 )
 
-// Stream describes where batches go.
-type Stream struct {
+// Destination describes where batches go.
+type Destination struct {
 	Name    string
 	Subject string
 	// Duplicates is JetStream's duplicate window for Nats-Msg-Id, and
@@ -35,7 +35,7 @@ type Stream struct {
 }
 
 // LaneSubjects returns the subject of each lane.
-func (s Stream) LaneSubjects() []string {
+func (s Destination) LaneSubjects() []string {
 	if s.PerAction {
 		return []string{s.Subject + ".activation", s.Subject + ".password_recovery"}
 	}
@@ -123,7 +123,7 @@ func SubjectMatches(pattern, subject string) bool {
 
 // NewPublisher connects to the stream, creating it (file storage) if it does
 // not exist, and reads its last message to learn what was published before.
-func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Stream) (*Publisher, error) {
+func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Destination) (*Publisher, error) {
 	// One token can take 4 KiB in a json body (every byte of a 254-byte
 	// email escaped); batches are split to fit the rest.
 	if mp := nc.MaxPayload(); mp < minMaxPayload {

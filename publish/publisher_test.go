@@ -70,13 +70,13 @@ func TestStreamSubjectsByWildcard(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, perAction := range []bool{false, true} {
-		p, err := NewPublisher(ctx, nc, Stream{Name: "WILD", Subject: "mailroom.batches", PerAction: perAction})
+		p, err := NewPublisher(ctx, nc, Destination{Name: "WILD", Subject: "mailroom.batches", PerAction: perAction})
 		if err != nil {
 			t.Fatalf("stream of mailroom.> refused for mailroom.batches (per action %v): %v", perAction, err)
 		}
 		p.Close()
 	}
-	_, err := NewPublisher(ctx, nc, Stream{Name: "WILD", Subject: "other.batches"})
+	_, err := NewPublisher(ctx, nc, Destination{Name: "WILD", Subject: "other.batches"})
 	if err == nil || !strings.Contains(err.Error(), "does not take subject other.batches") {
 		t.Fatalf("foreign subject: %v", err)
 	}
@@ -89,7 +89,7 @@ func TestFirstPublishIsChained(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	nc, _ := testJetStream(t)
-	cfg := Stream{Name: "CHAIN", Subject: "mailroom.batches"}
+	cfg := Destination{Name: "CHAIN", Subject: "mailroom.batches"}
 	a, err := NewPublisher(ctx, nc, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -127,7 +127,7 @@ func TestCheckDuplicate(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	nc, _ := testJetStream(t)
-	p, err := NewPublisher(ctx, nc, Stream{Name: "DUP", Subject: "mailroom.batches"})
+	p, err := NewPublisher(ctx, nc, Destination{Name: "DUP", Subject: "mailroom.batches"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestStreamConfigurationsThatForget(t *testing.T) {
 		if _, err := js.CreateStream(ctx, tc.cfg); err != nil {
 			t.Fatal(err)
 		}
-		p, err := NewPublisher(ctx, nc, Stream{Name: tc.cfg.Name, Subject: name + ".batches"})
+		p, err := NewPublisher(ctx, nc, Destination{Name: tc.cfg.Name, Subject: name + ".batches"})
 		switch {
 		case tc.want == "" && err != nil:
 			t.Errorf("%s refused: %v", tc.cfg.Name, err)

@@ -10,9 +10,8 @@ import (
 
 const (
 	// bulkLowWater is how many bytes must be waiting before a reader of a
-	// fast stream is woken: some fifty rows. Measured against 4, 16 and 32
-	// KiB (3 rounds each of the 200,000-token drain), 8 KiB drained fastest
-	// and cost both the tailer and the walsender least.
+	// fast stream is woken: some fifty rows (the size that drained fastest
+	// and cheapest; docs/performance.md).
 	bulkLowWater = 8 << 10
 	// bulkWait bounds how long bytes below bulkLowWater wait: the latency
 	// the end of a burst pays once.
@@ -24,24 +23,13 @@ const (
 )
 
 // lowWaterConn stops the walsender's row-by-row sends from waking the
-// tailer once per row. The walsender writes every row with a send() of its
-// own; a reader that keeps up is woken for each ~150-byte row, and every
-// wakeup costs CPU on both sides, CPU that on a small machine the walsender
-// itself needs. While the stream is fast, the socket's SO_RCVLOWAT is raised
-// so that the kernel wakes the reader only once bulkLowWater bytes are
-// waiting, or after bulkWait, whichever comes first. A slow stream (live
-// traffic) reads every byte as soon as it arrives.
-//
-// SO_RCVLOWAT only delays readiness: a read of a socket with fewer bytes
-// waiting still returns them at once, so a reader that is busy anyway takes
-// what has arrived meanwhile. That is deliberate, and so is leaving bulk mode
-// at the first pause. Variants that waited for 32 KiB before every read, or
-// stayed in bulk mode through the pauses between transactions, cut the
-// tailer's reads threefold but made the walsender 25-30% more expensive per
-// row, and the drain slower: while the reader keeps up, the walsender's
-// small sends leave as a quarter as many TCP segments (nstat's
-// TcpExtTCPOrigDataSent: 50,000 instead of 156,000 for 200,000 rows), and a
-// reader that leaves data queued for long stops that.
+// tailer once per row: every wakeup costs CPU on both sides, CPU that on a
+// small machine the walsender itself needs. While the stream is fast, the
+// socket's SO_RCVLOWAT is raised so that the kernel wakes the reader only
+// once bulkLowWater bytes are waiting, or after bulkWait; a slow stream
+// (live traffic) reads every byte as soon as it arrives. Bulk mode ends at
+// the first pause on purpose: a reader that leaves data queued for long makes
+// the walsender's sends dearer (docs/performance.md has the measurements).
 type lowWaterConn struct {
 	net.Conn
 	raw syscall.RawConn // nil when the socket cannot be tuned

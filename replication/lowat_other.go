@@ -7,8 +7,8 @@ import (
 	"syscall"
 )
 
-// setRcvLowat is Linux-only: the bulk reads were tuned and measured
-// there alone, so elsewhere reads stay plain.
+// setRcvLowat is Linux-only: the bulk reads were tuned there alone, so
+// elsewhere reads stay plain.
 func setRcvLowat(syscall.RawConn, int) error {
 	return errors.ErrUnsupported
 }

@@ -100,7 +100,7 @@ func TestLowWaterConnBurstThenTrickle(t *testing.T) {
 }
 
 // The caller's deadline holds in bulk mode too, including one moved in
-// from another goroutine while a read waits (how Stream.Run is cancelled).
+// from another goroutine while a read waits (how Receiver.Run is cancelled).
 func TestLowWaterConnDeadlines(t *testing.T) {
 	r, w := tcpPair(t)
 	if err := r.setBulk(true); err != nil {

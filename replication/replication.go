@@ -1,7 +1,7 @@
 // Package replication owns the logical replication connection: it creates
 // the pgoutput slot, starts streaming from the slot's confirmed position,
 // answers keepalives and reports the position the caller may confirm. One
-// goroutine (the one running Stream.Run) reads and writes the connection.
+// goroutine (the one running Receiver.Run) reads and writes the connection.
 package replication
 
 import (
@@ -293,7 +293,7 @@ func (o Options) pluginArgs() []string {
 }
 
 // Handler consumes the stream. Every method is called from the goroutine
-// running Stream.Run.
+// running Receiver.Run.
 type Handler interface {
 	// Data handles one pgoutput message; data is only valid during the
 	// call.
@@ -316,8 +316,8 @@ type Handler interface {
 	Stop()
 }
 
-// Stream is a started replication stream.
-type Stream struct {
+// Receiver is a started replication stream.
+type Receiver struct {
 	conn *pgconn.PgConn
 	opts Options
 
@@ -327,7 +327,7 @@ type Stream struct {
 }
 
 // Start begins streaming the slot from its confirmed position.
-func Start(ctx context.Context, conn *pgconn.PgConn, opts Options) (*Stream, error) {
+func Start(ctx context.Context, conn *pgconn.PgConn, opts Options) (*Receiver, error) {
 	if err := ValidateName(opts.Slot); err != nil {
 		return nil, fmt.Errorf("slot name: %w", err)
 	}
@@ -352,7 +352,7 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts Options) (*Stream, err
 	if err != nil {
 		return nil, fmt.Errorf("start replication on slot %s: %w", opts.Slot, err)
 	}
-	return &Stream{conn: conn, opts: opts}, nil
+	return &Receiver{conn: conn, opts: opts}, nil
 }
 
 // minStatusGap bounds how often a moved confirmed position is reported.
@@ -361,8 +361,8 @@ const minStatusGap = 50 * time.Millisecond
 // Run reads the stream until ctx is done or the connection fails. When ctx
 // is done it calls h.Stop, sends a last status update and returns ctx's
 // error.
-func (s *Stream) Run(ctx context.Context, h Handler) error {
-	netConn := s.conn.Conn()
+func (r *Receiver) Run(ctx context.Context, h Handler) error {
+	netConn := r.conn.Conn()
 	// A read blocked in ReceiveMessage wakes up at its deadline; pulling the
 	// deadline in is how cancellation reaches it without a context watcher
 	// goroutine per message.
@@ -382,23 +382,23 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 	for {
 		if ctx.Err() != nil {
 			h.Stop()
-			if err := s.sendStatus(h.Confirmable(), false); err != nil {
+			if err := r.sendStatus(h.Confirmable(), false); err != nil {
 				return fmt.Errorf("final status update: %w", err)
 			}
 			return ctx.Err()
 		}
 		now := time.Now()
 		silent := now.Sub(heard)
-		if silent >= s.opts.Timeout {
+		if silent >= r.opts.Timeout {
 			return fmt.Errorf("%w: nothing from the server for %s, not even a reply to a status update that asked for one", ErrSilent, silent.Round(time.Millisecond))
 		}
-		ping := !pinged && silent >= s.opts.Timeout/2
-		if c := h.Confirmable(); ping || !now.Before(nextStatus) || (c > s.sent && now.Sub(s.lastSent) >= minStatusGap) {
-			if err := s.sendStatus(c, ping); err != nil {
+		ping := !pinged && silent >= r.opts.Timeout/2
+		if c := h.Confirmable(); ping || !now.Before(nextStatus) || (c > r.sent && now.Sub(r.lastSent) >= minStatusGap) {
+			if err := r.sendStatus(c, ping); err != nil {
 				return err
 			}
 			pinged = pinged || ping
-			nextStatus = now.Add(s.opts.StatusInterval)
+			nextStatus = now.Add(r.opts.StatusInterval)
 		}
 		ready, err := h.Wait(ctx, nextStatus)
 		if err != nil {
@@ -424,7 +424,7 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 			netConn.SetReadDeadline(deadline)
 			curDeadline = deadline
 		}
-		msg, err := s.conn.ReceiveMessage(context.Background())
+		msg, err := r.conn.ReceiveMessage(context.Background())
 		if err != nil {
 			var netErr net.Error
 			if errors.As(err, &netErr) && netErr.Timeout() {
@@ -437,7 +437,7 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 		heard, pinged = time.Now(), false
 		switch m := msg.(type) {
 		case *pgproto3.CopyData:
-			if err := s.copyData(m.Data, h, &nextStatus); err != nil {
+			if err := r.copyData(m.Data, h, &nextStatus); err != nil {
 				return err
 			}
 		case *pgproto3.ErrorResponse:
@@ -448,7 +448,7 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 	}
 }
 
-func (s *Stream) copyData(data []byte, h Handler, nextStatus *time.Time) error {
+func (r *Receiver) copyData(data []byte, h Handler, nextStatus *time.Time) error {
 	if len(data) == 0 {
 		return errors.New("replication stream: empty CopyData")
 	}
@@ -458,11 +458,11 @@ func (s *Stream) copyData(data []byte, h Handler, nextStatus *time.Time) error {
 		if len(data) < 25 {
 			return errors.New("replication stream: short XLogData")
 		}
-		if start := pglogrepl.LSN(binary.BigEndian.Uint64(data[1:])); start > s.received {
-			s.received = start
+		if start := pglogrepl.LSN(binary.BigEndian.Uint64(data[1:])); start > r.received {
+			r.received = start
 		}
 		if err := h.Data(data[25:]); err != nil {
-			return fmt.Errorf("at %s: %w", s.received, err)
+			return fmt.Errorf("at %s: %w", r.received, err)
 		}
 	case pglogrepl.PrimaryKeepaliveMessageByteID:
 		// walEnd(8) sendTime(8) replyRequested(1).
@@ -470,8 +470,8 @@ func (s *Stream) copyData(data []byte, h Handler, nextStatus *time.Time) error {
 			return errors.New("replication stream: short keepalive")
 		}
 		walEnd := pglogrepl.LSN(binary.BigEndian.Uint64(data[1:]))
-		if walEnd > s.received {
-			s.received = walEnd
+		if walEnd > r.received {
+			r.received = walEnd
 		}
 		h.ServerPosition(walEnd)
 		if data[17] != 0 {
@@ -485,17 +485,17 @@ func (s *Stream) copyData(data []byte, h Handler, nextStatus *time.Time) error {
 // sendStatus reports confirmed as flushed and applied. Every position is
 // given explicitly: pglogrepl fills a zero flush position with the write
 // position, which would confirm data not yet published.
-func (s *Stream) sendStatus(confirmed pglogrepl.LSN, reply bool) error {
+func (r *Receiver) sendStatus(confirmed pglogrepl.LSN, reply bool) error {
 	if confirmed == 0 {
 		// Nothing known yet; a zero flush would be replaced by the write
 		// position, so say nothing.
 		return nil
 	}
-	write := s.received
+	write := r.received
 	if write < confirmed {
 		write = confirmed
 	}
-	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), r.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: write,
 		WALFlushPosition: confirmed,
 		WALApplyPosition: confirmed,
@@ -505,12 +505,12 @@ func (s *Stream) sendStatus(confirmed pglogrepl.LSN, reply bool) error {
 	if err != nil {
 		return fmt.Errorf("send standby status: %w", err)
 	}
-	s.sent, s.lastSent = confirmed, time.Now()
-	if s.opts.OnStatus != nil {
-		s.opts.OnStatus(confirmed)
+	r.sent, r.lastSent = confirmed, time.Now()
+	if r.opts.OnStatus != nil {
+		r.opts.OnStatus(confirmed)
 	}
 	return nil
 }
 
 // Sent returns the last position reported as flushed.
-func (s *Stream) Sent() pglogrepl.LSN { return s.sent }
+func (r *Receiver) Sent() pglogrepl.LSN { return r.sent }

@@ -114,8 +114,8 @@ func NewJoiner(conn Conn) *Joiner {
 //
 // It comes in two forms. joinByIDs looks the tokens up one by one. Tokens
 // inserted together have consecutive ids, so a batch from a backlog is
-// usually one dense range, and joinByRange scans it instead: a third less
-// work for the server per token than a probe per id. The range may hold
+// usually one dense range, and joinByRange scans it instead, which costs the
+// server less per token than a probe per id (docs/performance.md). The range may hold
 // tokens of other batches; their rows are ignored. The accounts are joined
 // through a LATERAL subquery that cannot be flattened, so the plan stays
 // one index probe per token whatever the planner estimates for the range.
@@ -157,10 +157,8 @@ func dense(lo, hi int64, n int) bool {
 // SessionSettings are the run-time parameters the Joiner's connection should
 // be opened with. The join looks up at most a few thousand tokens by primary
 // key, for which the generic plan (index probes) is right whatever the table
-// statistics say. Custom plans, which PostgreSQL tries for the first
-// executions of a prepared statement, were measured choosing parallel
-// sequential scans of both tables on a freshly loaded backlog: 35 to 95 ms
-// and three busy processes per batch instead of 3 ms and one.
+// statistics say; the custom plans PostgreSQL tries first can pick parallel
+// sequential scans of both tables (docs/performance.md).
 func SessionSettings() map[string]string {
 	return map[string]string{
 		"plan_cache_mode":                 "force_generic_plan",

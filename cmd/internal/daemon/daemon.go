@@ -37,11 +37,9 @@ func NewLogger(format, level string, w io.Writer) *slog.Logger {
 }
 
 // TuneRuntime sets GOMAXPROCS to 1 unless the operator set it, or the
-// embedded NATS server shares the process. The tailer's work is one ordered
-// pipeline of a few goroutines; with more Ps the scheduler spends its time
-// spinning for work between socket reads. Measured with cmd/bench on two
-// cores: 5.2 to 3.4 µs of CPU per token in a drain, and live p99 from 16 to
-// 10.5 ms.
+// embedded NATS server shares the process: the tailer's work is one ordered
+// pipeline of a few goroutines, and with more Ps the scheduler spends its
+// time spinning for work between socket reads (docs/performance.md).
 func TuneRuntime(cfg *config.Config) {
 	if os.Getenv("GOMAXPROCS") == "" && cfg.NATSURL != "" {
 		runtime.GOMAXPROCS(1)
@@ -130,7 +128,7 @@ func ResyncOptions(cfg *config.Config, log *slog.Logger) (resync.Options, error)
 	return resync.Options{
 		DatabaseURL: cfg.DatabaseURL,
 		Slot:        cfg.Slot,
-		Stream:      publish.Stream{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction},
+		Destination: publish.Destination{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction},
 		Signer:      signer,
 		Format:      cfg.Format,
 		BatchLimit:  cfg.BatchLimit,

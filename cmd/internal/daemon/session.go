@@ -48,7 +48,7 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	}
 	origin := publish.Origin{SystemID: ident.SystemID, Timeline: ident.Timeline, Database: ident.DBName}
 
-	pub, err := publish.NewPublisher(ctx, nc, publish.Stream{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction, Origin: origin})
+	pub, err := publish.NewPublisher(ctx, nc, publish.Destination{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction, Origin: origin})
 	if err != nil {
 		return natsErr(err)
 	}

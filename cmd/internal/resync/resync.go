@@ -107,8 +107,8 @@ func CollectorCursor(ctx context.Context, q Querier) (lastSeq int64, ok bool, er
 type Options struct {
 	DatabaseURL string
 	Slot        string
-	// Stream is where tokens are published; its Origin is set by Run.
-	Stream      publish.Stream
+	// Destination is where tokens are published; its Origin is set by Run.
+	Destination publish.Destination
 	Signer      *publish.Signer
 	Format      wire.Format
 	BatchLimit  int
@@ -234,7 +234,7 @@ func Run(ctx context.Context, nc *nats.Conn, opts Options) (Report, error) {
 	// is done.
 	rc.Close(context.Background())
 
-	stream := opts.Stream
+	stream := opts.Destination
 	stream.Origin = publish.Origin{SystemID: ident.SystemID, Timeline: ident.Timeline, Database: ident.DBName}
 	pub, err := publish.NewPublisher(ctx, nc, stream)
 	if err != nil {
@@ -338,7 +338,7 @@ func (s *sender) publishEligible(ctx context.Context, tx pgx.Tx, after int64, on
 		}
 		p.row.Email, p.row.Login = []byte(email), []byte(login)
 		lane := 0
-		if s.opts.Stream.PerAction {
+		if s.opts.Destination.PerAction {
 			lane = int(p.tok.Action) - 1
 		}
 		s.lanes[lane] = append(s.lanes[lane], p)
