@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mailroom/tailer/migrations"
-	"github.com/mailroom/tailer/testutil/dbtest"
 	"github.com/mailroom/tailer/testutil/pgtest"
+	"github.com/mailroom/tailer/testutil/tailertest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -45,7 +45,8 @@ func TestValidateName(t *testing.T) {
 func TestSlots(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	url, db := dbtest.New(t, pgtest.Shared(t))
+	tdb := tailertest.NewDB(t, pgtest.Shared(t))
+	url, db := tdb.URL, tdb.Conn
 
 	if _, err := EnsureSlot(ctx, db, "bad-name"); err == nil {
 		t.Fatal("EnsureSlot accepted an invalid name")
@@ -177,7 +178,8 @@ func (h *idle) Stop()                                         {}
 func TestSilentConnectionIsGivenUp(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	url, db := dbtest.New(t, pgtest.Shared(t))
+	tdb := tailertest.NewDB(t, pgtest.Shared(t))
+	url, db := tdb.URL, tdb.Conn
 	if _, err := EnsureSlot(ctx, db, "silent"); err != nil {
 		t.Fatal(err)
 	}

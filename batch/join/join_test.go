@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mailroom/tailer/decoder"
-	"github.com/mailroom/tailer/testutil/dbtest"
 	"github.com/mailroom/tailer/testutil/pgtest"
+	"github.com/mailroom/tailer/testutil/tailertest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -22,8 +22,8 @@ func setup(t *testing.T) (context.Context, string, *pgx.Conn) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
-	url, conn := dbtest.New(t, pgtest.Shared(t))
-	return ctx, url, conn
+	db := tailertest.NewDB(t, pgtest.Shared(t))
+	return ctx, db.URL, db.Conn
 }
 
 // insertToken inserts a token for the account with login and returns it as

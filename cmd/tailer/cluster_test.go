@@ -225,7 +225,7 @@ func TestNATSClusterLosesNodes(t *testing.T) {
 		t.Fatalf("publishing stalled:\n%s", p.out.String())
 	}
 	// After the restart, new tokens still go out.
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'after' || g || '@x', 'after' || g FROM generate_series(1, 5) g`)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'after' || g || '@x', 'after' || g FROM generate_series(1, 5) g`)
 	n = c.expectExactlyOnce(60 * time.Second)
 	deadline = time.Now().Add(60 * time.Second)
 	for {

@@ -14,7 +14,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -29,8 +28,8 @@ import (
 	"github.com/mailroom/tailer/publish/embedded"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
-	"github.com/mailroom/tailer/testutil/dbtest"
 	"github.com/mailroom/tailer/testutil/pgtest"
+	"github.com/mailroom/tailer/testutil/tailertest"
 )
 
 // tailerBin is the tailer built once for the fault tests, which run it as a
@@ -56,10 +55,9 @@ func TestMain(m *testing.M) {
 // cluster is a database, a restartable NATS server and the tailers run
 // against them.
 type cluster struct {
+	*tailertest.DB
 	t        *testing.T
 	ctx      context.Context
-	dbURL    string
-	db       *pgx.Conn
 	natsDir  string
 	natsPort int
 	nats     *server.Server
@@ -74,7 +72,7 @@ type cluster struct {
 func newCluster(t *testing.T, pg *pgtest.Server, limit int, timeout time.Duration) *cluster {
 	t.Helper()
 	c := newClusterWithoutSlot(t, pg, limit, timeout)
-	if _, err := replication.EnsureSlot(c.ctx, c.db, "mailroom"); err != nil {
+	if _, err := replication.EnsureSlot(c.ctx, c.Conn, "mailroom"); err != nil {
 		t.Fatal(err)
 	}
 	return c
@@ -85,12 +83,12 @@ func newClusterWithoutSlot(t *testing.T, pg *pgtest.Server, limit int, timeout t
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
-	url, db := dbtest.New(t, pg)
+	db := tailertest.NewDB(t, pg)
 	port, err := pgtest.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &cluster{t: t, ctx: ctx, dbURL: url, db: db, natsDir: t.TempDir(), natsPort: port, limit: limit, timeout: timeout}
+	c := &cluster{DB: db, t: t, ctx: ctx, natsDir: t.TempDir(), natsPort: port, limit: limit, timeout: timeout}
 	c.startNATS()
 	t.Cleanup(c.stopNATS)
 	return c
@@ -124,26 +122,9 @@ func (c *cluster) stopNATS() {
 type proc struct {
 	t    *testing.T
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *tailertest.Buffer
 	done chan struct{}
 	err  error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func (c *cluster) tailer(extraEnv ...string) *proc {
@@ -161,7 +142,7 @@ func (c *cluster) command(args []string, extraEnv ...string) *proc {
 	c.t.Helper()
 	cmd := exec.Command(tailerBin, args...)
 	cmd.Env = append(os.Environ(),
-		"MAILROOM_DATABASE_URL="+c.dbURL,
+		"MAILROOM_DATABASE_URL="+c.URL,
 		"MAILROOM_SECRET_KEY="+goodKey,
 		"MAILROOM_NATS_URL="+c.natsURL(),
 		"MAILROOM_BATCH_LIMIT="+strconv.Itoa(c.limit),
@@ -169,7 +150,7 @@ func (c *cluster) command(args []string, extraEnv ...string) *proc {
 		"MAILROOM_LOG_LEVEL=info",
 	)
 	cmd.Env = append(cmd.Env, extraEnv...)
-	p := &proc{t: c.t, cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	p := &proc{t: c.t, cmd: cmd, out: &tailertest.Buffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
 		c.t.Fatal(err)
@@ -219,19 +200,9 @@ func (p *proc) term(within time.Duration) int {
 	return p.cmd.ProcessState.ExitCode()
 }
 
-func (c *cluster) exec(sql string, args ...any) {
-	c.t.Helper()
-	pgtest.Exec(c.t, c.ctx, c.db, sql, args...)
-}
-
-func (c *cluster) walLSN() pglogrepl.LSN {
-	c.t.Helper()
-	return pgtest.WalLSN(c.t, c.ctx, c.db)
-}
-
 func (c *cluster) slot() replication.SlotInfo {
 	c.t.Helper()
-	s, err := replication.Slot(c.ctx, c.db, "mailroom")
+	s, err := replication.Slot(c.ctx, c.Conn, "mailroom")
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -254,7 +225,7 @@ func (c *cluster) startWriter(perTx int, pause time.Duration) *writer {
 // transaction, for accounts made active beforehand.
 func (c *cluster) startMixedWriter(perTx, recoveries int, pause time.Duration) *writer {
 	c.t.Helper()
-	conn, err := pgx.Connect(c.ctx, c.dbURL)
+	conn, err := pgx.Connect(c.ctx, c.URL)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -336,19 +307,10 @@ func (c *cluster) messages() []*jetstream.RawStreamMsg {
 	defer done()
 	ctx, cancel := context.WithTimeout(c.ctx, 30*time.Second)
 	defer cancel()
-	info, err := stream.Info(ctx)
+	msgs, err := tailertest.StoredMessages(ctx, stream)
 	if err != nil {
-		c.t.Logf("stream info: %v", err)
+		c.t.Log(err)
 		return nil
-	}
-	var msgs []*jetstream.RawStreamMsg
-	for seq := info.State.FirstSeq; info.State.LastSeq > 0 && seq <= info.State.LastSeq; seq++ {
-		m, err := stream.GetMsg(ctx, seq)
-		if err != nil {
-			c.t.Logf("message %d: %v", seq, err)
-			return nil
-		}
-		msgs = append(msgs, m)
 	}
 	return msgs
 }
@@ -358,11 +320,11 @@ func (c *cluster) tokenCounts() map[int64]int {
 	c.t.Helper()
 	counts := map[int64]int{}
 	for _, m := range c.messages() {
-		for _, s := range strings.Split(m.Header.Get(wire.HeaderTokenIDs), ",") {
-			id, err := strconv.ParseInt(s, 10, 64)
-			if err != nil {
-				c.t.Fatalf("message %d: token ids %q", m.Sequence, m.Header.Get(wire.HeaderTokenIDs))
-			}
+		ids, err := tailertest.TokenIDs(m)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		for _, id := range ids {
 			counts[id]++
 		}
 	}
@@ -374,7 +336,7 @@ func (c *cluster) tokenCounts() map[int64]int {
 func (c *cluster) expectExactlyOnce(within time.Duration) int {
 	c.t.Helper()
 	var want []int64
-	rows, _ := c.db.Query(c.ctx, `SELECT id FROM tokens ORDER BY id`)
+	rows, _ := c.Conn.Query(c.ctx, `SELECT id FROM tokens ORDER BY id`)
 	want, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
 		c.t.Fatal(err)
@@ -411,7 +373,7 @@ func TestCrashLoop(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
 			env := []string{"MAILROOM_SUBJECT_PER_ACTION=" + strconv.FormatBool(tc.perAction)}
-			c.exec(`INSERT INTO accounts (email, login, status) SELECT 'act' || g || '@x', 'act' || g, 'active' FROM generate_series(1, 50) g`)
+			c.Exec(`INSERT INTO accounts (email, login, status) SELECT 'act' || g || '@x', 'act' || g, 'active' FROM generate_series(1, 50) g`)
 			// Three tokens a transaction (plus two recoveries per action
 			// mode) against batches of ten: a restart resumes at a
 			// transaction end inside an already published batch, so
@@ -451,8 +413,8 @@ func TestSIGTERMPublishesPendingBatch(t *testing.T) {
 	c := newCluster(t, pgtest.Shared(t), 10, time.Hour)
 	p := c.tailer()
 	p.waitLog("msg=streaming", 1, 30*time.Second)
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'h' || g || '@x', 'h' || g FROM generate_series(1, 3) g`)
-	end := c.walLSN()
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'h' || g || '@x', 'h' || g FROM generate_series(1, 3) g`)
+	end := c.WalLSN()
 	// Let the tailer read the three tokens into its open batch.
 	c.waitSent(end)
 	if got := len(c.tokenCounts()); got != 0 {
@@ -490,7 +452,7 @@ func TestStandbyTakesOver(t *testing.T) {
 func TestIdleSlotAdvances(t *testing.T) {
 	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
 	// Active accounts get no activation token.
-	c.exec(`INSERT INTO accounts (email, login, status) SELECT 'i' || g || '@x', 'i' || g, 'active' FROM generate_series(1, 10000) g`)
+	c.Exec(`INSERT INTO accounts (email, login, status) SELECT 'i' || g || '@x', 'i' || g, 'active' FROM generate_series(1, 10000) g`)
 	p := c.tailer()
 	p.waitLog("msg=streaming", 1, 30*time.Second)
 
@@ -508,7 +470,7 @@ func TestIdleSlotAdvances(t *testing.T) {
 		update func(i int) error
 	}{
 		{"account updates in the tailer's database", func(i int) error {
-			_, err := c.db.Exec(c.ctx, `UPDATE accounts SET created_at = created_at + 1 WHERE id % 100 = $1`, i)
+			_, err := c.Conn.Exec(c.ctx, `UPDATE accounts SET created_at = created_at + 1 WHERE id % 100 = $1`, i)
 			return err
 		}},
 		// WAL is shared by the whole server: a quiet database on a busy
@@ -518,13 +480,13 @@ func TestIdleSlotAdvances(t *testing.T) {
 			return err
 		}},
 	} {
-		before := c.walLSN()
+		before := c.WalLSN()
 		for i := 0; i < 100; i++ {
 			if err := tc.update(i); err != nil {
 				t.Fatal(err)
 			}
 		}
-		written := int64(c.walLSN() - before)
+		written := int64(c.WalLSN() - before)
 		if written < 2<<20 {
 			t.Fatalf("%s: 10,000 updates wrote only %d bytes of WAL: a lag under 1 MiB would prove nothing", tc.name, written)
 		}
@@ -551,11 +513,11 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	c := newCluster(t, pgtest.Shared(t), 10, time.Hour)
 	p := c.tailer()
 	p.waitLog("msg=streaming", 1, 30*time.Second)
-	c.exec(`INSERT INTO accounts (email, login) VALUES ('s@x', 's')`)
-	c.waitSent(c.walLSN())
+	c.Exec(`INSERT INTO accounts (email, login) VALUES ('s@x', 's')`)
+	c.waitSent(c.WalLSN())
 	// With accounts locked the pending batch's join waits, so the graceful
 	// stop cannot finish (it would wait out its drain timeout).
-	lock, err := pgx.Connect(c.ctx, c.dbURL)
+	lock, err := pgx.Connect(c.ctx, c.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -597,8 +559,8 @@ func TestStopWithoutNATSExitsNonZero(t *testing.T) {
 	c := newCluster(t, pgtest.Shared(t), 10, time.Hour)
 	p := c.tailer()
 	p.waitLog("msg=streaming", 1, 30*time.Second)
-	c.exec(`INSERT INTO accounts (email, login) VALUES ('n@x', 'n')`)
-	end := c.walLSN()
+	c.Exec(`INSERT INTO accounts (email, login) VALUES ('n@x', 'n')`)
+	end := c.WalLSN()
 	c.waitSent(end)
 	c.stopNATS()
 	if code := p.term(30 * time.Second); code != 1 {
@@ -625,7 +587,7 @@ func (c *cluster) waitSent(lsn pglogrepl.LSN) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var sent string
-		c.db.QueryRow(c.ctx, `SELECT coalesce(max(sent_lsn), '0/0')::text FROM pg_stat_replication WHERE application_name = 'tailer'`).Scan(&sent)
+		c.Conn.QueryRow(c.ctx, `SELECT coalesce(max(sent_lsn), '0/0')::text FROM pg_stat_replication WHERE application_name = 'tailer'`).Scan(&sent)
 		if got, _ := pglogrepl.ParseLSN(sent); got >= lsn {
 			break
 		}
@@ -678,7 +640,7 @@ func TestPostgresFaults(t *testing.T) {
 			time.Sleep(400 * time.Millisecond)
 			// Both of the tailer's backends: the walsender and the query
 			// connection.
-			c.exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'tailer'`)
+			c.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'tailer'`)
 			p.waitLog("msg=streaming", i+2, 30*time.Second)
 		}
 		w.halt()
@@ -693,7 +655,7 @@ func TestPostgresFaults(t *testing.T) {
 		c := newCluster(t, pg, 10, 100*time.Millisecond)
 		p := c.tailer()
 		p.waitLog("msg=streaming", 1, 30*time.Second)
-		c.exec(`INSERT INTO accounts (email, login) SELECT 'r' || g || '@x', 'r' || g FROM generate_series(1, 25) g`)
+		c.Exec(`INSERT INTO accounts (email, login) SELECT 'r' || g || '@x', 'r' || g FROM generate_series(1, 25) g`)
 		if err := pg.Stop("fast"); err != nil {
 			t.Fatal(err)
 		}
@@ -701,12 +663,12 @@ func TestPostgresFaults(t *testing.T) {
 		if err := pg.Start(); err != nil {
 			t.Fatal(err)
 		}
-		db, err := pgx.Connect(c.ctx, c.dbURL)
+		db, err := pgx.Connect(c.ctx, c.URL)
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.db = db
-		c.exec(`INSERT INTO accounts (email, login) SELECT 's' || g || '@x', 's' || g FROM generate_series(1, 25) g`)
+		c.Conn = db
+		c.Exec(`INSERT INTO accounts (email, login) SELECT 's' || g || '@x', 's' || g FROM generate_series(1, 25) g`)
 		p.waitLog("msg=streaming", 2, 60*time.Second)
 		if n := c.expectExactlyOnce(60 * time.Second); n != 50 {
 			t.Fatalf("%d tokens, want 50", n)
@@ -751,7 +713,7 @@ func metricValue(page, name string) (float64, bool) {
 func (c *cluster) status(maxLag int64) (statusReport, int) {
 	c.t.Helper()
 	cmd := exec.Command(tailerBin, "status", "--json", "--max-lag", strconv.FormatInt(maxLag, 10))
-	cmd.Env = append(os.Environ(), "MAILROOM_DATABASE_URL="+c.dbURL, "MAILROOM_NATS_URL="+c.natsURL())
+	cmd.Env = append(os.Environ(), "MAILROOM_DATABASE_URL="+c.URL, "MAILROOM_NATS_URL="+c.natsURL())
 	out, _ := cmd.Output()
 	var rep statusReport
 	if err := json.Unmarshal(out, &rep); err != nil {
@@ -865,7 +827,7 @@ func (c *cluster) publishThenStop(prefix string, n int) {
 	c.t.Helper()
 	tp := c.tailer()
 	tp.waitLog("streaming", 1, 20*time.Second)
-	c.exec(`INSERT INTO accounts (email, login) SELECT $1 || g || '@x', $1 || g FROM generate_series(1, $2::int) g`, prefix, n)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT $1 || g || '@x', $1 || g FROM generate_series(1, $2::int) g`, prefix, n)
 	c.expectExactlyOnce(30 * time.Second)
 	if code := tp.term(15 * time.Second); code != 0 {
 		c.t.Fatalf("tailer exit %d after SIGTERM", code)
@@ -900,11 +862,11 @@ func TestForeignStreamRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { fresh.Close() })
-	otherDB, _ := dbtest.New(t, pgtest.Shared(t))
-	freshDB, freshConn := dbtest.New(t, fresh)
+	otherDB := tailertest.NewDB(t, pgtest.Shared(t)).URL
+	freshDB := tailertest.NewDB(t, fresh)
 	for _, tc := range []struct{ name, url, want string }{
 		{"another database", otherDB, "published from another database"},
-		{"a fresh cluster", freshDB, "published from another database"},
+		{"a fresh cluster", freshDB.URL, "published from another database"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := c.tailer("MAILROOM_DATABASE_URL="+tc.url, "MAILROOM_SLOT=foreign")
@@ -925,14 +887,14 @@ func TestForeignStreamRefused(t *testing.T) {
 		// The fresh cluster has no token the stream lacks: the resync
 		// publishes nothing, and tailer run goes on from its slot all the
 		// same, with positions of its own.
-		env := []string{"MAILROOM_DATABASE_URL=" + freshDB, "MAILROOM_SLOT=foreign"}
+		env := []string{"MAILROOM_DATABASE_URL=" + freshDB.URL, "MAILROOM_SLOT=foreign"}
 		r := c.command([]string{"resync"}, env...)
 		if code := r.exit(30 * time.Second); code != exitOK || !strings.Contains(r.out.String(), "published=0") {
 			t.Fatalf("resync exit %d:\n%s", code, r.out.String())
 		}
 		p := c.tailer(env...)
 		p.waitLog("streaming", 1, 20*time.Second)
-		pgtest.Exec(t, c.ctx, freshConn, `INSERT INTO accounts (email, login) SELECT 'f' || g || '@x', 'f' || g FROM generate_series(1, 5) g`)
+		freshDB.Exec(`INSERT INTO accounts (email, login) SELECT 'f' || g || '@x', 'f' || g FROM generate_series(1, 5) g`)
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			n := 0
@@ -971,7 +933,7 @@ func TestForeignStreamRefused(t *testing.T) {
 		if _, err := js.PublishMsg(c.ctx, m); err != nil {
 			t.Fatal(err)
 		}
-		c.exec(`INSERT INTO accounts (email, login) VALUES ('behind@x', 'behind')`)
+		c.Exec(`INSERT INTO accounts (email, login) VALUES ('behind@x', 'behind')`)
 		p := c.tailer("MAILROOM_NATS_STREAM=AHEAD", "MAILROOM_NATS_SUBJECT=ahead.batches")
 		if code := p.exit(30 * time.Second); code != exitFailure || !strings.Contains(p.out.String(), "ahead of this server's WAL") {
 			t.Fatalf("exit %d:\n%s", code, p.out.String())
@@ -987,7 +949,7 @@ func TestLostSlotIsReported(t *testing.T) {
 	c := newLosableCluster(t)
 
 	// While no tailer runs: tokens, then more WAL than the slot may keep.
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'during' || g || '@x', 'during' || g FROM generate_series(1, 5) g`)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'during' || g || '@x', 'during' || g FROM generate_series(1, 5) g`)
 	c.loseSlot()
 
 	rep, code := c.status(1 << 40)

@@ -23,6 +23,7 @@ import (
 	"github.com/mailroom/tailer/cmd/internal/daemon"
 	"github.com/mailroom/tailer/publish/embedded"
 	"github.com/mailroom/tailer/testutil/pgtest"
+	"github.com/mailroom/tailer/testutil/tailertest"
 )
 
 const infra = "../../infra/"
@@ -311,14 +312,14 @@ func TestRunsAsRestrictedRole(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := newCluster(t, pg, 5, 100*time.Millisecond)
-	restricted := strings.Replace(c.dbURL, "postgres://postgres@", "postgres://tailer@", 1)
+	restricted := strings.Replace(c.URL, "postgres://postgres@", "postgres://tailer@", 1)
 	var privileged bool
-	if err := c.db.QueryRow(ctx, `SELECT rolsuper OR rolcreatedb FROM pg_roles WHERE rolname = 'tailer'`).Scan(&privileged); err != nil || privileged {
+	if err := c.Conn.QueryRow(ctx, `SELECT rolsuper OR rolcreatedb FROM pg_roles WHERE rolname = 'tailer'`).Scan(&privileged); err != nil || privileged {
 		t.Fatalf("role tailer: privileged=%v, %v", privileged, err)
 	}
 	p := c.tailer("MAILROOM_DATABASE_URL=" + restricted)
 	p.waitLog("msg=streaming", 1, 30*time.Second)
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'role' || g || '@x', 'role' || g FROM generate_series(1, 12) g`)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'role' || g || '@x', 'role' || g FROM generate_series(1, 12) g`)
 	if n := c.expectExactlyOnce(30 * time.Second); n != 12 {
 		t.Fatalf("%d tokens", n)
 	}
@@ -366,7 +367,7 @@ func TestComposeNATSAccounts(t *testing.T) {
 	asTailer := []string{"MAILROOM_NATS_USER=tailer", "MAILROOM_NATS_PASSWORD=tailer-test-pw"}
 	p := c.tailer(asTailer...)
 	p.waitLog("msg=streaming", 1, 30*time.Second)
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'acl' || g || '@x', 'acl' || g FROM generate_series(1, 20) g`)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'acl' || g || '@x', 'acl' || g FROM generate_series(1, 20) g`)
 
 	out := filepath.Join(t.TempDir(), "out")
 	sub := c.subscriber(out, "--durable", "sender", "--from-start", "--nats-user", "subscriber", "--nats-password", "subscriber-test-pw")
@@ -480,10 +481,10 @@ func TestComposeRoles(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer app.Close(ctx)
-	c := &cluster{t: t, ctx: ctx, dbURL: roleURL("tailer", "tailer-pw"), db: app, natsPort: port, limit: 10, timeout: 100 * time.Millisecond}
+	c := &cluster{DB: tailertest.ExistingDB(t, roleURL("tailer", "tailer-pw"), app), t: t, ctx: ctx, natsPort: port, limit: 10, timeout: 100 * time.Millisecond}
 	p := c.tailer()
 	p.waitLog("msg=streaming", 1, 30*time.Second)
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'role' || g || '@x', 'role' || g FROM generate_series(1, 7) g`)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'role' || g || '@x', 'role' || g FROM generate_series(1, 7) g`)
 	if n := c.expectExactlyOnce(30 * time.Second); n != 7 {
 		t.Fatalf("%d tokens", n)
 	}

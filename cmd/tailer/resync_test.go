@@ -19,6 +19,7 @@ import (
 
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/testutil/pgtest"
+	"github.com/mailroom/tailer/testutil/tailertest"
 )
 
 // streamMsgs is the number of messages on the stream (0 before it exists).
@@ -40,7 +41,7 @@ func (c *cluster) streamMsgs() uint64 {
 // query selects, each once, and fails on any other token or a duplicate.
 func (c *cluster) expectOnStream(query string, within time.Duration) int {
 	c.t.Helper()
-	rows, _ := c.db.Query(c.ctx, query)
+	rows, _ := c.Conn.Query(c.ctx, query)
 	want, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
 		c.t.Fatal(err)
@@ -73,7 +74,7 @@ func (c *cluster) expectOnStream(query string, within time.Duration) int {
 func (c *cluster) resyncDone() bool {
 	c.t.Helper()
 	var done bool
-	if err := c.db.QueryRow(c.ctx, `SELECT done_at IS NOT NULL FROM tailer_resync WHERE slot = 'mailroom'`).Scan(&done); err != nil {
+	if err := c.Conn.QueryRow(c.ctx, `SELECT done_at IS NOT NULL FROM tailer_resync WHERE slot = 'mailroom'`).Scan(&done); err != nil {
 		c.t.Fatal(err)
 	}
 	return done
@@ -99,11 +100,11 @@ func newLosableCluster(t *testing.T) *cluster {
 func (c *cluster) loseSlot() {
 	c.t.Helper()
 	for i := 0; i < 4; i++ {
-		c.exec(`CREATE TABLE IF NOT EXISTS filler (x text)`)
-		c.exec(`INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 2000)`)
-		c.exec(`SELECT pg_switch_wal()`)
+		c.Exec(`CREATE TABLE IF NOT EXISTS filler (x text)`)
+		c.Exec(`INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 2000)`)
+		c.Exec(`SELECT pg_switch_wal()`)
 	}
-	c.exec(`CHECKPOINT`)
+	c.Exec(`CHECKPOINT`)
 	if s := c.slot(); !s.Lost() {
 		c.t.Fatalf("slot not invalidated: wal_status %q", s.WALStatus)
 	}
@@ -119,13 +120,13 @@ func TestResyncAfterLostSlot(t *testing.T) {
 
 	// While no tailer runs: many tokens, some that expire or are used
 	// before anyone could mail them, then the slot is lost.
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'during' || g || '@x', 'during' || g FROM generate_series(1, 3000) g`)
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'gone' || g || '@x', 'gone' || g FROM generate_series(1, 7) g`)
-	c.exec(`UPDATE tokens SET expires_at = extract(epoch FROM now())::int - 1 WHERE account IN (SELECT id FROM accounts WHERE email LIKE 'gone%')`)
-	c.exec(`INSERT INTO accounts (email, login) VALUES ('used@x', 'used')`)
-	c.exec(`UPDATE tokens SET consumed_at = extract(epoch FROM now()) WHERE account = (SELECT id FROM accounts WHERE email = 'used@x')`)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'during' || g || '@x', 'during' || g FROM generate_series(1, 3000) g`)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'gone' || g || '@x', 'gone' || g FROM generate_series(1, 7) g`)
+	c.Exec(`UPDATE tokens SET expires_at = extract(epoch FROM now())::int - 1 WHERE account IN (SELECT id FROM accounts WHERE email LIKE 'gone%')`)
+	c.Exec(`INSERT INTO accounts (email, login) VALUES ('used@x', 'used')`)
+	c.Exec(`UPDATE tokens SET consumed_at = extract(epoch FROM now()) WHERE account = (SELECT id FROM accounts WHERE email = 'used@x')`)
 	c.loseSlot()
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'lost' || g || '@x', 'lost' || g FROM generate_series(1, 5) g`)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'lost' || g || '@x', 'lost' || g FROM generate_series(1, 5) g`)
 
 	// One message per token, one at a time: slow enough to be killed half
 	// way.
@@ -148,7 +149,7 @@ func TestResyncAfterLostSlot(t *testing.T) {
 	// Until the resync is finished, tailer run must not stream.
 	p := c.tailer()
 	p.waitLog("did not finish", 1, 20*time.Second)
-	c.exec(`INSERT INTO accounts (email, login) VALUES ('waiting@x', 'waiting')`)
+	c.Exec(`INSERT INTO accounts (email, login) VALUES ('waiting@x', 'waiting')`)
 	time.Sleep(time.Second)
 	if n := c.streamMsgs(); n != halfway {
 		t.Fatalf("tailer run published %d messages while the resync was unfinished", n-halfway)
@@ -170,7 +171,7 @@ func TestResyncAfterLostSlot(t *testing.T) {
 
 	p = c.tailer()
 	p.waitLog("streaming", 1, 20*time.Second)
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'after' || g || '@x', 'after' || g FROM generate_series(1, 5) g`)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'after' || g || '@x', 'after' || g FROM generate_series(1, 5) g`)
 	n := c.expectOnStream(`SELECT t.id FROM tokens t JOIN accounts a ON a.id = t.account WHERE a.email NOT LIKE 'gone%' AND a.email <> 'used@x' ORDER BY t.id`, 60*time.Second)
 	if n != 5+3000+5+1+5 {
 		t.Fatalf("%d tokens expected on the stream", n)
@@ -186,8 +187,8 @@ func TestResyncAfterLostSlot(t *testing.T) {
 func TestVanishedSlot(t *testing.T) {
 	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
 	c.publishThenStop("v", 5)
-	c.exec(`SELECT pg_drop_replication_slot('mailroom')`)
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'dropped' || g || '@x', 'dropped' || g FROM generate_series(1, 5) g`)
+	c.Exec(`SELECT pg_drop_replication_slot('mailroom')`)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'dropped' || g || '@x', 'dropped' || g FROM generate_series(1, 5) g`)
 
 	p := c.tailer()
 	p.waitLog("does not exist, but stream MAILROOM holds batches", 1, 20*time.Second)
@@ -195,11 +196,11 @@ func TestVanishedSlot(t *testing.T) {
 		t.Errorf("the refusal does not name tailer resync:\n%s", p.out.String())
 	}
 	p.kill()
-	if _, err := c.db.Exec(c.ctx, `SELECT 1 FROM pg_replication_slots WHERE slot_name = 'mailroom'`); err != nil {
+	if _, err := c.Conn.Exec(c.ctx, `SELECT 1 FROM pg_replication_slots WHERE slot_name = 'mailroom'`); err != nil {
 		t.Fatal(err)
 	}
 	var n int
-	c.db.QueryRow(c.ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'mailroom'`).Scan(&n)
+	c.Conn.QueryRow(c.ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'mailroom'`).Scan(&n)
 	if n != 0 {
 		t.Fatal("tailer run recreated the slot")
 	}
@@ -207,7 +208,7 @@ func TestVanishedSlot(t *testing.T) {
 	p = c.tailer("MAILROOM_AUTO_RESYNC=true")
 	p.waitLog("slot resynced", 1, 30*time.Second)
 	p.waitLog("streaming", 1, 20*time.Second)
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'later' || g || '@x', 'later' || g FROM generate_series(1, 5) g`)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'later' || g || '@x', 'later' || g FROM generate_series(1, 5) g`)
 	if n := c.expectExactlyOnce(30 * time.Second); n != 15 {
 		t.Fatalf("%d tokens", n)
 	}
@@ -218,12 +219,12 @@ func TestVanishedSlot(t *testing.T) {
 // again), nothing before it, and tailer run goes on from the slot.
 func TestMigrateAdoptsCollector(t *testing.T) {
 	c := newClusterWithoutSlot(t, pgtest.Shared(t), 10, 100*time.Millisecond)
-	c.exec(`CREATE TYPE job_type AS ENUM ('mailroom')`)
-	c.exec(`CREATE TABLE jobs (job_type job_type PRIMARY KEY, last_seq BIGINT)`)
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'c' || g || '@x', 'c' || g FROM generate_series(1, 30) g`)
-	c.exec(`INSERT INTO jobs VALUES ('mailroom', (SELECT id FROM tokens ORDER BY id OFFSET 9 LIMIT 1))`)
-	c.exec(`UPDATE tokens SET consumed_at = extract(epoch FROM now()) WHERE id = (SELECT last_seq + 5 FROM jobs)`)
-	c.exec(`UPDATE tokens SET expires_at = extract(epoch FROM now())::int - 1 WHERE id = (SELECT last_seq + 10 FROM jobs)`)
+	c.Exec(`CREATE TYPE job_type AS ENUM ('mailroom')`)
+	c.Exec(`CREATE TABLE jobs (job_type job_type PRIMARY KEY, last_seq BIGINT)`)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'c' || g || '@x', 'c' || g FROM generate_series(1, 30) g`)
+	c.Exec(`INSERT INTO jobs VALUES ('mailroom', (SELECT id FROM tokens ORDER BY id OFFSET 9 LIMIT 1))`)
+	c.Exec(`UPDATE tokens SET consumed_at = extract(epoch FROM now()) WHERE id = (SELECT last_seq + 5 FROM jobs)`)
+	c.Exec(`UPDATE tokens SET expires_at = extract(epoch FROM now())::int - 1 WHERE id = (SELECT last_seq + 10 FROM jobs)`)
 
 	for i := 0; i < 2; i++ {
 		m := c.command([]string{"migrate"})
@@ -241,7 +242,7 @@ func TestMigrateAdoptsCollector(t *testing.T) {
 
 	p := c.tailer()
 	p.waitLog("streaming", 1, 20*time.Second)
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'n' || g || '@x', 'n' || g FROM generate_series(1, 5) g`)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'n' || g || '@x', 'n' || g FROM generate_series(1, 5) g`)
 	if n := c.expectOnStream(want, 30*time.Second); n != 23 {
 		t.Fatalf("%d tokens after the cursor", n)
 	}
@@ -343,7 +344,7 @@ func TestStreamConfigurations(t *testing.T) {
 				t.Fatal(w.err)
 			}
 			p := c.tailer()
-			rows, _ := c.db.Query(c.ctx, `SELECT id FROM tokens ORDER BY id`)
+			rows, _ := c.Conn.Query(c.ctx, `SELECT id FROM tokens ORDER BY id`)
 			want, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 			if err != nil {
 				t.Fatal(err)
@@ -388,9 +389,9 @@ func (c *cluster) lastTokenOnStream() int64 {
 	if err != nil {
 		return 0
 	}
+	ids, _ := tailertest.TokenIDs(m)
 	var last int64
-	for _, f := range strings.Split(m.Header.Get(wire.HeaderTokenIDs), ",") {
-		id, _ := strconv.ParseInt(f, 10, 64)
+	for _, id := range ids {
 		last = max(last, id)
 	}
 	return last
@@ -506,14 +507,14 @@ func TestLatePublishAfterTakeover(t *testing.T) {
 	b.waitLog("standing by", 1, 30*time.Second)
 	// Seven tokens: a batch cut by the timeout, published into the proxy.
 	arm()
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'late' || g || '@x', 'late' || g FROM generate_series(1, 7) g`)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'late' || g || '@x', 'late' || g FROM generate_series(1, 7) g`)
 	a.waitLog("batch cut", 1, 10*time.Second)
 	time.Sleep(100 * time.Millisecond)
 	a.kill()
 	// The standby replays thirteen: its first batch (ten, cut by the
 	// limit) has another id than the late one, so JetStream's duplicate
 	// window does not tell them apart.
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'next' || g || '@x', 'next' || g FROM generate_series(1, 6) g`)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'next' || g || '@x', 'next' || g FROM generate_series(1, 6) g`)
 	b.waitLog("msg=streaming", 1, 15*time.Second)
 	time.Sleep(4 * time.Second)
 	if n := c.expectExactlyOnce(30 * time.Second); n != 13 {

@@ -19,6 +19,7 @@ import (
 	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/testutil/pgtest"
+	"github.com/mailroom/tailer/testutil/tailertest"
 )
 
 // subscriber runs tailer subscribe with stdout appended to out.
@@ -31,7 +32,7 @@ func (c *cluster) subscriber(out string, args ...string) *proc {
 	defer f.Close()
 	cmd := exec.Command(tailerBin, append([]string{"subscribe"}, args...)...)
 	cmd.Env = append(os.Environ(), "MAILROOM_NATS_URL="+c.natsURL())
-	p := &proc{t: c.t, cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	p := &proc{t: c.t, cmd: cmd, out: &tailertest.Buffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = f, p.out
 	if err := cmd.Start(); err != nil {
 		c.t.Fatal(err)
@@ -46,7 +47,7 @@ func (c *cluster) signedTokens() map[int64]string {
 	c.t.Helper()
 	key, _ := publish.ParseKey(goodKey)
 	signer, _ := publish.NewSigner(key)
-	rows, err := c.db.Query(c.ctx, `SELECT id, action::text, secret, coalesce(code, '') FROM tokens`)
+	rows, err := c.Conn.Query(c.ctx, `SELECT id, action::text, secret, coalesce(code, '') FROM tokens`)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -112,7 +113,7 @@ func TestSubscribeSurvivesKills(t *testing.T) {
 	c := newCluster(t, pgtest.Shared(t), 1, 50*time.Millisecond)
 	c.tailer()
 	for i := 0; i < 100; i++ {
-		c.exec(`INSERT INTO accounts (email, login) SELECT 'k' || $1::int || '_' || g || '@x', 'k' || $1::int || '_' || g FROM generate_series(1, 10) g`, i)
+		c.Exec(`INSERT INTO accounts (email, login) SELECT 'k' || $1::int || '_' || g || '@x', 'k' || $1::int || '_' || g FROM generate_series(1, 10) g`, i)
 	}
 	c.expectExactlyOnce(60 * time.Second)
 	want := c.signedTokens()
@@ -210,11 +211,11 @@ func TestSubscribeSurvivesKills(t *testing.T) {
 func TestSubscribeMaxTokensPerLine(t *testing.T) {
 	c := newCluster(t, pgtest.Shared(t), 25, 100*time.Millisecond)
 	c.tailer()
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'm' || g || '@x', 'm' || g FROM generate_series(1, 60) g`)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'm' || g || '@x', 'm' || g FROM generate_series(1, 60) g`)
 	c.expectExactlyOnce(30 * time.Second)
 	// The tokens in stream order.
 	var streamOrder []int64
-	rows, _ := c.db.Query(c.ctx, `SELECT id FROM tokens ORDER BY id`)
+	rows, _ := c.Conn.Query(c.ctx, `SELECT id FROM tokens ORDER BY id`)
 	streamOrder, _ = pgx.CollectRows(rows, pgx.RowTo[int64])
 	signed := c.signedTokens()
 
@@ -276,18 +277,18 @@ func TestSubscribeBadFlags(t *testing.T) {
 func TestSubjectPerAction(t *testing.T) {
 	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
 	c.tailer("MAILROOM_SUBJECT_PER_ACTION=true")
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'p' || g || '@x', 'p' || g FROM generate_series(1, 40) g`)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'p' || g || '@x', 'p' || g FROM generate_series(1, 40) g`)
 	c.expectExactlyOnce(30 * time.Second)
 	// Half of them activate, then ask for recoveries, interleaved with new
 	// accounts' activation tokens.
-	c.exec(`UPDATE tokens SET consumed_at = 1 WHERE account % 2 = 0`)
+	c.Exec(`UPDATE tokens SET consumed_at = 1 WHERE account % 2 = 0`)
 	for i := 0; i < 10; i++ {
-		c.exec(`INSERT INTO tokens (account, action) SELECT id, 'password_recovery' FROM accounts WHERE status = 'active' AND id % 10 = $1 % 5 * 2`, i)
-		c.exec(`INSERT INTO accounts (email, login) VALUES ('q' || $1::int || '@x', 'q' || $1::int)`, i)
+		c.Exec(`INSERT INTO tokens (account, action) SELECT id, 'password_recovery' FROM accounts WHERE status = 'active' AND id % 10 = $1 % 5 * 2`, i)
+		c.Exec(`INSERT INTO accounts (email, login) VALUES ('q' || $1::int || '@x', 'q' || $1::int)`, i)
 	}
 	total := c.expectExactlyOnce(30 * time.Second)
 	var recoveries int
-	c.db.QueryRow(c.ctx, `SELECT count(*) FROM tokens WHERE action = 'password_recovery'`).Scan(&recoveries)
+	c.Conn.QueryRow(c.ctx, `SELECT count(*) FROM tokens WHERE action = 'password_recovery'`).Scan(&recoveries)
 	if recoveries == 0 || recoveries == total {
 		t.Fatalf("%d recoveries of %d tokens: the test needs both actions", recoveries, total)
 	}
@@ -298,22 +299,18 @@ func TestSubjectPerAction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer done()
-	info, err := stream.Info(c.ctx)
+	msgs, err := tailertest.StoredMessages(c.ctx, stream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
-		m, err := stream.GetMsg(c.ctx, seq)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, m := range msgs {
 		b, err := consume.Decode(m.Header, m.Data)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, tok := range b.Tokens {
 			if m.Subject != "mailroom.batches."+tok.Action {
-				t.Fatalf("message %d on %s holds a %s token", seq, m.Subject, tok.Action)
+				t.Fatalf("message %d on %s holds a %s token", m.Sequence, m.Subject, tok.Action)
 			}
 		}
 	}
@@ -401,10 +398,10 @@ func TestHostileFieldsDoNotBreakLines(t *testing.T) {
 						values = append(values, fmt.Sprintf(hostile[i], tx))
 					}
 				}
-				c.exec(`INSERT INTO accounts (email, login) VALUES ` + strings.Join(values, ","))
+				c.Exec(`INSERT INTO accounts (email, login) VALUES ` + strings.Join(values, ","))
 			}
 			signed := c.signedTokens()
-			rows, _ := c.db.Query(c.ctx, `SELECT t.id FROM tokens t JOIN accounts a ON a.id = t.account WHERE a.email LIKE 'ok%'`)
+			rows, _ := c.Conn.Query(c.ctx, `SELECT t.id FROM tokens t JOIN accounts a ON a.id = t.account WHERE a.email LIKE 'ok%'`)
 			normal, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 			if err != nil || len(normal) != 80 || len(signed) != 120 {
 				t.Fatalf("%d normal of %d tokens: %v", len(normal), len(signed), err)
@@ -461,19 +458,15 @@ func (c *cluster) expectStreamHolds(n int) {
 		if err != nil {
 			c.t.Fatal(err)
 		}
-		info, err := s.Info(c.ctx)
+		msgs, err := tailertest.StoredMessages(c.ctx, s)
+		done()
 		if err != nil {
 			c.t.Fatal(err)
 		}
 		total := 0
-		for seq := info.State.FirstSeq; info.State.LastSeq > 0 && seq <= info.State.LastSeq; seq++ {
-			m, err := s.GetMsg(c.ctx, seq)
-			if err != nil {
-				c.t.Fatal(err)
-			}
+		for _, m := range msgs {
 			total += len(checkLines(c.t, string(m.Data), 1<<30))
 		}
-		done()
 		if total == n {
 			return
 		}
@@ -506,12 +499,12 @@ func TestDedupSurvivesReusedIDs(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'first' || g || '@x', 'first' || g FROM generate_series(1, 50) g`)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'first' || g || '@x', 'first' || g FROM generate_series(1, 50) g`)
 	waitTokens(50)
-	c.exec(`TRUNCATE tokens RESTART IDENTITY`)
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'second' || g || '@x', 'second' || g FROM generate_series(1, 50) g`)
+	c.Exec(`TRUNCATE tokens RESTART IDENTITY`)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'second' || g || '@x', 'second' || g FROM generate_series(1, 50) g`)
 	var maxID int64
-	if err := c.db.QueryRow(c.ctx, `SELECT max(id) FROM tokens`).Scan(&maxID); err != nil || maxID != 50 {
+	if err := c.Conn.QueryRow(c.ctx, `SELECT max(id) FROM tokens`).Scan(&maxID); err != nil || maxID != 50 {
 		t.Fatalf("ids after RESTART IDENTITY go up to %d (%v): the test needs reused ids", maxID, err)
 	}
 	got := waitTokens(100)

@@ -112,7 +112,7 @@ func TestNATSAuthentication(t *testing.T) {
 			}
 			p = c.tailer(tc.good...)
 			p.waitLog("msg=streaming", 1, 30*time.Second)
-			c.exec(`INSERT INTO accounts (email, login) SELECT 'auth' || g || '@x', 'auth' || g FROM generate_series(1, 5) g`)
+			c.Exec(`INSERT INTO accounts (email, login) SELECT 'auth' || g || '@x', 'auth' || g FROM generate_series(1, 5) g`)
 			if n := c.expectExactlyOnce(30 * time.Second); n != 5 {
 				t.Fatalf("%d tokens", n)
 			}
@@ -143,7 +143,7 @@ func TestPostgresVerifyFull(t *testing.T) {
 	t.Cleanup(func() { pg.Close() })
 	c := newCluster(t, pg, 10, 100*time.Millisecond)
 	verify := func(ca string) string {
-		return strings.Replace(c.dbURL, "sslmode=disable", "sslmode=verify-full&sslrootcert="+ca, 1)
+		return strings.Replace(c.URL, "sslmode=disable", "sslmode=verify-full&sslrootcert="+ca, 1)
 	}
 
 	p := c.tailer("MAILROOM_DATABASE_URL=" + verify(other.CA))
@@ -153,12 +153,12 @@ func TestPostgresVerifyFull(t *testing.T) {
 
 	p = c.tailer("MAILROOM_DATABASE_URL=" + verify(certs.CA))
 	p.waitLog("msg=streaming", 1, 30*time.Second)
-	c.exec(`INSERT INTO accounts (email, login) SELECT 'tls' || g || '@x', 'tls' || g FROM generate_series(1, 5) g`)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'tls' || g || '@x', 'tls' || g FROM generate_series(1, 5) g`)
 	if n := c.expectExactlyOnce(30 * time.Second); n != 5 {
 		t.Fatalf("%d tokens", n)
 	}
 	var plain, encrypted int
-	if err := c.db.QueryRow(c.ctx, `
+	if err := c.Conn.QueryRow(c.ctx, `
 		SELECT count(*) FILTER (WHERE NOT s.ssl), count(*) FILTER (WHERE s.ssl)
 		FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
 		WHERE a.application_name = 'tailer'`).Scan(&plain, &encrypted); err != nil {

@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -30,8 +29,8 @@ import (
 	"github.com/mailroom/tailer/publish/embedded"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
-	"github.com/mailroom/tailer/testutil/dbtest"
 	"github.com/mailroom/tailer/testutil/pgtest"
+	"github.com/mailroom/tailer/testutil/tailertest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -40,37 +39,15 @@ const testKeyHex = "cafebabecafebabecafebabecafebabecafebabecafebabecafebabecafe
 
 // env is one tailer under test: its own database, slot and NATS server.
 type env struct {
+	*tailertest.DB
 	t    *testing.T
 	ctx  context.Context
 	cfg  *config.Config
-	db   *pgx.Conn
 	nc   *nats.Conn
 	js   jetstream.JetStream
 	d    *Daemon
-	logs *logBuffer
+	logs *tailertest.Buffer
 	stop func() // stops the tailer gracefully and waits for it
-}
-
-// logBuffer keeps the tailer's log for assertions and passes it on to the
-// test log.
-type logBuffer struct {
-	t  *testing.T
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	l.b.Write(p)
-	l.mu.Unlock()
-	l.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 type envOpts struct {
@@ -87,8 +64,8 @@ func newEnv(t *testing.T, o envOpts) *env {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
-	url, db := dbtest.New(t, pgtest.Shared(t))
-	if _, err := replication.EnsureSlot(ctx, db, "mailroom"); err != nil {
+	db := tailertest.NewDB(t, pgtest.Shared(t))
+	if _, err := replication.EnsureSlot(ctx, db.Conn, "mailroom"); err != nil {
 		t.Fatal(err)
 	}
 	var srv *server.Server
@@ -114,7 +91,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	}
 	cfg, _, err := config.Load("test", runVarsForTest, []string{"--http-addr="}, func(k string) string {
 		return map[string]string{
-			"MAILROOM_DATABASE_URL":  url,
+			"MAILROOM_DATABASE_URL":  db.URL,
 			"MAILROOM_SECRET_KEY":    testKeyHex,
 			"MAILROOM_BATCH_LIMIT":   strconv.Itoa(o.limit),
 			"MAILROOM_BATCH_TIMEOUT": strconv.Itoa(int(o.timeout / time.Millisecond)),
@@ -134,7 +111,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	}
 	t.Cleanup(nc.Close)
 	js, _ := jetstream.New(nc)
-	e := &env{t: t, ctx: ctx, cfg: cfg, db: db, nc: nc, js: js}
+	e := &env{DB: db, t: t, ctx: ctx, cfg: cfg, nc: nc, js: js}
 	e.start()
 	return e
 }
@@ -144,7 +121,7 @@ var runVarsForTest = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SECRET_KEY", "M
 // start runs the tailer in the background until stop is called.
 func (e *env) start() {
 	ctx, cancel := context.WithCancel(e.ctx)
-	e.logs = &logBuffer{t: e.t}
+	e.logs = &tailertest.Buffer{TB: e.t}
 	d := New(e.cfg, NewLogger("text", e.cfg.LogLevel, e.logs))
 	e.d = d
 	done := make(chan error, 1)
@@ -168,52 +145,13 @@ func (e *env) start() {
 	e.t.Cleanup(e.stop)
 }
 
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
-
-func (e *env) exec(sql string, args ...any) {
-	e.t.Helper()
-	pgtest.Exec(e.t, e.ctx, e.db, sql, args...)
-}
-
-func (e *env) walLSN() pglogrepl.LSN {
-	e.t.Helper()
-	return pgtest.WalLSN(e.t, e.ctx, e.db)
-}
-
-func (e *env) confirmed() pglogrepl.LSN {
-	e.t.Helper()
-	s, err := replication.Slot(e.ctx, e.db, "mailroom")
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return s.ConfirmedFlush
-}
-
-// waitConfirmed waits until the slot is confirmed at or past lsn.
-func (e *env) waitConfirmed(lsn pglogrepl.LSN) {
-	e.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for e.confirmed() < lsn {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("slot confirmed at %s, still before %s", e.confirmed(), lsn)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // published is one message read back from the stream.
 type published struct {
-	seq       uint64
-	header    nats.Header
-	body      []byte
-	ids       []int64
-	count     int
-	recvOrder int
+	seq    uint64
+	header nats.Header
+	body   []byte
+	ids    []int64
+	count  int
 }
 
 // messages reads every message on the stream until it holds at least n
@@ -243,24 +181,16 @@ func (e *env) readAll() []published {
 	if err != nil {
 		return nil
 	}
-	info, err := stream.Info(e.ctx)
+	msgs, err := tailertest.StoredMessages(e.ctx, stream)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	var out []published
-	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.LastSeq > 0; seq++ {
-		m, err := stream.GetMsg(e.ctx, seq)
-		if err != nil {
-			e.t.Fatalf("get msg %d: %v", seq, err)
-		}
-		p := published{seq: seq, header: m.Header, body: m.Data}
+	for _, m := range msgs {
+		p := published{seq: m.Sequence, header: m.Header, body: m.Data}
 		p.count, _ = strconv.Atoi(m.Header.Get(wire.HeaderCount))
-		for _, s := range strings.Split(m.Header.Get(wire.HeaderTokenIDs), ",") {
-			id, err := strconv.ParseInt(s, 10, 64)
-			if err != nil {
-				e.t.Fatalf("msg %d: token ids %q", seq, m.Header.Get(wire.HeaderTokenIDs))
-			}
-			p.ids = append(p.ids, id)
+		if p.ids, err = tailertest.TokenIDs(m); err != nil {
+			e.t.Fatal(err)
 		}
 		out = append(out, p)
 	}
@@ -272,7 +202,7 @@ func (e *env) readAll() []published {
 func (e *env) collectorLine(ids []int64) []byte {
 	e.t.Helper()
 	key, _ := hex.DecodeString(testKeyHex)
-	rows, err := e.db.Query(e.ctx, `
+	rows, err := e.Conn.Query(e.ctx, `
 		SELECT t.action::text, a.email, a.login, t.secret, coalesce(t.code, '')
 		FROM tokens t JOIN accounts a ON a.id = t.account
 		WHERE t.id = ANY($1) ORDER BY array_position($1, t.id)`, ids)
@@ -307,30 +237,30 @@ func TestEndToEnd(t *testing.T) {
 
 	// 1,000 accounts in 100 transactions of 10: 1,000 activation tokens.
 	for tx := 0; tx < 100; tx++ {
-		e.exec(`INSERT INTO accounts (email, login)
+		e.Exec(`INSERT INTO accounts (email, login)
 			SELECT 'user' || g || '@example.com', 'user' || g FROM generate_series($1::int, $1::int + 9) g`, tx*10+1)
 	}
 	msgs := e.messages(1000)
 	// Activate them (consume their activation tokens), then ask for 200
 	// password recoveries, one transaction each.
-	e.exec(`UPDATE tokens SET consumed_at = extract(epoch FROM now()) WHERE action = 'activation'`)
+	e.Exec(`UPDATE tokens SET consumed_at = extract(epoch FROM now()) WHERE action = 'activation'`)
 	var recoveryAccounts []int64
-	rows, _ := e.db.Query(e.ctx, `SELECT id FROM accounts WHERE status = 'active' ORDER BY id LIMIT 200`)
+	rows, _ := e.Conn.Query(e.ctx, `SELECT id FROM accounts WHERE status = 'active' ORDER BY id LIMIT 200`)
 	recoveryAccounts, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil || len(recoveryAccounts) != 200 {
 		t.Fatalf("active accounts: %d, %v", len(recoveryAccounts), err)
 	}
 	for _, id := range recoveryAccounts {
-		e.exec(`INSERT INTO tokens (account, action) VALUES ($1, 'password_recovery')`, id)
+		e.Exec(`INSERT INTO tokens (account, action) VALUES ($1, 'password_recovery')`, id)
 	}
 	// Three more: fewer than the limit, so only the timeout can cut them.
 	for _, id := range recoveryAccounts[:3] {
-		e.exec(`INSERT INTO tokens (account, action) VALUES ($1, 'password_recovery')`, id)
+		e.Exec(`INSERT INTO tokens (account, action) VALUES ($1, 'password_recovery')`, id)
 	}
 	msgs = e.messages(1203)
 
 	var want []int64
-	rows, _ = e.db.Query(e.ctx, `SELECT id FROM tokens ORDER BY id`)
+	rows, _ = e.Conn.Query(e.ctx, `SELECT id FROM tokens ORDER BY id`)
 	want, _ = pgx.CollectRows(rows, pgx.RowTo[int64])
 	if len(want) != 1203 {
 		t.Fatalf("tokens in the table: %d", len(want))
@@ -387,7 +317,7 @@ func TestEndToEnd(t *testing.T) {
 			t.Fatalf("token %d published at position %d, want token %d (commit order)", got[i], i, want[i])
 		}
 	}
-	e.waitConfirmed(e.walLSN())
+	e.WaitConfirmed("mailroom", e.WalLSN(), 30*time.Second)
 }
 
 func mustKey(t *testing.T) []byte {
@@ -400,12 +330,12 @@ func mustKey(t *testing.T) []byte {
 
 func TestSkippedTokensAreNotPublishedButConfirmed(t *testing.T) {
 	e := newEnv(t, envOpts{limit: 10, timeout: 200 * time.Millisecond})
-	e.exec(`INSERT INTO accounts (email, login, status) VALUES
+	e.Exec(`INSERT INTO accounts (email, login, status) VALUES
 		('active@example.com', 'active', 'active'),
 		('suspended@example.com', 'suspended', 'active')`)
-	e.exec(`UPDATE accounts SET status = 'suspended' WHERE login = 'suspended'`)
+	e.Exec(`UPDATE accounts SET status = 'suspended' WHERE login = 'suspended'`)
 
-	tx, err := e.db.Begin(e.ctx)
+	tx, err := e.Conn.Begin(e.ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -427,15 +357,15 @@ func TestSkippedTokensAreNotPublishedButConfirmed(t *testing.T) {
 	if err := tx.Commit(e.ctx); err != nil {
 		t.Fatal(err)
 	}
-	after := e.walLSN()
+	after := e.WalLSN()
 	// Nothing in that transaction is eligible, yet the slot moves past it.
-	e.waitConfirmed(after)
+	e.WaitConfirmed("mailroom", after, 30*time.Second)
 	if msgs := e.readAll(); len(msgs) != 0 {
 		t.Fatalf("published %d messages for ineligible tokens: %s", len(msgs), msgs[0].body)
 	}
 
 	// A deleted token is skipped too; the eligible one behind it arrives.
-	tx, _ = e.db.Begin(e.ctx)
+	tx, _ = e.Conn.Begin(e.ctx)
 	tx.Exec(e.ctx, `INSERT INTO tokens (account, action, code) SELECT id, 'password_recovery', '55555' FROM accounts WHERE login = 'active'`)
 	tx.Exec(e.ctx, `DELETE FROM tokens WHERE code = '55555'`)
 	tx.Exec(e.ctx, `INSERT INTO tokens (account, action, code) SELECT id, 'password_recovery', '12345' FROM accounts WHERE login = 'active'`)
@@ -446,7 +376,7 @@ func TestSkippedTokensAreNotPublishedButConfirmed(t *testing.T) {
 	if len(msgs) != 1 || msgs[0].count != 1 || !bytes.HasSuffix(msgs[0].body, []byte(",12345")) {
 		t.Fatalf("messages = %+v", msgs)
 	}
-	e.waitConfirmed(e.walLSN())
+	e.WaitConfirmed("mailroom", e.WalLSN(), 30*time.Second)
 }
 
 func TestLargeTransactionConfirmedOnlyAfterLastBatch(t *testing.T) {
@@ -454,7 +384,7 @@ func TestLargeTransactionConfirmedOnlyAfterLastBatch(t *testing.T) {
 	// No timeout cut can happen during the test: the last partial batch of
 	// the big transaction waits until more tokens fill it.
 	e := newEnv(t, envOpts{limit: limit, timeout: time.Hour})
-	e.exec(`INSERT INTO accounts (email, login) SELECT 'big' || g || '@example.com', 'big' || g FROM generate_series(1, 2500) g`)
+	e.Exec(`INSERT INTO accounts (email, login) SELECT 'big' || g || '@example.com', 'big' || g FROM generate_series(1, 2500) g`)
 
 	msgs := e.messages(2000)
 	if len(msgs) != 2 || msgs[0].count != limit || msgs[1].count != limit {
@@ -471,20 +401,20 @@ func TestLargeTransactionConfirmedOnlyAfterLastBatch(t *testing.T) {
 	// LSN is at or after confirmed_flush_lsn. (Positions inside the
 	// transaction, from keepalives sent while it streamed, are safe.)
 	time.Sleep(2 * time.Second)
-	if c := e.confirmed(); c > commitLSN {
+	if c := e.ConfirmedLSN("mailroom"); c > commitLSN {
 		t.Fatalf("slot confirmed at %s, past the commit %s of a transaction whose last 500 tokens are unpublished", c, commitLSN)
 	}
 
 	// 500 more tokens fill the third batch.
-	e.exec(`INSERT INTO accounts (email, login) SELECT 'more' || g || '@example.com', 'more' || g FROM generate_series(1, 500) g`)
+	e.Exec(`INSERT INTO accounts (email, login) SELECT 'more' || g || '@example.com', 'more' || g FROM generate_series(1, 500) g`)
 	msgs = e.messages(3000)
 	if len(msgs) != 3 || msgs[2].count != limit {
 		t.Fatalf("got %d messages", len(msgs))
 	}
-	e.waitConfirmed(e.walLSN())
+	e.WaitConfirmed("mailroom", e.WalLSN(), 30*time.Second)
 
 	var streamed int64
-	if err := e.db.QueryRow(e.ctx, `SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = 'mailroom'`).Scan(&streamed); err != nil {
+	if err := e.Conn.QueryRow(e.ctx, `SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = 'mailroom'`).Scan(&streamed); err != nil {
 		t.Fatal(err)
 	}
 	if streamed == 0 {
@@ -498,9 +428,9 @@ func TestLargeTransactionConfirmedOnlyAfterLastBatch(t *testing.T) {
 func TestHugeStreamedTransactionExactlyOnce(t *testing.T) {
 	const n, limit = 20_000, 1000
 	e := newEnv(t, envOpts{limit: limit, timeout: 200 * time.Millisecond})
-	e.exec(`INSERT INTO accounts (email, login) SELECT 'huge' || g || '@example.com', 'huge' || g FROM generate_series(1, $1) g`, n)
+	e.Exec(`INSERT INTO accounts (email, login) SELECT 'huge' || g || '@example.com', 'huge' || g FROM generate_series(1, $1) g`, n)
 	var lo, hi int64
-	if err := e.db.QueryRow(e.ctx, `SELECT min(id), max(id) FROM tokens`).Scan(&lo, &hi); err != nil {
+	if err := e.Conn.QueryRow(e.ctx, `SELECT min(id), max(id) FROM tokens`).Scan(&lo, &hi); err != nil {
 		t.Fatal(err)
 	}
 	msgs := e.messages(n)
@@ -516,9 +446,9 @@ func TestHugeStreamedTransactionExactlyOnce(t *testing.T) {
 	if next != hi+1 {
 		t.Fatalf("published tokens %d..%d, want %d..%d", lo, next-1, lo, hi)
 	}
-	e.waitConfirmed(e.walLSN())
+	e.WaitConfirmed("mailroom", e.WalLSN(), 30*time.Second)
 	var streamed int64
-	if err := e.db.QueryRow(e.ctx, `SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = 'mailroom'`).Scan(&streamed); err != nil {
+	if err := e.Conn.QueryRow(e.ctx, `SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = 'mailroom'`).Scan(&streamed); err != nil {
 		t.Fatal(err)
 	}
 	if streamed == 0 {
@@ -540,7 +470,7 @@ func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64
 
 func TestStreamFailureKeepsItsCause(t *testing.T) {
 	e := newEnv(t, envOpts{limit: 10, timeout: 100 * time.Millisecond})
-	e.exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'mailroom'`)
+	e.Exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'mailroom'`)
 	deadline := time.Now().Add(30 * time.Second)
 	for counterValue(t, e.d.metrics.reconnects.WithLabelValues(targetPostgres)) < 1 {
 		if time.Now().After(deadline) {
@@ -559,15 +489,15 @@ func TestStreamFailureKeepsItsCause(t *testing.T) {
 		t.Errorf("the session's error was replaced by the pipeline's cancellation:\n%s", logs)
 	}
 	// And it recovers: a token after the failure is published.
-	e.exec(`INSERT INTO accounts (email, login) VALUES ('after@example.com', 'after')`)
+	e.Exec(`INSERT INTO accounts (email, login) VALUES ('after@example.com', 'after')`)
 	e.messages(1)
 
 	// Each session publishes on a JetStream context of its own and cleans
 	// it up: the connection's subscriptions do not grow with sessions.
 	subs := e.d.nc.Load().NumSubscriptions()
 	for i := 2; i <= 4; i++ {
-		e.exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'mailroom'`)
-		e.exec(`INSERT INTO accounts (email, login) VALUES ($1, $2)`, fmt.Sprintf("after%d@example.com", i), fmt.Sprintf("after%d", i))
+		e.Exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'mailroom'`)
+		e.Exec(`INSERT INTO accounts (email, login) VALUES ($1, $2)`, fmt.Sprintf("after%d@example.com", i), fmt.Sprintf("after%d", i))
 		e.messages(i)
 	}
 	if n := e.d.nc.Load().NumSubscriptions(); n > subs {
@@ -583,7 +513,7 @@ func TestBatchesFitMaxPayload(t *testing.T) {
 		t.Run(format, func(t *testing.T) {
 			e := newEnv(t, envOpts{limit: 1000, timeout: 200 * time.Millisecond, format: format, maxPayload: maxPayload})
 			// 600-byte lines, 1,000 to a batch: ten times the limit.
-			e.exec(`INSERT INTO accounts (email, login)
+			e.Exec(`INSERT INTO accounts (email, login)
 				SELECT lpad(g::text, 240, 'e') || '@example.com', lpad(g::text, 250, 'l') FROM generate_series(1, 1000) g`)
 			msgs := e.messages(1000)
 			seen := map[int64]bool{}
@@ -607,7 +537,7 @@ func TestBatchesFitMaxPayload(t *testing.T) {
 			if len(seen) != 1000 || len(msgs) < 10 {
 				t.Fatalf("%d tokens in %d messages", len(seen), len(msgs))
 			}
-			e.waitConfirmed(e.walLSN())
+			e.WaitConfirmed("mailroom", e.WalLSN(), 30*time.Second)
 		})
 	}
 }
@@ -627,10 +557,10 @@ func TestLineMatchesCollector(t *testing.T) {
 
 func testLineMatchesCollector(t *testing.T, o envOpts) {
 	e := newEnv(t, o)
-	e.exec(`INSERT INTO accounts (email, login) SELECT 'c' || g || '@fake.mail', 'login' || g FROM generate_series(1, 4) g`)
-	e.exec(`INSERT INTO accounts (email, login, status) VALUES ('r@fake.mail', 'rlogin', 'active')`)
-	e.exec(`INSERT INTO tokens (account, action) SELECT id, 'password_recovery' FROM accounts WHERE login = 'rlogin'`)
-	e.exec(`INSERT INTO accounts (email, login) VALUES ('last@fake.mail', 'last')`)
+	e.Exec(`INSERT INTO accounts (email, login) SELECT 'c' || g || '@fake.mail', 'login' || g FROM generate_series(1, 4) g`)
+	e.Exec(`INSERT INTO accounts (email, login, status) VALUES ('r@fake.mail', 'rlogin', 'active')`)
+	e.Exec(`INSERT INTO tokens (account, action) SELECT id, 'password_recovery' FROM accounts WHERE login = 'rlogin'`)
+	e.Exec(`INSERT INTO accounts (email, login) VALUES ('last@fake.mail', 'last')`)
 	msgs := e.messages(6)
 	for _, m := range msgs {
 		want := e.collectorLine(m.ids)
@@ -645,7 +575,7 @@ func testLineMatchesCollector(t *testing.T, o envOpts) {
 
 func TestJSONFormat(t *testing.T) {
 	e := newEnv(t, envOpts{limit: 10, timeout: 100 * time.Millisecond, format: "json"})
-	e.exec(`INSERT INTO accounts (email, login) VALUES ('j"son@example.com', 'jl')`)
+	e.Exec(`INSERT INTO accounts (email, login) VALUES ('j"son@example.com', 'jl')`)
 	msgs := e.messages(1)
 	var body struct {
 		Batch  string `json:"batch"`
@@ -667,7 +597,7 @@ func TestJSONFormat(t *testing.T) {
 	}
 	tok := body.Tokens[0]
 	var expires int64
-	e.db.QueryRow(e.ctx, `SELECT expires_at FROM tokens WHERE id = $1`, tok.ID).Scan(&expires)
+	e.Conn.QueryRow(e.ctx, `SELECT expires_at FROM tokens WHERE id = $1`, tok.ID).Scan(&expires)
 	if tok.Action != "activation" || tok.Email != `j"son@example.com` || tok.Login != "jl" || tok.Code == nil || len(*tok.Code) != 5 || tok.ExpiresAt != expires {
 		t.Fatalf("token = %+v", tok)
 	}
@@ -679,11 +609,11 @@ func TestJSONFormat(t *testing.T) {
 
 func TestRestartPublishesEachTokenOnce(t *testing.T) {
 	e := newEnv(t, envOpts{limit: 7, timeout: 100 * time.Millisecond})
-	e.exec(`INSERT INTO accounts (email, login) SELECT 'a' || g || '@x', 'a' || g FROM generate_series(1, 50) g`)
+	e.Exec(`INSERT INTO accounts (email, login) SELECT 'a' || g || '@x', 'a' || g FROM generate_series(1, 50) g`)
 	e.messages(50)
 	e.stop()
 	// Written while the tailer is down: captured by the slot.
-	e.exec(`INSERT INTO accounts (email, login) SELECT 'b' || g || '@x', 'b' || g FROM generate_series(1, 50) g`)
+	e.Exec(`INSERT INTO accounts (email, login) SELECT 'b' || g || '@x', 'b' || g FROM generate_series(1, 50) g`)
 	e.start()
 	msgs := e.messages(100)
 	seen := map[int64]bool{}
@@ -698,14 +628,14 @@ func TestRestartPublishesEachTokenOnce(t *testing.T) {
 	if len(seen) != 100 {
 		t.Fatalf("published %d distinct tokens, want 100", len(seen))
 	}
-	e.waitConfirmed(e.walLSN())
+	e.WaitConfirmed("mailroom", e.WalLSN(), 30*time.Second)
 }
 
 func TestPoisonRowsAreSkippedAndConfirmed(t *testing.T) {
 	e := newEnv(t, envOpts{limit: 10, timeout: 100 * time.Millisecond})
-	e.exec(`ALTER TYPE token_action ADD VALUE 'login_link'`)
-	e.exec(`INSERT INTO accounts (email, login, status) VALUES ('p@example.com', 'p', 'active')`)
-	tx, err := e.db.Begin(e.ctx)
+	e.Exec(`ALTER TYPE token_action ADD VALUE 'login_link'`)
+	e.Exec(`INSERT INTO accounts (email, login, status) VALUES ('p@example.com', 'p', 'active')`)
+	tx, err := e.Conn.Begin(e.ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -726,5 +656,5 @@ func TestPoisonRowsAreSkippedAndConfirmed(t *testing.T) {
 	if len(msgs) != 1 || msgs[0].count != 1 || !bytes.HasSuffix(msgs[0].body, []byte(",24680")) {
 		t.Fatalf("messages = %d, first %q", len(msgs), msgs[0].body)
 	}
-	e.waitConfirmed(e.walLSN())
+	e.WaitConfirmed("mailroom", e.WalLSN(), 30*time.Second)
 }

@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/mailroom/tailer/testutil/dbtest"
 	"github.com/mailroom/tailer/testutil/pgtest"
+	"github.com/mailroom/tailer/testutil/tailertest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -32,18 +32,18 @@ func TestLoadAndCollectorCursor(t *testing.T) {
 		t.Fatalf("CollectorCursor without jobs = %v, %v", ok, err)
 	}
 
-	_, db := dbtest.New(t, pgtest.Shared(t))
-	pgtest.Exec(t, ctx, db, `CREATE TYPE job_type AS ENUM ('mailroom')`)
-	pgtest.Exec(t, ctx, db, `CREATE TABLE jobs (job_type job_type PRIMARY KEY, last_seq BIGINT)`)
-	if _, ok, err := CollectorCursor(ctx, db); ok || err != nil {
+	db := tailertest.NewDB(t, pgtest.Shared(t))
+	db.Exec(`CREATE TYPE job_type AS ENUM ('mailroom')`)
+	db.Exec(`CREATE TABLE jobs (job_type job_type PRIMARY KEY, last_seq BIGINT)`)
+	if _, ok, err := CollectorCursor(ctx, db.Conn); ok || err != nil {
 		t.Fatalf("CollectorCursor without the mailroom row = %v, %v", ok, err)
 	}
-	pgtest.Exec(t, ctx, db, `INSERT INTO jobs VALUES ('mailroom', NULL)`)
-	if seq, ok, err := CollectorCursor(ctx, db); seq != 0 || !ok || err != nil {
+	db.Exec(`INSERT INTO jobs VALUES ('mailroom', NULL)`)
+	if seq, ok, err := CollectorCursor(ctx, db.Conn); seq != 0 || !ok || err != nil {
 		t.Fatalf("CollectorCursor of a NULL cursor = %d, %v, %v", seq, ok, err)
 	}
-	pgtest.Exec(t, ctx, db, `UPDATE jobs SET last_seq = 42`)
-	if seq, ok, err := CollectorCursor(ctx, db); seq != 42 || !ok || err != nil {
+	db.Exec(`UPDATE jobs SET last_seq = 42`)
+	if seq, ok, err := CollectorCursor(ctx, db.Conn); seq != 42 || !ok || err != nil {
 		t.Fatalf("CollectorCursor = %d, %v, %v", seq, ok, err)
 	}
 
@@ -55,13 +55,13 @@ func TestLoadAndCollectorCursor(t *testing.T) {
 		{`INSERT INTO tailer_resync (slot, after_id) VALUES ('mailroom', 42)`, true, false, 42, 0},
 		{`UPDATE tailer_resync SET done_at = now(), stream_seq = 7`, false, true, 42, 7},
 	} {
-		pgtest.Exec(t, ctx, db, tc.sql)
-		st, err := Load(ctx, db, "mailroom")
+		db.Exec(tc.sql)
+		st, err := Load(ctx, db.Conn, "mailroom")
 		if err != nil || st.Pending() != tc.pending || st.Done != tc.done || st.AfterID == nil || *st.AfterID != tc.afterID || st.StreamSeq != uint64(tc.seq) {
 			t.Fatalf("after %s: Load = %+v, %v", tc.sql, st, err)
 		}
 	}
-	if st, err := Load(ctx, db, "other"); err != nil || st.Exists {
+	if st, err := Load(ctx, db.Conn, "other"); err != nil || st.Exists {
 		t.Fatalf("Load of another slot = %+v, %v", st, err)
 	}
 }

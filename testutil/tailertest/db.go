@@ -1,0 +1,99 @@
+// Package tailertest holds what the tailer's integration tests share: a
+// migrated mailroom database with the questions tests ask it (WAL and slot
+// positions), the stream's messages read back, and a buffer for a tailer's
+// output that tests read while it writes.
+//
+// The servers themselves come from pgtest (PostgreSQL) and the tests'
+// embedded NATS servers. It does not import the packages under test, so
+// that their own tests can use it.
+package tailertest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/mailroom/tailer/migrations"
+	"github.com/mailroom/tailer/testutil/pgtest"
+)
+
+// DB is a migrated mailroom database of one test's own. Its methods fail the
+// test on error.
+type DB struct {
+	URL  string
+	Conn *pgx.Conn
+
+	tb  testing.TB
+	ctx context.Context
+}
+
+// NewDB creates a database on pg and applies the migrations. The
+// connection is closed when the test ends.
+func NewDB(tb testing.TB, pg *pgtest.Server) *DB {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	url := pg.CreateDB(tb)
+	if err := migrations.Up(ctx, url); err != nil {
+		tb.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { conn.Close(context.Background()) })
+	return &DB{URL: url, Conn: conn, tb: tb, ctx: context.Background()}
+}
+
+// ExistingDB is a database the test set up itself: URL is what the tailer
+// is given, and conn what the test's own statements run on (the two may be
+// different roles).
+func ExistingDB(tb testing.TB, url string, conn *pgx.Conn) *DB {
+	return &DB{URL: url, Conn: conn, tb: tb, ctx: context.Background()}
+}
+
+// Exec runs sql.
+func (d *DB) Exec(sql string, args ...any) {
+	d.tb.Helper()
+	pgtest.Exec(d.tb, d.ctx, d.Conn, sql, args...)
+}
+
+// WalLSN returns pg_current_wal_lsn().
+func (d *DB) WalLSN() pglogrepl.LSN {
+	d.tb.Helper()
+	return pgtest.WalLSN(d.tb, d.ctx, d.Conn)
+}
+
+// ConfirmedLSN returns the slot's confirmed_flush_lsn, read from
+// pg_replication_slots directly rather than through the code under test.
+func (d *DB) ConfirmedLSN(slot string) pglogrepl.LSN {
+	d.tb.Helper()
+	var s string
+	if err := d.Conn.QueryRow(d.ctx, `SELECT coalesce(confirmed_flush_lsn, '0/0')::text FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&s); err != nil {
+		d.tb.Fatalf("slot %s: %v", slot, err)
+	}
+	lsn, err := pglogrepl.ParseLSN(s)
+	if err != nil {
+		d.tb.Fatal(err)
+	}
+	return lsn
+}
+
+// WaitConfirmed waits until the slot is confirmed at or past lsn.
+func (d *DB) WaitConfirmed(slot string, lsn pglogrepl.LSN, within time.Duration) {
+	d.tb.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		got := d.ConfirmedLSN(slot)
+		if got >= lsn {
+			return
+		}
+		if time.Now().After(deadline) {
+			d.tb.Fatalf("slot %s confirmed at %s, still before %s after %s", slot, got, lsn, within)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
