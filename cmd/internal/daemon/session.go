@@ -88,7 +88,7 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	if slot.Lost() {
 		return &slotLostError{slot: slot}
 	}
-	stream, err := replication.Start(ctx, rc, replication.Options{
+	receiver, err := replication.Start(ctx, rc, replication.Options{
 		Slot: cfg.Slot, Publication: cfg.Publication, ProtoVersion: cfg.ProtoVersion, Binary: cfg.Binary,
 		OnStatus: d.metrics.statusSent, Timeout: cfg.ReplicationTimeout,
 	})
@@ -171,14 +171,14 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		}
 	}()
 
-	err = stream.Run(runCtx, feeder)
+	err = receiver.Run(runCtx, feeder)
 	// Read before the pipeline is stopped: afterwards it reports its own
 	// cancellation, which is not why the session ended.
 	pipelineFailed := context.Cause(runCtx) != nil && ctx.Err() == nil
 	cancelPipe()
 	<-drained
 	feeder.Close()
-	d.log.Info("session ended", "confirmed", stream.Sent())
+	d.log.Info("session ended", "confirmed", receiver.Sent())
 	return sessionCause(ctx, err, pipeErr, pipelineFailed)
 }
 

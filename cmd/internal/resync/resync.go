@@ -234,9 +234,9 @@ func Run(ctx context.Context, nc *nats.Conn, opts Options) (Report, error) {
 	// is done.
 	rc.Close(context.Background())
 
-	stream := opts.Destination
-	stream.Origin = publish.Origin{SystemID: ident.SystemID, Timeline: ident.Timeline, Database: ident.DBName}
-	pub, err := publish.NewPublisher(ctx, nc, stream)
+	dest := opts.Destination
+	dest.Origin = publish.Origin{SystemID: ident.SystemID, Timeline: ident.Timeline, Database: ident.DBName}
+	pub, err := publish.NewPublisher(ctx, nc, dest)
 	if err != nil {
 		return rep, err
 	}
