@@ -2,7 +2,6 @@ package consume
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -40,7 +39,7 @@ func KeysSince(ctx context.Context, stream jetstream.Stream, since time.Time, la
 	}
 	defer it.Stop()
 	for {
-		msg, err := nextMsg(ctx, it)
+		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
 			return nil, fmt.Errorf("read stream %s: %w", name, err)
 		}
@@ -59,25 +58,5 @@ func KeysSince(ctx context.Context, stream jetstream.Stream, since time.Time, la
 		if meta.Sequence.Stream >= last || meta.NumPending == 0 {
 			return keys, nil
 		}
-	}
-}
-
-// nextMsg is it.Next, given up when ctx is done.
-func nextMsg(ctx context.Context, it jetstream.MessagesContext) (jetstream.Msg, error) {
-	type result struct {
-		msg jetstream.Msg
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		m, err := it.Next()
-		ch <- result{m, err}
-	}()
-	select {
-	case r := <-ch:
-		return r.msg, r.err
-	case <-ctx.Done():
-		it.Stop()
-		return nil, errors.Join(errors.New("waiting for the next message"), ctx.Err())
 	}
 }
