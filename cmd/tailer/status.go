@@ -1,0 +1,184 @@
+package main
+
+// tailer status and tailer health: what an operator or a container
+// healthcheck asks a running installation.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mailroom/tailer/cmd/internal/config"
+	"github.com/mailroom/tailer/replication"
+)
+
+// statusReport is the --json output of tailer status.
+type statusReport struct {
+	Slot           string  `json:"slot"`
+	Active         bool    `json:"active"`
+	ActivePID      int32   `json:"active_pid"`
+	ConfirmedLSN   string  `json:"confirmed_flush_lsn"`
+	RestartLSN     string  `json:"restart_lsn"`
+	CurrentLSN     string  `json:"current_wal_lsn"`
+	LagBytes       int64   `json:"lag_bytes"`
+	RetainedBytes  int64   `json:"retained_bytes"`
+	WALStatus      string  `json:"wal_status"`
+	Lost           string  `json:"lost,omitempty"`
+	Stream         string  `json:"stream"`
+	StreamMessages *uint64 `json:"stream_messages"`
+	StreamLastSeq  *uint64 `json:"stream_last_seq"`
+	StreamReplicas *int    `json:"stream_replicas"`
+	StreamError    string  `json:"stream_error,omitempty"`
+	MaxLagBytes    int64   `json:"max_lag_bytes"`
+	OK             bool    `json:"ok"`
+}
+
+func status(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	// --json is status's own flag; the rest are shared settings.
+	var asJSON bool
+	var shared []string
+	for _, a := range args {
+		if a == "--json" || a == "-json" {
+			asJSON = true
+			continue
+		}
+		shared = append(shared, a)
+	}
+	cfg, _, code := loadConfig("status [--json]", statusVars, shared, getenv, stderr)
+	if cfg == nil {
+		return code
+	}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer status: connect to PostgreSQL: %v\n", err)
+		return exitFailure
+	}
+	defer conn.Close(context.Background())
+	slot, err := replication.Slot(ctx, conn, cfg.Slot)
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer status: %v\n", err)
+		return exitFailure
+	}
+	rep := statusReport{
+		Slot: slot.Name, Active: slot.Active, ActivePID: slot.ActivePID,
+		ConfirmedLSN: slot.ConfirmedFlush.String(), RestartLSN: slot.RestartLSN.String(), CurrentLSN: slot.CurrentLSN.String(),
+		LagBytes: slot.LagBytes(), RetainedBytes: slot.RetainedBytes(), Stream: cfg.Stream, MaxLagBytes: cfg.MaxLag,
+	}
+	rep.WALStatus = slot.WALStatus
+	if slot.Lost() {
+		rep.Lost = slot.LostMessage()
+	}
+	rep.OK = rep.LagBytes <= cfg.MaxLag && !slot.Lost()
+	if cfg.NATSURL != "" {
+		if info, err := streamInfo(ctx, cfg); err != nil {
+			rep.StreamError = err.Error()
+		} else {
+			rep.StreamMessages, rep.StreamLastSeq, rep.StreamReplicas = &info.State.Msgs, &info.State.LastSeq, &info.Config.Replicas
+		}
+	} else {
+		rep.StreamError = "MAILROOM_NATS_URL not set (embedded server is only reachable while tailer run is up)"
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(rep)
+	} else {
+		fmt.Fprintf(stdout, "slot            %s (active=%v pid=%d)\n", rep.Slot, rep.Active, rep.ActivePID)
+		fmt.Fprintf(stdout, "confirmed LSN   %s\nrestart LSN     %s\ncurrent LSN     %s\n", rep.ConfirmedLSN, rep.RestartLSN, rep.CurrentLSN)
+		fmt.Fprintf(stdout, "lag             %d bytes (%s), max %s\n", rep.LagBytes, human(rep.LagBytes), human(cfg.MaxLag))
+		fmt.Fprintf(stdout, "retained WAL    %d bytes (%s), wal_status %s\n", rep.RetainedBytes, human(rep.RetainedBytes), rep.WALStatus)
+		if rep.Lost != "" {
+			fmt.Fprintf(stdout, "LOST            %s\n", rep.Lost)
+		}
+		if rep.StreamError != "" {
+			fmt.Fprintf(stdout, "stream          %s: %s\n", rep.Stream, rep.StreamError)
+		} else {
+			fmt.Fprintf(stdout, "stream          %s: %d messages, last seq %d, %d replicas\n", rep.Stream, *rep.StreamMessages, *rep.StreamLastSeq, *rep.StreamReplicas)
+		}
+	}
+	if !rep.OK {
+		return exitFailure
+	}
+	return exitOK
+}
+
+func streamInfo(ctx context.Context, cfg *config.Config) (*jetstream.StreamInfo, error) {
+	nc, err := nats.Connect(cfg.NATSURL, append(cfg.NATSOptions(), nats.Name("tailer status"), nats.Timeout(5*time.Second))...)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	s, err := js.Stream(ctx, cfg.Stream)
+	if err != nil {
+		return nil, err
+	}
+	return s.Info(ctx)
+}
+
+func human(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// health asks the tailer at MAILROOM_HTTP_ADDR whether it is ready: the
+// container healthcheck of an image without curl.
+func health(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	cfg, _, code := loadConfig("health", healthVars, args, getenv, stderr)
+	if cfg == nil {
+		return code
+	}
+	if cfg.HTTPAddr == "" {
+		fmt.Fprintln(stderr, "tailer health: MAILROOM_HTTP_ADDR is empty: the tailer serves no /readyz")
+		return exitConfig
+	}
+	host, port, err := net.SplitHostPort(cfg.HTTPAddr)
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer health: MAILROOM_HTTP_ADDR: %v\n", err)
+		return exitConfig
+	}
+	// A wildcard listen address is reached on loopback.
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/readyz", nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer health: %v\n", err)
+		return exitFailure
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer health: %v\n", err)
+		return exitFailure
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	fmt.Fprint(stdout, string(body))
+	if resp.StatusCode != http.StatusOK {
+		return exitFailure
+	}
+	return exitOK
+}

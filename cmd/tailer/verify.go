@@ -1,0 +1,54 @@
+package main
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish"
+)
+
+func verify(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	var code string
+	var shared []string
+	for i := 0; i < len(args); i++ {
+		if args[i] == "--code" || args[i] == "-code" {
+			if i+1 >= len(args) {
+				fmt.Fprintln(stderr, "tailer verify: --code needs the 5-character code")
+				return exitConfig
+			}
+			i++
+			code = args[i]
+			continue
+		}
+		shared = append(shared, args[i])
+	}
+	cfg, rest, exit := loadConfig("verify [--code CODE] TOKEN", verifyVars, shared, getenv, stderr)
+	if cfg == nil {
+		return exit
+	}
+	if err := cfg.RequireKey(); err != nil {
+		fmt.Fprintf(stderr, "tailer verify: %v\n", err)
+		return exitConfig
+	}
+	if len(rest) != 1 {
+		fmt.Fprintln(stderr, "tailer verify: give exactly one token (and --code CODE for a password recovery token)")
+		return exitConfig
+	}
+	signer, err := publish.NewSigner(cfg.SecretKey)
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer verify: %v\n", err)
+		return exitConfig
+	}
+	action := decoder.ActionActivation
+	if code != "" {
+		action = decoder.ActionPasswordRecovery
+	}
+	secret, err := signer.Verify(rest[0], action, code)
+	if err != nil {
+		fmt.Fprintf(stdout, "invalid %s token: %v\n", action, err)
+		return exitFailure
+	}
+	fmt.Fprintf(stdout, "valid %s token; secret %x\n", action, secret)
+	return exitOK
+}
