@@ -1,5 +1,8 @@
 // Package publish signs tokens, encodes batches in the mailroom formats and
-// sends them to NATS JetStream.
+// sends them to NATS JetStream. Its Pipeline takes cut batches (package
+// batch), has their tokens joined (package batch/join, through the Joiner
+// it is given), then signs, encodes and publishes them in order. The
+// message format itself, which consumers read too, is package wire's.
 package publish
 
 import (
