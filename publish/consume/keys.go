@@ -18,7 +18,10 @@ func KeysSince(ctx context.Context, stream jetstream.Stream, since time.Time, la
 	if last == 0 {
 		return keys, nil
 	}
-	name := stream.CachedInfo().Config.Name
+	var name string
+	if info := stream.CachedInfo(); info != nil {
+		name = info.Config.Name
+	}
 	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		DeliverPolicy: jetstream.DeliverByStartTimePolicy,
 		OptStartTime:  &since,
