@@ -72,13 +72,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 
 	switch cmd {
 	case "run":
-		cfg, _, code := loadConfig("run", runVars, rest, getenv, stderr)
+		cfg, _, code := loadKeyedConfig("run", runVars, rest, getenv, stderr)
 		if cfg == nil {
 			return code
-		}
-		if err := cfg.RequireKey(); err != nil {
-			fmt.Fprintf(stderr, "tailer run: %v\n", err)
-			return exitConfig
 		}
 		log := daemon.NewLogger(cfg.LogFormat, cfg.LogLevel, stderr)
 		daemon.TuneRuntime(cfg)
@@ -116,6 +112,21 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 	fmt.Fprintf(stderr, "tailer: unknown command %q\n\n%s", cmd, usage)
 	return exitConfig
+}
+
+// loadKeyedConfig is loadConfig for a command that signs or verifies: a
+// missing signing key is its configuration error.
+func loadKeyedConfig(usage string, vars, args []string, getenv func(string) string, stderr io.Writer) (*config.Config, []string, int) {
+	cfg, rest, code := loadConfig(usage, vars, args, getenv, stderr)
+	if cfg == nil {
+		return nil, nil, code
+	}
+	if err := cfg.RequireKey(); err != nil {
+		name, _, _ := strings.Cut(usage, " ")
+		fmt.Fprintf(stderr, "tailer %s: %v\n", name, err)
+		return nil, nil, exitConfig
+	}
+	return cfg, rest, exitOK
 }
 
 // loadConfig reads the settings of a command. It returns a nil Config with

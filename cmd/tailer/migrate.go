@@ -100,13 +100,9 @@ func migrate(ctx context.Context, args []string, getenv func(string) string, std
 }
 
 func resyncCmd(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) int {
-	cfg, _, code := loadConfig("resync", resyncVars, args, getenv, stderr)
+	cfg, _, code := loadKeyedConfig("resync", resyncVars, args, getenv, stderr)
 	if cfg == nil {
 		return code
-	}
-	if err := cfg.RequireKey(); err != nil {
-		fmt.Fprintf(stderr, "tailer resync: %v\n", err)
-		return exitConfig
 	}
 	log := daemon.NewLogger(cfg.LogFormat, cfg.LogLevel, stderr)
 	rep, err := runResync(ctx, cfg, log, nil)

@@ -23,13 +23,9 @@ func verify(args []string, getenv func(string) string, stdout, stderr io.Writer)
 		}
 		shared = append(shared, args[i])
 	}
-	cfg, rest, exit := loadConfig("verify [--code CODE] TOKEN", verifyVars, shared, getenv, stderr)
+	cfg, rest, exit := loadKeyedConfig("verify [--code CODE] TOKEN", verifyVars, shared, getenv, stderr)
 	if cfg == nil {
 		return exit
-	}
-	if err := cfg.RequireKey(); err != nil {
-		fmt.Fprintf(stderr, "tailer verify: %v\n", err)
-		return exitConfig
 	}
 	if len(rest) != 1 {
 		fmt.Fprintln(stderr, "tailer verify: give exactly one token (and --code CODE for a password recovery token)")
