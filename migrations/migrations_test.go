@@ -3,9 +3,11 @@ package migrations
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/golang-migrate/migrate/v4"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mailroom/tailer/testutil/pgtest"
@@ -35,7 +37,7 @@ func TestUpIsIdempotentAndReversible(t *testing.T) {
 		t.Fatalf("second Up: %v", err)
 	}
 	v, dirty, err := Version(ctx, url)
-	if err != nil || v != 4 || dirty {
+	if err != nil || v != 5 || dirty {
 		t.Fatalf("Version = %d, %v, %v", v, dirty, err)
 	}
 	var pub string
@@ -217,4 +219,63 @@ func TestTriggers(t *testing.T) {
 			t.Fatal("commit without the account succeeded")
 		}
 	})
+}
+
+// A database of an older tailer (migrations up to 4) keeps what it knew:
+// tailer_resync's rows become slot records, and a slot made before
+// incarnations is recorded as legacy, its batches without an incarnation
+// its own. A slot of another database is left alone.
+func TestSlotRecordsFromAnOlderTailer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	url := pgtest.Shared(t).CreateDB(t)
+	if err := withMigrate(ctx, url, func(m *migrate.Migrate) error { return m.Migrate(4) }); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, sql := range []string{
+		`SELECT pg_create_logical_replication_slot('old', 'pgoutput')`,
+		`SELECT pg_create_logical_replication_slot('resynced', 'pgoutput')`,
+		`INSERT INTO tailer_resync (slot, after_id, consistent_point, stream_seq, done_at) VALUES ('resynced', 42, '0/1000', 7, now())`,
+		`INSERT INTO tailer_resync (slot) VALUES ('halfway')`,
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	t.Cleanup(func() {
+		conn.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name IN ('old', 'resynced')`)
+	})
+	if err := Up(ctx, url); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := conn.Query(ctx, `SELECT slot || ' ' || resync_pending || ' ' || coalesce(stream_seq::text, '-') || ' ' || legacy || ' ' ||
+		coalesce(collector_last_seq::text, '-') || ' ' || (length(incarnation) = 32) FROM tailer_slot ORDER BY slot`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"halfway true - true - true", "old false 0 true - true", "resynced false 7 true 42 true"}
+	if strings.Join(got, "; ") != strings.Join(want, "; ") {
+		t.Fatalf("tailer_slot = %q, want %q", got, want)
+	}
+	var old *string
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('tailer_resync')::text`).Scan(&old); err != nil || old != nil {
+		t.Fatalf("tailer_resync still there (%v, %v)", old, err)
+	}
+	// Down to 4 gives tailer_resync its rows back.
+	if err := withMigrate(ctx, url, func(m *migrate.Migrate) error { return m.Migrate(4) }); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM tailer_resync WHERE slot = 'resynced' AND after_id = 42 AND stream_seq = 7 AND done_at IS NOT NULL`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("tailer_resync after down: %d, %v", n, err)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -49,6 +50,13 @@ type Pipeline struct {
 	Done     func(*batch.Batch)
 	Observer Observer
 	Log      *slog.Logger
+	// Snapshot, when set, says the batches come from a resync's snapshot
+	// (exported with the slot whose consistent point Snapshot is), not
+	// from the slot: their tokens have no WAL positions, so each message
+	// is named resync-<Snapshot>-<n> and carries Mailroom-Resync instead.
+	Snapshot string
+
+	messages int
 }
 
 // inFlight is one message of a batch; last is set on the batch's last.
@@ -191,7 +199,11 @@ func (p *Pipeline) publish(ctx context.Context, b *batch.Batch, rows []join.Toke
 		item := inFlight{b: b, started: time.Now()}
 		tokens := b.Tokens[start:]
 		id := func(covered int) string {
-			item.id = BatchID(tokens[0].Pos, tokens[covered-1].Pos)
+			if p.Snapshot != "" {
+				item.id = "resync-" + p.Snapshot + "-" + strconv.Itoa(p.messages+1)
+			} else {
+				item.id = BatchID(tokens[0].Pos, tokens[covered-1].Pos)
+			}
 			return item.id
 		}
 		enc := p.Encoder.Encode(body[:0], id, tokens, rows[start:], p.MaxBytes)
@@ -203,13 +215,17 @@ func (p *Pipeline) publish(ctx context.Context, b *batch.Batch, rows []join.Toke
 			p.countSkips(tokens[:enc.Covered], rows[start:start+enc.Covered])
 		}
 		if enc.N > 0 {
-			fut, err := p.Publisher.PublishAsync(&Message{
-				Lane: b.Lane, First: tokens[0].Pos, Last: tokens[enc.Covered-1].Pos, Count: enc.N,
-				TokenIDs: enc.IDs, TokenKeys: enc.Keys, Format: p.Format, Body: enc.Body,
-			})
+			m := &Message{Lane: b.Lane, Count: enc.N, TokenIDs: enc.IDs, TokenKeys: enc.Keys, Format: p.Format, Body: enc.Body}
+			if p.Snapshot != "" {
+				m.ID, m.Resync = item.id, p.Snapshot
+			} else {
+				m.First, m.Last = tokens[0].Pos, tokens[enc.Covered-1].Pos
+			}
+			fut, err := p.Publisher.PublishAsync(m)
 			if err != nil {
 				return err
 			}
+			p.messages++
 			item.fut = fut
 		}
 		start += enc.Covered

@@ -25,8 +25,8 @@ type Destination struct {
 	// created.
 	Duplicates time.Duration
 	Replicas   int
-	// Origin is put on every message, and checked against the stream's
-	// last message with CheckOrigin.
+	// Origin is put on every message: the database its positions belong
+	// to (and Resume's owner, the slot incarnation).
 	Origin Origin
 	// PerAction publishes each action's batches on a subject of its own:
 	// Subject.activation and Subject.password_recovery (lanes 0 and 1 of
@@ -69,23 +69,33 @@ func (e *StreamConfigError) Unwrap() error { return e.Err }
 // msgid mismatch"); servers before 2.15 also forget the last id outside the
 // duplicate window.
 type Publisher struct {
-	js       jetstream.JetStream
-	stream   jetstream.Stream
-	name     string
-	subjects []string
-	origin   string
-	// lastOrigin is the origin of the stream's last message ("" when it
-	// has none).
-	lastOrigin string
+	js          jetstream.JetStream
+	stream      jetstream.Stream
+	name        string
+	subjects    []string
+	origin      string
+	incarnation string
 
+	// last is the stream's last message, and laneLast the last message on
+	// each lane's subject, when the publisher started (zero seq: none).
+	last     stored
+	laneLast []stored
+	// lastPos is, per lane, the position up to which Resume found the
+	// tokens published; zero until then.
 	lastPos []decoder.Position
-	// lastPosSeq is the sequence of the message lastPos comes from.
-	lastPosSeq []uint64
 	// lastTime is when the stream's last message was stored.
 	lastTime time.Time
 	// lastSeq is the stream's last sequence when the session started, and
 	// next the last sequence the next publish expects.
 	lastSeq, next uint64
+}
+
+// stored is what the publisher reads of a message already on the stream.
+type stored struct {
+	seq         uint64
+	origin      string
+	incarnation string
+	pos         decoder.Position
 }
 
 // resumable refuses stream configurations that can remove the stream's
@@ -162,7 +172,8 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Destination) (*Publish
 			return nil, &StreamConfigError{cfg.Name, fmt.Errorf("does not take subject %s (its subjects: %v): set MAILROOM_NATS_SUBJECT to one it takes, or add it to the stream", subject, info.Config.Subjects)}
 		}
 	}
-	p := &Publisher{js: js, stream: stream, name: cfg.Name, subjects: subjects, lastPos: make([]decoder.Position, len(subjects)), lastPosSeq: make([]uint64, len(subjects))}
+	p := &Publisher{js: js, stream: stream, name: cfg.Name, subjects: subjects,
+		laneLast: make([]stored, len(subjects)), lastPos: make([]decoder.Position, len(subjects))}
 	if cfg.Origin != (Origin{}) {
 		p.origin = cfg.Origin.String()
 	}
@@ -172,9 +183,9 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Destination) (*Publish
 	return p, nil
 }
 
-// readLast loads the id of the stream's last message, which the next
-// publish is chained to, and the position of the last message on each lane's
-// subject.
+// readLast loads the stream's last sequence, which the next publish is
+// chained to, and what its last message and the last message on each
+// lane's subject say about where they come from.
 func (p *Publisher) readLast(ctx context.Context) error {
 	info, err := p.stream.Info(ctx)
 	if err != nil {
@@ -191,7 +202,9 @@ func (p *Publisher) readLast(ctx context.Context) error {
 	case err != nil:
 		return fmt.Errorf("read last message of stream: %w", err)
 	default:
-		p.lastOrigin = msg.Header.Get(wire.HeaderOrigin)
+		if p.last, err = readStored(msg); err != nil {
+			return err
+		}
 		p.lastTime = msg.Time
 	}
 	for lane, subject := range p.subjects {
@@ -202,14 +215,22 @@ func (p *Publisher) readLast(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("read last message on %s: %w", subject, err)
 		}
-		if s := msg.Header.Get(wire.HeaderPosLast); s != "" {
-			if p.lastPos[lane], err = decoder.ParsePosition(s); err != nil {
-				return fmt.Errorf("last message on %s (seq %d): %s: %w", subject, msg.Sequence, wire.HeaderPosLast, err)
-			}
-			p.lastPosSeq[lane] = msg.Sequence
+		if p.laneLast[lane], err = readStored(msg); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+func readStored(msg *jetstream.RawStreamMsg) (stored, error) {
+	s := stored{seq: msg.Sequence, origin: msg.Header.Get(wire.HeaderOrigin), incarnation: msg.Header.Get(wire.HeaderIncarnation)}
+	if v := msg.Header.Get(wire.HeaderPosLast); v != "" {
+		var err error
+		if s.pos, err = decoder.ParsePosition(v); err != nil {
+			return s, fmt.Errorf("message %d on %s: %s: %w", msg.Sequence, msg.Subject, wire.HeaderPosLast, err)
+		}
+	}
+	return s, nil
 }
 
 // CheckDuplicate verifies a PubAck that says a batch was already on the
@@ -231,21 +252,6 @@ func (p *Publisher) CheckDuplicate(ctx context.Context, id string, seq uint64) e
 	return nil
 }
 
-// ResumeAfter makes the publisher disregard what the stream's messages up
-// to seq say about positions and origin: a resync recreated the slot from a
-// snapshot and published what the stream lacked, so those messages describe
-// the old slot (or another database), and the new slot starts after them.
-func (p *Publisher) ResumeAfter(seq uint64) {
-	if p.lastSeq <= seq {
-		p.lastOrigin = ""
-	}
-	for lane := range p.lastPos {
-		if p.lastPosSeq[lane] <= seq {
-			p.lastPos[lane] = decoder.Position{}
-		}
-	}
-}
-
 // LastSeq is the stream's last sequence when the publisher started; 0 for
 // an empty stream.
 func (p *Publisher) LastSeq() uint64 { return p.lastSeq }
@@ -262,8 +268,8 @@ func (p *Publisher) LastTime() time.Time { return p.lastTime }
 func (p *Publisher) Close() { p.js.CleanupPublisher() }
 
 // LastPosition is the WAL position of the last token published on lane's
-// subject; every token of that lane at or before it was published (or
-// skipped) by an earlier run.
+// subject by the slot incarnation Resume was given; every token of that
+// lane at or before it was published (or skipped) by an earlier run.
 func (p *Publisher) LastPosition(lane int) decoder.Position { return p.lastPos[lane] }
 
 // Message is one batch ready to send.
@@ -305,6 +311,9 @@ func (p *Publisher) PublishAsync(m *Message) (jetstream.PubAckFuture, error) {
 	}
 	if p.origin != "" {
 		msg.Header[wire.HeaderOrigin] = []string{p.origin}
+	}
+	if p.incarnation != "" {
+		msg.Header[wire.HeaderIncarnation] = []string{p.incarnation}
 	}
 	fut, err := p.js.PublishMsgAsync(msg, jetstream.WithMsgID(id), jetstream.WithExpectLastSequence(p.next))
 	if err != nil {

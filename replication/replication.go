@@ -130,41 +130,21 @@ func Slot(ctx context.Context, q Querier, name string) (SlotInfo, error) {
 	return s, nil
 }
 
-// EnsureSlot creates the logical slot with the pgoutput plugin unless it
-// exists, and reports whether it created it. Slot names are global to the
-// server: an existing slot of another database, or with another plugin, is
-// an error.
-func EnsureSlot(ctx context.Context, q Querier, name string) (created bool, err error) {
-	if err := ValidateName(name); err != nil {
-		return false, fmt.Errorf("slot name: %w", err)
+// CheckSlot verifies that an existing slot s is one the tailer can stream
+// from here. Slot names are global to the server: a slot of another
+// database, or with another plugin, is an error.
+func CheckSlot(ctx context.Context, q Querier, s SlotInfo) error {
+	var db string
+	if err := q.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		return fmt.Errorf("query current database: %w", err)
 	}
-	s, err := Slot(ctx, q, name)
-	if err == nil {
-		var db string
-		if err := q.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
-			return false, fmt.Errorf("query current database: %w", err)
-		}
-		if s.Database != db {
-			return false, fmt.Errorf("slot %s belongs to database %q, not %q: slot names are global to the server, choose another (MAILROOM_SLOT)", name, s.Database, db)
-		}
-		if s.Plugin != Plugin {
-			return false, fmt.Errorf("slot %s uses plugin %q, want %q", name, s.Plugin, Plugin)
-		}
-		return false, nil
+	if s.Database != db {
+		return fmt.Errorf("slot %s belongs to database %q, not %q: slot names are global to the server, choose another (MAILROOM_SLOT)", s.Name, s.Database, db)
 	}
-	if !errors.Is(err, ErrNoSlot) {
-		return false, err
+	if s.Plugin != Plugin {
+		return fmt.Errorf("slot %s uses plugin %q, want %q", s.Name, s.Plugin, Plugin)
 	}
-	_, err = q.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, $2)`, name, Plugin)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42710" {
-		// Another tailer created it a moment ago.
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("create slot %s: %w", name, err)
-	}
-	return true, nil
+	return nil
 }
 
 // DropSlot drops the slot if it exists.

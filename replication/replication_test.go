@@ -48,20 +48,25 @@ func TestSlots(t *testing.T) {
 	tdb := tailertest.NewDB(t, pgtest.Shared(t))
 	url, db := tdb.URL, tdb.Conn
 
-	if _, err := EnsureSlot(ctx, db, "bad-name"); err == nil {
-		t.Fatal("EnsureSlot accepted an invalid name")
+	if _, err := CreateSlot(ctx, db, "bad-name", "test", false); err == nil {
+		t.Fatal("CreateSlot accepted an invalid name")
 	}
-	for i, want := range []bool{true, false} {
-		created, err := EnsureSlot(ctx, db, "s1")
-		if err != nil || created != want {
-			t.Fatalf("EnsureSlot #%d = %v, %v; want created=%v", i, created, err, want)
-		}
+	rec, err := CreateSlot(ctx, db, "s1", "test", false)
+	if err != nil || !rec.Exists || rec.Incarnation == "" || rec.Bound {
+		t.Fatalf("CreateSlot = %+v, %v", rec, err)
+	}
+	if _, err := CreateSlot(ctx, db, "s1", "test", false); err == nil {
+		t.Fatal("CreateSlot made an existing slot again")
 	}
 	if _, err := db.Exec(ctx, `SELECT pg_create_logical_replication_slot('other_plugin', 'test_decoding')`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := EnsureSlot(ctx, db, "other_plugin"); err == nil || !strings.Contains(err.Error(), "test_decoding") {
-		t.Fatalf("EnsureSlot on a test_decoding slot: %v", err)
+	other, err := Slot(ctx, db, "other_plugin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckSlot(ctx, db, other); err == nil || !strings.Contains(err.Error(), "test_decoding") {
+		t.Fatalf("CheckSlot of a test_decoding slot: %v", err)
 	}
 	// A slot of the same name in another database is not ours.
 	otherDB, err := pgx.Connect(ctx, pgtest.Shared(t).CreateDB(t))
@@ -69,8 +74,15 @@ func TestSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer otherDB.Close(ctx)
-	if _, err := EnsureSlot(ctx, otherDB, "s1"); err == nil || !strings.Contains(err.Error(), "belongs to database") {
-		t.Fatalf("EnsureSlot from another database: %v", err)
+	s1, err := Slot(ctx, otherDB, "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckSlot(ctx, otherDB, s1); err == nil || !strings.Contains(err.Error(), "belongs to database") {
+		t.Fatalf("CheckSlot from another database: %v", err)
+	}
+	if err := CheckSlot(ctx, db, s1); err != nil {
+		t.Fatalf("CheckSlot of its own slot: %v", err)
 	}
 	s, err := Slot(ctx, db, "s1")
 	if err != nil || s.Active || s.ConfirmedFlush == 0 || s.LagBytes() < 0 {
@@ -180,7 +192,7 @@ func TestSilentConnectionIsGivenUp(t *testing.T) {
 	defer cancel()
 	tdb := tailertest.NewDB(t, pgtest.Shared(t))
 	url, db := tdb.URL, tdb.Conn
-	if _, err := EnsureSlot(ctx, db, "silent"); err != nil {
+	if _, err := CreateSlot(ctx, db, "silent", "test", false); err != nil {
 		t.Fatal(err)
 	}
 	slot, err := Slot(ctx, db, "silent")

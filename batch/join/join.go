@@ -100,6 +100,19 @@ func NewJoiner(conn Conn) *Joiner {
 	return &Joiner{conn: conn, index: make(map[int64]ref)}
 }
 
+// Which tokens are mailed, as SQL over tokens t and their accounts a: the
+// one definition, used by the join (which says why a token is skipped) and
+// by a resync (which selects the tokens still to be mailed from a
+// snapshot). Expiry is decided against the server's clock, as the mailroom
+// collector does.
+const (
+	Expired    = `t.expires_at <= extract(epoch FROM now())::bigint`
+	Consumed   = `t.consumed_at IS NOT NULL`
+	StatusFits = `CASE t.action WHEN 'activation' THEN a.status = 'provisioned' WHEN 'password_recovery' THEN a.status = 'active' ELSE false END`
+	// Eligible holds for a token still to be mailed.
+	Eligible = `NOT (` + Expired + `) AND NOT (` + Consumed + `) AND ` + StatusFits
+)
+
 // The join returns one row per token still present, plus one marker row
 // (kind 1) counting the batch's transactions that the statement's snapshot
 // does not see yet. Logical decoding may deliver a transaction as soon as its
@@ -108,9 +121,9 @@ func NewJoiner(conn Conn) *Joiner {
 // answers); a row missing from an invisible transaction is not deleted, just
 // not visible yet. Both parts run in one statement, so they share a snapshot.
 //
-// Expiry is decided against the server's clock, as the mailroom collector
-// does: expired means expires_at <= now. The 32-bit xids from the WAL are
-// widened to xid8 with the epoch of the snapshot's xmax.
+// The 32-bit xids from the WAL are widened to xid8 with the epoch of the
+// snapshot's xmax; tokens without one (read from a snapshot, not the WAL)
+// have nothing to wait for.
 //
 // It comes in two forms. joinByIDs looks the tokens up one by one. Tokens
 // inserted together have consecutive ids, so a batch from a backlog is
@@ -124,13 +137,9 @@ const (
 SELECT 0 AS kind,
        t.id,
        t.expires_at,
-       t.expires_at <= extract(epoch FROM now())::bigint AS expired,
-       t.consumed_at IS NOT NULL AS consumed,
-       CASE t.action
-         WHEN 'activation' THEN a.status = 'provisioned'
-         WHEN 'password_recovery' THEN a.status = 'active'
-         ELSE false
-       END AS status_ok,
+       ` + Expired + ` AS expired,
+       ` + Consumed + ` AS consumed,
+       ` + StatusFits + ` AS status_ok,
        a.email::text,
        a.login::text
 FROM tokens t
@@ -188,7 +197,7 @@ func (j *Joiner) JoinMany(ctx context.Context, tokens [][]decoder.Token, rows []
 			j.index[t.ID] = ref{int32(b), int32(i)}
 			j.ids = append(j.ids, t.ID)
 			// Tokens of one transaction are adjacent in a batch.
-			if x := int64(t.Xid); len(j.xids) == 0 || j.xids[len(j.xids)-1] != x {
+			if x := int64(t.Xid); x != 0 && (len(j.xids) == 0 || j.xids[len(j.xids)-1] != x) {
 				j.xids = append(j.xids, x)
 			}
 		}

@@ -72,7 +72,7 @@ type cluster struct {
 func newCluster(t *testing.T, pg *pgtest.Server, limit int, timeout time.Duration) *cluster {
 	t.Helper()
 	c := newClusterWithoutSlot(t, pg, limit, timeout)
-	if _, err := replication.EnsureSlot(c.ctx, c.Conn, "mailroom"); err != nil {
+	if _, err := replication.CreateSlot(c.ctx, c.Conn, "mailroom", "tailer migrate", false); err != nil {
 		t.Fatal(err)
 	}
 	return c
@@ -915,8 +915,10 @@ func TestForeignStreamRefused(t *testing.T) {
 	})
 
 	t.Run("positions ahead of the WAL", func(t *testing.T) {
-		// A stream of an older tailer (no origin header) whose last
+		// A stream of an older tailer (no origin or incarnation header,
+		// its slot recorded as legacy by the migration) whose last
 		// position is ahead of this server's WAL, as after a restore.
+		c.Exec(`UPDATE tailer_slot SET legacy = true WHERE slot = 'mailroom'`)
 		nc, err := nats.Connect(c.natsURL())
 		if err != nil {
 			t.Fatal(err)

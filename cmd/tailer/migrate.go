@@ -9,14 +9,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
-	"github.com/mailroom/tailer/cmd/internal/resync"
 	"github.com/mailroom/tailer/migrations"
+	"github.com/mailroom/tailer/publish/resync"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -37,6 +38,12 @@ func migrate(ctx context.Context, args []string, getenv func(string) string, std
 	}
 	defer conn.Close(context.Background())
 	if direction == "down" {
+		lease, err := replication.AcquireLease(ctx, cfg.DatabaseURL, cfg.Slot, replication.LeaseOptions{Application: "tailer migrate down", Wait: leaseWait})
+		if err != nil {
+			log.Error("migrate down", "err", leaseRefusal(err, "migrate down"))
+			return exitFailure
+		}
+		defer lease.Release()
 		// The slot goes first: left behind it would retain WAL forever.
 		if err := replication.DropSlot(ctx, conn, cfg.Slot); err != nil {
 			log.Error("migrate down", "err", err)
@@ -54,49 +61,100 @@ func migrate(ctx context.Context, args []string, getenv func(string) string, std
 		return exitFailure
 	}
 	version, _, _ := migrations.Version(ctx, cfg.DatabaseURL)
-	state, err := resync.Load(ctx, conn, cfg.Slot)
+	done := func(created bool) int {
+		log.Info("schema up to date", "version", version, "publication", migrations.Publication, "slot", cfg.Slot, "slot_created", created)
+		return exitOK
+	}
+	if slot, err := replication.Slot(ctx, conn, cfg.Slot); err == nil {
+		rec, err := replication.LoadRecord(ctx, conn, cfg.Slot)
+		if err == nil && !rec.ResyncPending {
+			if err := replication.CheckSlot(ctx, conn, slot); err != nil {
+				log.Error("migrate", "err", err)
+				return exitFailure
+			}
+			return done(false)
+		}
+	} else if !errors.Is(err, replication.ErrNoSlot) {
+		log.Error("migrate", "err", err)
+		return exitFailure
+	}
+	// The slot is missing, or a resync of it did not finish: what to do
+	// depends on its record, which only the lease's holder may act on.
+	lease, err := replication.AcquireLease(ctx, cfg.DatabaseURL, cfg.Slot, replication.LeaseOptions{Application: "tailer migrate", Wait: leaseWait})
+	if err != nil {
+		log.Error("migrate", "err", leaseRefusal(err, "migrate"))
+		return exitFailure
+	}
+	defer lease.Release()
+	rec, err := replication.LoadRecord(ctx, conn, cfg.Slot)
 	if err != nil {
 		log.Error("migrate", "err", err)
 		return exitFailure
 	}
-	cursor, collector, err := resync.CollectorCursor(ctx, conn)
+	cutover, err := resync.CollectorCursor(ctx, conn)
 	if err != nil {
 		log.Error("migrate", "err", err)
 		return exitFailure
 	}
 	_, err = replication.Slot(ctx, conn, cfg.Slot)
-	if err != nil && !errors.Is(err, replication.ErrNoSlot) {
+	missing := errors.Is(err, replication.ErrNoSlot)
+	if err != nil && !missing {
 		log.Error("migrate", "err", err)
 		return exitFailure
 	}
-	// A collector's database is adopted when the slot is made for it: the
-	// tokens after the collector's cursor are in the slot's snapshot. A
-	// resync left unfinished is finished.
-	if state.Pending() || (collector && err != nil && !state.Exists) {
+	switch {
+	case rec.ResyncPending || (missing && !rec.Exists && cutover != nil):
+		// A collector's database is adopted when the slot is made for it:
+		// the tokens after the collector's cursor are in the slot's
+		// snapshot. A resync left unfinished is finished.
 		if err := cfg.RequireKey(); err != nil {
-			fmt.Fprintf(stderr, "tailer migrate: adopting the collector's database publishes the tokens after jobs.last_seq: %v\n", err)
+			fmt.Fprintf(stderr, "tailer migrate: adopting the collector's database, or finishing a resync, publishes tokens: %v\n", err)
 			return exitConfig
 		}
-		var after *int64
-		if !state.Pending() {
-			after = &cursor
-			log.Info("adopting mailroom's collector: publishing the eligible tokens after its cursor", "jobs.last_seq", cursor)
+		by := "tailer migrate (finishing a resync)"
+		if !rec.ResyncPending {
+			by = "tailer migrate (collector cutover)"
+			log.Info("adopting mailroom's collector: publishing the eligible tokens after its cursor", "jobs.last_seq", cutover.LastSeq)
+		} else {
+			cutover = nil
 		}
-		rep, err := runResync(ctx, cfg, log, after)
+		rep, err := runResync(ctx, cfg, log, lease, by, cutover)
 		if err != nil {
 			return exitCode(stderr, "migrate", log, err)
 		}
 		daemon.LogResync(log, "slot created from a snapshot; its tokens are on the stream", rep)
-		log.Info("schema up to date", "version", version, "publication", migrations.Publication, "slot", cfg.Slot)
-		return exitOK
+		return done(true)
+	case !missing:
+		return done(false)
+	case rec.Exists:
+		// A slot existed here: made anew, it would start after the tokens
+		// committed since the old one was last read, and in a copy or a
+		// restore of the database the stream's positions of the original
+		// would skip this one's tokens.
+		log.Error("migrate", "err", fmt.Errorf("slot %s does not exist, but this database recorded it (%s): it was dropped, or this database is a copy or a restore of the one it was made in. "+
+			"tailer migrate does not make it again beside a stream that may hold its batches. To go on: run `tailer resync`, which recreates the slot and publishes, once, every still-eligible token the stream lacks",
+			cfg.Slot, rec.Describe()))
+		return exitFailure
 	}
-	created, err := replication.EnsureSlot(ctx, conn, cfg.Slot)
-	if err != nil {
+	if _, err := replication.CreateSlot(ctx, conn, cfg.Slot, "tailer migrate", false); err != nil {
 		log.Error("migrate", "err", err)
 		return exitFailure
 	}
-	log.Info("schema up to date", "version", version, "publication", migrations.Publication, "slot", cfg.Slot, "slot_created", created)
-	return exitOK
+	return done(true)
+}
+
+// leaseWait is how long resync and migrate wait for a lease held by a
+// process that does not stream from the slot: long enough for a tailer run
+// that checks a lost or blocked slot to let go of it.
+const leaseWait = 10 * time.Second
+
+// leaseRefusal explains a lease that could not be had.
+func leaseRefusal(err error, cmd string) error {
+	var held *replication.LeaseHeldError
+	if errors.As(err, &held) {
+		return fmt.Errorf("%w. tailer %s changed nothing: stop that process first (a tailer run hands the slot over to a standby, or lets go of it when it cannot stream from it)", err, cmd)
+	}
+	return err
 }
 
 func resyncCmd(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) int {
@@ -105,7 +163,12 @@ func resyncCmd(ctx context.Context, args []string, getenv func(string) string, s
 		return code
 	}
 	log := daemon.NewLogger(cfg.LogFormat, cfg.LogLevel, stderr)
-	rep, err := runResync(ctx, cfg, log, nil)
+	lease, err := replication.AcquireLease(ctx, cfg.DatabaseURL, cfg.Slot, replication.LeaseOptions{Application: "tailer resync", Wait: leaseWait})
+	if err != nil {
+		return exitCode(stderr, "resync", log, leaseRefusal(err, "resync"))
+	}
+	defer lease.Release()
+	rep, err := runResync(ctx, cfg, log, lease, "tailer resync", nil)
 	if err != nil {
 		return exitCode(stderr, "resync", log, err)
 	}
@@ -114,17 +177,17 @@ func resyncCmd(ctx context.Context, args []string, getenv func(string) string, s
 }
 
 // runResync recreates cfg's slot from a snapshot and publishes what the
-// stream lacks (see package resync).
-func runResync(ctx context.Context, cfg *config.Config, log *slog.Logger, after *int64) (resync.Report, error) {
-	opts, err := daemon.ResyncOptions(cfg, log)
+// stream lacks (see package resync), with the lease held.
+func runResync(ctx context.Context, cfg *config.Config, log *slog.Logger, lease *replication.Lease, by string, cutover *replication.Cutover) (resync.Report, error) {
+	opts, err := daemon.ResyncOptions(cfg, log, by)
 	if err != nil {
 		return resync.Report{}, err
 	}
-	opts.AfterID = after
+	opts.Cutover = cutover
 	nc, shutdown, err := daemon.ConnectNATS(cfg, log, nats.Name("tailer resync"))
 	if err != nil {
 		return resync.Report{}, err
 	}
 	defer shutdown()
-	return resync.Run(ctx, nc, opts)
+	return resync.Run(ctx, lease, nc, opts)
 }

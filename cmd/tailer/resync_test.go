@@ -74,7 +74,7 @@ func (c *cluster) expectOnStream(query string, within time.Duration) int {
 func (c *cluster) resyncDone() bool {
 	c.t.Helper()
 	var done bool
-	if err := c.Conn.QueryRow(c.ctx, `SELECT done_at IS NOT NULL FROM tailer_resync WHERE slot = 'mailroom'`).Scan(&done); err != nil {
+	if err := c.Conn.QueryRow(c.ctx, `SELECT NOT resync_pending FROM tailer_slot WHERE slot = 'mailroom'`).Scan(&done); err != nil {
 		c.t.Fatal(err)
 	}
 	return done
@@ -191,7 +191,7 @@ func TestVanishedSlot(t *testing.T) {
 	c.Exec(`INSERT INTO accounts (email, login) SELECT 'dropped' || g || '@x', 'dropped' || g FROM generate_series(1, 5) g`)
 
 	p := c.tailer()
-	p.waitLog("does not exist, but stream MAILROOM holds batches", 1, 20*time.Second)
+	p.waitLog("does not exist, but this database recorded it", 1, 20*time.Second)
 	if !strings.Contains(p.out.String(), "tailer resync") {
 		t.Errorf("the refusal does not name tailer resync:\n%s", p.out.String())
 	}

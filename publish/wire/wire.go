@@ -35,6 +35,10 @@ const (
 	HeaderResync = "Mailroom-Resync"
 	// HeaderOrigin names the database a batch's WAL positions belong to.
 	HeaderOrigin = "Mailroom-Origin"
+	// HeaderIncarnation names the incarnation of the slot a batch was
+	// published from (or that a resync published it for): its positions
+	// mean something only to that incarnation.
+	HeaderIncarnation = "Mailroom-Incarnation"
 )
 
 // Format is the body format of a published batch.

@@ -208,6 +208,48 @@ func (s *Server) Start() error {
 	return nil
 }
 
+// Copy takes a base backup of s with pg_basebackup and starts it as a
+// primary of its own on another port: the same system identifier and
+// timeline as s, as a restored copy of a database has. Like every base
+// backup, it holds no replication slots.
+func (s *Server) Copy() (*Server, error) {
+	dir, err := os.MkdirTemp("", "tailer-pg-copy-")
+	if err != nil {
+		return nil, err
+	}
+	if s.cred != nil {
+		if err := os.Chown(dir, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+			return nil, err
+		}
+	}
+	port, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	c := &Server{Dir: filepath.Join(dir, "data"), Port: port, Password: s.Password, bin: s.bin, cred: s.cred, log: filepath.Join(dir, "postgres.log")}
+	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres", s.Port)
+	cmd := c.command("pg_basebackup", "-D", c.Dir, "-d", conninfo, "-X", "stream", "-c", "fast", "--no-sync")
+	if s.Password != "" {
+		cmd.Env = append(cmd.Env, "PGPASSWORD="+s.Password)
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("pg_basebackup: %v: %s", err, out)
+	}
+	for _, kv := range s.opts {
+		switch {
+		case strings.HasPrefix(kv, "port="):
+			kv = "port=" + strconv.Itoa(port)
+		case strings.HasPrefix(kv, "unix_socket_directories="):
+			kv = "unix_socket_directories=" + dir
+		}
+		c.opts = append(c.opts, kv)
+	}
+	if err := c.Start(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
 // Stop stops the server with the given pg_ctl mode (smart, fast, immediate).
 func (s *Server) Stop(mode string) error {
 	out, err := s.command("pg_ctl", "stop", "-w", "-t", "60", "-D", s.Dir, "-m", mode).CombinedOutput()

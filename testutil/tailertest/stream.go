@@ -43,3 +43,9 @@ func TokenIDs(m *jetstream.RawStreamMsg) ([]int64, error) {
 	}
 	return ids, nil
 }
+
+// TokenKeys returns the token keys a message's Mailroom-Token-Keys header
+// lists, in body order.
+func TokenKeys(m *jetstream.RawStreamMsg) []string {
+	return strings.Split(m.Header.Get(wire.HeaderTokenKeys), ",")
+}

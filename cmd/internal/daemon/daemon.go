@@ -19,9 +19,9 @@ import (
 
 	"github.com/mailroom/tailer/batch"
 	"github.com/mailroom/tailer/cmd/internal/config"
-	"github.com/mailroom/tailer/cmd/internal/resync"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/embedded"
+	"github.com/mailroom/tailer/publish/resync"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -56,8 +56,10 @@ type Daemon struct {
 
 	feeder atomic.Pointer[batch.Feeder]
 	held   atomic.Bool
-	// blocked says why the slot may not be streamed from, until it is.
+	// blocked says why the slot may not be streamed from, until it is;
+	// standby, that another process owns it.
 	blocked atomic.Pointer[string]
+	standby atomic.Pointer[string]
 	nc      atomic.Pointer[nats.Conn]
 	lag     atomic.Pointer[lagSample]
 }
@@ -119,8 +121,9 @@ func ConnectNATS(cfg *config.Config, log *slog.Logger, opts ...nats.Option) (nc 
 	return nc, func() { nc.Close(); stop() }, nil
 }
 
-// ResyncOptions are the settings of a resync of cfg's slot.
-func ResyncOptions(cfg *config.Config, log *slog.Logger) (resync.Options, error) {
+// ResyncOptions are the settings of a resync of cfg's slot; by names what
+// resyncs, for the slot's record.
+func ResyncOptions(cfg *config.Config, log *slog.Logger, by string) (resync.Options, error) {
 	signer, err := publish.NewSigner(cfg.SecretKey)
 	if err != nil {
 		return resync.Options{}, err
@@ -133,17 +136,18 @@ func ResyncOptions(cfg *config.Config, log *slog.Logger) (resync.Options, error)
 		Format:      cfg.Format,
 		BatchLimit:  cfg.BatchLimit,
 		MaxInFlight: cfg.MaxInFlight,
+		By:          by,
 		Log:         log,
 	}, nil
 }
 
 // LogResync logs what a resync did.
 func LogResync(log *slog.Logger, msg string, r resync.Report) {
-	args := []any{"slot", r.Slot, "consistent_point", r.ConsistentPoint.String(), "eligible", r.Eligible,
+	args := []any{"slot", r.Slot, "incarnation", r.Incarnation, "consistent_point", r.ConsistentPoint.String(), "eligible", r.Eligible,
 		"already_on_stream", r.OnStream, "published", r.Published, "messages", r.Messages,
-		"unsafe_field", r.Unsafe, "expired_unpublished", r.Expired, "stream_seq", r.StreamSeq}
-	if r.AfterID != nil {
-		args = append(args, "after_id", *r.AfterID)
+		"unsafe_field", r.Unsafe, "skipped", r.Skipped, "expired_unpublished", r.Expired, "stream_seq", r.StreamSeq}
+	if r.Cutover != nil {
+		args = append(args, "collector_last_seq", r.Cutover.LastSeq)
 	}
 	log.Info(msg, args...)
 }
@@ -183,7 +187,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 	const minDelay, maxDelay = 250 * time.Millisecond, 30 * time.Second
 	delay := minDelay
-	waitingForSlot, slotLost := false, false
+	standingBy, blockedSaid := false, false
 	for {
 		started := time.Now()
 		err := d.session(ctx, nc)
@@ -199,7 +203,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 			return cerr
 		}
 		// Retrying cannot make a stream of another database ours, nor
-		// change a stream's configuration.
+		// change a stream's configuration. Only a tailer that holds the
+		// slot gets these: a standby judges nothing.
 		var (
 			foreign   *publish.ErrForeignStream
 			streamCfg *publish.StreamConfigError
@@ -210,45 +215,54 @@ func (d *Daemon) Run(ctx context.Context) error {
 		if time.Since(started) > time.Minute {
 			delay = minDelay
 		}
-		var se *sessionError
-		if errors.As(err, &se) && !replication.IsSlotInUse(err) {
+		var (
+			se      *sessionError
+			held    *replication.LeaseHeldError
+			lost    *slotLostError
+			blocked *blockedError
+			failed  *resyncFailedError
+		)
+		inUse := errors.As(err, &held) || replication.IsSlotInUse(err)
+		if errors.As(err, &se) && !inUse {
 			d.metrics.reconnect(se.target)
 		}
-		var (
-			lost *slotLostError
-			need *resyncNeededError
-		)
+		if !inUse {
+			d.standby.Store(nil)
+		}
 		switch {
-		case (errors.As(err, &lost) || errors.As(err, &need)) && d.cfg.AutoResync:
-			d.log.Warn("resyncing the slot (MAILROOM_AUTO_RESYNC)", "reason", err)
-			if err := d.resync(ctx, nc); err != nil {
-				d.log.Error("resync failed; retrying", "err", err)
-				delay = 5 * time.Second
-			} else {
-				delay = minDelay
-			}
-			waitingForSlot, slotLost = false, false
-		case errors.As(err, &lost), errors.As(err, &need):
+		case errors.Is(err, errResynced):
+			delay = minDelay
+			standingBy, blockedSaid = false, false
+		case errors.As(err, &failed):
+			d.log.Error("resync failed; retrying", "err", failed.err)
+			delay = 5 * time.Second
+		case errors.As(err, &lost), errors.As(err, &blocked):
 			// Said once; the tailer waits for the operator, checking
 			// every few seconds, and /readyz (and the metric, for a
 			// lost slot) say why.
-			if need != nil {
-				d.blocked.Store(&need.msg)
+			if blocked != nil {
+				d.blocked.Store(&blocked.msg)
 			}
-			if !slotLost {
+			if !blockedSaid {
 				d.log.Error("replication slot cannot be streamed from", "err", err)
-				slotLost = true
+				blockedSaid = true
 			}
 			delay = 5 * time.Second
-			waitingForSlot = false
-		case replication.IsSlotInUse(err):
-			if !waitingForSlot {
-				d.log.Info("slot is in use by another tailer; standing by", "slot", d.cfg.Slot)
-				waitingForSlot = true
+			standingBy = false
+		case inUse:
+			why := "slot " + d.cfg.Slot + " is in use by another process (pg_stat_replication)"
+			if held != nil {
+				why = held.Error()
+			}
+			why = "standing by: " + why
+			d.standby.Store(&why)
+			if !standingBy {
+				d.log.Info("standing by: another process owns the slot; taking over when it lets go", "slot", d.cfg.Slot, "owner", ownerOf(held))
+				standingBy = true
 			}
 			delay = time.Second
 		default:
-			waitingForSlot, slotLost = false, false
+			standingBy, blockedSaid = false, false
 			d.log.Error("session ended; retrying", "err", err, "retry_in", delay.Round(time.Millisecond))
 		}
 		// Full jitter keeps several tailers from retrying in lockstep.
@@ -261,4 +275,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		delay = min(delay*2, maxDelay)
 	}
+}
+
+// ownerOf names the holder of the lease for the standby's log line.
+func ownerOf(held *replication.LeaseHeldError) string {
+	if held == nil {
+		return "a replication connection that does not hold the lease"
+	}
+	return held.Holder.String()
 }

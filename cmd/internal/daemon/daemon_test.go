@@ -65,7 +65,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	db := tailertest.NewDB(t, pgtest.Shared(t))
-	if _, err := replication.EnsureSlot(ctx, db.Conn, "mailroom"); err != nil {
+	if _, err := replication.CreateSlot(ctx, db.Conn, "mailroom", "tailer migrate", false); err != nil {
 		t.Fatal(err)
 	}
 	var srv *server.Server
@@ -657,4 +657,34 @@ func TestPoisonRowsAreSkippedAndConfirmed(t *testing.T) {
 		t.Fatalf("messages = %d, first %q", len(msgs), msgs[0].body)
 	}
 	e.WaitConfirmed("mailroom", e.WalLSN(), 30*time.Second)
+}
+
+// A tailer whose lease is taken from it (its session ended by the server)
+// stops streaming at once and takes the lease and the slot again; every
+// token is published once.
+func TestLostLeaseEndsTheSession(t *testing.T) {
+	e := newEnv(t, envOpts{limit: 5, timeout: 50 * time.Millisecond})
+	e.Exec(`INSERT INTO accounts (email, login) SELECT 'a' || g || '@x', 'a' || g FROM generate_series(1, 20) g`)
+	e.messages(20)
+	e.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'tailer run' AND datname = current_database()`)
+	deadline := time.Now().Add(30 * time.Second)
+	for strings.Count(e.logs.String(), "msg=streaming") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the tailer did not stream again after losing its lease:\n%s", e.logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(e.logs.String(), "lost the lease of slot mailroom") {
+		t.Fatalf("the session's end does not say the lease was lost:\n%s", e.logs.String())
+	}
+	e.Exec(`INSERT INTO accounts (email, login) SELECT 'b' || g || '@x', 'b' || g FROM generate_series(1, 20) g`)
+	seen := map[int64]bool{}
+	for _, m := range e.messages(40) {
+		for _, id := range m.ids {
+			if seen[id] {
+				t.Fatalf("token %d published twice", id)
+			}
+			seen[id] = true
+		}
+	}
 }

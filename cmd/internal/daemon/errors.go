@@ -34,12 +34,28 @@ func (e *slotLostError) Error() string {
 	return e.slot.LostMessage()
 }
 
-// resyncNeededError is a slot the tailer must not stream from until a
-// resync: one started and did not finish, or the slot is gone while the
-// stream says it existed.
-type resyncNeededError struct{ msg string }
+// blockedError is a slot the tailer must not stream from until the
+// operator acts: a resync started and did not finish, the slot is gone
+// while the database or the stream says it existed, the stream's batches
+// are not the slot's, or the schema predates this tailer. resync says a
+// resync is the way out (so MAILROOM_AUTO_RESYNC applies).
+type blockedError struct {
+	msg    string
+	resync bool
+}
 
-func (e *resyncNeededError) Error() string { return e.msg }
+func (e *blockedError) Error() string { return e.msg }
+
+// resyncFailedError is an automatic resync that failed; the next session
+// tries again.
+type resyncFailedError struct{ err error }
+
+func (e *resyncFailedError) Error() string { return "resync: " + e.err.Error() }
+func (e *resyncFailedError) Unwrap() error { return e.err }
+
+// errResynced ends a session that resynced the slot: the next one streams
+// from the new slot.
+var errResynced = errors.New("slot resynced")
 
 // What a failed session's error is blamed on, for tailer_reconnects_total.
 const (

@@ -28,6 +28,8 @@ func (d *Daemon) readiness() Readiness {
 	}
 	if b := d.blocked.Load(); b != nil {
 		r.Reasons = append(r.Reasons, *b)
+	} else if s := d.standby.Load(); s != nil && !r.SlotHeld {
+		r.Reasons = append(r.Reasons, *s)
 	} else if !r.SlotHeld {
 		r.Reasons = append(r.Reasons, "not streaming from the slot (standing by or reconnecting)")
 	}

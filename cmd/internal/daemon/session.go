@@ -12,31 +12,28 @@ import (
 
 	"github.com/mailroom/tailer/batch"
 	"github.com/mailroom/tailer/batch/join"
-	"github.com/mailroom/tailer/cmd/internal/resync"
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
+	"github.com/mailroom/tailer/publish/resync"
 	"github.com/mailroom/tailer/replication"
 )
 
-// session streams from the slot until ctx is done or something fails.
+// session takes the slot's lease, claims the slot and the stream for it,
+// and streams until ctx is done or something fails. Nothing is judged
+// before the lease and the slot are held: a standby only learns that
+// another process owns them.
 func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	cfg := d.cfg
+	lease, err := replication.AcquireLease(ctx, cfg.DatabaseURL, cfg.Slot, replication.LeaseOptions{Application: "tailer run"})
+	if err != nil {
+		return pgErr(err)
+	}
+	defer lease.Release()
 	q, err := connectQuery(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return pgErr(err)
 	}
 	defer q.Close(context.Background())
-
-	state, err := resync.Load(ctx, q, cfg.Slot)
-	if err != nil {
-		return pgErr(err)
-	}
-	slot, err := replication.Slot(ctx, q, cfg.Slot)
-	vanished := errors.Is(err, replication.ErrNoSlot)
-	if err != nil && !vanished {
-		return pgErr(err)
-	}
-
 	rc, err := replication.Connect(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return pgErr(err)
@@ -47,64 +44,39 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		return pgErr(fmt.Errorf("identify system: %w", err))
 	}
 	origin := publish.Origin{SystemID: ident.SystemID, Timeline: ident.Timeline, Database: ident.DBName}
+	dest := publish.Destination{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction, Origin: origin}
 
-	pub, err := publish.NewPublisher(ctx, nc, publish.Destination{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction, Origin: origin})
+	rec, slot, err := d.prepareSlot(ctx, q, nc, dest)
 	if err != nil {
-		return natsErr(err)
-	}
-	defer pub.Close()
-	if state.Done {
-		pub.ResumeAfter(state.StreamSeq)
-	}
-	current := slot.CurrentLSN
-	if vanished {
-		if current, err = currentLSN(ctx, q); err != nil {
-			return pgErr(err)
-		}
-	}
-	if err := pub.CheckOrigin(origin, current); err != nil {
-		return err
-	}
-	if state.Pending() {
-		return &resyncNeededError{resync.PendingMessage(cfg.Slot)}
-	}
-	if vanished {
-		if pub.LastSeq() > 0 {
-			return &resyncNeededError{fmt.Sprintf("slot %s does not exist, but stream %s holds batches published from it: it was dropped, and the tokens committed since are not in any slot. "+
-				"The tailer will not recreate it by itself. To go on: run `tailer resync`, which recreates the slot and publishes, once, every still-eligible token the stream lacks "+
-				"(or set MAILROOM_AUTO_RESYNC=true to let tailer run do it)", cfg.Slot, cfg.Stream)}
-		}
-		if _, err := replication.EnsureSlot(ctx, q, cfg.Slot); err != nil {
-			return pgErr(err)
-		}
-		d.log.Warn("created replication slot: tokens committed before now were not captured (run `tailer migrate` to create it together with the schema)", "slot", cfg.Slot)
-		if slot, err = replication.Slot(ctx, q, cfg.Slot); err != nil {
-			return pgErr(err)
-		}
-	} else if _, err := replication.EnsureSlot(ctx, q, cfg.Slot); err != nil {
-		// It exists: this checks its database and plugin.
-		return pgErr(err)
-	}
-	if slot.Lost() {
-		return &slotLostError{slot: slot}
+		return d.unblock(ctx, lease, nc, err)
 	}
 	receiver, err := replication.Start(ctx, rc, replication.Options{
 		Slot: cfg.Slot, Publication: cfg.Publication, ProtoVersion: cfg.ProtoVersion, Binary: cfg.Binary,
 		OnStatus: d.metrics.statusSent, Timeout: cfg.ReplicationTimeout,
 	})
 	if replication.IsSlotLost(err) {
-		return &slotLostError{slot: slot, cause: err}
+		return d.unblock(ctx, lease, nc, &slotLostError{slot: slot, cause: err})
 	}
 	if err != nil {
 		return pgErr(err)
 	}
-	// A resync that started after the check above may have recreated the
-	// slot this session now holds; its snapshot is not all published yet.
-	if state, err := resync.Load(ctx, q, cfg.Slot); err != nil || state.Pending() {
-		if err != nil {
-			return pgErr(err)
-		}
-		return &resyncNeededError{resync.PendingMessage(cfg.Slot)}
+	// The slot is held: no other tailer publishes now (a dead holder's
+	// late publish cannot land after ours, see publish.Publisher), so the
+	// stream read now and the WAL position read after it are one view.
+	pub, err := publish.NewPublisher(ctx, nc, dest)
+	if err != nil {
+		return natsErr(err)
+	}
+	defer pub.Close()
+	current, err := currentLSN(ctx, q)
+	if err != nil {
+		return pgErr(err)
+	}
+	if err := d.claimStream(ctx, q, pub, &rec, origin); err != nil {
+		return d.unblock(ctx, lease, nc, err)
+	}
+	if err := pub.Resume(publish.Owner{Origin: origin, Incarnation: rec.Incarnation, Since: rec.StreamSeq, Legacy: rec.Legacy}, current); err != nil {
+		return err
 	}
 	d.blocked.Store(nil)
 	d.held.Store(true)
@@ -113,7 +85,7 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		d.held.Store(false)
 		d.metrics.setHeld(false)
 	}()
-	d.log.Info("streaming", "slot", cfg.Slot, "from", slot.ConfirmedFlush, "resume_after", pub.LastPosition(0).String(),
+	d.log.Info("streaming", "slot", cfg.Slot, "incarnation", rec.Incarnation, "from", slot.ConfirmedFlush, "resume_after", pub.LastPosition(0).String(),
 		"stream", cfg.Stream, "subject", cfg.Subject, "batch_limit", cfg.BatchLimit, "batch_timeout", cfg.BatchTimeout)
 	select {
 	case <-d.ready:
@@ -171,6 +143,15 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		}
 	}()
 
+	// Without the lease another tailer may take over: stop at once.
+	go func() {
+		select {
+		case <-lease.Lost():
+			cancelRun(lease.Err())
+		case <-runCtx.Done():
+		}
+	}()
+
 	err = receiver.Run(runCtx, feeder)
 	// Read before the pipeline is stopped: afterwards it reports its own
 	// cancellation, which is not why the session ended.
@@ -179,7 +160,134 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	<-drained
 	feeder.Close()
 	d.log.Info("session ended", "confirmed", receiver.Sent())
+	if lerr := lease.Err(); lerr != nil && ctx.Err() == nil {
+		return pgErr(lerr)
+	}
 	return sessionCause(ctx, err, pipeErr, pipelineFailed)
+}
+
+// prepareSlot reads the slot and its record, with the lease held, and
+// makes the slot when this is a first start (no record, an empty stream).
+// Its errors say why the slot must not be streamed from yet.
+func (d *Daemon) prepareSlot(ctx context.Context, q *pgx.Conn, nc *nats.Conn, dest publish.Destination) (replication.Record, replication.SlotInfo, error) {
+	cfg := d.cfg
+	rec, err := replication.LoadRecord(ctx, q, cfg.Slot)
+	if errors.Is(err, replication.ErrNoRecordTable) {
+		return rec, replication.SlotInfo{}, &blockedError{msg: err.Error()}
+	}
+	if err != nil {
+		return rec, replication.SlotInfo{}, pgErr(err)
+	}
+	if rec.ResyncPending {
+		return rec, replication.SlotInfo{}, &blockedError{msg: resync.PendingMessage(cfg.Slot), resync: true}
+	}
+	slot, err := replication.Slot(ctx, q, cfg.Slot)
+	if err == nil {
+		if err := replication.CheckSlot(ctx, q, slot); err != nil {
+			return rec, slot, pgErr(err)
+		}
+		if slot.Lost() {
+			return rec, slot, &slotLostError{slot: slot}
+		}
+		return rec, slot, nil
+	}
+	if !errors.Is(err, replication.ErrNoSlot) {
+		return rec, slot, pgErr(err)
+	}
+	// No slot: it is made here only on a first start, when nothing says
+	// one existed. Otherwise the tokens committed since the old one was
+	// last read are in no slot, and a new one would skip them.
+	pub, err := publish.NewPublisher(ctx, nc, dest)
+	if err != nil {
+		return rec, slot, natsErr(err)
+	}
+	defer pub.Close()
+	if err := pub.CheckOrigin(dest.Origin); err != nil {
+		return rec, slot, err
+	}
+	switch {
+	case rec.Exists:
+		return rec, slot, &blockedError{resync: true, msg: fmt.Sprintf("slot %s does not exist, but this database recorded it (%s): it was dropped, or this database is a copy or a restore of the one it was made in, "+
+			"and the tokens committed since it was last read are in no slot. The tailer will not recreate it by itself. "+resyncAdvice, cfg.Slot, rec.Describe())}
+	case pub.LastSeq() > 0:
+		return rec, slot, &blockedError{resync: true, msg: fmt.Sprintf("slot %s does not exist, but stream %s holds batches (last seq %d) of a slot this database has no record of: it was dropped, or this database is a copy. "+
+			"The tailer will not recreate it by itself. "+resyncAdvice, cfg.Slot, cfg.Stream, pub.LastSeq())}
+	}
+	if rec, err = replication.CreateSlot(ctx, q, cfg.Slot, "tailer run", true); err != nil {
+		return rec, slot, pgErr(err)
+	}
+	d.log.Warn("created replication slot: tokens committed before now were not captured (run `tailer migrate` to create it together with the schema)", "slot", cfg.Slot, "incarnation", rec.Incarnation)
+	slot, err = replication.Slot(ctx, q, cfg.Slot)
+	if err != nil {
+		return rec, slot, pgErr(err)
+	}
+	return rec, slot, nil
+}
+
+// claimStream ties the stream to the slot's incarnation when no tailer has
+// yet (a slot made by tailer migrate, or without a record at all): only an
+// empty stream can be taken over, since batches already on it were
+// published from some other slot and their positions mean nothing to this
+// one.
+func (d *Daemon) claimStream(ctx context.Context, q *pgx.Conn, pub *publish.Publisher, rec *replication.Record, origin publish.Origin) error {
+	cfg := d.cfg
+	if rec.Exists && rec.Bound {
+		return nil
+	}
+	if err := pub.CheckOrigin(origin); err != nil {
+		return err
+	}
+	if pub.LastSeq() > 0 {
+		made := "no tailer command recorded making it (made by hand, or by an older tailer)"
+		if rec.Exists {
+			made = "it was made after them (" + rec.Describe() + ")"
+		}
+		return &blockedError{resync: true, msg: fmt.Sprintf("stream %s holds batches (last seq %d) that slot %s did not publish: %s. "+
+			"They belong to an earlier slot, or to another copy of this database, and their positions would skip this slot's tokens. "+resyncAdvice, cfg.Stream, pub.LastSeq(), cfg.Slot, made)}
+	}
+	if !rec.Exists {
+		r, err := replication.AdoptSlot(ctx, q, cfg.Slot)
+		if err != nil {
+			return pgErr(err)
+		}
+		*rec = r
+		d.log.Info("adopted a slot no tailer recorded making, beside an empty stream", "slot", cfg.Slot, "incarnation", rec.Incarnation)
+		return nil
+	}
+	if err := replication.Bind(ctx, q, rec, 0); err != nil {
+		return pgErr(err)
+	}
+	return nil
+}
+
+// resyncAdvice is the way out of a slot the tailer must not stream from.
+const resyncAdvice = "To go on: run `tailer resync`, which recreates the slot and publishes, once, every still-eligible token the stream lacks " +
+	"(or set MAILROOM_AUTO_RESYNC=true to let tailer run do it), or use a stream of this database's own (MAILROOM_NATS_STREAM)"
+
+// unblock resyncs the slot, with the lease this session holds, when err
+// says a resync is the way out and MAILROOM_AUTO_RESYNC allows it;
+// otherwise it returns err.
+func (d *Daemon) unblock(ctx context.Context, lease *replication.Lease, nc *nats.Conn, err error) error {
+	var (
+		lost    *slotLostError
+		blocked *blockedError
+	)
+	fixes := errors.As(err, &lost) || (errors.As(err, &blocked) && blocked.resync)
+	if !fixes || !d.cfg.AutoResync {
+		return err
+	}
+	d.log.Warn("resyncing the slot (MAILROOM_AUTO_RESYNC)", "reason", err)
+	opts, oerr := ResyncOptions(d.cfg, d.log, "tailer run (MAILROOM_AUTO_RESYNC)")
+	if oerr != nil {
+		return oerr
+	}
+	rep, rerr := resync.Run(ctx, lease, nc, opts)
+	if rerr != nil {
+		return &resyncFailedError{rerr}
+	}
+	d.blocked.Store(nil)
+	LogResync(d.log, "slot resynced", rep)
+	return errResynced
 }
 
 // sessionCause says why a session ended, blaming the side that failed
@@ -209,21 +317,6 @@ func currentLSN(ctx context.Context, q *pgx.Conn) (pglogrepl.LSN, error) {
 		return 0, fmt.Errorf("query current WAL position: %w", err)
 	}
 	return pglogrepl.ParseLSN(s)
-}
-
-// resync runs a resync of the slot for MAILROOM_AUTO_RESYNC.
-func (d *Daemon) resync(ctx context.Context, nc *nats.Conn) error {
-	opts, err := ResyncOptions(d.cfg, d.log)
-	if err != nil {
-		return err
-	}
-	rep, err := resync.Run(ctx, nc, opts)
-	if err != nil {
-		return err
-	}
-	d.blocked.Store(nil)
-	LogResync(d.log, "slot resynced", rep)
-	return nil
 }
 
 // connectQuery opens the tailer's ordinary connection, named so that

@@ -1,0 +1,419 @@
+// Package resync recreates the tailer's slot from a snapshot and publishes,
+// once, the tokens the stream lacks: after the server invalidated the slot
+// (or it was dropped, or the database is a copy whose slot is not the
+// stream's), or when adopting a database that ran mailroom's collector.
+//
+// The slot is created with an exported snapshot: every token committed
+// before the slot's consistent point is visible in the snapshot, every later
+// one is decoded from the slot by tailer run. In the snapshot the resync
+// selects the tokens still to be mailed (join.Eligible, less what the
+// collector sent before a cutover), reads the keys of the tokens the stream
+// already holds (a short window: tokens live minutes), and publishes the
+// rest through the same pipeline as tailer run: batches of the batch limit,
+// joined, signed, published with their PubAcks awaited in order.
+//
+// The caller holds the slot's lease for all of it. The new incarnation is
+// recorded as pending before the slot is created and marked done once its
+// snapshot is on the stream; tailer run does not stream from a pending
+// incarnation, and a resync that died half way is finished by running it
+// again (the slot is made once more and the stream read again, so nothing
+// is published twice).
+package resync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/nats-io/nats.go"
+
+	"github.com/mailroom/tailer/batch"
+	"github.com/mailroom/tailer/batch/join"
+	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish"
+	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/wire"
+	"github.com/mailroom/tailer/replication"
+)
+
+// Options configure a resync.
+type Options struct {
+	DatabaseURL string
+	Slot        string
+	// Destination is where tokens are published; its Origin is set by Run.
+	Destination publish.Destination
+	Signer      *publish.Signer
+	Format      wire.Format
+	BatchLimit  int
+	MaxInFlight int
+	// By names what recreates the slot, for its record (tailer status).
+	By string
+	// Cutover, when set, adopts mailroom's collector's database: the
+	// tokens it sent are never published. It is kept with the slot's
+	// record, so later resyncs leave them out too.
+	Cutover *replication.Cutover
+	// ClockSkew is how far the database's and NATS's clocks may disagree;
+	// the stream is read from the oldest candidate's creation less this.
+	ClockSkew time.Duration
+	Log       *slog.Logger
+}
+
+// Report says what a resync did.
+type Report struct {
+	Slot            string
+	Incarnation     string
+	ConsistentPoint pglogrepl.LSN
+	Cutover         *replication.Cutover
+	// Eligible tokens in the snapshot; OnStream of them were already
+	// published, Published were published now, Unsafe were not
+	// (unsafe_field, line format), Skipped were not for another reason
+	// the join found (a row that cannot be signed, say).
+	Eligible, OnStream, Published, Unsafe, Skipped int
+	// Expired counts tokens that expired without being published: not
+	// consumed, created after the stream's last message (or ever, for an
+	// empty stream), expired by the time of the snapshot.
+	Expired int
+	// Messages published, and the stream's last sequence afterwards.
+	Messages  int
+	StreamSeq uint64
+}
+
+// notSent leaves out the tokens mailroom's collector sent before the
+// cutover ($1 its last_seq, $2 the cutover's epoch; both NULL without one).
+const notSent = `($1::bigint IS NULL OR NOT (t.id <= $1::bigint AND t.created_at <= $2::bigint))`
+
+// Run recreates opts.Slot from a snapshot and publishes through nc what the
+// stream lacks. The caller holds the slot's lease; Run gives up when it is
+// lost. A slot that some process streams from is refused before anything
+// changes.
+func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Options) (Report, error) {
+	rep := Report{Slot: opts.Slot}
+	if opts.BatchLimit <= 0 {
+		opts.BatchLimit = 10
+	}
+	if opts.ClockSkew <= 0 {
+		opts.ClockSkew = 5 * time.Minute
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-lease.Lost():
+			cancel(lease.Err())
+		case <-ctx.Done():
+		}
+	}()
+
+	q, err := connect(ctx, opts.DatabaseURL, nil)
+	if err != nil {
+		return rep, err
+	}
+	defer q.Close(context.Background())
+
+	old, err := replication.LoadRecord(ctx, q, opts.Slot)
+	if err != nil {
+		return rep, err
+	}
+	cutover := opts.Cutover
+	if cutover == nil {
+		cutover = old.Cutover
+	}
+	rep.Cutover = cutover
+	// Nothing changes before the slot is dropped, and PostgreSQL refuses
+	// to drop a slot that some process streams from.
+	slot, err := replication.Slot(ctx, q, opts.Slot)
+	switch {
+	case err == nil && slot.Active:
+		return rep, fmt.Errorf("slot %s is in use by process %d (pg_stat_replication), which does not hold the tailer's lease: stop it first", opts.Slot, slot.ActivePID)
+	case err == nil:
+		if err := replication.DropSlot(ctx, q, opts.Slot); err != nil {
+			return rep, err
+		}
+	case !errors.Is(err, replication.ErrNoSlot):
+		return rep, err
+	}
+	rec, err := replication.BeginResync(ctx, q, opts.Slot, opts.By, cutover)
+	if err != nil {
+		return rep, err
+	}
+	rep.Incarnation = rec.Incarnation
+
+	rc, err := replication.Connect(ctx, opts.DatabaseURL)
+	if err != nil {
+		return rep, err
+	}
+	defer rc.Close(context.Background())
+	ident, err := pglogrepl.IdentifySystem(ctx, rc)
+	if err != nil {
+		return rep, fmt.Errorf("identify system: %w", err)
+	}
+	snap, err := replication.CreateSlotWithSnapshot(ctx, rc, opts.Slot)
+	if err != nil {
+		return rep, err
+	}
+	rep.ConsistentPoint = snap.ConsistentPoint
+	// Two transactions share the snapshot: one reads the candidates, the
+	// other is the pipeline's join, which runs meanwhile.
+	tx, err := snapshotTx(ctx, q, snap)
+	if err != nil {
+		return rep, err
+	}
+	defer tx.Rollback(context.Background())
+	jq, err := connect(ctx, opts.DatabaseURL, join.SessionSettings())
+	if err != nil {
+		return rep, err
+	}
+	defer jq.Close(context.Background())
+	jtx, err := snapshotTx(ctx, jq, snap)
+	if err != nil {
+		return rep, err
+	}
+	defer jtx.Rollback(context.Background())
+	// The transactions hold the snapshot now; the replication connection
+	// is done.
+	rc.Close(context.Background())
+
+	dest := opts.Destination
+	dest.Origin = publish.Origin{SystemID: ident.SystemID, Timeline: ident.Timeline, Database: ident.DBName}
+	pub, err := publish.NewPublisher(ctx, nc, dest)
+	if err != nil {
+		return rep, err
+	}
+	defer pub.Close()
+	// The new incarnation takes the stream over after its last message:
+	// what is on it now says nothing about the new slot's positions.
+	if err := pub.Resume(publish.Owner{Origin: dest.Origin, Incarnation: rec.Incarnation, Since: pub.LastSeq()}, 0); err != nil {
+		return rep, err
+	}
+
+	var lastSeq, cutoverAt *int64
+	if cutover != nil {
+		lastSeq, cutoverAt = &cutover.LastSeq, &cutover.At
+	}
+	var oldest *int64
+	if err := tx.QueryRow(ctx, `SELECT min(t.created_at)::bigint, count(*) FROM tokens t JOIN accounts a ON a.id = t.account WHERE `+
+		join.Eligible+` AND `+notSent, lastSeq, cutoverAt).Scan(&oldest, &rep.Eligible); err != nil {
+		return rep, fmt.Errorf("count eligible tokens: %w", err)
+	}
+	var since int64
+	if t := pub.LastTime(); !t.IsZero() {
+		since = t.Add(-opts.ClockSkew).Unix()
+	}
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM tokens t WHERE `+notSent+` AND NOT (`+join.Consumed+`) AND `+join.Expired+
+		` AND t.created_at > $3`, lastSeq, cutoverAt, since).Scan(&rep.Expired); err != nil {
+		return rep, fmt.Errorf("count expired tokens: %w", err)
+	}
+	onStream := map[string]struct{}{}
+	if oldest != nil {
+		if onStream, err = consume.KeysSince(ctx, pub.Stream(), time.Unix(*oldest, 0).Add(-opts.ClockSkew), pub.LastSeq()); err != nil {
+			return rep, err
+		}
+	}
+	if err := publishSnapshot(ctx, tx, jtx, pub, nc, opts, snap, lastSeq, cutoverAt, onStream, &rep); err != nil {
+		return rep, err
+	}
+	tx.Rollback(context.Background())
+	jtx.Rollback(context.Background())
+	info, err := pub.Stream().Info(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("read stream %s's last sequence: %w", dest.Name, err)
+	}
+	rep.StreamSeq = info.State.LastSeq
+	if err := replication.FinishResync(ctx, q, &rec, snap.ConsistentPoint, rep.StreamSeq); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+// publishSnapshot feeds the snapshot's tokens that the stream lacks to a
+// publish.Pipeline, cut into batches as tailer run cuts them.
+func publishSnapshot(ctx context.Context, tx, jtx pgx.Tx, pub *publish.Publisher, nc *nats.Conn, opts Options, snap replication.Snapshot,
+	lastSeq, cutoverAt *int64, onStream map[string]struct{}, rep *Report) error {
+	batcher := batch.NewBatcher(opts.BatchLimit, time.Hour, nil)
+	if opts.Destination.PerAction {
+		batcher.SetLanes(batch.ByAction)
+	}
+	count := &counter{}
+	pipeline := &publish.Pipeline{
+		Publisher:   pub,
+		Joiner:      join.NewJoiner(jtx),
+		Encoder:     publish.NewEncoder(opts.Signer, opts.Format),
+		Format:      opts.Format,
+		MaxInFlight: opts.MaxInFlight,
+		MaxBytes:    int(nc.MaxPayload()),
+		Done:        batcher.Recycle,
+		Observer:    count,
+		Log:         opts.Log,
+		Snapshot:    snap.ConsistentPoint.String(),
+	}
+	in := make(chan *batch.Batch, 4)
+	pipeCtx, stopPipe := context.WithCancel(ctx)
+	defer stopPipe()
+	pipeErr := make(chan error, 1)
+	go func() { pipeErr <- pipeline.Run(pipeCtx, in) }()
+	send := func(b *batch.Batch) error {
+		select {
+		case in <- b:
+			return nil
+		case err := <-pipeErr:
+			pipeErr <- err
+			return fmt.Errorf("publish the snapshot: %w", err)
+		}
+	}
+	var key []byte
+	err := readCandidates(ctx, tx, lastSeq, cutoverAt, func(t *decoder.Token) error {
+		key = wire.AppendKey(key[:0], &t.Secret)
+		if _, ok := onStream[string(key)]; ok {
+			rep.OnStream++
+			return nil
+		}
+		if b := batcher.Add(t); b != nil {
+			return send(b)
+		}
+		return nil
+	}, opts.Log)
+	if err == nil {
+		for _, b := range batcher.CutAll(batch.CutShutdown, nil) {
+			if err = send(b); err != nil {
+				break
+			}
+		}
+	}
+	close(in)
+	if err != nil {
+		stopPipe()
+		<-pipeErr
+		return err
+	}
+	if err := <-pipeErr; err != nil {
+		return fmt.Errorf("publish the snapshot: %w", err)
+	}
+	rep.Messages, rep.Published = int(count.messages.Load()), int(count.published.Load())
+	rep.Unsafe, rep.Skipped = int(count.unsafe.Load()), int(count.skipped.Load())
+	return nil
+}
+
+// readCandidates calls f with every token of the snapshot still to be
+// mailed, in id order. A row that cannot be signed is logged and left out.
+func readCandidates(ctx context.Context, tx pgx.Tx, lastSeq, cutoverAt *int64, f func(*decoder.Token) error, log *slog.Logger) error {
+	rows, err := tx.Query(ctx, `SELECT t.id, t.action::text, t.secret, t.code FROM tokens t JOIN accounts a ON a.id = t.account WHERE `+
+		join.Eligible+` AND `+notSent+` ORDER BY t.id`, lastSeq, cutoverAt)
+	if err != nil {
+		return fmt.Errorf("read eligible tokens: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			t      decoder.Token
+			action string
+			secret []byte
+			code   *string
+		)
+		if err := rows.Scan(&t.ID, &action, &secret, &code); err != nil {
+			return fmt.Errorf("read eligible tokens: %w", err)
+		}
+		if t.Action, err = decoder.ParseAction(action); err != nil || len(secret) != len(t.Secret) || (code != nil && len(*code) > len(t.Code)) {
+			if log != nil {
+				log.Warn("token not published: its row cannot be signed", "reason", join.SkipMalformed.String(), "token_id", t.ID)
+			}
+			continue
+		}
+		copy(t.Secret[:], secret)
+		if code == nil {
+			t.CodeNull = true
+		} else {
+			t.CodeLen = uint8(copy(t.Code[:], *code))
+		}
+		if err := f(&t); err != nil {
+			return err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read eligible tokens: %w", err)
+	}
+	return nil
+}
+
+// counter is the pipeline's Observer: what the resync published and
+// skipped. Its methods run on the pipeline's two goroutines.
+type counter struct {
+	messages, published, unsafe, skipped atomic.Int64
+}
+
+func (c *counter) BatchPublished(_ *batch.Batch, published int, _ time.Duration) {
+	c.messages.Add(1)
+	c.published.Add(int64(published))
+}
+
+func (c *counter) TokensSkipped(reason join.Skip, n int) {
+	if reason == join.SkipUnsafeField {
+		c.unsafe.Add(int64(n))
+	} else {
+		c.skipped.Add(int64(n))
+	}
+}
+
+func connect(ctx context.Context, url string, settings map[string]string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database URL: %w", err)
+	}
+	cfg.RuntimeParams["application_name"] = "tailer resync"
+	maps.Copy(cfg.RuntimeParams, settings)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	return conn, nil
+}
+
+// snapshotTx begins a read-only transaction on conn that sees snap.
+func snapshotTx(ctx context.Context, conn *pgx.Conn, snap replication.Snapshot) (pgx.Tx, error) {
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, fmt.Errorf("begin snapshot transaction: %w", err)
+	}
+	// The name was checked by CreateSlotWithSnapshot: the command takes no
+	// parameters.
+	if _, err := tx.Exec(ctx, `SET TRANSACTION SNAPSHOT '`+snap.Name+`'`); err != nil {
+		tx.Rollback(context.Background())
+		return nil, fmt.Errorf("import the slot's snapshot: %w", err)
+	}
+	return tx, nil
+}
+
+// CollectorCursor returns where mailroom's collector stopped (jobs.last_seq
+// of job_type 'mailroom', with the database's clock as the cutover time),
+// or nil in a database without one.
+func CollectorCursor(ctx context.Context, q replication.Querier) (*replication.Cutover, error) {
+	var (
+		seq *int64
+		now int64
+	)
+	err := q.QueryRow(ctx, `SELECT last_seq, extract(epoch FROM now())::bigint FROM jobs WHERE job_type = 'mailroom'`).Scan(&seq, &now)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42703"):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("read the collector's cursor (jobs.last_seq): %w", err)
+	}
+	c := &replication.Cutover{At: now}
+	if seq != nil {
+		c.LastSeq = *seq
+	}
+	return c, nil
+}
+
+// PendingMessage says what a pending resync means, for logs and /readyz.
+func PendingMessage(slot string) string {
+	return fmt.Sprintf("a resync of slot %s was started and did not finish: the tokens of its snapshot are not all on the stream. "+
+		"Run `tailer resync` again (or `tailer migrate`, when it was adopting a collector's database); tailer run waits until then", slot)
+}

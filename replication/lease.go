@@ -1,0 +1,274 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Lease is the exclusive right to act on a slot: to stream from it, drop
+// or create it, or publish what it (or a resync of it) holds. tailer run,
+// tailer resync, an adopting tailer migrate and an automatic resync all
+// take it before they look at anything, and hold it for as long as they
+// act, so that no two of them interleave.
+//
+// The slot alone cannot be the lease: it does not exist while a resync
+// drops and recreates it, and a resync holds no replication connection
+// while it publishes its snapshot. The lease is a session-level advisory
+// lock, held on a connection of its own so that nothing the holder does
+// on its other connections can give it up. The server ends that session,
+// and with it the lock, when the holder dies (its socket closes), when its
+// host vanishes (TCP keepalives give up after about 25 s), or when it is
+// frozen and stops pinging (idle_session_timeout): a standby can then take
+// over without waiting for the holder to come back.
+type Lease struct {
+	conn *pgx.Conn
+	slot string
+
+	stop context.CancelFunc
+	done chan struct{}
+	lost chan struct{}
+	err  error
+}
+
+// LeaseOptions adjust AcquireLease.
+type LeaseOptions struct {
+	// Application names the holder in pg_stat_activity (and so in the
+	// refusals of those that wait for it), e.g. "tailer run".
+	Application string
+	// Wait is how long to wait for a lease another holds; 0 tries once.
+	// A holder that streams from the slot does not let go, so it is not
+	// waited for: only one that checks the slot without streaming (a
+	// tailer run waiting for a resync) or a command that ends.
+	Wait time.Duration
+	// Ping is how often the holder checks that it still holds the lease
+	// (default 2s); Lost is closed when it does not.
+	Ping time.Duration
+	// IdleTimeout is how long the server keeps the lease of a holder that
+	// stopped pinging (frozen, or its host gone): default 20s, well above
+	// Ping, so that only such a holder loses it.
+	IdleTimeout time.Duration
+}
+
+// LeaseHeldError says another process holds the lease.
+type LeaseHeldError struct {
+	Slot   string
+	Holder Holder
+}
+
+func (e *LeaseHeldError) Error() string {
+	return fmt.Sprintf("slot %s is owned by another process: %s", e.Slot, e.Holder)
+}
+
+// Holder describes the session holding a lease, as pg_stat_activity shows
+// it to the asking role (another role's client address may be hidden).
+type Holder struct {
+	PID         int32
+	Application string
+	Client      string
+	Since       time.Time
+}
+
+func (h Holder) String() string {
+	if h.PID == 0 {
+		return "a session that has just let go of it"
+	}
+	var b strings.Builder
+	app := h.Application
+	if app == "" {
+		app = "unnamed client"
+	}
+	fmt.Fprintf(&b, "%s (backend pid %d", app, h.PID)
+	if h.Client != "" {
+		b.WriteString(", from " + h.Client)
+	}
+	if !h.Since.IsZero() {
+		b.WriteString(", connected " + h.Since.UTC().Format(time.RFC3339))
+	}
+	b.WriteString(")")
+	return b.String()
+}
+
+// leaseKey is the advisory lock's key for slot. Advisory locks are per
+// database, like the tailer's tables; the key is derived from the slot name
+// so that tailers of different slots in one database do not exclude each
+// other.
+func leaseKey(slot string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("tailer slot lease\x00" + slot))
+	return int64(h.Sum64())
+}
+
+// lockTag is how pg_locks shows a bigint advisory key: its high and low 32
+// bits as classid and objid.
+func lockTag(key int64) (classid, objid int64) {
+	return int64(uint64(key) >> 32), int64(uint64(key) & 0xffffffff)
+}
+
+// AcquireLease takes slot's lease on a new connection to url. When another
+// process holds it, AcquireLease waits up to opts.Wait and then returns a
+// *LeaseHeldError naming the holder.
+func AcquireLease(ctx context.Context, url, slot string, opts LeaseOptions) (*Lease, error) {
+	if err := ValidateName(slot); err != nil {
+		return nil, fmt.Errorf("slot name: %w", err)
+	}
+	if opts.Ping <= 0 {
+		opts.Ping = 2 * time.Second
+	}
+	if opts.IdleTimeout <= 0 {
+		opts.IdleTimeout = 20 * time.Second
+	}
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database URL: %w", err)
+	}
+	app := opts.Application
+	if app == "" {
+		app = "tailer"
+	}
+	cfg.RuntimeParams["application_name"] = app
+	cfg.RuntimeParams["idle_session_timeout"] = fmt.Sprint(opts.IdleTimeout.Milliseconds())
+	cfg.RuntimeParams["tcp_keepalives_idle"] = "10"
+	cfg.RuntimeParams["tcp_keepalives_interval"] = "5"
+	cfg.RuntimeParams["tcp_keepalives_count"] = "3"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	key := leaseKey(slot)
+	deadline := time.Now().Add(opts.Wait)
+	for {
+		var got bool
+		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&got); err != nil {
+			conn.Close(context.Background())
+			return nil, fmt.Errorf("take the lease of slot %s: %w", slot, err)
+		}
+		if got {
+			break
+		}
+		streaming := false
+		if opts.Wait > 0 {
+			s, err := Slot(ctx, conn, slot)
+			streaming = err == nil && s.Active
+		}
+		if streaming || !time.Now().Before(deadline) {
+			holder, err := leaseHolder(ctx, conn, key)
+			conn.Close(context.Background())
+			if err != nil {
+				return nil, err
+			}
+			return nil, &LeaseHeldError{Slot: slot, Holder: holder}
+		}
+		select {
+		case <-ctx.Done():
+			conn.Close(context.Background())
+			return nil, ctx.Err()
+		case <-time.After(min(200*time.Millisecond, time.Until(deadline))):
+		}
+	}
+	pingCtx, stop := context.WithCancel(context.Background())
+	l := &Lease{conn: conn, slot: slot, stop: stop, done: make(chan struct{}), lost: make(chan struct{})}
+	go l.watch(pingCtx, key, opts.Ping, opts.IdleTimeout/2)
+	return l, nil
+}
+
+// watch checks every ping that the lease is still held, and closes lost
+// when it is not (or cannot be told).
+func (l *Lease) watch(ctx context.Context, key int64, ping, patience time.Duration) {
+	defer close(l.done)
+	t := time.NewTicker(ping)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var held bool
+		qctx, cancel := context.WithTimeout(ctx, patience)
+		classid, objid := lockTag(key)
+		err := l.conn.QueryRow(qctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
+			AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1 AND granted)`, classid, objid).Scan(&held)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil && !held {
+			err = errors.New("the server no longer shows it held")
+		}
+		if err != nil {
+			l.err = fmt.Errorf("lost the lease of slot %s: %w", l.slot, err)
+			close(l.lost)
+			return
+		}
+	}
+}
+
+// Lost is closed when the lease was lost (its connection failed or was
+// ended): the holder must stop acting on the slot at once.
+func (l *Lease) Lost() <-chan struct{} { return l.lost }
+
+// Err says why the lease was lost, once Lost is closed.
+func (l *Lease) Err() error {
+	select {
+	case <-l.lost:
+		return l.err
+	default:
+		return nil
+	}
+}
+
+// Release gives the lease up by closing its connection.
+func (l *Lease) Release() {
+	l.stop()
+	<-l.done
+	l.conn.Close(context.Background())
+}
+
+// LeaseHolder returns who holds slot's lease, and false when nobody does.
+func LeaseHolder(ctx context.Context, q Querier, slot string) (Holder, bool, error) {
+	h, err := leaseHolder(ctx, q, leaseKey(slot))
+	if err != nil {
+		return h, false, err
+	}
+	return h, h.PID != 0, nil
+}
+
+func leaseHolder(ctx context.Context, q Querier, key int64) (Holder, error) {
+	var (
+		h      Holder
+		app    *string
+		client *string
+		since  *time.Time
+	)
+	classid, objid := lockTag(key)
+	err := q.QueryRow(ctx, `
+		SELECT l.pid, a.application_name, host(a.client_addr), a.backend_start
+		FROM pg_locks l
+		LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.granted
+		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		  AND l.classid = $1::bigint::oid AND l.objid = $2::bigint::oid AND l.objsubid = 1
+		LIMIT 1`, classid, objid).Scan(&h.PID, &app, &client, &since)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Holder{}, nil
+	}
+	if err != nil {
+		return h, fmt.Errorf("look up who holds the lease: %w", err)
+	}
+	if app != nil {
+		h.Application = *app
+	}
+	if client != nil {
+		h.Client = *client
+	}
+	if since != nil {
+		h.Since = *since
+	}
+	return h, nil
+}

@@ -1,0 +1,78 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/mailroom/tailer/testutil/pgtest"
+	"github.com/mailroom/tailer/testutil/tailertest"
+)
+
+// One holder at a time, per slot; the others are told who holds it, can
+// wait for it, and get it once the holder lets go or is gone, whether it
+// closed its connection, was terminated, or stopped pinging.
+func TestLease(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := tailertest.NewDB(t, pgtest.Shared(t))
+
+	if _, held, err := LeaseHolder(ctx, db.Conn, "s"); held || err != nil {
+		t.Fatalf("LeaseHolder of a free lease = %v, %v", held, err)
+	}
+	a, err := AcquireLease(ctx, db.URL, "s", LeaseOptions{Application: "holder a", Ping: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = AcquireLease(ctx, db.URL, "s", LeaseOptions{Application: "b"})
+	var held *LeaseHeldError
+	if !errors.As(err, &held) || held.Holder.Application != "holder a" || held.Holder.PID == 0 {
+		t.Fatalf("second lease: %v, want held by holder a", err)
+	}
+	h, ok, err := LeaseHolder(ctx, db.Conn, "s")
+	if !ok || err != nil || h.Application != "holder a" {
+		t.Fatalf("LeaseHolder = %+v, %v, %v", h, ok, err)
+	}
+	// Another slot's lease is another lease.
+	other, err := AcquireLease(ctx, db.URL, "other", LeaseOptions{})
+	if err != nil {
+		t.Fatalf("the lease of another slot: %v", err)
+	}
+	other.Release()
+
+	// A waiter gets it when the holder lets go.
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		a.Release()
+	}()
+	b, err := AcquireLease(ctx, db.URL, "s", LeaseOptions{Application: "b", Wait: 10 * time.Second, Ping: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("waiting for a released lease: %v", err)
+	}
+
+	// A holder whose session is ended is told, and the lease is free.
+	db.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'b'`)
+	select {
+	case <-b.Lost():
+		if b.Err() == nil {
+			t.Fatal("a lost lease without a reason")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the holder was not told its lease was lost")
+	}
+	b.Release()
+	c, err := AcquireLease(ctx, db.URL, "s", LeaseOptions{Application: "c", IdleTimeout: time.Second, Ping: time.Hour})
+	if err != nil {
+		t.Fatalf("after the holder's session ended: %v", err)
+	}
+	defer c.Release()
+
+	// A holder that stops pinging (frozen) loses it to the server's
+	// idle_session_timeout, and a standby takes over.
+	d, err := AcquireLease(ctx, db.URL, "s", LeaseOptions{Application: "d", Wait: 15 * time.Second})
+	if err != nil {
+		t.Fatalf("taking over from a frozen holder: %v", err)
+	}
+	d.Release()
+}

@@ -1,0 +1,212 @@
+package replication
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Record is what the database says about a slot the tailer owns (table
+// tailer_slot): which incarnation of the slot exists, and which of the
+// stream's batches belong to it.
+//
+// Every time a tailer command creates the slot it records a new
+// incarnation, and every batch published from the slot carries it. The
+// record is copied with the database but the slot is not (pg_basebackup and
+// dumps leave slots out), so a copy or a restore can only stream from a slot
+// made after the copy, under a new incarnation: the stream's batches of the
+// original never pass for its own.
+type Record struct {
+	Slot string
+	// Exists is false when no tailer command recorded the slot.
+	Exists      bool
+	Incarnation string
+	CreatedBy   string
+	CreatedAt   time.Time
+	// ResyncPending: a resync created this incarnation and has not
+	// published all of its snapshot yet.
+	ResyncPending   bool
+	ConsistentPoint pglogrepl.LSN
+	// Bound says StreamSeq is known: the stream's last sequence when this
+	// incarnation took the stream over. Messages up to it belong to
+	// earlier incarnations; later ones must be this one's.
+	Bound     bool
+	StreamSeq uint64
+	// Legacy: the slot predates incarnations, so its batches without one
+	// are its own.
+	Legacy bool
+	// Cutover is set once mailroom's collector's database was adopted.
+	Cutover *Cutover
+}
+
+// Cutover is where mailroom's collector stopped: it sent the tokens up to
+// LastSeq (jobs.last_seq) that were created before At (epoch seconds).
+// After TRUNCATE ... RESTART IDENTITY new tokens reuse those ids, which is
+// why the time is part of it.
+type Cutover struct {
+	LastSeq int64
+	At      int64
+}
+
+// ErrNoRecordTable is returned when the database lacks tailer_slot: its
+// schema predates this tailer.
+var ErrNoRecordTable = errors.New("table tailer_slot does not exist: run `tailer migrate` (the schema is older than this tailer)")
+
+// NewIncarnation returns a fresh incarnation id.
+func NewIncarnation() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+const recordColumns = `incarnation, created_by, created_at, resync_pending, consistent_point::text, stream_seq, legacy, collector_last_seq, collector_cutover`
+
+// LoadRecord reads slot's record; Exists is false when there is none.
+func LoadRecord(ctx context.Context, q Querier, slot string) (Record, error) {
+	r := Record{Slot: slot}
+	var (
+		cp        *string
+		seq       *int64
+		lastSeq   *int64
+		cutoverAt *int64
+	)
+	err := q.QueryRow(ctx, `SELECT `+recordColumns+` FROM tailer_slot WHERE slot = $1`, slot).
+		Scan(&r.Incarnation, &r.CreatedBy, &r.CreatedAt, &r.ResyncPending, &cp, &seq, &r.Legacy, &lastSeq, &cutoverAt)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return r, nil
+	case errors.As(err, &pgErr) && pgErr.Code == "42P01":
+		return r, ErrNoRecordTable
+	case err != nil:
+		return r, fmt.Errorf("read the record of slot %s: %w", slot, err)
+	}
+	r.Exists = true
+	if cp != nil {
+		if r.ConsistentPoint, err = pglogrepl.ParseLSN(*cp); err != nil {
+			return r, fmt.Errorf("record of slot %s: consistent point: %w", slot, err)
+		}
+	}
+	if seq != nil {
+		r.Bound, r.StreamSeq = true, uint64(*seq)
+	}
+	if lastSeq != nil && cutoverAt != nil {
+		r.Cutover = &Cutover{LastSeq: *lastSeq, At: *cutoverAt}
+	}
+	return r, nil
+}
+
+// Describe names the incarnation for messages: who made it, and when.
+func (r Record) Describe() string {
+	return fmt.Sprintf("incarnation %s, created by %s at %s", r.Incarnation, r.CreatedBy, r.CreatedAt.UTC().Format(time.RFC3339))
+}
+
+// saveRecord writes r as slot's record under a new incarnation, keeping
+// the collector's cutover unless r sets one. The caller holds the lease.
+func saveRecord(ctx context.Context, q Querier, r *Record) error {
+	r.Incarnation = NewIncarnation()
+	var seq, lastSeq, cutoverAt *int64
+	if r.Bound {
+		s := int64(r.StreamSeq)
+		seq = &s
+	}
+	if r.Cutover != nil {
+		lastSeq, cutoverAt = &r.Cutover.LastSeq, &r.Cutover.At
+	}
+	var cp *string
+	if r.ConsistentPoint != 0 {
+		s := r.ConsistentPoint.String()
+		cp = &s
+	}
+	err := q.QueryRow(ctx, `
+		INSERT INTO tailer_slot AS s (slot, incarnation, created_by, created_at, resync_pending, consistent_point, stream_seq, legacy, collector_last_seq, collector_cutover)
+		VALUES ($1, $2, $3, now(), $4, $5::pg_lsn, $6, false, $7, $8)
+		ON CONFLICT (slot) DO UPDATE SET incarnation = EXCLUDED.incarnation, created_by = EXCLUDED.created_by,
+			created_at = EXCLUDED.created_at, resync_pending = EXCLUDED.resync_pending, consistent_point = EXCLUDED.consistent_point,
+			stream_seq = EXCLUDED.stream_seq, legacy = false,
+			collector_last_seq = coalesce(EXCLUDED.collector_last_seq, s.collector_last_seq),
+			collector_cutover = coalesce(EXCLUDED.collector_cutover, s.collector_cutover)
+		RETURNING created_at, collector_last_seq, collector_cutover`,
+		r.Slot, r.Incarnation, r.CreatedBy, r.ResyncPending, cp, seq, lastSeq, cutoverAt).Scan(&r.CreatedAt, &lastSeq, &cutoverAt)
+	if err != nil {
+		return fmt.Errorf("record slot %s (has `tailer migrate` run?): %w", r.Slot, err)
+	}
+	r.Exists, r.Legacy = true, false
+	if lastSeq != nil && cutoverAt != nil {
+		r.Cutover = &Cutover{LastSeq: *lastSeq, At: *cutoverAt}
+	}
+	return nil
+}
+
+// CreateSlot creates the slot and records a new incarnation of it, made by
+// by. bound says the stream is known to hold nothing of an earlier slot
+// (it is empty), so the incarnation owns the stream from its start. The
+// caller holds the lease.
+func CreateSlot(ctx context.Context, q Querier, slot, by string, bound bool) (Record, error) {
+	if err := ValidateName(slot); err != nil {
+		return Record{}, fmt.Errorf("slot name: %w", err)
+	}
+	if _, err := q.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, $2)`, slot, Plugin); err != nil {
+		return Record{}, fmt.Errorf("create slot %s: %w", slot, err)
+	}
+	// A crash between the two leaves a slot without a record, which tailer
+	// run adopts only beside an empty stream, as it would bind this one.
+	r := Record{Slot: slot, CreatedBy: by, Bound: bound}
+	return r, saveRecord(ctx, q, &r)
+}
+
+// AdoptSlot records a new incarnation for a slot that exists without a
+// record (made by hand, or by an older tailer), beside an empty stream.
+func AdoptSlot(ctx context.Context, q Querier, slot string) (Record, error) {
+	r := Record{Slot: slot, CreatedBy: "adopted by tailer run", Bound: true}
+	return r, saveRecord(ctx, q, &r)
+}
+
+// BeginResync records that a resync is about to recreate the slot: a new
+// incarnation, pending until FinishResync. It is written before the old
+// slot is dropped, so that a resync that dies half way leaves a record
+// that says so. cutover, when set, is the collector's being adopted.
+func BeginResync(ctx context.Context, q Querier, slot, by string, cutover *Cutover) (Record, error) {
+	r := Record{Slot: slot, CreatedBy: by, ResyncPending: true, Cutover: cutover}
+	return r, saveRecord(ctx, q, &r)
+}
+
+// FinishResync marks the resync of incarnation done: every token of its
+// snapshot is on the stream, whose last sequence is now streamSeq. It
+// fails when the record names another incarnation: a resync that lost its
+// lease has been superseded, and must not say the slot is ready.
+func FinishResync(ctx context.Context, q Querier, r *Record, cp pglogrepl.LSN, streamSeq uint64) error {
+	tag, err := q.Exec(ctx, `UPDATE tailer_slot SET resync_pending = false, consistent_point = $3::pg_lsn, stream_seq = $4
+		WHERE slot = $1 AND incarnation = $2 AND resync_pending`, r.Slot, r.Incarnation, cp.String(), int64(streamSeq))
+	if err != nil {
+		return fmt.Errorf("record the end of the resync of slot %s: %w", r.Slot, err)
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("record the end of the resync of slot %s: its record no longer names incarnation %s: another resync took the slot over", r.Slot, r.Incarnation)
+	}
+	r.ResyncPending, r.ConsistentPoint, r.Bound, r.StreamSeq = false, cp, true, streamSeq
+	return nil
+}
+
+// Bind records that incarnation r owns the stream from streamSeq on (the
+// stream's last sequence when it first looked, with nothing of an earlier
+// slot on it).
+func Bind(ctx context.Context, q Querier, r *Record, streamSeq uint64) error {
+	tag, err := q.Exec(ctx, `UPDATE tailer_slot SET stream_seq = $3 WHERE slot = $1 AND incarnation = $2 AND stream_seq IS NULL`,
+		r.Slot, r.Incarnation, int64(streamSeq))
+	if err != nil {
+		return fmt.Errorf("record slot %s's start on the stream: %w", r.Slot, err)
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("record slot %s's start on the stream: its record changed meanwhile", r.Slot)
+	}
+	r.Bound, r.StreamSeq = true, streamSeq
+	return nil
+}

@@ -1,0 +1,75 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/mailroom/tailer/testutil/pgtest"
+	"github.com/mailroom/tailer/testutil/tailertest"
+)
+
+// A slot's record through its life: made by migrate (not yet on the
+// stream), bound by the first run, resynced (a new incarnation, pending
+// until finished, keeping the collector's cutover), and a resync that was
+// superseded cannot say it finished.
+func TestRecord(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	bare, err := pgx.Connect(ctx, pgtest.Shared(t).CreateDB(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bare.Close(ctx)
+	if _, err := LoadRecord(ctx, bare, "s"); !errors.Is(err, ErrNoRecordTable) {
+		t.Fatalf("LoadRecord without the table: %v", err)
+	}
+
+	db := tailertest.NewDB(t, pgtest.Shared(t))
+	if r, err := LoadRecord(ctx, db.Conn, "s"); err != nil || r.Exists {
+		t.Fatalf("LoadRecord of a slot never made = %+v, %v", r, err)
+	}
+	made, err := CreateSlot(ctx, db.Conn, "s", "tailer migrate", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := LoadRecord(ctx, db.Conn, "s")
+	if err != nil || !r.Exists || r.Incarnation != made.Incarnation || r.Bound || r.ResyncPending || r.CreatedBy != "tailer migrate" || r.Legacy {
+		t.Fatalf("after CreateSlot: %+v, %v", r, err)
+	}
+	if err := Bind(ctx, db.Conn, &r, 0); err != nil || !r.Bound {
+		t.Fatalf("Bind = %v", err)
+	}
+	if err := Bind(ctx, db.Conn, &r, 5); err == nil {
+		t.Fatal("a bound record was bound again")
+	}
+
+	cut := &Cutover{LastSeq: 42, At: 1700000000}
+	a, err := BeginResync(ctx, db.Conn, "s", "tailer resync", cut)
+	if err != nil || a.Incarnation == made.Incarnation || !a.ResyncPending {
+		t.Fatalf("BeginResync = %+v, %v", a, err)
+	}
+	// A second resync takes the record over; the first cannot finish.
+	b, err := BeginResync(ctx, db.Conn, "s", "tailer resync", nil)
+	if err != nil || b.Cutover == nil || *b.Cutover != *cut {
+		t.Fatalf("BeginResync without a cutover kept %+v, %v; want the collector's", b.Cutover, err)
+	}
+	if err := FinishResync(ctx, db.Conn, &a, 0x1000, 7); err == nil {
+		t.Fatal("a superseded resync finished")
+	}
+	if err := FinishResync(ctx, db.Conn, &b, 0x1000, 7); err != nil {
+		t.Fatal(err)
+	}
+	r, err = LoadRecord(ctx, db.Conn, "s")
+	if err != nil || r.Incarnation != b.Incarnation || r.ResyncPending || !r.Bound || r.StreamSeq != 7 || r.ConsistentPoint != 0x1000 ||
+		r.Cutover == nil || *r.Cutover != *cut {
+		t.Fatalf("after FinishResync: %+v, %v", r, err)
+	}
+	if err := FinishResync(ctx, db.Conn, &b, 0x1000, 7); err == nil {
+		t.Fatal("a finished resync finished again")
+	}
+}
