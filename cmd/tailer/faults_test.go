@@ -889,7 +889,7 @@ func TestForeignStreamRefused(t *testing.T) {
 		// same, with positions of its own.
 		env := []string{"MAILROOM_DATABASE_URL=" + freshDB.URL, "MAILROOM_SLOT=foreign"}
 		r := c.command([]string{"resync"}, env...)
-		if code := r.exit(30 * time.Second); code != exitOK || !strings.Contains(r.out.String(), "published=0") {
+		if code := r.exit(30 * time.Second); code != exitOK || !strings.Contains(r.out.String(), " published=0 ") {
 			t.Fatalf("resync exit %d:\n%s", code, r.out.String())
 		}
 		p := c.tailer(env...)

@@ -107,8 +107,11 @@ func TestRestoredCopyCannotSkip(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cp.Close() })
-	// The original goes on: the stream's last position moves past the
-	// copy's WAL.
+	// The original goes on, well past the copy's WAL, and publishes: the
+	// stream's last position is far ahead of the tokens the copy makes
+	// next.
+	c.Exec(`CREATE TABLE filler (x text)`)
+	c.Exec(`INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 4000)`)
 	c.publishThenStop("later", 30)
 	copyURL := strings.Replace(c.URL, fmt.Sprintf(":%d/", pg.Port), fmt.Sprintf(":%d/", cp.Port), 1)
 	copyConn, err := pgx.Connect(c.ctx, copyURL)
@@ -142,12 +145,15 @@ func TestRestoredCopyCannotSkip(t *testing.T) {
 	refused("WAL behind the stream")
 
 	// The copy makes tokens of its own (the ids the original used since
-	// the copy, with other secrets) and writes past the stream's last
-	// position.
+	// the copy, with other secrets), below the stream's last position,
+	// then writes past it.
 	onCopy.Exec(`INSERT INTO accounts (email, login) SELECT 'copy' || g || '@x', 'copy' || g FROM generate_series(1, 40) g`)
+	if cur, last := onCopy.WalLSN(), c.lastStreamPosition(); cur >= last {
+		t.Fatalf("the copy's tokens are not below the stream's last position %s (WAL at %s)", last, cur)
+	}
 	for onCopy.WalLSN() <= c.lastStreamPosition() {
-		onCopy.Exec(`CREATE TABLE IF NOT EXISTS filler (x text)`)
-		onCopy.Exec(`INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 1000)`)
+		onCopy.Exec(`CREATE TABLE IF NOT EXISTS filler2 (x text)`)
+		onCopy.Exec(`INSERT INTO filler2 SELECT repeat('x', 1000) FROM generate_series(1, 1000)`)
 	}
 	refused("WAL past the stream")
 
@@ -308,7 +314,7 @@ func TestResyncAfterCutover(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := c.command([]string{"migrate"})
-	if code := m.exit(60 * time.Second); code != exitOK || !strings.Contains(m.out.String(), "published=20") {
+	if code := m.exit(60 * time.Second); code != exitOK || !strings.Contains(m.out.String(), " published=20 ") {
 		t.Fatalf("migrate exit %d:\n%s", code, m.out.String())
 	}
 	c.Exec(`DROP TABLE jobs`)
@@ -316,7 +322,7 @@ func TestResyncAfterCutover(t *testing.T) {
 
 	for i := 0; i < 2; i++ {
 		r := c.command([]string{"resync"})
-		if code := r.exit(60 * time.Second); code != exitOK || !strings.Contains(r.out.String(), "published=0") {
+		if code := r.exit(60 * time.Second); code != exitOK || !strings.Contains(r.out.String(), " published=0 ") {
 			t.Fatalf("resync %d after the cutover: exit %d:\n%s", i, code, r.out.String())
 		}
 	}
@@ -336,7 +342,7 @@ func TestResyncAfterCutover(t *testing.T) {
 	c.Exec(`TRUNCATE tokens RESTART IDENTITY`)
 	c.Exec(`INSERT INTO tokens (account, action) SELECT id, 'activation' FROM accounts ORDER BY id LIMIT 5`)
 	r := c.command([]string{"resync"})
-	if code := r.exit(60 * time.Second); code != exitOK || !strings.Contains(r.out.String(), "published=5") {
+	if code := r.exit(60 * time.Second); code != exitOK || !strings.Contains(r.out.String(), " published=5 ") {
 		t.Fatalf("resync after TRUNCATE ... RESTART IDENTITY: exit %d:\n%s", code, r.out.String())
 	}
 	if n := c.expectKeysOnce(c.Conn, `SELECT secret FROM tokens`, 30*time.Second); n != 5 {

@@ -231,7 +231,7 @@ func TestMigrateAdoptsCollector(t *testing.T) {
 		if code := m.exit(60 * time.Second); code != exitOK {
 			t.Fatalf("migrate exit %d:\n%s", code, m.out.String())
 		}
-		if out := m.out.String(); i == 0 && (!strings.Contains(out, "published=18") || !strings.Contains(out, "expired_unpublished=1")) {
+		if out := m.out.String(); i == 0 && (!strings.Contains(out, " published=18 ") || !strings.Contains(out, "expired_unpublished=1")) {
 			t.Errorf("migrate does not say it published 18 tokens and 1 expired:\n%s", out)
 		}
 	}
