@@ -26,7 +26,7 @@ type Destination struct {
 	Duplicates time.Duration
 	Replicas   int
 	// Origin is put on every message: the database its positions belong
-	// to (and Resume's owner, the slot incarnation).
+	// to. The slot incarnation they belong to is Resume's.
 	Origin Origin
 	// PerAction publishes each action's batches on a subject of its own:
 	// Subject.activation and Subject.password_recovery (lanes 0 and 1 of

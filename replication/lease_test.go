@@ -76,3 +76,36 @@ func TestLease(t *testing.T) {
 	}
 	d.Release()
 }
+
+// A waiter does not wait for a holder that streams from the slot: such a
+// holder does not let go, so the refusal comes at once.
+func TestLeaseNotAwaitedFromAStreamingHolder(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := tailertest.NewDB(t, pgtest.Shared(t))
+	if _, err := CreateSlot(ctx, db.Conn, "st", "test", false); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := AcquireLease(ctx, db.URL, "st", LeaseOptions{Application: "streamer"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release()
+	rc, err := Connect(ctx, db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close(context.Background())
+	if _, err := Start(ctx, rc, Options{Slot: "st", Publication: "mailroom"}); err != nil {
+		t.Fatal(err)
+	}
+	started := time.Now()
+	_, err = AcquireLease(ctx, db.URL, "st", LeaseOptions{Wait: time.Minute})
+	var held *LeaseHeldError
+	if !errors.As(err, &held) || held.Holder.Application != "streamer" {
+		t.Fatalf("lease of a streamed slot: %v", err)
+	}
+	if waited := time.Since(started); waited > 30*time.Second {
+		t.Fatalf("waited %s for a holder that streams", waited)
+	}
+}

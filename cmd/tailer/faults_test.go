@@ -81,7 +81,13 @@ func newCluster(t *testing.T, pg *pgtest.Server, limit int, timeout time.Duratio
 // newClusterWithoutSlot is newCluster before tailer migrate made the slot.
 func newClusterWithoutSlot(t *testing.T, pg *pgtest.Server, limit int, timeout time.Duration) *cluster {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	// Bounded by the test binary's -timeout: a soak runs for longer than
+	// any fixed bound would allow.
+	deadline, ok := t.Deadline()
+	if !ok {
+		deadline = time.Now().Add(5 * time.Minute)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	t.Cleanup(cancel)
 	db := tailertest.NewDB(t, pg)
 	port, err := pgtest.FreePort()
@@ -435,8 +441,16 @@ func TestStandbyTakesOver(t *testing.T) {
 	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
 	a := c.tailer()
 	a.waitLog("msg=streaming", 1, 30*time.Second)
-	b := c.tailer()
+	port, err := pgtest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := c.tailer(fmt.Sprintf("MAILROOM_HTTP_ADDR=127.0.0.1:%d", port))
 	b.waitLog("standing by", 1, 30*time.Second)
+	// The standby says who owns the slot, and that it is not ready.
+	if code, body := httpGet(fmt.Sprintf("http://127.0.0.1:%d/readyz", port)); code != 503 || !strings.Contains(body, "standing by: slot mailroom is owned by another process: tailer run (backend pid ") {
+		t.Fatalf("standby's /readyz = %d %s", code, body)
+	}
 	w := c.startWriter(3, 20*time.Millisecond)
 	time.Sleep(500 * time.Millisecond)
 	a.kill()
@@ -762,7 +776,8 @@ func TestLagAndReadinessDuringNATSOutage(t *testing.T) {
 	}
 	rep, code := c.status(maxLag)
 	if code != 0 || !rep.OK || !rep.Active || rep.ActivePID == 0 || rep.Stream != "MAILROOM" || rep.StreamMessages == nil ||
-		rep.StreamReplicas == nil || *rep.StreamReplicas != 1 || rep.WALStatus != "reserved" {
+		rep.StreamReplicas == nil || *rep.StreamReplicas != 1 || rep.WALStatus != "reserved" ||
+		!strings.HasPrefix(rep.Owner, "tailer run (backend pid ") || rep.Incarnation == "" || rep.ResyncPending {
 		t.Fatalf("status before the outage: exit %d, %+v", code, rep)
 	}
 

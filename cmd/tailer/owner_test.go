@@ -304,11 +304,7 @@ func TestAutoResyncOnTwoTailers(t *testing.T) {
 // even once the jobs table is gone; tokens that reuse those ids after
 // TRUNCATE ... RESTART IDENTITY are published all the same.
 func TestResyncAfterCutover(t *testing.T) {
-	c := newClusterWithoutSlot(t, pgtest.Shared(t), 10, 100*time.Millisecond)
-	c.Exec(`CREATE TYPE job_type AS ENUM ('mailroom')`)
-	c.Exec(`CREATE TABLE jobs (job_type job_type PRIMARY KEY, last_seq BIGINT)`)
-	c.Exec(`INSERT INTO accounts (email, login) SELECT 'c' || g || '@x', 'c' || g FROM generate_series(1, 30) g`)
-	c.Exec(`INSERT INTO jobs VALUES ('mailroom', (SELECT id FROM tokens ORDER BY id OFFSET 9 LIMIT 1))`)
+	c := newCollectorCluster(t)
 	var lastSeq int64
 	if err := c.Conn.QueryRow(c.ctx, `SELECT last_seq FROM jobs`).Scan(&lastSeq); err != nil {
 		t.Fatal(err)

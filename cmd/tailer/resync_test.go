@@ -214,15 +214,24 @@ func TestVanishedSlot(t *testing.T) {
 	}
 }
 
-// A database that ran mailroom's collector: tailer migrate publishes the
-// eligible tokens after the collector's cursor exactly once (also when run
-// again), nothing before it, and tailer run goes on from the slot.
-func TestMigrateAdoptsCollector(t *testing.T) {
+// newCollectorCluster is a database that ran mailroom's collector, before
+// tailer migrate made a slot: 30 activation tokens, the collector's cursor
+// (jobs.last_seq) at the tenth.
+func newCollectorCluster(t *testing.T) *cluster {
+	t.Helper()
 	c := newClusterWithoutSlot(t, pgtest.Shared(t), 10, 100*time.Millisecond)
 	c.Exec(`CREATE TYPE job_type AS ENUM ('mailroom')`)
 	c.Exec(`CREATE TABLE jobs (job_type job_type PRIMARY KEY, last_seq BIGINT)`)
 	c.Exec(`INSERT INTO accounts (email, login) SELECT 'c' || g || '@x', 'c' || g FROM generate_series(1, 30) g`)
 	c.Exec(`INSERT INTO jobs VALUES ('mailroom', (SELECT id FROM tokens ORDER BY id OFFSET 9 LIMIT 1))`)
+	return c
+}
+
+// A database that ran mailroom's collector: tailer migrate publishes the
+// eligible tokens after the collector's cursor exactly once (also when run
+// again), nothing before it, and tailer run goes on from the slot.
+func TestMigrateAdoptsCollector(t *testing.T) {
+	c := newCollectorCluster(t)
 	c.Exec(`UPDATE tokens SET consumed_at = extract(epoch FROM now()) WHERE id = (SELECT last_seq + 5 FROM jobs)`)
 	c.Exec(`UPDATE tokens SET expires_at = extract(epoch FROM now())::int - 1 WHERE id = (SELECT last_seq + 10 FROM jobs)`)
 

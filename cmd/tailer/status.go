@@ -22,16 +22,21 @@ import (
 
 // statusReport is the --json output of tailer status.
 type statusReport struct {
-	Slot           string  `json:"slot"`
-	Active         bool    `json:"active"`
-	ActivePID      int32   `json:"active_pid"`
-	ConfirmedLSN   string  `json:"confirmed_flush_lsn"`
-	RestartLSN     string  `json:"restart_lsn"`
-	CurrentLSN     string  `json:"current_wal_lsn"`
-	LagBytes       int64   `json:"lag_bytes"`
-	RetainedBytes  int64   `json:"retained_bytes"`
-	WALStatus      string  `json:"wal_status"`
-	Lost           string  `json:"lost,omitempty"`
+	Slot          string `json:"slot"`
+	Active        bool   `json:"active"`
+	ActivePID     int32  `json:"active_pid"`
+	ConfirmedLSN  string `json:"confirmed_flush_lsn"`
+	RestartLSN    string `json:"restart_lsn"`
+	CurrentLSN    string `json:"current_wal_lsn"`
+	LagBytes      int64  `json:"lag_bytes"`
+	RetainedBytes int64  `json:"retained_bytes"`
+	WALStatus     string `json:"wal_status"`
+	Lost          string `json:"lost,omitempty"`
+	// Owner is the process holding the slot's lease ("" when none).
+	Owner          string  `json:"owner"`
+	Incarnation    string  `json:"incarnation"`
+	CreatedBy      string  `json:"created_by"`
+	ResyncPending  bool    `json:"resync_pending"`
 	Stream         string  `json:"stream"`
 	StreamMessages *uint64 `json:"stream_messages"`
 	StreamLastSeq  *uint64 `json:"stream_last_seq"`
@@ -78,7 +83,21 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 	if slot.Lost() {
 		rep.Lost = slot.LostMessage()
 	}
-	rep.OK = rep.LagBytes <= cfg.MaxLag && !slot.Lost()
+	if h, held, err := replication.LeaseHolder(ctx, conn, cfg.Slot); err != nil {
+		fmt.Fprintf(stderr, "tailer status: %v\n", err)
+		return exitFailure
+	} else if held {
+		rep.Owner = h.String()
+	}
+	rec, err := replication.LoadRecord(ctx, conn, cfg.Slot)
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer status: %v\n", err)
+		return exitFailure
+	}
+	if rec.Exists {
+		rep.Incarnation, rep.CreatedBy, rep.ResyncPending = rec.Incarnation, rec.CreatedBy+" at "+rec.CreatedAt.UTC().Format(time.RFC3339), rec.ResyncPending
+	}
+	rep.OK = rep.LagBytes <= cfg.MaxLag && !slot.Lost() && !rec.ResyncPending
 	if cfg.NATSURL != "" {
 		if info, err := streamInfo(ctx, cfg); err != nil {
 			rep.StreamError = err.Error()
@@ -99,6 +118,19 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 		fmt.Fprintf(stdout, "retained WAL    %d bytes (%s), wal_status %s\n", rep.RetainedBytes, human(rep.RetainedBytes), rep.WALStatus)
 		if rep.Lost != "" {
 			fmt.Fprintf(stdout, "LOST            %s\n", rep.Lost)
+		}
+		owner := rep.Owner
+		if owner == "" {
+			owner = "none: no tailer holds the slot's lease"
+		}
+		fmt.Fprintf(stdout, "owner           %s\n", owner)
+		switch {
+		case rep.Incarnation == "":
+			fmt.Fprintf(stdout, "incarnation     none recorded (tailer run adopts the slot only beside an empty stream)\n")
+		case rep.ResyncPending:
+			fmt.Fprintf(stdout, "incarnation     %s, created by %s: RESYNC PENDING (run tailer resync)\n", rep.Incarnation, rep.CreatedBy)
+		default:
+			fmt.Fprintf(stdout, "incarnation     %s, created by %s\n", rep.Incarnation, rep.CreatedBy)
 		}
 		if rep.StreamError != "" {
 			fmt.Fprintf(stdout, "stream          %s: %s\n", rep.Stream, rep.StreamError)
