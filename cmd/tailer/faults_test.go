@@ -757,12 +757,12 @@ func TestLagAndReadinessDuringNATSOutage(t *testing.T) {
 	// address may be a wildcard.
 	health := func() int {
 		var out bytes.Buffer
-		return run([]string{"health"}, func(k string) string {
+		return run([]string{"health"}, lookup(func(k string) string {
 			if k == "MAILROOM_HTTP_ADDR" {
 				return "0.0.0.0:" + strconv.Itoa(port)
 			}
 			return ""
-		}, &out, &out)
+		}), &out, &out)
 	}
 	if code := health(); code != exitOK {
 		t.Fatalf("tailer health exit %d while /readyz is 200", code)

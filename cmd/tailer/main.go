@@ -43,7 +43,7 @@ const (
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+	os.Exit(run(os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr))
 }
 
 var (
@@ -58,7 +58,7 @@ var (
 	subVars     = []string{"MAILROOM_NATS_URL", "MAILROOM_NATS_USER", "MAILROOM_NATS_PASSWORD", "MAILROOM_NATS_TOKEN", "MAILROOM_NATS_CREDS", "MAILROOM_NATS_NKEY", "MAILROOM_NATS_TLS_CA", "MAILROOM_NATS_TLS_CERT", "MAILROOM_NATS_TLS_KEY", "MAILROOM_NATS_STREAM", "MAILROOM_NATS_SUBJECT"}
 )
 
-func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+func run(args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(stdout, usage)
 		if len(args) == 0 {
@@ -72,7 +72,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 
 	switch cmd {
 	case "run":
-		cfg, _, code := loadKeyedConfig("run", runVars, rest, getenv, stderr)
+		cfg, _, code := loadKeyedConfig("run", runVars, rest, lookupEnv, stderr)
 		if cfg == nil {
 			return code
 		}
@@ -98,17 +98,17 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		}
 		return exitOK
 	case "migrate":
-		return migrate(ctx, rest, getenv, stdout, stderr)
+		return migrate(ctx, rest, lookupEnv, stdout, stderr)
 	case "resync":
-		return resyncCmd(ctx, rest, getenv, stderr)
+		return resyncCmd(ctx, rest, lookupEnv, stderr)
 	case "status":
-		return status(ctx, rest, getenv, stdout, stderr)
+		return status(ctx, rest, lookupEnv, stdout, stderr)
 	case "health":
-		return health(ctx, rest, getenv, stdout, stderr)
+		return health(ctx, rest, lookupEnv, stdout, stderr)
 	case "verify":
-		return verify(rest, getenv, stdout, stderr)
+		return verify(rest, lookupEnv, stdout, stderr)
 	case "subscribe":
-		return subscribe(ctx, rest, getenv, stdout, stderr)
+		return subscribe(ctx, rest, lookupEnv, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "tailer: unknown command %q\n\n%s", cmd, usage)
 	return exitConfig
@@ -116,8 +116,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 
 // loadKeyedConfig is loadConfig for a command that signs or verifies: a
 // missing signing key is its configuration error.
-func loadKeyedConfig(usage string, vars, args []string, getenv func(string) string, stderr io.Writer) (*config.Config, []string, int) {
-	cfg, rest, code := loadConfig(usage, vars, args, getenv, stderr)
+func loadKeyedConfig(usage string, vars, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (*config.Config, []string, int) {
+	cfg, rest, code := loadConfig(usage, vars, args, lookupEnv, stderr)
 	if cfg == nil {
 		return nil, nil, code
 	}
@@ -132,8 +132,8 @@ func loadKeyedConfig(usage string, vars, args []string, getenv func(string) stri
 // loadConfig reads the settings of a command. It returns a nil Config with
 // the exit code when the command must not go on: after --help (0), or after
 // printing the one-line configuration error (2).
-func loadConfig(usage string, vars, args []string, getenv func(string) string, stderr io.Writer) (*config.Config, []string, int) {
-	cfg, rest, err := config.Load("tailer "+usage, vars, args, getenv, stderr)
+func loadConfig(usage string, vars, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (*config.Config, []string, int) {
+	cfg, rest, err := config.Load("tailer "+usage, vars, args, lookupEnv, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil, nil, exitOK
 	}

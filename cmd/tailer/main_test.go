@@ -38,7 +38,7 @@ func TestBadConfiguration(t *testing.T) {
 		{"key too short", map[string]string{"MAILROOM_SECRET_KEY": goodKey[:62]}, nil, "MAILROOM_SECRET_KEY: must be exactly 64 hex characters, got 62"},
 		{"key not hex", map[string]string{"MAILROOM_SECRET_KEY": strings.Repeat("zz", 32)}, nil, "MAILROOM_SECRET_KEY: must contain only hex"},
 		{"key file bad", map[string]string{"MAILROOM_SECRET_KEY": "", "MAILROOM_SECRET_KEY_FILE": keyFile}, nil, "MAILROOM_SECRET_KEY_FILE"},
-		{"key file missing", map[string]string{"MAILROOM_SECRET_KEY": "", "MAILROOM_SECRET_KEY_FILE": "/nonexistent/key"}, nil, "MAILROOM_SECRET_KEY_FILE: cannot read key file"},
+		{"key file missing", map[string]string{"MAILROOM_SECRET_KEY": "", "MAILROOM_SECRET_KEY_FILE": "/nonexistent/key"}, nil, "MAILROOM_SECRET_KEY_FILE: cannot read the key file it names: no such file or directory (value not shown: 16 characters)"},
 		{"batch limit 0", map[string]string{"MAILROOM_BATCH_LIMIT": "0"}, nil, "MAILROOM_BATCH_LIMIT: must be a whole number from 1"},
 		{"batch limit negative", map[string]string{"MAILROOM_BATCH_LIMIT": "-5"}, nil, "MAILROOM_BATCH_LIMIT"},
 		{"batch limit flag", nil, []string{"--batch-limit", "abc"}, "MAILROOM_BATCH_LIMIT"},
@@ -56,6 +56,10 @@ func TestBadConfiguration(t *testing.T) {
 		{"replication timeout too short", map[string]string{"MAILROOM_REPLICATION_TIMEOUT": "10"}, nil, "MAILROOM_REPLICATION_TIMEOUT"},
 		{"pprof not a bool", map[string]string{"MAILROOM_PPROF": "maybe"}, nil, "MAILROOM_PPROF"},
 		{"unreachable NATS URL", map[string]string{"MAILROOM_NATS_URL": "nats://127.0.0.1:1", "MAILROOM_HTTP_ADDR": ""}, []string{"--http-addr="}, "MAILROOM_NATS_URL: cannot connect to nats://127.0.0.1:1"},
+		{"NATS URL without its scheme's slashes", map[string]string{"MAILROOM_NATS_URL": "nats//u:pw@127.0.0.1:4222"}, nil, "MAILROOM_NATS_URL: must be nats://host:port"},
+		{"second NATS URL without a scheme", map[string]string{"MAILROOM_NATS_URL": "nats://h:4222,h2:4222"}, nil, "URL 2 of 2 is not"},
+		{"database key=value with a bad port", map[string]string{"MAILROOM_DATABASE_URL": "host=127.0.0.1 port=x dbname=mailroom"}, nil, "MAILROOM_DATABASE_URL: cannot be parsed"},
+		{"database password with a slash", map[string]string{"MAILROOM_DATABASE_URL": "postgres://u:pa/ss@127.0.0.1:5432/db"}, nil, "percent-encode"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env := func(k string) string {
@@ -65,7 +69,7 @@ func TestBadConfiguration(t *testing.T) {
 				return base[k]
 			}
 			var stdout, stderr bytes.Buffer
-			code := run(append([]string{"run"}, tc.args...), env, &stdout, &stderr)
+			code := run(append([]string{"run"}, tc.args...), lookup(env), &stdout, &stderr)
 			if code != exitConfig {
 				t.Fatalf("exit code %d, want %d; stderr: %s", code, exitConfig, stderr.String())
 			}
@@ -78,6 +82,10 @@ func TestBadConfiguration(t *testing.T) {
 			}
 			if strings.Contains(out, goodKey[:16]) {
 				t.Errorf("error repeats the key: %q", out)
+			}
+			// Refused before anything started: no embedded NATS store.
+			if _, err := os.Stat("tailer-data"); err == nil {
+				t.Fatal("a refused configuration started the embedded NATS server (tailer-data exists)")
 			}
 		})
 	}
@@ -100,12 +108,12 @@ func TestVerifyCommand(t *testing.T) {
 			args = []string{"verify", "--code", v.Code, v.Token}
 		}
 		var out, errOut bytes.Buffer
-		if code := run(args, env, &out, &errOut); code != exitOK {
+		if code := run(args, lookup(env), &out, &errOut); code != exitOK {
 			t.Fatalf("verify %v: exit %d: %s%s", args, code, out.String(), errOut.String())
 		}
 		if v.Action == "password_recovery" {
 			var bad bytes.Buffer
-			if code := run([]string{"verify", "--code", "00000", v.Token}, env, &bad, &bad); code != exitFailure || !strings.Contains(bad.String(), "invalid") {
+			if code := run([]string{"verify", "--code", "00000", v.Token}, lookup(env), &bad, &bad); code != exitFailure || !strings.Contains(bad.String(), "invalid") {
 				t.Fatalf("wrong code: exit %d: %s", code, bad.String())
 			}
 		}
@@ -162,9 +170,23 @@ func TestSecretsNeverShown(t *testing.T) {
 		{"run", "--http-addr="}, // unreachable NATS: the startup error names the URL
 		{"subscribe", "--durable", "d"},
 		{"run", "--nats-url", "nats://tailer:" + natsPass + "@"}, // invalid URL echoed in the error
+		// Malformed URLs that still carry the password, in every shape.
+		{"run", "--nats-url", "nats//tailer:" + natsPass + "@127.0.0.1:24230"},
+		{"run", "--nats-url", "nats:/tailer:" + natsPass + "@127.0.0.1"},
+		{"run", "--nats-url", "tailer:" + natsPass + "@127.0.0.1"},
+		{"run", "--nats-url", "nats://127.0.0.1:4222,tailer:" + natsPass + "@127.0.0.2:4222"},
+		{"status", "--nats-url", "nats//tailer:" + natsPass + "@h"},
+		{"subscribe", "--durable", "d", "--nats-url", "tailer:" + natsPass + "@h"},
+		{"run", "--database-url", "postgres://tailer:" + dbPass + "/x@127.0.0.1:5432/db"},
+		{"run", "--database-url", "postgres://tailer:" + dbPass + "@127.0.0.1:x/db"},
+		{"run", "--database-url", "host=127.0.0.1 port=x password=" + dbPass},
+		{"run", "--database-url", "postgres//tailer:" + dbPass + "@h/db"},
+		{"run", "--secret-key-file", dbPass},
+		{"run", "--slot", dbPass},
+		{"run", "--nats-stream", dbPass + "."},
 	} {
 		var stdout, stderr bytes.Buffer
-		run(args, getenv, &stdout, &stderr)
+		run(args, lookup(getenv), &stdout, &stderr)
 		out := stdout.String() + stderr.String()
 		for _, secret := range []string{dbPass, natsPass, goodKey[:16]} {
 			if strings.Contains(out, secret) {
@@ -177,12 +199,12 @@ func TestSecretsNeverShown(t *testing.T) {
 func TestKeyWithTrailingNewline(t *testing.T) {
 	for _, key := range []string{goodKey + "\n", goodKey + "\r\n", " " + goodKey} {
 		var stdout, stderr bytes.Buffer
-		code := run([]string{"verify", "x"}, func(k string) string {
+		code := run([]string{"verify", "x"}, lookup(func(k string) string {
 			if k == "MAILROOM_SECRET_KEY" {
 				return key
 			}
 			return ""
-		}, &stdout, &stderr)
+		}), &stdout, &stderr)
 		if code == exitConfig {
 			t.Errorf("key %q rejected: %s", key, stderr.String())
 		}
@@ -264,7 +286,7 @@ func TestHelpListsEveryFlag(t *testing.T) {
 		"health":    {"-http-addr"},
 	} {
 		var stdout, stderr bytes.Buffer
-		if code := run([]string{cmd, "--help"}, func(string) string { return "" }, &stdout, &stderr); code != exitOK {
+		if code := run([]string{cmd, "--help"}, lookup(func(string) string { return "" }), &stdout, &stderr); code != exitOK {
 			t.Errorf("%s --help: exit %d", cmd, code)
 		}
 		for _, f := range flags {
@@ -286,9 +308,17 @@ func TestHealthWithoutTailer(t *testing.T) {
 		code int
 	}{{"127.0.0.1:" + strconv.Itoa(port), exitFailure}, {"", exitConfig}, {"nonsense", exitConfig}} {
 		var out bytes.Buffer
-		code := run([]string{"health", "--http-addr=" + tc.addr}, func(string) string { return "" }, &out, &out)
+		code := run([]string{"health", "--http-addr=" + tc.addr}, lookup(func(string) string { return "" }), &out, &out)
 		if code != tc.code {
 			t.Errorf("health --http-addr=%q: exit %d, want %d:\n%s", tc.addr, code, tc.code, out.String())
 		}
+	}
+}
+
+// lookup is getenv as os.LookupEnv: an empty value is an unset variable.
+func lookup(getenv func(string) string) func(string) (string, bool) {
+	return func(k string) (string, bool) {
+		v := getenv(k)
+		return v, v != ""
 	}
 }

@@ -21,12 +21,12 @@ import (
 	"github.com/mailroom/tailer/replication"
 )
 
-func migrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+func migrate(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
 	direction := "up"
 	if len(args) > 0 && (args[0] == "up" || args[0] == "down") {
 		direction, args = args[0], args[1:]
 	}
-	cfg, _, code := loadConfig("migrate [up|down]", migrateVars, args, getenv, stderr)
+	cfg, _, code := loadConfig("migrate [up|down]", migrateVars, args, lookupEnv, stderr)
 	if cfg == nil {
 		return code
 	}
@@ -157,8 +157,8 @@ func leaseRefusal(err error, cmd string) error {
 	return err
 }
 
-func resyncCmd(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) int {
-	cfg, _, code := loadKeyedConfig("resync", resyncVars, args, getenv, stderr)
+func resyncCmd(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) int {
+	cfg, _, code := loadKeyedConfig("resync", resyncVars, args, lookupEnv, stderr)
 	if cfg == nil {
 		return code
 	}

@@ -46,7 +46,7 @@ type statusReport struct {
 	OK             bool    `json:"ok"`
 }
 
-func status(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+func status(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
 	// --json is status's own flag; the rest are shared settings.
 	var asJSON bool
 	var shared []string
@@ -57,7 +57,7 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 		}
 		shared = append(shared, a)
 	}
-	cfg, _, code := loadConfig("status [--json]", statusVars, shared, getenv, stderr)
+	cfg, _, code := loadConfig("status [--json]", statusVars, shared, lookupEnv, stderr)
 	if cfg == nil {
 		return code
 	}
@@ -176,8 +176,8 @@ func human(n int64) string {
 
 // health asks the tailer at MAILROOM_HTTP_ADDR whether it is ready: the
 // container healthcheck of an image without curl.
-func health(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	cfg, _, code := loadConfig("health", healthVars, args, getenv, stderr)
+func health(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
+	cfg, _, code := loadConfig("health", healthVars, args, lookupEnv, stderr)
 	if cfg == nil {
 		return code
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/mailroom/tailer/publish/consume"
 )
 
-func subscribe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+func subscribe(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("tailer subscribe", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	durable := fs.String("durable", "", "durable consumer name (created if missing); required")
@@ -50,12 +50,12 @@ func subscribe(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	if err := fs.Parse(own); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			config.Load("tailer subscribe --durable NAME [options]", subVars, []string{"-h"}, getenv, stderr)
+			config.Load("tailer subscribe --durable NAME [options]", subVars, []string{"-h"}, lookupEnv, stderr)
 			return exitOK
 		}
 		return exitConfig
 	}
-	cfg, _, code := loadConfig("subscribe --durable NAME [options]", subVars, shared, getenv, stderr)
+	cfg, _, code := loadConfig("subscribe --durable NAME [options]", subVars, shared, lookupEnv, stderr)
 	if cfg == nil {
 		return code
 	}

@@ -267,7 +267,7 @@ func TestSubscribeBadFlags(t *testing.T) {
 		{[]string{"--durable", "x", "--nats-url", "localhost"}, "MAILROOM_NATS_URL"},
 	} {
 		var stdout, stderr strings.Builder
-		code := run(append([]string{"subscribe"}, tc.args...), func(string) string { return "" }, &stdout, &stderr)
+		code := run(append([]string{"subscribe"}, tc.args...), lookup(func(string) string { return "" }), &stdout, &stderr)
 		if code != exitConfig || !strings.Contains(stderr.String(), tc.want) {
 			t.Errorf("subscribe %v: exit %d, %q; want exit 2 naming %s", tc.args, code, stderr.String(), tc.want)
 		}

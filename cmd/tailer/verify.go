@@ -8,7 +8,7 @@ import (
 	"github.com/mailroom/tailer/publish"
 )
 
-func verify(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+func verify(args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
 	var code string
 	var shared []string
 	for i := 0; i < len(args); i++ {
@@ -23,7 +23,7 @@ func verify(args []string, getenv func(string) string, stdout, stderr io.Writer)
 		}
 		shared = append(shared, args[i])
 	}
-	cfg, rest, exit := loadKeyedConfig("verify [--code CODE] TOKEN", verifyVars, shared, getenv, stderr)
+	cfg, rest, exit := loadKeyedConfig("verify [--code CODE] TOKEN", verifyVars, shared, lookupEnv, stderr)
 	if cfg == nil {
 		return exit
 	}

@@ -15,7 +15,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
 
 	"github.com/mailroom/tailer/publish"
@@ -73,8 +75,25 @@ type Var struct {
 	Usage   string
 	// Secret values are never echoed in errors or help.
 	Secret bool
-	set    func(c *Config, v string) error
+	// Shown: a bad value may be echoed in the error, because a value of
+	// this setting cannot hold a secret (a number, a duration, a choice).
+	// Any other bad value is only said to be there, by its length: a URL
+	// may carry a password however malformed it is, and a password pasted
+	// into the wrong setting is still one.
+	Shown bool
+	// EmptyIsValue: the setting given as the empty string (in the
+	// environment too) means that, not its default.
+	EmptyIsValue bool
+	set          func(c *Config, v string) error
 }
+
+// valueError is a value a setting cannot take; Load adds the value, or
+// only its length (see Var.Shown).
+type valueError struct{ msg string }
+
+func (e *valueError) Error() string { return e.msg }
+
+func invalid(format string, a ...any) error { return &valueError{fmt.Sprintf(format, a...)} }
 
 // Vars lists every setting, in help order.
 var Vars = []Var{
@@ -82,11 +101,8 @@ var Vars = []Var{
 		if v == "" {
 			return errors.New("is required")
 		}
-		u, err := url.Parse(v)
-		if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-			if !strings.Contains(v, "=") {
-				return errors.New("must be a postgres:// URL or a key=value connection string")
-			}
+		if _, err := pgconn.ParseConfig(v); err != nil {
+			return invalid("cannot be parsed as a postgres:// URL or a key=value connection string (%s)", parseFailure(err))
 		}
 		c.DatabaseURL = v
 		return nil
@@ -114,41 +130,37 @@ var Vars = []Var{
 		}
 		data, err := os.ReadFile(v)
 		if err != nil {
-			// The path is quoted here; the error's own copy is not.
-			var pe *fs.PathError
-			if errors.As(err, &pe) {
-				err = pe.Err
-			}
-			return fmt.Errorf("cannot read key file %q: %w", v, err)
+			return invalid("cannot read the key file it names: %v", pathErr(err))
 		}
 		key, err := publish.ParseKey(strings.TrimSpace(string(data)))
 		if err != nil {
-			return fmt.Errorf("key in %q %w", v, err)
+			return fmt.Errorf("the key in the file %w", err)
 		}
 		c.SecretKey = key
 		return nil
 	}},
-	{Env: "MAILROOM_BATCH_LIMIT", Flag: "batch-limit", Default: "10", Usage: "most tokens in one batch", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_BATCH_LIMIT", Flag: "batch-limit", Default: "10", Usage: "most tokens in one batch", Shown: true, set: func(c *Config, v string) error {
 		n, err := positiveInt(v, 1_000_000)
 		c.BatchLimit = n
 		return err
 	}},
-	{Env: "MAILROOM_BATCH_TIMEOUT", Flag: "batch-timeout", Default: "5000", Usage: "milliseconds after a batch's first token when it is cut at the latest", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_BATCH_TIMEOUT", Flag: "batch-timeout", Default: "5000", Usage: "milliseconds after a batch's first token when it is cut at the latest", Shown: true, set: func(c *Config, v string) error {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
-			return fmt.Errorf("must be a whole number of milliseconds >= 0, got %q", v)
+			return invalid("must be a whole number of milliseconds >= 0")
 		}
 		c.BatchTimeout = time.Duration(n) * time.Millisecond
 		return nil
 	}},
 	{Env: "MAILROOM_NATS_URL", Flag: "nats-url", Usage: "NATS server URL(s), comma-separated; unset: tailer run starts an embedded JetStream server, tailer subscribe connects to nats://127.0.0.1:4222", Secret: true, set: func(c *Config, v string) error {
-		for _, part := range strings.Split(v, ",") {
+		parts := strings.Split(v, ",")
+		for i, part := range parts {
 			if v == "" {
 				break
 			}
 			u, err := url.Parse(strings.TrimSpace(part))
 			if err != nil || u.Host == "" || (u.Scheme != "nats" && u.Scheme != "tls" && u.Scheme != "ws" && u.Scheme != "wss") {
-				return fmt.Errorf("must be nats://host:port (comma-separated for a cluster), got %q", RedactURL(part))
+				return invalid("must be nats://host:port (or tls://, ws://, wss://), comma-separated for a cluster; URL %d of %d is not", i+1, len(parts))
 			}
 		}
 		c.NATSURL = v
@@ -194,19 +206,19 @@ var Vars = []Var{
 	}},
 	{Env: "MAILROOM_NATS_LISTEN", Flag: "nats-listen", Default: "127.0.0.1:4222", Usage: "client address of the embedded NATS server", set: func(c *Config, v string) error {
 		if _, _, err := net.SplitHostPort(v); err != nil {
-			return fmt.Errorf("must be host:port, got %q", v)
+			return invalid("must be host:port")
 		}
 		c.NATSListen = v
 		return nil
 	}},
-	{Env: "MAILROOM_NATS_SYNC", Flag: "nats-sync", Default: "always", Usage: "when the embedded NATS server syncs its store to disk: always (before every acknowledgement) or an interval such as 1s (faster for many small batches; a host crash loses up to that much)", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_SYNC", Flag: "nats-sync", Default: "always", Usage: "when the embedded NATS server syncs its store to disk: always (before every acknowledgement) or an interval such as 1s (faster for many small batches; a host crash loses up to that much)", Shown: true, set: func(c *Config, v string) error {
 		if v == "always" {
 			c.NATSSync = 0
 			return nil
 		}
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
-			return fmt.Errorf("must be always or a positive duration such as 1s, got %q", v)
+			return invalid("must be always or a positive duration such as 1s")
 		}
 		c.NATSSync = d
 		return nil
@@ -220,40 +232,43 @@ var Vars = []Var{
 	}},
 	{Env: "MAILROOM_NATS_STREAM", Flag: "nats-stream", Default: "MAILROOM", Usage: "JetStream stream name (created if missing)", set: func(c *Config, v string) error {
 		if v == "" || strings.ContainsAny(v, " \t.*>/\\") {
-			return fmt.Errorf("must be a stream name without spaces, '.', '*', '>', '/' or '\\', got %q", v)
+			return invalid("must be a stream name without spaces, '.', '*', '>', '/' or '\\'")
 		}
 		c.Stream = v
 		return nil
 	}},
 	{Env: "MAILROOM_NATS_SUBJECT", Flag: "nats-subject", Default: "mailroom.batches", Usage: "subject batches are published on", set: func(c *Config, v string) error {
 		if v == "" || strings.ContainsAny(v, " \t*>") || strings.HasPrefix(v, ".") || strings.HasSuffix(v, ".") || strings.Contains(v, "..") {
-			return fmt.Errorf("must be a literal subject such as mailroom.batches, got %q", v)
+			return invalid("must be a literal subject such as mailroom.batches")
 		}
 		c.Subject = v
 		return nil
 	}},
-	{Env: "MAILROOM_NATS_REPLICAS", Flag: "nats-replicas", Default: "1", Usage: "replicas of the stream when the tailer creates it (3 on a three-node cluster)", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_REPLICAS", Flag: "nats-replicas", Default: "1", Usage: "replicas of the stream when the tailer creates it (3 on a three-node cluster)", Shown: true, set: func(c *Config, v string) error {
 		n, err := positiveInt(v, 5)
 		c.Replicas = n
 		return err
 	}},
-	{Env: "MAILROOM_SUBJECT_PER_ACTION", Flag: "subject-per-action", Default: "false", Usage: "publish each action on its own subject (<subject>.activation, <subject>.password_recovery), one action a batch", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_SUBJECT_PER_ACTION", Flag: "subject-per-action", Default: "false", Usage: "publish each action on its own subject (<subject>.activation, <subject>.password_recovery), one action a batch", Shown: true, set: func(c *Config, v string) error {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			return fmt.Errorf("must be true or false, got %q", v)
+			return invalid("must be true or false")
 		}
 		c.PerAction = b
 		return nil
 	}},
-	{Env: "MAILROOM_FORMAT", Flag: "format", Default: "line", Usage: "message body: line (collector-compatible) or json", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_FORMAT", Flag: "format", Default: "line", Usage: "message body: line (collector-compatible) or json", Shown: true, set: func(c *Config, v string) error {
 		f, err := wire.ParseFormat(v)
+		if err != nil {
+			return invalid("must be line or json")
+		}
 		c.Format = f
-		return err
+		return nil
 	}},
-	{Env: "MAILROOM_HTTP_ADDR", Flag: "http-addr", Default: "127.0.0.1:9187", Usage: "address for /metrics, /healthz and /readyz; empty disables", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_HTTP_ADDR", Flag: "http-addr", Default: "127.0.0.1:9187", Usage: "address for /metrics, /healthz and /readyz; empty disables", EmptyIsValue: true, set: func(c *Config, v string) error {
 		if v != "" {
 			if _, _, err := net.SplitHostPort(v); err != nil {
-				return fmt.Errorf("must be host:port or empty, got %q", v)
+				return invalid("must be host:port or empty")
 			}
 		}
 		c.HTTPAddr = v
@@ -261,87 +276,87 @@ var Vars = []Var{
 	}},
 	{Env: "MAILROOM_SLOT", Flag: "slot", Default: "mailroom", Usage: "logical replication slot name", set: func(c *Config, v string) error {
 		c.Slot = v
-		return replication.ValidateName(v)
+		return validName(v)
 	}},
 	{Env: "MAILROOM_PUBLICATION", Flag: "publication", Default: "mailroom", Usage: "publication holding the tokens table", set: func(c *Config, v string) error {
 		c.Publication = v
-		return replication.ValidateName(v)
+		return validName(v)
 	}},
-	{Env: "MAILROOM_PROTO_VERSION", Flag: "proto-version", Default: "2", Usage: "pgoutput protocol version: 1, or 2 to stream large transactions", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_PROTO_VERSION", Flag: "proto-version", Default: "2", Usage: "pgoutput protocol version: 1, or 2 to stream large transactions", Shown: true, set: func(c *Config, v string) error {
 		switch v {
 		case "1", "2":
 			c.ProtoVersion = int(v[0] - '0')
 			return nil
 		}
-		return fmt.Errorf("must be 1 or 2, got %q", v)
+		return invalid("must be 1 or 2")
 	}},
-	{Env: "MAILROOM_BINARY", Flag: "binary", Default: "true", Usage: "ask pgoutput for binary column values (cheaper for the server)", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_BINARY", Flag: "binary", Default: "true", Usage: "ask pgoutput for binary column values (cheaper for the server)", Shown: true, set: func(c *Config, v string) error {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			return fmt.Errorf("must be true or false, got %q", v)
+			return invalid("must be true or false")
 		}
 		c.Binary = b
 		return nil
 	}},
-	{Env: "MAILROOM_MAX_IN_FLIGHT", Flag: "max-in-flight", Default: "16", Usage: "batches published and awaiting their PubAck at once", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_MAX_IN_FLIGHT", Flag: "max-in-flight", Default: "16", Usage: "batches published and awaiting their PubAck at once", Shown: true, set: func(c *Config, v string) error {
 		n, err := positiveInt(v, MaxInFlight)
 		c.MaxInFlight = n
 		return err
 	}},
-	{Env: "MAILROOM_MAX_LAG", Flag: "max-lag", Default: "67108864", Usage: "slot lag in bytes above which /readyz reports not ready (and tailer status exits 1)", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_MAX_LAG", Flag: "max-lag", Default: "67108864", Usage: "slot lag in bytes above which /readyz reports not ready (and tailer status exits 1)", Shown: true, set: func(c *Config, v string) error {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
-			return fmt.Errorf("must be a number of bytes >= 0, got %q", v)
+			return invalid("must be a number of bytes >= 0")
 		}
 		c.MaxLag = n
 		return nil
 	}},
-	{Env: "MAILROOM_LAG_INTERVAL", Flag: "lag-interval", Default: "5000", Usage: "milliseconds between samples of the slot's lag for metrics and /readyz", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_LAG_INTERVAL", Flag: "lag-interval", Default: "5000", Usage: "milliseconds between samples of the slot's lag for metrics and /readyz", Shown: true, set: func(c *Config, v string) error {
 		n, err := positiveInt(v, 3_600_000)
 		if err != nil {
-			return fmt.Errorf("must be a whole number of milliseconds from 1, got %q", v)
+			return invalid("must be a whole number of milliseconds from 1")
 		}
 		c.LagInterval = time.Duration(n) * time.Millisecond
 		return nil
 	}},
-	{Env: "MAILROOM_REPLICATION_TIMEOUT", Flag: "replication-timeout", Default: "60000", Usage: "milliseconds the replication connection may stay silent (no message, no keepalive) before it is reconnected", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_REPLICATION_TIMEOUT", Flag: "replication-timeout", Default: "60000", Usage: "milliseconds the replication connection may stay silent (no message, no keepalive) before it is reconnected", Shown: true, set: func(c *Config, v string) error {
 		n, err := positiveInt(v, 3_600_000)
 		if err != nil || n < 1000 {
-			return fmt.Errorf("must be a whole number of milliseconds from 1000 to 3600000, got %q", v)
+			return invalid("must be a whole number of milliseconds from 1000 to 3600000")
 		}
 		c.ReplicationTimeout = time.Duration(n) * time.Millisecond
 		return nil
 	}},
-	{Env: "MAILROOM_PPROF", Flag: "pprof", Default: "false", Usage: "serve /debug/pprof on the HTTP address (profiles show code paths; keep the address private)", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_PPROF", Flag: "pprof", Default: "false", Usage: "serve /debug/pprof on the HTTP address (profiles show code paths; keep the address private)", Shown: true, set: func(c *Config, v string) error {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			return fmt.Errorf("must be true or false, got %q", v)
+			return invalid("must be true or false")
 		}
 		c.Pprof = b
 		return nil
 	}},
-	{Env: "MAILROOM_AUTO_RESYNC", Flag: "auto-resync", Default: "false", Usage: "when the slot is lost or gone, recreate it and publish the still-eligible tokens the stream lacks (tailer resync) instead of waiting for the operator", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_AUTO_RESYNC", Flag: "auto-resync", Default: "false", Usage: "when the slot is lost or gone, recreate it and publish the still-eligible tokens the stream lacks (tailer resync) instead of waiting for the operator", Shown: true, set: func(c *Config, v string) error {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			return fmt.Errorf("must be true or false, got %q", v)
+			return invalid("must be true or false")
 		}
 		c.AutoResync = b
 		return nil
 	}},
-	{Env: "MAILROOM_LOG_FORMAT", Flag: "log-format", Default: "text", Usage: "log format: text or json", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_LOG_FORMAT", Flag: "log-format", Default: "text", Usage: "log format: text or json", Shown: true, set: func(c *Config, v string) error {
 		if v != "text" && v != "json" {
-			return fmt.Errorf("must be text or json, got %q", v)
+			return invalid("must be text or json")
 		}
 		c.LogFormat = v
 		return nil
 	}},
-	{Env: "MAILROOM_LOG_LEVEL", Flag: "log-level", Default: "info", Usage: "log level: debug, info, warn or error", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_LOG_LEVEL", Flag: "log-level", Default: "info", Usage: "log level: debug, info, warn or error", Shown: true, set: func(c *Config, v string) error {
 		switch v {
 		case "debug", "info", "warn", "error":
 			c.LogLevel = v
 			return nil
 		}
-		return fmt.Errorf("must be debug, info, warn or error, got %q", v)
+		return invalid("must be debug, info, warn or error")
 	}},
 }
 
@@ -371,9 +386,34 @@ func RedactURL(s string) string {
 func positiveInt(v string, max int) (int, error) {
 	n, err := strconv.Atoi(v)
 	if err != nil || n < 1 || n > max {
-		return 0, fmt.Errorf("must be a whole number from 1 to %d, got %q", max, v)
+		return 0, invalid("must be a whole number from 1 to %d", max)
 	}
 	return n, nil
+}
+
+func validName(v string) error {
+	if replication.ValidateName(v) != nil {
+		return invalid("must be 1-63 lower-case letters, digits or underscores, not starting with a digit")
+	}
+	return nil
+}
+
+// parseFailure says why a connection string did not parse without showing
+// any of it: the parser's own messages quote the string, or the part of it
+// that broke the parse, which is often a piece of the password.
+func parseFailure(err error) string {
+	var urlErr *url.Error
+	switch {
+	case errors.Is(err, fs.ErrNotExist), errors.Is(err, fs.ErrPermission):
+		return "a file it names (sslrootcert, sslcert, sslkey, passfile) cannot be read"
+	case strings.Contains(err.Error(), "invalid port"):
+		return "its port is not a number; in a URL, a '/', '?', '#' or '@' in the password ends it early: percent-encode them"
+	case errors.As(err, &urlErr):
+		return "not a valid URL: percent-encode the user name and password"
+	case strings.Contains(err.Error(), "sslmode"):
+		return "sslmode is not one of disable, allow, prefer, require, verify-ca, verify-full"
+	}
+	return "check the URL's syntax; a password with URL-special characters must be percent-encoded"
 }
 
 // Error is a configuration error: exit code 2, one line.
@@ -385,11 +425,13 @@ type Error struct {
 func (e *Error) Error() string { return e.Var + ": " + e.Err.Error() }
 func (e *Error) Unwrap() error { return e.Err }
 
-// Load parses args (flags for the named settings) over the environment and
-// validates the settings listed in use, by environment name. It returns the
-// remaining arguments. -h/--help returns flag.ErrHelp after printing usage
-// to out.
-func Load(name string, use []string, args []string, getenv func(string) string, out io.Writer) (*Config, []string, error) {
+// Load parses args (flags for the named settings) over the environment
+// (lookupEnv, as os.LookupEnv) and validates the settings listed in use, by
+// environment name. It returns the remaining arguments. -h/--help returns
+// flag.ErrHelp after printing usage to out. An empty environment variable
+// is the setting's default, unless its empty value means something
+// (Var.EmptyIsValue).
+func Load(name string, use []string, args []string, lookupEnv func(string) (string, bool), out io.Writer) (*Config, []string, error) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(out)
 	values := make(map[string]*string, len(use))
@@ -421,11 +463,19 @@ func Load(name string, use []string, args []string, getenv func(string) string, 
 		val := *values[env]
 		if !set[v.Flag] {
 			val = v.Default
-			if e := getenv(v.Env); e != "" {
+			if e, ok := lookupEnv(v.Env); ok && (e != "" || v.EmptyIsValue) {
 				val = e
 			}
 		}
 		if err := v.set(c, val); err != nil {
+			var bad *valueError
+			if errors.As(err, &bad) {
+				if v.Shown {
+					err = fmt.Errorf("%s, got %q", bad.msg, val)
+				} else {
+					err = fmt.Errorf("%s (value not shown: %d characters)", bad.msg, utf8.RuneCountInString(val))
+				}
+			}
 			return nil, nil, &Error{Var: env, Err: err}
 		}
 	}
@@ -440,13 +490,18 @@ func readable(path string) error {
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		var pe *fs.PathError
-		if errors.As(err, &pe) {
-			err = pe.Err
-		}
-		return fmt.Errorf("cannot read %q: %w", path, err)
+		return invalid("cannot read the file it names: %v", pathErr(err))
 	}
 	return f.Close()
+}
+
+// pathErr is err without the path it names, which Load shows or not.
+func pathErr(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
 // NATSOptions are the connection options for the configured credentials

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"net/url"
 	"strings"
@@ -46,14 +47,15 @@ func FuzzLoad(f *testing.F) {
 	f.Fuzz(func(t *testing.T, which uint8, value string, asFlag bool) {
 		target := Vars[int(which)%len(Vars)]
 		load := func(value string) error {
-			getenv := func(k string) string {
+			getenv := func(k string) (string, bool) {
 				if k == target.Env && !asFlag {
-					return value
+					return value, true
 				}
 				if k == "MAILROOM_SECRET_KEY" && target.Env == "MAILROOM_SECRET_KEY_FILE" {
-					return ""
+					return "", false
 				}
-				return base[k]
+				v, ok := base[k]
+				return v, ok
 			}
 			var args []string
 			if asFlag {
@@ -92,6 +94,62 @@ func FuzzLoad(f *testing.F) {
 		filler := strings.Repeat("#", len(secret))
 		if other := load(strings.Replace(value, secret, filler, 1)); other == nil || !strings.Contains(other.Error(), secret) {
 			t.Fatalf("%s error shows its secret: %q", cerr.Var, msg)
+		}
+	})
+}
+
+// MAILROOM_HTTP_ADDR set to the empty string in the environment disables
+// HTTP, as --http-addr= does; other settings set empty take their default.
+func TestEmptyEnvironmentValues(t *testing.T) {
+	env := map[string]string{"MAILROOM_DATABASE_URL": "postgres://u@h/db", "MAILROOM_HTTP_ADDR": "", "MAILROOM_BATCH_LIMIT": ""}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	c, _, err := Load("test", []string{"MAILROOM_DATABASE_URL", "MAILROOM_HTTP_ADDR", "MAILROOM_BATCH_LIMIT"}, nil, lookup, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.HTTPAddr != "" || c.BatchLimit != 10 {
+		t.Fatalf("HTTPAddr %q, BatchLimit %d; want disabled and the default 10", c.HTTPAddr, c.BatchLimit)
+	}
+	delete(env, "MAILROOM_HTTP_ADDR")
+	if c, _, err = Load("test", []string{"MAILROOM_DATABASE_URL", "MAILROOM_HTTP_ADDR"}, nil, lookup, io.Discard); err != nil || c.HTTPAddr != "127.0.0.1:9187" {
+		t.Fatalf("unset MAILROOM_HTTP_ADDR = %q, %v; want the default", c.HTTPAddr, err)
+	}
+}
+
+// FuzzSecretsInMalformedURLs plants a password in URLs of every shape an
+// operator may mistype (a missing scheme or slash, a password with URL
+// characters, a second cluster URL without a scheme, key=value strings),
+// for every URL setting: whether the value is accepted or refused, the
+// error and the help never show the password.
+func FuzzSecretsInMalformedURLs(f *testing.F) {
+	shapes := []string{
+		"nats//u:%s@127.0.0.1:4222", "nats:/u:%s@h", "u:%s@h", "nats://h:4222,u:%s@h2", "nats://u:%s@", "nats://u:%s@h:x",
+		"postgres://u:%s@h:5432/db", "postgres//u:%s@h/db", "postgres://u:%s@h:x/db", "host=h port=x password=%s", "host=h password='%s", "%s",
+	}
+	for i := range shapes {
+		for _, pw := range []string{"Hunter2pass", "pa/ss#w?rd", "p@ss:word", "Zm9v%zzBar", "x y z secret"} {
+			f.Add(uint8(i), pw, i%2 == 0)
+		}
+	}
+	urlVars := []string{"MAILROOM_DATABASE_URL", "MAILROOM_NATS_URL"}
+	f.Fuzz(func(t *testing.T, shape uint8, pw string, database bool) {
+		if len(pw) < 6 || strings.ContainsAny(pw, "\x00\n\r") {
+			return
+		}
+		value := fmt.Sprintf(shapes[int(shape)%len(shapes)], pw)
+		target := urlVars[0]
+		if !database {
+			target = urlVars[1]
+		}
+		env := map[string]string{"MAILROOM_DATABASE_URL": "postgres://u@h/db", target: value}
+		var out strings.Builder
+		_, _, err := Load("fuzz", urlVars, nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, &out)
+		msg := out.String()
+		if err != nil {
+			msg += err.Error()
+		}
+		if strings.Contains(msg, pw) {
+			t.Fatalf("%s=%q: the password shows: %q", target, value, msg)
 		}
 	})
 }

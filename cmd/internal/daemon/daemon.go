@@ -25,11 +25,21 @@ import (
 	"github.com/mailroom/tailer/replication"
 )
 
-// NewLogger builds the slog logger the settings ask for.
+// NewLogger builds the slog logger the settings ask for. Values with a
+// String method are logged as that string in both formats: the JSON
+// handler would otherwise print a WAL position (pglogrepl.LSN, a uint64)
+// as a bare integer instead of as PostgreSQL writes it (0/45E8A0F8).
 func NewLogger(format, level string, w io.Writer) *slog.Logger {
 	var lv slog.Level
 	lv.UnmarshalText([]byte(level))
-	opts := &slog.HandlerOptions{Level: lv}
+	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Value.Kind() == slog.KindAny {
+			if s, ok := a.Value.Any().(fmt.Stringer); ok {
+				a.Value = slog.StringValue(s.String())
+			}
+		}
+		return a
+	}}
 	if format == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -89,8 +90,8 @@ func newEnv(t *testing.T, o envOpts) *env {
 	if format == "" {
 		format = "line"
 	}
-	cfg, _, err := config.Load("test", runVarsForTest, []string{"--http-addr="}, func(k string) string {
-		return map[string]string{
+	cfg, _, err := config.Load("test", runVarsForTest, []string{"--http-addr="}, func(k string) (string, bool) {
+		v, ok := map[string]string{
 			"MAILROOM_DATABASE_URL":  db.URL,
 			"MAILROOM_SECRET_KEY":    testKeyHex,
 			"MAILROOM_BATCH_LIMIT":   strconv.Itoa(o.limit),
@@ -101,6 +102,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 			"MAILROOM_PROTO_VERSION": o.proto,
 			"MAILROOM_BINARY":        o.binary,
 		}[k]
+		return v, ok
 	}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -685,6 +687,17 @@ func TestLostLeaseEndsTheSession(t *testing.T) {
 				t.Fatalf("token %d published twice", id)
 			}
 			seen[id] = true
+		}
+	}
+}
+
+// WAL positions are logged as PostgreSQL writes them, in JSON too.
+func TestLoggedPositions(t *testing.T) {
+	for _, format := range []string{"json", "text"} {
+		var out bytes.Buffer
+		NewLogger(format, "info", &out).Info("x", "from", pglogrepl.LSN(0x45E8A0F8), "position", decoder.Position{Commit: 0x45E8A0F8, Index: 3})
+		if !strings.Contains(out.String(), "0/45E8A0F8") || !strings.Contains(out.String(), "0/45E8A0F8:3") || strings.Contains(out.String(), "1172873464") {
+			t.Errorf("%s log: %s", format, out.String())
 		}
 	}
 }
