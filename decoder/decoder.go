@@ -382,7 +382,7 @@ func (rel *relation) decodeTuple(r *reader, tok *Token) (rowErr, err error) {
 		switch i {
 		case rel.colID:
 			seen[0] = true
-			tok.ID, rowErr = int8Value("id", val, null, binaryFmt)
+			tok.ID, rowErr = intValue("id", val, null, binaryFmt)
 		case rel.colAction:
 			seen[1] = true
 			if null {
@@ -404,7 +404,7 @@ func (rel *relation) decodeTuple(r *reader, tok *Token) (rowErr, err error) {
 			}
 		case rel.colAccount:
 			seen[4] = true
-			tok.Account, rowErr = int8Value("account", val, null, binaryFmt)
+			tok.Account, rowErr = intValue("account", val, null, binaryFmt)
 		}
 	}
 	if rowErr != nil {
@@ -424,15 +424,22 @@ func (rel *relation) decodeTuple(r *reader, tok *Token) (rowErr, err error) {
 	return nil, nil
 }
 
-func int8Value(col string, val []byte, null, binaryFmt bool) (int64, error) {
+// intValue reads an integer column of any width (smallint, integer or
+// bigint), so that changing a column's width does not stop the tailer.
+func intValue(col string, val []byte, null, binaryFmt bool) (int64, error) {
 	if null {
 		return 0, fmt.Errorf("%s is NULL", col)
 	}
 	if binaryFmt {
-		if len(val) != 8 {
-			return 0, fmt.Errorf("%s: binary int8 of %d bytes", col, len(val))
+		switch len(val) {
+		case 8:
+			return int64(binary.BigEndian.Uint64(val)), nil
+		case 4:
+			return int64(int32(binary.BigEndian.Uint32(val))), nil
+		case 2:
+			return int64(int16(binary.BigEndian.Uint16(val))), nil
 		}
-		return int64(binary.BigEndian.Uint64(val)), nil
+		return 0, fmt.Errorf("%s: binary integer of %d bytes", col, len(val))
 	}
 	v, ok := atoi(val)
 	if !ok {

@@ -199,6 +199,35 @@ func TestDecodeColumnsByName(t *testing.T) {
 	}
 }
 
+// Integer columns of any width decode, in binary as in text: an id or
+// account changed to integer or smallint does not stop the tailer.
+func TestDecodeIntegerWidths(t *testing.T) {
+	row := binRow(0, "activation", secret(2), text("01234"), 0)
+	for _, tc := range []struct {
+		name       string
+		id, acct   col
+		wantID, wa int64
+	}{
+		{"bigint", i8(-7), i8(1 << 40), -7, 1 << 40},
+		{"integer", binv(binary.BigEndian.AppendUint32(nil, uint32(0xfffffff9))), binv(binary.BigEndian.AppendUint32(nil, 70000)), -7, 70000},
+		{"smallint", binv(binary.BigEndian.AppendUint16(nil, 300)), binv(binary.BigEndian.AppendUint16(nil, 0xffff)), 300, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := append([]col{tc.id}, row[1:]...)
+			r[4] = tc.acct
+			rec, _ := run(t, relationMsg(0, 1, "public", "tokens", tokenCols...), begin(0x2000, 1), insertMsg(0, 1, r...), commit(0x2000, 0x2008))
+			if len(rec.tokens) != 1 || rec.tokens[0].ID != tc.wantID || rec.tokens[0].Account != tc.wa {
+				t.Fatalf("tokens = %+v, bad = %v", rec.tokens, rec.bad)
+			}
+		})
+	}
+	rec, _ := run(t, relationMsg(0, 1, "public", "tokens", tokenCols...), begin(0x2000, 1),
+		insertMsg(0, 1, append([]col{binv([]byte{1, 2, 3})}, row[1:]...)...), commit(0x2000, 0x2008))
+	if len(rec.bad) != 1 || !strings.Contains(rec.bad[0].err.Error(), "binary integer of 3 bytes") {
+		t.Fatalf("a 3-byte integer: bad = %v", rec.bad)
+	}
+}
+
 func TestDecodeBadRows(t *testing.T) {
 	for _, tc := range []struct {
 		name string

@@ -26,7 +26,11 @@ CREATE TABLE IF NOT EXISTS tailer_slot (
     -- the cutover: tokens up to that id created before then were sent by
     -- the collector, and no resync publishes them again.
     collector_last_seq bigint,
-    collector_cutover  bigint
+    collector_cutover  bigint,
+    -- Why tailer run cannot stream from the slot until the operator acts
+    -- (NULL while it can), for tailer status.
+    blocked            text,
+    blocked_at         timestamptz
 );
 
 -- What tailer_resync knew, then the slots that predate this migration.

@@ -44,6 +44,10 @@ type Record struct {
 	Legacy bool
 	// Cutover is set once mailroom's collector's database was adopted.
 	Cutover *Cutover
+	// Blocked says why tailer run waits for the operator, since
+	// BlockedAt; empty while it can stream.
+	Blocked   string
+	BlockedAt time.Time
 }
 
 // Cutover is where mailroom's collector stopped: it sent the tokens up to
@@ -66,7 +70,8 @@ func NewIncarnation() string {
 	return hex.EncodeToString(b[:])
 }
 
-const recordColumns = `incarnation, created_by, created_at, resync_pending, consistent_point::text, stream_seq, legacy, collector_last_seq, collector_cutover`
+const recordColumns = `incarnation, created_by, created_at, resync_pending, consistent_point::text, stream_seq, legacy, collector_last_seq, collector_cutover,
+	coalesce(blocked, ''), coalesce(blocked_at, 'epoch')`
 
 // LoadRecord reads slot's record; Exists is false when there is none.
 func LoadRecord(ctx context.Context, q Querier, slot string) (Record, error) {
@@ -78,7 +83,7 @@ func LoadRecord(ctx context.Context, q Querier, slot string) (Record, error) {
 		cutoverAt *int64
 	)
 	err := q.QueryRow(ctx, `SELECT `+recordColumns+` FROM tailer_slot WHERE slot = $1`, slot).
-		Scan(&r.Incarnation, &r.CreatedBy, &r.CreatedAt, &r.ResyncPending, &cp, &seq, &r.Legacy, &lastSeq, &cutoverAt)
+		Scan(&r.Incarnation, &r.CreatedBy, &r.CreatedAt, &r.ResyncPending, &cp, &seq, &r.Legacy, &lastSeq, &cutoverAt, &r.Blocked, &r.BlockedAt)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -130,7 +135,7 @@ func saveRecord(ctx context.Context, q Querier, r *Record) error {
 		VALUES ($1, $2, $3, now(), $4, $5::pg_lsn, $6, false, $7, $8)
 		ON CONFLICT (slot) DO UPDATE SET incarnation = EXCLUDED.incarnation, created_by = EXCLUDED.created_by,
 			created_at = EXCLUDED.created_at, resync_pending = EXCLUDED.resync_pending, consistent_point = EXCLUDED.consistent_point,
-			stream_seq = EXCLUDED.stream_seq, legacy = false,
+			stream_seq = EXCLUDED.stream_seq, legacy = false, blocked = NULL, blocked_at = NULL,
 			collector_last_seq = coalesce(EXCLUDED.collector_last_seq, s.collector_last_seq),
 			collector_cutover = coalesce(EXCLUDED.collector_cutover, s.collector_cutover)
 		RETURNING created_at, collector_last_seq, collector_cutover`,
@@ -208,5 +213,17 @@ func Bind(ctx context.Context, q Querier, r *Record, streamSeq uint64) error {
 		return fmt.Errorf("record slot %s's start on the stream: its record changed meanwhile", r.Slot)
 	}
 	r.Bound, r.StreamSeq = true, streamSeq
+	return nil
+}
+
+// SetBlocked records why tailer run waits for the operator (empty: it no
+// longer does), for tailer status. The caller holds the lease. A slot
+// without a record has nowhere to say it: /readyz and the log still do.
+func SetBlocked(ctx context.Context, q Querier, slot, why string) error {
+	_, err := q.Exec(ctx, `UPDATE tailer_slot SET blocked = nullif($2, ''), blocked_at = CASE WHEN $2 = '' THEN NULL ELSE now() END
+		WHERE slot = $1 AND coalesce(blocked, '') <> $2`, slot, why)
+	if err != nil {
+		return fmt.Errorf("record why slot %s waits: %w", slot, err)
+	}
 	return nil
 }

@@ -121,9 +121,11 @@ const (
 // answers); a row missing from an invisible transaction is not deleted, just
 // not visible yet. Both parts run in one statement, so they share a snapshot.
 //
-// The 32-bit xids from the WAL are widened to xid8 with the epoch of the
-// snapshot's xmax; tokens without one (read from a snapshot, not the WAL)
-// have nothing to wait for.
+// Integer columns are read as bigint whatever their width, so that a
+// change of width (expires_at to bigint, say) just works. The 32-bit xids
+// from the WAL are widened to xid8 with the epoch of the snapshot's xmax;
+// tokens without one (read from a snapshot, not the WAL) have nothing to
+// wait for.
 //
 // It comes in two forms. joinByIDs looks the tokens up one by one. Tokens
 // inserted together have consecutive ids, so a batch from a backlog is
@@ -135,8 +137,8 @@ const (
 const (
 	joinSelect = `
 SELECT 0 AS kind,
-       t.id,
-       t.expires_at,
+       t.id::bigint,
+       t.expires_at::bigint,
        ` + Expired + ` AS expired,
        ` + Consumed + ` AS consumed,
        ` + StatusFits + ` AS status_ok,
@@ -252,7 +254,7 @@ func (j *Joiner) query(ctx context.Context, rows [][]TokenState) (invisible int6
 	}
 	res, err := j.conn.Query(ctx, sql, args...)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %w", ErrJoin, err)
+		return 0, j.explain(ctx, err)
 	}
 	defer res.Close()
 	type span struct {
@@ -270,7 +272,7 @@ func (j *Joiner) query(ctx context.Context, rows [][]TokenState) (invisible int6
 			invisible = int64(binary.BigEndian.Uint64(v[1]))
 			continue
 		}
-		if len(v[2]) != 4 || len(v[3]) != 1 || len(v[4]) != 1 || len(v[5]) != 1 {
+		if len(v[2]) != 8 || len(v[3]) != 1 || len(v[4]) != 1 || len(v[5]) != 1 {
 			return 0, fmt.Errorf("%w: unexpected row shape", ErrJoin)
 		}
 		at, ok := j.index[int64(binary.BigEndian.Uint64(v[1]))]
@@ -278,7 +280,7 @@ func (j *Joiner) query(ctx context.Context, rows [][]TokenState) (invisible int6
 			continue
 		}
 		r := &rows[at.b][at.i]
-		r.ExpiresAt = int64(int32(binary.BigEndian.Uint32(v[2])))
+		r.ExpiresAt = int64(binary.BigEndian.Uint64(v[2]))
 		switch {
 		case v[3][0] != 0:
 			r.Skip = SkipExpired
@@ -297,7 +299,7 @@ func (j *Joiner) query(ctx context.Context, rows [][]TokenState) (invisible int6
 		}
 	}
 	if err := res.Err(); err != nil {
-		return 0, fmt.Errorf("%w: %w", ErrJoin, err)
+		return 0, j.explain(ctx, err)
 	}
 	for _, s := range pending {
 		r := &rows[s.row.b][s.row.i]
@@ -306,8 +308,6 @@ func (j *Joiner) query(ctx context.Context, rows [][]TokenState) (invisible int6
 	}
 	return invisible, nil
 }
-
-var _ Conn = (*pgx.Conn)(nil)
 
 // ErrJoin marks errors of the join query (as opposed to the caller's own).
 var ErrJoin = errors.New("join accounts")

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mailroom/tailer/batch/join"
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/replication"
 )
@@ -33,17 +34,21 @@ type statusReport struct {
 	WALStatus     string `json:"wal_status"`
 	Lost          string `json:"lost,omitempty"`
 	// Owner is the process holding the slot's lease ("" when none).
-	Owner          string  `json:"owner"`
-	Incarnation    string  `json:"incarnation"`
-	CreatedBy      string  `json:"created_by"`
-	ResyncPending  bool    `json:"resync_pending"`
-	Stream         string  `json:"stream"`
-	StreamMessages *uint64 `json:"stream_messages"`
-	StreamLastSeq  *uint64 `json:"stream_last_seq"`
-	StreamReplicas *int    `json:"stream_replicas"`
-	StreamError    string  `json:"stream_error,omitempty"`
-	MaxLagBytes    int64   `json:"max_lag_bytes"`
-	OK             bool    `json:"ok"`
+	Owner         string `json:"owner"`
+	Incarnation   string `json:"incarnation"`
+	CreatedBy     string `json:"created_by"`
+	ResyncPending bool   `json:"resync_pending"`
+	// Blocked is why tailer run waits for the operator, as it recorded it;
+	// Problems what status finds itself (the schema, the publication).
+	Blocked        string   `json:"blocked,omitempty"`
+	Problems       []string `json:"problems,omitempty"`
+	Stream         string   `json:"stream"`
+	StreamMessages *uint64  `json:"stream_messages"`
+	StreamLastSeq  *uint64  `json:"stream_last_seq"`
+	StreamReplicas *int     `json:"stream_replicas"`
+	StreamError    string   `json:"stream_error,omitempty"`
+	MaxLagBytes    int64    `json:"max_lag_bytes"`
+	OK             bool     `json:"ok"`
 }
 
 func status(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
@@ -96,8 +101,16 @@ func status(ctx context.Context, args []string, lookupEnv func(string) (string, 
 	}
 	if rec.Exists {
 		rep.Incarnation, rep.CreatedBy, rep.ResyncPending = rec.Incarnation, rec.CreatedBy+" at "+rec.CreatedAt.UTC().Format(time.RFC3339), rec.ResyncPending
+		if rec.Blocked != "" {
+			rep.Blocked = "since " + rec.BlockedAt.UTC().Format(time.RFC3339) + ": " + rec.Blocked
+		}
 	}
-	rep.OK = rep.LagBytes <= cfg.MaxLag && !slot.Lost() && !rec.ResyncPending
+	for _, err := range []error{join.CheckSchema(ctx, conn), replication.CheckPublication(ctx, conn, cfg.Publication)} {
+		if err != nil {
+			rep.Problems = append(rep.Problems, err.Error())
+		}
+	}
+	rep.OK = rep.LagBytes <= cfg.MaxLag && !slot.Lost() && !rec.ResyncPending && rep.Blocked == "" && len(rep.Problems) == 0
 	if cfg.NATSURL != "" {
 		if info, err := streamInfo(ctx, cfg); err != nil {
 			rep.StreamError = err.Error()
@@ -131,6 +144,12 @@ func status(ctx context.Context, args []string, lookupEnv func(string) (string, 
 			fmt.Fprintf(stdout, "incarnation     %s, created by %s: RESYNC PENDING (run tailer resync)\n", rep.Incarnation, rep.CreatedBy)
 		default:
 			fmt.Fprintf(stdout, "incarnation     %s, created by %s\n", rep.Incarnation, rep.CreatedBy)
+		}
+		if rep.Blocked != "" {
+			fmt.Fprintf(stdout, "BLOCKED         %s\n", rep.Blocked)
+		}
+		for _, p := range rep.Problems {
+			fmt.Fprintf(stdout, "PROBLEM         %s\n", p)
 		}
 		if rep.StreamError != "" {
 			fmt.Fprintf(stdout, "stream          %s: %s\n", rep.Stream, rep.StreamError)

@@ -70,8 +70,11 @@ type Daemon struct {
 	// standby, that another process owns it.
 	blocked atomic.Pointer[string]
 	standby atomic.Pointer[string]
-	nc      atomic.Pointer[nats.Conn]
-	lag     atomic.Pointer[lagSample]
+	// stopSession ends the streaming session, when there is one, with the
+	// cause it is given.
+	stopSession atomic.Pointer[context.CancelCauseFunc]
+	nc          atomic.Pointer[nats.Conn]
+	lag         atomic.Pointer[lagSample]
 }
 
 // New returns a Daemon for cfg.
@@ -197,7 +200,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 	const minDelay, maxDelay = 250 * time.Millisecond, 30 * time.Second
 	delay := minDelay
-	standingBy, blockedSaid := false, false
+	standingBy, blockedSaid := false, ""
 	for {
 		started := time.Now()
 		err := d.session(ctx, nc)
@@ -242,7 +245,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		switch {
 		case errors.Is(err, errResynced):
 			delay = minDelay
-			standingBy, blockedSaid = false, false
+			standingBy, blockedSaid = false, ""
 		case errors.As(err, &failed):
 			d.log.Error("resync failed; retrying", "err", failed.err)
 			delay = 5 * time.Second
@@ -252,10 +255,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 			// lost slot) say why.
 			if blocked != nil {
 				d.blocked.Store(&blocked.msg)
+				d.metrics.setBlocked(blocked.reason)
 			}
-			if !blockedSaid {
+			if msg := err.Error(); msg != blockedSaid {
 				d.log.Error("replication slot cannot be streamed from", "err", err)
-				blockedSaid = true
+				blockedSaid = msg
 			}
 			delay = 5 * time.Second
 			standingBy = false
@@ -272,7 +276,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			}
 			delay = time.Second
 		default:
-			standingBy, blockedSaid = false, false
+			standingBy, blockedSaid = false, ""
 			d.log.Error("session ended; retrying", "err", err, "retry_in", delay.Round(time.Millisecond))
 		}
 		// Full jitter keeps several tailers from retrying in lockstep.

@@ -37,12 +37,23 @@ func (e *slotLostError) Error() string {
 // blockedError is a slot the tailer must not stream from until the
 // operator acts: a resync started and did not finish, the slot is gone
 // while the database or the stream says it existed, the stream's batches
-// are not the slot's, or the schema predates this tailer. resync says a
+// are not the slot's, a schema or a publication the tailer cannot read
+// tokens through. reason is the tailer_blocked label; resync says a
 // resync is the way out (so MAILROOM_AUTO_RESYNC applies).
 type blockedError struct {
+	reason string
 	msg    string
 	resync bool
 }
+
+// Why the tailer waits for the operator (tailer_blocked's reason label).
+const (
+	blockedResync      = "resync"
+	blockedSchema      = "schema"
+	blockedPublication = "publication"
+)
+
+var blockedReasons = []string{blockedResync, blockedSchema, blockedPublication}
 
 func (e *blockedError) Error() string { return e.msg }
 

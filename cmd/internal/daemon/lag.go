@@ -19,7 +19,11 @@ type lagSample struct {
 
 // sampleSlot looks at the slot every LagInterval for the lag metrics and
 // /readyz, on a connection of its own. It works in standby too: the slot's
-// lag is what operators care about, whoever holds it.
+// lag is what operators care about, whoever holds it. While this tailer
+// streams, it also checks that the tokens can still be read (the schema,
+// the publication): a publication that no longer carries token inserts
+// makes the slot's stream silently empty of them, so the session is ended
+// at once rather than left to confirm WAL it saw no token in.
 func (d *Daemon) sampleSlot(ctx context.Context) {
 	var conn *pgx.Conn
 	defer func() {
@@ -49,6 +53,12 @@ func (d *Daemon) sampleSlot(ctx context.Context) {
 		d.lag.Store(&lagSample{at: time.Now(), slot: s, err: err})
 		if err == nil {
 			d.metrics.slotSample(s)
+			if stop := d.stopSession.Load(); stop != nil {
+				var blocked *blockedError
+				if rerr := d.checkReadable(ctx, conn); errors.As(rerr, &blocked) {
+					(*stop)(blocked)
+				}
+			}
 		}
 		// A configuration error at startup is the session loop's to
 		// report, as the one line before exit.

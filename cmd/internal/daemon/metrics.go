@@ -33,6 +33,7 @@ type Metrics struct {
 	slotSampled    prometheus.Gauge
 	slotHeld       prometheus.Gauge
 	slotLost       prometheus.Gauge
+	blocked        *prometheus.GaugeVec
 	ready          prometheus.Gauge
 	reconnects     *prometheus.CounterVec
 	pending        prometheus.GaugeFunc
@@ -54,6 +55,7 @@ var MetricNames = []string{
 	"tailer_slot_sample_timestamp_seconds",
 	"tailer_slot_held",
 	"tailer_slot_invalidated",
+	"tailer_blocked",
 	"tailer_ready",
 	"tailer_reconnects_total",
 	"tailer_tokens_pending",
@@ -105,6 +107,9 @@ func NewMetrics(pending func() float64) *Metrics {
 		slotLost: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tailer_slot_invalidated", Help: "1 when the slot is lost (wal_status lost): WAL it needed was removed and its tokens cannot be read.",
 		}),
+		blocked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tailer_blocked", Help: "1 while the tailer waits for the operator, by reason: resync (tailer resync is the way out), schema (a table or column it reads changed), publication (it does not carry token inserts).",
+		}, []string{"reason"}),
 		slotHeld: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tailer_slot_held", Help: "1 while this instance streams from the slot, 0 while it stands by or reconnects.",
 		}),
@@ -127,8 +132,11 @@ func NewMetrics(pending func() float64) *Metrics {
 	for _, t := range []string{targetPostgres, targetNATS} {
 		m.reconnects.WithLabelValues(t)
 	}
+	for _, r := range blockedReasons {
+		m.blocked.WithLabelValues(r)
+	}
 	m.reg.MustRegister(m.published, m.skipped, m.batches, m.batchSize, m.publishLatency, m.commitToAck,
-		m.lastDone, m.confirmed, m.slotLag, m.slotRetained, m.slotConfirmed, m.slotSampled, m.slotHeld, m.slotLost, m.ready,
+		m.lastDone, m.confirmed, m.slotLag, m.slotRetained, m.slotConfirmed, m.slotSampled, m.slotHeld, m.slotLost, m.blocked, m.ready,
 		m.reconnects, m.pending,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -156,6 +164,13 @@ func (m *Metrics) statusSent(lsn pglogrepl.LSN) { m.confirmed.Set(float64(lsn)) 
 func (m *Metrics) reconnect(target string)      { m.reconnects.WithLabelValues(target).Inc() }
 func (m *Metrics) setHeld(held bool)            { m.slotHeld.Set(b2f(held)) }
 func (m *Metrics) setReady(ready bool)          { m.ready.Set(b2f(ready)) }
+
+// setBlocked marks reason as why the tailer waits ("": it does not).
+func (m *Metrics) setBlocked(reason string) {
+	for _, r := range blockedReasons {
+		m.blocked.WithLabelValues(r).Set(b2f(r == reason))
+	}
+}
 func (m *Metrics) slotSample(s replication.SlotInfo) {
 	m.slotLag.Set(float64(s.LagBytes()))
 	m.slotRetained.Set(float64(s.RetainedBytes()))

@@ -46,16 +46,19 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	origin := publish.Origin{SystemID: ident.SystemID, Timeline: ident.Timeline, Database: ident.DBName}
 	dest := publish.Destination{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction, Origin: origin}
 
+	if err := d.checkReadable(ctx, q); err != nil {
+		return d.block(ctx, q, lease, nc, err)
+	}
 	rec, slot, err := d.prepareSlot(ctx, q, nc, dest)
 	if err != nil {
-		return d.unblock(ctx, lease, nc, err)
+		return d.block(ctx, q, lease, nc, err)
 	}
 	receiver, err := replication.Start(ctx, rc, replication.Options{
 		Slot: cfg.Slot, Publication: cfg.Publication, ProtoVersion: cfg.ProtoVersion, Binary: cfg.Binary,
 		OnStatus: d.metrics.statusSent, Timeout: cfg.ReplicationTimeout,
 	})
 	if replication.IsSlotLost(err) {
-		return d.unblock(ctx, lease, nc, &slotLostError{slot: slot, cause: err})
+		return d.block(ctx, q, lease, nc, &slotLostError{slot: slot, cause: err})
 	}
 	if err != nil {
 		return pgErr(err)
@@ -73,12 +76,16 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		return pgErr(err)
 	}
 	if err := d.claimStream(ctx, q, pub, &rec, origin); err != nil {
-		return d.unblock(ctx, lease, nc, err)
+		return d.block(ctx, q, lease, nc, err)
 	}
 	if err := pub.Resume(publish.Owner{Origin: origin, Incarnation: rec.Incarnation, Since: rec.StreamSeq, Legacy: rec.Legacy}, current); err != nil {
 		return err
 	}
+	if err := replication.SetBlocked(ctx, q, cfg.Slot, ""); err != nil {
+		return pgErr(err)
+	}
 	d.blocked.Store(nil)
+	d.metrics.setBlocked("")
 	d.held.Store(true)
 	d.metrics.setHeld(true)
 	defer func() {
@@ -143,7 +150,9 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		}
 	}()
 
-	// Without the lease another tailer may take over: stop at once.
+	// Without the lease another tailer may take over: stop at once. The
+	// slot sampler stops the session too when it finds the tokens can no
+	// longer be read (a schema or publication changed under it).
 	go func() {
 		select {
 		case <-lease.Lost():
@@ -151,6 +160,8 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		case <-runCtx.Done():
 		}
 	}()
+	d.stopSession.Store(&cancelRun)
+	defer d.stopSession.Store(nil)
 
 	err = receiver.Run(runCtx, feeder)
 	// Read before the pipeline is stopped: afterwards it reports its own
@@ -163,7 +174,62 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	if lerr := lease.Err(); lerr != nil && ctx.Err() == nil {
 		return pgErr(lerr)
 	}
+	var (
+		blocked *blockedError
+		schema  *join.SchemaError
+	)
+	switch {
+	case ctx.Err() != nil:
+	case errors.As(context.Cause(runCtx), &blocked):
+		return d.block(ctx, q, lease, nc, blocked)
+	case errors.As(pipeErr, &schema):
+		return d.block(ctx, q, lease, nc, &blockedError{reason: blockedSchema, msg: schema.Error()})
+	case replication.IsPublicationGone(err):
+		// Gone for good, or made again after the changes the slot has
+		// still to decode: which one says what to do.
+		perr := replication.CheckPublication(ctx, q, cfg.Publication)
+		var pub *replication.PublicationError
+		if !errors.As(perr, &pub) {
+			pub = &replication.PublicationError{Publication: cfg.Publication, Stale: true}
+		}
+		return d.block(ctx, q, lease, nc, &blockedError{reason: blockedPublication, msg: pub.Error(), resync: pub.Stale})
+	}
 	return sessionCause(ctx, err, pipeErr, pipelineFailed)
+}
+
+// checkReadable reports a schema or a publication the tailer cannot read
+// tokens through as a *blockedError.
+func (d *Daemon) checkReadable(ctx context.Context, q *pgx.Conn) error {
+	err := join.CheckSchema(ctx, q)
+	var schema *join.SchemaError
+	if errors.As(err, &schema) {
+		return &blockedError{reason: blockedSchema, msg: schema.Error()}
+	}
+	if err != nil {
+		return pgErr(err)
+	}
+	var pubErr *replication.PublicationError
+	if err := replication.CheckPublication(ctx, q, d.cfg.Publication); errors.As(err, &pubErr) {
+		return &blockedError{reason: blockedPublication, msg: pubErr.Error()}
+	} else if err != nil {
+		return pgErr(err)
+	}
+	return nil
+}
+
+// block ends a session that must wait for the operator: a resync, with the
+// lease the session holds, when that is the way out and
+// MAILROOM_AUTO_RESYNC allows it; otherwise the reason is recorded with the
+// slot for tailer status, and returned.
+func (d *Daemon) block(ctx context.Context, q *pgx.Conn, lease *replication.Lease, nc *nats.Conn, err error) error {
+	err = d.unblock(ctx, lease, nc, err)
+	var blocked *blockedError
+	if errors.As(err, &blocked) {
+		if rerr := replication.SetBlocked(ctx, q, d.cfg.Slot, blocked.msg); rerr != nil {
+			d.log.Warn("cannot record why the tailer waits", "err", rerr)
+		}
+	}
+	return err
 }
 
 // prepareSlot reads the slot and its record, with the lease held, and
@@ -173,13 +239,13 @@ func (d *Daemon) prepareSlot(ctx context.Context, q *pgx.Conn, nc *nats.Conn, de
 	cfg := d.cfg
 	rec, err := replication.LoadRecord(ctx, q, cfg.Slot)
 	if errors.Is(err, replication.ErrNoRecordTable) {
-		return rec, replication.SlotInfo{}, &blockedError{msg: err.Error()}
+		return rec, replication.SlotInfo{}, &blockedError{reason: blockedSchema, msg: err.Error()}
 	}
 	if err != nil {
 		return rec, replication.SlotInfo{}, pgErr(err)
 	}
 	if rec.ResyncPending {
-		return rec, replication.SlotInfo{}, &blockedError{msg: resync.PendingMessage(cfg.Slot), resync: true}
+		return rec, replication.SlotInfo{}, &blockedError{reason: blockedResync, msg: resync.PendingMessage(cfg.Slot), resync: true}
 	}
 	slot, err := replication.Slot(ctx, q, cfg.Slot)
 	if err == nil {
@@ -207,10 +273,10 @@ func (d *Daemon) prepareSlot(ctx context.Context, q *pgx.Conn, nc *nats.Conn, de
 	}
 	switch {
 	case rec.Exists:
-		return rec, slot, &blockedError{resync: true, msg: fmt.Sprintf("slot %s does not exist, but this database recorded it (%s): it was dropped, or this database is a copy or a restore of the one it was made in, "+
+		return rec, slot, &blockedError{reason: blockedResync, resync: true, msg: fmt.Sprintf("slot %s does not exist, but this database recorded it (%s): it was dropped, or this database is a copy or a restore of the one it was made in, "+
 			"and the tokens committed since it was last read are in no slot. The tailer will not recreate it by itself. "+resyncAdvice, cfg.Slot, rec.Describe())}
 	case pub.LastSeq() > 0:
-		return rec, slot, &blockedError{resync: true, msg: fmt.Sprintf("slot %s does not exist, but stream %s holds batches (last seq %d) of a slot this database has no record of: it was dropped, or this database is a copy. "+
+		return rec, slot, &blockedError{reason: blockedResync, resync: true, msg: fmt.Sprintf("slot %s does not exist, but stream %s holds batches (last seq %d) of a slot this database has no record of: it was dropped, or this database is a copy. "+
 			"The tailer will not recreate it by itself. "+resyncAdvice, cfg.Slot, cfg.Stream, pub.LastSeq())}
 	}
 	if rec, err = replication.CreateSlot(ctx, q, cfg.Slot, "tailer run", true); err != nil {
@@ -242,7 +308,7 @@ func (d *Daemon) claimStream(ctx context.Context, q *pgx.Conn, pub *publish.Publ
 		if rec.Exists {
 			made = "it was made after them (" + rec.Describe() + ")"
 		}
-		return &blockedError{resync: true, msg: fmt.Sprintf("stream %s holds batches (last seq %d) that slot %s did not publish: %s. "+
+		return &blockedError{reason: blockedResync, resync: true, msg: fmt.Sprintf("stream %s holds batches (last seq %d) that slot %s did not publish: %s. "+
 			"They belong to an earlier slot, or to another copy of this database, and their positions would skip this slot's tokens. "+resyncAdvice, cfg.Stream, pub.LastSeq(), cfg.Slot, made)}
 	}
 	if !rec.Exists {

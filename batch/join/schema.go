@@ -1,0 +1,158 @@
+package join
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// kind is what the tailer needs a column to be.
+type kind uint8
+
+const (
+	anyType kind = iota // only its presence (consumed_at IS NULL)
+	integer             // smallint, integer or bigint
+	label               // an enum, or text
+	text                // text, varchar, char or citext
+	bytes               // bytea
+)
+
+func (k kind) String() string {
+	switch k {
+	case integer:
+		return "smallint, integer or bigint"
+	case label:
+		return "an enum or text"
+	case text:
+		return "text, varchar, char or citext"
+	case bytes:
+		return "bytea"
+	}
+	return "any type"
+}
+
+func (k kind) accepts(typname string, typtype byte) bool {
+	switch k {
+	case integer:
+		return typname == "int2" || typname == "int4" || typname == "int8"
+	case text:
+		return typname == "text" || typname == "varchar" || typname == "bpchar" || typname == "citext"
+	case label:
+		return typtype == 'e' || text.accepts(typname, typtype)
+	case bytes:
+		return typname == "bytea"
+	}
+	return true
+}
+
+// columns are the columns the tailer reads (the decoder from the WAL, the
+// join and a resync by query), and what each must be.
+var columns = []struct {
+	table, column string
+	kind          kind
+}{
+	{"tokens", "id", integer},
+	{"tokens", "action", label},
+	{"tokens", "secret", bytes},
+	{"tokens", "code", text},
+	{"tokens", "account", integer},
+	{"tokens", "expires_at", integer},
+	{"tokens", "consumed_at", anyType},
+	{"tokens", "created_at", integer},
+	{"accounts", "id", integer},
+	{"accounts", "status", label},
+	{"accounts", "email", text},
+	{"accounts", "login", text},
+}
+
+// SchemaError is a schema the tailer cannot read: tables or columns it
+// needs that are missing, or of a type it cannot take. It names each, with
+// its type and the types that would do.
+type SchemaError struct {
+	Problems []string
+}
+
+func (e *SchemaError) Error() string {
+	return "the schema changed in a way the tailer cannot read: " + strings.Join(e.Problems, "; ") +
+		". Nothing is published or confirmed until it is changed back; the tailer checks again every few seconds and goes on by itself"
+}
+
+// CheckSchema reports whether the tables and columns the tailer reads are
+// there, with types it can read, and returns a *SchemaError naming each
+// that is not.
+func CheckSchema(ctx context.Context, conn Conn) error {
+	rows, err := conn.Query(ctx, `
+		SELECT t.name, a.attname, format_type(a.atttypid, a.atttypmod), ty.typname, ty.typtype::text, c.oid IS NOT NULL
+		FROM (VALUES ('tokens'), ('accounts')) AS t(name)
+		LEFT JOIN pg_class c ON c.oid = to_regclass(t.name)
+		LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+		LEFT JOIN pg_type ty ON ty.oid = a.atttypid`)
+	if err != nil {
+		return fmt.Errorf("read the schema of tokens and accounts: %w", err)
+	}
+	type col struct{ typ, typname, typtype string }
+	have := map[string]col{}
+	tables := map[string]bool{}
+	for rows.Next() {
+		var (
+			table             string
+			name, typ, tn, tt *string
+			exists            bool
+		)
+		if err := rows.Scan(&table, &name, &typ, &tn, &tt, &exists); err != nil {
+			return fmt.Errorf("read the schema of tokens and accounts: %w", err)
+		}
+		tables[table] = exists
+		if name != nil {
+			have[table+"."+*name] = col{*typ, *tn, *tt}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read the schema of tokens and accounts: %w", err)
+	}
+	var problems []string
+	for _, want := range columns {
+		if !tables[want.table] {
+			p := "table " + want.table + " does not exist"
+			if len(problems) == 0 || problems[len(problems)-1] != p {
+				problems = append(problems, p)
+			}
+			continue
+		}
+		c, ok := have[want.table+"."+want.column]
+		switch {
+		case !ok:
+			problems = append(problems, fmt.Sprintf("table %s has no column %s (%s)", want.table, want.column, want.kind))
+		case !want.kind.accepts(c.typname, c.typtype[0]):
+			problems = append(problems, fmt.Sprintf("table %s, column %s is %s, the tailer reads %s", want.table, want.column, c.typ, want.kind))
+		}
+	}
+	if problems != nil {
+		return &SchemaError{Problems: problems}
+	}
+	return nil
+}
+
+// explain turns a failed join into a *SchemaError when the schema is what
+// broke it (a column gone or of another type), so that the error names the
+// table, the column and the types instead of the query's complaint.
+func (j *Joiner) explain(ctx context.Context, err error) error {
+	var pgErr *pgconn.PgError
+	// Class 42 (undefined column or table, a cast or operator that does not
+	// exist) and 0A000 (a cached plan whose result type changed).
+	if errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "42") || pgErr.Code == "0A000") && ctx.Err() == nil {
+		if serr := CheckSchema(ctx, j.conn); serr != nil {
+			var schema *SchemaError
+			if errors.As(serr, &schema) {
+				return fmt.Errorf("%w: %w", ErrJoin, schema)
+			}
+		}
+	}
+	return fmt.Errorf("%w: %w", ErrJoin, err)
+}
+
+var _ Conn = (*pgx.Conn)(nil)

@@ -1,0 +1,176 @@
+package main
+
+// Schema and publication changes under a running tailer: what it can read
+// just works, what it cannot is said once, in the log, /readyz, the
+// tailer_blocked metric and tailer status, and the tailer goes on by itself
+// (or after tailer resync, where only a new slot can go on) with every
+// token published once.
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mailroom/tailer/testutil/pgtest"
+)
+
+// watched is a tailer with its HTTP endpoints, sampling fast.
+type watched struct {
+	*proc
+	base string
+}
+
+func (c *cluster) watchedTailer(env ...string) *watched {
+	c.t.Helper()
+	port, err := pgtest.FreePort()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	p := c.tailer(append([]string{fmt.Sprintf("MAILROOM_HTTP_ADDR=127.0.0.1:%d", port), "MAILROOM_LAG_INTERVAL=200"}, env...)...)
+	return &watched{p, fmt.Sprintf("http://127.0.0.1:%d", port)}
+}
+
+// blocked waits until the tailer says, everywhere, that it waits for the
+// operator for reason, naming want.
+func (w *watched) blocked(c *cluster, reason, want string) {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, body := httpGet(w.base + "/readyz")
+		_, metrics := httpGet(w.base + "/metrics")
+		v, _ := metricValue(metrics, `tailer_blocked{reason="`+reason+`"}`)
+		rep, scode := c.status(1 << 40)
+		if code == 503 && strings.Contains(body, want) && v == 1 && scode == 1 && strings.Contains(rep.Blocked, want) &&
+			strings.Contains(w.out.String(), want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("not blocked for %s naming %q: /readyz %d %s; tailer_blocked %v; status %d %+v\n%s", reason, want, code, body, v, scode, rep, w.out.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// ready waits until /readyz is 200 and no reason is blocked.
+func (w *watched) ready(c *cluster) {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, _ := httpGet(w.base + "/readyz")
+		_, metrics := httpGet(w.base + "/metrics")
+		if code == 200 && !strings.Contains(metrics, "tailer_blocked{") || code == 200 && !strings.Contains(grepLines(metrics, "tailer_blocked{"), "} 1") {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("/readyz %d, %s:\n%s", code, grepLines(metrics, "tailer_blocked{"), w.out.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (c *cluster) accounts(prefix string, n int) {
+	c.t.Helper()
+	c.Exec(`INSERT INTO accounts (email, login) SELECT $1 || g || '@x', $1 || g FROM generate_series(1, $2::int) g`, prefix, n)
+}
+
+// Column type changes: integer widths (expires_at to bigint and back,
+// account to integer) just work; expires_at as a timestamp is one error
+// naming the table, the column and both types, said once, and the tailer
+// goes on by itself once it is changed back, the tokens inserted meanwhile
+// published once. Added columns and a wider code keep working.
+func TestSchemaChangeUnderTheTailer(t *testing.T) {
+	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
+	p := c.watchedTailer()
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	c.accounts("before", 5)
+	for i, sql := range []string{
+		`ALTER TABLE tokens ALTER COLUMN expires_at TYPE bigint`,
+		`ALTER TABLE tokens ALTER COLUMN account TYPE integer`,
+		`ALTER TABLE tokens ADD COLUMN note text`,
+		`ALTER TABLE tokens ALTER COLUMN code TYPE varchar(10)`,
+		`ALTER TABLE tokens ALTER COLUMN expires_at TYPE integer`,
+	} {
+		c.Exec(sql)
+		c.accounts(fmt.Sprintf("after%d_", i), 5)
+		c.expectExactlyOnce(30 * time.Second)
+	}
+
+	c.Exec(`ALTER TABLE tokens ALTER COLUMN expires_at DROP DEFAULT`)
+	c.Exec(`ALTER TABLE tokens ALTER COLUMN expires_at TYPE timestamptz USING to_timestamp(expires_at)`)
+	c.Exec(`ALTER TABLE tokens ALTER COLUMN expires_at SET DEFAULT now() + interval '15 minutes'`)
+	c.accounts("broken", 5)
+	const want = "table tokens, column expires_at is timestamp with time zone, the tailer reads smallint, integer or bigint"
+	p.blocked(c, "schema", want)
+	// It keeps checking, and says it once.
+	time.Sleep(6 * time.Second)
+	if n := strings.Count(p.out.String(), want); n != 1 {
+		t.Errorf("the schema error was logged %d times, want once:\n%s", n, p.out.String())
+	}
+
+	c.Exec(`ALTER TABLE tokens ALTER COLUMN expires_at DROP DEFAULT`)
+	c.Exec(`ALTER TABLE tokens ALTER COLUMN expires_at TYPE integer USING extract(epoch FROM expires_at)::integer`)
+	c.Exec(`ALTER TABLE tokens ALTER COLUMN expires_at SET DEFAULT extract(epoch FROM now() + interval '15 minutes')`)
+	c.accounts("fixed", 5)
+	if n := c.expectExactlyOnce(60 * time.Second); n != 5*8 {
+		t.Fatalf("%d tokens", n)
+	}
+	p.ready(c)
+	if rep, code := c.status(1 << 40); code != 0 || rep.Blocked != "" || len(rep.Problems) != 0 {
+		t.Fatalf("tailer status once fixed: exit %d, %+v", code, rep)
+	}
+}
+
+// The publication dropped and made again under a running tailer: the slot
+// cannot decode past the drop (PostgreSQL's own behaviour); the tailer says
+// so once, naming tailer resync, and after it every token is published once.
+// The tokens table taken out of the publication (its inserts silently left
+// out of the slot's stream) stops the tailer within a sample, and put back
+// and resynced, every token is published once.
+func TestPublicationChanges(t *testing.T) {
+	for _, tc := range []struct {
+		name, reason, want string
+		change, fix        []string
+	}{
+		// A token inserted between the drop and the new publication (one
+		// transaction, so that the tailer only sees it once it is all done).
+		{"dropped and made again", "publication", "was dropped and made again",
+			[]string{`BEGIN; DROP PUBLICATION mailroom; INSERT INTO accounts (email, login) VALUES ('between@x', 'between');
+				CREATE PUBLICATION mailroom FOR TABLE tokens WITH (publish = 'insert'); COMMIT`}, nil},
+		{"tokens taken out", "publication", "does not include the tokens table",
+			[]string{`ALTER PUBLICATION mailroom DROP TABLE tokens`}, []string{`ALTER PUBLICATION mailroom ADD TABLE tokens`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
+			p := c.watchedTailer()
+			p.waitLog("msg=streaming", 1, 30*time.Second)
+			c.accounts("before", 5)
+			c.expectExactlyOnce(30 * time.Second)
+			for _, sql := range tc.change {
+				c.Exec(sql)
+			}
+			c.accounts("during", 5)
+			p.blocked(c, tc.reason, tc.want)
+			if !strings.Contains(p.out.String(), "tailer resync") {
+				t.Errorf("the log does not name the way out:\n%s", p.out.String())
+			}
+			for _, sql := range tc.fix {
+				c.Exec(sql)
+			}
+			// The tailer waits, and lets go of the slot between its checks:
+			// tailer resync runs beside it.
+			r := c.command([]string{"resync"})
+			if code := r.exit(60 * time.Second); code != exitOK {
+				t.Fatalf("resync: exit %d:\n%s", code, r.out.String())
+			}
+			c.accounts("after", 5)
+			if n := c.expectExactlyOnce(60 * time.Second); n < 15 {
+				t.Fatalf("%d tokens", n)
+			}
+			p.ready(c)
+			if n := strings.Count(p.out.String(), tc.want); n != 1 {
+				t.Errorf("said %d times, want once:\n%s", n, p.out.String())
+			}
+		})
+	}
+}

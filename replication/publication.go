@@ -1,0 +1,67 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// PublicationError is a publication that does not carry the tokens table's
+// inserts to the tailer.
+type PublicationError struct {
+	Publication string
+	// Problem says what is wrong with it now.
+	Problem string
+	// Stale: it exists and is right, but the slot's decoding cannot see it
+	// (it was dropped and made again while the slot had changes to
+	// decode): only a new slot can.
+	Stale bool
+}
+
+func (e *PublicationError) Error() string {
+	if e.Stale {
+		return fmt.Sprintf("publication %s was dropped and made again while the slot had changes to decode: PostgreSQL decodes each change with the catalog as it was then, "+
+			"so the slot cannot go past the drop (replication stream: publication does not exist). To go on: run `tailer resync`, which recreates the slot and publishes, once, every still-eligible token the stream lacks "+
+			"(or set MAILROOM_AUTO_RESYNC=true to let tailer run do it)", e.Publication)
+	}
+	return fmt.Sprintf("publication %s %s, so the tailer does not see tokens being inserted. To go on: run `tailer migrate` (it creates the publication), "+
+		"or ALTER PUBLICATION %s ADD TABLE tokens and SET (publish = 'insert'); then `tailer resync` publishes, once, the tokens inserted meanwhile", e.Publication, e.Problem, e.Publication)
+}
+
+// CheckPublication verifies that publication exists and publishes inserts
+// into tokens (the table the search path finds, as the tailer's queries
+// do). Without them pgoutput leaves token inserts out of the stream, and
+// the tailer would confirm WAL it never saw a token in.
+func CheckPublication(ctx context.Context, q Querier, publication string) error {
+	var insert, tokens bool
+	err := q.QueryRow(ctx, `
+		SELECT p.pubinsert, EXISTS (
+			SELECT FROM pg_publication_tables pt
+			JOIN pg_namespace n ON n.nspname = pt.schemaname
+			JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+			WHERE pt.pubname = p.pubname AND c.oid = to_regclass('tokens'))
+		FROM pg_publication p WHERE p.pubname = $1`, publication).Scan(&insert, &tokens)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return &PublicationError{Publication: publication, Problem: "does not exist"}
+	case err != nil:
+		return fmt.Errorf("read publication %s: %w", publication, err)
+	case !tokens:
+		return &PublicationError{Publication: publication, Problem: "does not include the tokens table"}
+	case !insert:
+		return &PublicationError{Publication: publication, Problem: "does not publish inserts (publish = 'insert')"}
+	}
+	return nil
+}
+
+// IsPublicationGone reports whether err is the walsender failing to find
+// the publication while decoding (SQLSTATE 42704): it was dropped, and
+// perhaps made again since.
+func IsPublicationGone(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42704" && strings.Contains(pgErr.Message, "publication")
+}
