@@ -6,8 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
+	"os/exec"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -28,6 +32,7 @@ func subscribe(ctx context.Context, args []string, lookupEnv func(string) (strin
 	action := fs.String("filter-action", "", "only tokens of this action: activation or password_recovery")
 	window := fs.Int("dedup-window", 0, "drop tokens whose key (a hash of the secret, never reused) was among the last N written (0: off); with stdout a file, also those at its end")
 	ackWait := fs.Duration("ack-wait", 30*time.Second, "how long the server waits for an ack before redelivering, for a new consumer")
+	execCmd := fs.String("exec", "", "start this command (sh -c) as the sender, its standard input the lines; restart it when it exits, giving it again what it had not done with; on SIGTERM close its input and acknowledge once it exits 0")
 	// The shared settings come after the subscriber's own flags.
 	var own, shared []string
 	for i := 0; i < len(args); i++ {
@@ -83,9 +88,15 @@ func subscribe(ctx context.Context, args []string, lookupEnv func(string) (strin
 		Action: *action, JSON: *format == "json", MaxTokensPerLine: *perLine, Out: stdout, Log: log,
 		AckWait: *ackWait,
 	}
+	// A reader gone is an error to handle (its messages handed back), not
+	// a signal that ends the process before it can.
+	signal.Ignore(syscall.SIGPIPE)
+	if f, ok := stdout.(*os.File); ok && *execCmd == "" {
+		sub.Pipe, _ = consume.OpenPipe(f)
+	}
 	if *window > 0 {
 		sub.Dedup = consume.NewDedup[string](*window)
-		if f, ok := stdout.(*os.File); ok {
+		if f, ok := stdout.(*os.File); ok && *execCmd == "" {
 			if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
 				// Reopened for reading: the tokens a killed run wrote but
 				// could not acknowledge are at the end of this file.
@@ -114,9 +125,94 @@ func subscribe(ctx context.Context, args []string, lookupEnv func(string) (strin
 		fmt.Fprintf(stderr, "tailer subscribe: %v\n", err)
 		return exitFailure
 	}
-	if err := sub.Run(ctx, js); err != nil {
+	if *execCmd != "" {
+		return runSender(ctx, sub, js, *execCmd, stdout, stderr, log)
+	}
+	err = sub.Run(ctx, js)
+	if n := sub.Settle(context.Background(), false); n > 0 {
+		log.Info("lines the reader may not have done with are delivered again", "messages", n)
+	}
+	if sub.Redelivered > 0 {
+		log.Info("messages delivered more than once", "messages", sub.Redelivered)
+	}
+	if errors.Is(err, consume.ErrReaderGone) {
+		log.Error("the reader of the lines is gone", "err", err)
+		return exitFailure
+	}
+	if err != nil {
 		log.Error("subscribe failed", "err", err)
 		return exitFailure
 	}
 	return exitOK
+}
+
+// senderStopTimeout bounds how long a stopping subscriber waits for its
+// sender to finish the lines it was given.
+const senderStopTimeout = 30 * time.Second
+
+// runSender runs the sender command with the lines on its standard input,
+// restarting it whenever it exits and handing back what it may not have
+// done with, until ctx is done: then its input is closed, and what it was
+// given is acknowledged if it exits 0.
+func runSender(ctx context.Context, sub *consume.Subscriber, js jetstream.JetStream, command string, stdout, stderr io.Writer, log *slog.Logger) int {
+	for restart := time.Duration(0); ; {
+		acked := sub.Acked
+		r, w, err := os.Pipe()
+		if err != nil {
+			log.Error("subscribe failed", "err", fmt.Errorf("pipe to the sender: %w", err))
+			return exitFailure
+		}
+		cmd := exec.Command("sh", "-c", command)
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = r, stdout, stderr
+		if err := cmd.Start(); err != nil {
+			r.Close()
+			w.Close()
+			log.Error("subscribe failed", "err", fmt.Errorf("start the sender: %w", err))
+			return exitFailure
+		}
+		r.Close()
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		sub.Out = w
+		sub.Pipe, _ = consume.OpenPipe(w)
+		err = sub.Run(ctx, js)
+		if ctx.Err() != nil {
+			// Stopping: the sender gets the end of its input and finishes.
+			w.Close()
+			var code error
+			select {
+			case code = <-exited:
+			case <-time.After(senderStopTimeout):
+				cmd.Process.Kill()
+				code = <-exited
+			}
+			if n := sub.Settle(context.Background(), code == nil); n > 0 {
+				log.Info("the sender did not exit 0: lines it may not have done with are delivered again", "messages", n, "exit", code)
+			}
+			return exitOK
+		}
+		w.Close()
+		if !errors.Is(err, consume.ErrReaderGone) {
+			cmd.Process.Kill()
+			<-exited
+			sub.Settle(context.Background(), false)
+			log.Error("subscribe failed", "err", err)
+			return exitFailure
+		}
+		code := <-exited
+		n := sub.Settle(context.Background(), false)
+		// A sender that got through a message is started again at once;
+		// one that did not (a wrong command, say) is given time.
+		if sub.Acked > acked {
+			restart = 0
+		} else {
+			restart = min(max(2*restart, 250*time.Millisecond), 10*time.Second)
+		}
+		log.Warn("the sender exited: starting it again, with the lines it may not have done with", "exit", code, "messages_again", n, "in", restart)
+		select {
+		case <-ctx.Done():
+			return exitOK
+		case <-time.After(restart):
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -515,4 +516,157 @@ func TestDedupSurvivesReusedIDs(t *testing.T) {
 	if len(seen) != 100 || len(got) != 100 {
 		t.Fatalf("%d tokens written, %d distinct, want 100", len(got), len(seen))
 	}
+}
+
+// countOutput counts how often each wanted token is in the output file:
+// missing ones, and the repeats.
+func countOutput(t *testing.T, path string, want map[int64]string) (missing, repeats int) {
+	t.Helper()
+	got, _ := outputTokens(t, path)
+	seen := map[string]int{}
+	for _, tok := range got {
+		seen[tok.Token]++
+	}
+	for _, tok := range want {
+		switch n := seen[tok]; {
+		case n == 0:
+			missing++
+		case n > 1:
+			repeats += n - 1
+		}
+	}
+	return missing, repeats
+}
+
+// The sender of the lines dies again and again while tailer subscribe
+// writes into its pipe: a real head -n K (K random, 1-60, so that twenty
+// readers cannot run out of the 1,500 lines), which reads a block
+// of lines and exits after K of them, throwing the rest of its block away.
+// A message is acknowledged only once the reader has taken the next one,
+// so nothing the dying reader held is lost; what it held is delivered
+// again, a bounded number of repeats. Both through a shell pipe (the
+// subscriber exits with the reader) and with --exec (the subscriber starts
+// the sender again itself).
+func TestSubscribeSenderDies(t *testing.T) {
+	c := newCluster(t, pgtest.Shared(t), 1, 50*time.Millisecond)
+	c.tailer()
+	for i := 0; i < 60; i++ {
+		c.Exec(`INSERT INTO accounts (email, login) SELECT 'd' || $1::int || '_' || g || '@x', 'd' || $1::int || '_' || g FROM generate_series(1, 25) g`, i)
+	}
+	c.expectExactlyOnce(60 * time.Second)
+	want := c.signedTokens()
+	const deaths = 20
+	env := append(os.Environ(), "MAILROOM_NATS_URL="+c.natsURL())
+
+	t.Run("pipe", func(t *testing.T) {
+		out := filepath.Join(t.TempDir(), "lines")
+		rng := rand.New(rand.NewPCG(19, 1))
+		for i := 0; i < deaths; i++ {
+			// head reads ahead a block at a time; the other reader takes a
+			// line at a time and is slower than the subscriber, so that
+			// lines queue in the pipe.
+			reader := fmt.Sprintf("head -n %d", 1+rng.IntN(60))
+			if i%2 == 1 {
+				reader = fmt.Sprintf(`sh -c 'i=0; while [ $i -lt %d ] && IFS= read -r l; do printf "%%s\n" "$l"; i=$((i+1)); sleep 0.005; done'`, 1+rng.IntN(60))
+			}
+			ctx, cancel := context.WithTimeout(c.ctx, 60*time.Second)
+			sh := exec.CommandContext(ctx, "sh", "-c", fmt.Sprintf("exec %s subscribe --durable pipe --from-start --ack-wait 5s | %s >> %s", tailerBin, reader, out))
+			sh.Env = env
+			// The whole pipeline is stopped on timeout, not just the shell.
+			sh.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			sh.Cancel = func() error { return syscall.Kill(-sh.Process.Pid, syscall.SIGKILL) }
+			var errOut tailertest.Buffer
+			sh.Stderr = &errOut
+			err := sh.Run()
+			timedOut := ctx.Err() != nil
+			cancel()
+			if timedOut {
+				t.Fatalf("run %d did not end within a minute of its reader:\n%s", i, errOut.String())
+			}
+			if err != nil {
+				t.Fatalf("run %d: %v", i, err)
+			}
+			if !strings.Contains(errOut.String(), "the reader of the lines is gone") {
+				t.Fatalf("run %d: the subscriber did not notice its reader go:\n%s", i, errOut.String())
+			}
+		}
+		p := c.subscriber(out, "--durable", "pipe", "--ack-wait", "5s")
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			missing, repeats := countOutput(t, out, want)
+			if missing == 0 {
+				t.Logf("%d tokens through %d dead readers: none lost, %d repeated", len(want), deaths, repeats)
+				if repeats > deaths {
+					t.Fatalf("%d repeats, more than the one in doubt per dead reader", repeats)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d tokens never reached a reader", missing, len(want))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		<-p.done
+	})
+
+	t.Run("exec", func(t *testing.T) {
+		out := filepath.Join(t.TempDir(), "lines")
+		cmd := exec.Command(tailerBin, "subscribe", "--durable", "exec", "--from-start", "--ack-wait", "5s",
+			"--exec", "head -n $(shuf -i 1-60 -n 1) >> "+out)
+		cmd.Env = env
+		p := &proc{t: t, cmd: cmd, out: &tailertest.Buffer{}, done: make(chan struct{})}
+		cmd.Stdout, cmd.Stderr = p.out, p.out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() { p.err = cmd.Wait(); close(p.done) }()
+		t.Cleanup(func() { cmd.Process.Kill(); <-p.done })
+		p.waitLog("the sender exited", deaths, 60*time.Second)
+		// Everything delivered, at most the two in doubt unacknowledged: then
+		// stop. The last sender gets the end of its input, writes out what
+		// it holds (head buffers its output) and exits 0.
+		s, done, err := c.stream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer done()
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			cons, err := s.Consumer(c.ctx, "exec")
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := cons.Info(c.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.NumPending == 0 && info.NumAckPending <= 2 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("consumer: %d not delivered, %d unacknowledged:\n%s", info.NumPending, info.NumAckPending, p.out.String())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if code := p.term(40 * time.Second); code != 0 {
+			t.Fatalf("exit %d after SIGTERM:\n%s", code, p.out.String())
+		}
+		missing, repeats := countOutput(t, out, want)
+		restarts := strings.Count(p.out.String(), "the sender exited")
+		t.Logf("%d tokens through %d sender exits: %d lost, %d repeated", len(want), restarts, missing, repeats)
+		if missing > 0 {
+			t.Fatalf("%d of %d tokens never reached a sender:\n%s", missing, len(want), p.out.String())
+		}
+		if repeats > restarts {
+			t.Fatalf("%d repeats, more than the one in doubt per exit", repeats)
+		}
+		cons, err := s.Consumer(c.ctx, "exec")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info, err := cons.Info(c.ctx); err != nil || info.NumAckPending != 0 {
+			t.Fatalf("after the sender exited 0: %d unacknowledged (%v)", info.NumAckPending, err)
+		}
+	})
 }

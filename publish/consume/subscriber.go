@@ -7,6 +7,8 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/mailroom/tailer/publish/wire"
@@ -14,8 +16,10 @@ import (
 )
 
 // Subscriber copies batches from a durable JetStream consumer to a writer as
-// lines, acknowledging each message only after its lines were written, so a
-// crash of either side redelivers rather than loses.
+// lines, acknowledging each message only once its lines are out of reach of
+// a crash: written (to a file), or taken by the reader of a pipe and
+// followed by the next message (see Taken), so that a crash of either side
+// redelivers rather than loses.
 type Subscriber struct {
 	Stream  string
 	Subject string
@@ -38,15 +42,44 @@ type Subscriber struct {
 	Dedup *Dedup[string]
 	// Out receives the lines; each message's lines go out in one Write.
 	Out io.Writer
-	Log *slog.Logger
+	// Pipe, when set, is Out as the write end of a pipe. A message is then
+	// acknowledged only once the reader has taken the next one: a reader
+	// that reads its pipe line by line takes more only when it is done
+	// with what it holds, so what is acknowledged was processed. The last
+	// message taken, and the one being handed over, are in doubt: kept
+	// from redelivery while the subscriber runs, and settled by Settle
+	// when it stops.
+	Pipe *Pipe
+	Log  *slog.Logger
 	// AckWait is how long the server waits for an ack before redelivering.
 	AckWait time.Duration
+
+	mu      sync.Mutex
+	inDoubt []doubt
+	// Redelivered counts messages delivered more than once: their tokens
+	// may have reached a reader before. Acked counts those acknowledged.
+	Redelivered, Acked int
+}
+
+// doubt is a message whose lines a reader may not have processed yet.
+type doubt struct {
+	msg  jetstream.Msg
+	keys []string
 }
 
 // Consumer creates or looks up the durable consumer.
 func (s *Subscriber) Consumer(ctx context.Context, js jetstream.JetStream) (jetstream.Consumer, error) {
 	cons, err := js.Consumer(ctx, s.Stream, s.Durable)
 	if err == nil {
+		// A consumer made by an earlier subscriber allowed one message in
+		// flight: with one held for a pipe's reader, the next would never
+		// come.
+		if cfg := cons.CachedInfo().Config; cfg.MaxAckPending < maxAckPending {
+			cfg.MaxAckPending = maxAckPending
+			if cons, err = js.UpdateConsumer(ctx, s.Stream, cfg); err != nil {
+				return nil, fmt.Errorf("update consumer %s on stream %s: %w", s.Durable, s.Stream, err)
+			}
+		}
 		return cons, nil
 	}
 	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
@@ -73,8 +106,7 @@ func (s *Subscriber) Consumer(ctx context.Context, js jetstream.JetStream) (jets
 		AckWait:        ackWait,
 		DeliverPolicy:  deliver,
 		FilterSubjects: filters,
-		// One batch at a time keeps lines in stream order.
-		MaxAckPending: 1,
+		MaxAckPending:  maxAckPending,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create consumer %s on stream %s: %w", s.Durable, s.Stream, err)
@@ -82,7 +114,14 @@ func (s *Subscriber) Consumer(ctx context.Context, js jetstream.JetStream) (jets
 	return cons, nil
 }
 
-// Run copies messages until ctx is done.
+// maxAckPending is the last message taken by a pipe's reader, held, and
+// the next one, being handed over; the subscriber handles one message at
+// a time, so lines stay in stream order.
+const maxAckPending = 2
+
+// Run copies messages until ctx is done or the reader is gone (an error
+// wrapping ErrReaderGone). Messages still in doubt stay pending, kept from
+// redelivery, until Settle.
 func (s *Subscriber) Run(ctx context.Context, js jetstream.JetStream) error {
 	cons, err := s.Consumer(ctx, js)
 	if err != nil {
@@ -97,10 +136,35 @@ func (s *Subscriber) Run(ctx context.Context, js jetstream.JetStream) error {
 	if s.Log != nil {
 		s.Log.Info("consuming", "stream", s.Stream, "durable", s.Durable, "action", s.Action)
 	}
+	beat, stopBeat := context.WithCancel(context.Background())
+	defer stopBeat()
+	go s.heartbeat(beat)
+	// A reader that goes while no message comes is noticed all the same:
+	// what it had in doubt is handed back at once, not at the next message.
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if s.Pipe != nil {
+		go func() {
+			for runCtx.Err() == nil {
+				if s.Pipe.Gone() {
+					cancel(ErrReaderGone)
+					iter.Stop()
+					return
+				}
+				select {
+				case <-runCtx.Done():
+				case <-time.After(200 * time.Millisecond):
+				}
+			}
+		}()
+	}
 	var buf []byte
 	for {
 		msg, err := iter.Next()
 		if err != nil {
+			if cause := context.Cause(runCtx); errors.Is(cause, ErrReaderGone) {
+				return fmt.Errorf("write lines: %w", cause)
+			}
 			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 				return nil
 			}
@@ -115,7 +179,10 @@ func (s *Subscriber) Run(ctx context.Context, js jetstream.JetStream) error {
 			}
 			return fmt.Errorf("consume %s: %w", s.Durable, err)
 		}
-		if buf, err = s.handle(ctx, msg, buf[:0]); err != nil {
+		if buf, err = s.handle(runCtx, msg, buf[:0]); err != nil {
+			if cause := context.Cause(runCtx); errors.Is(cause, ErrReaderGone) {
+				return fmt.Errorf("write lines: %w", cause)
+			}
 			return err
 		}
 	}
@@ -131,6 +198,12 @@ func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg, buf []byte) 
 			s.Log.Error("skipping a malformed message", "subject", msg.Subject(), "stream_seq", seqOf(meta), "err", err)
 		}
 		return buf, msg.Term()
+	}
+	if meta != nil && meta.NumDelivered > 1 {
+		s.Redelivered++
+		if s.Log != nil {
+			s.Log.Info("delivered again: a reader may have had its tokens before", "stream_seq", seqOf(meta), "deliveries", meta.NumDelivered)
+		}
 	}
 	keep := b.Tokens[:0]
 	for _, t := range b.Tokens {
@@ -165,24 +238,109 @@ func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg, buf []byte) 
 		}
 		buf = append(buf, '\n')
 	}
-	if len(buf) > 0 {
-		if _, err := s.Out.Write(buf); err != nil {
-			return buf, fmt.Errorf("write lines: %w", err)
-		}
+	d := doubt{msg: msg}
+	for _, t := range keep {
+		d.keys = append(d.keys, t.Key)
 	}
-	if s.Dedup != nil {
-		for _, t := range keep {
-			s.Dedup.Seen(t.Key)
-		}
+	if len(buf) == 0 {
+		// Nothing went out: nothing to doubt.
+		s.ack(ctx, d)
+		return buf, nil
 	}
-	// The lines are out: only now may the server forget the message. An
-	// ack the server does not confirm (a cluster electing a leader) is not
-	// fatal: the message comes again after AckWait, and the dedup window
-	// (or the consumer of the lines) drops what was written twice.
-	if err := msg.DoubleAck(ctx); err != nil && ctx.Err() == nil && s.Log != nil {
+	s.mu.Lock()
+	s.inDoubt = append(s.inDoubt, d)
+	s.mu.Unlock()
+	if _, err := s.Out.Write(buf); err != nil {
+		if errors.Is(err, syscall.EPIPE) {
+			err = ErrReaderGone
+		}
+		return buf, fmt.Errorf("write lines: %w", err)
+	}
+	if s.Pipe == nil {
+		// The lines are out: only now may the server forget the message.
+		s.ackDoubts(ctx, 0)
+		return buf, nil
+	}
+	if err := s.Pipe.Taken(ctx); err != nil {
+		return buf, fmt.Errorf("hand lines over: %w", err)
+	}
+	// The reader took this message: it is done with the one before.
+	s.ackDoubts(ctx, 1)
+	return buf, nil
+}
+
+// ackDoubts acknowledges the messages in doubt but the last keep.
+func (s *Subscriber) ackDoubts(ctx context.Context, keep int) {
+	s.mu.Lock()
+	n := max(len(s.inDoubt)-keep, 0)
+	done := s.inDoubt[:n:n]
+	s.inDoubt = s.inDoubt[n:]
+	s.mu.Unlock()
+	for _, d := range done {
+		s.ack(ctx, d)
+	}
+}
+
+// ack tells the server d's message is done. An ack the server does not
+// confirm (a cluster electing a leader) is not fatal: the message comes
+// again after AckWait, and the dedup window (or the consumer of the lines)
+// drops what was written twice.
+func (s *Subscriber) ack(ctx context.Context, d doubt) {
+	s.Acked++
+	if err := d.msg.DoubleAck(ctx); err != nil && ctx.Err() == nil && s.Log != nil {
+		meta, _ := d.msg.Metadata()
 		s.Log.Warn("ack not confirmed; the message will be delivered again", "stream_seq", seqOf(meta), "err", err)
 	}
-	return buf, nil
+	if s.Dedup != nil {
+		for _, k := range d.keys {
+			s.Dedup.Seen(k)
+		}
+	}
+}
+
+// heartbeat keeps the messages in doubt from being redelivered while the
+// subscriber waits for its reader, or for the next message.
+func (s *Subscriber) heartbeat(ctx context.Context) {
+	every := s.AckWait / 3
+	if every <= 0 {
+		every = 10 * time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		for _, d := range s.inDoubt {
+			d.msg.InProgress()
+		}
+		s.mu.Unlock()
+	}
+}
+
+// Settle ends the doubt about the messages whose lines a reader may have
+// had: processed (the reader said so, exiting 0 after the end of its
+// input) acknowledges them, otherwise they are delivered again at once. It
+// returns how many were handed back.
+func (s *Subscriber) Settle(ctx context.Context, processed bool) int {
+	s.mu.Lock()
+	doubts := s.inDoubt
+	s.inDoubt = nil
+	s.mu.Unlock()
+	for _, d := range doubts {
+		if processed {
+			s.ack(ctx, d)
+		} else {
+			d.msg.Nak()
+		}
+	}
+	if processed {
+		return 0
+	}
+	return len(doubts)
 }
 
 func seqOf(m *jetstream.MsgMetadata) uint64 {
