@@ -108,19 +108,28 @@ func outputTokens(t *testing.T, path string) (tokens []consume.Token, lines [][]
 	return tokens, lines
 }
 
-func TestSubscribeSurvivesKills(t *testing.T) {
-	// One token a batch: 1,000 messages keep the subscriber busy long
-	// enough to be killed mid-stream.
+// newSingleTokenMessages is a cluster whose tailer has published txs
+// transactions of perTx tokens, one token a message, and the tokens as
+// signed, by id.
+func newSingleTokenMessages(t *testing.T, txs, perTx int) (*cluster, map[int64]string) {
+	t.Helper()
 	c := newCluster(t, pgtest.Shared(t), 1, 50*time.Millisecond)
 	c.tailer()
-	for i := 0; i < 100; i++ {
-		c.Exec(`INSERT INTO accounts (email, login) SELECT 'k' || $1::int || '_' || g || '@x', 'k' || $1::int || '_' || g FROM generate_series(1, 10) g`, i)
+	for i := 0; i < txs; i++ {
+		c.Exec(`INSERT INTO accounts (email, login) SELECT 's' || $1::int || '_' || g || '@x', 's' || $1::int || '_' || g FROM generate_series(1, $2::int) g`, i, perTx)
 	}
 	c.expectExactlyOnce(60 * time.Second)
 	want := c.signedTokens()
-	if len(want) != 1000 {
+	if len(want) != txs*perTx {
 		t.Fatalf("%d tokens", len(want))
 	}
+	return c, want
+}
+
+func TestSubscribeSurvivesKills(t *testing.T) {
+	// One token a batch: 1,000 messages keep the subscriber busy long
+	// enough to be killed mid-stream.
+	c, want := newSingleTokenMessages(t, 100, 10)
 
 	// The first batch's line, as a run killed after writing it but before
 	// acknowledging it would have left it.
@@ -548,13 +557,7 @@ func countOutput(t *testing.T, path string, want map[int64]string) (missing, rep
 // subscriber exits with the reader) and with --exec (the subscriber starts
 // the sender again itself).
 func TestSubscribeSenderDies(t *testing.T) {
-	c := newCluster(t, pgtest.Shared(t), 1, 50*time.Millisecond)
-	c.tailer()
-	for i := 0; i < 60; i++ {
-		c.Exec(`INSERT INTO accounts (email, login) SELECT 'd' || $1::int || '_' || g || '@x', 'd' || $1::int || '_' || g FROM generate_series(1, 25) g`, i)
-	}
-	c.expectExactlyOnce(60 * time.Second)
-	want := c.signedTokens()
+	c, want := newSingleTokenMessages(t, 60, 25)
 	const deaths = 20
 	env := append(os.Environ(), "MAILROOM_NATS_URL="+c.natsURL())
 
