@@ -3,7 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,6 +35,8 @@ const infra = "../../infra/"
 type composeFile struct {
 	Services map[string]struct {
 		Image       string            `yaml:"image"`
+		Entrypoint  []string          `yaml:"entrypoint"`
+		Profiles    []string          `yaml:"profiles"`
 		Command     []string          `yaml:"command"`
 		Environment map[string]string `yaml:"environment"`
 		Volumes     []string          `yaml:"volumes"`
@@ -60,7 +66,7 @@ func readCompose(t *testing.T, path string) composeFile {
 
 func TestComposeFile(t *testing.T) {
 	c := readCompose(t, infra+"docker-compose.yml")
-	for _, name := range []string{"postgres", "nats", "migrate", "tailer", "prometheus", "grafana"} {
+	for _, name := range []string{"postgres", "nats", "migrate", "tailer", "postgres-exporter", "prometheus", "alertmanager", "grafana", "subscriber"} {
 		if _, ok := c.Services[name]; !ok {
 			t.Errorf("service %s missing", name)
 		}
@@ -86,20 +92,29 @@ func TestComposeFile(t *testing.T) {
 	if g := c.Services["grafana"].Environment; g["GF_AUTH_ANONYMOUS_ENABLED"] != "false" || !strings.HasPrefix(g["GF_SECURITY_ADMIN_PASSWORD"], "${GRAFANA_ADMIN_PASSWORD:?") {
 		t.Errorf("grafana: anonymous access and an admin password: %v", g)
 	}
-	if _, ok := c.Services["alertmanager"]; !ok {
-		t.Error("no alertmanager: the alert rules would fire into nothing")
-	}
 	if got := c.Services["migrate"].Command; !slices.Equal(got, []string{"migrate"}) {
 		t.Errorf("migrate command = %v", got)
 	}
 	tailer := c.Services["tailer"]
-	if tailer.DependsOn["migrate"].Condition != "service_completed_successfully" {
-		t.Errorf("tailer must start after migrate completes: %+v", tailer.DependsOn)
+	if tailer.DependsOn["migrate"].Condition != "service_completed_successfully" || tailer.DependsOn["nats"].Condition != "service_healthy" {
+		t.Errorf("tailer must start after migrate completes and NATS is healthy: %+v", tailer.DependsOn)
 	}
-	// The daemon and the migration run as different roles.
-	runURL, migrateURL := tailer.Environment["MAILROOM_DATABASE_URL"], c.Services["migrate"].Environment["MAILROOM_DATABASE_URL"]
-	if !strings.HasPrefix(runURL, "postgres://tailer:") || strings.HasPrefix(migrateURL, "postgres://tailer:") {
-		t.Errorf("run URL %q, migrate URL %q: want the tailer role for run only", runURL, migrateURL)
+	if _, ok := c.Services["prometheus"].DependsOn["tailer"]; ok {
+		t.Error("prometheus waits for the tailer: it must run to report that the tailer does not")
+	}
+	// The daemon and the migration run as different roles, and no
+	// password is pasted into a URL (a generated one may hold '/' or '@').
+	for name, role := range map[string]string{"tailer": "tailer", "migrate": "mailroom_owner"} {
+		env := c.Services[name].Environment
+		if u := env["MAILROOM_DATABASE_URL"]; !strings.HasPrefix(u, "postgres://"+role+"@") || strings.Contains(u, "$") {
+			t.Errorf("%s: MAILROOM_DATABASE_URL %q: want role %s and no password in it", name, u, role)
+		}
+		if !strings.HasPrefix(env["MAILROOM_DATABASE_PASSWORD"], "${") {
+			t.Errorf("%s: MAILROOM_DATABASE_PASSWORD must come from .env", name)
+		}
+	}
+	if e := c.Services["postgres-exporter"].Environment; !strings.HasPrefix(e["DATA_SOURCE_NAME"], "postgresql://postgres_exporter@") || !strings.HasPrefix(e["EXPORTER_DB_PASSWORD"], "${EXPORTER_DB_PASSWORD:?") || e["DATA_SOURCE_PASS"] != "" {
+		t.Errorf("postgres-exporter: its own role, the password apart from the URL: %v", e)
 	}
 	if tailer.Environment["MAILROOM_SECRET_KEY"] != "" || tailer.Environment["MAILROOM_SECRET_KEY_FILE"] == "" {
 		t.Error("the key must come from a secret file, not the compose file")
@@ -107,9 +122,19 @@ func TestComposeFile(t *testing.T) {
 	if tailer.Environment["MAILROOM_NATS_URL"] == "" {
 		t.Error("the tailer must use the nats service, not its embedded server")
 	}
+	sub := c.Services["subscriber"]
+	if !slices.Contains(sub.Profiles, "subscriber") || sub.Environment["MAILROOM_NATS_USER"] != "subscriber" ||
+		!strings.HasPrefix(sub.Environment["MAILROOM_NATS_PASSWORD"], "${NATS_SUBSCRIBER_PASSWORD:?") || !slices.Contains(sub.Command, "--exec") {
+		t.Errorf("subscriber: behind a profile, as the subscriber user, feeding a sender: %+v", sub)
+	}
+	for _, arg := range sub.Command {
+		if strings.Contains(arg, "PASSWORD") || strings.Contains(arg, "${") {
+			t.Errorf("subscriber: %q on the command line", arg)
+		}
+	}
 
-	cluster := readCompose(t, infra+"nats-cluster/docker-compose.yml")
-	for path, f := range map[string]composeFile{"docker-compose.yml": c, "nats-cluster/docker-compose.yml": cluster} {
+	cluster := readCompose(t, infra+"docker-compose.cluster.yml")
+	for path, f := range map[string]composeFile{"docker-compose.yml": c, "docker-compose.cluster.yml": cluster} {
 		for name, s := range f.Services {
 			// Every port on loopback only.
 			for _, p := range s.Ports {
@@ -117,12 +142,22 @@ func TestComposeFile(t *testing.T) {
 					t.Errorf("%s: %s publishes %q on every interface", path, name, p)
 				}
 			}
+			if s.Image == "" {
+				continue // an override of the stack's service
+			}
 			// The server version the tests embed (see the nats service).
-			if strings.HasPrefix(s.Image, "nats:") && s.Image != "nats:"+server.VERSION {
+			if strings.HasPrefix(s.Image, "nats:") && s.Image != "nats:"+server.VERSION+"-alpine" {
 				t.Errorf("%s: %s runs %s; the tests embed nats-server %s", path, name, s.Image, server.VERSION)
 			}
-			if strings.HasPrefix(s.Image, "nats:") && !slices.Contains(s.Command, "--config") {
-				t.Errorf("%s: %s runs without nats/nats.conf: anonymous access", path, name)
+			if strings.HasPrefix(s.Image, "nats:") && (!slices.Contains(s.Command, "--config") || !slices.Contains(s.Entrypoint, "/etc/nats/entrypoint.sh")) {
+				t.Errorf("%s: %s runs without nats/nats.conf and its entrypoint: anonymous access, or passwords read as configuration", path, name)
+			}
+			// Health where the image allows one; migrate runs once.
+			if name != "migrate" && len(s.Healthcheck.Test) == 0 {
+				t.Errorf("%s: %s has no healthcheck", path, name)
+			}
+			if name != "migrate" && s.Restart != "unless-stopped" {
+				t.Errorf("%s: %s restart %q, want unless-stopped", path, name, s.Restart)
 			}
 		}
 		raw, err := os.ReadFile(infra + path)
@@ -152,14 +187,19 @@ func TestComposeFile(t *testing.T) {
 			t.Errorf(".dockerignore lacks %s: it would go into the build context", want)
 		}
 	}
-	if len(cluster.Services) != 3 {
-		t.Fatalf("cluster has %d nodes", len(cluster.Services))
-	}
-	for name, s := range cluster.Services {
-		cmd := strings.Join(s.Command, " ")
+	// The cluster file turns the stack's nats into the first of three
+	// nodes on the stack's network, and the tailer's stream into R3.
+	for _, name := range []string{"nats", "nats-2", "nats-3"} {
+		cmd := strings.Join(cluster.Services[name].Command, " ")
 		if !strings.Contains(cmd, "--routes") || !strings.Contains(cmd, "--cluster_name mailroom") {
-			t.Errorf("%s: %s", name, cmd)
+			t.Errorf("cluster node %s: %s", name, cmd)
 		}
+	}
+	if env := cluster.Services["tailer"].Environment; env["MAILROOM_NATS_REPLICAS"] != "3" || strings.Count(env["MAILROOM_NATS_URL"], "nats://") != 3 {
+		t.Errorf("cluster file: the tailer must create an R3 stream and know every node: %v", env)
+	}
+	if len(cluster.Services) != 5 {
+		t.Errorf("cluster file has services %v", slices.Collect(maps.Keys(cluster.Services)))
 	}
 
 	docker, err := os.ReadFile(infra + "Dockerfile")
@@ -167,15 +207,16 @@ func TestComposeFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := string(docker)
-	if strings.Count(d, "\nFROM ") < 1 || strings.Count(d, "FROM ") != 2 || !strings.Contains(d, "CGO_ENABLED=0") || !strings.Contains(d, "USER nonroot") {
-		t.Errorf("Dockerfile must be multi-stage, static and non-root:\n%s", d)
+	if strings.Count(d, "\nFROM ") != 3 || !strings.Contains(d, "CGO_ENABLED=0") || !strings.Contains(d, "USER nonroot") || !strings.HasSuffix(strings.TrimSpace(d[strings.LastIndex(d, "\nFROM "):]), `CMD ["run"]`) {
+		t.Errorf("Dockerfile must be multi-stage, static and non-root, the tailer's stage last (the default target):\n%s", d)
 	}
 }
 
-var metricRe = regexp.MustCompile(`\btailer_[a-z_]+`)
+// The tailer's metric families, and postgres_exporter's.
+var metricRe = regexp.MustCompile(`\b(tailer|pg)_[a-z_]+`)
 
-// referencedMetrics returns the tailer metric families named in the alert
-// rules and the dashboard.
+// referencedMetrics returns the tailer's and postgres_exporter's metric
+// families named in the alert rules and the dashboard.
 func referencedMetrics(t *testing.T) map[string][]string {
 	t.Helper()
 	refs := map[string][]string{}
@@ -212,7 +253,7 @@ func referencedMetrics(t *testing.T) map[string][]string {
 			add("rule "+r.Alert, r.Expr)
 		}
 	}
-	for _, want := range []string{"TailerSlotLagHigh", "TailerNotReady", "TailerStalled"} {
+	for _, want := range []string{"TailerSlotLagHigh", "TailerNotReady", "TailerStalled", "TailerDown", "PostgresSlotLagHigh", "PostgresSlotRetainingWAL", "PostgresSlotLost", "PostgresSlotMissing", "PostgresSlotInactive"} {
 		if !strings.Contains(string(data), "alert: "+want) {
 			t.Errorf("alert %s missing", want)
 		}
@@ -243,40 +284,66 @@ func referencedMetrics(t *testing.T) map[string][]string {
 	return refs
 }
 
-func TestDashboardAndRulesUseExportedMetrics(t *testing.T) {
-	refs := referencedMetrics(t)
-	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
-	port, _ := pgtest.FreePort()
-	c.tailer("MAILROOM_HTTP_ADDR=127.0.0.1:"+strconv.Itoa(port), "MAILROOM_LAG_INTERVAL=100")
-	url := fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
-	var page string
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		code, body := httpGet(url)
-		if code == 200 && strings.Contains(body, "tailer_slot_lag_bytes ") {
-			page = body
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no slot sample on /metrics: %d %s", code, body)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	exported := map[string]bool{}
+// metricFamilies reads the families a /metrics page declares.
+func metricFamilies(page string) map[string]bool {
+	families := map[string]bool{}
 	for _, line := range strings.Split(page, "\n") {
 		if rest, ok := strings.CutPrefix(line, "# TYPE "); ok {
-			exported[strings.Fields(rest)[0]] = true
+			families[strings.Fields(rest)[0]] = true
 		}
 	}
-	for name, where := range refs {
-		if !exported[name] {
-			t.Errorf("%s (used by %s) is not exported", name, strings.Join(where, ", "))
+	return families
+}
+
+// awaitMetrics polls a /metrics page until it holds want.
+func awaitMetrics(t *testing.T, url string, want ...string) string {
+	t.Helper()
+	var code int
+	var body string
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if code, body = httpGet(url); code == 200 && !slices.ContainsFunc(want, func(w string) bool { return !strings.Contains(body, w) }) {
+			return body
 		}
 	}
+	t.Fatalf("%s never held %q: %d\n%s", url, want, code, body)
+	return ""
+}
+
+// Every metric the alert rules and the dashboard name is exported: the
+// tailer's by the tailer, the PostgreSQL side's by postgres_exporter, run
+// as the compose file runs it (its own role, pg_monitor only).
+func TestDashboardAndRulesUseExportedMetrics(t *testing.T) {
+	refs := referencedMetrics(t)
+	s := startComposeDB(t, "max_slot_wal_keep_size=1GB")
+	c := s.cluster(t)
+	port, _ := pgtest.FreePort()
+	p := c.tailer(append(s.tailerEnv(), "MAILROOM_HTTP_ADDR=127.0.0.1:"+strconv.Itoa(port), "MAILROOM_LAG_INTERVAL=100")...)
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	exported := metricFamilies(awaitMetrics(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", port), "tailer_slot_lag_bytes "))
+	check := func(prefix string) int {
+		n := 0
+		for name, where := range refs {
+			if !strings.HasPrefix(name, prefix) {
+				continue
+			}
+			n++
+			if !exported[name] {
+				t.Errorf("%s (used by %s) is not exported", name, strings.Join(where, ", "))
+			}
+		}
+		return n
+	}
+	check("tailer_")
 	for _, name := range daemon.MetricNames {
 		if !exported[name] {
 			t.Errorf("%s is in MetricNames but not exported", name)
 		}
+	}
+	// The slot active (the tailer streams): every series is there.
+	exporter := s.exporter(t)
+	maps.Copy(exported, metricFamilies(awaitMetrics(t, exporter, `pg_replication_slot_slot_confirmed_flush_lsn{slot_name="mailroom"`)))
+	if n := check("pg_"); n < 5 {
+		t.Errorf("only %d postgres_exporter metrics referenced: the PostgreSQL side is not watched", n)
 	}
 }
 
@@ -295,6 +362,24 @@ func TestPromtoolCheckRules(t *testing.T) {
 	out, err = exec.Command(promtool, "check", "config", "--syntax-only", infra+"prometheus/prometheus.yml").CombinedOutput()
 	if err != nil {
 		t.Fatalf("promtool check config: %v\n%s", err, out)
+	}
+	// Each alert with series that fire it and series that do not.
+	out, err = exec.Command(promtool, "test", "rules", infra+"prometheus/rules_test.yml").CombinedOutput()
+	if err != nil {
+		t.Fatalf("promtool test rules: %v\n%s", err, out)
+	}
+	tested, err := os.ReadFile(infra + "prometheus/rules_test.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, err := os.ReadFile(infra + "prometheus/rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile(`- alert: (\w+)`).FindAllStringSubmatch(string(rules), -1) {
+		if n := strings.Count(string(tested), "alertname: "+m[1]+"\n") + strings.Count(string(tested), "alertname: "+m[1]+"}"); n < 2 {
+			t.Errorf("alert %s is evaluated %d times in rules_test.yml: want series that fire it and series that do not", m[1], n)
+		}
 	}
 }
 
@@ -356,21 +441,24 @@ func (c *cluster) startNATSConfig(path string) {
 // subscriber's user consumes with tailer subscribe but can neither publish
 // batches nor purge or delete the stream.
 func TestComposeNATSAccounts(t *testing.T) {
-	t.Setenv("NATS_TAILER_PASSWORD", "tailer-test-pw")
-	t.Setenv("NATS_SUBSCRIBER_PASSWORD", "subscriber-test-pw")
+	rng := rand.New(rand.NewPCG(20, uint64(time.Now().UnixNano())))
+	tailerPW, subscriberPW := hostilePassword(rng), hostilePassword(rng)
+	natsConfigEnv(t, tailerPW, subscriberPW)
 	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
 	c.startNATSConfig(infra + "nats/nats.conf")
 	if nc, err := nats.Connect(c.natsURL()); err == nil {
 		nc.Close()
 		t.Fatal("anonymous connection accepted")
 	}
-	asTailer := []string{"MAILROOM_NATS_USER=tailer", "MAILROOM_NATS_PASSWORD=tailer-test-pw"}
+	asTailer := []string{"MAILROOM_NATS_USER=tailer", "MAILROOM_NATS_PASSWORD=" + tailerPW}
 	p := c.tailer(asTailer...)
 	p.waitLog("msg=streaming", 1, 30*time.Second)
 	c.Exec(`INSERT INTO accounts (email, login) SELECT 'acl' || g || '@x', 'acl' || g FROM generate_series(1, 20) g`)
 
 	out := filepath.Join(t.TempDir(), "out")
-	sub := c.subscriber(out, "--durable", "sender", "--from-start", "--nats-user", "subscriber", "--nats-password", "subscriber-test-pw")
+	healthPort, _ := pgtest.FreePort()
+	healthAddr := "127.0.0.1:" + strconv.Itoa(healthPort)
+	sub := c.subscriber(out, "--durable", "sender", "--from-start", "--health-addr", healthAddr, "--nats-user", "subscriber", "--nats-password", subscriberPW)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if tokens, _ := outputTokens(t, out); len(tokens) == 20 {
@@ -382,7 +470,10 @@ func TestComposeNATSAccounts(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 
-	nc, err := nats.Connect(c.natsURL(), nats.UserInfo("subscriber", "subscriber-test-pw"),
+	if code, body := subscriberHealth(healthAddr); code != exitOK || !strings.Contains(body, "ready: consumer sender") {
+		t.Fatalf("tailer health of the subscriber: exit %d: %s", code, body)
+	}
+	nc, err := nats.Connect(c.natsURL(), nats.UserInfo("subscriber", subscriberPW),
 		// The refusals below are the point: no need to print them.
 		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
 	if err != nil {
@@ -424,13 +515,74 @@ func TestComposeNATSAccounts(t *testing.T) {
 			t.Fatalf("tailer with credentials %v: exit %d, want %d and one line without the password:\n%s", bad, code, exitConfig, p.out.String())
 		}
 	}
+	// Without NATS the subscriber is alive but not ready.
+	c.stopNATS()
+	if code, body := subscriberHealth(healthAddr); code != exitFailure || !strings.Contains(body, "not ready") {
+		t.Fatalf("tailer health of the subscriber without NATS: exit %d: %s", code, body)
+	}
+	if out := sub.out.String(); strings.Contains(out, subscriberPW) || strings.Contains(out, tailerPW) {
+		t.Fatalf("a password in the subscriber's output:\n%s", out)
+	}
 }
 
-// infra/postgres/01-roles.sh, run for real as the postgres image runs it:
-// the schema's owner migrates without being a superuser, and the tailer
-// role streams, publishes and resyncs with what the migrations grant it.
-func TestComposeRoles(t *testing.T) {
-	pg, err := pgtest.Start(pgtest.Options{Password: "super-pw"})
+// subscriberHealth runs tailer health against a subscriber's --health-addr.
+func subscriberHealth(addr string) (int, string) {
+	cmd := exec.Command(tailerBin, "health", "--http-addr", addr)
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return exit.ExitCode(), string(out)
+	}
+	return exitOK, string(out)
+}
+
+// hostilePassword is a random password that holds every character that
+// breaks a URL, a shell word, a .env line or a NATS configuration value.
+func hostilePassword(rng *rand.Rand) string {
+	const alnum = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+	b := []byte(`/?#@:%+&=[]!$'()*,; "\` + "`{}<>|^~")
+	for range 12 {
+		b = append(b, alnum[rng.IntN(len(alnum))])
+	}
+	rng.Shuffle(len(b), func(i, j int) { b[i], b[j] = b[j], b[i] })
+	return string(b)
+}
+
+// natsConfigEnv sets the environment nats/nats.conf reads, as the compose
+// file's NATS services get it: through nats/entrypoint.sh.
+func natsConfigEnv(t *testing.T, tailerPW, subscriberPW string) {
+	t.Helper()
+	cmd := exec.Command("sh", infra+"nats/entrypoint.sh", "env")
+	cmd.Env = append(os.Environ(), "NATS_TAILER_PASSWORD="+tailerPW, "NATS_SUBSCRIBER_PASSWORD="+subscriberPW)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("nats/entrypoint.sh: %v", err)
+	}
+	set := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok && strings.HasSuffix(k, "_PASSWORD_QUOTED") {
+			t.Setenv(k, v)
+			set++
+		}
+	}
+	if set != 2 {
+		t.Fatalf("nats/entrypoint.sh exported %d quoted passwords:\n%s", set, out)
+	}
+}
+
+// composeDB is a PostgreSQL set up as the compose file's postgres service
+// sets it up: infra/postgres/01-roles.sh run by the superuser, with random
+// passwords that hold every URL-special character, and tailer migrate run
+// as the schema's owner with its password apart from the URL.
+type composeDB struct {
+	pg        *pgtest.Server
+	app       *pgx.Conn
+	passwords map[string]string
+}
+
+func startComposeDB(t *testing.T, settings ...string) *composeDB {
+	t.Helper()
+	pg, err := pgtest.Start(pgtest.Options{Password: "super-pw", Settings: settings})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -446,27 +598,55 @@ func TestComposeRoles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	rng := rand.New(rand.NewPCG(21, uint64(time.Now().UnixNano())))
+	s := &composeDB{pg: pg, passwords: map[string]string{}}
 	script := exec.Command("bash", infra+"postgres/01-roles.sh")
 	script.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"),
 		"PGHOST=127.0.0.1", "PGPORT="+strconv.Itoa(pg.Port), "PGPASSWORD=super-pw",
-		"POSTGRES_USER=postgres", "POSTGRES_DB=mailroom",
-		"OWNER_DB_PASSWORD=owner-pw", "TAILER_DB_PASSWORD=tailer-pw", "APP_DB_PASSWORD=app-pw")
+		"POSTGRES_USER=postgres", "POSTGRES_DB=mailroom")
+	for role, env := range map[string]string{"mailroom_owner": "OWNER", "tailer": "TAILER", "mailroom_app": "APP", "postgres_exporter": "EXPORTER"} {
+		s.passwords[role] = hostilePassword(rng)
+		script.Env = append(script.Env, env+"_DB_PASSWORD="+s.passwords[role])
+	}
 	if out, err := script.CombinedOutput(); err != nil {
 		t.Fatalf("01-roles.sh: %v\n%s", err, out)
 	}
 	var super bool
-	if err := admin.QueryRow(ctx, `SELECT bool_or(rolsuper) FROM pg_roles WHERE rolname IN ('mailroom_owner', 'tailer', 'mailroom_app')`).Scan(&super); err != nil || super {
+	if err := admin.QueryRow(ctx, `SELECT bool_or(rolsuper) FROM pg_roles WHERE rolname IN ('mailroom_owner', 'tailer', 'mailroom_app', 'postgres_exporter')`).Scan(&super); err != nil || super {
 		t.Fatalf("a service role is a superuser (%v)", err)
 	}
-	roleURL := func(role, pw string) string {
-		return fmt.Sprintf("postgres://%s:%s@127.0.0.1:%d/mailroom?sslmode=disable", role, pw, pg.Port)
-	}
 	m := exec.Command(tailerBin, "migrate")
-	m.Env = append(os.Environ(), "MAILROOM_DATABASE_URL="+roleURL("mailroom_owner", "owner-pw"))
+	m.Env = append(os.Environ(), "MAILROOM_DATABASE_URL="+s.url("mailroom_owner"), "MAILROOM_DATABASE_PASSWORD="+s.passwords["mailroom_owner"])
 	if out, err := m.CombinedOutput(); err != nil {
 		t.Fatalf("tailer migrate as mailroom_owner: %v\n%s", err, out)
 	}
+	withPW, err := url.Parse(s.url("mailroom_app"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	withPW.User = url.UserPassword("mailroom_app", s.passwords["mailroom_app"])
+	if s.app, err = pgx.Connect(ctx, withPW.String()); err != nil {
+		t.Fatalf("the application's role with its password: %v", err)
+	}
+	t.Cleanup(func() { s.app.Close(context.Background()) })
+	return s
+}
 
+// url is role's URL without its password, as the compose file writes it.
+func (s *composeDB) url(role string) string {
+	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/mailroom?sslmode=disable", role, s.pg.Port)
+}
+
+// tailerEnv is the tailer role's connection, as the compose file gives it.
+func (s *composeDB) tailerEnv() []string {
+	return []string{"MAILROOM_DATABASE_URL=" + s.url("tailer"), "MAILROOM_DATABASE_PASSWORD=" + s.passwords["tailer"]}
+}
+
+// cluster is an embedded NATS server beside the database, whose tailer
+// processes connect as the tailer role (tailerEnv) and whose test inserts
+// as the application's.
+func (s *composeDB) cluster(t *testing.T) *cluster {
+	t.Helper()
 	port, err := pgtest.FreePort()
 	if err != nil {
 		t.Fatal(err)
@@ -475,25 +655,92 @@ func TestComposeRoles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Shutdown()
-	app, err := pgx.Connect(ctx, roleURL("mailroom_app", "app-pw"))
+	t.Cleanup(srv.Shutdown)
+	return &cluster{DB: tailertest.ExistingDB(t, s.url("tailer"), s.app), t: t, ctx: t.Context(), natsPort: port, limit: 10, timeout: 100 * time.Millisecond}
+}
+
+// exporter runs prometheus-community/postgres_exporter as the compose file
+// runs it (the postgres_exporter role, its password in a password file)
+// and returns its /metrics URL. It is built by scripts/postgres-exporter.sh
+// (POSTGRES_EXPORTER names it); .ci/run builds it.
+func (s *composeDB) exporter(t *testing.T) string {
+	t.Helper()
+	bin := os.Getenv("POSTGRES_EXPORTER")
+	if bin == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("POSTGRES_EXPORTER is not set: .ci/run builds it with scripts/postgres-exporter.sh")
+		}
+		t.Skip("postgres_exporter not built: POSTGRES_EXPORTER=$(scripts/postgres-exporter.sh) runs this check")
+	}
+	port, err := pgtest.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer app.Close(ctx)
-	c := &cluster{DB: tailertest.ExistingDB(t, roleURL("tailer", "tailer-pw"), app), t: t, ctx: ctx, natsPort: port, limit: 10, timeout: 100 * time.Millisecond}
-	p := c.tailer()
+	cmd := exec.Command("sh", infra+"postgres-exporter/entrypoint.sh", bin, "--web.listen-address=127.0.0.1:"+strconv.Itoa(port), "--log.level=info")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("DATA_SOURCE_NAME=postgresql://postgres_exporter@127.0.0.1:%d/mailroom?sslmode=disable", s.pg.Port),
+		"EXPORTER_DB_PASSWORD="+s.passwords["postgres_exporter"])
+	var out tailertest.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("postgres_exporter:\n%s", out.String())
+		}
+	})
+	t.Cleanup(func() {
+		if strings.Contains(out.String(), s.passwords["postgres_exporter"]) {
+			t.Errorf("postgres_exporter logged its password")
+		}
+	})
+	return fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
+}
+
+// infra/postgres/01-roles.sh, run for real as the postgres image runs it:
+// the schema's owner migrates without being a superuser, the tailer role
+// streams, publishes and resyncs with what the migrations grant it, and
+// postgres_exporter sees the slot, active and not, with pg_monitor alone.
+// Every password holds every URL-special character.
+func TestComposeRoles(t *testing.T) {
+	s := startComposeDB(t, "max_slot_wal_keep_size=1GB")
+	c := s.cluster(t)
+	p := c.tailer(s.tailerEnv()...)
 	p.waitLog("msg=streaming", 1, 30*time.Second)
 	c.Exec(`INSERT INTO accounts (email, login) SELECT 'role' || g || '@x', 'role' || g FROM generate_series(1, 7) g`)
 	if n := c.expectExactlyOnce(30 * time.Second); n != 7 {
 		t.Fatalf("%d tokens", n)
 	}
+	metrics := ""
+	if os.Getenv("POSTGRES_EXPORTER") != "" || os.Getenv("CI") != "" {
+		metrics = s.exporter(t)
+		page := awaitMetrics(t, metrics, "pg_up 1", `pg_replication_slot_slot_is_active{slot_name="mailroom",slot_type="logical"} 1`)
+		for _, want := range []string{`pg_replication_slot_safe_wal_size_bytes\{slot_name="mailroom",slot_type="logical"\} \d`,
+			`pg_replication_slot_wal_status\{slot_name="mailroom",slot_type="logical",wal_status="reserved"\} 1\n`,
+			`pg_settings_max_slot_wal_keep_size_bytes(\{[^}]*\})? 1.073741824e\+09\n`} {
+			if !regexp.MustCompile(want).MatchString(page) {
+				t.Errorf("postgres_exporter as postgres_exporter lacks %s", want)
+			}
+		}
+	}
 	p.term(15 * time.Second)
-	r := c.command([]string{"resync"})
+	if metrics != "" {
+		// The tailer gone: the exporter still sees the slot, idle.
+		awaitMetrics(t, metrics, `pg_replication_slot_slot_is_active{slot_name="mailroom",slot_type="logical"} 0`)
+	}
+	r := c.command([]string{"resync"}, s.tailerEnv()...)
 	if code := r.exit(30 * time.Second); code != exitOK || !strings.Contains(r.out.String(), "already_on_stream=7 published=0") {
 		t.Fatalf("tailer resync as the tailer role: exit %d:\n%s", code, r.out.String())
 	}
-	if out := p.out.String() + r.out.String(); strings.Contains(out, "permission denied") {
+	out := p.out.String() + r.out.String()
+	if strings.Contains(out, "permission denied") {
 		t.Fatalf("permission errors:\n%s", out)
+	}
+	for role, pw := range s.passwords {
+		if strings.Contains(out, pw) {
+			t.Fatalf("the %s password in the output:\n%s", role, out)
+		}
 	}
 }

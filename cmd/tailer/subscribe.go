@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -33,6 +35,7 @@ func subscribe(ctx context.Context, args []string, lookupEnv func(string) (strin
 	window := fs.Int("dedup-window", 0, "drop tokens whose key (a hash of the secret, never reused) was among the last N written (0: off); with stdout a file, also those at its end")
 	ackWait := fs.Duration("ack-wait", 30*time.Second, "how long the server waits for an ack before redelivering, for a new consumer")
 	execCmd := fs.String("exec", "", "start this command (sh -c) as the sender, its standard input the lines; restart it when it exits, giving it again what it had not done with; on SIGTERM close its input and acknowledge once it exits 0")
+	healthAddr := fs.String("health-addr", "", "serve /healthz and /readyz (consuming, and the server answers for the consumer) on this address, for tailer health --http-addr; empty: none")
 	// The shared settings come after the subscriber's own flags.
 	var own, shared []string
 	for i := 0; i < len(args); i++ {
@@ -125,6 +128,13 @@ func subscribe(ctx context.Context, args []string, lookupEnv func(string) (strin
 		fmt.Fprintf(stderr, "tailer subscribe: %v\n", err)
 		return exitFailure
 	}
+	if *healthAddr != "" {
+		stop, err := serveSubscriberHealth(*healthAddr, sub, js)
+		if err != nil {
+			return bad("--health-addr: %v", err)
+		}
+		defer stop()
+	}
 	if *execCmd != "" {
 		return runSender(ctx, sub, js, *execCmd, stdout, stderr, log)
 	}
@@ -215,4 +225,37 @@ func runSender(ctx context.Context, sub *consume.Subscriber, js jetstream.JetStr
 		case <-time.After(restart):
 		}
 	}
+}
+
+// serveSubscriberHealth serves /healthz (the process answers) and /readyz:
+// the subscriber is bound to its consumer (a sender between two starts is
+// not) and the server answers for that consumer now, so a NATS outage or a
+// deleted consumer shows.
+func serveSubscriberHealth(addr string, sub *consume.Subscriber, js jetstream.JetStream) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if !sub.Consuming() {
+			http.Error(w, "not ready: not consuming", http.StatusServiceUnavailable)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+		defer cancel()
+		c, err := js.Consumer(ctx, sub.Stream, sub.Durable)
+		if err == nil {
+			var info *jetstream.ConsumerInfo
+			if info, err = c.Info(ctx); err == nil {
+				fmt.Fprintf(w, "ready: consumer %s, %d pending, %d awaiting ack\n", sub.Durable, info.NumPending, info.NumAckPending)
+				return
+			}
+		}
+		http.Error(w, "not ready: consumer "+sub.Durable+": "+err.Error(), http.StatusServiceUnavailable)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	return func() { srv.Close() }, nil
 }

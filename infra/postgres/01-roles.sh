@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # Runs once, when the postgres container initialises its data directory, as
-# the superuser (which no service uses). Three roles:
+# the superuser (which no service uses). Four roles, passwords from the
+# environment (psql quotes them: any characters work):
 #   mailroom_owner  owns the schema and runs `tailer migrate` (not a
 #                   superuser: CREATE on the database, the public schema,
 #                   and REPLICATION to create the slot);
 #   mailroom_app    the application: reads and writes the mailroom tables;
 #   tailer          the daemon: REPLICATION, SELECT on tokens and accounts
-#                   and its resync bookkeeping (granted by the migrations).
+#                   and its resync bookkeeping (granted by the migrations);
+#   postgres_exporter   reads the server's statistics and the slot's
+#                   positions (pg_monitor), nothing of mailroom's tables.
 set -euo pipefail
 psql -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname "$POSTGRES_DB" \
-  -v owner_pw="$OWNER_DB_PASSWORD" -v tailer_pw="$TAILER_DB_PASSWORD" -v app_pw="$APP_DB_PASSWORD" <<'EOSQL'
+  -v owner_pw="$OWNER_DB_PASSWORD" -v tailer_pw="$TAILER_DB_PASSWORD" -v app_pw="$APP_DB_PASSWORD" \
+  -v exporter_pw="$EXPORTER_DB_PASSWORD" <<'EOSQL'
 CREATE ROLE mailroom_owner WITH LOGIN REPLICATION PASSWORD :'owner_pw';
 CREATE ROLE tailer WITH LOGIN REPLICATION PASSWORD :'tailer_pw';
 CREATE ROLE mailroom_app WITH LOGIN PASSWORD :'app_pw';
+CREATE ROLE postgres_exporter WITH LOGIN PASSWORD :'exporter_pw';
+GRANT pg_monitor TO postgres_exporter;
+GRANT CONNECT ON DATABASE mailroom TO postgres_exporter;
 GRANT CONNECT, CREATE ON DATABASE mailroom TO mailroom_owner;
 ALTER SCHEMA public OWNER TO mailroom_owner;
 GRANT CONNECT ON DATABASE mailroom TO tailer, mailroom_app;

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -56,10 +57,17 @@ type Subscriber struct {
 
 	mu      sync.Mutex
 	inDoubt []doubt
+	// consuming: Run is bound to the consumer (see Consuming).
+	consuming atomic.Bool
 	// Redelivered counts messages delivered more than once: their tokens
 	// may have reached a reader before. Acked counts those acknowledged.
 	Redelivered, Acked int
 }
+
+// Consuming reports whether Run is bound to its consumer: false before the
+// consumer exists and after Run returns (between two senders, say). A
+// health check adds whether the server answers for the consumer.
+func (s *Subscriber) Consuming() bool { return s.consuming.Load() }
 
 // doubt is a message whose lines a reader may not have processed yet.
 type doubt struct {
@@ -133,6 +141,8 @@ func (s *Subscriber) Run(ctx context.Context, js jetstream.JetStream) error {
 	}
 	stop := context.AfterFunc(ctx, iter.Stop)
 	defer stop()
+	s.consuming.Store(true)
+	defer s.consuming.Store(false)
 	if s.Log != nil {
 		s.Log.Info("consuming", "stream", s.Stream, "durable", s.Durable, "action", s.Action)
 	}

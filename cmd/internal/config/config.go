@@ -107,6 +107,17 @@ var Vars = []Var{
 		c.DatabaseURL = v
 		return nil
 	}},
+	{Env: "MAILROOM_DATABASE_PASSWORD", Flag: "database-password", Usage: "password of MAILROOM_DATABASE_URL's user, any characters, no percent-encoding (replaces a password in the URL)", Secret: true, set: func(c *Config, v string) error {
+		if v == "" {
+			return nil
+		}
+		u, err := withPassword(c.DatabaseURL, v)
+		if err != nil {
+			return err
+		}
+		c.DatabaseURL = u
+		return nil
+	}},
 	{Env: "MAILROOM_SECRET_KEY", Flag: "secret-key", Usage: "HMAC signing key: exactly 64 hex characters (or use MAILROOM_SECRET_KEY_FILE)", Secret: true, set: func(c *Config, v string) error {
 		// Trimmed like the file form: a key pasted with its newline is the
 		// same key.
@@ -414,6 +425,28 @@ func parseFailure(err error) string {
 		return "sslmode is not one of disable, allow, prefer, require, verify-ca, verify-full"
 	}
 	return "check the URL's syntax; a password with URL-special characters must be percent-encoded"
+}
+
+// withPassword puts password into the connection string dsn, so that every
+// connection the tailer makes (queries, replication, the lease) uses it.
+// A password given apart from the URL needs no percent-encoding: that is
+// its point (a generated password with '/' or '@' broke the URL pasted
+// together by a compose file). It replaces a password the URL holds.
+// MAILROOM_DATABASE_URL was parsed before: only a parse failure here is
+// new.
+func withPassword(dsn, password string) (string, error) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", invalid("cannot be used: MAILROOM_DATABASE_URL does not parse")
+		}
+		u.User = url.UserPassword(u.User.Username(), password)
+		return u.String(), nil
+	}
+	// key=value form: a later keyword wins, and single quotes take any
+	// character once backslashes and quotes are escaped.
+	quoted := strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(password)
+	return dsn + " password='" + quoted + "'", nil
 }
 
 // Error is a configuration error: exit code 2, one line.

@@ -8,6 +8,9 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 func allVars() []string {
@@ -150,6 +153,48 @@ func FuzzSecretsInMalformedURLs(f *testing.F) {
 		}
 		if strings.Contains(msg, pw) {
 			t.Fatalf("%s=%q: the password shows: %q", target, value, msg)
+		}
+	})
+}
+
+// FuzzDatabasePassword: any password given in MAILROOM_DATABASE_PASSWORD
+// reaches the server as it is, beside a URL or a key=value string that
+// carries no password, or another one.
+func FuzzDatabasePassword(f *testing.F) {
+	printable := make([]byte, 0, 95)
+	for c := byte(' '); c <= '~'; c++ {
+		printable = append(printable, c)
+	}
+	for _, pw := range []string{string(printable), "ab/cd+ef==", `it's\a 'quoted' \\ pass`, "p@ss:w/rd?#%zz", " lead and trail ", "ünïcode"} {
+		for i := range 4 {
+			f.Add(uint8(i), pw)
+		}
+	}
+	dsns := []string{
+		"postgres://owner@db:5432/mailroom?sslmode=disable",
+		"postgresql://owner:old%2Fpw@db1:5432,db2:5433/mailroom?application_name=x",
+		"host=db port=5432 user=owner dbname=mailroom sslmode=disable",
+		"host=db user=owner password='old' dbname=mailroom",
+	}
+	f.Fuzz(func(t *testing.T, which uint8, pw string) {
+		if pw == "" || strings.ContainsRune(pw, 0) || !utf8.ValidString(pw) {
+			return
+		}
+		dsn := dsns[int(which)%len(dsns)]
+		env := map[string]string{"MAILROOM_DATABASE_URL": dsn, "MAILROOM_DATABASE_PASSWORD": pw}
+		c, _, err := Load("fuzz", []string{"MAILROOM_DATABASE_URL", "MAILROOM_DATABASE_PASSWORD"}, nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, io.Discard)
+		if err != nil {
+			if strings.Contains(err.Error(), pw) {
+				t.Fatalf("the password shows: %v", err)
+			}
+			t.Fatalf("%s with a password apart: %v", dsn, err)
+		}
+		cfg, err := pgconn.ParseConfig(c.DatabaseURL)
+		if err != nil {
+			t.Fatalf("merged connection string does not parse: %v", err)
+		}
+		if cfg.Password != pw || cfg.User != "owner" || cfg.Database != "mailroom" {
+			t.Fatalf("user %q, database %q, password %q; want owner, mailroom, %q", cfg.User, cfg.Database, cfg.Password, pw)
 		}
 	})
 }

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# The compose stack run for real, as an operator runs it: up with random
+# passwords that hold every URL-special character, tokens inserted by the
+# application's role and taken by the subscriber service exactly once, the
+# tailer stopped under writes until the PostgreSQL-side lag alert
+# (PostgresSlotLagHigh, from postgres_exporter) reaches Alertmanager, then
+# started again and every token still delivered exactly once.
+#
+# CLUSTER=1 adds infra/docker-compose.cluster.yml (three NATS nodes) and
+# checks that the tailer made its stream there with three replicas.
+#
+# Needs a Docker engine; without one it says so and exits 0. Where no
+# registry is reachable, scripts/standins/build.sh builds local stand-ins
+# for the images (Grafana has none: it is not started here). The stack runs
+# from a copy of infra/ under its own project name, on other host ports
+# (COMPOSE_TEST_PORT_BASE), and is removed at the end (KEEP=1 keeps it).
+#
+# Two things differ from the shipped files, to fit in minutes: Prometheus
+# scrapes and evaluates every 2 s instead of 15 s, and PostgresSlotLagHigh
+# fires past 1 MiB after 10 s instead of 256 MiB after 5 minutes
+# (promtool test rules covers the real thresholds).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! out=$(docker info 2>&1); then
+  echo "skip: no Docker engine here (docker info: $(printf '%s' "$out" | tail -1))"
+  exit 0
+fi
+. scripts/compose-lib.sh
+
+start=$(date +%s)
+say() { printf '[%4ds] %s\n' "$(($(date +%s) - start))" "$*"; }
+fail() { say "FAIL: $*"; exit 1; }
+
+# Images: pulled where a registry answers, stand-ins where it does not; the
+# tailer's own built from infra/Dockerfile.
+bash scripts/standins/build.sh
+say "building the tailer's images from infra/Dockerfile"
+docker build -q --network host -f infra/Dockerfile -t mailroom/tailer:local . >/dev/null
+docker build -q --network host -f infra/Dockerfile --target subscriber -t mailroom/tailer-subscriber:local . >/dev/null
+
+work=$(mktemp -d)
+project="mailroom-test-$$"
+cp -r infra "$work/infra"
+rm -f "$work/infra/.env" "$work/infra/secrets/"*
+base=${COMPOSE_TEST_PORT_BASE:-25000}
+# Other host ports, so that a stack already running here is left alone.
+sed -i -e "s/\"127.0.0.1:5432:/\"127.0.0.1:$((base + 1)):/" -e "s/\"127.0.0.1:4222:/\"127.0.0.1:$((base + 2)):/" \
+  -e "s/\"127.0.0.1:8222:/\"127.0.0.1:$((base + 3)):/" -e "s/\"127.0.0.1:9187:/\"127.0.0.1:$((base + 4)):/" \
+  -e "s/\"127.0.0.1:9090:/\"127.0.0.1:$((base + 5)):/" -e "s/\"127.0.0.1:9093:/\"127.0.0.1:$((base + 6)):/" \
+  -e "s/\"127.0.0.1:3000:/\"127.0.0.1:$((base + 7)):/" "$work/infra/docker-compose.yml"
+sed -i -e "s/\"127.0.0.1:4223:/\"127.0.0.1:$((base + 8)):/" -e "s/\"127.0.0.1:4224:/\"127.0.0.1:$((base + 9)):/" \
+  -e "s/\"127.0.0.1:8223:/\"127.0.0.1:$((base + 10)):/" -e "s/\"127.0.0.1:8224:/\"127.0.0.1:$((base + 11)):/" "$work/infra/docker-compose.cluster.yml"
+files=(-f "$work/infra/docker-compose.yml")
+[ "${CLUSTER:-}" = 1 ] && files+=(-f "$work/infra/docker-compose.cluster.yml")
+sed -i 's/^\(  \(scrape\|evaluation\)_interval:\) 15s/\1 2s/' "$work/infra/prometheus/prometheus.yml"
+python3 - "$work/infra/prometheus/rules.yml" <<'EOF'
+import re, sys
+p = sys.argv[1]
+s = open(p).read()
+i = s.index("- alert: PostgresSlotLagHigh")
+j = s.index("- alert:", i + 1)
+rule = s[i:j].replace("> 256 * 1024 * 1024", "> 1024 * 1024").replace("for: 5m", "for: 10s")
+open(p, "w").write(s[:i] + rule + s[j:])
+EOF
+
+dc() { "${compose[@]}" -p "$project" "${files[@]}" --profile subscriber "$@"; }
+cleanup() {
+  code=$?
+  if [ "$code" != 0 ]; then
+    dc logs --no-color --tail 40 >"$work/logs" 2>&1 || true
+    echo "---- last log lines of each service ($work/logs) ----"
+    cat "$work/logs"
+  fi
+  if [ "${KEEP:-}" = 1 ]; then
+    echo "kept: ${compose[*]} -p $project ${files[*]} --profile subscriber ..."
+  else
+    dc down -v --remove-orphans >/dev/null 2>&1 || true
+    rm -rf "$work"
+  fi
+  exit "$code"
+}
+trap cleanup EXIT
+
+# Random passwords, each holding every character that breaks a URL, a
+# shell word, a .env line or a NATS configuration value.
+password() {
+  local special='/?#@:%+&=[]!$'"'"'()*,; "\`{}<>|^~' random
+  random=$(head -c 18 /dev/urandom | base64 | tr -d '\n')
+  printf '%s%s%s' "${random:0:12}" "$special" "${random:12}"
+}
+for v in POSTGRES_PASSWORD OWNER_DB_PASSWORD TAILER_DB_PASSWORD APP_DB_PASSWORD EXPORTER_DB_PASSWORD \
+         NATS_TAILER_PASSWORD NATS_SUBSCRIBER_PASSWORD GRAFANA_ADMIN_PASSWORD; do
+  export "$v=$(password)"
+done
+openssl rand -hex 32 >"$work/infra/secrets/mailroom_key"
+chmod 0400 "$work/infra/secrets/mailroom_key"
+chown 65532:65532 "$work/infra/secrets/mailroom_key" 2>/dev/null || chmod 0444 "$work/infra/secrets/mailroom_key"
+
+services=(postgres nats migrate tailer postgres-exporter prometheus alertmanager subscriber)
+[ "${CLUSTER:-}" = 1 ] && services+=(nats-2 nats-3)
+say "up -d --wait ${services[*]}"
+dc up -d --no-build --wait --wait-timeout 300 "${services[@]}" >/dev/null
+say "healthy: $(dc ps --format '{{.Service}}={{.Health}}' | tr '\n' ' ')"
+
+# Every published port on loopback only.
+if dc ps --format '{{.Publishers}}' | grep -o 'URL:[^ ]*' | grep -v 'URL:127.0.0.1'; then
+  fail "a port is published beyond 127.0.0.1"
+fi
+pid=$(docker inspect -f '{{.State.Pid}}' "$(dc ps -q tailer)")
+uid=$(awk '/^Uid:/ { print $2 }' "/proc/$pid/status")
+[ "$uid" = 65532 ] || fail "the tailer runs as uid $uid, not 65532"
+
+psql_app() { dc exec -T -e PGPASSWORD="$APP_DB_PASSWORD" postgres psql -qAt -h 127.0.0.1 -U mailroom_app -d mailroom -v ON_ERROR_STOP=1 "$@"; }
+inserted=0
+insert() { # n, prefix
+  psql_app -c "INSERT INTO accounts (email, login) SELECT '$2' || g || '@example.com', '$2' || g FROM generate_series(1, $1) g" >/dev/null
+  inserted=$((inserted + $1))
+}
+# The signed tokens in the subscriber's collector lines (five fields a
+# token: action,email,login,token,code).
+delivered() {
+  dc exec -T subscriber cat /out/lines 2>/dev/null | awk -F, '{ for (i = 4; i <= NF; i += 5) print $i }' | sort
+}
+await_delivery() { # what
+  local deadline=$(($(date +%s) + 180)) tokens
+  while :; do
+    tokens=$(delivered | wc -l)
+    [ "$tokens" -ge "$inserted" ] && break
+    [ "$(date +%s)" -lt "$deadline" ] || fail "$1: $tokens of $inserted tokens delivered"
+    sleep 2
+  done
+  local dupes
+  dupes=$(delivered | uniq -d | wc -l)
+  [ "$tokens" = "$inserted" ] && [ "$dupes" = 0 ] || fail "$1: $tokens tokens for $inserted inserted, $dupes repeated"
+  say "$1: $tokens of $inserted tokens delivered, none twice"
+}
+
+insert 50 first
+await_delivery "before the fault"
+if [ "${CLUSTER:-}" = 1 ]; then
+  replicas=$(curl -fsS "http://127.0.0.1:$((base + 3))/jsz?acc=MAILROOM&streams=true&config=true" | grep -o '"num_replicas": *[0-9]*' | head -1 | grep -o '[0-9]*$')
+  [ "$replicas" = 3 ] || fail "the tailer's stream has ${replicas:-no} replicas on the cluster, want 3"
+  say "the stream MAILROOM has 3 replicas"
+fi
+
+say "stopping the tailer while the application writes"
+dc stop tailer >/dev/null
+writer_stop="$work/writer.stop"
+(
+  i=0
+  while [ ! -e "$writer_stop" ]; do
+    i=$((i + 1))
+    psql_app -c "INSERT INTO accounts (email, login) SELECT 'w${i}x' || g || '@example.com', 'w${i}x' || g FROM generate_series(1, 20) g" >/dev/null
+    echo 20 >>"$work/written"
+    sleep 0.2
+  done
+) &
+writer=$!
+# More WAL for the lag alert to see, in a table outside the publication
+# (so that the mail stays few), made by the operator.
+dc exec -T postgres psql -qAt -U postgres -d mailroom -c "CREATE TABLE filler AS SELECT g, md5(g::text) AS m FROM generate_series(1, 60000) g" >/dev/null
+
+deadline=$(($(date +%s) + 240))
+alertmanager="http://127.0.0.1:$((base + 6))/api/v2/alerts"
+until curl -fsS "$alertmanager" 2>/dev/null | grep -q '"alertname":"PostgresSlotLagHigh"'; do
+  [ "$(date +%s)" -lt "$deadline" ] || fail "PostgresSlotLagHigh never reached Alertmanager"
+  sleep 2
+done
+say "Alertmanager has PostgresSlotLagHigh: $(curl -fsS "$alertmanager" | grep -o '"summary":"[^"]*"' | head -3 | tr '\n' ' ')"
+if curl -fsS "$alertmanager" | grep -q '"alertname":"TailerDown"'; then
+  say "Alertmanager has TailerDown too"
+fi
+
+touch "$writer_stop"
+wait "$writer"
+inserted=$((inserted + $(awk '{ s += $1 } END { print s + 0 }' "$work/written")))
+say "starting the tailer again"
+dc start tailer >/dev/null
+await_delivery "after the tailer's stop"
+say "ok: the stack with URL-hostile passwords kept every token exactly once, and the PostgreSQL-side lag alert reached Alertmanager"
