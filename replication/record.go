@@ -154,11 +154,16 @@ func saveRecord(ctx context.Context, q Querier, r *Record) error {
 // by. bound says the stream is known to hold nothing of an earlier slot
 // (it is empty), so the incarnation owns the stream from its start. The
 // caller holds the lease.
-func CreateSlot(ctx context.Context, q Querier, slot, by string, bound bool) (Record, error) {
+func CreateSlot(ctx context.Context, q Querier, slot, by string, bound, failover bool) (Record, error) {
 	if err := ValidateName(slot); err != nil {
 		return Record{}, fmt.Errorf("slot name: %w", err)
 	}
-	if _, err := q.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, $2)`, slot, Plugin); err != nil {
+	create := `SELECT pg_create_logical_replication_slot($1, $2)`
+	if failover {
+		// (name, plugin, temporary, twophase, failover): PostgreSQL 17+.
+		create = `SELECT pg_create_logical_replication_slot($1, $2, false, false, true)`
+	}
+	if _, err := q.Exec(ctx, create, slot, Plugin); err != nil {
 		return Record{}, fmt.Errorf("create slot %s: %w", slot, err)
 	}
 	// A crash between the two leaves a slot without a record, which tailer

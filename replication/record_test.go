@@ -33,7 +33,7 @@ func TestRecord(t *testing.T) {
 	if r, err := LoadRecord(ctx, db.Conn, "s"); err != nil || r.Exists {
 		t.Fatalf("LoadRecord of a slot never made = %+v, %v", r, err)
 	}
-	made, err := CreateSlot(ctx, db.Conn, "s", "tailer migrate", false)
+	made, err := CreateSlot(ctx, db.Conn, "s", "tailer migrate", false, false)
 	if err != nil {
 		t.Fatal(err)
 	}

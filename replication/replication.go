@@ -51,18 +51,46 @@ type SlotInfo struct {
 	// WALStatus is pg_replication_slots.wal_status: reserved, extended,
 	// unreserved, or lost once the WAL the slot needs was removed.
 	WALStatus string
+	// InvalidationReason (PostgreSQL 17+) says why the server invalidated
+	// the slot: wal_removed, rows_removed, wal_level_insufficient,
+	// idle_timeout (18+); empty while it is valid.
+	InvalidationReason string
+	// InactiveSince (PostgreSQL 17+) is when the slot was last released;
+	// zero while it is streamed, or on older servers.
+	InactiveSince time.Time
+	// Failover (17+): the slot is synchronized to standbys that have
+	// sync_replication_slots on. Synced: this server is such a standby and
+	// the slot is a copy of the primary's.
+	Failover, Synced bool
 }
 
-// Lost reports whether the server removed WAL the slot still needed
-// (max_slot_wal_keep_size): the changes in it can never be read.
-func (s SlotInfo) Lost() bool { return s.WALStatus == "lost" }
+// Lost reports whether the slot can never be streamed again: the server
+// removed WAL it still needed (max_slot_wal_keep_size), or invalidated it
+// for another reason.
+func (s SlotInfo) Lost() bool { return s.WALStatus == "lost" || s.InvalidationReason != "" }
+
+// invalidations explains PostgreSQL's invalidation reasons.
+var invalidations = map[string]string{
+	"wal_removed":            "the server removed WAL it still needed (max_slot_wal_keep_size)",
+	"rows_removed":           "catalog rows it needed were removed (a standby's slot without hot_standby_feedback)",
+	"wal_level_insufficient": "wal_level was set below logical",
+	"idle_timeout":           "it stayed released longer than idle_replication_slot_timeout",
+}
 
 // LostMessage says what a lost slot means and how to recover, for logs,
 // /readyz and tailer status.
 func (s SlotInfo) LostMessage() string {
-	return fmt.Sprintf("slot %s is lost (wal_status lost): the server removed WAL it still needed (max_slot_wal_keep_size), so tokens committed after %s cannot be read from it. "+
+	why := fmt.Sprintf("(wal_status %s): %s", s.WALStatus, invalidations["wal_removed"])
+	if r := s.InvalidationReason; r != "" {
+		explain, ok := invalidations[r]
+		if !ok {
+			explain = "the server invalidated it"
+		}
+		why = fmt.Sprintf("(wal_status %s, invalidation_reason %s): %s", s.WALStatus, r, explain)
+	}
+	return fmt.Sprintf("slot %s is lost %s, so tokens committed after %s cannot be read from it. "+
 		"The tailer will not recreate it by itself. To go on: stop every tailer run and run `tailer resync`, which recreates the slot and publishes, once, every still-eligible token the stream lacks "+
-		"(or set MAILROOM_AUTO_RESYNC=true to let tailer run do it)", s.Name, s.ConfirmedFlush)
+		"(or set MAILROOM_AUTO_RESYNC=true to let tailer run do it)", s.Name, why, s.ConfirmedFlush)
 }
 
 // IsSlotLost reports whether err is the server refusing to stream an
@@ -101,12 +129,29 @@ func Slot(ctx context.Context, q Querier, name string) (SlotInfo, error) {
 		s                        SlotInfo
 		pid                      *int32
 		restart, confirmed, curr *string
+		inactive                 *time.Time
+		failover, synced         *bool
+		reason                   *string
 	)
+	// Columns of newer servers are read through to_jsonb, NULL where the
+	// server lacks them. A standby has no pg_current_wal_lsn(): its position
+	// is what it replayed.
 	err := q.QueryRow(ctx, `
 		SELECT slot_name, plugin, database, active, active_pid,
-		       restart_lsn::text, confirmed_flush_lsn::text, pg_current_wal_lsn()::text, coalesce(wal_status, '')
-		FROM pg_replication_slots WHERE slot_name = $1`, name).
-		Scan(&s.Name, &s.Plugin, &s.Database, &s.Active, &pid, &restart, &confirmed, &curr, &s.WALStatus)
+		       restart_lsn::text, confirmed_flush_lsn::text,
+		       (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text,
+		       coalesce(wal_status, ''),
+		       to_jsonb(s)->>'invalidation_reason', (to_jsonb(s)->>'inactive_since')::timestamptz,
+		       (to_jsonb(s)->>'failover')::bool, (to_jsonb(s)->>'synced')::bool
+		FROM pg_replication_slots s WHERE slot_name = $1`, name).
+		Scan(&s.Name, &s.Plugin, &s.Database, &s.Active, &pid, &restart, &confirmed, &curr, &s.WALStatus, &reason, &inactive, &failover, &synced)
+	if reason != nil {
+		s.InvalidationReason = *reason
+	}
+	if inactive != nil {
+		s.InactiveSince = *inactive
+	}
+	s.Failover, s.Synced = failover != nil && *failover, synced != nil && *synced
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, fmt.Errorf("slot %s: %w", name, ErrNoSlot)
 	}
@@ -166,16 +211,25 @@ type Snapshot struct {
 
 var snapshotNameRe = regexp.MustCompile(`^[0-9A-F]+-[0-9A-F]+-[0-9]+$`)
 
-// CreateSlotWithSnapshot creates the logical slot on the replication
-// connection conn and exports the snapshot it starts from. The snapshot can
+// CreateSlotWithSnapshot creates the logical slot (a failover slot if
+// failover) on the replication connection conn and exports the snapshot it
+// starts from. The snapshot can
 // be imported (SET TRANSACTION SNAPSHOT) until conn runs another command or
 // closes.
-func CreateSlotWithSnapshot(ctx context.Context, conn *pgconn.PgConn, name string) (Snapshot, error) {
+func CreateSlotWithSnapshot(ctx context.Context, conn *pgconn.PgConn, name string, failover bool) (Snapshot, error) {
 	if err := ValidateName(name); err != nil {
 		return Snapshot{}, fmt.Errorf("slot name: %w", err)
 	}
-	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, name, Plugin,
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+	var res pglogrepl.CreateReplicationSlotResult
+	var err error
+	if failover {
+		// pglogrepl writes only the old syntax, which has no FAILOVER.
+		res, err = pglogrepl.ParseCreateReplicationSlot(conn.Exec(ctx,
+			fmt.Sprintf("CREATE_REPLICATION_SLOT %s LOGICAL %s (SNAPSHOT 'export', FAILOVER true)", name, Plugin)))
+	} else {
+		res, err = pglogrepl.CreateReplicationSlot(ctx, conn, name, Plugin,
+			pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+	}
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("create slot %s with a snapshot: %w", name, err)
 	}

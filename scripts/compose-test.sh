@@ -120,7 +120,8 @@ insert() { # n, prefix
 # The signed tokens in the subscriber's collector lines (five fields a
 # token: action,email,login,token,code).
 delivered() {
-  dc exec -T subscriber cat /out/lines 2>/dev/null | awk -F, '{ for (i = 4; i <= NF; i += 5) print $i }' | sort
+  # No file yet is no token yet.
+  { dc exec -T subscriber cat /out/lines 2>/dev/null || true; } | awk -F, '{ for (i = 4; i <= NF; i += 5) print $i }' | sort
 }
 await_delivery() { # what
   local deadline=$(($(date +%s) + 180)) tokens

@@ -54,7 +54,7 @@ func liveLatency(ctx context.Context, o options, url string) (*Live, error) {
 		return nil, err
 	}
 	defer pool.Close()
-	if _, err := replication.CreateSlot(ctx, pool, "live", "tailer bench", false); err != nil {
+	if _, err := replication.CreateSlot(ctx, pool, "live", "tailer bench", false, false); err != nil {
 		return nil, err
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO accounts (email, login, status) SELECT 'l' || g || '@x', 'l' || g, 'active' FROM generate_series(1, $1::int) g`, accounts); err != nil {

@@ -72,7 +72,7 @@ type cluster struct {
 func newCluster(t *testing.T, pg *pgtest.Server, limit int, timeout time.Duration) *cluster {
 	t.Helper()
 	c := newClusterWithoutSlot(t, pg, limit, timeout)
-	if _, err := replication.CreateSlot(c.ctx, c.Conn, "mailroom", "tailer migrate", false); err != nil {
+	if _, err := replication.CreateSlot(c.ctx, c.Conn, "mailroom", "tailer migrate", false, false); err != nil {
 		t.Fatal(err)
 	}
 	return c
@@ -170,6 +170,16 @@ func (c *cluster) command(args []string, extraEnv ...string) *proc {
 		}
 	})
 	return p
+}
+
+// serverMajor is the PostgreSQL server's major version.
+func (c *cluster) serverMajor() int {
+	c.t.Helper()
+	var n int
+	if err := c.Conn.QueryRow(c.ctx, `SELECT current_setting('server_version_num')::int / 10000`).Scan(&n); err != nil {
+		c.t.Fatal(err)
+	}
+	return n
 }
 
 // waitLog waits until the process has logged s (count times).
@@ -777,7 +787,7 @@ func TestLagAndReadinessDuringNATSOutage(t *testing.T) {
 	rep, code := c.status(maxLag)
 	if code != 0 || !rep.OK || !rep.Active || rep.ActivePID == 0 || rep.Stream != "MAILROOM" || rep.StreamMessages == nil ||
 		rep.StreamReplicas == nil || *rep.StreamReplicas != 1 || rep.WALStatus != "reserved" ||
-		!strings.HasPrefix(rep.Owner, "tailer run (backend pid ") || rep.Incarnation == "" || rep.ResyncPending {
+		!strings.HasPrefix(rep.Owner, "tailer run (backend pid ") || rep.Incarnation == "" || rep.ResyncPending || rep.InactiveSince != nil {
 		t.Fatalf("status before the outage: exit %d, %+v", code, rep)
 	}
 
@@ -972,6 +982,14 @@ func TestLostSlotIsReported(t *testing.T) {
 	rep, code := c.status(1 << 40)
 	if code != 1 || rep.OK || rep.WALStatus != "lost" {
 		t.Fatalf("tailer status on a lost slot: exit %d, %+v", code, rep)
+	}
+	// PostgreSQL 17 says why, and since when nothing streams the slot.
+	if c.serverMajor() >= 17 {
+		if !strings.Contains(rep.Lost, "invalidation_reason wal_removed") || rep.InactiveSince == nil || time.Since(*rep.InactiveSince) > time.Minute {
+			t.Errorf("on PostgreSQL 17+ status quotes invalidation_reason and shows inactive_since: %+v", rep)
+		}
+	} else if strings.Contains(rep.Lost, "invalidation_reason") || rep.InactiveSince != nil {
+		t.Errorf("before PostgreSQL 17 there is no invalidation_reason or inactive_since: %+v", rep)
 	}
 
 	port, err := pgtest.FreePort()

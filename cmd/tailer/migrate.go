@@ -136,7 +136,12 @@ func migrate(ctx context.Context, args []string, lookupEnv func(string) (string,
 			cfg.Slot, rec.Describe()))
 		return exitFailure
 	}
-	if _, err := replication.CreateSlot(ctx, conn, cfg.Slot, "tailer migrate", false); err != nil {
+	failover, err := wantFailover(ctx, conn, cfg.SlotFailover)
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer migrate: %v\n", err)
+		return exitConfig
+	}
+	if _, err := replication.CreateSlot(ctx, conn, cfg.Slot, "tailer migrate", false, failover); err != nil {
 		log.Error("migrate", "err", err)
 		return exitFailure
 	}
@@ -190,4 +195,18 @@ func runResync(ctx context.Context, cfg *config.Config, log *slog.Logger, lease 
 	}
 	defer shutdown()
 	return resync.Run(ctx, lease, nc, opts)
+}
+
+// wantFailover decides, for the server behind q, whether the slot is made
+// a failover slot (MAILROOM_SLOT_FAILOVER).
+func wantFailover(ctx context.Context, q replication.Querier, mode string) (bool, error) {
+	major, err := replication.ServerMajor(ctx, q)
+	if err != nil {
+		return false, err
+	}
+	failover, err := replication.WantFailover(mode, major)
+	if err != nil {
+		return false, &config.Error{Var: "MAILROOM_SLOT_FAILOVER", Err: err}
+	}
+	return failover, nil
 }

@@ -33,6 +33,11 @@ type statusReport struct {
 	RetainedBytes int64  `json:"retained_bytes"`
 	WALStatus     string `json:"wal_status"`
 	Lost          string `json:"lost,omitempty"`
+	// InactiveSince, Failover and Synced come from PostgreSQL 17+:
+	// inactive_since is null while streamed or on older servers.
+	InactiveSince *time.Time `json:"inactive_since"`
+	Failover      bool       `json:"failover"`
+	Synced        bool       `json:"synced"`
 	// Owner is the process holding the slot's lease ("" when none).
 	Owner         string `json:"owner"`
 	Incarnation   string `json:"incarnation"`
@@ -84,7 +89,10 @@ func status(ctx context.Context, args []string, lookupEnv func(string) (string, 
 		ConfirmedLSN: slot.ConfirmedFlush.String(), RestartLSN: slot.RestartLSN.String(), CurrentLSN: slot.CurrentLSN.String(),
 		LagBytes: slot.LagBytes(), RetainedBytes: slot.RetainedBytes(), Stream: cfg.Stream, MaxLagBytes: cfg.MaxLag,
 	}
-	rep.WALStatus = slot.WALStatus
+	rep.WALStatus, rep.Failover, rep.Synced = slot.WALStatus, slot.Failover, slot.Synced
+	if !slot.InactiveSince.IsZero() {
+		rep.InactiveSince = &slot.InactiveSince
+	}
 	if slot.Lost() {
 		rep.Lost = slot.LostMessage()
 	}
@@ -125,7 +133,10 @@ func status(ctx context.Context, args []string, lookupEnv func(string) (string, 
 		enc.SetIndent("", "  ")
 		enc.Encode(rep)
 	} else {
-		fmt.Fprintf(stdout, "slot            %s (active=%v pid=%d)\n", rep.Slot, rep.Active, rep.ActivePID)
+		fmt.Fprintf(stdout, "slot            %s (active=%v pid=%d failover=%v synced=%v)\n", rep.Slot, rep.Active, rep.ActivePID, rep.Failover, rep.Synced)
+		if rep.InactiveSince != nil {
+			fmt.Fprintf(stdout, "inactive since  %s (%s ago)\n", rep.InactiveSince.UTC().Format(time.RFC3339), time.Since(*rep.InactiveSince).Round(time.Second))
+		}
 		fmt.Fprintf(stdout, "confirmed LSN   %s\nrestart LSN     %s\ncurrent LSN     %s\n", rep.ConfirmedLSN, rep.RestartLSN, rep.CurrentLSN)
 		fmt.Fprintf(stdout, "lag             %d bytes (%s), max %s\n", rep.LagBytes, human(rep.LagBytes), human(cfg.MaxLag))
 		fmt.Fprintf(stdout, "retained WAL    %d bytes (%s), wal_status %s\n", rep.RetainedBytes, human(rep.RetainedBytes), rep.WALStatus)

@@ -55,6 +55,9 @@ type Options struct {
 	MaxInFlight int
 	// By names what recreates the slot, for its record (tailer status).
 	By string
+	// Failover is MAILROOM_SLOT_FAILOVER (replication.FailoverAuto, On,
+	// Off): whether the new slot is a failover slot.
+	Failover string
 	// Cutover, when set, adopts mailroom's collector's database: the
 	// tokens it sent are never published. It is kept with the slot's
 	// record, so later resyncs leave them out too.
@@ -116,6 +119,15 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 		return rep, err
 	}
 	defer q.Close(context.Background())
+	// Refused before anything changes.
+	major, err := replication.ServerMajor(ctx, q)
+	if err != nil {
+		return rep, err
+	}
+	failover, err := replication.WantFailover(opts.Failover, major)
+	if err != nil {
+		return rep, fmt.Errorf("MAILROOM_SLOT_FAILOVER: %w", err)
+	}
 
 	old, err := replication.LoadRecord(ctx, q, opts.Slot)
 	if err != nil {
@@ -154,7 +166,7 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 	if err != nil {
 		return rep, fmt.Errorf("identify system: %w", err)
 	}
-	snap, err := replication.CreateSlotWithSnapshot(ctx, rc, opts.Slot)
+	snap, err := replication.CreateSlotWithSnapshot(ctx, rc, opts.Slot, failover)
 	if err != nil {
 		return rep, err
 	}

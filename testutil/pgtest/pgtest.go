@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -52,11 +53,16 @@ type Options struct {
 	TLSCert, TLSKey string
 }
 
-// BinDir finds PostgreSQL's server programs: $TAILER_PG_BINDIR, the
-// directory of initdb on PATH, or the newest /usr/lib/postgresql/*/bin.
+// BinDir finds PostgreSQL's server programs: $TAILER_PG_BINDIR; for
+// $TAILER_PG_VERSION (15, 16, 17 or 18) those scripts/pg-install.sh
+// installs (once); else the directory of initdb on PATH, or the newest
+// /usr/lib/postgresql/*/bin.
 func BinDir() (string, error) {
 	if d := os.Getenv("TAILER_PG_BINDIR"); d != "" {
 		return d, nil
+	}
+	if v := os.Getenv("TAILER_PG_VERSION"); v != "" {
+		return versionBinDir(v)
 	}
 	if p, err := exec.LookPath("initdb"); err == nil {
 		if real, err := filepath.EvalSymlinks(p); err == nil {
@@ -76,6 +82,35 @@ func BinDir() (string, error) {
 		}
 	}
 	return "", errors.New("PostgreSQL server programs not found: install postgresql (Debian) or set TAILER_PG_BINDIR")
+}
+
+var installed struct {
+	sync.Mutex
+	dirs map[string]string
+}
+
+// versionBinDir installs PostgreSQL version with scripts/pg-install.sh,
+// once per process, and returns its programs' directory.
+func versionBinDir(version string) (string, error) {
+	installed.Lock()
+	defer installed.Unlock()
+	if d, ok := installed.dirs[version]; ok {
+		return d, nil
+	}
+	_, file, _, _ := runtime.Caller(0)
+	script := filepath.Join(filepath.Dir(file), "..", "..", "scripts", "pg-install.sh")
+	var stderr strings.Builder
+	cmd := exec.Command("bash", script, version)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("TAILER_PG_VERSION=%s: scripts/pg-install.sh: %v: %s", version, err, stderr.String())
+	}
+	if installed.dirs == nil {
+		installed.dirs = map[string]string{}
+	}
+	installed.dirs[version] = strings.TrimSpace(string(out))
+	return installed.dirs[version], nil
 }
 
 // credential returns who the server must run as: nil unless we are root.
@@ -208,11 +243,69 @@ func (s *Server) Start() error {
 	return nil
 }
 
-// Copy takes a base backup of s with pg_basebackup and starts it as a
-// primary of its own on another port: the same system identifier and
-// timeline as s, as a restored copy of a database has. Like every base
-// backup, it holds no replication slots.
+// Copy takes a base backup of s and starts it as a primary of its own on
+// another port: the same system identifier and timeline as s, as a
+// restored copy of a database has. Like every base backup, it holds no
+// replication slots.
 func (s *Server) Copy() (*Server, error) {
+	c, err := s.backup(nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Start(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Standby makes a streaming standby of s from a base backup, on another
+// port, replicating through s's physical slot slot (which it creates), and
+// starts it. settings are added to s's (sync_replication_slots, say).
+func (s *Server) Standby(slot string, settings ...string) (*Server, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, s.URL("postgres"))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `SELECT pg_create_physical_replication_slot($1, true)`, slot); err != nil {
+		return nil, fmt.Errorf("physical slot for the standby: %w", err)
+	}
+	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres application_name=%s", s.Port, slot)
+	if s.Password != "" {
+		conninfo += " password=" + s.Password
+	}
+	c, err := s.backup(append([]string{"hot_standby=on", "hot_standby_feedback=on", "primary_slot_name=" + slot, "primary_conninfo='" + conninfo + "'"}, settings...))
+	if err != nil {
+		return nil, err
+	}
+	if err := c.writeFile("standby.signal", ""); err != nil {
+		return nil, err
+	}
+	if err := c.Start(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Promote ends a standby's recovery: it becomes a primary on the next
+// timeline.
+func (s *Server) Promote() error {
+	out, err := s.command("pg_ctl", "promote", "-w", "-t", "60", "-D", s.Dir).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("pg_ctl promote: %v: %s", err, out)
+	}
+	return nil
+}
+
+// backup makes a base backup of s with the low-level backup API (the
+// PostgreSQL builds from npm have no pg_basebackup) into a new server on
+// another port, not started: the data directory copied between
+// pg_backup_start and pg_backup_stop without slots, WAL or pid file, then
+// the WAL written until the stop, and the backup label. settings are added
+// to s's.
+func (s *Server) backup(settings []string) (*Server, error) {
 	dir, err := os.MkdirTemp("", "tailer-pg-copy-")
 	if err != nil {
 		return nil, err
@@ -227,13 +320,44 @@ func (s *Server) Copy() (*Server, error) {
 		return nil, err
 	}
 	c := &Server{Dir: filepath.Join(dir, "data"), Port: port, Password: s.Password, bin: s.bin, cred: s.cred, log: filepath.Join(dir, "postgres.log")}
-	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres", s.Port)
-	cmd := c.command("pg_basebackup", "-D", c.Dir, "-d", conninfo, "-X", "stream", "-c", "fast", "--no-sync")
-	if s.Password != "" {
-		cmd.Env = append(cmd.Env, "PGPASSWORD="+s.Password)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, s.URL("postgres"))
+	if err != nil {
+		return nil, err
 	}
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("pg_basebackup: %v: %s", err, out)
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `SELECT pg_backup_start('tailer test copy', true)`); err != nil {
+		return nil, fmt.Errorf("pg_backup_start: %w", err)
+	}
+	if out, err := exec.Command("cp", "-a", s.Dir, c.Dir).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("copy the data directory: %v: %s", err, out)
+	}
+	var label string
+	if err := conn.QueryRow(ctx, `SELECT labelfile FROM pg_backup_stop(false)`).Scan(&label); err != nil {
+		return nil, fmt.Errorf("pg_backup_stop: %w", err)
+	}
+	for _, sub := range []string{"pg_replslot", "pg_wal"} {
+		entries, _ := os.ReadDir(filepath.Join(c.Dir, sub))
+		for _, e := range entries {
+			if sub == "pg_wal" && e.Name() == "archive_status" {
+				continue
+			}
+			os.RemoveAll(filepath.Join(c.Dir, sub, e.Name()))
+		}
+	}
+	for _, f := range []string{"postmaster.pid", "postmaster.opts"} {
+		os.Remove(filepath.Join(c.Dir, f))
+	}
+	// The WAL up to the backup's end, copied after pg_backup_stop.
+	wal, _ := filepath.Glob(filepath.Join(s.Dir, "pg_wal", "0*"))
+	if len(wal) > 0 {
+		if out, err := exec.Command("cp", append(append([]string{"-a"}, wal...), filepath.Join(c.Dir, "pg_wal"))...).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("copy the WAL: %v: %s", err, out)
+		}
+	}
+	if err := c.writeFile("backup_label", label); err != nil {
+		return nil, err
 	}
 	for _, kv := range s.opts {
 		switch {
@@ -244,10 +368,21 @@ func (s *Server) Copy() (*Server, error) {
 		}
 		c.opts = append(c.opts, kv)
 	}
-	if err := c.Start(); err != nil {
-		return nil, err
-	}
+	c.opts = append(c.opts, settings...)
 	return c, nil
+}
+
+// writeFile writes name into the data directory, owned by the server's
+// user.
+func (s *Server) writeFile(name, content string) error {
+	path := filepath.Join(s.Dir, name)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		return err
+	}
+	if s.cred != nil {
+		return os.Chown(path, int(s.cred.Uid), int(s.cred.Gid))
+	}
+	return nil
 }
 
 // Stop stops the server with the given pg_ctl mode (smart, fast, immediate).

@@ -65,6 +65,8 @@ type Config struct {
 	Pprof bool
 	// AutoResync lets tailer run resync a lost or vanished slot by itself.
 	AutoResync bool
+	// SlotFailover is MAILROOM_SLOT_FAILOVER: auto, true or false.
+	SlotFailover string
 }
 
 // Var describes one setting.
@@ -345,6 +347,14 @@ var Vars = []Var{
 		}
 		c.Pprof = b
 		return nil
+	}},
+	{Env: "MAILROOM_SLOT_FAILOVER", Flag: "slot-failover", Default: replication.FailoverAuto, Usage: "make the slot a failover slot, kept in step on standbys with sync_replication_slots (PostgreSQL 17+): auto (on 17+), true (refused on 16 and older) or false", Shown: true, set: func(c *Config, v string) error {
+		switch v {
+		case replication.FailoverAuto, replication.FailoverOn, replication.FailoverOff:
+			c.SlotFailover = v
+			return nil
+		}
+		return invalid("must be auto, true or false")
 	}},
 	{Env: "MAILROOM_AUTO_RESYNC", Flag: "auto-resync", Default: "false", Usage: "when the slot is lost or gone, recreate it and publish the still-eligible tokens the stream lacks (tailer resync) instead of waiting for the operator", Shown: true, set: func(c *Config, v string) error {
 		b, err := strconv.ParseBool(v)

@@ -150,6 +150,7 @@ func ResyncOptions(cfg *config.Config, log *slog.Logger, by string) (resync.Opti
 		BatchLimit:  cfg.BatchLimit,
 		MaxInFlight: cfg.MaxInFlight,
 		By:          by,
+		Failover:    cfg.SlotFailover,
 		Log:         log,
 	}, nil
 }
@@ -214,6 +215,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		if cerr := startupConfigError(err); cerr != nil && !d.streamed() {
 			return cerr
+		}
+		// A setting the server cannot honour (MAILROOM_SLOT_FAILOVER=true
+		// before PostgreSQL 17) stays so.
+		var cfgErr *config.Error
+		if errors.As(err, &cfgErr) {
+			return err
 		}
 		// Retrying cannot make a stream of another database ours, nor
 		// change a stream's configuration. Only a tailer that holds the

@@ -66,7 +66,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	db := tailertest.NewDB(t, pgtest.Shared(t))
-	if _, err := replication.CreateSlot(ctx, db.Conn, "mailroom", "tailer migrate", false); err != nil {
+	if _, err := replication.CreateSlot(ctx, db.Conn, "mailroom", "tailer migrate", false, false); err != nil {
 		t.Fatal(err)
 	}
 	var srv *server.Server

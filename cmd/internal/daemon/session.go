@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/cmd/internal/config"
 	"maps"
 
 	"github.com/jackc/pglogrepl"
@@ -44,14 +45,32 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		return pgErr(fmt.Errorf("identify system: %w", err))
 	}
 	origin := publish.Origin{SystemID: ident.SystemID, Timeline: ident.Timeline, Database: ident.DBName}
+	major, err := replication.ServerMajor(ctx, q)
+	if err != nil {
+		return pgErr(err)
+	}
+	failover, err := replication.WantFailover(cfg.SlotFailover, major)
+	if err != nil {
+		return &config.Error{Var: "MAILROOM_SLOT_FAILOVER", Err: err}
+	}
 	dest := publish.Destination{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction, Origin: origin}
 
 	if err := d.checkReadable(ctx, q); err != nil {
 		return d.block(ctx, q, lease, nc, err)
 	}
-	rec, slot, err := d.prepareSlot(ctx, q, nc, dest)
+	rec, slot, err := d.prepareSlot(ctx, q, nc, dest, failover)
 	if err != nil {
 		return d.block(ctx, q, lease, nc, err)
+	}
+	// With the lease held and nothing streaming yet, the slot is made what
+	// MAILROOM_SLOT_FAILOVER asks (a slot from before the upgrade to 17, or
+	// made by hand). A synced copy on a standby is the primary's to change.
+	if major >= replication.FailoverMinVersion && slot.Failover != failover && !slot.Synced && (failover || cfg.SlotFailover == replication.FailoverOff) {
+		if err := replication.SetFailover(ctx, rc, cfg.Slot, failover); err != nil {
+			return pgErr(err)
+		}
+		slot.Failover = failover
+		d.log.Info("slot failover changed", "slot", cfg.Slot, "failover", failover)
 	}
 	receiver, err := replication.Start(ctx, rc, replication.Options{
 		Slot: cfg.Slot, Publication: cfg.Publication, ProtoVersion: cfg.ProtoVersion, Binary: cfg.Binary,
@@ -235,7 +254,7 @@ func (d *Daemon) block(ctx context.Context, q *pgx.Conn, lease *replication.Leas
 // prepareSlot reads the slot and its record, with the lease held, and
 // makes the slot when this is a first start (no record, an empty stream).
 // Its errors say why the slot must not be streamed from yet.
-func (d *Daemon) prepareSlot(ctx context.Context, q *pgx.Conn, nc *nats.Conn, dest publish.Destination) (replication.Record, replication.SlotInfo, error) {
+func (d *Daemon) prepareSlot(ctx context.Context, q *pgx.Conn, nc *nats.Conn, dest publish.Destination, failover bool) (replication.Record, replication.SlotInfo, error) {
 	cfg := d.cfg
 	rec, err := replication.LoadRecord(ctx, q, cfg.Slot)
 	if errors.Is(err, replication.ErrNoRecordTable) {
@@ -279,7 +298,7 @@ func (d *Daemon) prepareSlot(ctx context.Context, q *pgx.Conn, nc *nats.Conn, de
 		return rec, slot, &blockedError{reason: blockedResync, resync: true, msg: fmt.Sprintf("slot %s does not exist, but stream %s holds batches (last seq %d) of a slot this database has no record of: it was dropped, or this database is a copy. "+
 			"The tailer will not recreate it by itself. "+resyncAdvice, cfg.Slot, cfg.Stream, pub.LastSeq())}
 	}
-	if rec, err = replication.CreateSlot(ctx, q, cfg.Slot, "tailer run", true); err != nil {
+	if rec, err = replication.CreateSlot(ctx, q, cfg.Slot, "tailer run", true, failover); err != nil {
 		return rec, slot, pgErr(err)
 	}
 	d.log.Warn("created replication slot: tokens committed before now were not captured (run `tailer migrate` to create it together with the schema)", "slot", cfg.Slot, "incarnation", rec.Incarnation)
