@@ -428,9 +428,9 @@ func parseFailure(err error) string {
 	case errors.Is(err, fs.ErrNotExist), errors.Is(err, fs.ErrPermission):
 		return "a file it names (sslrootcert, sslcert, sslkey, passfile) cannot be read"
 	case strings.Contains(err.Error(), "invalid port"):
-		return "its port is not a number; in a URL, a '/', '?', '#' or '@' in the password ends it early: percent-encode them"
+		return "its port is not a number; in a URL, a '/', '?', '#' or '@' in the password ends it early: percent-encode them, or give the password in MAILROOM_DATABASE_PASSWORD"
 	case errors.As(err, &urlErr):
-		return "not a valid URL: percent-encode the user name and password"
+		return "not a valid URL: percent-encode the user name and password, or give the password in MAILROOM_DATABASE_PASSWORD"
 	case strings.Contains(err.Error(), "sslmode"):
 		return "sslmode is not one of disable, allow, prefer, require, verify-ca, verify-full"
 	}
