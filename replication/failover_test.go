@@ -3,9 +3,12 @@ package replication
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/mailroom/tailer/testutil/pgtest"
 	"github.com/mailroom/tailer/testutil/tailertest"
@@ -82,6 +85,23 @@ func TestFailoverSlots(t *testing.T) {
 		}
 		if s, _ := Slot(ctx, db.Conn, "fo_made"); s.Failover != on {
 			t.Fatalf("after SetFailover(%v): failover %v", on, s.Failover)
+		}
+	}
+}
+
+func TestIsPublicationGone(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{&pgconn.PgError{Code: "42704", Message: `publication "mailroom" does not exist`}, true},
+		{&pgconn.PgError{Code: "55000", Message: `skipped loading publication "mailroom"`}, true},
+		{&pgconn.PgError{Code: "42704", Message: `relation "tokens" does not exist`}, false},
+		{&pgconn.PgError{Code: "55000", Message: `replication slot "mailroom" is active for PID 7`}, false},
+		{errors.New("publication"), false},
+	} {
+		if got := IsPublicationGone(fmt.Errorf("replication stream: %w", tc.err)); got != tc.want {
+			t.Errorf("IsPublicationGone(%v) = %v", tc.err, got)
 		}
 	}
 }

@@ -59,9 +59,20 @@ func CheckPublication(ctx context.Context, q Querier, publication string) error 
 }
 
 // IsPublicationGone reports whether err is the walsender failing to find
-// the publication while decoding (SQLSTATE 42704): it was dropped, and
-// perhaps made again since.
+// the publication while decoding: it was dropped, and perhaps made again
+// since. PostgreSQL 15-17 end the stream with an error (SQLSTATE 42704);
+// 18 warns (55000, "skipped loading publication") and leaves the change
+// out, which the receiver turns into the same stop.
 func IsPublicationGone(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "42704" && strings.Contains(pgErr.Message, "publication")
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "42704": // 15-17: an error that ends the stream
+		return strings.Contains(pgErr.Message, "publication")
+	case "55000": // 18: a warning, and the change left out
+		return strings.HasPrefix(pgErr.Message, "skipped loading publication")
+	}
+	return false
 }

@@ -476,6 +476,15 @@ func (r *Receiver) Run(ctx context.Context, h Handler) error {
 			}
 		case *pgproto3.ErrorResponse:
 			return fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.NoticeResponse:
+			// PostgreSQL 18 decodes on past a publication that did not exist
+			// at a change's point in the WAL, warning "skipped loading
+			// publication" and leaving the change out, where 15-17 stop with
+			// an error. The change may be a token: stop as they do, before
+			// the transaction's commit is confirmed.
+			if notice := pgconn.ErrorResponseToPgError((*pgproto3.ErrorResponse)(m)); IsPublicationGone(notice) {
+				return fmt.Errorf("replication stream: %w", notice)
+			}
 		case *pgproto3.CopyDone:
 			return errors.New("replication stream: server ended the stream")
 		}
