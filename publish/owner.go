@@ -20,6 +20,9 @@ type Origin struct {
 	SystemID string
 	Timeline int32
 	Database string
+	// History is where each earlier timeline of this server ended
+	// (replication.TimelineBranches); not part of the header.
+	History map[int32]pglogrepl.LSN
 }
 
 // String formats o as system/timeline/database, the header's value.
@@ -27,26 +30,28 @@ func (o Origin) String() string {
 	return o.SystemID + "/" + strconv.Itoa(int(o.Timeline)) + "/" + o.Database
 }
 
-// continues reports whether o's WAL continues that of the origin stored (a
-// header's value): the same system and database, on the same timeline or a
-// later one.
-func (o Origin) continues(stored string) bool {
+// continues reports whether a batch published from the origin stored (a
+// header's value) at position pos is in o's WAL: the same system and
+// database, and the same timeline, or an earlier one of o's history that
+// pos does not pass the end of. past says pos was past that end: the batch
+// was published from WAL this server does not have.
+func (o Origin) continues(stored string, pos pglogrepl.LSN) (ok, past bool) {
 	if stored == o.String() {
-		return true
+		return true, false
 	}
-	var sys, db string
-	var tl int32
 	parts := strings.SplitN(stored, "/", 3)
-	if len(parts) != 3 {
-		return false
+	if len(parts) != 3 || parts[0] != o.SystemID || parts[2] != o.Database {
+		return false, false
 	}
-	sys, db = parts[0], parts[2]
-	n, err := strconv.ParseInt(parts[1], 10, 32)
-	if err != nil {
-		return false
+	tl, err := strconv.ParseInt(parts[1], 10, 32)
+	if err != nil || int32(tl) >= o.Timeline {
+		return false, false
 	}
-	tl = int32(n)
-	return sys == o.SystemID && db == o.Database && tl <= o.Timeline
+	end, known := o.History[int32(tl)]
+	if !known {
+		return false, false
+	}
+	return pos <= end, pos > end
 }
 
 // Owner is the slot incarnation a publisher continues the stream for.
@@ -86,7 +91,15 @@ func (p *Publisher) CheckOrigin(here Origin) error {
 }
 
 func (p *Publisher) checkOrigin(m stored, here Origin) error {
-	if m.origin != "" && !here.continues(m.origin) {
+	if m.origin == "" {
+		return nil
+	}
+	ok, past := here.continues(m.origin, m.pos.Commit)
+	if past {
+		return &ErrForeignStream{Stream: p.name, Reason: "published past the point where this server's timeline branched from theirs (a failover or restore that lost WAL the stream's batches came from)",
+			Stored: "origin " + m.origin + ", position " + m.pos.String() + " at seq " + strconv.FormatUint(m.seq, 10), Here: "origin " + here.String() + ", timeline history " + fmt.Sprint(here.History)}
+	}
+	if !ok {
 		return &ErrForeignStream{Stream: p.name, Reason: "published from another database",
 			Stored: "origin " + m.origin + " at seq " + strconv.FormatUint(m.seq, 10), Here: "origin " + here.String()}
 	}

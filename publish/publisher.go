@@ -174,7 +174,7 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Destination) (*Publish
 	}
 	p := &Publisher{js: js, stream: stream, name: cfg.Name, subjects: subjects,
 		laneLast: make([]stored, len(subjects)), lastPos: make([]decoder.Position, len(subjects))}
-	if cfg.Origin != (Origin{}) {
+	if cfg.Origin.SystemID != "" {
 		p.origin = cfg.Origin.String()
 	}
 	if err := p.readLast(ctx); err != nil {

@@ -3,7 +3,10 @@ package replication
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -62,4 +65,46 @@ func SetFailover(ctx context.Context, conn *pgconn.PgConn, slot string, on bool)
 		return fmt.Errorf("alter slot %s (failover %t): %w", slot, on, err)
 	}
 	return nil
+}
+
+// TimelineBranches reads the history of timeline (TIMELINE_HISTORY) on the
+// replication connection conn: for each earlier timeline of this server,
+// the WAL position where it ended and its successor began. A position of
+// an earlier timeline up to its end is the same WAL here; one past it was
+// written on a branch this server does not have.
+func TimelineBranches(ctx context.Context, conn *pgconn.PgConn, timeline int32) (map[int32]pglogrepl.LSN, error) {
+	if timeline <= 1 {
+		return nil, nil
+	}
+	h, err := pglogrepl.TimelineHistory(ctx, conn, timeline)
+	if err != nil {
+		return nil, fmt.Errorf("timeline history of %d: %w", timeline, err)
+	}
+	return ParseTimelineHistory(string(h.Content))
+}
+
+// ParseTimelineHistory parses a timeline history file: one line per
+// earlier timeline, "parent<TAB>switchpoint<TAB>reason", comments with #.
+func ParseTimelineHistory(content string) (map[int32]pglogrepl.LSN, error) {
+	branches := map[int32]pglogrepl.LSN{}
+	for _, line := range strings.Split(content, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fields := strings.Fields(line)
+		if len(fields) < 2 {
+			return nil, fmt.Errorf("timeline history: line %q", line)
+		}
+		tl, err := strconv.ParseInt(fields[0], 10, 32)
+		if err != nil || tl < 1 {
+			return nil, fmt.Errorf("timeline history: timeline in %q", line)
+		}
+		lsn, err := pglogrepl.ParseLSN(fields[1])
+		if err != nil {
+			return nil, fmt.Errorf("timeline history: position in %q: %w", line, err)
+		}
+		branches[int32(tl)] = lsn
+	}
+	return branches, nil
 }

@@ -105,3 +105,34 @@ func TestIsPublicationGone(t *testing.T) {
 		}
 	}
 }
+
+func TestParseTimelineHistory(t *testing.T) {
+	got, err := ParseTimelineHistory("1\t0/3000158\tno recovery target specified\n\n# comment\n2\t0/5000000\tat restore point \"x\"\n")
+	if err != nil || len(got) != 2 || got[1] != 0x3000158 || got[2] != 0x5000000 {
+		t.Fatalf("got %v, %v", got, err)
+	}
+	for _, bad := range []string{"x\t0/1\treason", "1\tnot-an-lsn", "1", "0\t0/1\tr"} {
+		if _, err := ParseTimelineHistory(bad); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}
+
+// FuzzParseTimelineHistory: no input panics, and what parses is a
+// timeline above 0 for every entry.
+func FuzzParseTimelineHistory(f *testing.F) {
+	for _, s := range []string{"1\t0/3000158\tno recovery target specified\n", "# only a comment", "", "2\tFF/FFFFFFFF\tx\n1\t0/0\ty"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got, err := ParseTimelineHistory(s)
+		if err != nil {
+			return
+		}
+		for tl := range got {
+			if tl < 1 {
+				t.Fatalf("timeline %d from %q", tl, s)
+			}
+		}
+	})
+}

@@ -13,15 +13,17 @@ import (
 	"github.com/mailroom/tailer/testutil/pgtest"
 )
 
-// A primary failover on PostgreSQL 17+, as a failover manager does it: the
-// slot is a failover slot (tailer run makes the one migrate made so),
-// synchronized to a streaming standby that the primary waits for
-// (synchronized_standby_slots); the primary dies under writes and the
-// standby is promoted. The same tailer process, given both hosts with
-// target_session_attrs=read-write, goes on from the promoted standby on
-// its next timeline: every token once, none published that the failover
-// lost.
-func TestFailoverSlotSurvivesPromotion(t *testing.T) {
+// failover is a primary with a streaming standby that the primary waits
+// for (synchronized_standby_slots), a cluster on the primary, and the URL
+// of both hosts that follows whichever is primary.
+type failover struct {
+	*cluster
+	primary, standby *pgtest.Server
+	dbName, both     string
+}
+
+func newFailover(t *testing.T) *failover {
+	t.Helper()
 	primary, err := pgtest.Start(pgtest.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -41,25 +43,120 @@ func TestFailoverSlotSurvivesPromotion(t *testing.T) {
 	t.Cleanup(func() { standby.Close() })
 	c.Exec(`ALTER SYSTEM SET synchronized_standby_slots = 'standby1'`)
 	c.Exec(`SELECT pg_reload_conf()`)
+	f := &failover{cluster: c, primary: primary, standby: standby}
+	f.dbName = c.URL[strings.LastIndex(c.URL, "/")+1 : strings.Index(c.URL, "?")]
+	f.both = fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/%s?sslmode=disable&target_session_attrs=read-write", primary.Port, standby.Port, f.dbName)
+	return f
+}
 
-	dbName := c.URL[strings.LastIndex(c.URL, "/")+1 : strings.Index(c.URL, "?")]
-	both := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/%s?sslmode=disable&target_session_attrs=read-write", primary.Port, standby.Port, dbName)
-	p := c.tailer("MAILROOM_DATABASE_URL="+both, "MAILROOM_REPLICATION_TIMEOUT=5000")
+// writeThrough inserts accounts through the URL of both hosts until stop
+// is closed, going on after the primary dies once the standby is
+// promoted; it returns how many inserts committed.
+func (f *failover) writeThrough(stop <-chan struct{}) <-chan int {
+	done := make(chan int, 1)
+	go func() {
+		n := 0
+		defer func() { done <- n }()
+		var wc *pgx.Conn
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				if wc != nil {
+					wc.Close(context.Background())
+				}
+				return
+			default:
+			}
+			if wc == nil {
+				ctx, cancel := context.WithTimeout(f.ctx, 2*time.Second)
+				c, err := pgx.Connect(ctx, f.both)
+				cancel()
+				if err != nil {
+					time.Sleep(50 * time.Millisecond)
+					continue
+				}
+				wc = c
+			}
+			if _, err := wc.Exec(f.ctx, fmt.Sprintf(`INSERT INTO accounts (email, login) SELECT 'w%d_' || g || '@x', 'w%d_' || g FROM generate_series(1, 5) g`, i, i)); err != nil {
+				wc.Close(context.Background())
+				wc = nil
+				continue
+			}
+			n += 5
+		}
+	}()
+	return done
+}
+
+// failOver kills the primary (immediate stop, as a SIGKILL of its
+// postmaster) under writes and promotes the standby; the test's own
+// statements then go to the new primary.
+func (f *failover) failOver(t *testing.T, stop chan struct{}, written <-chan int) *pgx.Conn {
+	t.Helper()
+	time.Sleep(300 * time.Millisecond)
+	if err := f.primary.Stop("immediate"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.standby.Promote(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	close(stop)
+	t.Logf("%d tokens written through both hosts", <-written)
+	conn, err := pgx.Connect(f.ctx, f.standby.URL(f.dbName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	f.Conn, f.URL = conn, f.standby.URL(f.dbName)
+	return conn
+}
+
+// noneLost checks that every token on the stream is one the new primary
+// holds: none was published that the failover lost.
+func (f *failover) noneLost(t *testing.T) {
+	t.Helper()
+	rows, _ := f.Conn.Query(f.ctx, `SELECT id FROM tokens`)
+	have, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	exists := map[int64]bool{}
+	for _, id := range have {
+		exists[id] = true
+	}
+	for id := range f.tokenCounts() {
+		if !exists[id] {
+			t.Errorf("token %d was published but the promoted standby never had it: the primary sent logical changes the standby lacked", id)
+		}
+	}
+}
+
+// A primary failover on PostgreSQL 17+, as a failover manager does it: the
+// slot is a failover slot (tailer run makes the one migrate made so),
+// synchronized to the standby; the primary dies under writes and the
+// standby is promoted. The same tailer process, given both hosts with
+// target_session_attrs=read-write, goes on from the promoted standby on
+// its next timeline: every token the new primary holds once, none it
+// lacks.
+func TestFailoverSlotSurvivesPromotion(t *testing.T) {
+	f := newFailover(t)
+	p := f.tailer("MAILROOM_DATABASE_URL="+f.both, "MAILROOM_REPLICATION_TIMEOUT=5000")
 	p.waitLog("msg=streaming", 1, 30*time.Second)
 	p.waitLog("slot failover changed", 1, 10*time.Second)
-	c.Exec(`INSERT INTO accounts (email, login) SELECT 'fo' || g || '@x', 'fo' || g FROM generate_series(1, 30) g`)
-	if n := c.expectExactlyOnce(30 * time.Second); n != 30 {
+	f.Exec(`INSERT INTO accounts (email, login) SELECT 'fo' || g || '@x', 'fo' || g FROM generate_series(1, 30) g`)
+	if n := f.expectExactlyOnce(30 * time.Second); n != 30 {
 		t.Fatalf("%d tokens before the failover", n)
 	}
 
 	// The standby has the slot, synced, at or past what was confirmed.
-	ctx := c.ctx
-	sconn, err := pgx.Connect(ctx, standby.URL(dbName))
+	ctx := f.ctx
+	sconn, err := pgx.Connect(ctx, f.standby.URL(f.dbName))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { sconn.Close(context.Background()) }()
-	confirmed := c.ConfirmedLSN("mailroom")
+	defer sconn.Close(context.Background())
+	confirmed := f.ConfirmedLSN("mailroom")
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		var synced bool
@@ -76,69 +173,62 @@ func TestFailoverSlotSurvivesPromotion(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	rep, code := c.status(1 << 40)
+	rep, code := f.status(1 << 40)
 	if code != 0 || !rep.Failover || rep.Synced {
 		t.Fatalf("status on the primary: exit %d, %+v", code, rep)
 	}
-	primaryURL := c.URL
-	c.URL = standby.URL(dbName)
-	rep, _ = c.status(1 << 40)
+	primaryURL := f.URL
+	f.URL = f.standby.URL(f.dbName)
+	rep, _ = f.status(1 << 40)
 	if !rep.Failover || !rep.Synced || rep.Incarnation == "" {
 		t.Fatalf("status on the standby: %+v", rep)
 	}
-	c.URL = primaryURL
+	f.URL = primaryURL
 
-	// Writes go on while the primary dies; those it had not sent to the
-	// standby are lost with it, and must not have been published.
-	writes := make(chan int)
-	go func() {
-		n := 0
-		defer func() { writes <- n }()
-		wc, err := pgx.Connect(ctx, c.URL)
-		if err != nil {
-			return
-		}
-		defer wc.Close(context.Background())
-		for i := 0; ; i++ {
-			if _, err := wc.Exec(ctx, fmt.Sprintf(`INSERT INTO accounts (email, login) SELECT 'w%d_' || g || '@x', 'w%d_' || g FROM generate_series(1, 5) g`, i, i)); err != nil {
-				return
-			}
-			n += 5
-		}
-	}()
-	time.Sleep(300 * time.Millisecond)
-	if err := primary.Stop("immediate"); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("%d tokens written before the primary died", <-writes)
-	if err := standby.Promote(); err != nil {
-		t.Fatal(err)
-	}
-	c.Conn, c.URL = sconn, standby.URL(dbName)
-	c.Exec(`INSERT INTO accounts (email, login) SELECT 'after' || g || '@x', 'after' || g FROM generate_series(1, 20) g`)
-	n := c.expectExactlyOnce(90 * time.Second)
-	var have []int64
-	rows, _ := sconn.Query(ctx, `SELECT id FROM tokens`)
-	if have, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
-		t.Fatal(err)
-	}
-	exists := map[int64]bool{}
-	for _, id := range have {
-		exists[id] = true
-	}
-	for id := range c.tokenCounts() {
-		if !exists[id] {
-			t.Errorf("token %d was published but the promoted standby never had it: the primary sent logical changes the standby lacked", id)
-		}
-	}
-	if strings.Contains(p.out.String(), "another database") || strings.Contains(p.out.String(), "level=ERROR msg=fatal") {
+	stop := make(chan struct{})
+	f.failOver(t, stop, f.writeThrough(stop))
+	n := f.expectExactlyOnce(90 * time.Second)
+	f.noneLost(t)
+	if strings.Contains(p.out.String(), "holds batches") || strings.Contains(p.out.String(), "level=ERROR msg=fatal") {
 		t.Fatalf("the tailer refused the promoted standby:\n%s", p.out.String())
 	}
-	rep, code = c.status(1 << 40)
+	rep, code = f.status(1 << 40)
 	if code != 0 || !rep.Active || !rep.Failover {
 		t.Fatalf("status on the promoted standby: exit %d, %+v", code, rep)
 	}
 	t.Logf("%d tokens exactly once across the failover", n)
+}
+
+// The same failover with MAILROOM_SLOT_FAILOVER=false, as on PostgreSQL 16
+// and older: the promoted standby has no slot, the tailer refuses to make
+// one (the tokens since its last confirmation are in no slot) and names
+// tailer resync, which then publishes every token once.
+func TestFailoverWithoutFailoverSlot(t *testing.T) {
+	f := newFailover(t)
+	p := f.watchedTailer("MAILROOM_DATABASE_URL="+f.both, "MAILROOM_REPLICATION_TIMEOUT=5000", "MAILROOM_SLOT_FAILOVER=false")
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	f.Exec(`INSERT INTO accounts (email, login) SELECT 'fo' || g || '@x', 'fo' || g FROM generate_series(1, 30) g`)
+	f.expectExactlyOnce(30 * time.Second)
+	stop := make(chan struct{})
+	f.failOver(t, stop, f.writeThrough(stop))
+	// tailer status has no slot to show; /readyz and the log say why.
+	want := "does not exist, but this database recorded it"
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		code, body := httpGet(p.base + "/readyz")
+		if code == 503 && strings.Contains(body, want) && strings.Contains(body, "tailer resync") && strings.Contains(p.out.String(), want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not blocked naming %q: /readyz %d %s\n%s", want, code, body, p.out.String())
+		}
+	}
+	r := f.command([]string{"resync"}, "MAILROOM_DATABASE_URL="+f.both)
+	if code := r.exit(60 * time.Second); code != exitOK {
+		t.Fatalf("resync: exit %d:\n%s", code, r.out.String())
+	}
+	f.Exec(`INSERT INTO accounts (email, login) SELECT 'after' || g || '@x', 'after' || g FROM generate_series(1, 10) g`)
+	t.Logf("%d tokens exactly once after the resync", f.expectExactlyOnce(60*time.Second))
+	f.noneLost(t)
 }
 
 // MAILROOM_SLOT_FAILOVER=true where the server has no failover slots is a

@@ -166,6 +166,12 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 	if err != nil {
 		return rep, fmt.Errorf("identify system: %w", err)
 	}
+	// Before the slot: its exported snapshot lasts only while the
+	// connection runs no other command.
+	history, err := replication.TimelineBranches(ctx, rc, ident.Timeline)
+	if err != nil {
+		return rep, err
+	}
 	snap, err := replication.CreateSlotWithSnapshot(ctx, rc, opts.Slot, failover)
 	if err != nil {
 		return rep, err
@@ -193,7 +199,7 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 	rc.Close(context.Background())
 
 	dest := opts.Destination
-	dest.Origin = publish.Origin{SystemID: ident.SystemID, Timeline: ident.Timeline, Database: ident.DBName}
+	dest.Origin = publish.Origin{SystemID: ident.SystemID, Timeline: ident.Timeline, Database: ident.DBName, History: history}
 	pub, err := publish.NewPublisher(ctx, nc, dest)
 	if err != nil {
 		return rep, err

@@ -44,7 +44,11 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	if err != nil {
 		return pgErr(fmt.Errorf("identify system: %w", err))
 	}
-	origin := publish.Origin{SystemID: ident.SystemID, Timeline: ident.Timeline, Database: ident.DBName}
+	history, err := replication.TimelineBranches(ctx, rc, ident.Timeline)
+	if err != nil {
+		return pgErr(err)
+	}
+	origin := publish.Origin{SystemID: ident.SystemID, Timeline: ident.Timeline, Database: ident.DBName, History: history}
 	major, err := replication.ServerMajor(ctx, q)
 	if err != nil {
 		return pgErr(err)
