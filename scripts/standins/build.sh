@@ -2,8 +2,9 @@
 # Builds local stand-ins for the images infra/docker-compose.yml names, for
 # a Docker engine that reaches no image registry (as on the project's CI
 # machines): a Debian rootfs from debootstrap, Debian's PostgreSQL 15,
-# Prometheus and Alertmanager, and nats-server and postgres_exporter built
-# from the Go module proxy at the versions the compose file pins. Each is
+# Prometheus and Alertmanager, nats-server from this module's dependency,
+# and postgres_exporter from the Go module proxy at the version the compose
+# file pins. Each is
 # tagged with the name the compose file uses, so the stack runs unchanged;
 # an image already present is left alone. Grafana has no stand-in.
 #
@@ -48,19 +49,12 @@ CMD ["postgres"]
 DOCKERFILE
 fi
 
-# Go binaries from the module proxy, built once into the cache.
-gobuild() { # module@version, package, output
-  [ -x "$cache/$3" ] && return
-  local dir
-  dir=$(cd "$tmp" && { [ -f go.mod ] || go mod init standins >/dev/null 2>&1; } && go mod download -json "$1" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
-  (cd "$dir" && CGO_ENABLED=0 go build -trimpath -o "$cache/$3" "$2")
-}
-
 nats_version=$(sed -n 's/^\s*image: nats:\([0-9.]*\)-alpine$/\1/p' infra/docker-compose.yml | head -1)
 if ! have "nats:$nats_version-alpine"; then
-  gobuild "github.com/nats-io/nats-server/v2@v$nats_version" . "nats-server-$nats_version"
+  # The server the tests embed: the module's own dependency, at the
+  # version TestComposeFile holds the image to.
   newctx
-  cp "$cache/nats-server-$nats_version" "$ctx/nats-server"
+  CGO_ENABLED=0 go build -trimpath -o "$ctx/nats-server" github.com/nats-io/nats-server/v2
   build "nats:$nats_version-alpine" <<'DOCKERFILE'
 FROM standin/debian:bookworm
 COPY nats-server /usr/local/bin/nats-server

@@ -330,24 +330,15 @@ func (s *Server) backup(settings []string) (*Server, error) {
 	if _, err := conn.Exec(ctx, `SELECT pg_backup_start('tailer test copy', true)`); err != nil {
 		return nil, fmt.Errorf("pg_backup_start: %w", err)
 	}
-	if out, err := exec.Command("cp", "-a", s.Dir, c.Dir).CombinedOutput(); err != nil {
+	// Everything but the WAL (copied after the stop), the slots and the
+	// running server's files; tar keeps owners and modes.
+	copyDir := fmt.Sprintf("mkdir -p %[2]q && tar -C %[1]q --exclude=./pg_wal/0* --exclude=./pg_replslot/* --exclude=./postmaster.pid --exclude=./postmaster.opts -cf - . | tar -C %[2]q -xpf -", s.Dir, c.Dir)
+	if out, err := exec.Command("sh", "-c", copyDir).CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("copy the data directory: %v: %s", err, out)
 	}
 	var label string
 	if err := conn.QueryRow(ctx, `SELECT labelfile FROM pg_backup_stop(false)`).Scan(&label); err != nil {
 		return nil, fmt.Errorf("pg_backup_stop: %w", err)
-	}
-	for _, sub := range []string{"pg_replslot", "pg_wal"} {
-		entries, _ := os.ReadDir(filepath.Join(c.Dir, sub))
-		for _, e := range entries {
-			if sub == "pg_wal" && e.Name() == "archive_status" {
-				continue
-			}
-			os.RemoveAll(filepath.Join(c.Dir, sub, e.Name()))
-		}
-	}
-	for _, f := range []string{"postmaster.pid", "postmaster.opts"} {
-		os.Remove(filepath.Join(c.Dir, f))
 	}
 	// The WAL up to the backup's end, copied after pg_backup_stop.
 	wal, _ := filepath.Glob(filepath.Join(s.Dir, "pg_wal", "0*"))
