@@ -2,6 +2,7 @@ package publish
 
 import (
 	"errors"
+	"math"
 	"strconv"
 	"unicode/utf8"
 
@@ -19,13 +20,24 @@ func BatchID(first, last decoder.Position) string {
 	return string(last.AppendText(b))
 }
 
-// Encoder builds batch bodies. It is not safe for concurrent use.
+// Encoder builds message bodies: one batch, or several consecutive batches
+// of one lane, each a line of its own (Begin, Add, Finish). It is not safe
+// for concurrent use.
 type Encoder struct {
-	signer  *Signer
-	format  wire.Format
-	ids     []byte
-	keys    []byte
-	entries []byte
+	signer *Signer
+	format wire.Format
+	// The message being built: out is the body (json: the token entries,
+	// wrapped by Finish), base where it started in the caller's buffer.
+	out, dst []byte
+	entries  []byte
+	base     int
+	budget   int
+	limited  bool
+	n        int
+	ids      []byte
+	keys     []byte
+	sizes    []byte
+	lines    int
 }
 
 // NewEncoder returns an Encoder signing with signer.
@@ -33,86 +45,122 @@ func NewEncoder(signer *Signer, format wire.Format) *Encoder {
 	return &Encoder{signer: signer, format: format}
 }
 
-// Encoded is one message's worth of a batch.
+// Encoded is one message.
 type Encoded struct {
 	Body []byte
-	// IDs and Keys are the comma-joined ids and keys of the tokens in Body.
-	IDs, Keys string
-	// N is the number of tokens in Body; Covered the number of tokens of
-	// the batch the message stands for, skipped ones included.
-	N, Covered int
+	// IDs and Keys are the comma-joined ids and keys of the tokens in Body,
+	// Sizes the comma-joined number of tokens of each of its batches.
+	IDs, Keys, Sizes string
+	// N is the number of tokens in Body, Batches the number of its batches
+	// (lines).
+	N, Batches int
 }
 
 // Bytes a message needs besides its tokens: the other headers and the json
 // envelope.
 const messageOverhead = 1024
 
-// Encode appends to dst the body for the tokens whose row says Publish,
-// starting at tokens[0], until the body and its per-token headers would
-// exceed maxBytes (0: no limit); at least one token is always taken. A token
-// that cannot be signed is marked SkipMalformed in rows, and in the line
-// format one whose email or login is not wire.LineSafe is marked
-// SkipUnsafeField. id is the message's id, which the json body repeats; it
-// is called with the positions the message covers once they are known.
-func (e *Encoder) Encode(dst []byte, id func(covered int) string, tokens []decoder.Token, rows []join.TokenState, maxBytes int) Encoded {
-	e.ids, e.keys, e.entries = e.ids[:0], e.keys[:0], e.entries[:0]
-	// Line bodies are the entries themselves; json ones get an envelope
-	// that names the message, so their entries are built apart.
-	out := dst
+// headerBudget is what the per-token headers (ids, keys) and the batch
+// sizes may take: JetStream refuses a message whose headers exceed 64 KiB
+// (error 10097) whatever max_payload allows, so a message holds at most
+// some 2,700 tokens.
+const headerBudget = math.MaxUint16 - messageOverhead
+
+// Begin starts a message whose body is appended to dst[:0] and which, body
+// and headers, stays within maxBytes (0: no limit), its headers within
+// JetStream's 64 KiB.
+func (e *Encoder) Begin(dst []byte, maxBytes int) {
+	e.dst, e.n, e.lines = dst[:0], 0, 0
+	e.ids, e.keys, e.sizes = e.ids[:0], e.keys[:0], e.sizes[:0]
+	e.out = e.dst
 	if e.format == wire.FormatJSON {
-		out = e.entries
+		// Json entries are built apart: Finish wraps them in the envelope
+		// that names the message.
+		e.out = e.entries[:0]
 	}
-	base := len(out)
-	budget := maxBytes - messageOverhead
-	var enc Encoded
+	e.base = len(e.out)
+	e.budget, e.limited = maxBytes-messageOverhead, maxBytes > 0
+}
+
+// Add puts the tokens whose row says Publish, starting at tokens[0], into
+// the message as one batch, until the message would exceed its size; a
+// message's first token always goes in. It returns how many of tokens the
+// message covers, skipped ones included: fewer than len(tokens) when the
+// message is full. A token that cannot be signed is marked SkipMalformed in
+// rows, and in the line format one whose email or login is not
+// wire.LineSafe is marked SkipUnsafeField.
+func (e *Encoder) Add(tokens []decoder.Token, rows []join.TokenState) (covered int) {
+	line := 0
 	for i := range tokens {
 		r := &rows[i]
 		if r.Skip != join.Publish {
-			enc.Covered = i + 1
+			covered = i + 1
 			continue
 		}
 		t := &tokens[i]
-		start, idsLen, keysLen := len(out), len(e.ids), len(e.keys)
-		if enc.N > 0 {
-			out = append(out, ',')
+		start, idsLen, keysLen, sizesLen := len(e.out), len(e.ids), len(e.keys), len(e.sizes)
+		if e.n > 0 {
+			sep := byte(',')
+			if line == 0 && e.format == wire.FormatLine {
+				sep = '\n'
+			}
+			e.out = append(e.out, sep)
 			e.ids = append(e.ids, ',')
 			e.keys = append(e.keys, ',')
 		}
+		if line == 0 && e.lines > 0 {
+			e.sizes = append(e.sizes, ',')
+		}
 		var err error
 		if e.format == wire.FormatJSON {
-			out, err = e.appendJSON(out, t, r)
+			e.out, err = e.appendJSON(e.out, t, r)
 		} else {
-			out, err = e.appendLine(out, t, r)
+			e.out, err = e.appendLine(e.out, t, r)
 		}
 		if err != nil {
-			out, e.ids, e.keys = out[:start], e.ids[:idsLen], e.keys[:keysLen]
+			e.out, e.ids, e.keys, e.sizes = e.out[:start], e.ids[:idsLen], e.keys[:keysLen], e.sizes[:sizesLen]
 			r.Skip = join.SkipMalformed
 			if errors.Is(err, errUnsafeField) {
 				r.Skip = join.SkipUnsafeField
 			}
-			enc.Covered = i + 1
+			covered = i + 1
 			continue
 		}
 		e.ids = strconv.AppendInt(e.ids, t.ID, 10)
 		e.keys = wire.AppendKey(e.keys, &t.Secret)
-		if maxBytes > 0 && enc.N > 0 && len(out)-base+len(e.ids)+len(e.keys) > budget {
+		headers := len(e.ids) + len(e.keys) + len(e.sizes) + 8
+		if e.n > 0 && (headers > headerBudget || e.limited && len(e.out)-e.base+headers > e.budget) {
 			// This token goes into the next message.
-			out, e.ids, e.keys = out[:start], e.ids[:idsLen], e.keys[:keysLen]
+			e.out, e.ids, e.keys, e.sizes = e.out[:start], e.ids[:idsLen], e.keys[:keysLen], e.sizes[:sizesLen]
 			break
 		}
-		enc.N++
-		enc.Covered = i + 1
+		if line == 0 {
+			e.lines++
+		}
+		line++
+		e.n++
+		covered = i + 1
 	}
+	if line > 0 {
+		e.sizes = strconv.AppendInt(e.sizes, int64(line), 10)
+	}
+	return covered
+}
+
+// Finish completes the message; id is its id, which the json body repeats.
+func (e *Encoder) Finish(id string) Encoded {
+	out := e.out
 	if e.format == wire.FormatJSON {
-		e.entries = out
-		out = append(dst, `{"batch":`...)
-		out = appendJSONString(out, []byte(id(enc.Covered)))
+		e.entries = e.out
+		out = append(e.dst, `{"batch":`...)
+		out = appendJSONString(out, []byte(id))
 		out = append(out, `,"tokens":[`...)
 		out = append(out, e.entries...)
+		out = append(out, `],"batch_sizes":[`...)
+		out = append(out, e.sizes...)
 		out = append(out, "]}"...)
 	}
-	enc.Body, enc.IDs, enc.Keys = out, string(e.ids), string(e.keys)
-	return enc
+	return Encoded{Body: out, IDs: string(e.ids), Keys: string(e.keys), Sizes: string(e.sizes), N: e.n, Batches: e.lines}
 }
 
 // errUnsafeField is a token whose email or login cannot go into a line.

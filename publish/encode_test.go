@@ -22,6 +22,14 @@ func testEncoder(t *testing.T, format wire.Format) *Encoder {
 	return NewEncoder(signer, format)
 }
 
+// encodeOne encodes one message of tokens; it returns the message and how
+// many tokens it covers.
+func encodeOne(e *Encoder, id func(covered int) string, tokens []decoder.Token, rows []join.TokenState, maxBytes int) (Encoded, int) {
+	e.Begin(nil, maxBytes)
+	covered := e.Add(tokens, rows)
+	return e.Finish(id(covered)), covered
+}
+
 func testTokens(n int) []decoder.Token {
 	tokens := make([]decoder.Token, n)
 	for i := range tokens {
@@ -52,9 +60,9 @@ func TestEncodeUnsafeField(t *testing.T) {
 	id := func(int) string { return "x" }
 
 	r := rows()
-	enc := testEncoder(t, wire.FormatLine).Encode(nil, id, tokens, r, 0)
-	if enc.N != 2 || enc.Covered != 5 || enc.IDs != "1,5" {
-		t.Fatalf("line: %d tokens (ids %s) covering %d, want tokens 1 and 5 covering 5", enc.N, enc.IDs, enc.Covered)
+	enc, covered := encodeOne(testEncoder(t, wire.FormatLine), id, tokens, r, 0)
+	if enc.N != 2 || covered != 5 || enc.IDs != "1,5" || enc.Sizes != "2" {
+		t.Fatalf("line: %d tokens (ids %s, sizes %s) covering %d, want tokens 1 and 5 covering 5", enc.N, enc.IDs, enc.Sizes, covered)
 	}
 	for i, want := range []join.Skip{join.Publish, join.SkipUnsafeField, join.SkipUnsafeField, join.SkipUnsafeField, join.Publish} {
 		if r[i].Skip != want {
@@ -66,7 +74,7 @@ func TestEncodeUnsafeField(t *testing.T) {
 	}
 
 	r = rows()
-	enc = testEncoder(t, wire.FormatJSON).Encode(nil, id, tokens, r, 0)
+	enc, _ = encodeOne(testEncoder(t, wire.FormatJSON), id, tokens, r, 0)
 	if enc.N != 5 {
 		t.Fatalf("json: %d tokens, want all 5", enc.N)
 	}
@@ -94,14 +102,14 @@ func TestEncodeSplitsByBytes(t *testing.T) {
 			published, messages := 0, 0
 			for start := 0; start < len(tokens); messages++ {
 				var first, last decoder.Position
-				enc := e.Encode(nil, func(covered int) string {
+				enc, covered := encodeOne(e, func(covered int) string {
 					first, last = tokens[start].Pos, tokens[start+covered-1].Pos
 					return BatchID(first, last)
 				}, tokens[start:], rows[start:], maxBytes)
-				if size := len(enc.Body) + len(enc.IDs) + len(enc.Keys); size > maxBytes-messageOverhead {
+				if size := len(enc.Body) + len(enc.IDs) + len(enc.Keys) + len(enc.Sizes); size > maxBytes-messageOverhead {
 					t.Fatalf("message %d: %d bytes of body and token headers, limit %d", messages, size, maxBytes-messageOverhead)
 				}
-				if enc.Covered == 0 {
+				if covered == 0 {
 					t.Fatal("a message covers no token")
 				}
 				if format == wire.FormatJSON {
@@ -111,11 +119,35 @@ func TestEncodeSplitsByBytes(t *testing.T) {
 					}
 				}
 				published += enc.N
-				start += enc.Covered
+				start += covered
 			}
 			if want := 300 - 43; published != want || messages < 10 {
 				t.Fatalf("%d tokens in %d messages, want %d in at least 10", published, messages, want)
 			}
 		})
+	}
+}
+
+// JetStream refuses headers over 64 KiB whatever the payload limit: a batch
+// (or a group) of thousands of tokens goes out in several messages, each
+// with its ids and keys within it.
+func TestEncodeSplitsByHeaderSize(t *testing.T) {
+	tokens := testTokens(6000)
+	rows := make([]join.TokenState, len(tokens))
+	for i := range rows {
+		rows[i] = join.TokenState{Email: []byte("a@example.com"), Login: []byte("a")}
+	}
+	e := testEncoder(t, wire.FormatLine)
+	published, messages := 0, 0
+	for start := 0; start < len(tokens); messages++ {
+		enc, covered := encodeOne(e, func(int) string { return "x" }, tokens[start:], rows[start:], 0)
+		if size := len(enc.IDs) + len(enc.Keys) + len(enc.Sizes); size > headerBudget {
+			t.Fatalf("message %d: %d bytes of token headers, limit %d", messages, size, headerBudget)
+		}
+		published += enc.N
+		start += covered
+	}
+	if published != 6000 || messages < 3 {
+		t.Fatalf("%d tokens in %d messages, want 6000 in at least 3", published, messages)
 	}
 }

@@ -22,18 +22,30 @@ type Joiner interface {
 	JoinMany(ctx context.Context, tokens [][]decoder.Token, rows [][]join.TokenState) error
 }
 
-// Observer is told what happened to every batch (metrics).
+// Observer is told what happened to every batch and message (metrics).
 type Observer interface {
-	// BatchPublished is called once the PubAck for a batch with published
-	// tokens arrived; latency runs from the publish call to the PubAck.
+	// BatchPublished is called once the PubAcks for a batch with published
+	// tokens arrived; latency runs from the batch being ready (joined) to
+	// the last PubAck, and so includes its wait for a message.
 	BatchPublished(b *batch.Batch, published int, latency time.Duration)
+	// MessagePublished is called for every PubAck: the message carried
+	// batches batches (lines) and tokens tokens, and took latency from
+	// publish to PubAck.
+	MessagePublished(batches, tokens int, latency time.Duration)
 	// TokensSkipped counts tokens not published, by reason.
 	TokensSkipped(reason join.Skip, n int)
 }
 
 // Pipeline turns cut batches into published messages: it joins accounts,
 // signs and encodes, publishes without waiting, and reports each batch done
-// strictly in order once its PubAck (or its skip) is in.
+// in order, per lane, once its PubAck (or its skip) is in.
+//
+// It commits batches to the stream in groups: at most MaxInFlight messages
+// await their PubAck at once, and the batches that become ready meanwhile go
+// out together, in one message, when the next PubAck frees a place. A store
+// that syncs to disk before every PubAck then syncs once per message, not
+// once per batch: under load the messages grow, and at low load a batch
+// still goes out alone, at once.
 type Pipeline struct {
 	Publisher *Publisher
 	Joiner    Joiner
@@ -41,12 +53,16 @@ type Pipeline struct {
 	Format    wire.Format
 	// MaxInFlight bounds the messages published but not yet acknowledged.
 	MaxInFlight int
+	// MaxBatches bounds the batches one message carries; 1 publishes every
+	// batch in a message of its own.
+	MaxBatches int
 	// MaxBytes is the most bytes a message may have, body and headers
-	// (the server's max_payload); a batch that would exceed it goes out as
-	// several messages, each naming the positions it covers. 0: no limit.
+	// (the server's max_payload): the batches ready at once go out in as
+	// many messages as they need, and a batch too big for one message is
+	// split, each message naming the positions it covers. 0: no limit.
 	MaxBytes int
-	// Done is called in batch order for every batch whose tokens are all
-	// published or skipped.
+	// Done is called, in order within each lane, for every batch whose
+	// tokens are all published or skipped.
 	Done     func(*batch.Batch)
 	Observer Observer
 	Log      *slog.Logger
@@ -57,18 +73,41 @@ type Pipeline struct {
 	Snapshot string
 
 	messages int
+	// Scratch of the join, reused.
+	joinTokens [][]decoder.Token
+	joinRows   [][]join.TokenState
 }
 
-// inFlight is one message of a batch; last is set on the batch's last.
+// ready is a joined batch waiting to go out; from is how many of its tokens
+// earlier messages covered, published the tokens they carried.
+type ready struct {
+	b         *batch.Batch
+	rows      []join.TokenState
+	from      int
+	published int
+	since     time.Time
+}
+
+// inFlight is one message, in publishing order; fut is nil when none of the
+// tokens it covers was to be published.
 type inFlight struct {
-	b       *batch.Batch
 	fut     jetstream.PubAckFuture
 	id      string
 	body    []byte
 	n       int
-	last    bool
+	batches int
 	started time.Time
+	// done are the batches whose last tokens this message covers.
+	done []*ready
 }
+
+// Bounds of one coalesced join, and of the tokens joined and waiting for a
+// message.
+const (
+	maxGroupBatches = 64
+	maxGroupTokens  = 8192
+	maxReadyTokens  = 4 * maxGroupTokens
+)
 
 // Run processes batches from in until in is closed (returning nil once every
 // batch is done) or a failure (returning it). A failure stops the pipeline:
@@ -76,23 +115,33 @@ type inFlight struct {
 // message tells the next run where to resume.
 func (p *Pipeline) Run(ctx context.Context, in <-chan *batch.Batch) error {
 	if p.MaxInFlight <= 0 {
-		p.MaxInFlight = 16
+		p.MaxInFlight = DefaultMaxInFlight
+	}
+	if p.MaxBatches <= 0 {
+		p.MaxBatches = DefaultMaxBatches
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 
+	// Places for messages awaiting their PubAck: taken to publish, given
+	// back by awaitAcks.
+	places := make(chan struct{}, p.MaxInFlight)
+	for range p.MaxInFlight {
+		places <- struct{}{}
+	}
 	acks := make(chan inFlight, p.MaxInFlight)
 	bodies := make(chan []byte, p.MaxInFlight+1)
+	free := make(chan *ready, 4*maxGroupBatches)
 	ackErr := make(chan error, 1)
 	go func() {
-		err := p.awaitAcks(ctx, acks, bodies)
+		err := p.awaitAcks(ctx, acks, places, bodies, free)
 		if err != nil {
 			cancel(err)
 		}
 		ackErr <- err
 	}()
 
-	err := p.produce(ctx, in, acks, bodies)
+	err := p.produce(ctx, in, acks, places, bodies, free)
 	close(acks)
 	if aerr := <-ackErr; aerr != nil {
 		return aerr
@@ -100,143 +149,227 @@ func (p *Pipeline) Run(ctx context.Context, in <-chan *batch.Batch) error {
 	return err
 }
 
-// Bounds of one coalesced join.
+// Defaults of Pipeline.MaxInFlight and MaxBatches.
 const (
-	maxGroupBatches = 64
-	maxGroupTokens  = 8192
+	DefaultMaxInFlight = 2
+	DefaultMaxBatches  = 1000
 )
 
-func (p *Pipeline) produce(ctx context.Context, in <-chan *batch.Batch, acks chan<- inFlight, bodies chan []byte) error {
+func (p *Pipeline) produce(ctx context.Context, in <-chan *batch.Batch, acks chan<- inFlight, places <-chan struct{}, bodies chan []byte, free chan *ready) error {
 	var (
-		group  []*batch.Batch
-		tokens [][]decoder.Token
-		rows   [][]join.TokenState
+		waiting []*ready
+		tokens  int
 	)
-	for {
-		group = group[:0]
+	for in != nil || len(waiting) > 0 {
+		// Batches are read while fewer than maxReadyTokens wait; a place
+		// for a message is only waited for when there is something to
+		// put in it.
+		input, place := in, places
+		if tokens >= maxReadyTokens {
+			input = nil
+		}
+		if len(waiting) == 0 {
+			place = nil
+		}
 		select {
 		case <-ctx.Done():
 			return context.Cause(ctx)
-		case b, ok := <-in:
+		case b, ok := <-input:
 			if !ok {
-				return nil
+				in = nil
+				continue
 			}
-			group = append(group, b)
-		}
-		// Batches already waiting share the join's round trip.
-		closed := false
-		n := len(group[0].Tokens)
-	more:
-		for len(group) < maxGroupBatches && n < maxGroupTokens {
-			select {
-			case b, ok := <-in:
-				if !ok {
-					closed = true
-					break more
-				}
-				group = append(group, b)
-				n += len(b.Tokens)
-			default:
-				break more
-			}
-		}
-		if err := p.joinGroup(ctx, group, &tokens, &rows); err != nil {
-			return err
-		}
-		for k, b := range group {
-			if err := p.publish(ctx, b, rows[k], acks, bodies); err != nil {
+			n, closed, err := p.gather(ctx, b, in, &waiting, free)
+			if err != nil {
 				return err
 			}
-		}
-		if closed {
-			return nil
+			tokens += n
+			if closed {
+				in = nil
+			}
+		case <-place:
+			// Batches already cut go with the ones waiting.
+			if in != nil && tokens < maxReadyTokens {
+				select {
+				case b, ok := <-in:
+					if !ok {
+						in = nil
+						break
+					}
+					n, closed, err := p.gather(ctx, b, in, &waiting, free)
+					if err != nil {
+						return err
+					}
+					tokens += n
+					if closed {
+						in = nil
+					}
+				default:
+				}
+			}
+			var body []byte
+			select {
+			case body = <-bodies:
+			default:
+			}
+			item, covered, err := p.publishNext(body, &waiting)
+			if err != nil {
+				return err
+			}
+			tokens -= covered
+			select {
+			case acks <- item:
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
 		}
 	}
+	return nil
 }
 
-// joinGroup marks tokens already on the stream and joins the rest of the
-// group's tokens in one query; rows[k] belongs to group[k].
-func (p *Pipeline) joinGroup(ctx context.Context, group []*batch.Batch, tokens *[][]decoder.Token, rows *[][]join.TokenState) error {
-	*tokens = (*tokens)[:0]
-	for len(*rows) < len(group) {
-		*rows = append(*rows, nil)
+// gather joins b and the batches already waiting behind it in one query, and
+// appends them to waiting. It returns their tokens, and whether in was
+// closed.
+func (p *Pipeline) gather(ctx context.Context, b *batch.Batch, in <-chan *batch.Batch, waiting *[]*ready, free chan *ready) (tokens int, closed bool, err error) {
+	first := len(*waiting)
+	add := func(b *batch.Batch) {
+		var r *ready
+		select {
+		case r = <-free:
+		default:
+			r = new(ready)
+		}
+		r.b, r.from, r.published = b, 0, 0
+		*waiting = append(*waiting, r)
+		tokens += len(b.Tokens)
 	}
+	add(b)
+more:
+	for len(*waiting)-first < maxGroupBatches && tokens < maxGroupTokens {
+		select {
+		case b, ok := <-in:
+			if !ok {
+				closed = true
+				break more
+			}
+			add(b)
+		default:
+			break more
+		}
+	}
+	err = p.join(ctx, (*waiting)[first:])
+	return tokens, closed, err
+}
+
+// join marks tokens already on the stream and joins the rest of group's
+// tokens in one query.
+func (p *Pipeline) join(ctx context.Context, group []*ready) error {
+	p.joinTokens, p.joinRows = p.joinTokens[:0], p.joinRows[:0]
 	toJoin := 0
-	for k, b := range group {
+	now := time.Now()
+	for _, r := range group {
+		b := r.b
 		if p.Log != nil {
 			p.Log.Debug("batch cut", "tokens", len(b.Tokens), "first", b.First().String(), "last", b.Last().String(), "cut", b.Cut.String())
 		}
-		r := resetRows((*rows)[k], len(b.Tokens))
-		(*rows)[k] = r
+		r.rows = resetRows(r.rows, len(b.Tokens))
+		r.since = now
 		last := p.Publisher.LastPosition(b.Lane)
 		for i := range b.Tokens {
 			if !last.IsZero() && !last.Less(b.Tokens[i].Pos) {
-				r[i].Skip = join.SkipAlreadyPublished
+				r.rows[i].Skip = join.SkipAlreadyPublished
 			} else {
 				toJoin++
 			}
 		}
-		*tokens = append(*tokens, b.Tokens)
+		p.joinTokens = append(p.joinTokens, b.Tokens)
+		p.joinRows = append(p.joinRows, r.rows)
 	}
 	if toJoin == 0 {
 		return nil
 	}
-	return p.Joiner.JoinMany(ctx, *tokens, (*rows)[:len(group)])
+	return p.Joiner.JoinMany(ctx, p.joinTokens, p.joinRows)
 }
 
-// publish encodes b and publishes it without waiting for the PubAcks, which
-// awaitAcks collects in order: one message, or several when the batch's
-// tokens exceed MaxBytes.
-func (p *Pipeline) publish(ctx context.Context, b *batch.Batch, rows []join.TokenState, acks chan<- inFlight, bodies chan []byte) error {
-	// Once its last message is handed to awaitAcks, b may be done and
-	// recycled: nothing of it is read after that.
-	for start, end := 0, len(b.Tokens); start < end; {
-		var body []byte
-		select {
-		case body = <-bodies:
-		default:
+// publishNext encodes the next message and publishes it without waiting for
+// its PubAck: the first waiting batch's lane, and every batch of that lane
+// waiting behind it, until the message is full. Batches it covers to the
+// end leave waiting. It returns the message and how many tokens it covers.
+func (p *Pipeline) publishNext(body []byte, waiting *[]*ready) (inFlight, int, error) {
+	lane := (*waiting)[0].b.Lane
+	item := inFlight{started: time.Now()}
+	var first, last decoder.Position
+	covered := 0
+	p.Encoder.Begin(body, p.MaxBytes)
+	rest := (*waiting)[:0]
+	full := false
+	batches := 0
+	for _, r := range *waiting {
+		if full || r.b.Lane != lane {
+			rest = append(rest, r)
+			continue
 		}
-		item := inFlight{b: b, started: time.Now()}
-		tokens := b.Tokens[start:]
-		id := func(covered int) string {
-			if p.Snapshot != "" {
-				item.id = "resync-" + p.Snapshot + "-" + strconv.Itoa(p.messages+1)
-			} else {
-				item.id = BatchID(tokens[0].Pos, tokens[covered-1].Pos)
+		if batches++; batches == p.MaxBatches {
+			full = true
+		}
+		tokens := r.b.Tokens[r.from:]
+		n := p.Encoder.Add(tokens, r.rows[r.from:])
+		if n > 0 {
+			if covered == 0 {
+				first = tokens[0].Pos
 			}
-			return item.id
-		}
-		enc := p.Encoder.Encode(body[:0], id, tokens, rows[start:], p.MaxBytes)
-		if item.id == "" {
-			id(enc.Covered)
-		}
-		item.body, item.n = enc.Body, enc.N
-		if p.Observer != nil {
-			p.countSkips(tokens[:enc.Covered], rows[start:start+enc.Covered])
-		}
-		if enc.N > 0 {
-			m := &Message{Lane: b.Lane, Count: enc.N, TokenIDs: enc.IDs, TokenKeys: enc.Keys, Format: p.Format, Body: enc.Body}
-			if p.Snapshot != "" {
-				m.ID, m.Resync = item.id, p.Snapshot
-			} else {
-				m.First, m.Last = tokens[0].Pos, tokens[enc.Covered-1].Pos
+			last = tokens[n-1].Pos
+			covered += n
+			if p.Observer != nil {
+				p.countSkips(tokens[:n], r.rows[r.from:r.from+n])
 			}
-			fut, err := p.Publisher.PublishAsync(m)
-			if err != nil {
-				return err
-			}
-			p.messages++
-			item.fut = fut
+			r.published += countPublished(r.rows[r.from : r.from+n])
+			r.from += n
 		}
-		start += enc.Covered
-		item.last = start == end
-		select {
-		case acks <- item:
-		case <-ctx.Done():
-			return context.Cause(ctx)
+		if r.from < len(r.b.Tokens) {
+			full = true
+			rest = append(rest, r)
+			continue
+		}
+		item.done = append(item.done, r)
+	}
+	clear((*waiting)[len(rest):])
+	*waiting = rest
+
+	if p.Snapshot != "" {
+		item.id = "resync-" + p.Snapshot + "-" + strconv.Itoa(p.messages+1)
+	} else {
+		item.id = BatchID(first, last)
+	}
+	enc := p.Encoder.Finish(item.id)
+	item.body, item.n, item.batches = enc.Body, enc.N, enc.Batches
+	if enc.N == 0 {
+		return item, covered, nil
+	}
+	m := &Message{Lane: lane, Count: enc.N, TokenIDs: enc.IDs, TokenKeys: enc.Keys, BatchSizes: enc.Sizes, Format: p.Format, Body: enc.Body}
+	if p.Snapshot != "" {
+		m.ID, m.Resync = item.id, p.Snapshot
+	} else {
+		m.First, m.Last = first, last
+	}
+	fut, err := p.Publisher.PublishAsync(m)
+	if err != nil {
+		return item, covered, err
+	}
+	p.messages++
+	item.fut = fut
+	return item, covered, nil
+}
+
+// countPublished counts the rows that went into a message.
+func countPublished(rows []join.TokenState) int {
+	n := 0
+	for i := range rows {
+		if rows[i].Skip == join.Publish {
+			n++
 		}
 	}
-	return nil
+	return n
 }
 
 func (p *Pipeline) countSkips(tokens []decoder.Token, rows []join.TokenState) {
@@ -257,37 +390,47 @@ func (p *Pipeline) countSkips(tokens []decoder.Token, rows []join.TokenState) {
 	}
 }
 
-func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, bodies chan<- []byte) error {
+func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, places chan<- struct{}, bodies chan<- []byte, free chan<- *ready) error {
 	for it := range acks {
 		if it.fut != nil {
 			select {
 			case ack := <-it.fut.Ok():
 				if p.Log != nil {
-					p.Log.Debug("batch acknowledged", "batch", it.id, "tokens", it.n, "seq", ack.Sequence, "duplicate", ack.Duplicate)
+					p.Log.Debug("message acknowledged", "message", it.id, "batches", it.batches, "tokens", it.n, "seq", ack.Sequence, "duplicate", ack.Duplicate)
 				}
 				if ack.Duplicate {
 					if err := p.Publisher.CheckDuplicate(ctx, it.id, ack.Sequence); err != nil {
 						return err
 					}
 					if p.Log != nil {
-						p.Log.Info("batch was already on the stream", "batch", it.id, "seq", ack.Sequence)
+						p.Log.Info("message was already on the stream", "message", it.id, "seq", ack.Sequence)
 					}
 				}
 			case err := <-it.fut.Err():
-				return fmt.Errorf("publish batch %s: %w", it.id, err)
+				return fmt.Errorf("publish message %s: %w", it.id, err)
 			case <-ctx.Done():
 				return errors.Join(errors.New("waiting for PubAck"), context.Cause(ctx))
 			}
 			if p.Observer != nil {
-				p.Observer.BatchPublished(it.b, it.n, time.Since(it.started))
+				p.Observer.MessagePublished(it.batches, it.n, time.Since(it.started))
 			}
 		}
 		select {
 		case bodies <- it.body:
 		default:
 		}
-		if it.last {
-			p.Done(it.b)
+		places <- struct{}{}
+		for _, r := range it.done {
+			if p.Observer != nil && r.published > 0 {
+				p.Observer.BatchPublished(r.b, r.published, time.Since(r.since))
+			}
+			// Once done, the batch may be recycled: nothing reads it after.
+			p.Done(r.b)
+			r.b = nil
+			select {
+			case free <- r:
+			default:
+			}
 		}
 	}
 	return nil

@@ -283,8 +283,11 @@ type Message struct {
 	Count       int
 	TokenIDs    string
 	TokenKeys   string
-	Format      wire.Format
-	Body        []byte
+	// BatchSizes is the number of tokens of each batch in Body,
+	// comma-joined.
+	BatchSizes string
+	Format     wire.Format
+	Body       []byte
 }
 
 // PublishAsync sends m and returns the future of its PubAck. Futures
@@ -294,10 +297,11 @@ func (p *Publisher) PublishAsync(m *Message) (jetstream.PubAckFuture, error) {
 		Subject: p.subjects[m.Lane],
 		Data:    m.Body,
 		Header: nats.Header{
-			wire.HeaderCount:     {strconv.Itoa(m.Count)},
-			wire.HeaderTokenIDs:  {m.TokenIDs},
-			wire.HeaderTokenKeys: {m.TokenKeys},
-			wire.HeaderFormat:    {m.Format.String()},
+			wire.HeaderCount:      {strconv.Itoa(m.Count)},
+			wire.HeaderTokenIDs:   {m.TokenIDs},
+			wire.HeaderTokenKeys:  {m.TokenKeys},
+			wire.HeaderBatchSizes: {m.BatchSizes},
+			wire.HeaderFormat:     {m.Format.String()},
 		},
 	}
 	id := m.ID

@@ -68,12 +68,38 @@ func drainAll(ctx context.Context, o options, pg *pgtest.Server, res *Results) e
 	// with the mean of those two: this machine's speed drifts by more than
 	// the 15% the ratio is judged by, and bracketing cancels a steady drift.
 	before, after := best+"-before", best+"-after"
-	slots := append([]string{"peek", before, after}, variants...)
+	slots := append([]string{"peek", before, after, "discard", "default", "default-r3"}, variants...)
 	if err := prepare(ctx, url, slots, o.tokens, 1000); err != nil {
 		return err
 	}
 	if res.ServerDecodeRate, err = peekRate(ctx, url, o.tokens); err != nil {
 		return err
+	}
+	// The ceiling, then every setting at its default (batch limit 10, the
+	// embedded server syncing before every PubAck), on one server and on
+	// an R3 stream of three.
+	disc, err := discardDrain(ctx, url, slotName("discard", o.tokens), o.tokens)
+	if err != nil {
+		return err
+	}
+	res.Discard = &disc
+	printDrain(disc)
+	for _, run := range []struct {
+		label    string
+		replicas int
+	}{{"default", 1}, {"default-r3", 3}} {
+		if !o.defaults {
+			break
+		}
+		od := o
+		od.limit, od.natsReplicas, od.cpuProfile = 10, run.replicas, ""
+		d, err := drain(ctx, od, url, "v2-binary", slotName(run.label, o.tokens), o.tokens)
+		if err != nil {
+			return fmt.Errorf("drain %s: %w", run.label, err)
+		}
+		d.Variant = run.label
+		res.Drains = append(res.Drains, d)
+		printDrain(d)
 	}
 	for i, v := range variants {
 		if i > 0 {

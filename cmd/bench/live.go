@@ -54,13 +54,14 @@ func liveLatency(ctx context.Context, o options, url string) (*Live, error) {
 		return nil, err
 	}
 	defer pool.Close()
-	if _, err := replication.CreateSlot(ctx, pool, "live", "tailer bench", false, false); err != nil {
+	slot := "live_" + strconv.Itoa(o.liveRate)
+	if _, err := replication.CreateSlot(ctx, pool, slot, "tailer bench", false, false); err != nil {
 		return nil, err
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO accounts (email, login, status) SELECT 'l' || g || '@x', 'l' || g, 'active' FROM generate_series(1, $1::int) g`, accounts); err != nil {
 		return nil, err
 	}
-	srv, err := embedded.Start(filepath.Join(o.dir, "nats-live"), "127.0.0.1:0", embedded.SyncInterval(o.natsSync))
+	srv, err := embedded.Start(filepath.Join(o.dir, "nats-"+slot), "127.0.0.1:0", embedded.SyncInterval(o.natsSync))
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +71,7 @@ func liveLatency(ctx context.Context, o options, url string) (*Live, error) {
 		return nil, err
 	}
 	defer nc.Close()
-	t, err := startTailer(o, url, srv.ClientURL(), "live", "MAILROOM_BATCH_LIMIT="+strconv.Itoa(o.liveLimit), "MAILROOM_BATCH_TIMEOUT=1000")
+	t, err := startTailer(o, url, srv.ClientURL(), slot, "MAILROOM_BATCH_LIMIT="+strconv.Itoa(o.liveLimit), "MAILROOM_BATCH_TIMEOUT=1000")
 	if err != nil {
 		return nil, err
 	}
@@ -170,6 +171,12 @@ func liveLatency(ctx context.Context, o options, url string) (*Live, error) {
 	case <-cnt.done:
 	case <-time.After(60 * time.Second):
 		return nil, fmt.Errorf("%d of %d tokens arrived", cnt.n.Load(), total)
+	}
+	if o.keep {
+		// The tailer's own view of where the time went, beside its log.
+		if err := fetchProfile(filepath.Join(o.dir, slot+".metrics"), "http://127.0.0.1:19999/metrics"); err != nil {
+			fmt.Println("metrics:", err)
+		}
 	}
 	mu.Lock()
 	defer mu.Unlock()

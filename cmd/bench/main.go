@@ -15,6 +15,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -29,6 +31,9 @@ type options struct {
 	oneTx            int
 	limit            int
 	liveRate         int
+	liveRates        string
+	designs          bool
+	defaults         bool
 	liveSeconds      int
 	liveWarmup       int
 	liveConns        int
@@ -59,7 +64,29 @@ type Results struct {
 	// drain of the same number of tokens in 1,000-row transactions (the
 	// big backlog, or the small one when the sizes differ).
 	OneTxRatio float64 `json:"drain_rate_one_tx_over_1000_row_tx"`
-	Live       *Live   `json:"live"`
+	// Discard is the ceiling: a bare pglogrepl client that discards the
+	// same backlog's stream.
+	Discard *Drain  `json:"discard_client"`
+	Live    []*Live `json:"live"`
+	// Designs is -designs: the group-commit designs on the server alone.
+	Designs []Design `json:"designs,omitempty"`
+	Targets Targets `json:"targets"`
+}
+
+// Targets are the ratios the tailer is judged by (see docs/performance.md).
+type Targets struct {
+	// DefaultOverDiscard: every setting at its default (batch limit 10,
+	// sync always), drain rate over the discard client's.
+	DefaultOverDiscard float64 `json:"default_drain_over_discard"`
+	// LimitOverDiscard: the best variant at -batch-limit (1000), drain
+	// rate over the discard client's.
+	LimitOverDiscard float64 `json:"limit_drain_over_discard"`
+	// CPUOverWalsender: at -batch-limit, the tailer's CPU per token over
+	// the walsender's.
+	CPUOverWalsender float64 `json:"tailer_cpu_over_walsender_cpu"`
+	// R3OverR1: at the defaults, drain rate to an R3 stream on three nodes
+	// over the rate to one server.
+	R3OverR1 float64 `json:"r3_drain_over_r1"`
 }
 
 func main() {
@@ -68,7 +95,9 @@ func main() {
 	flag.IntVar(&o.big, "big", 1_000_000, "backlog size for the growth run (0 skips it)")
 	flag.IntVar(&o.oneTx, "one-tx", 1_000_000, "tokens committed in a single transaction, drained with the default options (0 skips it)")
 	flag.IntVar(&o.limit, "batch-limit", 1000, "MAILROOM_BATCH_LIMIT for the drains")
-	flag.IntVar(&o.liveRate, "live-rate", 2000, "single-row transactions per second in the live run (0 skips it)")
+	flag.BoolVar(&o.designs, "designs", false, "also compare the group-commit designs on an embedded server alone: a message per batch, atomic batches, several batches a message")
+	flag.BoolVar(&o.defaults, "defaults", true, "drain the backlog with every setting at its default (batch limit 10), to one server and to an R3 stream")
+	flag.StringVar(&o.liveRates, "live-rates", "2000,5000", "single-row transactions per second of each live run, comma-separated (empty skips them)")
 	flag.IntVar(&o.liveSeconds, "live-seconds", 10, "length of the live run")
 	flag.IntVar(&o.liveWarmup, "live-warmup", 1, "seconds of the live run before latencies are counted")
 	flag.IntVar(&o.liveConns, "live-conns", 8, "writer connections in the live run")
@@ -128,21 +157,33 @@ func run(o options) error {
 		res.NATSSync = o.natsSync.String()
 	}
 
+	if o.designs {
+		if res.Designs, err = compareDesigns(dir); err != nil {
+			return err
+		}
+	}
 	if err := drainAll(ctx, o, pg, &res); err != nil {
 		return err
 	}
 
-	if o.liveRate > 0 {
-		url, err := createDB(ctx, pg, "bench_live")
+	for _, r := range strings.Split(o.liveRates, ",") {
+		if r == "" {
+			continue
+		}
+		if o.liveRate, err = strconv.Atoi(r); err != nil || o.liveRate <= 0 {
+			return fmt.Errorf("-live-rates: %q is not a positive rate", r)
+		}
+		url, err := createDB(ctx, pg, "bench_live_"+r)
 		if err != nil {
 			return err
 		}
 		live, err := liveLatency(ctx, o, url)
 		if err != nil {
-			return fmt.Errorf("live: %w", err)
+			return fmt.Errorf("live at %s/s: %w", r, err)
 		}
-		res.Live = live
+		res.Live = append(res.Live, live)
 	}
+	res.Targets = targets(res, o)
 
 	printSummary(res)
 	data, _ := json.MarshalIndent(res, "", "  ")
@@ -177,8 +218,35 @@ func printSummary(r Results) {
 	if r.OneTxRatio > 0 {
 		fmt.Printf("drain rate, one transaction over 1,000-row transactions: %.3f\n", r.OneTxRatio)
 	}
-	if r.Live != nil {
+	for _, l := range r.Live {
 		fmt.Printf("live: %d tokens (after %d not counted) at %.0f/s (target %d/s), batch limit %d, NATS sync %s: commit to arrival p50 %.2f ms, p99 %.2f ms, max %.2f ms; commit to stored (PubAck) p50 %.2f ms, p99 %.2f ms; steal %.1f%%\n",
-			r.Live.Tokens, r.Live.WarmupTokens, r.Live.AchievedPerSec, r.Live.TargetPerSecond, r.Live.BatchLimit, r.NATSSync, r.Live.P50Millis, r.Live.P99Millis, r.Live.MaxMillis, r.Live.StoredP50Millis, r.Live.StoredP99Millis, r.Live.StealPct)
+			l.Tokens, l.WarmupTokens, l.AchievedPerSec, l.TargetPerSecond, l.BatchLimit, r.NATSSync, l.P50Millis, l.P99Millis, l.MaxMillis, l.StoredP50Millis, l.StoredP99Millis, l.StealPct)
 	}
+	t := r.Targets
+	fmt.Printf("targets: defaults over discard client %.3f (≥ 0.9); limit %d over discard client %.3f (≥ 0.9); tailer CPU over walsender's %.3f (≤ 0.35); R3 over R1 at the defaults %.3f (≥ 0.8)\n",
+		t.DefaultOverDiscard, r.BatchLimit, t.LimitOverDiscard, t.CPUOverWalsender, t.R3OverR1)
+}
+
+// targets computes the ratios from the drains of one run.
+func targets(r Results, o options) Targets {
+	var t Targets
+	byVariant := map[string]Drain{}
+	for _, d := range r.Drains {
+		if _, ok := byVariant[d.Variant]; !ok {
+			byVariant[d.Variant] = d
+		}
+	}
+	best := byVariant[o.variants[strings.LastIndex(o.variants, ",")+1:]]
+	def, r3 := byVariant["default"], byVariant["default-r3"]
+	if r.Discard != nil && r.Discard.TokensPerSecond > 0 {
+		t.DefaultOverDiscard = def.TokensPerSecond / r.Discard.TokensPerSecond
+		t.LimitOverDiscard = best.TokensPerSecond / r.Discard.TokensPerSecond
+	}
+	if best.WalsenderMicrosPerTk > 0 {
+		t.CPUOverWalsender = best.TailerMicrosPerTk / best.WalsenderMicrosPerTk
+	}
+	if def.TokensPerSecond > 0 {
+		t.R3OverR1 = r3.TokensPerSecond / def.TokensPerSecond
+	}
+	return t
 }

@@ -33,7 +33,7 @@ func startTailer(o options, url, natsURL, slot string, env ...string) (*child, e
 		return nil, err
 	}
 	httpAddr := ""
-	if o.cpuProfile != "" {
+	if o.cpuProfile != "" || o.keep {
 		httpAddr = "127.0.0.1:19999"
 	}
 	cmd := exec.Command(o.tailer, "run", "--http-addr="+httpAddr, "--pprof="+strconv.FormatBool(o.cpuProfile != ""))

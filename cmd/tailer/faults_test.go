@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/embedded"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
@@ -1023,5 +1024,63 @@ func TestLostSlotIsReported(t *testing.T) {
 	}
 	if s := c.slot(); !s.Lost() {
 		t.Errorf("the slot was recreated: wal_status %q", s.WALStatus)
+	}
+}
+
+// SIGKILL while messages carrying several batches are in flight: with batch
+// limit 1, a backlog and a writer, and 20 ms between the tailer and NATS,
+// every PubAck takes long enough for batches to pile up behind it, so each
+// kill lands inside a group; what the killed tailer had on its way to NATS
+// is lost with it. Every token reaches the stream exactly once,
+// each message's batches are lines of at most the limit, and groups did
+// form.
+func TestSIGKILLInsideAGroup(t *testing.T) {
+	c := newCluster(t, pgtest.Shared(t), 1, 100*time.Millisecond)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'g' || g || '@x', 'g' || g FROM generate_series(1, 1500) g`)
+	w := c.startWriter(1, 2*time.Millisecond)
+	slow, arm := lossyDelayProxy(t, fmt.Sprintf("127.0.0.1:%d", c.natsPort), 20*time.Millisecond)
+	arm()
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := 0; i < 8; i++ {
+		before := c.streamMsgs()
+		p := c.tailer("MAILROOM_NATS_URL=nats://" + slow)
+		// Kill once this run has published, at a random moment after.
+		deadline := time.Now().Add(30 * time.Second)
+		for c.streamMsgs() == before {
+			if time.Now().After(deadline) {
+				t.Fatalf("run %d published nothing in 30s:\n%s", i, p.out.String())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(time.Duration(rng.IntN(80)) * time.Millisecond)
+		p.kill()
+	}
+	w.halt()
+	if w.err != nil {
+		t.Fatal(w.err)
+	}
+	p := c.tailer()
+	n := c.expectExactlyOnce(60 * time.Second)
+	if code := p.term(15 * time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM", code)
+	}
+	grouped := 0
+	for _, m := range c.messages() {
+		b, err := consume.Decode(m.Header, m.Data)
+		if err != nil {
+			t.Fatalf("message %d: %v", m.Sequence, err)
+		}
+		for _, size := range b.Sizes {
+			if size != 1 {
+				t.Fatalf("message %d: a batch of %d tokens with limit 1", m.Sequence, size)
+			}
+		}
+		if len(b.Sizes) > 1 {
+			grouped++
+		}
+	}
+	t.Logf("%d tokens exactly once across 8 SIGKILLs; %d messages carried more than one batch", n, grouped)
+	if grouped == 0 {
+		t.Fatal("no message carried more than one batch: no group formed for a kill to land in")
 	}
 }

@@ -228,7 +228,7 @@ func TestConcurrentResyncs(t *testing.T) {
 			// late: seconds of publishing, whatever the machine.
 			slow, arm := delayProxy(t, fmt.Sprintf("127.0.0.1:%d", c.natsPort), 25*time.Millisecond)
 			arm()
-			a := c.command([]string{"resync"}, "MAILROOM_NATS_URL=nats://"+slow, "MAILROOM_MAX_IN_FLIGHT=1")
+			a := c.command([]string{"resync"}, "MAILROOM_NATS_URL=nats://"+slow, "MAILROOM_MAX_IN_FLIGHT=1", "MAILROOM_MAX_BATCHES_PER_MESSAGE=1")
 			time.Sleep(gap)
 			b := c.command([]string{"resync"})
 			select {
@@ -268,7 +268,7 @@ func TestAutoResyncOnTwoTailers(t *testing.T) {
 	c.Exec(`INSERT INTO accounts (email, login) SELECT 'during' || g || '@x', 'during' || g FROM generate_series(1, 2000) g`)
 	c.loseSlot()
 	w := c.startWriter(3, 5*time.Millisecond)
-	env := []string{"MAILROOM_AUTO_RESYNC=true", "MAILROOM_MAX_IN_FLIGHT=1"}
+	env := []string{"MAILROOM_AUTO_RESYNC=true", "MAILROOM_MAX_IN_FLIGHT=1", "MAILROOM_MAX_BATCHES_PER_MESSAGE=1"}
 	a := c.tailer(env...)
 	time.Sleep(100 * time.Millisecond)
 	b := c.tailer(env...)

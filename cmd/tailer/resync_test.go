@@ -130,7 +130,7 @@ func TestResyncAfterLostSlot(t *testing.T) {
 
 	// One message per token, one at a time: slow enough to be killed half
 	// way.
-	slow := []string{"MAILROOM_BATCH_LIMIT=1", "MAILROOM_MAX_IN_FLIGHT=1"}
+	slow := []string{"MAILROOM_BATCH_LIMIT=1", "MAILROOM_MAX_IN_FLIGHT=1", "MAILROOM_MAX_BATCHES_PER_MESSAGE=1"}
 	before := c.streamMsgs()
 	r := c.command([]string{"resync"}, slow...)
 	deadline := time.Now().Add(60 * time.Second)
@@ -444,6 +444,19 @@ func TestStandbyTakeoverOntoEmptyStream(t *testing.T) {
 // land after the standby has read the stream.
 func delayProxy(t *testing.T, target string, delay time.Duration) (addr string, arm func()) {
 	t.Helper()
+	return proxy(t, target, delay, false)
+}
+
+// lossyDelayProxy is delayProxy, except that what a client sent and the
+// proxy still holds when the client goes is dropped: a tailer killed with
+// publishes on their way loses them, as if the network had.
+func lossyDelayProxy(t *testing.T, target string, delay time.Duration) (addr string, arm func()) {
+	t.Helper()
+	return proxy(t, target, delay, true)
+}
+
+func proxy(t *testing.T, target string, delay time.Duration, lossy bool) (addr string, arm func()) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -470,8 +483,10 @@ func delayProxy(t *testing.T, target string, delay time.Duration) (addr string, 
 				client.Close()
 			}()
 			chunks := make(chan chunk, 1024)
+			var gone atomic.Bool
 			go func() {
 				defer close(chunks)
+				defer gone.Store(true)
 				for {
 					buf := make([]byte, 32<<10)
 					n, err := client.Read(buf)
@@ -491,6 +506,9 @@ func delayProxy(t *testing.T, target string, delay time.Duration) (addr string, 
 				defer server.Close()
 				for c := range chunks {
 					time.Sleep(time.Until(c.at.Add(delay)))
+					if lossy && gone.Load() {
+						return
+					}
 					if _, err := server.Write(c.data); err != nil {
 						return
 					}

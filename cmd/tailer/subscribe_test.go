@@ -114,7 +114,8 @@ func outputTokens(t *testing.T, path string) (tokens []consume.Token, lines [][]
 func newSingleTokenMessages(t *testing.T, txs, perTx int) (*cluster, map[int64]string) {
 	t.Helper()
 	c := newCluster(t, pgtest.Shared(t), 1, 50*time.Millisecond)
-	c.tailer()
+	// Batches ready together would share a message.
+	c.tailer("MAILROOM_MAX_BATCHES_PER_MESSAGE=1")
 	for i := 0; i < txs; i++ {
 		c.Exec(`INSERT INTO accounts (email, login) SELECT 's' || $1::int || '_' || g || '@x', 's' || $1::int || '_' || g FROM generate_series(1, $2::int) g`, i, perTx)
 	}

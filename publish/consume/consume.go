@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -35,10 +36,25 @@ type Token struct {
 	ExpiresAt int64 `json:"expires_at"`
 }
 
-// Batch is a decoded message.
+// Batch is a decoded message: one batch, or several consecutive batches
+// the tailer committed together.
 type Batch struct {
 	ID     string
 	Tokens []Token
+	// Sizes is the number of tokens of each batch, in order; they add up
+	// to len(Tokens). Each batch is a line of its own for the mail sender.
+	Sizes []int
+}
+
+// Lines returns the tokens of each batch.
+func (b *Batch) Lines() [][]Token {
+	lines := make([][]Token, 0, len(b.Sizes))
+	at := 0
+	for _, n := range b.Sizes {
+		lines = append(lines, b.Tokens[at:at+n])
+		at += n
+	}
+	return lines
 }
 
 // Error is a malformed batch; Field names what is wrong.
@@ -54,9 +70,11 @@ func fieldErr(field string, format string, args ...any) error {
 	return &Error{Field: field, Err: fmt.Errorf(format, args...)}
 }
 
-// Decode decodes a batch from its headers and body. The format comes from
+// Decode decodes a message from its headers and body. The format comes from
 // the Mailroom-Format header (line when absent); line batches take their
-// token ids from Mailroom-Token-Ids.
+// token ids from Mailroom-Token-Ids. The batches' sizes come from
+// Mailroom-Batch-Sizes, which a line body's lines and a json body's
+// batch_sizes must agree with; a message without them is one batch.
 func Decode(h nats.Header, body []byte) (*Batch, error) {
 	format := h.Get(wire.HeaderFormat)
 	if format == "" {
@@ -86,7 +104,40 @@ func Decode(h nats.Header, body []byte) (*Batch, error) {
 			return nil, fieldErr(wire.HeaderCount, "says %q, body holds %d tokens", c, len(b.Tokens))
 		}
 	}
+	if err := b.checkSizes(h.Get(wire.HeaderBatchSizes)); err != nil {
+		return nil, err
+	}
 	return b, nil
+}
+
+// checkSizes sets b.Sizes from the header when the body did not give them,
+// and checks that header and body agree and add up to the tokens.
+func (b *Batch) checkSizes(header string) error {
+	if header != "" {
+		var sizes []int
+		for _, f := range strings.Split(header, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil || n <= 0 {
+				return fieldErr(wire.HeaderBatchSizes, "%q is not a list of positive token counts", header)
+			}
+			sizes = append(sizes, n)
+		}
+		if b.Sizes != nil && !slices.Equal(sizes, b.Sizes) {
+			return fieldErr(wire.HeaderBatchSizes, "says %q, the body's batches hold %v tokens", header, b.Sizes)
+		}
+		b.Sizes = sizes
+	}
+	if b.Sizes == nil {
+		b.Sizes = []int{len(b.Tokens)}
+	}
+	sum := 0
+	for _, n := range b.Sizes {
+		sum += n
+	}
+	if sum != len(b.Tokens) {
+		return fieldErr(wire.HeaderBatchSizes, "batches of %v tokens, body holds %d", b.Sizes, len(b.Tokens))
+	}
+	return nil
 }
 
 // fillKeys derives each token's Key from its token, and checks it against
@@ -121,9 +172,16 @@ func decodeLine(idsHeader, body string) (*Batch, error) {
 	if body == "" {
 		return nil, fieldErr("body", "empty")
 	}
-	fields := strings.Split(body, ",")
-	if len(fields)%5 != 0 {
-		return nil, fieldErr("body", "%d comma-separated fields, want 5 per token", len(fields))
+	lines := strings.Split(body, "\n")
+	b := &Batch{Sizes: make([]int, len(lines))}
+	var fields []string
+	for i, line := range lines {
+		f := strings.Split(line, ",")
+		if line == "" || len(f)%5 != 0 {
+			return nil, fieldErr("body", "line %d: %d comma-separated fields, want 5 per token", i+1, len(f))
+		}
+		b.Sizes[i] = len(f) / 5
+		fields = append(fields, f...)
 	}
 	n := len(fields) / 5
 	if idsHeader == "" {
@@ -133,7 +191,7 @@ func decodeLine(idsHeader, body string) (*Batch, error) {
 	if len(ids) != n {
 		return nil, fieldErr(wire.HeaderTokenIDs, "%d ids for %d tokens", len(ids), n)
 	}
-	b := &Batch{Tokens: make([]Token, n)}
+	b.Tokens = make([]Token, n)
 	for i := range b.Tokens {
 		f := fields[5*i : 5*i+5]
 		t := &b.Tokens[i]
@@ -157,6 +215,7 @@ func decodeLine(idsHeader, body string) (*Batch, error) {
 func decodeJSON(body []byte) (*Batch, error) {
 	var doc struct {
 		Batch  *string `json:"batch"`
+		Sizes  []int   `json:"batch_sizes"`
 		Tokens []struct {
 			ID        *int64  `json:"id"`
 			Action    string  `json:"action"`
@@ -177,7 +236,12 @@ func decodeJSON(body []byte) (*Batch, error) {
 	if len(doc.Tokens) == 0 {
 		return nil, fieldErr("tokens", "missing or empty")
 	}
-	b := &Batch{ID: *doc.Batch, Tokens: make([]Token, len(doc.Tokens))}
+	b := &Batch{ID: *doc.Batch, Tokens: make([]Token, len(doc.Tokens)), Sizes: doc.Sizes}
+	for _, n := range doc.Sizes {
+		if n <= 0 {
+			return nil, fieldErr("batch_sizes", "%v holds a size that is not positive", doc.Sizes)
+		}
+	}
 	for i, jt := range doc.Tokens {
 		if jt.ID == nil {
 			return nil, fieldErr(fmt.Sprintf("token %d id", i), "missing")

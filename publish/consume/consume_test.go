@@ -2,6 +2,7 @@ package consume_test
 
 import (
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -33,8 +34,14 @@ func encoded(t testing.TB, format wire.Format) (nats.Header, []byte, []decoder.T
 		{Email: []byte(`q"uote@example.com`), Login: []byte("b"), ExpiresAt: 200},
 		{Email: []byte("c@example.com"), Login: []byte("c"), ExpiresAt: 300},
 	}
-	enc := publish.NewEncoder(signer, format).Encode(nil, func(int) string { return "0/10:0-0/10:2" }, tokens, rows, 0)
+	// Two batches committed together: tokens 7 and 9, then 11.
+	e := publish.NewEncoder(signer, format)
+	e.Begin(nil, 0)
+	e.Add(tokens[:2], rows[:2])
+	e.Add(tokens[2:], rows[2:])
+	enc := e.Finish("0/10:0-0/10:2")
 	h := nats.Header{}
+	h.Set(wire.HeaderBatchSizes, enc.Sizes)
 	h.Set(wire.HeaderMsgID, "0/10:0-0/10:2")
 	h.Set(wire.HeaderTokenIDs, enc.IDs)
 	h.Set(wire.HeaderTokenKeys, enc.Keys)
@@ -51,7 +58,7 @@ func TestRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Decode(%s): %v", body, err)
 			}
-			if b.ID != "0/10:0-0/10:2" || len(b.Tokens) != 3 {
+			if b.ID != "0/10:0-0/10:2" || len(b.Tokens) != 3 || !slices.Equal(b.Sizes, []int{2, 1}) {
 				t.Fatalf("batch = %+v", b)
 			}
 			for i, tok := range b.Tokens {
@@ -72,10 +79,12 @@ func TestRoundTrip(t *testing.T) {
 			// Re-encoding gives back the same bytes.
 			var again []byte
 			if format == wire.FormatLine {
-				again = consume.AppendLine(nil, b.Tokens)
-				if back, err := consume.DecodeLine(string(again)); err != nil || len(back) != 3 || back[1].Token != b.Tokens[1].Token {
+				lines := b.Lines()
+				again = consume.AppendLine(nil, lines[0])
+				if back, err := consume.DecodeLine(string(again)); err != nil || len(back) != 2 || back[1].Token != b.Tokens[1].Token {
 					t.Errorf("DecodeLine = %+v, %v", back, err)
 				}
+				again = consume.AppendLine(append(again, '\n'), lines[1])
 			} else {
 				again, err = consume.AppendJSON(nil, b.ID, b.Tokens)
 				if err != nil {
@@ -113,6 +122,13 @@ func TestDecodeRejects(t *testing.T) {
 		field string
 	}{
 		{"empty line", lineH, "", "body"},
+		{"empty second line", lineH, string(lineBody[:strings.IndexByte(string(lineBody), '\n')]) + "\n", "body"},
+		{"sizes header", with(lineH, wire.HeaderBatchSizes, "1,2"), string(lineBody), wire.HeaderBatchSizes},
+		{"sizes not numbers", with(lineH, wire.HeaderBatchSizes, "2,x"), string(lineBody), wire.HeaderBatchSizes},
+		{"sizes zero", with(lineH, wire.HeaderBatchSizes, "3,0"), strings.Replace(string(lineBody), "\n", ",", 1), wire.HeaderBatchSizes},
+		{"json sizes header", with(jsonH, wire.HeaderBatchSizes, "3"), string(jsonBody), wire.HeaderBatchSizes},
+		{"json sizes sum", with(jsonH, wire.HeaderBatchSizes, ""), strings.Replace(string(jsonBody), `"batch_sizes":[2,1]`, `"batch_sizes":[2,2]`, 1), wire.HeaderBatchSizes},
+		{"json sizes zero", with(jsonH, wire.HeaderBatchSizes, ""), strings.Replace(string(jsonBody), `"batch_sizes":[2,1]`, `"batch_sizes":[3,0]`, 1), "batch_sizes"},
 		{"field count", lineH, "1,a@x,a," + tok, "body"},
 		{"no ids", with(lineH, wire.HeaderTokenIDs, ""), string(lineBody), wire.HeaderTokenIDs},
 		{"id count", with(lineH, wire.HeaderTokenIDs, "1,2"), string(lineBody), wire.HeaderTokenIDs},

@@ -16,14 +16,15 @@ import (
 func FuzzDecode(f *testing.F) {
 	for _, format := range []wire.Format{wire.FormatLine, wire.FormatJSON} {
 		h, body, _, _ := encoded(f, format)
-		f.Add(h.Get(wire.HeaderFormat), h.Get(wire.HeaderTokenIDs), h.Get(wire.HeaderTokenKeys), h.Get(wire.HeaderCount), body)
+		f.Add(h.Get(wire.HeaderFormat), h.Get(wire.HeaderTokenIDs), h.Get(wire.HeaderTokenKeys), h.Get(wire.HeaderCount), h.Get(wire.HeaderBatchSizes), body)
 	}
-	f.Add("line", "1", "", "1", []byte("1,a,b,c,d"))
-	f.Add("json", "", "", "", []byte(`{"batch":"x","tokens":[{"id":1}]}`))
-	f.Add("xml", "", "", "", []byte{})
-	f.Fuzz(func(t *testing.T, format, ids, keys, count string, body []byte) {
+	f.Add("line", "1", "", "1", "", []byte("1,a,b,c,d"))
+	f.Add("line", "1,2", "", "2", "1,1", []byte("1,a,b,c,d\n1,a,b,c,d"))
+	f.Add("json", "", "", "", "", []byte(`{"batch":"x","tokens":[{"id":1}],"batch_sizes":[1]}`))
+	f.Add("xml", "", "", "", "", []byte{})
+	f.Fuzz(func(t *testing.T, format, ids, keys, count, sizes string, body []byte) {
 		h := nats.Header{}
-		for k, v := range map[string]string{wire.HeaderFormat: format, wire.HeaderTokenIDs: ids, wire.HeaderTokenKeys: keys, wire.HeaderCount: count} {
+		for k, v := range map[string]string{wire.HeaderFormat: format, wire.HeaderTokenIDs: ids, wire.HeaderTokenKeys: keys, wire.HeaderCount: count, wire.HeaderBatchSizes: sizes} {
 			if v != "" {
 				h.Set(k, v)
 			}
@@ -40,8 +41,25 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("token %d: key %q, from its token %q (%v)", i, tok.Key, key, err)
 			}
 		}
+		total := 0
+		for _, n := range b.Sizes {
+			if n <= 0 {
+				t.Fatalf("accepted a batch of %d tokens", n)
+			}
+			total += n
+		}
+		if total != len(b.Tokens) {
+			t.Fatalf("sizes %v for %d tokens", b.Sizes, len(b.Tokens))
+		}
 		if format == "" || format == "line" {
-			if again := consume.AppendLine(nil, b.Tokens); !bytes.Equal(again, body) {
+			var again []byte
+			for i, line := range b.Lines() {
+				if i > 0 {
+					again = append(again, '\n')
+				}
+				again = consume.AppendLine(again, line)
+			}
+			if !bytes.Equal(again, body) {
 				t.Fatalf("line %q encodes back to %q", body, again)
 			}
 			return

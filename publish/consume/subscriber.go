@@ -215,43 +215,46 @@ func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg, buf []byte) 
 			s.Log.Info("delivered again: a reader may have had its tokens before", "stream_seq", seqOf(meta), "deliveries", meta.NumDelivered)
 		}
 	}
-	keep := b.Tokens[:0]
-	for _, t := range b.Tokens {
-		if s.Action != "" && t.Action != s.Action {
-			continue
-		}
-		if s.Dedup != nil && s.Dedup.Contains(t.Key) {
-			continue
-		}
-		if !s.JSON && (!wire.LineSafe(t.Email) || !wire.LineSafe(t.Login)) {
-			// The sender would misparse the line: every other token of it
-			// would be lost, or a crafted field would forge rows.
-			if s.Log != nil {
-				s.Log.Warn("token not written: its email or login holds a comma, CR, LF or NUL, or exceeds 254 bytes", "reason", "unsafe_field", "token_id", t.ID, "stream_seq", seqOf(meta))
+	// Each batch of the message is a line of its own (or several, of at
+	// most MaxTokensPerLine tokens), as the collector wrote them.
+	var keys []string
+	for _, line := range b.Lines() {
+		keep := line[:0]
+		for _, t := range line {
+			if s.Action != "" && t.Action != s.Action {
+				continue
 			}
-			continue
-		}
-		keep = append(keep, t)
-	}
-	n := s.MaxTokensPerLine
-	if n <= 0 {
-		n = max(len(keep), 1)
-	}
-	for start := 0; start < len(keep); start += n {
-		part := keep[start:min(start+n, len(keep))]
-		if s.JSON {
-			if buf, err = AppendJSON(buf, b.ID, part); err != nil {
-				return buf, err
+			if s.Dedup != nil && s.Dedup.Contains(t.Key) {
+				continue
 			}
-		} else {
-			buf = AppendLine(buf, part)
+			if !s.JSON && (!wire.LineSafe(t.Email) || !wire.LineSafe(t.Login)) {
+				// The sender would misparse the line: every other token of
+				// it would be lost, or a crafted field would forge rows.
+				if s.Log != nil {
+					s.Log.Warn("token not written: its email or login holds a comma, CR, LF or NUL, or exceeds 254 bytes", "reason", "unsafe_field", "token_id", t.ID, "stream_seq", seqOf(meta))
+				}
+				continue
+			}
+			keep = append(keep, t)
+			keys = append(keys, t.Key)
 		}
-		buf = append(buf, '\n')
+		n := s.MaxTokensPerLine
+		if n <= 0 {
+			n = max(len(keep), 1)
+		}
+		for start := 0; start < len(keep); start += n {
+			part := keep[start:min(start+n, len(keep))]
+			if s.JSON {
+				if buf, err = AppendJSON(buf, b.ID, part); err != nil {
+					return buf, err
+				}
+			} else {
+				buf = AppendLine(buf, part)
+			}
+			buf = append(buf, '\n')
+		}
 	}
-	d := doubt{msg: msg}
-	for _, t := range keep {
-		d.keys = append(d.keys, t.Key)
-	}
+	d := doubt{msg: msg, keys: keys}
 	if len(buf) == 0 {
 		// Nothing went out: nothing to doubt.
 		s.ack(ctx, d)

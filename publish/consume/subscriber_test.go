@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,8 +77,16 @@ func TestSubscriberPipe(t *testing.T) {
 	}
 	lines := bufio.NewReader(r)
 	for i := 1; i <= 3; i++ {
-		if _, err := lines.ReadString('\n'); err != nil {
-			t.Fatal(err)
+		// Each message holds two batches, of two tokens and one: a line
+		// each, as the collector wrote them.
+		for _, tokens := range []int{2, 1} {
+			line, err := lines.ReadString('\n')
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fields := strings.Split(strings.TrimSuffix(line, "\n"), ","); len(fields) != 5*tokens {
+				t.Fatalf("message %d: line %q has %d fields, want %d", i, line, len(fields), 5*tokens)
+			}
 		}
 		// Taking line i acknowledges message i-1 and no more; more than
 		// AckWait passes by without a redelivery (kept in progress).

@@ -53,6 +53,7 @@ type Options struct {
 	Format      wire.Format
 	BatchLimit  int
 	MaxInFlight int
+	MaxBatches  int
 	// By names what recreates the slot, for its record (tailer status).
 	By string
 	// Failover is MAILROOM_SLOT_FAILOVER (replication.FailoverAuto, On,
@@ -265,6 +266,7 @@ func publishSnapshot(ctx context.Context, tx, jtx pgx.Tx, pub *publish.Publisher
 		Encoder:     publish.NewEncoder(opts.Signer, opts.Format),
 		Format:      opts.Format,
 		MaxInFlight: opts.MaxInFlight,
+		MaxBatches:  opts.MaxBatches,
 		MaxBytes:    int(nc.MaxPayload()),
 		Done:        batcher.Recycle,
 		Observer:    count,
@@ -365,9 +367,11 @@ type counter struct {
 	messages, published, unsafe, skipped atomic.Int64
 }
 
-func (c *counter) BatchPublished(_ *batch.Batch, published int, _ time.Duration) {
+func (c *counter) BatchPublished(*batch.Batch, int, time.Duration) {}
+
+func (c *counter) MessagePublished(_, tokens int, _ time.Duration) {
 	c.messages.Add(1)
-	c.published.Add(int64(published))
+	c.published.Add(int64(tokens))
 }
 
 func (c *counter) TokensSkipped(reason join.Skip, n int) {

@@ -39,17 +39,26 @@ const (
 	// published from (or that a resync published it for): its positions
 	// mean something only to that incarnation.
 	HeaderIncarnation = "Mailroom-Incarnation"
+	// HeaderBatchSizes gives the number of tokens of each batch the
+	// message holds, comma-joined in body order: a message carries one
+	// batch, or several consecutive batches of its subject that became
+	// ready together (group commit). Each is a line of its own in a line
+	// body. Messages of tailers before group commit lack it: one batch.
+	HeaderBatchSizes = "Mailroom-Batch-Sizes"
 )
 
 // Format is the body format of a published batch.
 type Format uint8
 
 const (
-	// FormatLine is the mailroom collector's batch line without its
-	// newline: action,email,login,token,code for every token, comma-joined.
+	// FormatLine is the mailroom collector's batch lines without the last
+	// newline: per batch, action,email,login,token,code for every token,
+	// comma-joined; batches separated by a newline.
 	FormatLine Format = iota
 	// FormatJSON is {"batch": id, "tokens": [{id, action, email, login,
-	// token, key, code, expires_at}, ...]}.
+	// token, key, code, expires_at}, ...], "batch_sizes": [n, ...]}: the
+	// tokens of every batch of the message in one array, and how many
+	// belong to each batch.
 	FormatJSON
 )
 

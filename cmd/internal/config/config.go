@@ -52,6 +52,7 @@ type Config struct {
 	ProtoVersion int
 	Binary       bool
 	MaxInFlight  int
+	MaxBatches   int
 	LogFormat    string
 	LogLevel     string
 	// MaxLag is the slot lag in bytes above which the tailer is not ready.
@@ -311,9 +312,14 @@ var Vars = []Var{
 		c.Binary = b
 		return nil
 	}},
-	{Env: "MAILROOM_MAX_IN_FLIGHT", Flag: "max-in-flight", Default: "16", Usage: "batches published and awaiting their PubAck at once", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_MAX_IN_FLIGHT", Flag: "max-in-flight", Default: strconv.Itoa(publish.DefaultMaxInFlight), Usage: "messages published and awaiting their PubAck at once; batches ready meanwhile go out together in the next message", Shown: true, set: func(c *Config, v string) error {
 		n, err := positiveInt(v, MaxInFlight)
 		c.MaxInFlight = n
+		return err
+	}},
+	{Env: "MAILROOM_MAX_BATCHES_PER_MESSAGE", Flag: "max-batches-per-message", Default: strconv.Itoa(publish.DefaultMaxBatches), Usage: "most batches one message carries when batches go out together (1: a message per batch, for consumers that take a message as one line)", Shown: true, set: func(c *Config, v string) error {
+		n, err := positiveInt(v, 100_000)
+		c.MaxBatches = n
 		return err
 	}},
 	{Env: "MAILROOM_MAX_LAG", Flag: "max-lag", Default: "67108864", Usage: "slot lag in bytes above which /readyz reports not ready (and tailer status exits 1)", Shown: true, set: func(c *Config, v string) error {

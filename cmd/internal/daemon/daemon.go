@@ -149,6 +149,7 @@ func ResyncOptions(cfg *config.Config, log *slog.Logger, by string) (resync.Opti
 		Format:      cfg.Format,
 		BatchLimit:  cfg.BatchLimit,
 		MaxInFlight: cfg.MaxInFlight,
+		MaxBatches:  cfg.MaxBatches,
 		By:          by,
 		Failover:    cfg.SlotFailover,
 		Log:         log,

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,6 +28,7 @@ import (
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
+	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/embedded"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
@@ -118,7 +120,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	return e
 }
 
-var runVarsForTest = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SECRET_KEY", "MAILROOM_BATCH_LIMIT", "MAILROOM_BATCH_TIMEOUT", "MAILROOM_NATS_URL", "MAILROOM_NATS_STREAM", "MAILROOM_NATS_SUBJECT", "MAILROOM_FORMAT", "MAILROOM_HTTP_ADDR", "MAILROOM_SLOT", "MAILROOM_PUBLICATION", "MAILROOM_PROTO_VERSION", "MAILROOM_BINARY", "MAILROOM_MAX_IN_FLIGHT", "MAILROOM_LOG_FORMAT", "MAILROOM_LOG_LEVEL", "MAILROOM_MAX_LAG", "MAILROOM_LAG_INTERVAL", "MAILROOM_NATS_REPLICAS", "MAILROOM_SUBJECT_PER_ACTION"}
+var runVarsForTest = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SECRET_KEY", "MAILROOM_BATCH_LIMIT", "MAILROOM_BATCH_TIMEOUT", "MAILROOM_NATS_URL", "MAILROOM_NATS_STREAM", "MAILROOM_NATS_SUBJECT", "MAILROOM_FORMAT", "MAILROOM_HTTP_ADDR", "MAILROOM_SLOT", "MAILROOM_PUBLICATION", "MAILROOM_PROTO_VERSION", "MAILROOM_BINARY", "MAILROOM_MAX_IN_FLIGHT", "MAILROOM_MAX_BATCHES_PER_MESSAGE", "MAILROOM_LOG_FORMAT", "MAILROOM_LOG_LEVEL", "MAILROOM_MAX_LAG", "MAILROOM_LAG_INTERVAL", "MAILROOM_NATS_REPLICAS", "MAILROOM_SUBJECT_PER_ACTION"}
 
 // start runs the tailer in the background until stop is called.
 func (e *env) start() {
@@ -154,6 +156,20 @@ type published struct {
 	body   []byte
 	ids    []int64
 	count  int
+	// sizes are the tokens of each batch the message carries
+	// (Mailroom-Batch-Sizes).
+	sizes []int
+}
+
+// batchIDs returns the token ids of each batch of the message.
+func (p published) batchIDs() [][]int64 {
+	var out [][]int64
+	at := 0
+	for _, n := range p.sizes {
+		out = append(out, p.ids[at:at+n])
+		at += n
+	}
+	return out
 }
 
 // messages reads every message on the stream until it holds at least n
@@ -194,6 +210,11 @@ func (e *env) readAll() []published {
 		if p.ids, err = tailertest.TokenIDs(m); err != nil {
 			e.t.Fatal(err)
 		}
+		b, err := consume.Decode(m.Header, m.Data)
+		if err != nil {
+			e.t.Fatalf("message %d: %v", m.Sequence, err)
+		}
+		p.sizes = b.Sizes
 		out = append(out, p)
 	}
 	return out
@@ -273,16 +294,26 @@ func TestEndToEnd(t *testing.T) {
 	signer, _ := publish.NewSigner(mustKey(t))
 	belowLimit := 0
 	for _, m := range msgs {
-		if m.count > limit || m.count != len(m.ids) || m.count == 0 {
-			t.Fatalf("message %d: count %d, %d ids, limit %d", m.seq, m.count, len(m.ids), limit)
+		if m.count != len(m.ids) || m.count == 0 {
+			t.Fatalf("message %d: count %d, %d ids", m.seq, m.count, len(m.ids))
 		}
-		if m.count < limit {
-			belowLimit++
+		// Each batch is a line of at most the limit.
+		lines := strings.Split(string(m.body), "\n")
+		if len(lines) != len(m.sizes) {
+			t.Fatalf("message %d: %d lines for batches %v", m.seq, len(lines), m.sizes)
+		}
+		for i, n := range m.sizes {
+			if n > limit || len(strings.Split(lines[i], ",")) != 5*n {
+				t.Fatalf("message %d: batch %d of %d tokens in a line of %d fields, limit %d", m.seq, i, n, len(strings.Split(lines[i], ",")), limit)
+			}
+			if n < limit {
+				belowLimit++
+			}
 		}
 		if id := m.header.Get(wire.HeaderMsgID); id != m.header.Get(wire.HeaderPosFirst)+"-"+m.header.Get(wire.HeaderPosLast) {
 			t.Fatalf("message %d: Nats-Msg-Id %q is not its position range", m.seq, id)
 		}
-		fields := strings.Split(string(m.body), ",")
+		fields := strings.Split(strings.ReplaceAll(string(m.body), "\n", ","), ",")
 		if len(fields) != 5*m.count {
 			t.Fatalf("message %d: %d fields for %d tokens", m.seq, len(fields), m.count)
 		}
@@ -320,6 +351,15 @@ func TestEndToEnd(t *testing.T) {
 		}
 	}
 	e.WaitConfirmed("mailroom", e.WalLSN(), 30*time.Second)
+}
+
+// batchSizes returns the sizes of every batch of msgs, in order.
+func batchSizes(msgs []published) []int {
+	var sizes []int
+	for _, m := range msgs {
+		sizes = append(sizes, m.sizes...)
+	}
+	return sizes
 }
 
 func mustKey(t *testing.T) []byte {
@@ -389,8 +429,8 @@ func TestLargeTransactionConfirmedOnlyAfterLastBatch(t *testing.T) {
 	e.Exec(`INSERT INTO accounts (email, login) SELECT 'big' || g || '@example.com', 'big' || g FROM generate_series(1, 2500) g`)
 
 	msgs := e.messages(2000)
-	if len(msgs) != 2 || msgs[0].count != limit || msgs[1].count != limit {
-		t.Fatalf("got %d messages, want two full batches", len(msgs))
+	if sizes := batchSizes(msgs); !slices.Equal(sizes, []int{limit, limit}) {
+		t.Fatalf("got batches of %v tokens, want two full batches", sizes)
 	}
 	first, err := decoder.ParsePosition(msgs[0].header.Get(wire.HeaderPosFirst))
 	if err != nil {
@@ -410,8 +450,8 @@ func TestLargeTransactionConfirmedOnlyAfterLastBatch(t *testing.T) {
 	// 500 more tokens fill the third batch.
 	e.Exec(`INSERT INTO accounts (email, login) SELECT 'more' || g || '@example.com', 'more' || g FROM generate_series(1, 500) g`)
 	msgs = e.messages(3000)
-	if len(msgs) != 3 || msgs[2].count != limit {
-		t.Fatalf("got %d messages", len(msgs))
+	if sizes := batchSizes(msgs); !slices.Equal(sizes, []int{limit, limit, limit}) {
+		t.Fatalf("got batches of %v tokens, want three full batches", sizes)
 	}
 	e.WaitConfirmed("mailroom", e.WalLSN(), 30*time.Second)
 
@@ -565,13 +605,20 @@ func testLineMatchesCollector(t *testing.T, o envOpts) {
 	e.Exec(`INSERT INTO accounts (email, login) VALUES ('last@fake.mail', 'last')`)
 	msgs := e.messages(6)
 	for _, m := range msgs {
-		want := e.collectorLine(m.ids)
+		// The collector printed a line per batch.
+		var want []byte
+		for i, ids := range m.batchIDs() {
+			if i > 0 {
+				want = append(want, '\n')
+			}
+			want = append(want, e.collectorLine(ids)...)
+		}
 		if !bytes.Equal(m.body, want) {
 			t.Fatalf("message %d body\n%s\nwant what the collector prints\n%s", m.seq, m.body, want)
 		}
 	}
-	if len(msgs) != 2 || msgs[0].count != 5 || msgs[1].count != 1 {
-		t.Fatalf("batches of %d messages", len(msgs))
+	if sizes := batchSizes(msgs); !slices.Equal(sizes, []int{5, 1}) {
+		t.Fatalf("batches of %v tokens, want 5 and 1", sizes)
 	}
 }
 

@@ -24,6 +24,8 @@ type Metrics struct {
 	batches        *prometheus.CounterVec
 	batchSize      prometheus.Histogram
 	publishLatency prometheus.Histogram
+	messageBatches prometheus.Histogram
+	messageLatency prometheus.Histogram
 	commitToAck    prometheus.Histogram
 	lastDone       prometheus.Gauge
 	confirmed      prometheus.Gauge
@@ -46,6 +48,8 @@ var MetricNames = []string{
 	"tailer_batches_published_total",
 	"tailer_batch_size_tokens",
 	"tailer_publish_latency_seconds",
+	"tailer_message_batches",
+	"tailer_message_publish_seconds",
 	"tailer_commit_to_ack_seconds",
 	"tailer_last_done_commit_lsn",
 	"tailer_confirmed_lsn",
@@ -81,7 +85,14 @@ func NewMetrics(pending func() float64) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(1, 2, 14),
 		}),
 		publishLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "tailer_publish_latency_seconds", Help: "Time from publishing a batch to its PubAck.", Buckets: latency,
+			Name: "tailer_publish_latency_seconds", Help: "Time from a batch being ready to publish (joined) to its PubAck, its wait for a place in a message included.", Buckets: latency,
+		}),
+		messageBatches: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tailer_message_batches", Help: "Batches each published message carried: more than one when batches became ready while earlier messages awaited their PubAck (group commit).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
+		}),
+		messageLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tailer_message_publish_seconds", Help: "Time from publishing a message to its PubAck: the stream's commit, its sync to disk included.", Buckets: latency,
 		}),
 		commitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "tailer_commit_to_ack_seconds", Help: "Time from the commit of a batch's oldest token to the batch's PubAck.", Buckets: latency,
@@ -135,7 +146,7 @@ func NewMetrics(pending func() float64) *Metrics {
 	for _, r := range blockedReasons {
 		m.blocked.WithLabelValues(r)
 	}
-	m.reg.MustRegister(m.published, m.skipped, m.batches, m.batchSize, m.publishLatency, m.commitToAck,
+	m.reg.MustRegister(m.published, m.skipped, m.batches, m.batchSize, m.publishLatency, m.messageBatches, m.messageLatency, m.commitToAck,
 		m.lastDone, m.confirmed, m.slotLag, m.slotRetained, m.slotConfirmed, m.slotSampled, m.slotHeld, m.slotLost, m.blocked, m.ready,
 		m.reconnects, m.pending,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -152,6 +163,12 @@ func (m *Metrics) BatchPublished(b *batch.Batch, n int, latency time.Duration) {
 	m.batchSize.Observe(float64(n))
 	m.publishLatency.Observe(latency.Seconds())
 	m.commitToAck.Observe(time.Since(b.Tokens[0].Committed()).Seconds())
+}
+
+// MessagePublished implements publish.Observer.
+func (m *Metrics) MessagePublished(batches, _ int, latency time.Duration) {
+	m.messageBatches.Observe(float64(batches))
+	m.messageLatency.Observe(latency.Seconds())
 }
 
 // TokensSkipped implements publish.Observer.

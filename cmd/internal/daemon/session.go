@@ -150,6 +150,7 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		Encoder:     publish.NewEncoder(signer, cfg.Format),
 		Format:      cfg.Format,
 		MaxInFlight: cfg.MaxInFlight,
+		MaxBatches:  cfg.MaxBatches,
 		MaxBytes:    int(nc.MaxPayload()),
 		Done: func(b *batch.Batch) {
 			d.metrics.done(b)

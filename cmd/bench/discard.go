@@ -1,0 +1,71 @@
+package main
+
+// The ceiling: a bare pglogrepl client that reads the slot's stream with the
+// tailer's default pgoutput options and discards it, counting inserts.
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// discardDrain reads n inserts from slot and returns the tokens per second
+// and the walsender's CPU per token (µs), from connecting to the n-th
+// insert.
+func discardDrain(ctx context.Context, url, slot string, n int) (Drain, error) {
+	d := Drain{Variant: "discard-client", Tokens: n}
+	start := time.Now()
+	conn, err := pgconn.Connect(ctx, url+"&replication=database")
+	if err != nil {
+		return d, fmt.Errorf("discard client: %w", err)
+	}
+	defer conn.Close(context.Background())
+	err = pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
+		Mode:       pglogrepl.LogicalReplication,
+		PluginArgs: []string{"proto_version '2'", "publication_names 'mailroom'", "binary 'true'", "streaming 'on'"},
+	})
+	if err != nil {
+		return d, fmt.Errorf("discard client: %w", err)
+	}
+	var walPID uint32 = conn.PID()
+	steal := stealMeter()
+	inserts := 0
+	var pos pglogrepl.LSN
+	for inserts < n {
+		msg, err := conn.ReceiveMessage(ctx)
+		if err != nil {
+			return d, fmt.Errorf("discard client after %d inserts: %w", inserts, err)
+		}
+		cd, ok := msg.(*pgproto3.CopyData)
+		if !ok || len(cd.Data) == 0 {
+			continue
+		}
+		switch cd.Data[0] {
+		case pglogrepl.XLogDataByteID:
+			x, err := pglogrepl.ParseXLogData(cd.Data[1:])
+			if err != nil {
+				return d, err
+			}
+			if len(x.WALData) > 0 && x.WALData[0] == 'I' {
+				inserts++
+			}
+			pos = x.WALStart
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			k, err := pglogrepl.ParsePrimaryKeepaliveMessage(cd.Data[1:])
+			if err == nil && k.ReplyRequested {
+				pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos, WALFlushPosition: 0, WALApplyPosition: 0})
+			}
+		}
+	}
+	d.Seconds = time.Since(start).Seconds()
+	d.TokensPerSecond = float64(n) / d.Seconds
+	walCPU, _ := cpuSeconds(int(walPID))
+	d.WalsenderMicrosPerTk = 1e6 * walCPU / float64(n)
+	d.WalsenderCPUPct = 100 * walCPU / d.Seconds
+	d.StealPct = steal()
+	return d, nil
+}
