@@ -66,7 +66,8 @@ func (s Skip) String() string {
 }
 
 // TokenState is the joined state of one token. Email and Login point into a
-// buffer reused by the next Join.
+// buffer of the Join that filled them, which no later Join reuses: joined
+// batches wait for their message while the next ones are joined.
 type TokenState struct {
 	Skip      Skip
 	Email     []byte
@@ -243,7 +244,9 @@ func (j *Joiner) query(ctx context.Context, rows [][]TokenState) (invisible int6
 	for _, r := range j.index {
 		rows[r.b][r.i] = TokenState{Skip: SkipDeleted}
 	}
-	j.arena = j.arena[:0]
+	// A buffer of its own (sized as the last): rows of an earlier join may
+	// still be waiting to be encoded.
+	j.arena = make([]byte, 0, cap(j.arena))
 	// Binary results keep the per-row cost to a few byte copies.
 	args := []any{pgx.QueryResultFormats{pgx.BinaryFormatCode}, j.ids, j.xids}
 	sql := joinByIDs

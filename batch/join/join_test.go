@@ -169,6 +169,31 @@ func TestJoinMany(t *testing.T) {
 	}
 }
 
+// Joined batches wait for their message while later ones are joined (group
+// commit): the email and login of a join stay what they were after the
+// next join.
+func TestRowsOutliveTheNextJoin(t *testing.T) {
+	ctx, _, conn := setup(t)
+	conn.Exec(ctx, `INSERT INTO accounts (email, login, status) VALUES ('first@x', 'first', 'active'), ('second-longer@x', 'second-longer', 'active')`)
+	j := NewJoiner(conn)
+	a := []decoder.Token{insertToken(t, ctx, conn, "first", "password_recovery", "")}
+	ra := make([]TokenState, 1)
+	if err := j.Join(ctx, a, ra); err != nil {
+		t.Fatal(err)
+	}
+	b := []decoder.Token{insertToken(t, ctx, conn, "second-longer", "password_recovery", "")}
+	rb := make([]TokenState, 1)
+	if err := j.Join(ctx, b, rb); err != nil {
+		t.Fatal(err)
+	}
+	if string(ra[0].Email) != "first@x" || string(ra[0].Login) != "first" {
+		t.Errorf("first join's row after the second: %q %q", ra[0].Email, ra[0].Login)
+	}
+	if string(rb[0].Email) != "second-longer@x" || string(rb[0].Login) != "second-longer" {
+		t.Errorf("second join's row: %q %q", rb[0].Email, rb[0].Login)
+	}
+}
+
 // On a freshly loaded table (no statistics yet, as after a bulk import that
 // the tailer then drains), both forms of the join must still be planned as
 // index probes. PostgreSQL's custom plans for them were parallel sequential

@@ -70,7 +70,7 @@ type Results struct {
 	Live    []*Live `json:"live"`
 	// Designs is -designs: the group-commit designs on the server alone.
 	Designs []Design `json:"designs,omitempty"`
-	Targets Targets `json:"targets"`
+	Targets Targets  `json:"targets"`
 }
 
 // Targets are the ratios the tailer is judged by (see docs/performance.md).

@@ -1064,11 +1064,34 @@ func TestSIGKILLInsideAGroup(t *testing.T) {
 	if code := p.term(15 * time.Second); code != 0 {
 		t.Fatalf("exit code %d after SIGTERM", code)
 	}
+	// Each token goes to its own account's address: batches joined while
+	// earlier ones wait for their message keep their rows.
+	emails := map[int64]string{}
+	rows, err := c.Conn.Query(c.ctx, `SELECT t.id, a.email FROM tokens t JOIN accounts a ON a.id = t.account`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id int64
+		var email string
+		if err := rows.Scan(&id, &email); err != nil {
+			t.Fatal(err)
+		}
+		emails[id] = email
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
 	grouped := 0
 	for _, m := range c.messages() {
 		b, err := consume.Decode(m.Header, m.Data)
 		if err != nil {
 			t.Fatalf("message %d: %v", m.Sequence, err)
+		}
+		for _, tok := range b.Tokens {
+			if emails[tok.ID] != tok.Email {
+				t.Fatalf("message %d: token %d addressed to %q, its account's email is %q", m.Sequence, tok.ID, tok.Email, emails[tok.ID])
+			}
 		}
 		for _, size := range b.Sizes {
 			if size != 1 {
