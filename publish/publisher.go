@@ -73,6 +73,7 @@ type Publisher struct {
 	stream      jetstream.Stream
 	name        string
 	subjects    []string
+	replicas    int
 	origin      string
 	incarnation string
 
@@ -172,7 +173,7 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Destination) (*Publish
 			return nil, &StreamConfigError{cfg.Name, fmt.Errorf("does not take subject %s (its subjects: %v): set MAILROOM_NATS_SUBJECT to one it takes, or add it to the stream", subject, info.Config.Subjects)}
 		}
 	}
-	p := &Publisher{js: js, stream: stream, name: cfg.Name, subjects: subjects,
+	p := &Publisher{js: js, stream: stream, name: cfg.Name, subjects: subjects, replicas: max(info.Config.Replicas, 1),
 		laneLast: make([]stored, len(subjects)), lastPos: make([]decoder.Position, len(subjects))}
 	if cfg.Origin.SystemID != "" {
 		p.origin = cfg.Origin.String()
@@ -251,6 +252,9 @@ func (p *Publisher) CheckDuplicate(ctx context.Context, id string, seq uint64) e
 	}
 	return nil
 }
+
+// Replicas is the stream's number of copies.
+func (p *Publisher) Replicas() int { return p.replicas }
 
 // LastSeq is the stream's last sequence when the publisher started; 0 for
 // an empty stream.

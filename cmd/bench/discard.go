@@ -69,3 +69,75 @@ func discardDrain(ctx context.Context, url, slot string, n int) (Drain, error) {
 	d.StealPct = steal()
 	return d, nil
 }
+
+// discardLive reads slot until ctx ends and calls arrived with the id of
+// each token insert as it comes.
+func discardLive(ctx context.Context, url, slot string, arrived func(id int64)) error {
+	conn, err := pgconn.Connect(ctx, url+"&replication=database")
+	if err != nil {
+		return fmt.Errorf("discard client: %w", err)
+	}
+	defer conn.Close(context.Background())
+	err = pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
+		Mode:       pglogrepl.LogicalReplication,
+		PluginArgs: []string{"proto_version '2'", "publication_names 'mailroom'", "binary 'true'", "streaming 'on'"},
+	})
+	if err != nil {
+		return fmt.Errorf("discard client: %w", err)
+	}
+	idColumn := map[uint32]int{}
+	var pos pglogrepl.LSN
+	inStream := false
+	for {
+		msg, err := conn.ReceiveMessage(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("discard client: %w", err)
+		}
+		cd, ok := msg.(*pgproto3.CopyData)
+		if !ok || len(cd.Data) == 0 {
+			continue
+		}
+		switch cd.Data[0] {
+		case pglogrepl.XLogDataByteID:
+			x, err := pglogrepl.ParseXLogData(cd.Data[1:])
+			if err != nil {
+				return err
+			}
+			pos = x.WALStart
+			m, err := pglogrepl.ParseV2(x.WALData, inStream)
+			if err != nil {
+				return fmt.Errorf("discard client: %w", err)
+			}
+			switch m := m.(type) {
+			case *pglogrepl.StreamStartMessageV2:
+				inStream = true
+			case *pglogrepl.StreamStopMessageV2:
+				inStream = false
+			case *pglogrepl.RelationMessageV2:
+				for i, c := range m.Columns {
+					if c.Name == "id" {
+						idColumn[m.RelationID] = i
+					}
+				}
+			case *pglogrepl.InsertMessageV2:
+				i, ok := idColumn[m.RelationID]
+				if !ok || m.Tuple == nil || i >= len(m.Tuple.Columns) {
+					continue
+				}
+				var id int64
+				for _, b := range m.Tuple.Columns[i].Data {
+					id = id<<8 | int64(b) // binary integer, big-endian, of any width
+				}
+				arrived(id)
+			}
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			k, err := pglogrepl.ParsePrimaryKeepaliveMessage(cd.Data[1:])
+			if err == nil && k.ReplyRequested {
+				pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos, WALFlushPosition: pos, WALApplyPosition: pos})
+			}
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -353,6 +354,13 @@ func drain(ctx context.Context, o options, url, variant, slot string, n int) (Dr
 		return d, fmt.Errorf("only %d of %d tokens after 10 minutes", cnt.n.Load(), n)
 	}
 	d.Seconds = time.Since(start).Seconds()
+	if o.keep {
+		// The tailer's own view (batches a message, join and commit
+		// times), beside its log.
+		if err := fetchProfile(filepath.Join(o.dir, slot+".metrics"), "http://127.0.0.1:19999/metrics"); err != nil {
+			fmt.Println("metrics:", err)
+		}
+	}
 	walCPU, _ := cpuSeconds(walPID)
 	tailerCPU, _ := cpuSeconds(t.cmd.Process.Pid)
 	selfCPU, _ := cpuSeconds(os.Getpid())

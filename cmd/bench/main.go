@@ -32,6 +32,7 @@ type options struct {
 	limit            int
 	liveRate         int
 	liveRates        string
+	liveDiscard      bool
 	designs          bool
 	defaults         bool
 	liveSeconds      int
@@ -98,6 +99,7 @@ func main() {
 	flag.BoolVar(&o.designs, "designs", false, "also compare the group-commit designs on an embedded server alone: a message per batch, atomic batches, several batches a message")
 	flag.BoolVar(&o.defaults, "defaults", true, "drain the backlog with every setting at its default (batch limit 10), to one server and to an R3 stream")
 	flag.StringVar(&o.liveRates, "live-rates", "2000,5000", "single-row transactions per second of each live run, comma-separated (empty skips them)")
+	flag.BoolVar(&o.liveDiscard, "live-discard", true, "also time each live rate with a bare client of the slot instead of the tailer (the floor: commit to the insert's arrival)")
 	flag.IntVar(&o.liveSeconds, "live-seconds", 10, "length of the live run")
 	flag.IntVar(&o.liveWarmup, "live-warmup", 1, "seconds of the live run before latencies are counted")
 	flag.IntVar(&o.liveConns, "live-conns", 8, "writer connections in the live run")
@@ -166,6 +168,11 @@ func run(o options) error {
 		return err
 	}
 
+	if o.liveRates != "" {
+		if err := settle(ctx, pg); err != nil {
+			return err
+		}
+	}
 	for _, r := range strings.Split(o.liveRates, ",") {
 		if r == "" {
 			continue
@@ -177,11 +184,22 @@ func run(o options) error {
 		if err != nil {
 			return err
 		}
-		live, err := liveLatency(ctx, o, url)
+		live, err := liveLatency(ctx, o, url, false)
 		if err != nil {
 			return fmt.Errorf("live at %s/s: %w", r, err)
 		}
 		res.Live = append(res.Live, live)
+		if o.liveDiscard {
+			url, err := createDB(ctx, pg, "bench_live_"+r+"_discard")
+			if err != nil {
+				return err
+			}
+			live, err := liveLatency(ctx, o, url, true)
+			if err != nil {
+				return fmt.Errorf("live at %s/s, discard client: %w", r, err)
+			}
+			res.Live = append(res.Live, live)
+		}
 	}
 	res.Targets = targets(res, o)
 
@@ -192,6 +210,30 @@ func run(o options) error {
 	}
 	fmt.Println("wrote", o.out)
 	return nil
+}
+
+// settle vacuums the drains' databases and checkpoints, so that the live
+// runs measure the tailer in the steady state, not beside autovacuum
+// working through the backlogs just drained.
+func settle(ctx context.Context, pg *pgtest.Server) error {
+	for _, db := range []string{"bench_small", "bench_big"} {
+		conn, err := pgx.Connect(ctx, pg.URL(db))
+		if err != nil {
+			continue // not made in this run
+		}
+		_, err = conn.Exec(ctx, "VACUUM (ANALYZE)")
+		conn.Close(ctx)
+		if err != nil {
+			return fmt.Errorf("vacuum %s: %w", db, err)
+		}
+	}
+	conn, err := pgx.Connect(ctx, pg.URL("postgres"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "CHECKPOINT")
+	return err
 }
 
 func createDB(ctx context.Context, pg *pgtest.Server, name string) (string, error) {
@@ -219,6 +261,11 @@ func printSummary(r Results) {
 		fmt.Printf("drain rate, one transaction over 1,000-row transactions: %.3f\n", r.OneTxRatio)
 	}
 	for _, l := range r.Live {
+		if l.Client == "discard-client" {
+			fmt.Printf("live, discard client: %d tokens (after %d not counted) at %.0f/s: commit to arrival p50 %.2f ms, p99 %.2f ms, max %.2f ms; steal %.1f%%\n",
+				l.Tokens, l.WarmupTokens, l.AchievedPerSec, l.P50Millis, l.P99Millis, l.MaxMillis, l.StealPct)
+			continue
+		}
 		fmt.Printf("live: %d tokens (after %d not counted) at %.0f/s (target %d/s), batch limit %d, NATS sync %s: commit to arrival p50 %.2f ms, p99 %.2f ms, max %.2f ms; commit to stored (PubAck) p50 %.2f ms, p99 %.2f ms; steal %.1f%%\n",
 			l.Tokens, l.WarmupTokens, l.AchievedPerSec, l.TargetPerSecond, l.BatchLimit, r.NATSSync, l.P50Millis, l.P99Millis, l.MaxMillis, l.StoredP50Millis, l.StoredP99Millis, l.StealPct)
 	}

@@ -171,6 +171,10 @@ func TestNATSClusterLosesNodes(t *testing.T) {
 	sub := c.subscriber(out, "--durable", "sender", "--from-start")
 	p := c.tailer("MAILROOM_NATS_REPLICAS=3")
 	p.waitLog("msg=streaming", 1, 30*time.Second)
+	// MAILROOM_MAX_IN_FLIGHT=auto: a replicated stream overlaps messages.
+	if !strings.Contains(p.out.String(), "replicas=3 ") || !strings.Contains(p.out.String(), "max_in_flight=2") {
+		t.Errorf("streaming on an R3 stream with max_in_flight auto:\n%s", p.out.String())
+	}
 	w := c.startWriter(3, 10*time.Millisecond)
 	time.Sleep(time.Second)
 	// The leader, then a follower, each while the other two keep quorum

@@ -430,6 +430,10 @@ func TestSIGTERMPublishesPendingBatch(t *testing.T) {
 	c := newCluster(t, pgtest.Shared(t), 10, time.Hour)
 	p := c.tailer()
 	p.waitLog("msg=streaming", 1, 30*time.Second)
+	// MAILROOM_MAX_IN_FLIGHT=auto: one replica stores one message at a time.
+	if !strings.Contains(p.out.String(), "replicas=1 ") || !strings.Contains(p.out.String(), "max_in_flight=1") {
+		t.Errorf("streaming on an R1 stream with max_in_flight auto:\n%s", p.out.String())
+	}
 	c.Exec(`INSERT INTO accounts (email, login) SELECT 'h' || g || '@x', 'h' || g FROM generate_series(1, 3) g`)
 	end := c.WalLSN()
 	// Let the tailer read the three tokens into its open batch.

@@ -52,7 +52,7 @@ func TestBadConfiguration(t *testing.T) {
 		{"bad http addr", map[string]string{"MAILROOM_HTTP_ADDR": "9187"}, nil, "MAILROOM_HTTP_ADDR"},
 		{"bad proto", map[string]string{"MAILROOM_PROTO_VERSION": "3"}, nil, "MAILROOM_PROTO_VERSION"},
 		{"bad log level", map[string]string{"MAILROOM_LOG_LEVEL": "loud"}, nil, "MAILROOM_LOG_LEVEL"},
-		{"in-flight above the client's cap", map[string]string{"MAILROOM_MAX_IN_FLIGHT": "1025"}, nil, "MAILROOM_MAX_IN_FLIGHT: must be a whole number from 1 to 1000"},
+		{"in-flight above the client's cap", map[string]string{"MAILROOM_MAX_IN_FLIGHT": "1025"}, nil, "MAILROOM_MAX_IN_FLIGHT: must be auto or a whole number from 1 to 1000"},
 		{"replication timeout too short", map[string]string{"MAILROOM_REPLICATION_TIMEOUT": "10"}, nil, "MAILROOM_REPLICATION_TIMEOUT"},
 		{"pprof not a bool", map[string]string{"MAILROOM_PPROF": "maybe"}, nil, "MAILROOM_PPROF"},
 		{"unreachable NATS URL", map[string]string{"MAILROOM_NATS_URL": "nats://127.0.0.1:1", "MAILROOM_HTTP_ADDR": ""}, []string{"--http-addr="}, "MAILROOM_NATS_URL: cannot connect to nats://127.0.0.1:1"},

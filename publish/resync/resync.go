@@ -21,6 +21,7 @@
 package resync
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -265,7 +266,7 @@ func publishSnapshot(ctx context.Context, tx, jtx pgx.Tx, pub *publish.Publisher
 		Joiner:      join.NewJoiner(jtx),
 		Encoder:     publish.NewEncoder(opts.Signer, opts.Format),
 		Format:      opts.Format,
-		MaxInFlight: opts.MaxInFlight,
+		MaxInFlight: cmp.Or(opts.MaxInFlight, publish.InFlightFor(pub.Replicas())),
 		MaxBatches:  opts.MaxBatches,
 		MaxBytes:    int(nc.MaxPayload()),
 		Done:        batcher.Recycle,

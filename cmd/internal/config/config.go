@@ -51,10 +51,11 @@ type Config struct {
 	Publication  string
 	ProtoVersion int
 	Binary       bool
-	MaxInFlight  int
-	MaxBatches   int
-	LogFormat    string
-	LogLevel     string
+	// MaxInFlight is 0 for auto: publish.InFlightFor the stream.
+	MaxInFlight int
+	MaxBatches  int
+	LogFormat   string
+	LogLevel    string
 	// MaxLag is the slot lag in bytes above which the tailer is not ready.
 	MaxLag int64
 	// LagInterval is how often the slot's lag is sampled.
@@ -312,10 +313,17 @@ var Vars = []Var{
 		c.Binary = b
 		return nil
 	}},
-	{Env: "MAILROOM_MAX_IN_FLIGHT", Flag: "max-in-flight", Default: strconv.Itoa(publish.DefaultMaxInFlight), Usage: "messages published and awaiting their PubAck at once; batches ready meanwhile go out together in the next message", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_MAX_IN_FLIGHT", Flag: "max-in-flight", Default: "auto", Usage: "messages published and awaiting their PubAck at once; batches ready meanwhile go out together in the next message (auto: 1 on a stream of one replica, 2 on a replicated one)", Shown: true, set: func(c *Config, v string) error {
+		if v == "auto" {
+			c.MaxInFlight = 0
+			return nil
+		}
 		n, err := positiveInt(v, MaxInFlight)
+		if err != nil {
+			return invalid("must be auto or a whole number from 1 to %d", MaxInFlight)
+		}
 		c.MaxInFlight = n
-		return err
+		return nil
 	}},
 	{Env: "MAILROOM_MAX_BATCHES_PER_MESSAGE", Flag: "max-batches-per-message", Default: strconv.Itoa(publish.DefaultMaxBatches), Usage: "most batches one message carries when batches go out together (1: a message per batch, for consumers that take a message as one line)", Shown: true, set: func(c *Config, v string) error {
 		n, err := positiveInt(v, 100_000)

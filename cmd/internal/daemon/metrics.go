@@ -85,7 +85,7 @@ func NewMetrics(pending func() float64) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(1, 2, 14),
 		}),
 		publishLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "tailer_publish_latency_seconds", Help: "Time from a batch being ready to publish (joined) to its PubAck, its wait for a place in a message included.", Buckets: latency,
+			Name: "tailer_publish_latency_seconds", Help: "Time from a batch being handed to the publisher (cut) to its PubAck: its join and its wait for a place in a message included.", Buckets: latency,
 		}),
 		messageBatches: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "tailer_message_batches", Help: "Batches each published message carried: more than one when batches became ready while earlier messages awaited their PubAck (group commit).",

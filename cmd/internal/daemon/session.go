@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -115,8 +116,9 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		d.held.Store(false)
 		d.metrics.setHeld(false)
 	}()
+	inFlight := cmp.Or(cfg.MaxInFlight, publish.InFlightFor(pub.Replicas()))
 	d.log.Info("streaming", "slot", cfg.Slot, "incarnation", rec.Incarnation, "from", slot.ConfirmedFlush, "resume_after", pub.LastPosition(0).String(),
-		"stream", cfg.Stream, "subject", cfg.Subject, "batch_limit", cfg.BatchLimit, "batch_timeout", cfg.BatchTimeout)
+		"stream", cfg.Stream, "subject", cfg.Subject, "replicas", pub.Replicas(), "batch_limit", cfg.BatchLimit, "batch_timeout", cfg.BatchTimeout, "max_in_flight", inFlight)
 	select {
 	case <-d.ready:
 	default:
@@ -149,7 +151,7 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		Joiner:      joiner,
 		Encoder:     publish.NewEncoder(signer, cfg.Format),
 		Format:      cfg.Format,
-		MaxInFlight: cfg.MaxInFlight,
+		MaxInFlight: inFlight,
 		MaxBatches:  cfg.MaxBatches,
 		MaxBytes:    int(nc.MaxPayload()),
 		Done: func(b *batch.Batch) {
