@@ -2,6 +2,7 @@ package publish
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -321,8 +322,8 @@ func TestGroupRefusedHalfWay(t *testing.T) {
 		}
 	}
 	err := g.run(ctx, slices.Clone(batches))
-	if err == nil || !strings.Contains(err.Error(), "wrong last sequence") {
-		t.Fatalf("Run = %v, want the second message refused for its last sequence", err)
+	if !errors.Is(err, ErrStreamMoved) || !strings.Contains(err.Error(), "wrong last sequence") {
+		t.Fatalf("Run = %v, want the second message refused for its last sequence (ErrStreamMoved)", err)
 	}
 	if len(g.done) != 2 || g.done[0] != batches[0] || g.done[1] != batches[1] {
 		t.Fatalf("%d batches done, want the first message's two", len(g.done))

@@ -399,6 +399,13 @@ func (p *Pipeline) countSkips(tokens []decoder.Token, rows []join.TokenState) {
 	}
 }
 
+// ErrStreamMoved is a message refused because the stream's last sequence
+// is not the one this session chained it to: another writer (a standby
+// that took over, a resync) extended the stream, or an earlier message of
+// this session was refused. Nothing of it was stored; the next session
+// resumes after whatever the stream holds then.
+var ErrStreamMoved = errors.New("the stream moved on without this session")
+
 func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, places chan<- struct{}, bodies chan<- []byte, free chan<- *ready) error {
 	for it := range acks {
 		if it.fut != nil {
@@ -416,6 +423,10 @@ func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, places c
 					}
 				}
 			case err := <-it.fut.Err():
+				var apiErr *jetstream.APIError
+				if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+					return fmt.Errorf("publish message %s: %w: %w", it.id, ErrStreamMoved, err)
+				}
 				return fmt.Errorf("publish message %s: %w", it.id, err)
 			case <-ctx.Done():
 				return errors.Join(errors.New("waiting for PubAck"), context.Cause(ctx))

@@ -2,6 +2,7 @@ package publish
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -65,5 +66,34 @@ func TestDuplicateAckForAMissingMessage(t *testing.T) {
 	done, err := session()
 	if done != 0 || err == nil || !strings.Contains(err.Error(), "duplicate PubAck names sequence 1, which cannot be read") {
 		t.Fatalf("republished batch whose message is gone: done %d, %v", done, err)
+	}
+}
+
+// A message refused because the stream is gone (no responders) is not
+// taken for another writer's doing: only the chain's refusal is
+// ErrStreamMoved (TestGroupRefusedHalfWay has that one).
+func TestRefusalOtherThanTheChainIsNotStreamMoved(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, js := testJetStream(t)
+	signer, err := NewSigner(make([]byte, KeySize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := NewPublisher(ctx, nc, Destination{Name: "GONE", Subject: "mailroom.batches"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if err := js.DeleteStream(ctx, "GONE"); err != nil {
+		t.Fatal(err)
+	}
+	p := &Pipeline{Publisher: pub, Joiner: publishAll{}, Encoder: NewEncoder(signer, wire.FormatLine), Done: func(*batch.Batch) { t.Error("a batch done without a stream") }}
+	in := make(chan *batch.Batch, 1)
+	in <- &batch.Batch{Tokens: []decoder.Token{{Pos: decoder.Position{Commit: 0x2000}, ID: 1, Action: decoder.ActionActivation}}}
+	close(in)
+	err = p.Run(ctx, in)
+	if err == nil || errors.Is(err, ErrStreamMoved) {
+		t.Fatalf("Run into a deleted stream = %v, want a failure that is not ErrStreamMoved", err)
 	}
 }

@@ -27,7 +27,7 @@ const (
 type FailoverError struct{ Major int }
 
 func (e *FailoverError) Error() string {
-	return fmt.Sprintf("true needs PostgreSQL %d or newer, and this server is PostgreSQL %d: its logical slots live on the primary only (after a failover, run tailer resync); set it to auto or false",
+	return fmt.Sprintf("true needs PostgreSQL %d or newer, and this server is PostgreSQL %d: its logical slots live on the primary only",
 		FailoverMinVersion, e.Major)
 }
 

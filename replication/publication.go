@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -22,14 +23,14 @@ type PublicationError struct {
 	Stale bool
 }
 
+// Error says what is wrong; what to do about it is the command layer's to
+// say (Stale: only a new slot helps).
 func (e *PublicationError) Error() string {
 	if e.Stale {
 		return fmt.Sprintf("publication %s was dropped and made again while the slot had changes to decode: PostgreSQL decodes each change with the catalog as it was then, "+
-			"so the slot cannot go past the drop (replication stream: publication does not exist). To go on: run `tailer resync`, which recreates the slot and publishes, once, every still-eligible token the stream lacks "+
-			"(or set MAILROOM_AUTO_RESYNC=true to let tailer run do it)", e.Publication)
+			"so the slot cannot go past the drop (replication stream: publication does not exist)", e.Publication)
 	}
-	return fmt.Sprintf("publication %s %s, so the tailer does not see tokens being inserted. To go on: run `tailer migrate` (it creates the publication), "+
-		"or ALTER PUBLICATION %s ADD TABLE tokens and SET (publish = 'insert'); then `tailer resync` publishes, once, the tokens inserted meanwhile", e.Publication, e.Problem, e.Publication)
+	return fmt.Sprintf("publication %s %s, so the tailer does not see tokens being inserted", e.Publication, e.Problem)
 }
 
 // CheckPublication verifies that publication exists and publishes inserts
@@ -69,9 +70,9 @@ func IsPublicationGone(err error) bool {
 		return false
 	}
 	switch pgErr.Code {
-	case "42704": // 15-17: an error that ends the stream
+	case pgerrcode.UndefinedObject: // 15-17: an error that ends the stream
 		return strings.Contains(pgErr.Message, "publication")
-	case "55000": // 18: a warning, and the change left out
+	case pgerrcode.ObjectNotInPrerequisiteState: // 18: a warning, and the change left out
 		return strings.HasPrefix(pgErr.Message, "skipped loading publication")
 	}
 	return false

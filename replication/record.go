@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -88,7 +89,7 @@ func LoadRecord(ctx context.Context, q Querier, slot string) (Record, error) {
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return r, nil
-	case errors.As(err, &pgErr) && pgErr.Code == "42P01":
+	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable:
 		return r, ErrNoRecordTable
 	case err != nil:
 		return r, fmt.Errorf("read the record of slot %s: %w", slot, err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -144,7 +145,7 @@ func (j *Joiner) explain(ctx context.Context, err error) error {
 	var pgErr *pgconn.PgError
 	// Class 42 (undefined column or table, a cast or operator that does not
 	// exist) and 0A000 (a cached plan whose result type changed).
-	if errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "42") || pgErr.Code == "0A000") && ctx.Err() == nil {
+	if errors.As(err, &pgErr) && (pgerrcode.IsSyntaxErrororAccessRuleViolation(pgErr.Code) || pgErr.Code == pgerrcode.FeatureNotSupported) && ctx.Err() == nil {
 		if serr := CheckSchema(ctx, j.conn); serr != nil {
 			var schema *SchemaError
 			if errors.As(serr, &schema) {

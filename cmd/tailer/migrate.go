@@ -206,7 +206,7 @@ func wantFailover(ctx context.Context, q replication.Querier, mode string) (bool
 	}
 	failover, err := replication.WantFailover(mode, major)
 	if err != nil {
-		return false, &config.Error{Var: "MAILROOM_SLOT_FAILOVER", Err: err}
+		return false, daemon.FailoverSettingError(err)
 	}
 	return failover, nil
 }

@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/mailroom/tailer/batch/join"
 	"github.com/mailroom/tailer/cmd/internal/config"
+	"github.com/mailroom/tailer/cmd/internal/daemon"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -94,7 +96,7 @@ func status(ctx context.Context, args []string, lookupEnv func(string) (string, 
 		rep.InactiveSince = &slot.InactiveSince
 	}
 	if slot.Lost() {
-		rep.Lost = slot.LostMessage()
+		rep.Lost = daemon.LostSlotMessage(slot)
 	}
 	if h, held, err := replication.LeaseHolder(ctx, conn, cfg.Slot); err != nil {
 		fmt.Fprintf(stderr, "tailer status: %v\n", err)
@@ -114,7 +116,11 @@ func status(ctx context.Context, args []string, lookupEnv func(string) (string, 
 		}
 	}
 	for _, err := range []error{join.CheckSchema(ctx, conn), replication.CheckPublication(ctx, conn, cfg.Publication)} {
-		if err != nil {
+		var pubErr *replication.PublicationError
+		switch {
+		case errors.As(err, &pubErr):
+			rep.Problems = append(rep.Problems, daemon.PublicationMessage(pubErr))
+		case err != nil:
 			rep.Problems = append(rep.Problems, err.Error())
 		}
 	}

@@ -30,6 +30,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -423,7 +424,7 @@ func CollectorCursor(ctx context.Context, q replication.Querier) (*replication.C
 	err := q.QueryRow(ctx, `SELECT last_seq, extract(epoch FROM now())::bigint FROM jobs WHERE job_type = 'mailroom'`).Scan(&seq, &now)
 	var pgErr *pgconn.PgError
 	switch {
-	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42703"):
+	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && (pgErr.Code == pgerrcode.UndefinedTable || pgErr.Code == pgerrcode.UndefinedColumn):
 		return nil, nil
 	case err != nil:
 		return nil, fmt.Errorf("read the collector's cursor (jobs.last_seq): %w", err)

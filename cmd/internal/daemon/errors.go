@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
@@ -29,9 +30,9 @@ type slotLostError struct {
 
 func (e *slotLostError) Error() string {
 	if e.cause != nil {
-		return e.slot.LostMessage() + " (" + e.cause.Error() + ")"
+		return LostSlotMessage(e.slot) + " (" + e.cause.Error() + ")"
 	}
-	return e.slot.LostMessage()
+	return LostSlotMessage(e.slot)
 }
 
 // blockedError is a slot the tailer must not stream from until the
@@ -124,9 +125,9 @@ func startupConfigError(err error) error {
 		return nil
 	}
 	switch pgErr.Code {
-	case "28P01", "28000":
+	case pgerrcode.InvalidPassword, pgerrcode.InvalidAuthorizationSpecification:
 		return &config.Error{Var: "MAILROOM_DATABASE_URL", Err: fmt.Errorf("authentication failed: %s (SQLSTATE %s)", pgErr.Message, pgErr.Code)}
-	case "3D000":
+	case pgerrcode.InvalidCatalogName:
 		return &config.Error{Var: "MAILROOM_DATABASE_URL", Err: fmt.Errorf("%s (SQLSTATE %s)", pgErr.Message, pgErr.Code)}
 	}
 	return nil

@@ -42,7 +42,7 @@ func (d *Daemon) readiness() Readiness {
 	case s.err != nil:
 		r.Reasons = append(r.Reasons, "slot lag unknown: "+s.err.Error())
 	case s.slot.Lost():
-		r.Reasons = append(r.Reasons, s.slot.LostMessage())
+		r.Reasons = append(r.Reasons, LostSlotMessage(s.slot))
 	default:
 		lag := s.slot.LagBytes()
 		r.LagBytes = &lag

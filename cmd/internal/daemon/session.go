@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/mailroom/tailer/cmd/internal/config"
 	"maps"
 
 	"github.com/jackc/pglogrepl"
@@ -56,7 +55,7 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	}
 	failover, err := replication.WantFailover(cfg.SlotFailover, major)
 	if err != nil {
-		return &config.Error{Var: "MAILROOM_SLOT_FAILOVER", Err: err}
+		return FailoverSettingError(err)
 	}
 	dest := publish.Destination{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction, Origin: origin}
 
@@ -218,7 +217,7 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		if !errors.As(perr, &pub) {
 			pub = &replication.PublicationError{Publication: cfg.Publication, Stale: true}
 		}
-		return d.block(ctx, q, lease, nc, &blockedError{reason: blockedPublication, msg: pub.Error(), resync: pub.Stale})
+		return d.block(ctx, q, lease, nc, &blockedError{reason: blockedPublication, msg: PublicationMessage(pub), resync: pub.Stale})
 	}
 	return sessionCause(ctx, err, pipeErr, pipelineFailed)
 }
@@ -236,7 +235,7 @@ func (d *Daemon) checkReadable(ctx context.Context, q *pgx.Conn) error {
 	}
 	var pubErr *replication.PublicationError
 	if err := replication.CheckPublication(ctx, q, d.cfg.Publication); errors.As(err, &pubErr) {
-		return &blockedError{reason: blockedPublication, msg: pubErr.Error()}
+		return &blockedError{reason: blockedPublication, msg: PublicationMessage(pubErr)}
 	} else if err != nil {
 		return pgErr(err)
 	}

@@ -1,0 +1,43 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/mailroom/tailer/cmd/internal/config"
+	"github.com/mailroom/tailer/replication"
+)
+
+// What the operator can do about the conditions the lower packages report.
+// The words name commands and settings, so they are said here, by the
+// command layer, not by replication.
+
+const resyncWayOut = "To go on: run `tailer resync`, which recreates the slot and publishes, once, every still-eligible token the stream lacks " +
+	"(or set MAILROOM_AUTO_RESYNC=true to let tailer run do it)"
+
+// LostSlotMessage says what a lost slot means and how to recover, for
+// logs, /readyz and tailer status.
+func LostSlotMessage(s replication.SlotInfo) string {
+	return s.LostReason() + ". The tailer will not recreate it by itself. To go on: stop every tailer run and run `tailer resync`, which recreates the slot and publishes, once, every still-eligible token the stream lacks " +
+		"(or set MAILROOM_AUTO_RESYNC=true to let tailer run do it)"
+}
+
+// PublicationMessage says what is wrong with the publication and how to
+// go on.
+func PublicationMessage(e *replication.PublicationError) string {
+	if e.Stale {
+		return e.Error() + ". " + resyncWayOut
+	}
+	return e.Error() + fmt.Sprintf(". To go on: run `tailer migrate` (it creates the publication), "+
+		"or ALTER PUBLICATION %s ADD TABLE tokens and SET (publish = 'insert'); then `tailer resync` publishes, once, the tokens inserted meanwhile", e.Publication)
+}
+
+// FailoverSettingError is MAILROOM_SLOT_FAILOVER refused by the server,
+// with the way out.
+func FailoverSettingError(err error) error {
+	var fe *replication.FailoverError
+	if errors.As(err, &fe) {
+		err = fmt.Errorf("%w (after a failover, run tailer resync); set it to auto or false", err)
+	}
+	return &config.Error{Var: "MAILROOM_SLOT_FAILOVER", Err: err}
+}

@@ -1,0 +1,291 @@
+package replication
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// readBuffer is the most one read of the replication socket takes.
+const readBuffer = 256 << 10
+
+// Options choose how pgoutput encodes the stream.
+type Options struct {
+	Slot        string
+	Publication string
+	// ProtoVersion is the pgoutput protocol: 1, or 2 for streaming of large
+	// in-progress transactions (PostgreSQL 14+).
+	ProtoVersion int
+	// Binary asks for binary column values (PostgreSQL 14+), which the
+	// walsender produces more cheaply than text.
+	Binary bool
+	// StatusInterval is how often a standby status update is sent even when
+	// nothing changed; it must stay well below wal_sender_timeout.
+	StatusInterval time.Duration
+	// OnStatus, if set, is told every position reported as flushed.
+	OnStatus func(confirmed pglogrepl.LSN)
+	// Timeout is how long the server may stay silent (no message and no
+	// keepalive) while the stream is read before the connection is given
+	// up as dead; after half of it the server is asked for a reply. A
+	// half-open TCP connection otherwise goes unnoticed until the kernel
+	// gives up retransmitting, about 15 minutes, while the slot looks held.
+	// Default 60s.
+	Timeout time.Duration
+}
+
+// ErrSilent is returned by Run when the server sent nothing for
+// Options.Timeout, not even an answer to a status update asking for one.
+var ErrSilent = errors.New("replication connection silent")
+
+func (o Options) pluginArgs() []string {
+	args := []string{
+		fmt.Sprintf("proto_version '%d'", o.ProtoVersion),
+		fmt.Sprintf("publication_names '%s'", o.Publication),
+	}
+	if o.Binary {
+		args = append(args, "binary 'true'")
+	}
+	if o.ProtoVersion >= 2 {
+		args = append(args, "streaming 'on'")
+	}
+	return args
+}
+
+// Handler consumes the stream. Every method is called from the goroutine
+// running Receiver.Run.
+type Handler interface {
+	// Data handles one pgoutput message; data is only valid during the
+	// call.
+	Data(data []byte) error
+	// ServerPosition reports a keepalive's WAL position: every change
+	// before it has been sent.
+	ServerPosition(lsn pglogrepl.LSN)
+	// Deadline returns when Tick must next be called, or the zero time.
+	Deadline() time.Time
+	// Tick is called once Deadline has passed.
+	Tick(now time.Time) error
+	// Wait applies backpressure: it returns true when the handler can take
+	// more data, or false at the latest at until, so that status updates
+	// keep flowing while it cannot.
+	Wait(ctx context.Context, until time.Time) (bool, error)
+	// Confirmable returns the position to report as flushed.
+	Confirmable() pglogrepl.LSN
+	// Stop is called once, when Run's context is done, before the final
+	// status update: the handler finishes what it holds (bounded in time).
+	Stop()
+}
+
+// Receiver is a started replication stream.
+type Receiver struct {
+	conn *pgconn.PgConn
+	opts Options
+
+	received pglogrepl.LSN
+	sent     pglogrepl.LSN
+	lastSent time.Time
+}
+
+// Start begins streaming the slot from its confirmed position.
+func Start(ctx context.Context, conn *pgconn.PgConn, opts Options) (*Receiver, error) {
+	if err := ValidateName(opts.Slot); err != nil {
+		return nil, fmt.Errorf("slot name: %w", err)
+	}
+	if err := ValidateName(opts.Publication); err != nil {
+		return nil, fmt.Errorf("publication name: %w", err)
+	}
+	if opts.ProtoVersion == 0 {
+		opts.ProtoVersion = 2
+	}
+	if opts.StatusInterval <= 0 {
+		opts.StatusInterval = time.Second
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 60 * time.Second
+	}
+	// Start position 0 lets the server resume from the slot's
+	// confirmed_flush_lsn.
+	err := pglogrepl.StartReplication(ctx, conn, opts.Slot, 0, pglogrepl.StartReplicationOptions{
+		Mode:       pglogrepl.LogicalReplication,
+		PluginArgs: opts.pluginArgs(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start replication on slot %s: %w", opts.Slot, err)
+	}
+	return &Receiver{conn: conn, opts: opts}, nil
+}
+
+// minStatusGap bounds how often a moved confirmed position is reported.
+const minStatusGap = 50 * time.Millisecond
+
+// Run reads the stream until ctx is done or the connection fails. When ctx
+// is done it calls h.Stop, sends a last status update and returns ctx's
+// error.
+func (r *Receiver) Run(ctx context.Context, h Handler) error {
+	netConn := r.conn.Conn()
+	// A read blocked in ReceiveMessage wakes up at its deadline; pulling the
+	// deadline in is how cancellation reaches it without a context watcher
+	// goroutine per message.
+	stopWake := context.AfterFunc(ctx, func() { netConn.SetReadDeadline(time.Now()) })
+	defer stopWake()
+
+	var (
+		nextStatus  time.Time
+		curDeadline time.Time
+		// heard is when the server was last heard from, or when reading
+		// last resumed after backpressure (the server is not silent while
+		// the tailer does not read); pinged is set once a reply was asked
+		// for since then.
+		heard  = time.Now()
+		pinged bool
+	)
+	for {
+		if ctx.Err() != nil {
+			h.Stop()
+			if err := r.sendStatus(h.Confirmable(), false); err != nil {
+				return fmt.Errorf("final status update: %w", err)
+			}
+			return ctx.Err()
+		}
+		now := time.Now()
+		silent := now.Sub(heard)
+		if silent >= r.opts.Timeout {
+			return fmt.Errorf("%w: nothing from the server for %s, not even a reply to a status update that asked for one", ErrSilent, silent.Round(time.Millisecond))
+		}
+		ping := !pinged && silent >= r.opts.Timeout/2
+		if c := h.Confirmable(); ping || !now.Before(nextStatus) || (c > r.sent && now.Sub(r.lastSent) >= minStatusGap) {
+			if err := r.sendStatus(c, ping); err != nil {
+				return err
+			}
+			pinged = pinged || ping
+			nextStatus = now.Add(r.opts.StatusInterval)
+		}
+		ready, err := h.Wait(ctx, nextStatus)
+		if err != nil {
+			return err
+		}
+		if !ready {
+			heard, pinged = time.Now(), false
+			continue
+		}
+		deadline := nextStatus
+		if d := h.Deadline(); !d.IsZero() {
+			if !now.Before(d) {
+				if err := h.Tick(now); err != nil {
+					return err
+				}
+				continue
+			}
+			if d.Before(deadline) {
+				deadline = d
+			}
+		}
+		if !deadline.Equal(curDeadline) {
+			netConn.SetReadDeadline(deadline)
+			curDeadline = deadline
+		}
+		msg, err := r.conn.ReceiveMessage(context.Background())
+		if err != nil {
+			var netErr net.Error
+			if errors.As(err, &netErr) && netErr.Timeout() {
+				// The wake-up above may have moved the deadline.
+				curDeadline = time.Time{}
+				continue
+			}
+			return fmt.Errorf("receive replication message: %w", err)
+		}
+		heard, pinged = time.Now(), false
+		switch m := msg.(type) {
+		case *pgproto3.CopyData:
+			if err := r.copyData(m.Data, h, &nextStatus); err != nil {
+				return err
+			}
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.NoticeResponse:
+			// PostgreSQL 18 decodes on past a publication that did not exist
+			// at a change's point in the WAL, warning "skipped loading
+			// publication" and leaving the change out, where 15-17 stop with
+			// an error. The change may be a token: stop as they do, before
+			// the transaction's commit is confirmed.
+			if notice := pgconn.ErrorResponseToPgError((*pgproto3.ErrorResponse)(m)); IsPublicationGone(notice) {
+				return fmt.Errorf("replication stream: %w", notice)
+			}
+		case *pgproto3.CopyDone:
+			return errors.New("replication stream: server ended the stream")
+		}
+	}
+}
+
+func (r *Receiver) copyData(data []byte, h Handler, nextStatus *time.Time) error {
+	if len(data) == 0 {
+		return errors.New("replication stream: empty CopyData")
+	}
+	switch data[0] {
+	case pglogrepl.XLogDataByteID:
+		// walStart(8) walEnd(8) sendTime(8) then the pgoutput message.
+		if len(data) < 25 {
+			return errors.New("replication stream: short XLogData")
+		}
+		if start := pglogrepl.LSN(binary.BigEndian.Uint64(data[1:])); start > r.received {
+			r.received = start
+		}
+		if err := h.Data(data[25:]); err != nil {
+			return fmt.Errorf("at %s: %w", r.received, err)
+		}
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		// walEnd(8) sendTime(8) replyRequested(1).
+		if len(data) < 18 {
+			return errors.New("replication stream: short keepalive")
+		}
+		walEnd := pglogrepl.LSN(binary.BigEndian.Uint64(data[1:]))
+		if walEnd > r.received {
+			r.received = walEnd
+		}
+		h.ServerPosition(walEnd)
+		if data[17] != 0 {
+			// The server is about to time us out: answer now.
+			*nextStatus = time.Time{}
+		}
+	}
+	return nil
+}
+
+// sendStatus reports confirmed as flushed and applied. Every position is
+// given explicitly: pglogrepl fills a zero flush position with the write
+// position, which would confirm data not yet published.
+func (r *Receiver) sendStatus(confirmed pglogrepl.LSN, reply bool) error {
+	if confirmed == 0 {
+		// Nothing known yet; a zero flush would be replaced by the write
+		// position, so say nothing.
+		return nil
+	}
+	write := r.received
+	if write < confirmed {
+		write = confirmed
+	}
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), r.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: write,
+		WALFlushPosition: confirmed,
+		WALApplyPosition: confirmed,
+		ClientTime:       time.Now(),
+		ReplyRequested:   reply,
+	})
+	if err != nil {
+		return fmt.Errorf("send standby status: %w", err)
+	}
+	r.sent, r.lastSent = confirmed, time.Now()
+	if r.opts.OnStatus != nil {
+		r.opts.OnStatus(confirmed)
+	}
+	return nil
+}
+
+// Sent returns the last position reported as flushed.
+func (r *Receiver) Sent() pglogrepl.LSN { return r.sent }
