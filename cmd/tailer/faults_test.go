@@ -1042,12 +1042,12 @@ func TestSIGKILLInsideAGroup(t *testing.T) {
 	c := newCluster(t, pgtest.Shared(t), 1, 100*time.Millisecond)
 	c.Exec(`INSERT INTO accounts (email, login) SELECT 'g' || g || '@x', 'g' || g FROM generate_series(1, 1500) g`)
 	w := c.startWriter(1, 2*time.Millisecond)
-	slow, arm := lossyDelayProxy(t, fmt.Sprintf("127.0.0.1:%d", c.natsPort), 20*time.Millisecond)
-	arm()
+	slow := lossyDelayProxy(t, fmt.Sprintf("127.0.0.1:%d", c.natsPort), 20*time.Millisecond)
+	slow.Arm()
 	rng := rand.New(rand.NewPCG(3, 4))
 	for i := 0; i < 8; i++ {
 		before := c.streamMsgs()
-		p := c.tailer("MAILROOM_NATS_URL=nats://" + slow)
+		p := c.tailer("MAILROOM_NATS_URL=nats://" + slow.Addr)
 		// Kill once this run has published, at a random moment after.
 		deadline := time.Now().Add(30 * time.Second)
 		for c.streamMsgs() == before {

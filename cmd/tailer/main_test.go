@@ -2,11 +2,17 @@ package main
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/mailroom/tailer/cmd/internal/config"
+	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -196,18 +202,42 @@ func TestSecretsNeverShown(t *testing.T) {
 	}
 }
 
+// A key given with surrounding whitespace (a file written by echo, an
+// editor's newline) is the same key: a token signed with the bare key
+// verifies with it, and fails with another key.
 func TestKeyWithTrailingNewline(t *testing.T) {
-	for _, key := range []string{goodKey + "\n", goodKey + "\r\n", " " + goodKey} {
+	key, err := hex.DecodeString(goodKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := publish.NewSigner(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var secret [publish.SecretSize]byte
+	secret[0] = 7
+	token, err := signer.AppendToken(nil, decoder.ActionActivation, &secret, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	verify := func(k string) (int, string) {
 		var stdout, stderr bytes.Buffer
-		code := run([]string{"verify", "x"}, lookup(func(k string) string {
-			if k == "MAILROOM_SECRET_KEY" {
-				return key
+		code := run([]string{"verify", string(token)}, lookup(func(name string) string {
+			if name == "MAILROOM_SECRET_KEY" {
+				return k
 			}
 			return ""
 		}), &stdout, &stderr)
-		if code == exitConfig {
-			t.Errorf("key %q rejected: %s", key, stderr.String())
+		return code, stdout.String() + stderr.String()
+	}
+	for _, k := range []string{goodKey, goodKey + "\n", goodKey + "\r\n", " " + goodKey, "\t" + goodKey + " \n"} {
+		if code, out := verify(k); code != exitOK {
+			t.Errorf("key %q: token signed with the key does not verify (exit %d): %s", k, code, out)
 		}
+	}
+	other := strings.Repeat("ab", publish.KeySize)
+	if code, out := verify(other + "\n"); code != exitFailure {
+		t.Errorf("another key: exit %d, want %d (invalid): %s", code, exitFailure, out)
 	}
 }
 
@@ -280,21 +310,41 @@ func TestWrongCredentialsAtStartup(t *testing.T) {
 }
 
 // Every command's help lists its own flags.
+// Each command's --help lists every flag it takes: each setting of the
+// command's list (by its flag, the whole name: -format is not found inside
+// -log-format), and the subscriber's own options.
 func TestHelpListsEveryFlag(t *testing.T) {
+	declared := regexp.MustCompile(`(?m)^  -([a-z0-9-]+)`)
+	flagsOf := func(vars []string) []string {
+		var flags []string
+		for _, v := range config.Vars {
+			if slices.Contains(vars, v.Env) {
+				flags = append(flags, v.Flag)
+			}
+		}
+		if len(flags) != len(vars) {
+			t.Fatalf("%d of %d settings found in config.Vars", len(flags), len(vars))
+		}
+		return flags
+	}
 	for cmd, flags := range map[string][]string{
-		"subscribe": {"-durable", "-format", "-max-tokens-per-line", "-from-start", "-filter-action", "-dedup-window", "-ack-wait", "-nats-url", "-nats-stream", "-nats-subject"},
-		"run":       {"-database-url", "-secret-key", "-batch-limit", "-replication-timeout", "-pprof", "-max-in-flight", "-auto-resync"},
-		"resync":    {"-database-url", "-secret-key", "-nats-url", "-nats-stream", "-slot", "-format"},
-		"migrate":   {"-database-url", "-slot", "-secret-key", "-nats-url"},
-		"health":    {"-http-addr"},
+		"subscribe": {"durable", "format", "max-tokens-per-line", "from-start", "filter-action", "dedup-window", "ack-wait", "exec", "nats-url", "nats-stream", "nats-subject"},
+		"run":       flagsOf(runVars),
+		"resync":    flagsOf(resyncVars),
+		"migrate":   flagsOf(migrateVars),
+		"health":    {"http-addr"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run([]string{cmd, "--help"}, lookup(func(string) string { return "" }), &stdout, &stderr); code != exitOK {
 			t.Errorf("%s --help: exit %d", cmd, code)
 		}
+		listed := map[string]bool{}
+		for _, m := range declared.FindAllStringSubmatch(stderr.String()+stdout.String(), -1) {
+			listed[m[1]] = true
+		}
 		for _, f := range flags {
-			if !strings.Contains(stderr.String()+stdout.String(), f) {
-				t.Errorf("%s --help does not list %s:\n%s", cmd, f, stderr.String())
+			if !listed[f] {
+				t.Errorf("%s --help does not list -%s:\n%s", cmd, f, stderr.String())
 			}
 		}
 	}

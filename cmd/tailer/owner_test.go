@@ -226,9 +226,9 @@ func TestConcurrentResyncs(t *testing.T) {
 			w := c.startWriter(3, 5*time.Millisecond)
 			// The first one publishes one message at a time, each 25 ms
 			// late: seconds of publishing, whatever the machine.
-			slow, arm := delayProxy(t, fmt.Sprintf("127.0.0.1:%d", c.natsPort), 25*time.Millisecond)
-			arm()
-			a := c.command([]string{"resync"}, "MAILROOM_NATS_URL=nats://"+slow, "MAILROOM_MAX_IN_FLIGHT=1", "MAILROOM_MAX_BATCHES_PER_MESSAGE=1")
+			slow := delayProxy(t, fmt.Sprintf("127.0.0.1:%d", c.natsPort), 25*time.Millisecond)
+			slow.Arm()
+			a := c.command([]string{"resync"}, "MAILROOM_NATS_URL=nats://"+slow.Addr, "MAILROOM_MAX_IN_FLIGHT=1", "MAILROOM_MAX_BATCHES_PER_MESSAGE=1")
 			time.Sleep(gap)
 			b := c.command([]string{"resync"})
 			select {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"maps"
@@ -438,11 +439,27 @@ func TestStandbyTakeoverOntoEmptyStream(t *testing.T) {
 	}
 }
 
-// delayProxy forwards TCP connections to target. Once arm is called, what
+// slowProxy forwards TCP connections to a NATS server. Once armed, what
 // a client sends is delivered delay late (in order, also after the client
-// is gone); replies pass at once. A killed tailer's last publishes then
-// land after the standby has read the stream.
-func delayProxy(t *testing.T, target string, delay time.Duration) (addr string, arm func()) {
+// is gone, unless lossy); replies pass at once. A killed tailer's last
+// publishes then land after the standby has read the stream.
+type slowProxy struct {
+	Addr  string
+	armed atomic.Bool
+	// held counts the chunks with a batch publish taken from a client
+	// while armed; orphaned those delivered after their client was gone,
+	// the last of them at lastOrphan (Unix nanoseconds).
+	held, orphaned, lastOrphan atomic.Int64
+}
+
+// Arm starts delaying.
+func (p *slowProxy) Arm() { p.armed.Store(true) }
+
+// batchPublish tells a chunk that holds a publish of a batch (HPUB
+// mailroom.batches ...), not a JetStream API request.
+func batchPublish(data []byte) bool { return bytes.Contains(data, []byte("PUB mailroom.")) }
+
+func delayProxy(t *testing.T, target string, delay time.Duration) *slowProxy {
 	t.Helper()
 	return proxy(t, target, delay, false)
 }
@@ -450,19 +467,20 @@ func delayProxy(t *testing.T, target string, delay time.Duration) (addr string, 
 // lossyDelayProxy is delayProxy, except that what a client sent and the
 // proxy still holds when the client goes is dropped: a tailer killed with
 // publishes on their way loses them, as if the network had.
-func lossyDelayProxy(t *testing.T, target string, delay time.Duration) (addr string, arm func()) {
+func lossyDelayProxy(t *testing.T, target string, delay time.Duration) *slowProxy {
 	t.Helper()
 	return proxy(t, target, delay, true)
 }
 
-func proxy(t *testing.T, target string, delay time.Duration, lossy bool) (addr string, arm func()) {
+func proxy(t *testing.T, target string, delay time.Duration, lossy bool) *slowProxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	var armed atomic.Bool
+	p := &slowProxy{Addr: ln.Addr().String()}
+	armed := &p.armed
 	type chunk struct {
 		at   time.Time
 		data []byte
@@ -494,6 +512,9 @@ func proxy(t *testing.T, target string, delay time.Duration, lossy bool) (addr s
 						at := time.Now().Add(-delay)
 						if armed.Load() {
 							at = time.Now()
+							if batchPublish(buf[:n]) {
+								p.held.Add(1)
+							}
 						}
 						chunks <- chunk{at, buf[:n]}
 					}
@@ -512,13 +533,17 @@ func proxy(t *testing.T, target string, delay time.Duration, lossy bool) (addr s
 					if _, err := server.Write(c.data); err != nil {
 						return
 					}
+					if gone.Load() && batchPublish(c.data) {
+						p.lastOrphan.Store(time.Now().UnixNano())
+						p.orphaned.Add(1)
+					}
 				}
 				// What the client sent last needs a moment to be answered.
 				time.Sleep(time.Second)
 			}()
 		}
 	}()
-	return ln.Addr().String(), func() { armed.Store(true) }
+	return p
 }
 
 // The killed tailer's first batch reaches NATS only after the standby took
@@ -527,23 +552,26 @@ func proxy(t *testing.T, target string, delay time.Duration, lossy bool) (addr s
 // no token is on the stream twice.
 func TestLatePublishAfterTakeover(t *testing.T) {
 	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
-	slow, arm := delayProxy(t, fmt.Sprintf("127.0.0.1:%d", c.natsPort), 3*time.Second)
-	a := c.tailer("MAILROOM_NATS_URL=nats://"+slow, "MAILROOM_LOG_LEVEL=debug")
+	slow := delayProxy(t, fmt.Sprintf("127.0.0.1:%d", c.natsPort), 3*time.Second)
+	a := c.tailer("MAILROOM_NATS_URL=nats://"+slow.Addr, "MAILROOM_LOG_LEVEL=debug")
 	a.waitLog("msg=streaming", 1, 30*time.Second)
 	b := c.tailer()
 	b.waitLog("standing by", 1, 30*time.Second)
 	// Seven tokens: a batch cut by the timeout, published into the proxy.
-	arm()
+	slow.Arm()
 	c.Exec(`INSERT INTO accounts (email, login) SELECT 'late' || g || '@x', 'late' || g FROM generate_series(1, 7) g`)
-	a.waitLog("batch cut", 1, 10*time.Second)
-	time.Sleep(100 * time.Millisecond)
+	tailertest.Eventually(t, 10*time.Second, "the killed tailer's publish held by the proxy", func() bool { return slow.held.Load() > 0 })
 	a.kill()
 	// The standby replays thirteen: its first batch (ten, cut by the
 	// limit) has another id than the late one, so JetStream's duplicate
 	// window does not tell them apart.
 	c.Exec(`INSERT INTO accounts (email, login) SELECT 'next' || g || '@x', 'next' || g FROM generate_series(1, 6) g`)
 	b.waitLog("msg=streaming", 1, 15*time.Second)
-	time.Sleep(4 * time.Second)
+	tookOver := time.Now().UnixNano()
+	// The race this is about: the late publish reaches the server after
+	// the standby took over (and read the stream, before it said
+	// streaming).
+	tailertest.Eventually(t, 10*time.Second, "the late publish delivered after the standby took over", func() bool { return slow.lastOrphan.Load() > tookOver })
 	if n := c.expectExactlyOnce(30 * time.Second); n != 13 {
 		t.Fatalf("%d tokens", n)
 	}
