@@ -526,6 +526,15 @@ func TestAtoi(t *testing.T) {
 	}
 }
 
+// benchInserts are the insert messages the decoding benchmarks read.
+var benchInserts = []struct {
+	name string
+	msg  []byte
+}{
+	{"text", insertMsg(0, 1, textRow(1, "activation", secret(1), text("01234"), 1)...)},
+	{"binary", insertMsg(0, 1, binRow(1, "activation", secret(1), text("01234"), 1)...)},
+}
+
 func BenchmarkDecodeInsert(b *testing.B) {
 	d := New("public", "tokens")
 	rec := &countSink{}
@@ -534,13 +543,7 @@ func BenchmarkDecodeInsert(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	for _, tc := range []struct {
-		name string
-		msg  []byte
-	}{
-		{"text", insertMsg(0, 1, textRow(1, "activation", secret(1), text("01234"), 1)...)},
-		{"binary", insertMsg(0, 1, binRow(1, "activation", secret(1), text("01234"), 1)...)},
-	} {
+	for _, tc := range benchInserts {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
@@ -555,13 +558,7 @@ func BenchmarkDecodeInsert(b *testing.B) {
 // BenchmarkPglogreplParseV2 is what the decoder replaced: pglogrepl's
 // parser on the same messages, before any column is interpreted.
 func BenchmarkPglogreplParseV2(b *testing.B) {
-	for _, tc := range []struct {
-		name string
-		msg  []byte
-	}{
-		{"text", insertMsg(0, 1, textRow(1, "activation", secret(1), text("01234"), 1)...)},
-		{"binary", insertMsg(0, 1, binRow(1, "activation", secret(1), text("01234"), 1)...)},
-	} {
+	for _, tc := range benchInserts {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {

@@ -19,18 +19,11 @@ import (
 func discardDrain(ctx context.Context, url, slot string, n int) (Drain, error) {
 	d := Drain{Variant: "discard-client", Tokens: n}
 	start := time.Now()
-	conn, err := pgconn.Connect(ctx, url+"&replication=database")
+	conn, err := startDiscard(ctx, url, slot)
 	if err != nil {
-		return d, fmt.Errorf("discard client: %w", err)
+		return d, err
 	}
 	defer conn.Close(context.Background())
-	err = pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
-		Mode:       pglogrepl.LogicalReplication,
-		PluginArgs: []string{"proto_version '2'", "publication_names 'mailroom'", "binary 'true'", "streaming 'on'"},
-	})
-	if err != nil {
-		return d, fmt.Errorf("discard client: %w", err)
-	}
 	var walPID uint32 = conn.PID()
 	steal := stealMeter()
 	inserts := 0
@@ -73,18 +66,11 @@ func discardDrain(ctx context.Context, url, slot string, n int) (Drain, error) {
 // discardLive reads slot until ctx ends and calls arrived with the id of
 // each token insert as it comes.
 func discardLive(ctx context.Context, url, slot string, arrived func(id int64)) error {
-	conn, err := pgconn.Connect(ctx, url+"&replication=database")
+	conn, err := startDiscard(ctx, url, slot)
 	if err != nil {
-		return fmt.Errorf("discard client: %w", err)
+		return err
 	}
 	defer conn.Close(context.Background())
-	err = pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
-		Mode:       pglogrepl.LogicalReplication,
-		PluginArgs: []string{"proto_version '2'", "publication_names 'mailroom'", "binary 'true'", "streaming 'on'"},
-	})
-	if err != nil {
-		return fmt.Errorf("discard client: %w", err)
-	}
 	idColumn := map[uint32]int{}
 	var pos pglogrepl.LSN
 	inStream := false
@@ -140,4 +126,22 @@ func discardLive(ctx context.Context, url, slot string, arrived func(id int64)) 
 			}
 		}
 	}
+}
+
+// startDiscard opens a replication connection and starts streaming slot
+// with the tailer's default pgoutput options.
+func startDiscard(ctx context.Context, url, slot string) (*pgconn.PgConn, error) {
+	conn, err := pgconn.Connect(ctx, url+"&replication=database")
+	if err != nil {
+		return nil, fmt.Errorf("discard client: %w", err)
+	}
+	err = pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
+		Mode:       pglogrepl.LogicalReplication,
+		PluginArgs: []string{"proto_version '2'", "publication_names 'mailroom'", "binary 'true'", "streaming 'on'"},
+	})
+	if err != nil {
+		conn.Close(context.Background())
+		return nil, fmt.Errorf("discard client: %w", err)
+	}
+	return conn, nil
 }

@@ -600,8 +600,11 @@ func TestSubscribeSenderDies(t *testing.T) {
 			missing, repeats := countOutput(t, out, want)
 			if missing == 0 {
 				t.Logf("%d tokens through %d dead readers: none lost, %d repeated", len(want), deaths, repeats)
-				if repeats > deaths {
-					t.Fatalf("%d repeats, more than the one in doubt per dead reader", repeats)
+				// In doubt when a reader dies: the message it took last and
+				// the one being handed over; nearly always only the first
+				// was written.
+				if repeats > 2*deaths {
+					t.Fatalf("%d repeats, more than the two messages in doubt per dead reader", repeats)
 				}
 				break
 			}
@@ -662,8 +665,8 @@ func TestSubscribeSenderDies(t *testing.T) {
 		if missing > 0 {
 			t.Fatalf("%d of %d tokens never reached a sender:\n%s", missing, len(want), p.out.String())
 		}
-		if repeats > restarts {
-			t.Fatalf("%d repeats, more than the one in doubt per exit", repeats)
+		if repeats > 2*restarts {
+			t.Fatalf("%d repeats, more than the two messages in doubt per exit", repeats)
 		}
 		cons, err := s.Consumer(c.ctx, "exec")
 		if err != nil {

@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -39,6 +40,10 @@ type Server struct {
 	cred     *syscall.Credential
 	opts     []string
 	log      string
+
+	// templates holds the template databases made so far, by name.
+	templatesMu sync.Mutex
+	templates   map[string]bool
 }
 
 // Options adjust the server started by Start.
@@ -407,7 +412,65 @@ var dbCounter atomic.Int64
 // and any replication slot left in it are dropped when the test ends.
 func (s *Server) CreateDB(tb testing.TB) string {
 	tb.Helper()
+	return s.createDB(tb, "")
+}
+
+// CreateDBFromTemplate creates a database for the test as a copy of the
+// template database template, which setup makes (given its URL) the first
+// time a test asks for it on this server. Copying a database is much
+// cheaper than running the same migrations again for every test.
+func (s *Server) CreateDBFromTemplate(tb testing.TB, template string, setup func(ctx context.Context, url string) error) string {
+	tb.Helper()
+	s.templatesMu.Lock()
+	if !s.templates[template] {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err := s.exec(ctx, "CREATE DATABASE "+template)
+		if err == nil {
+			err = setup(ctx, s.URL(template))
+		}
+		cancel()
+		if err != nil {
+			s.templatesMu.Unlock()
+			tb.Fatalf("pgtest: template database %s: %v", template, err)
+		}
+		if s.templates == nil {
+			s.templates = map[string]bool{}
+		}
+		s.templates[template] = true
+	}
+	s.templatesMu.Unlock()
+	return s.createDB(tb, template)
+}
+
+func (s *Server) createDB(tb testing.TB, template string) string {
+	tb.Helper()
 	name := fmt.Sprintf("t%d_%d", os.Getpid(), dbCounter.Add(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sql := "CREATE DATABASE " + name
+	if template != "" {
+		sql += " TEMPLATE " + template
+	}
+	var err error
+	for range 100 {
+		// A template must have no session: the one that set it up may
+		// take a moment to end on the server's side.
+		var pgErr *pgconn.PgError
+		if err = s.exec(ctx, sql); !errors.As(err, &pgErr) || pgErr.Code != pgerrcode.ObjectInUse {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		tb.Fatalf("pgtest: create database: %v", err)
+	}
+	tb.Cleanup(func() { s.dropDB(name) })
+	return s.URL(name)
+}
+
+// RoleExists reports whether the server has the role.
+func (s *Server) RoleExists(tb testing.TB, role string) bool {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, s.URL("postgres"))
@@ -415,11 +478,22 @@ func (s *Server) CreateDB(tb testing.TB) string {
 		tb.Fatalf("pgtest: connect: %v", err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		tb.Fatalf("pgtest: create database: %v", err)
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = $1)`, role).Scan(&exists); err != nil {
+		tb.Fatalf("pgtest: role %s: %v", role, err)
 	}
-	tb.Cleanup(func() { s.dropDB(name) })
-	return s.URL(name)
+	return exists
+}
+
+// exec runs one statement as the superuser on the postgres database.
+func (s *Server) exec(ctx context.Context, sql string) error {
+	conn, err := pgx.Connect(ctx, s.URL("postgres"))
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, sql)
+	return err
 }
 
 // dropDB drops a test database and its slots, so that they do not retain

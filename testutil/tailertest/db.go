@@ -30,16 +30,20 @@ type DB struct {
 	ctx context.Context
 }
 
-// NewDB creates a database on pg and applies the migrations. The
-// connection is closed when the test ends.
+// NewDB creates a migrated database on pg: a copy of a template database
+// migrated once per server. The connection is closed when the test ends.
 func NewDB(tb testing.TB, pg *pgtest.Server) *DB {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	url := pg.CreateDB(tb)
-	if err := migrations.Up(ctx, url); err != nil {
-		tb.Fatal(err)
+	// The migrations grant the tailer role its privileges when the role
+	// exists (a cluster-wide object), so a template is made for each case.
+	template := "tailer_migrated"
+	if pg.RoleExists(tb, "tailer") {
+		template += "_with_role"
 	}
+	url := pg.CreateDBFromTemplate(tb, template, migrations.Up)
+
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		tb.Fatal(err)

@@ -71,9 +71,37 @@ type Config struct {
 	SlotFailover string
 }
 
+// Cmd is a set of commands: the ones a setting applies to.
+type Cmd uint8
+
+// The commands that read settings. Resync also stands for tailer migrate,
+// which may adopt a collector's database and publish as a resync does.
+const (
+	Run Cmd = 1 << iota
+	Resync
+	Status
+	Verify
+	Health
+	Subscribe
+)
+
+// For returns the settings cmd takes, in help order: what a command passes
+// to Load.
+func For(cmd Cmd) []string {
+	var envs []string
+	for _, v := range Vars {
+		if v.Cmds&cmd != 0 {
+			envs = append(envs, v.Env)
+		}
+	}
+	return envs
+}
+
 // Var describes one setting.
 type Var struct {
-	Env     string
+	Env string
+	// Cmds are the commands that take it.
+	Cmds    Cmd
 	Flag    string
 	Default string
 	Usage   string
@@ -101,7 +129,7 @@ func invalid(format string, a ...any) error { return &valueError{fmt.Sprintf(for
 
 // Vars lists every setting, in help order.
 var Vars = []Var{
-	{Env: "MAILROOM_DATABASE_URL", Flag: "database-url", Usage: "PostgreSQL URL (required), e.g. postgres://user@host:5432/mailroom", Secret: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_DATABASE_URL", Cmds: Run | Resync | Status, Flag: "database-url", Usage: "PostgreSQL URL (required), e.g. postgres://user@host:5432/mailroom", Secret: true, set: func(c *Config, v string) error {
 		if v == "" {
 			return errors.New("is required")
 		}
@@ -111,7 +139,7 @@ var Vars = []Var{
 		c.DatabaseURL = v
 		return nil
 	}},
-	{Env: "MAILROOM_DATABASE_PASSWORD", Flag: "database-password", Usage: "password of MAILROOM_DATABASE_URL's user, any characters, no percent-encoding (replaces a password in the URL)", Secret: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_DATABASE_PASSWORD", Cmds: Run | Resync | Status, Flag: "database-password", Usage: "password of MAILROOM_DATABASE_URL's user, any characters, no percent-encoding (replaces a password in the URL)", Secret: true, set: func(c *Config, v string) error {
 		if v == "" {
 			return nil
 		}
@@ -122,7 +150,7 @@ var Vars = []Var{
 		c.DatabaseURL = u
 		return nil
 	}},
-	{Env: "MAILROOM_SECRET_KEY", Flag: "secret-key", Usage: "HMAC signing key: exactly 64 hex characters (or use MAILROOM_SECRET_KEY_FILE)", Secret: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_SECRET_KEY", Cmds: Run | Resync | Verify, Flag: "secret-key", Usage: "HMAC signing key: exactly 64 hex characters (or use MAILROOM_SECRET_KEY_FILE)", Secret: true, set: func(c *Config, v string) error {
 		// Trimmed like the file form: a key pasted with its newline is the
 		// same key.
 		v = strings.TrimSpace(v)
@@ -136,7 +164,7 @@ var Vars = []Var{
 		c.SecretKey = key
 		return nil
 	}},
-	{Env: "MAILROOM_SECRET_KEY_FILE", Flag: "secret-key-file", Usage: "file holding the signing key as 64 hex characters", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_SECRET_KEY_FILE", Cmds: Run | Resync | Verify, Flag: "secret-key-file", Usage: "file holding the signing key as 64 hex characters", set: func(c *Config, v string) error {
 		if v == "" {
 			return nil
 		}
@@ -154,20 +182,13 @@ var Vars = []Var{
 		c.SecretKey = key
 		return nil
 	}},
-	{Env: "MAILROOM_BATCH_LIMIT", Flag: "batch-limit", Default: "10", Usage: "most tokens in one batch", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_BATCH_LIMIT", Cmds: Run | Resync, Flag: "batch-limit", Default: "10", Usage: "most tokens in one batch", Shown: true, set: func(c *Config, v string) error {
 		n, err := positiveInt(v, 1_000_000)
 		c.BatchLimit = n
 		return err
 	}},
-	{Env: "MAILROOM_BATCH_TIMEOUT", Flag: "batch-timeout", Default: "5000", Usage: "milliseconds after a batch's first token when it is cut at the latest", Shown: true, set: func(c *Config, v string) error {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return invalid("must be a whole number of milliseconds >= 0")
-		}
-		c.BatchTimeout = time.Duration(n) * time.Millisecond
-		return nil
-	}},
-	{Env: "MAILROOM_NATS_URL", Flag: "nats-url", Usage: "NATS server URL(s), comma-separated; unset: tailer run starts an embedded JetStream server, tailer subscribe connects to nats://127.0.0.1:4222", Secret: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_BATCH_TIMEOUT", Cmds: Run, Flag: "batch-timeout", Default: "5000", Usage: "milliseconds after a batch's first token when it is cut at the latest", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.BatchTimeout }, 0, 86_400_000)},
+	{Env: "MAILROOM_NATS_URL", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-url", Usage: "NATS server URL(s), comma-separated; unset: tailer run starts an embedded JetStream server, tailer subscribe connects to nats://127.0.0.1:4222", Secret: true, set: func(c *Config, v string) error {
 		parts := strings.Split(v, ",")
 		for i, part := range parts {
 			if v == "" {
@@ -181,52 +202,39 @@ var Vars = []Var{
 		c.NATSURL = v
 		return nil
 	}},
-	{Env: "MAILROOM_NATS_USER", Flag: "nats-user", Usage: "NATS user name (with MAILROOM_NATS_PASSWORD)", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_USER", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-user", Usage: "NATS user name (with MAILROOM_NATS_PASSWORD)", set: func(c *Config, v string) error {
 		c.NATSUser = v
 		return nil
 	}},
-	{Env: "MAILROOM_NATS_PASSWORD", Flag: "nats-password", Usage: "NATS password of MAILROOM_NATS_USER", Secret: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_PASSWORD", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-password", Usage: "NATS password of MAILROOM_NATS_USER", Secret: true, set: func(c *Config, v string) error {
 		if v != "" && c.NATSUser == "" {
 			return errors.New("is set without MAILROOM_NATS_USER")
 		}
 		c.NATSPassword = v
 		return nil
 	}},
-	{Env: "MAILROOM_NATS_TOKEN", Flag: "nats-token", Usage: "NATS authentication token", Secret: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_TOKEN", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-token", Usage: "NATS authentication token", Secret: true, set: func(c *Config, v string) error {
 		c.NATSToken = v
 		return nil
 	}},
-	{Env: "MAILROOM_NATS_CREDS", Flag: "nats-creds", Usage: "NATS credentials file (JWT and nkey seed, as nsc writes it)", set: func(c *Config, v string) error {
-		c.NATSCreds = v
-		return readable(v)
-	}},
-	{Env: "MAILROOM_NATS_NKEY", Flag: "nats-nkey", Usage: "file holding a NATS nkey seed (SU...)", set: func(c *Config, v string) error {
-		c.NATSNkey = v
-		return readable(v)
-	}},
-	{Env: "MAILROOM_NATS_TLS_CA", Flag: "nats-tls-ca", Usage: "PEM file of the CA that signed the NATS server's certificate (enables TLS)", set: func(c *Config, v string) error {
-		c.NATSTLSCA = v
-		return readable(v)
-	}},
-	{Env: "MAILROOM_NATS_TLS_CERT", Flag: "nats-tls-cert", Usage: "PEM client certificate for NATS (with MAILROOM_NATS_TLS_KEY)", set: func(c *Config, v string) error {
-		c.NATSTLSCert = v
-		return readable(v)
-	}},
-	{Env: "MAILROOM_NATS_TLS_KEY", Flag: "nats-tls-key", Usage: "PEM private key of MAILROOM_NATS_TLS_CERT", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_CREDS", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-creds", Usage: "NATS credentials file (JWT and nkey seed, as nsc writes it)", set: fileVar(func(c *Config) *string { return &c.NATSCreds })},
+	{Env: "MAILROOM_NATS_NKEY", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-nkey", Usage: "file holding a NATS nkey seed (SU...)", set: fileVar(func(c *Config) *string { return &c.NATSNkey })},
+	{Env: "MAILROOM_NATS_TLS_CA", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-tls-ca", Usage: "PEM file of the CA that signed the NATS server's certificate (enables TLS)", set: fileVar(func(c *Config) *string { return &c.NATSTLSCA })},
+	{Env: "MAILROOM_NATS_TLS_CERT", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-tls-cert", Usage: "PEM client certificate for NATS (with MAILROOM_NATS_TLS_KEY)", set: fileVar(func(c *Config) *string { return &c.NATSTLSCert })},
+	{Env: "MAILROOM_NATS_TLS_KEY", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-tls-key", Usage: "PEM private key of MAILROOM_NATS_TLS_CERT", set: func(c *Config, v string) error {
 		if (v == "") != (c.NATSTLSCert == "") {
 			return errors.New("must be set together with MAILROOM_NATS_TLS_CERT")
 		}
-		c.NATSTLSKey = v
-		return readable(v)
+		return fileVar(func(c *Config) *string { return &c.NATSTLSKey })(c, v)
 	}},
-	{Env: "MAILROOM_NATS_LISTEN", Flag: "nats-listen", Default: "127.0.0.1:4222", Usage: "client address of the embedded NATS server", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_LISTEN", Cmds: Run | Resync, Flag: "nats-listen", Default: "127.0.0.1:4222", Usage: "client address of the embedded NATS server", set: func(c *Config, v string) error {
 		if _, _, err := net.SplitHostPort(v); err != nil {
 			return invalid("must be host:port")
 		}
 		c.NATSListen = v
 		return nil
 	}},
-	{Env: "MAILROOM_NATS_SYNC", Flag: "nats-sync", Default: "always", Usage: "when the embedded NATS server syncs its store to disk: always (before every acknowledgement) or an interval such as 1s (faster for many small batches; a host crash loses up to that much)", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_SYNC", Cmds: Run | Resync, Flag: "nats-sync", Default: "always", Usage: "when the embedded NATS server syncs its store to disk: always (before every acknowledgement) or an interval such as 1s (faster for many small batches; a host crash loses up to that much)", Shown: true, set: func(c *Config, v string) error {
 		if v == "always" {
 			c.NATSSync = 0
 			return nil
@@ -238,41 +246,34 @@ var Vars = []Var{
 		c.NATSSync = d
 		return nil
 	}},
-	{Env: "MAILROOM_DATA_DIR", Flag: "data-dir", Default: "tailer-data", Usage: "directory of the embedded NATS server's JetStream store", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_DATA_DIR", Cmds: Run | Resync, Flag: "data-dir", Default: "tailer-data", Usage: "directory of the embedded NATS server's JetStream store", set: func(c *Config, v string) error {
 		if v == "" {
 			return errors.New("must not be empty")
 		}
 		c.DataDir = v
 		return nil
 	}},
-	{Env: "MAILROOM_NATS_STREAM", Flag: "nats-stream", Default: "MAILROOM", Usage: "JetStream stream name (created if missing)", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_STREAM", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-stream", Default: "MAILROOM", Usage: "JetStream stream name (created if missing)", set: func(c *Config, v string) error {
 		if v == "" || strings.ContainsAny(v, " \t.*>/\\") {
 			return invalid("must be a stream name without spaces, '.', '*', '>', '/' or '\\'")
 		}
 		c.Stream = v
 		return nil
 	}},
-	{Env: "MAILROOM_NATS_SUBJECT", Flag: "nats-subject", Default: "mailroom.batches", Usage: "subject batches are published on", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_SUBJECT", Cmds: Run | Resync | Subscribe, Flag: "nats-subject", Default: "mailroom.batches", Usage: "subject batches are published on", set: func(c *Config, v string) error {
 		if v == "" || strings.ContainsAny(v, " \t*>") || strings.HasPrefix(v, ".") || strings.HasSuffix(v, ".") || strings.Contains(v, "..") {
 			return invalid("must be a literal subject such as mailroom.batches")
 		}
 		c.Subject = v
 		return nil
 	}},
-	{Env: "MAILROOM_NATS_REPLICAS", Flag: "nats-replicas", Default: "1", Usage: "replicas of the stream when the tailer creates it (3 on a three-node cluster)", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_REPLICAS", Cmds: Run | Resync, Flag: "nats-replicas", Default: "1", Usage: "replicas of the stream when the tailer creates it (3 on a three-node cluster)", Shown: true, set: func(c *Config, v string) error {
 		n, err := positiveInt(v, 5)
 		c.Replicas = n
 		return err
 	}},
-	{Env: "MAILROOM_SUBJECT_PER_ACTION", Flag: "subject-per-action", Default: "false", Usage: "publish each action on its own subject (<subject>.activation, <subject>.password_recovery), one action a batch", Shown: true, set: func(c *Config, v string) error {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return invalid("must be true or false")
-		}
-		c.PerAction = b
-		return nil
-	}},
-	{Env: "MAILROOM_FORMAT", Flag: "format", Default: "line", Usage: "message body: line (collector-compatible) or json", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_SUBJECT_PER_ACTION", Cmds: Run | Resync, Flag: "subject-per-action", Default: "false", Usage: "publish each action on its own subject (<subject>.activation, <subject>.password_recovery), one action a batch", Shown: true, set: boolVar(func(c *Config) *bool { return &c.PerAction })},
+	{Env: "MAILROOM_FORMAT", Cmds: Run | Resync, Flag: "format", Default: "line", Usage: "message body: line (collector-compatible) or json", Shown: true, set: func(c *Config, v string) error {
 		f, err := wire.ParseFormat(v)
 		if err != nil {
 			return invalid("must be line or json")
@@ -280,7 +281,7 @@ var Vars = []Var{
 		c.Format = f
 		return nil
 	}},
-	{Env: "MAILROOM_HTTP_ADDR", Flag: "http-addr", Default: "127.0.0.1:9187", Usage: "address for /metrics, /healthz and /readyz; empty disables", EmptyIsValue: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_HTTP_ADDR", Cmds: Run | Health, Flag: "http-addr", Default: "127.0.0.1:9187", Usage: "address for /metrics, /healthz and /readyz; empty disables", EmptyIsValue: true, set: func(c *Config, v string) error {
 		if v != "" {
 			if _, _, err := net.SplitHostPort(v); err != nil {
 				return invalid("must be host:port or empty")
@@ -289,15 +290,15 @@ var Vars = []Var{
 		c.HTTPAddr = v
 		return nil
 	}},
-	{Env: "MAILROOM_SLOT", Flag: "slot", Default: "mailroom", Usage: "logical replication slot name", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_SLOT", Cmds: Run | Resync | Status, Flag: "slot", Default: "mailroom", Usage: "logical replication slot name", set: func(c *Config, v string) error {
 		c.Slot = v
 		return validName(v)
 	}},
-	{Env: "MAILROOM_PUBLICATION", Flag: "publication", Default: "mailroom", Usage: "publication holding the tokens table", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_PUBLICATION", Cmds: Run | Status, Flag: "publication", Default: "mailroom", Usage: "publication holding the tokens table", set: func(c *Config, v string) error {
 		c.Publication = v
 		return validName(v)
 	}},
-	{Env: "MAILROOM_PROTO_VERSION", Flag: "proto-version", Default: "2", Usage: "pgoutput protocol version: 1, or 2 to stream large transactions", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_PROTO_VERSION", Cmds: Run, Flag: "proto-version", Default: "2", Usage: "pgoutput protocol version: 1, or 2 to stream large transactions", Shown: true, set: func(c *Config, v string) error {
 		switch v {
 		case "1", "2":
 			c.ProtoVersion = int(v[0] - '0')
@@ -305,15 +306,8 @@ var Vars = []Var{
 		}
 		return invalid("must be 1 or 2")
 	}},
-	{Env: "MAILROOM_BINARY", Flag: "binary", Default: "true", Usage: "ask pgoutput for binary column values (cheaper for the server)", Shown: true, set: func(c *Config, v string) error {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return invalid("must be true or false")
-		}
-		c.Binary = b
-		return nil
-	}},
-	{Env: "MAILROOM_MAX_IN_FLIGHT", Flag: "max-in-flight", Default: "auto", Usage: "messages published and awaiting their PubAck at once; batches ready meanwhile go out together in the next message (auto: 1 on a stream of one replica, 2 on a replicated one)", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_BINARY", Cmds: Run, Flag: "binary", Default: "true", Usage: "ask pgoutput for binary column values (cheaper for the server)", Shown: true, set: boolVar(func(c *Config) *bool { return &c.Binary })},
+	{Env: "MAILROOM_MAX_IN_FLIGHT", Cmds: Run | Resync, Flag: "max-in-flight", Default: "auto", Usage: "messages published and awaiting their PubAck at once; batches ready meanwhile go out together in the next message (auto: 1 on a stream of one replica, 2 on a replicated one)", Shown: true, set: func(c *Config, v string) error {
 		if v == "auto" {
 			c.MaxInFlight = 0
 			return nil
@@ -325,12 +319,12 @@ var Vars = []Var{
 		c.MaxInFlight = n
 		return nil
 	}},
-	{Env: "MAILROOM_MAX_BATCHES_PER_MESSAGE", Flag: "max-batches-per-message", Default: strconv.Itoa(publish.DefaultMaxBatches), Usage: "most batches one message carries when batches go out together (1: a message per batch, for consumers that take a message as one line)", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_MAX_BATCHES_PER_MESSAGE", Cmds: Run | Resync, Flag: "max-batches-per-message", Default: strconv.Itoa(publish.DefaultMaxBatches), Usage: "most batches one message carries when batches go out together (1: a message per batch, for consumers that take a message as one line)", Shown: true, set: func(c *Config, v string) error {
 		n, err := positiveInt(v, 100_000)
 		c.MaxBatches = n
 		return err
 	}},
-	{Env: "MAILROOM_MAX_LAG", Flag: "max-lag", Default: "67108864", Usage: "slot lag in bytes above which /readyz reports not ready (and tailer status exits 1)", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_MAX_LAG", Cmds: Run | Status, Flag: "max-lag", Default: "67108864", Usage: "slot lag in bytes above which /readyz reports not ready (and tailer status exits 1)", Shown: true, set: func(c *Config, v string) error {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
 			return invalid("must be a number of bytes >= 0")
@@ -338,31 +332,10 @@ var Vars = []Var{
 		c.MaxLag = n
 		return nil
 	}},
-	{Env: "MAILROOM_LAG_INTERVAL", Flag: "lag-interval", Default: "5000", Usage: "milliseconds between samples of the slot's lag for metrics and /readyz", Shown: true, set: func(c *Config, v string) error {
-		n, err := positiveInt(v, 3_600_000)
-		if err != nil {
-			return invalid("must be a whole number of milliseconds from 1")
-		}
-		c.LagInterval = time.Duration(n) * time.Millisecond
-		return nil
-	}},
-	{Env: "MAILROOM_REPLICATION_TIMEOUT", Flag: "replication-timeout", Default: "60000", Usage: "milliseconds the replication connection may stay silent (no message, no keepalive) before it is reconnected", Shown: true, set: func(c *Config, v string) error {
-		n, err := positiveInt(v, 3_600_000)
-		if err != nil || n < 1000 {
-			return invalid("must be a whole number of milliseconds from 1000 to 3600000")
-		}
-		c.ReplicationTimeout = time.Duration(n) * time.Millisecond
-		return nil
-	}},
-	{Env: "MAILROOM_PPROF", Flag: "pprof", Default: "false", Usage: "serve /debug/pprof on the HTTP address (profiles show code paths; keep the address private)", Shown: true, set: func(c *Config, v string) error {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return invalid("must be true or false")
-		}
-		c.Pprof = b
-		return nil
-	}},
-	{Env: "MAILROOM_SLOT_FAILOVER", Flag: "slot-failover", Default: replication.FailoverAuto, Usage: "make the slot a failover slot, kept in step on standbys with sync_replication_slots (PostgreSQL 17+): auto (on 17+), true (refused on 16 and older) or false", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_LAG_INTERVAL", Cmds: Run, Flag: "lag-interval", Default: "5000", Usage: "milliseconds between samples of the slot's lag for metrics and /readyz", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.LagInterval }, 1, 3_600_000)},
+	{Env: "MAILROOM_REPLICATION_TIMEOUT", Cmds: Run, Flag: "replication-timeout", Default: "60000", Usage: "milliseconds the replication connection may stay silent (no message, no keepalive) before it is reconnected", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.ReplicationTimeout }, 1000, 3_600_000)},
+	{Env: "MAILROOM_PPROF", Cmds: Run, Flag: "pprof", Default: "false", Usage: "serve /debug/pprof on the HTTP address (profiles show code paths; keep the address private)", Shown: true, set: boolVar(func(c *Config) *bool { return &c.Pprof })},
+	{Env: "MAILROOM_SLOT_FAILOVER", Cmds: Run | Resync, Flag: "slot-failover", Default: replication.FailoverAuto, Usage: "make the slot a failover slot, kept in step on standbys with sync_replication_slots (PostgreSQL 17+): auto (on 17+), true (refused on 16 and older) or false", Shown: true, set: func(c *Config, v string) error {
 		switch v {
 		case replication.FailoverAuto, replication.FailoverOn, replication.FailoverOff:
 			c.SlotFailover = v
@@ -370,22 +343,15 @@ var Vars = []Var{
 		}
 		return invalid("must be auto, true or false")
 	}},
-	{Env: "MAILROOM_AUTO_RESYNC", Flag: "auto-resync", Default: "false", Usage: "when the slot is lost or gone, recreate it and publish the still-eligible tokens the stream lacks (tailer resync) instead of waiting for the operator", Shown: true, set: func(c *Config, v string) error {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return invalid("must be true or false")
-		}
-		c.AutoResync = b
-		return nil
-	}},
-	{Env: "MAILROOM_LOG_FORMAT", Flag: "log-format", Default: "text", Usage: "log format: text or json", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_AUTO_RESYNC", Cmds: Run, Flag: "auto-resync", Default: "false", Usage: "when the slot is lost or gone, recreate it and publish the still-eligible tokens the stream lacks (tailer resync) instead of waiting for the operator", Shown: true, set: boolVar(func(c *Config) *bool { return &c.AutoResync })},
+	{Env: "MAILROOM_LOG_FORMAT", Cmds: Run | Resync, Flag: "log-format", Default: "text", Usage: "log format: text or json", Shown: true, set: func(c *Config, v string) error {
 		if v != "text" && v != "json" {
 			return invalid("must be text or json")
 		}
 		c.LogFormat = v
 		return nil
 	}},
-	{Env: "MAILROOM_LOG_LEVEL", Flag: "log-level", Default: "info", Usage: "log level: debug, info, warn or error", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_LOG_LEVEL", Cmds: Run | Resync, Flag: "log-level", Default: "info", Usage: "log level: debug, info, warn or error", Shown: true, set: func(c *Config, v string) error {
 		switch v {
 		case "debug", "info", "warn", "error":
 			c.LogLevel = v
@@ -424,6 +390,38 @@ func positiveInt(v string, max int) (int, error) {
 		return 0, invalid("must be a whole number from 1 to %d", max)
 	}
 	return n, nil
+}
+
+// boolVar sets a true/false setting.
+func boolVar(field func(*Config) *bool) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return invalid("must be true or false")
+		}
+		*field(c) = b
+		return nil
+	}
+}
+
+// millisVar sets a duration given in whole milliseconds from min to max.
+func millisVar(field func(*Config) *time.Duration, min, max int) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < min || n > max {
+			return invalid("must be a whole number of milliseconds from %d to %d", min, max)
+		}
+		*field(c) = time.Duration(n) * time.Millisecond
+		return nil
+	}
+}
+
+// fileVar sets the path of a file the command will read, checked now.
+func fileVar(field func(*Config) *string) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		*field(c) = v
+		return readable(v)
+	}
 }
 
 func validName(v string) error {

@@ -92,7 +92,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	if format == "" {
 		format = "line"
 	}
-	cfg, _, err := config.Load("test", runVarsForTest, []string{"--http-addr="}, func(k string) (string, bool) {
+	cfg, _, err := config.Load("test", config.For(config.Run), []string{"--http-addr="}, func(k string) (string, bool) {
 		v, ok := map[string]string{
 			"MAILROOM_DATABASE_URL":  db.URL,
 			"MAILROOM_SECRET_KEY":    testKeyHex,
@@ -119,8 +119,6 @@ func newEnv(t *testing.T, o envOpts) *env {
 	e.start()
 	return e
 }
-
-var runVarsForTest = []string{"MAILROOM_DATABASE_URL", "MAILROOM_SECRET_KEY", "MAILROOM_BATCH_LIMIT", "MAILROOM_BATCH_TIMEOUT", "MAILROOM_NATS_URL", "MAILROOM_NATS_STREAM", "MAILROOM_NATS_SUBJECT", "MAILROOM_FORMAT", "MAILROOM_HTTP_ADDR", "MAILROOM_SLOT", "MAILROOM_PUBLICATION", "MAILROOM_PROTO_VERSION", "MAILROOM_BINARY", "MAILROOM_MAX_IN_FLIGHT", "MAILROOM_MAX_BATCHES_PER_MESSAGE", "MAILROOM_LOG_FORMAT", "MAILROOM_LOG_LEVEL", "MAILROOM_MAX_LAG", "MAILROOM_LAG_INTERVAL", "MAILROOM_NATS_REPLICAS", "MAILROOM_SUBJECT_PER_ACTION"}
 
 // start runs the tailer in the background until stop is called.
 func (e *env) start() {
