@@ -1,14 +1,27 @@
-.PHONY: build test test-pg test-pg-core demo bench
+.PHONY: build test test-soak test-pg test-pg-core demo bench
 
 build:
 	go build -o bin/tailer ./cmd/tailer
 
-# The test command: formatting, vet, and every test with the race detector
-# against a real PostgreSQL and embedded NATS.
+# How the tests run: files in memory where there is room
+# (scripts/test-tmpdir.sh), and up to six tests at a time in a package: most
+# of a process test is spent waiting for a server or a child process.
+GO_TEST = TMPDIR=$$(bash scripts/test-tmpdir.sh) go test -race -count=1 -parallel 6 -timeout 20m
+
+# The soak tests: kill loops, takeovers and outages run many times, which
+# cost more CPU than all the other tests together. make test-soak runs them,
+# with the tailer they start built with the race detector; CI runs both.
+SOAK_TESTS = TestConcurrentResyncs|TestStandbyStaysUp|TestSubscribeSenderDies|TestCrashLoop|TestStreamConfigurations|TestNATSClusterLosesNodes|TestSubscribeSurvivesKills
+
+# The test command: formatting, vet, and every test but the soak tests with
+# the race detector against a real PostgreSQL and embedded NATS.
 test:
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	go vet ./...
-	go test -race -count=1 -timeout 20m ./...
+	$(GO_TEST) -skip '^($(SOAK_TESTS))$$' ./...
+
+test-soak:
+	TAILER_CHILD_RACE=1 $(GO_TEST) -run '^($(SOAK_TESTS))$$' ./cmd/tailer/
 
 # Runs the whole thing end to end on a throwaway PostgreSQL.
 demo:
@@ -23,7 +36,7 @@ bench:
 # (15 is Debian's; 16-18 come from the npm registry, see scripts/pg-install.sh).
 test-pg:
 	@test -n "$(VERSION)" || { echo "usage: make test-pg VERSION=15|16|17|18"; exit 2; }
-	TAILER_PG_VERSION=$(VERSION) go test -race -count=1 -timeout 20m ./...
+	TAILER_PG_VERSION=$(VERSION) $(GO_TEST) ./...
 
 # What CI runs on PostgreSQL 17 and 18 beside make test on 15: the packages
 # that talk to the server, and the end-to-end, crash, resync and failover
@@ -31,5 +44,5 @@ test-pg:
 CORE_TESTS = TestFailover|TestCrashLoop|TestSIGTERMPublishesPendingBatch|TestStandbyTakesOver|TestIdleSlotAdvances|TestPostgresFaults|TestLostSlotIsReported|TestResync|TestVanishedSlot|TestRestoredCopyCannotSkip|TestConcurrentResyncs|TestRunsAsRestrictedRole|TestComposeRoles|TestSchemaChangeUnderTheTailer|TestPublicationChanges
 test-pg-core:
 	@test -n "$(VERSION)" || { echo "usage: make test-pg-core VERSION=16|17|18"; exit 2; }
-	TAILER_PG_VERSION=$(VERSION) go test -race -count=1 -timeout 20m ./replication/... ./decoder/... ./batch/... ./publish/resync/... ./migrations/... ./cmd/internal/daemon/...
-	TAILER_PG_VERSION=$(VERSION) go test -race -count=1 -timeout 20m -run '$(CORE_TESTS)' ./cmd/tailer/
+	TAILER_PG_VERSION=$(VERSION) $(GO_TEST) ./replication/... ./decoder/... ./batch/... ./publish/resync/... ./migrations/... ./cmd/internal/daemon/...
+	TAILER_PG_VERSION=$(VERSION) $(GO_TEST) -run '$(CORE_TESTS)' ./cmd/tailer/

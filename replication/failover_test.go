@@ -41,6 +41,7 @@ func TestWantFailover(t *testing.T) {
 // On the server the tests run (TAILER_PG_VERSION), a slot is made a
 // failover slot, and an existing one changed, where the server has them.
 func TestFailoverSlots(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	db := tailertest.NewDB(t, pgtest.Shared(t))

@@ -14,6 +14,7 @@ import (
 // wait for it, and get it once the holder lets go or is gone, whether it
 // closed its connection, was terminated, or stopped pinging.
 func TestLease(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	db := tailertest.NewDB(t, pgtest.Shared(t))
@@ -80,6 +81,7 @@ func TestLease(t *testing.T) {
 // A waiter does not wait for a holder that streams from the slot: such a
 // holder does not let go, so the refusal comes at once.
 func TestLeaseNotAwaitedFromAStreamingHolder(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	db := tailertest.NewDB(t, pgtest.Shared(t))

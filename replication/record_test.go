@@ -17,6 +17,7 @@ import (
 // until finished, keeping the collector's cutover), and a resync that was
 // superseded cannot say it finished.
 func TestRecord(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 

@@ -43,6 +43,7 @@ func TestValidateName(t *testing.T) {
 }
 
 func TestSlots(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	tdb := tailertest.NewDB(t, pgtest.Shared(t))
@@ -122,6 +123,8 @@ func TestSlots(t *testing.T) {
 type freezeProxy struct {
 	ln     net.Listener
 	frozen atomic.Bool
+	// upDelay holds back what the client sends, as a slow network would.
+	upDelay atomic.Int64
 }
 
 func newFreezeProxy(t *testing.T, target string) *freezeProxy {
@@ -144,19 +147,22 @@ func newFreezeProxy(t *testing.T, target string) *freezeProxy {
 				continue
 			}
 			t.Cleanup(func() { c.Close(); s.Close() })
-			go p.pipe(c, s)
-			go p.pipe(s, c)
+			go p.pipe(c, s, nil)
+			go p.pipe(s, c, &p.upDelay)
 		}
 	}()
 	return p
 }
 
-func (p *freezeProxy) pipe(dst, src net.Conn) {
+func (p *freezeProxy) pipe(dst, src net.Conn, delay *atomic.Int64) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if err != nil {
 			return
+		}
+		if delay != nil {
+			time.Sleep(time.Duration(delay.Load()))
 		}
 		if p.frozen.Load() {
 			continue // swallowed: the peer never sees it
@@ -188,6 +194,7 @@ func (h *idle) Confirmable() pglogrepl.LSN                    { return h.at }
 func (h *idle) Stop()                                         {}
 
 func TestSilentConnectionIsGivenUp(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	tdb := tailertest.NewDB(t, pgtest.Shared(t))
@@ -233,6 +240,52 @@ func TestSilentConnectionIsGivenUp(t *testing.T) {
 	proxy.frozen.Store(true)
 	if err := stream.Run(ctx, &idle{at: slot.ConfirmedFlush}); !errors.Is(err, ErrSilent) {
 		t.Fatalf("stream over a frozen connection ended with %v, want ErrSilent", err)
+	}
+}
+
+// stopping is a Handler with nothing to confirm until it is stopped, and
+// then its position: only the final status update reports it.
+type stopping struct {
+	idle
+	final pglogrepl.LSN
+}
+
+func (h *stopping) Confirmable() pglogrepl.LSN { return h.at }
+func (h *stopping) Stop()                      { h.at = h.final }
+
+// A stopped stream's last position is on the slot when Run returns, not in
+// flight to the server: over a link that holds the client's bytes back,
+// the slot read at once after Run shows the final status update.
+func TestStoppedStreamLeavesItsPositionOnTheSlot(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tdb := tailertest.NewDB(t, pgtest.Shared(t))
+	if _, err := CreateSlot(ctx, tdb.Conn, "stopping", "test", false, false); err != nil {
+		t.Fatal(err)
+	}
+	tdb.Exec(`INSERT INTO accounts (email, login) VALUES ('stop@x', 'stop')`)
+	end := tdb.WalLSN()
+	proxy := newFreezeProxy(t, "127.0.0.1:"+strconv.Itoa(pgtest.Shared(t).Port))
+	conn, err := Connect(ctx, proxy.url(t, tdb.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	stream, err := Start(ctx, conn, Options{Slot: "stopping", Publication: migrations.Publication, Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- stream.Run(runCtx, &stopping{final: end}) }()
+	proxy.upDelay.Store(int64(300 * time.Millisecond))
+	stop()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run: %v", err)
+	}
+	if got := tdb.ConfirmedLSN("stopping"); got < end {
+		t.Fatalf("slot confirmed at %s when Run returned, before the final status update's %s", got, end)
 	}
 }
 

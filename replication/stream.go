@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -131,8 +132,19 @@ func (r *Receiver) Run(ctx context.Context, h Handler) error {
 	netConn := r.conn.Conn()
 	// A read blocked in ReceiveMessage wakes up at its deadline; pulling the
 	// deadline in is how cancellation reaches it without a context watcher
-	// goroutine per message.
-	stopWake := context.AfterFunc(ctx, func() { netConn.SetReadDeadline(time.Now()) })
+	// goroutine per message. Once the stream is being ended, the wake-up
+	// must not cut the exchange that ends it.
+	var (
+		wakeMu sync.Mutex
+		ending bool
+	)
+	stopWake := context.AfterFunc(ctx, func() {
+		wakeMu.Lock()
+		defer wakeMu.Unlock()
+		if !ending {
+			netConn.SetReadDeadline(time.Now())
+		}
+	})
 	defer stopWake()
 
 	var (
@@ -151,6 +163,14 @@ func (r *Receiver) Run(ctx context.Context, h Handler) error {
 			if err := r.sendStatus(h.Confirmable(), false); err != nil {
 				return fmt.Errorf("final status update: %w", err)
 			}
+			wakeMu.Lock()
+			ending = true
+			wakeMu.Unlock()
+			// Failing to end the stream loses nothing: the update is sent;
+			// at worst the server applies it a moment later or, were the
+			// connection lost, the next session reads again what was
+			// published and skips it, as after a crash.
+			r.endCopy()
 			return ctx.Err()
 		}
 		now := time.Now()
@@ -255,6 +275,20 @@ func (r *Receiver) copyData(data []byte, h Handler, nextStatus *time.Time) error
 		}
 	}
 	return nil
+}
+
+// endCopyTimeout bounds the wait for the server to end the stream.
+const endCopyTimeout = 5 * time.Second
+
+// endCopy ends the stream as the protocol does (CopyDone both ways). The
+// server reads the client's messages in order, so once it answers, the
+// last status update has moved the slot: a tailer that has stopped has its
+// position on the slot, for tailer status and for the next owner alike,
+// not in a socket buffer the walsender has yet to read. Data the server
+// sent meanwhile is dropped unconfirmed.
+func (r *Receiver) endCopy() {
+	r.conn.Conn().SetReadDeadline(time.Now().Add(endCopyTimeout))
+	pglogrepl.SendStandbyCopyDone(context.Background(), r.conn)
 }
 
 // sendStatus reports confirmed as flushed and applied. Every position is

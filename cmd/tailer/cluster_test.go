@@ -118,6 +118,7 @@ func (nc *natsCluster) index(name string) int {
 // acks, 5 of 5 runs of this test passed (and 7 of 7 of a milder form that
 // restarted each node before stopping the next) before it joined make test.
 func TestNATSClusterLosesNodes(t *testing.T) {
+	t.Parallel()
 	nats3 := newNATSCluster(t)
 	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
 	c.stopNATS()

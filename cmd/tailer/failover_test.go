@@ -24,15 +24,19 @@ type failover struct {
 
 func newFailover(t *testing.T) *failover {
 	t.Helper()
+	major, err := pgtest.Major()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if major < 17 {
+		t.Skipf("PostgreSQL %d has no failover slots (CI runs this on 17 and 18: make test-pg VERSION=17)", major)
+	}
 	primary, err := pgtest.Start(pgtest.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { primary.Close() })
 	c := newCluster(t, primary, 10, 50*time.Millisecond)
-	if major := c.serverMajor(); major < 17 {
-		t.Skipf("PostgreSQL %d has no failover slots (CI runs this on 17 and 18: make test-pg VERSION=17)", major)
-	}
 	// The slot is synchronized by hand (pg_sync_replication_slots), at the
 	// points the test chooses; sync_replication_slots=on does the same in
 	// a loop.
@@ -140,6 +144,7 @@ func (f *failover) noneLost(t *testing.T) {
 // its next timeline: every token the new primary holds once, none it
 // lacks.
 func TestFailoverSlotSurvivesPromotion(t *testing.T) {
+	t.Parallel()
 	f := newFailover(t)
 	p := f.tailer("MAILROOM_DATABASE_URL="+f.both, "MAILROOM_REPLICATION_TIMEOUT=5000")
 	p.waitLog("msg=streaming", 1, 30*time.Second)
@@ -204,6 +209,7 @@ func TestFailoverSlotSurvivesPromotion(t *testing.T) {
 // one (the tokens since its last confirmation are in no slot) and names
 // tailer resync, which then publishes every token once.
 func TestFailoverWithoutFailoverSlot(t *testing.T) {
+	t.Parallel()
 	f := newFailover(t)
 	p := f.watchedTailer("MAILROOM_DATABASE_URL="+f.both, "MAILROOM_REPLICATION_TIMEOUT=5000", "MAILROOM_SLOT_FAILOVER=false")
 	p.waitLog("msg=streaming", 1, 30*time.Second)
@@ -235,10 +241,13 @@ func TestFailoverWithoutFailoverSlot(t *testing.T) {
 // configuration error: exit 2, naming the setting and the version, before
 // anything is made.
 func TestFailoverRefusedBefore17(t *testing.T) {
-	c := newClusterWithoutSlot(t, pgtest.Shared(t), 10, 50*time.Millisecond)
-	if major := c.serverMajor(); major >= 17 {
+	t.Parallel()
+	if major, err := pgtest.Major(); err != nil {
+		t.Fatal(err)
+	} else if major >= 17 {
 		t.Skipf("PostgreSQL %d has failover slots", major)
 	}
+	c := newClusterWithoutSlot(t, pgtest.Shared(t), 10, 50*time.Millisecond)
 	for _, args := range [][]string{{"migrate"}, {"run", "--http-addr="}} {
 		p := c.command(args, "MAILROOM_SLOT_FAILOVER=true")
 		out := p.out

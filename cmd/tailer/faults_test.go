@@ -34,7 +34,10 @@ import (
 )
 
 // tailerBin is the tailer built once for the fault tests, which run it as a
-// real process so that it can be killed.
+// real process so that it can be killed. With TAILER_CHILD_RACE=1 it is
+// built with the race detector (make test-soak, in CI), so that the daemon
+// runs under it through crashes, takeovers and outages; every test then
+// fails on a race report in a child's output.
 var tailerBin string
 
 func TestMain(m *testing.M) {
@@ -44,7 +47,11 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	tailerBin = filepath.Join(dir, "tailer")
-	if out, err := exec.Command("go", "build", "-o", tailerBin, ".").CombinedOutput(); err != nil {
+	build := []string{"build", "-o", tailerBin}
+	if os.Getenv("TAILER_CHILD_RACE") == "1" {
+		build = append(build, "-race")
+	}
+	if out, err := exec.Command("go", append(build, ".")...).CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build tailer: %v\n%s", err, out)
 		os.Exit(1)
 	}
@@ -68,6 +75,8 @@ type cluster struct {
 	natsURLs string
 	limit    int
 	timeout  time.Duration
+	// streamCache keeps the stream's messages between polls.
+	streamCache tailertest.StreamCache
 }
 
 func newCluster(t *testing.T, pg *pgtest.Server, limit int, timeout time.Duration) *cluster {
@@ -166,6 +175,7 @@ func (c *cluster) command(args []string, extraEnv ...string) *proc {
 	c.t.Cleanup(func() {
 		p.cmd.Process.Kill()
 		<-p.done
+		noRace(c.t, p)
 		if c.t.Failed() {
 			c.t.Logf("tailer pid %d output:\n%s", cmd.Process.Pid, p.out.String())
 		}
@@ -197,6 +207,16 @@ func (p *proc) waitLog(s string, count int, within time.Duration) {
 			p.t.Fatalf("tailer did not log %q within %s:\n%s", s, within, p.out.String())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// noRace fails the test if the race detector reported in the process's
+// output: a process killed by the test never reaches the exit status (66)
+// that would say so.
+func noRace(t *testing.T, p *proc) {
+	t.Helper()
+	if out := p.out.String(); strings.Contains(out, "WARNING: DATA RACE") {
+		t.Errorf("tailer pid %d: the race detector reported:\n%s", p.cmd.Process.Pid, out)
 	}
 }
 
@@ -324,7 +344,7 @@ func (c *cluster) messages() []*jetstream.RawStreamMsg {
 	defer done()
 	ctx, cancel := context.WithTimeout(c.ctx, 30*time.Second)
 	defer cancel()
-	msgs, err := tailertest.StoredMessages(ctx, stream)
+	msgs, err := c.streamCache.Messages(ctx, stream)
 	if err != nil {
 		c.t.Log(err)
 		return nil
@@ -383,6 +403,7 @@ func (c *cluster) expectExactlyOnce(within time.Duration) int {
 }
 
 func TestCrashLoop(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name      string
 		perAction bool
@@ -413,6 +434,9 @@ func TestCrashLoop(t *testing.T) {
 				t.Fatal(w.err)
 			}
 			p := c.tailer(env...)
+			// The killed tailers may have published every token already:
+			// a SIGTERM before this one handles signals would kill it.
+			p.waitLog("msg=streaming", 1, 30*time.Second)
 			n := c.expectExactlyOnce(60 * time.Second)
 			if code := p.term(15 * time.Second); code != 0 {
 				t.Fatalf("exit code %d after SIGTERM", code)
@@ -426,6 +450,7 @@ func TestCrashLoop(t *testing.T) {
 }
 
 func TestSIGTERMPublishesPendingBatch(t *testing.T) {
+	t.Parallel()
 	// No timeout can cut the batch: only the shutdown does.
 	c := newCluster(t, pgtest.Shared(t), 10, time.Hour)
 	p := c.tailer()
@@ -453,6 +478,7 @@ func TestSIGTERMPublishesPendingBatch(t *testing.T) {
 }
 
 func TestStandbyTakesOver(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
 	a := c.tailer()
 	a.waitLog("msg=streaming", 1, 30*time.Second)
@@ -479,6 +505,7 @@ func TestStandbyTakesOver(t *testing.T) {
 }
 
 func TestIdleSlotAdvances(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
 	// Active accounts get no activation token.
 	c.Exec(`INSERT INTO accounts (email, login, status) SELECT 'i' || g || '@x', 'i' || g, 'active' FROM generate_series(1, 10000) g`)
@@ -539,6 +566,7 @@ func TestIdleSlotAdvances(t *testing.T) {
 }
 
 func TestSecondSignalExitsAtOnce(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, pgtest.Shared(t), 10, time.Hour)
 	p := c.tailer()
 	p.waitLog("msg=streaming", 1, 30*time.Second)
@@ -585,6 +613,7 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 // A stop that cannot publish what it read says so with exit code 1; the
 // tokens stay in the slot.
 func TestStopWithoutNATSExitsNonZero(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, pgtest.Shared(t), 10, time.Hour)
 	p := c.tailer()
 	p.waitLog("msg=streaming", 1, 30*time.Second)
@@ -629,6 +658,7 @@ func (c *cluster) waitSent(lsn pglogrepl.LSN) {
 }
 
 func TestNATSOutage(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
 	p := c.tailer()
 	p.waitLog("msg=streaming", 1, 30*time.Second)
@@ -660,6 +690,7 @@ func TestNATSOutage(t *testing.T) {
 }
 
 func TestPostgresFaults(t *testing.T) {
+	t.Parallel()
 	t.Run("backends terminated", func(t *testing.T) {
 		c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
 		p := c.tailer()
@@ -752,6 +783,7 @@ func (c *cluster) status(maxLag int64) (statusReport, int) {
 }
 
 func TestLagAndReadinessDuringNATSOutage(t *testing.T) {
+	t.Parallel()
 	const maxLag = 256 << 10
 	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
 	port, _ := pgtest.FreePort()
@@ -880,6 +912,7 @@ func (p *proc) exit(within time.Duration) int {
 // behind the stream): the tailer refuses to start, naming both sides,
 // instead of skipping every token up to the stream's position.
 func TestForeignStreamRefused(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
 	c.publishThenStop("o", 20)
 	first := c.firstMessage()
@@ -978,6 +1011,7 @@ func TestForeignStreamRefused(t *testing.T) {
 // so, tailer run logs it once and waits without recreating the slot, and
 // /readyz and tailer_slot_invalidated say why.
 func TestLostSlotIsReported(t *testing.T) {
+	t.Parallel()
 	c := newLosableCluster(t)
 
 	// While no tailer runs: tokens, then more WAL than the slot may keep.
@@ -1039,6 +1073,7 @@ func TestLostSlotIsReported(t *testing.T) {
 // each message's batches are lines of at most the limit, and groups did
 // form.
 func TestSIGKILLInsideAGroup(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, pgtest.Shared(t), 1, 100*time.Millisecond)
 	c.Exec(`INSERT INTO accounts (email, login) SELECT 'g' || g || '@x', 'g' || g FROM generate_series(1, 1500) g`)
 	w := c.startWriter(1, 2*time.Millisecond)
@@ -1064,6 +1099,7 @@ func TestSIGKILLInsideAGroup(t *testing.T) {
 		t.Fatal(w.err)
 	}
 	p := c.tailer()
+	p.waitLog("msg=streaming", 1, 30*time.Second)
 	n := c.expectExactlyOnce(60 * time.Second)
 	if code := p.term(15 * time.Second); code != 0 {
 		t.Fatalf("exit code %d after SIGTERM", code)

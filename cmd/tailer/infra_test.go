@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -318,6 +319,7 @@ func awaitMetrics(t *testing.T, url string, want ...string) string {
 // tailer's by the tailer, the PostgreSQL side's by postgres_exporter, run
 // as the compose file runs it (its own role, pg_monitor only).
 func TestDashboardAndRulesUseExportedMetrics(t *testing.T) {
+	t.Parallel()
 	refs := referencedMetrics(t)
 	s := startComposeDB(t, "max_slot_wal_keep_size=1GB")
 	c := s.cluster(t)
@@ -353,6 +355,7 @@ func TestDashboardAndRulesUseExportedMetrics(t *testing.T) {
 }
 
 func TestPromtoolCheckRules(t *testing.T) {
+	t.Parallel()
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
 		if os.Getenv("CI") != "" {
@@ -391,6 +394,7 @@ func TestPromtoolCheckRules(t *testing.T) {
 // The compose file runs the daemon as a role with only REPLICATION and the
 // SELECTs migration 000003 grants; this checks that is enough.
 func TestRunsAsRestrictedRole(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Shared(t)
 	ctx := t.Context()
 	admin, err := pgx.Connect(ctx, pg.URL("postgres"))
@@ -420,10 +424,12 @@ func TestRunsAsRestrictedRole(t *testing.T) {
 
 // startNATSConfig runs a real NATS server with a configuration file, on a
 // free loopback port with its store in a temporary directory, and points
-// the cluster at it.
-func (c *cluster) startNATSConfig(path string) {
+// the cluster at it. env is what the file reads from the environment
+// ($NAME); the server reads it from the process's, so it is set only while
+// the file is parsed, one test at a time.
+func (c *cluster) startNATSConfig(path string, env map[string]string) {
 	c.t.Helper()
-	opts, err := server.ProcessConfigFile(path)
+	opts, err := parseNATSConfig(path, env)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -446,11 +452,12 @@ func (c *cluster) startNATSConfig(path string) {
 // subscriber's user consumes with tailer subscribe but can neither publish
 // batches nor purge or delete the stream.
 func TestComposeNATSAccounts(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(20, uint64(time.Now().UnixNano())))
 	tailerPW, subscriberPW := hostilePassword(rng), hostilePassword(rng)
-	natsConfigEnv(t, tailerPW, subscriberPW)
+	env := natsConfigEnv(t, tailerPW, subscriberPW)
 	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
-	c.startNATSConfig(infra + "nats/nats.conf")
+	c.startNATSConfig(infra+"nats/nats.conf", env)
 	if nc, err := nats.Connect(c.natsURL()); err == nil {
 		nc.Close()
 		t.Fatal("anonymous connection accepted")
@@ -553,9 +560,9 @@ func hostilePassword(rng *rand.Rand) string {
 	return string(b)
 }
 
-// natsConfigEnv sets the environment nats/nats.conf reads, as the compose
+// natsConfigEnv is the environment nats/nats.conf reads, as the compose
 // file's NATS services get it: through nats/entrypoint.sh.
-func natsConfigEnv(t *testing.T, tailerPW, subscriberPW string) {
+func natsConfigEnv(t *testing.T, tailerPW, subscriberPW string) map[string]string {
 	t.Helper()
 	cmd := exec.Command("sh", infra+"nats/entrypoint.sh", "env")
 	cmd.Env = append(os.Environ(), "NATS_TAILER_PASSWORD="+tailerPW, "NATS_SUBSCRIBER_PASSWORD="+subscriberPW)
@@ -563,16 +570,30 @@ func natsConfigEnv(t *testing.T, tailerPW, subscriberPW string) {
 	if err != nil {
 		t.Fatalf("nats/entrypoint.sh: %v", err)
 	}
-	set := 0
+	env := map[string]string{}
 	for _, line := range strings.Split(string(out), "\n") {
 		if k, v, ok := strings.Cut(line, "="); ok && strings.HasSuffix(k, "_PASSWORD_QUOTED") {
-			t.Setenv(k, v)
-			set++
+			env[k] = v
 		}
 	}
-	if set != 2 {
-		t.Fatalf("nats/entrypoint.sh exported %d quoted passwords:\n%s", set, out)
+	if len(env) != 2 {
+		t.Fatalf("nats/entrypoint.sh exported %d quoted passwords:\n%s", len(env), out)
 	}
+	return env
+}
+
+// natsConfigMu keeps parallel tests from parsing configuration files
+// under each other's environment.
+var natsConfigMu sync.Mutex
+
+func parseNATSConfig(path string, env map[string]string) (*server.Options, error) {
+	natsConfigMu.Lock()
+	defer natsConfigMu.Unlock()
+	for k, v := range env {
+		os.Setenv(k, v)
+		defer os.Unsetenv(k)
+	}
+	return server.ProcessConfigFile(path)
 }
 
 // composeDB is a PostgreSQL set up as the compose file's postgres service
@@ -710,6 +731,7 @@ func (s *composeDB) exporter(t *testing.T) string {
 // postgres_exporter sees the slot, active and not, with pg_monitor alone.
 // Every password holds every URL-special character.
 func TestComposeRoles(t *testing.T) {
+	t.Parallel()
 	s := startComposeDB(t, "max_slot_wal_keep_size=1GB")
 	c := s.cluster(t)
 	p := c.tailer(s.tailerEnv()...)

@@ -244,6 +244,7 @@ func TestKeyWithTrailingNewline(t *testing.T) {
 // A wrong password for PostgreSQL or NATS at startup is a configuration
 // error: one line, exit 2, the password not repeated.
 func TestWrongCredentialsAtStartup(t *testing.T) {
+	t.Parallel()
 	const dbPass, natsPass = "right-db-pass", "right-nats-pass"
 	pg, err := pgtest.Start(pgtest.Options{Password: dbPass})
 	if err != nil {

@@ -94,6 +94,7 @@ func (c *cluster) lastStreamPosition() pglogrepl.LSN {
 // written past it; after tailer resync every one of its tokens is on the
 // stream exactly once.
 func TestRestoredCopyCannotSkip(t *testing.T) {
+	t.Parallel()
 	pg, err := pgtest.Start(pgtest.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -177,6 +178,7 @@ func TestRestoredCopyCannotSkip(t *testing.T) {
 // tailer resync while tailer run streams is refused before it changes
 // anything, naming the owner; tailer run goes on without a break.
 func TestResyncRefusedWhileRunStreams(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
 	p := c.tailer()
 	p.waitLog("msg=streaming", 1, 30*time.Second)
@@ -218,6 +220,7 @@ func TestResyncRefusedWhileRunStreams(t *testing.T) {
 // resyncs again, or is refused; it never drops the first one's slot
 // while that one publishes.
 func TestConcurrentResyncs(t *testing.T) {
+	t.Parallel()
 	for _, gap := range []time.Duration{300 * time.Millisecond, 1200 * time.Millisecond} {
 		t.Run(gap.String(), func(t *testing.T) {
 			c := newLosableCluster(t)
@@ -264,6 +267,7 @@ func TestConcurrentResyncs(t *testing.T) {
 // under a writer: one resyncs, holding the lease, the other stands by;
 // every token exactly once, and neither exits.
 func TestAutoResyncOnTwoTailers(t *testing.T) {
+	t.Parallel()
 	c := newLosableCluster(t)
 	c.Exec(`INSERT INTO accounts (email, login) SELECT 'during' || g || '@x', 'during' || g FROM generate_series(1, 2000) g`)
 	c.loseSlot()
@@ -304,6 +308,7 @@ func TestAutoResyncOnTwoTailers(t *testing.T) {
 // even once the jobs table is gone; tokens that reuse those ids after
 // TRUNCATE ... RESTART IDENTITY are published all the same.
 func TestResyncAfterCutover(t *testing.T) {
+	t.Parallel()
 	c := newCollectorCluster(t)
 	var lastSeq int64
 	if err := c.Conn.QueryRow(c.ctx, `SELECT last_seq FROM jobs`).Scan(&lastSeq); err != nil {
@@ -373,6 +378,7 @@ func (p *proc) holding() bool {
 // once. With TAILER_SOAK=10m it is the ten-minute run, killing every 30-60
 // s; make test runs 20 s, killing every 2-4 s.
 func TestStandbyStaysUp(t *testing.T) {
+	t.Parallel()
 	run, minKill, maxKill := soakDuration(t)
 	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
 	procs := []*proc{c.tailer()}

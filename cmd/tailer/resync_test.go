@@ -117,6 +117,7 @@ func (c *cluster) loseSlot() {
 // meanwhile are counted, and tailer run refuses the slot while the resync
 // is unfinished.
 func TestResyncAfterLostSlot(t *testing.T) {
+	t.Parallel()
 	c := newLosableCluster(t)
 
 	// While no tailer runs: many tokens, some that expire or are used
@@ -186,6 +187,7 @@ func TestResyncAfterLostSlot(t *testing.T) {
 // existed: tailer run refuses and names tailer resync, and with
 // MAILROOM_AUTO_RESYNC it resyncs by itself, exactly once.
 func TestVanishedSlot(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
 	c.publishThenStop("v", 5)
 	c.Exec(`SELECT pg_drop_replication_slot('mailroom')`)
@@ -232,6 +234,7 @@ func newCollectorCluster(t *testing.T) *cluster {
 // eligible tokens after the collector's cursor exactly once (also when run
 // again), nothing before it, and tailer run goes on from the slot.
 func TestMigrateAdoptsCollector(t *testing.T) {
+	t.Parallel()
 	c := newCollectorCluster(t)
 	c.Exec(`UPDATE tokens SET consumed_at = extract(epoch FROM now()) WHERE id = (SELECT last_seq + 5 FROM jobs)`)
 	c.Exec(`UPDATE tokens SET expires_at = extract(epoch FROM now())::int - 1 WHERE id = (SELECT last_seq + 10 FROM jobs)`)
@@ -309,6 +312,7 @@ func (c *cluster) collect() (stop func() map[int64]int) {
 // are refused at start, naming the setting; the others go through a kill
 // loop exactly once.
 func TestStreamConfigurations(t *testing.T) {
+	t.Parallel()
 	subjects := []string{"mailroom.batches", "mailroom.batches.>"}
 	for _, tc := range []struct {
 		name    string
@@ -354,6 +358,9 @@ func TestStreamConfigurations(t *testing.T) {
 				t.Fatal(w.err)
 			}
 			p := c.tailer()
+			// The killed tailers may have published every token already:
+			// a SIGTERM before this one handles signals would kill it.
+			p.waitLog("msg=streaming", 1, 30*time.Second)
 			rows, _ := c.Conn.Query(c.ctx, `SELECT id FROM tokens ORDER BY id`)
 			want, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 			if err != nil {
@@ -412,6 +419,7 @@ func (c *cluster) lastTokenOnStream() int64 {
 // each session expects the stream's last sequence, so the two cannot both
 // start the stream, and every token is on it exactly once.
 func TestStandbyTakeoverOntoEmptyStream(t *testing.T) {
+	t.Parallel()
 	for _, killAfter := range []int{0, 1, 2} {
 		t.Run(fmt.Sprintf("killed after %d messages", killAfter), func(t *testing.T) {
 			c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
@@ -551,6 +559,7 @@ func proxy(t *testing.T, target string, delay time.Duration, lossy bool) *slowPr
 // and the late one both expect an empty stream, so only one is stored, and
 // no token is on the stream twice.
 func TestLatePublishAfterTakeover(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
 	slow := delayProxy(t, fmt.Sprintf("127.0.0.1:%d", c.natsPort), 3*time.Second)
 	a := c.tailer("MAILROOM_NATS_URL=nats://"+slow.Addr, "MAILROOM_LOG_LEVEL=debug")

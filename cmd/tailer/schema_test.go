@@ -80,6 +80,7 @@ func (c *cluster) accounts(prefix string, n int) {
 // goes on by itself once it is changed back, the tokens inserted meanwhile
 // published once. Added columns and a wider code keep working.
 func TestSchemaChangeUnderTheTailer(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
 	p := c.watchedTailer()
 	p.waitLog("msg=streaming", 1, 30*time.Second)
@@ -128,6 +129,7 @@ func TestSchemaChangeUnderTheTailer(t *testing.T) {
 // out of the slot's stream) stops the tailer within a sample, and put back
 // and resynced, every token is published once.
 func TestPublicationChanges(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, reason, want string
 		change, fix        []string

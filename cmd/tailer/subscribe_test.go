@@ -39,7 +39,7 @@ func (c *cluster) subscriber(out string, args ...string) *proc {
 		c.t.Fatal(err)
 	}
 	go func() { p.err = cmd.Wait(); close(p.done) }()
-	c.t.Cleanup(func() { cmd.Process.Kill(); <-p.done })
+	c.t.Cleanup(func() { cmd.Process.Kill(); <-p.done; noRace(c.t, p) })
 	return p
 }
 
@@ -128,6 +128,7 @@ func newSingleTokenMessages(t *testing.T, txs, perTx int) (*cluster, map[int64]s
 }
 
 func TestSubscribeSurvivesKills(t *testing.T) {
+	t.Parallel()
 	// One token a batch: 1,000 messages keep the subscriber busy long
 	// enough to be killed mid-stream.
 	c, want := newSingleTokenMessages(t, 100, 10)
@@ -220,6 +221,7 @@ func TestSubscribeSurvivesKills(t *testing.T) {
 }
 
 func TestSubscribeMaxTokensPerLine(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, pgtest.Shared(t), 25, 100*time.Millisecond)
 	c.tailer()
 	c.Exec(`INSERT INTO accounts (email, login) SELECT 'm' || g || '@x', 'm' || g FROM generate_series(1, 60) g`)
@@ -286,6 +288,7 @@ func TestSubscribeBadFlags(t *testing.T) {
 }
 
 func TestSubjectPerAction(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
 	c.tailer("MAILROOM_SUBJECT_PER_ACTION=true")
 	c.Exec(`INSERT INTO accounts (email, login) SELECT 'p' || g || '@x', 'p' || g FROM generate_series(1, 40) g`)
@@ -389,6 +392,7 @@ func checkLines(t *testing.T, data string, maxPerAction int) []string {
 // same transactions as normal ones: every normal token arrives, none of
 // theirs is put into a line, and every line parses.
 func TestHostileFieldsDoNotBreakLines(t *testing.T) {
+	t.Parallel()
 	forged := "\n2,victim@example.com,victim," + strings.Repeat("A", 86) + ",12345"
 	hostile := []string{
 		"('h%[1]d,comma@evil.example', 'h%[1]d')",
@@ -469,7 +473,7 @@ func (c *cluster) expectStreamHolds(n int) {
 		if err != nil {
 			c.t.Fatal(err)
 		}
-		msgs, err := tailertest.StoredMessages(c.ctx, s)
+		msgs, err := c.streamCache.Messages(c.ctx, s)
 		done()
 		if err != nil {
 			c.t.Fatal(err)
@@ -491,6 +495,7 @@ func (c *cluster) expectStreamHolds(n int) {
 // After TRUNCATE tokens RESTART IDENTITY, new tokens reuse old ids; the
 // subscriber's dedup must not take them for ones it has written.
 func TestDedupSurvivesReusedIDs(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
 	c.tailer().waitLog("streaming", 1, 20*time.Second)
 	out := filepath.Join(t.TempDir(), "lines")
@@ -558,6 +563,7 @@ func countOutput(t *testing.T, path string, want map[int64]string) (missing, rep
 // subscriber exits with the reader) and with --exec (the subscriber starts
 // the sender again itself).
 func TestSubscribeSenderDies(t *testing.T) {
+	t.Parallel()
 	c, want := newSingleTokenMessages(t, 60, 25)
 	const deaths = 20
 	env := append(os.Environ(), "MAILROOM_NATS_URL="+c.natsURL())
@@ -589,6 +595,9 @@ func TestSubscribeSenderDies(t *testing.T) {
 			}
 			if err != nil {
 				t.Fatalf("run %d: %v", i, err)
+			}
+			if strings.Contains(errOut.String(), "WARNING: DATA RACE") {
+				t.Fatalf("run %d: the race detector reported:\n%s", i, errOut.String())
 			}
 			if !strings.Contains(errOut.String(), "the reader of the lines is gone") {
 				t.Fatalf("run %d: the subscriber did not notice its reader go:\n%s", i, errOut.String())
@@ -628,7 +637,7 @@ func TestSubscribeSenderDies(t *testing.T) {
 			t.Fatal(err)
 		}
 		go func() { p.err = cmd.Wait(); close(p.done) }()
-		t.Cleanup(func() { cmd.Process.Kill(); <-p.done })
+		t.Cleanup(func() { cmd.Process.Kill(); <-p.done; noRace(t, p) })
 		p.waitLog("the sender exited", deaths, 60*time.Second)
 		// Everything delivered, at most the two in doubt unacknowledged: then
 		// stop. The last sender gets the end of its input, writes out what

@@ -38,6 +38,7 @@ func (c *cluster) startNATSWith(opts *server.Options, natsOpts ...nats.Option) {
 // too: the tailer streams and publishes with the right credential, and a
 // wrong one is one line at startup (exit 2) that shows no secret.
 func TestNATSAuthentication(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	certs := certtest.Write(t, dir, "nats")
 	other := certtest.Write(t, dir, "other")
@@ -133,6 +134,7 @@ func nkeyOption(t *testing.T, seedFile string) nats.Option {
 // connections are both encrypted, and a certificate of another CA is one
 // line at startup.
 func TestPostgresVerifyFull(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	certs := certtest.Write(t, dir, "pg")
 	other := certtest.Write(t, dir, "other")

@@ -153,10 +153,14 @@ func (s *Subscriber) Run(ctx context.Context, js jetstream.JetStream) error {
 	// what it had in doubt is handed back at once, not at the next message.
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	if s.Pipe != nil {
+	if pipe := s.Pipe; pipe != nil {
+		// Ended before Run returns: the caller sets Pipe for the next run.
+		watched := make(chan struct{})
+		defer func() { cancel(nil); <-watched }()
 		go func() {
+			defer close(watched)
 			for runCtx.Err() == nil {
-				if s.Pipe.Gone() {
+				if pipe.Gone() {
 					cancel(ErrReaderGone)
 					iter.Stop()
 					return

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -13,17 +15,49 @@ import (
 
 // StoredMessages returns every message the stream stores, oldest first.
 func StoredMessages(ctx context.Context, s jetstream.Stream) ([]*jetstream.RawStreamMsg, error) {
+	var c StreamCache
+	return c.Messages(ctx, s)
+}
+
+// StreamCache reads a stream again and again, as a test polling it does,
+// fetching only the messages it has not seen: a message a sequence number
+// names never changes while the stream lives, and one get per stored
+// message per poll is most of what a polling test costs. The zero value is
+// ready to use; it is safe for concurrent use.
+type StreamCache struct {
+	mu      sync.Mutex
+	created time.Time
+	msgs    map[uint64]*jetstream.RawStreamMsg
+}
+
+// Messages returns every message s stores, oldest first. The messages are
+// shared with later calls: callers must not change them.
+func (c *StreamCache) Messages(ctx context.Context, s jetstream.Stream) ([]*jetstream.RawStreamMsg, error) {
 	info, err := s.Info(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("stream info: %w", err)
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.msgs == nil || !info.Created.Equal(c.created) {
+		// A stream deleted and made again numbers from 1 anew.
+		c.created, c.msgs = info.Created, map[uint64]*jetstream.RawStreamMsg{}
+	}
 	var msgs []*jetstream.RawStreamMsg
 	for seq := info.State.FirstSeq; info.State.LastSeq > 0 && seq <= info.State.LastSeq; seq++ {
-		m, err := s.GetMsg(ctx, seq)
-		if err != nil {
-			return nil, fmt.Errorf("message %d: %w", seq, err)
+		m := c.msgs[seq]
+		if m == nil {
+			if m, err = s.GetMsg(ctx, seq); err != nil {
+				return nil, fmt.Errorf("message %d: %w", seq, err)
+			}
+			c.msgs[seq] = m
 		}
 		msgs = append(msgs, m)
+	}
+	for seq := range c.msgs {
+		if seq < info.State.FirstSeq {
+			delete(c.msgs, seq)
+		}
 	}
 	return msgs, nil
 }

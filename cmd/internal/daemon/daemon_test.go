@@ -51,6 +51,8 @@ type env struct {
 	d    *Daemon
 	logs *tailertest.Buffer
 	stop func() // stops the tailer gracefully and waits for it
+	// streamCache keeps the stream's messages between polls.
+	streamCache tailertest.StreamCache
 }
 
 type envOpts struct {
@@ -197,7 +199,7 @@ func (e *env) readAll() []published {
 	if err != nil {
 		return nil
 	}
-	msgs, err := tailertest.StoredMessages(e.ctx, stream)
+	msgs, err := e.streamCache.Messages(e.ctx, stream)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -253,6 +255,7 @@ func (e *env) collectorLine(ids []int64) []byte {
 }
 
 func TestEndToEnd(t *testing.T) {
+	t.Parallel()
 	const limit = 10
 	e := newEnv(t, envOpts{limit: limit, timeout: 300 * time.Millisecond})
 
@@ -369,6 +372,7 @@ func mustKey(t *testing.T) []byte {
 }
 
 func TestSkippedTokensAreNotPublishedButConfirmed(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, envOpts{limit: 10, timeout: 200 * time.Millisecond})
 	e.Exec(`INSERT INTO accounts (email, login, status) VALUES
 		('active@example.com', 'active', 'active'),
@@ -420,6 +424,7 @@ func TestSkippedTokensAreNotPublishedButConfirmed(t *testing.T) {
 }
 
 func TestLargeTransactionConfirmedOnlyAfterLastBatch(t *testing.T) {
+	t.Parallel()
 	const limit = 1000
 	// No timeout cut can happen during the test: the last partial batch of
 	// the big transaction waits until more tokens fill it.
@@ -466,6 +471,7 @@ func TestLargeTransactionConfirmedOnlyAfterLastBatch(t *testing.T) {
 // server in chunks and spilled to disk by the decoder; it must come out whole,
 // in order and once.
 func TestHugeStreamedTransactionExactlyOnce(t *testing.T) {
+	t.Parallel()
 	const n, limit = 20_000, 1000
 	e := newEnv(t, envOpts{limit: limit, timeout: 200 * time.Millisecond})
 	e.Exec(`INSERT INTO accounts (email, login) SELECT 'huge' || g || '@example.com', 'huge' || g FROM generate_series(1, $1) g`, n)
@@ -509,6 +515,7 @@ func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64
 }
 
 func TestStreamFailureKeepsItsCause(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, envOpts{limit: 10, timeout: 100 * time.Millisecond})
 	e.Exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'mailroom'`)
 	deadline := time.Now().Add(30 * time.Second)
@@ -548,6 +555,7 @@ func TestStreamFailureKeepsItsCause(t *testing.T) {
 // A batch whose tokens do not fit the server's max_payload goes out as
 // several messages, each within it: nothing is refused, nothing lost.
 func TestBatchesFitMaxPayload(t *testing.T) {
+	t.Parallel()
 	const maxPayload = 64 << 10
 	for _, format := range []string{"line", "json"} {
 		t.Run(format, func(t *testing.T) {
@@ -583,6 +591,7 @@ func TestBatchesFitMaxPayload(t *testing.T) {
 }
 
 func TestLineMatchesCollector(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ name, proto, binary string }{
 		{"v2 binary", "2", "true"},
 		{"v2 text", "2", "false"},
@@ -621,6 +630,7 @@ func testLineMatchesCollector(t *testing.T, o envOpts) {
 }
 
 func TestJSONFormat(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, envOpts{limit: 10, timeout: 100 * time.Millisecond, format: "json"})
 	e.Exec(`INSERT INTO accounts (email, login) VALUES ('j"son@example.com', 'jl')`)
 	msgs := e.messages(1)
@@ -655,6 +665,7 @@ func TestJSONFormat(t *testing.T) {
 }
 
 func TestRestartPublishesEachTokenOnce(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, envOpts{limit: 7, timeout: 100 * time.Millisecond})
 	e.Exec(`INSERT INTO accounts (email, login) SELECT 'a' || g || '@x', 'a' || g FROM generate_series(1, 50) g`)
 	e.messages(50)
@@ -679,6 +690,7 @@ func TestRestartPublishesEachTokenOnce(t *testing.T) {
 }
 
 func TestPoisonRowsAreSkippedAndConfirmed(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, envOpts{limit: 10, timeout: 100 * time.Millisecond})
 	e.Exec(`ALTER TYPE token_action ADD VALUE 'login_link'`)
 	e.Exec(`INSERT INTO accounts (email, login, status) VALUES ('p@example.com', 'p', 'active')`)
@@ -710,6 +722,7 @@ func TestPoisonRowsAreSkippedAndConfirmed(t *testing.T) {
 // stops streaming at once and takes the lease and the slot again; every
 // token is published once.
 func TestLostLeaseEndsTheSession(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, envOpts{limit: 5, timeout: 50 * time.Millisecond})
 	e.Exec(`INSERT INTO accounts (email, login) SELECT 'a' || g || '@x', 'a' || g FROM generate_series(1, 20) g`)
 	e.messages(20)
@@ -738,6 +751,7 @@ func TestLostLeaseEndsTheSession(t *testing.T) {
 
 // WAL positions are logged as PostgreSQL writes them, in JSON too.
 func TestLoggedPositions(t *testing.T) {
+	t.Parallel()
 	for _, format := range []string{"json", "text"} {
 		var out bytes.Buffer
 		NewLogger(format, "info", &out).Info("x", "from", pglogrepl.LSN(0x45E8A0F8), "position", decoder.Position{Commit: 0x45E8A0F8, Index: 3})
