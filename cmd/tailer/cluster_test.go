@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/testutil/pgtest"
+	"github.com/mailroom/tailer/testutil/tailertest"
 )
 
 // natsCluster is three real nats-server nodes on loopback, each with its
@@ -131,20 +133,16 @@ func TestNATSClusterLosesNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	js, _ := jetstream.New(conn)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	tailertest.Eventually(t, 60*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
+		defer cancel()
 		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "MAILROOM", Subjects: []string{"mailroom.batches", "mailroom.batches.>"},
 			Storage: jetstream.FileStorage, Replicas: 3, Duplicates: 2 * time.Second})
-		cancel()
-		if err == nil {
-			break
+		if err != nil {
+			return fmt.Errorf("R3 stream: %w", err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("R3 stream: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 	conn.Close()
 	leader := func() int {
 		t.Helper()
@@ -154,18 +152,21 @@ func TestNATSClusterLosesNodes(t *testing.T) {
 		}
 		defer conn.Close()
 		js, _ := jetstream.New(conn)
-		for deadline := time.Now().Add(30 * time.Second); ; {
+		var name string
+		tailertest.Eventually(t, 30*time.Second, func() error {
 			ctx, cancel := context.WithTimeout(c.ctx, 2*time.Second)
+			defer cancel()
 			s, err := js.Stream(ctx, "MAILROOM")
-			cancel()
-			if err == nil && s.CachedInfo().Cluster != nil && s.CachedInfo().Cluster.Leader != "" {
-				return nats3.index(s.CachedInfo().Cluster.Leader)
+			if err != nil {
+				return fmt.Errorf("no stream leader: %w", err)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no stream leader: %v", err)
+			if s.CachedInfo().Cluster == nil || s.CachedInfo().Cluster.Leader == "" {
+				return errors.New("no stream leader")
 			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			name = s.CachedInfo().Cluster.Leader
+			return nil
+		})
+		return nats3.index(name)
 	}
 
 	out := filepath.Join(t.TempDir(), "out")
@@ -232,21 +233,17 @@ func TestNATSClusterLosesNodes(t *testing.T) {
 	// After the restart, new tokens still go out.
 	c.Exec(`INSERT INTO accounts (email, login) SELECT 'after' || g || '@x', 'after' || g FROM generate_series(1, 5) g`)
 	n = c.expectExactlyOnce(60 * time.Second)
-	deadline = time.Now().Add(60 * time.Second)
-	for {
+	tailertest.Eventually(t, 60*time.Second, func() error {
 		// Lines carry no token ids: the signed tokens are told apart.
 		tokens, _ := outputTokens(t, out)
 		seen := map[string]bool{}
 		for _, tok := range tokens {
 			seen[tok.Token] = true
 		}
-		if len(seen) == n {
-			break
+		if len(seen) != n {
+			return fmt.Errorf("subscriber wrote %d of %d tokens:\n%s", len(seen), n, sub.out.String())
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("subscriber wrote %d of %d tokens:\n%s", len(seen), n, sub.out.String())
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 	t.Logf("%d tokens through the loss of the leader, a follower and a full restart; each on the stream once", n)
 }

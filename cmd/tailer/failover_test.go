@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mailroom/tailer/testutil/pgtest"
+	"github.com/mailroom/tailer/testutil/tailertest"
 )
 
 // failover is a primary with a streaming standby that the primary waits
@@ -162,22 +163,18 @@ func TestFailoverSlotSurvivesPromotion(t *testing.T) {
 	}
 	defer sconn.Close(context.Background())
 	confirmed := f.ConfirmedLSN("mailroom")
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	tailertest.Eventually(t, 60*time.Second, func() error {
 		var synced bool
 		var lsn *string
 		sconn.Exec(ctx, `SELECT pg_sync_replication_slots()`)
 		err := sconn.QueryRow(ctx, `SELECT synced AND NOT temporary, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'mailroom'`).Scan(&synced, &lsn)
 		if err == nil && synced && lsn != nil {
 			if l, _ := pglogrepl.ParseLSN(*lsn); l >= confirmed {
-				break
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the slot never synced to the standby at %s: synced=%v lsn=%v err=%v", confirmed, synced, lsn, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return fmt.Errorf("the slot never synced to the standby at %s: synced=%v lsn=%v err=%v", confirmed, synced, lsn, err)
+	})
 	rep, code := f.status(1 << 40)
 	if code != 0 || !rep.Failover || rep.Synced {
 		t.Fatalf("status on the primary: exit %d, %+v", code, rep)
@@ -219,15 +216,13 @@ func TestFailoverWithoutFailoverSlot(t *testing.T) {
 	f.failOver(t, stop, f.writeThrough(stop))
 	// tailer status has no slot to show; /readyz and the log say why.
 	want := "does not exist, but this database recorded it"
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	tailertest.Eventually(t, 60*time.Second, func() error {
 		code, body := httpGet(p.base + "/readyz")
 		if code == 503 && strings.Contains(body, want) && strings.Contains(body, "tailer resync") && strings.Contains(p.out.String(), want) {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not blocked naming %q: /readyz %d %s\n%s", want, code, body, p.out.String())
-		}
-	}
+		return fmt.Errorf("not blocked naming %q: /readyz %d %s\n%s", want, code, body, p.out.String())
+	})
 	r := f.command([]string{"resync"}, "MAILROOM_DATABASE_URL="+f.both)
 	if code := r.exit(60 * time.Second); code != exitOK {
 		t.Fatalf("resync: exit %d:\n%s", code, r.out.String())

@@ -304,15 +304,15 @@ func metricFamilies(page string) map[string]bool {
 // awaitMetrics polls a /metrics page until it holds want.
 func awaitMetrics(t *testing.T, url string, want ...string) string {
 	t.Helper()
-	var code int
 	var body string
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		if code, body = httpGet(url); code == 200 && !slices.ContainsFunc(want, func(w string) bool { return !strings.Contains(body, w) }) {
-			return body
+	tailertest.Eventually(t, 30*time.Second, func() error {
+		var code int
+		if code, body = httpGet(url); code != 200 || slices.ContainsFunc(want, func(w string) bool { return !strings.Contains(body, w) }) {
+			return fmt.Errorf("%s never held %q: %d\n%s", url, want, code, body)
 		}
-	}
-	t.Fatalf("%s never held %q: %d\n%s", url, want, code, body)
-	return ""
+		return nil
+	})
+	return body
 }
 
 // Every metric the alert rules and the dashboard name is exported: the
@@ -471,16 +471,12 @@ func TestComposeNATSAccounts(t *testing.T) {
 	healthPort, _ := pgtest.FreePort()
 	healthAddr := "127.0.0.1:" + strconv.Itoa(healthPort)
 	sub := c.subscriber(out, "--durable", "sender", "--from-start", "--health-addr", healthAddr, "--nats-user", "subscriber", "--nats-password", subscriberPW)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if tokens, _ := outputTokens(t, out); len(tokens) == 20 {
-			break
+	tailertest.Eventually(t, 30*time.Second, func() error {
+		if tokens, _ := outputTokens(t, out); len(tokens) != 20 {
+			return fmt.Errorf("subscriber wrote %d of 20 tokens:\n%s\ntailer:\n%s", len(tokens), sub.out.String(), p.out.String())
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("subscriber output incomplete:\n%s\ntailer:\n%s", sub.out.String(), p.out.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 
 	if code, body := subscriberHealth(healthAddr); code != exitOK || !strings.Contains(body, "ready: consumer sender") {
 		t.Fatalf("tailer health of the subscriber: exit %d: %s", code, body)

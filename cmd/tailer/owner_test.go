@@ -46,8 +46,7 @@ func (c *cluster) expectKeysOnce(conn *pgx.Conn, query string, within time.Durat
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	deadline := time.Now().Add(within)
-	for {
+	tailertest.Eventually(c.t, within, func() error {
 		counts := c.keyCounts()
 		for k, n := range counts {
 			if n > 1 {
@@ -60,14 +59,12 @@ func (c *cluster) expectKeysOnce(conn *pgx.Conn, query string, within time.Durat
 				missing++
 			}
 		}
-		if missing == 0 {
-			return len(secrets)
+		if missing > 0 {
+			return fmt.Errorf("%d of %d tokens never reached the stream", missing, len(secrets))
 		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("%d of %d tokens never reached the stream", missing, len(secrets))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
+	return len(secrets)
 }
 
 // lastStreamPosition is the commit LSN of the stream's last message with
@@ -276,13 +273,12 @@ func TestAutoResyncOnTwoTailers(t *testing.T) {
 	a := c.tailer(env...)
 	time.Sleep(100 * time.Millisecond)
 	b := c.tailer(env...)
-	deadline := time.Now().Add(60 * time.Second)
-	for !strings.Contains(a.out.String()+b.out.String(), "msg=streaming") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no tailer streams:\n%s\n---\n%s", a.out.String(), b.out.String())
+	tailertest.Eventually(t, 60*time.Second, func() error {
+		if !strings.Contains(a.out.String()+b.out.String(), "msg=streaming") {
+			return fmt.Errorf("no tailer streams:\n%s\n---\n%s", a.out.String(), b.out.String())
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 	time.Sleep(time.Second)
 	w.halt()
 	if w.err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -51,8 +52,7 @@ func (c *cluster) expectOnStream(query string, within time.Duration) int {
 	for _, id := range want {
 		wanted[id] = true
 	}
-	deadline := time.Now().Add(within)
-	for {
+	tailertest.Eventually(c.t, within, func() error {
 		counts := c.tokenCounts()
 		for id, n := range counts {
 			if n > 1 {
@@ -62,14 +62,12 @@ func (c *cluster) expectOnStream(query string, within time.Duration) int {
 				c.t.Fatalf("token %d published, but it should not be", id)
 			}
 		}
-		if len(counts) == len(want) {
-			return len(want)
+		if len(counts) < len(want) {
+			return fmt.Errorf("%d of %d tokens never reached the stream", len(want)-len(counts), len(want))
 		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("%d of %d tokens never reached the stream", len(want)-len(counts), len(want))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
+	return len(want)
 }
 
 func (c *cluster) resyncDone() bool {
@@ -366,13 +364,12 @@ func TestStreamConfigurations(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			deadline := time.Now().Add(30 * time.Second)
-			for c.lastTokenOnStream() != want[len(want)-1] {
-				if time.Now().After(deadline) {
-					t.Fatalf("token %d never reached the stream:\n%s", want[len(want)-1], p.out.String())
+			tailertest.Eventually(t, 30*time.Second, func() error {
+				if c.lastTokenOnStream() != want[len(want)-1] {
+					return fmt.Errorf("token %d never reached the stream:\n%s", want[len(want)-1], p.out.String())
 				}
-				time.Sleep(50 * time.Millisecond)
-			}
+				return nil
+			})
 			if code := p.term(15 * time.Second); code != 0 {
 				t.Fatalf("exit %d", code)
 			}
@@ -569,7 +566,12 @@ func TestLatePublishAfterTakeover(t *testing.T) {
 	// Seven tokens: a batch cut by the timeout, published into the proxy.
 	slow.Arm()
 	c.Exec(`INSERT INTO accounts (email, login) SELECT 'late' || g || '@x', 'late' || g FROM generate_series(1, 7) g`)
-	tailertest.Eventually(t, 10*time.Second, "the killed tailer's publish held by the proxy", func() bool { return slow.held.Load() > 0 })
+	tailertest.Eventually(t, 10*time.Second, func() error {
+		if slow.held.Load() == 0 {
+			return errors.New("no publish held by the proxy yet")
+		}
+		return nil
+	})
 	a.kill()
 	// The standby replays thirteen: its first batch (ten, cut by the
 	// limit) has another id than the late one, so JetStream's duplicate
@@ -580,7 +582,12 @@ func TestLatePublishAfterTakeover(t *testing.T) {
 	// The race this is about: the late publish reaches the server after
 	// the standby took over (and read the stream, before it said
 	// streaming).
-	tailertest.Eventually(t, 10*time.Second, "the late publish delivered after the standby took over", func() bool { return slow.lastOrphan.Load() > tookOver })
+	tailertest.Eventually(t, 10*time.Second, func() error {
+		if slow.lastOrphan.Load() <= tookOver {
+			return fmt.Errorf("the killed tailer's late publish not delivered after the standby took over (%d orphaned publishes)", slow.orphaned.Load())
+		}
+		return nil
+	})
 	if n := c.expectExactlyOnce(30 * time.Second); n != 13 {
 		t.Fatalf("%d tokens", n)
 	}

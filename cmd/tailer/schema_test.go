@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/mailroom/tailer/testutil/pgtest"
+	"github.com/mailroom/tailer/testutil/tailertest"
 )
 
 // watched is a tailer with its HTTP endpoints, sampling fast.
@@ -23,50 +24,38 @@ type watched struct {
 
 func (c *cluster) watchedTailer(env ...string) *watched {
 	c.t.Helper()
-	port, err := pgtest.FreePort()
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	p := c.tailer(append([]string{fmt.Sprintf("MAILROOM_HTTP_ADDR=127.0.0.1:%d", port), "MAILROOM_LAG_INTERVAL=200"}, env...)...)
-	return &watched{p, fmt.Sprintf("http://127.0.0.1:%d", port)}
+	p, base := c.tailerWithHTTP(append([]string{"MAILROOM_LAG_INTERVAL=200"}, env...)...)
+	return &watched{p, base}
 }
 
 // blocked waits until the tailer says, everywhere, that it waits for the
 // operator for reason, naming want.
 func (w *watched) blocked(c *cluster, reason, want string) {
 	c.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	tailertest.Eventually(c.t, 30*time.Second, func() error {
 		code, body := httpGet(w.base + "/readyz")
 		_, metrics := httpGet(w.base + "/metrics")
 		v, _ := metricValue(metrics, `tailer_blocked{reason="`+reason+`"}`)
 		rep, scode := c.status(1 << 40)
 		if code == 503 && strings.Contains(body, want) && v == 1 && scode == 1 && strings.Contains(rep.Blocked, want) &&
 			strings.Contains(w.out.String(), want) {
-			return
+			return nil
 		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("not blocked for %s naming %q: /readyz %d %s; tailer_blocked %v; status %d %+v\n%s", reason, want, code, body, v, scode, rep, w.out.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return fmt.Errorf("not blocked for %s naming %q: /readyz %d %s; tailer_blocked %v; status %d %+v\n%s", reason, want, code, body, v, scode, rep, w.out.String())
+	})
 }
 
 // ready waits until /readyz is 200 and no reason is blocked.
 func (w *watched) ready(c *cluster) {
 	c.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	tailertest.Eventually(c.t, 30*time.Second, func() error {
 		code, _ := httpGet(w.base + "/readyz")
 		_, metrics := httpGet(w.base + "/metrics")
-		if code == 200 && !strings.Contains(metrics, "tailer_blocked{") || code == 200 && !strings.Contains(grepLines(metrics, "tailer_blocked{"), "} 1") {
-			return
+		if code == 200 && !strings.Contains(grepLines(metrics, "tailer_blocked{"), "} 1") {
+			return nil
 		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("/readyz %d, %s:\n%s", code, grepLines(metrics, "tailer_blocked{"), w.out.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return fmt.Errorf("/readyz %d, %s:\n%s", code, grepLines(metrics, "tailer_blocked{"), w.out.String())
+	})
 }
 
 func (c *cluster) accounts(prefix string, n int) {

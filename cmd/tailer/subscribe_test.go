@@ -43,6 +43,20 @@ func (c *cluster) subscriber(out string, args ...string) *proc {
 	return p
 }
 
+// waitOutput waits until the file out holds at least n tokens, and returns
+// them.
+func waitOutput(t *testing.T, out string, n int) []consume.Token {
+	t.Helper()
+	var got []consume.Token
+	tailertest.Eventually(t, 30*time.Second, func() error {
+		if got, _ = outputTokens(t, out); len(got) < n {
+			return fmt.Errorf("%d tokens written, want %d", len(got), n)
+		}
+		return nil
+	})
+	return got
+}
+
 // signedTokens returns the signed token of every row in tokens, by id.
 func (c *cluster) signedTokens() map[int64]string {
 	c.t.Helper()
@@ -174,10 +188,11 @@ func TestSubscribeSurvivesKills(t *testing.T) {
 			}
 			p := c.subscriber(out, tc.args...)
 			p.waitLog("consuming", 1, 10*time.Second)
-			deadline := time.Now().Add(60 * time.Second)
-			for {
-				got, _ := outputTokens(t, out)
-				seen := map[string]int{}
+			var got []consume.Token
+			seen := map[string]int{}
+			tailertest.Eventually(t, 60*time.Second, func() error {
+				got, _ = outputTokens(t, out)
+				clear(seen)
 				for _, tok := range got {
 					seen[tok.Token]++
 				}
@@ -187,29 +202,26 @@ func TestSubscribeSurvivesKills(t *testing.T) {
 						missing++
 					}
 				}
-				if missing == 0 {
-					dups := 0
-					for _, n := range seen {
-						if n > 1 {
-							dups += n - 1
-						}
-					}
-					t.Logf("%d tokens written for %d over %d runs (%d killed mid-stream), %d repeated", len(got), len(want), runs+1, midStream, dups)
-					if tc.exact && dups > 0 {
-						t.Fatalf("%d tokens written more than once with --dedup-window", dups)
-					}
-					if !tc.exact && dups == 0 {
-						t.Fatal("the unacknowledged first batch was not written again: the test does not exercise redelivery")
-					}
-					if len(seen) != len(want) {
-						t.Fatalf("%d distinct tokens written, want %d", len(seen), len(want))
-					}
-					break
+				if missing > 0 {
+					return fmt.Errorf("%d of %d tokens never written", missing, len(want))
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%d of %d tokens never written", missing, len(want))
+				return nil
+			})
+			dups := 0
+			for _, n := range seen {
+				if n > 1 {
+					dups += n - 1
 				}
-				time.Sleep(100 * time.Millisecond)
+			}
+			t.Logf("%d tokens written for %d over %d runs (%d killed mid-stream), %d repeated", len(got), len(want), runs+1, midStream, dups)
+			if tc.exact && dups > 0 {
+				t.Fatalf("%d tokens written more than once with --dedup-window", dups)
+			}
+			if !tc.exact && dups == 0 {
+				t.Fatal("the unacknowledged first batch was not written again: the test does not exercise redelivery")
+			}
+			if len(seen) != len(want) {
+				t.Fatalf("%d distinct tokens written, want %d", len(seen), len(want))
 			}
 			p.cmd.Process.Signal(syscall.SIGTERM)
 			<-p.done
@@ -235,17 +247,7 @@ func TestSubscribeMaxTokensPerLine(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "lines")
 	p := c.subscriber(out, "--durable", "split", "--from-start", "--max-tokens-per-line", "10")
 	p.waitLog("consuming", 1, 10*time.Second)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		got, _ := outputTokens(t, out)
-		if len(got) >= 60 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d tokens written", len(got))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitOutput(t, out, 60)
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	<-p.done
 	got, lines := outputTokens(t, out)
@@ -333,24 +335,14 @@ func TestSubjectPerAction(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "lines")
 	p := c.subscriber(out, "--durable", "recovery", "--from-start", "--filter-action", "password_recovery")
 	p.waitLog("consuming", 1, 10*time.Second)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		got, _ := outputTokens(t, out)
-		if len(got) >= recoveries {
-			for _, tok := range got {
-				if tok.Action != "password_recovery" {
-					t.Fatalf("recovery consumer got a %s token", tok.Action)
-				}
-			}
-			if len(got) != recoveries {
-				t.Fatalf("recovery consumer wrote %d tokens, want %d", len(got), recoveries)
-			}
-			break
+	got := waitOutput(t, out, recoveries)
+	for _, tok := range got {
+		if tok.Action != "password_recovery" {
+			t.Fatalf("recovery consumer got a %s token", tok.Action)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("recovery consumer wrote %d of %d tokens", len(got), recoveries)
-		}
-		time.Sleep(50 * time.Millisecond)
+	}
+	if len(got) != recoveries {
+		t.Fatalf("recovery consumer wrote %d tokens, want %d", len(got), recoveries)
 	}
 }
 
@@ -467,8 +459,7 @@ func TestHostileFieldsDoNotBreakLines(t *testing.T) {
 // body.
 func (c *cluster) expectStreamHolds(n int) {
 	c.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	tailertest.Eventually(c.t, 30*time.Second, func() error {
 		s, done, err := c.stream()
 		if err != nil {
 			c.t.Fatal(err)
@@ -482,14 +473,14 @@ func (c *cluster) expectStreamHolds(n int) {
 		for _, m := range msgs {
 			total += len(checkLines(c.t, string(m.Data), 1<<30))
 		}
-		if total == n {
-			return
-		}
-		if total > n || time.Now().After(deadline) {
+		if total > n {
 			c.t.Fatalf("stream holds %d tokens, want %d", total, n)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		if total < n {
+			return fmt.Errorf("stream holds %d tokens, want %d", total, n)
+		}
+		return nil
+	})
 }
 
 // After TRUNCATE tokens RESTART IDENTITY, new tokens reuse old ids; the
@@ -503,17 +494,7 @@ func TestDedupSurvivesReusedIDs(t *testing.T) {
 	p.waitLog("consuming", 1, 10*time.Second)
 	waitTokens := func(n int) []consume.Token {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			got, _ := outputTokens(t, out)
-			if len(got) >= n {
-				return got
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d tokens written, want %d", len(got), n)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		return waitOutput(t, out, n)
 	}
 	c.Exec(`INSERT INTO accounts (email, login) SELECT 'first' || g || '@x', 'first' || g FROM generate_series(1, 50) g`)
 	waitTokens(50)
@@ -604,23 +585,19 @@ func TestSubscribeSenderDies(t *testing.T) {
 			}
 		}
 		p := c.subscriber(out, "--durable", "pipe", "--ack-wait", "5s")
-		deadline := time.Now().Add(60 * time.Second)
-		for {
-			missing, repeats := countOutput(t, out, want)
-			if missing == 0 {
-				t.Logf("%d tokens through %d dead readers: none lost, %d repeated", len(want), deaths, repeats)
-				// In doubt when a reader dies: the message it took last and
-				// the one being handed over; nearly always only the first
-				// was written.
-				if repeats > 2*deaths {
-					t.Fatalf("%d repeats, more than the two messages in doubt per dead reader", repeats)
-				}
-				break
+		var repeats int
+		tailertest.Eventually(t, 60*time.Second, func() error {
+			var missing int
+			if missing, repeats = countOutput(t, out, want); missing > 0 {
+				return fmt.Errorf("%d of %d tokens never reached a reader", missing, len(want))
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d of %d tokens never reached a reader", missing, len(want))
-			}
-			time.Sleep(100 * time.Millisecond)
+			return nil
+		})
+		t.Logf("%d tokens through %d dead readers: none lost, %d repeated", len(want), deaths, repeats)
+		// In doubt when a reader dies: the message it took last and the one
+		// being handed over; nearly always only the first was written.
+		if repeats > 2*deaths {
+			t.Fatalf("%d repeats, more than the two messages in doubt per dead reader", repeats)
 		}
 		p.cmd.Process.Signal(syscall.SIGTERM)
 		<-p.done
@@ -647,8 +624,7 @@ func TestSubscribeSenderDies(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer done()
-		deadline := time.Now().Add(60 * time.Second)
-		for {
+		tailertest.Eventually(t, 60*time.Second, func() error {
 			cons, err := s.Consumer(c.ctx, "exec")
 			if err != nil {
 				t.Fatal(err)
@@ -657,14 +633,11 @@ func TestSubscribeSenderDies(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if info.NumPending == 0 && info.NumAckPending <= 2 {
-				break
+			if info.NumPending > 0 || info.NumAckPending > 2 {
+				return fmt.Errorf("consumer: %d not delivered, %d unacknowledged:\n%s", info.NumPending, info.NumAckPending, p.out.String())
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("consumer: %d not delivered, %d unacknowledged:\n%s", info.NumPending, info.NumAckPending, p.out.String())
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return nil
+		})
 		if code := p.term(40 * time.Second); code != 0 {
 			t.Fatalf("exit %d after SIGTERM:\n%s", code, p.out.String())
 		}

@@ -5,17 +5,24 @@ import (
 	"time"
 )
 
-// Eventually polls cond every 10 ms until it holds, and fails t, naming
-// what was awaited, when it has not within timeout. Waits on a condition,
-// not a fixed sleep, keep tests fast where the machine is fast and
-// correct where it is slow.
-func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+// Eventually polls cond until it returns nil, and fails t with cond's last
+// error when that has not happened within timeout: the error says where
+// things stood ("3 of 50 tokens on the stream"), not only that time ran
+// out. It polls every 10 ms at first and backs off to every 100 ms, so a
+// short wait ends soon and a long one leaves the CPU to the tests running
+// beside it. Waits on a condition, not fixed sleeps, keep tests fast where
+// the machine is fast and correct where it is slow.
+func Eventually(t testing.TB, timeout time.Duration, cond func() error) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %v for %s", timeout, what)
+	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 100*time.Millisecond) {
+		err := cond()
+		if err == nil {
+			return
 		}
-		time.Sleep(10 * time.Millisecond)
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %v", timeout, err)
+		}
+		time.Sleep(pause)
 	}
 }

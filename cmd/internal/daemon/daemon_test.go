@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -176,21 +177,19 @@ func (p published) batchIDs() [][]int64 {
 // tokens (by Mailroom-Count) or the deadline passes.
 func (e *env) messages(n int) []published {
 	e.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		msgs := e.readAll()
+	var msgs []published
+	tailertest.Eventually(e.t, 60*time.Second, func() error {
+		msgs = e.readAll()
 		total := 0
 		for _, m := range msgs {
 			total += m.count
 		}
-		if total >= n {
-			return msgs
+		if total < n {
+			return fmt.Errorf("stream holds %d tokens, want %d", total, n)
 		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("stream holds %d tokens, want %d", total, n)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
+	return msgs
 }
 
 func (e *env) readAll() []published {
@@ -518,13 +517,12 @@ func TestStreamFailureKeepsItsCause(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{limit: 10, timeout: 100 * time.Millisecond})
 	e.Exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'mailroom'`)
-	deadline := time.Now().Add(30 * time.Second)
-	for counterValue(t, e.d.metrics.reconnects.WithLabelValues(targetPostgres)) < 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("no postgres reconnect counted after the walsender was terminated")
+	tailertest.Eventually(t, 30*time.Second, func() error {
+		if counterValue(t, e.d.metrics.reconnects.WithLabelValues(targetPostgres)) < 1 {
+			return errors.New("no postgres reconnect counted after the walsender was terminated")
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	if n := counterValue(t, e.d.metrics.reconnects.WithLabelValues(targetNATS)); n != 0 {
 		t.Errorf("%v NATS reconnects counted for a PostgreSQL failure", n)
 	}
@@ -727,13 +725,12 @@ func TestLostLeaseEndsTheSession(t *testing.T) {
 	e.Exec(`INSERT INTO accounts (email, login) SELECT 'a' || g || '@x', 'a' || g FROM generate_series(1, 20) g`)
 	e.messages(20)
 	e.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'tailer run' AND datname = current_database()`)
-	deadline := time.Now().Add(30 * time.Second)
-	for strings.Count(e.logs.String(), "msg=streaming") < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the tailer did not stream again after losing its lease:\n%s", e.logs.String())
+	tailertest.Eventually(t, 30*time.Second, func() error {
+		if strings.Count(e.logs.String(), "msg=streaming") < 2 {
+			return fmt.Errorf("the tailer did not stream again after losing its lease:\n%s", e.logs.String())
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	if !strings.Contains(e.logs.String(), "lost the lease of slot mailroom") {
 		t.Fatalf("the session's end does not say the lease was lost:\n%s", e.logs.String())
 	}
