@@ -6,8 +6,10 @@ package pgtest
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math/rand/v2"
 	"net"
 	"net/url"
@@ -209,7 +211,7 @@ func Start(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{Dir: filepath.Join(dir, "data"), Port: port, Password: opts.Password, bin: bin, cred: cred, log: filepath.Join(dir, "postgres.log")}
-	initArgs := []string{"-D", s.Dir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"}
+	initArgs := []string{"-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"}
 	if opts.Password != "" {
 		pwfile := filepath.Join(dir, "pwfile")
 		if err := os.WriteFile(pwfile, []byte(opts.Password+"\n"), 0o644); err != nil {
@@ -217,8 +219,8 @@ func Start(opts Options) (*Server, error) {
 		}
 		initArgs = append(initArgs, "--auth-host=scram-sha-256", "--pwfile="+pwfile)
 	}
-	if out, err := s.command("initdb", initArgs...).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("initdb: %v: %s", err, out)
+	if err := s.initdb(initArgs, opts.Password); err != nil {
+		return nil, err
 	}
 	s.opts = append([]string{
 		"listen_addresses=127.0.0.1",
@@ -255,6 +257,88 @@ func Start(opts Options) (*Server, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// pristine holds data directories initdb made, by program directory and
+// password, while Main runs the tests: Start copies one and gives the copy
+// a system identifier of its own instead of running initdb again, which is
+// most of what starting a server costs (a test binary starts dozens).
+var pristine struct {
+	sync.Mutex
+	on   bool
+	dirs map[string]string
+}
+
+// initdb makes s's data directory: a copy of a pristine one when Main runs
+// the tests, else initdb itself.
+func (s *Server) initdb(args []string, password string) error {
+	pristine.Lock()
+	defer pristine.Unlock()
+	if !pristine.on {
+		if out, err := s.command("initdb", append(args, "-D", s.Dir)...).CombinedOutput(); err != nil {
+			return fmt.Errorf("initdb: %v: %s", err, out)
+		}
+		return nil
+	}
+	key := s.bin + "\x00" + password
+	src := pristine.dirs[key]
+	if src == "" {
+		dir, err := os.MkdirTemp("", "tailer-pg-pristine-")
+		if err != nil {
+			return err
+		}
+		if s.cred != nil {
+			if err := os.Chown(dir, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+				return err
+			}
+		}
+		src = filepath.Join(dir, "data")
+		if out, err := s.command("initdb", append(args, "-D", src)...).CombinedOutput(); err != nil {
+			return fmt.Errorf("initdb: %v: %s", err, out)
+		}
+		if pristine.dirs == nil {
+			pristine.dirs = map[string]string{}
+		}
+		pristine.dirs[key] = src
+	}
+	if out, err := exec.Command("cp", "-a", src, s.Dir).CombinedOutput(); err != nil {
+		return fmt.Errorf("copy the pristine data directory: %v: %s", err, out)
+	}
+	return s.newSystemIdentifier()
+}
+
+// newSystemIdentifier gives a copied data directory a system identifier
+// of its own, as initdb would: the tailer tells databases apart by it (a
+// restored copy keeps it; another server has another). pg_control holds
+// it, under a CRC-32C; pg_resetwal then writes WAL that carries it.
+func (s *Server) newSystemIdentifier() error {
+	path := filepath.Join(s.Dir, "global", "pg_control")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	table := crc32.MakeTable(crc32.Castagnoli)
+	// The CRC covers the struct up to its own field, which ends the
+	// struct; its offset differs between versions, so it is found.
+	at := -1
+	for off := 8; off+4 <= len(b); off += 4 {
+		if crc32.Checksum(b[:off], table) == binary.LittleEndian.Uint32(b[off:]) {
+			at = off
+			break
+		}
+	}
+	if at < 0 {
+		return errors.New("pg_control: no CRC found")
+	}
+	binary.LittleEndian.PutUint64(b, uint64(time.Now().Unix())<<32|uint64(rand.Uint32()))
+	binary.LittleEndian.PutUint32(b[at:], crc32.Checksum(b[:at], table))
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		return err
+	}
+	if out, err := s.command("pg_resetwal", "-f", "-D", s.Dir).CombinedOutput(); err != nil {
+		return fmt.Errorf("pg_resetwal: %v: %s", err, out)
+	}
+	return nil
 }
 
 func (s *Server) command(name string, args ...string) *exec.Cmd {
@@ -614,13 +698,22 @@ func Shared(tb testing.TB) *Server {
 	return s
 }
 
-// Main runs the tests and stops the servers Shared started.
+// Main runs the tests and stops the servers Shared started. While it runs,
+// Start copies data directories instead of running initdb for each.
 func Main(m *testing.M) int {
+	pristine.Lock()
+	pristine.on = true
+	pristine.Unlock()
 	code := m.Run()
 	pool.mu.Lock()
 	defer pool.mu.Unlock()
 	for _, s := range pool.all {
 		s.Close()
+	}
+	pristine.Lock()
+	defer pristine.Unlock()
+	for _, d := range pristine.dirs {
+		os.RemoveAll(filepath.Dir(d))
 	}
 	return code
 }
