@@ -270,11 +270,12 @@ var pristine struct {
 }
 
 // initdb makes s's data directory: a copy of a pristine one when Main runs
-// the tests, else initdb itself.
+// the tests, else initdb itself. The copy needs pg_resetwal, which the
+// npm builds of 16-18 lack.
 func (s *Server) initdb(args []string, password string) error {
 	pristine.Lock()
 	defer pristine.Unlock()
-	if !pristine.on {
+	if _, err := os.Stat(filepath.Join(s.bin, "pg_resetwal")); !pristine.on || err != nil {
 		if out, err := s.command("initdb", append(args, "-D", s.Dir)...).CombinedOutput(); err != nil {
 			return fmt.Errorf("initdb: %v: %s", err, out)
 		}
