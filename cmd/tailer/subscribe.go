@@ -34,7 +34,7 @@ func subscribe(ctx context.Context, args []string, lookupEnv func(string) (strin
 	action := fs.String("filter-action", "", "only tokens of this action: activation or password_recovery")
 	window := fs.Int("dedup-window", 0, "drop tokens whose key (a hash of the secret, never reused) was among the last N written (0: off); with stdout a file, also those at its end")
 	ackWait := fs.Duration("ack-wait", 30*time.Second, "how long the server waits for an ack before redelivering, for a new consumer")
-	execCmd := fs.String("exec", "", "start this command (sh -c) as the sender, its standard input the lines; restart it when it exits, giving it again what it had not done with; on SIGTERM close its input and acknowledge once it exits 0")
+	execCmd := fs.String("exec", "", "start this command (sh -c) as the sender, its standard input the lines; restart it when it exits, giving it again what it had not done with; on SIGTERM close its input once it has taken all of it, and acknowledge if it exits 0")
 	healthAddr := fs.String("health-addr", "", "serve /healthz and /readyz (consuming, and the server answers for the consumer) on this address, for tailer health --http-addr; empty: none")
 	// The shared settings come after the subscriber's own flags.
 	var own, shared []string
@@ -162,8 +162,9 @@ const senderStopTimeout = 30 * time.Second
 
 // runSender runs the sender command with the lines on its standard input,
 // restarting it whenever it exits and handing back what it may not have
-// done with, until ctx is done: then its input is closed, and what it was
-// given is acknowledged if it exits 0.
+// done with, until ctx is done: then its input is closed once it has taken
+// all of it, and what it was given is acknowledged if it saw the end and
+// exits 0.
 func runSender(ctx context.Context, sub *consume.Subscriber, js jetstream.JetStream, command string, stdout, stderr io.Writer, log *slog.Logger) int {
 	for restart := time.Duration(0); ; {
 		acked := sub.Acked
@@ -188,16 +189,23 @@ func runSender(ctx context.Context, sub *consume.Subscriber, js jetstream.JetStr
 		err = sub.Run(ctx, js)
 		if ctx.Err() != nil {
 			// Stopping: the sender gets the end of its input and finishes.
+			// Its exit 0 says it did what it was given only if it read all
+			// of it and was still there to see the end: a sender that
+			// exited 0 on its own (head -n K) left the lines still in the
+			// pipe, or the ones it read ahead, undone.
+			stop, cancel := context.WithTimeout(context.Background(), senderStopTimeout)
+			sawEnd := sub.Pipe.Taken(stop) == nil && !sub.Pipe.Gone()
 			w.Close()
 			var code error
 			select {
 			case code = <-exited:
-			case <-time.After(senderStopTimeout):
+			case <-stop.Done():
 				cmd.Process.Kill()
 				code = <-exited
 			}
-			if n := sub.Settle(context.Background(), code == nil); n > 0 {
-				log.Info("the sender did not exit 0: lines it may not have done with are delivered again", "messages", n, "exit", code)
+			cancel()
+			if n := sub.Settle(context.Background(), sawEnd && code == nil); n > 0 {
+				log.Info("stopping: the sender did not read to the end of its input and exit 0; lines it may not have done with are delivered again", "messages", n, "exit", code)
 			}
 			return exitOK
 		}

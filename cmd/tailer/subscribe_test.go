@@ -44,15 +44,15 @@ func (c *cluster) subscriber(out string, args ...string) *proc {
 }
 
 // waitOutput waits until the file out holds at least n tokens, and returns
-// them.
+// them; it fails when no token has been added for 30 s.
 func waitOutput(t *testing.T, out string, n int) []consume.Token {
 	t.Helper()
 	var got []consume.Token
-	tailertest.Eventually(t, 30*time.Second, func() error {
+	tailertest.EventuallyProgressing(t, 30*time.Second, func() (int, error) {
 		if got, _ = outputTokens(t, out); len(got) < n {
-			return fmt.Errorf("%d tokens written, want %d", len(got), n)
+			return len(got), fmt.Errorf("%d tokens written, want %d", len(got), n)
 		}
-		return nil
+		return len(got), nil
 	})
 	return got
 }
@@ -190,7 +190,7 @@ func TestSubscribeSurvivesKills(t *testing.T) {
 			p.waitLog("consuming", 1, 10*time.Second)
 			var got []consume.Token
 			seen := map[string]int{}
-			tailertest.Eventually(t, 60*time.Second, func() error {
+			tailertest.EventuallyProgressing(t, 30*time.Second, func() (int, error) {
 				got, _ = outputTokens(t, out)
 				clear(seen)
 				for _, tok := range got {
@@ -203,9 +203,9 @@ func TestSubscribeSurvivesKills(t *testing.T) {
 					}
 				}
 				if missing > 0 {
-					return fmt.Errorf("%d of %d tokens never written", missing, len(want))
+					return len(want) - missing, fmt.Errorf("%d of %d tokens never written", missing, len(want))
 				}
-				return nil
+				return len(want), nil
 			})
 			dups := 0
 			for _, n := range seen {
@@ -592,12 +592,12 @@ func TestSubscribeSenderDies(t *testing.T) {
 		}
 		p := c.subscriber(out, "--durable", "pipe", "--ack-wait", "5s")
 		var repeats int
-		tailertest.Eventually(t, 60*time.Second, func() error {
+		tailertest.EventuallyProgressing(t, 30*time.Second, func() (int, error) {
 			var missing int
 			if missing, repeats = countOutput(t, out, want); missing > 0 {
-				return fmt.Errorf("%d of %d tokens never reached a reader", missing, len(want))
+				return len(want) - missing, fmt.Errorf("%d of %d tokens never reached a reader", missing, len(want))
 			}
-			return nil
+			return len(want), nil
 		})
 		t.Logf("%d tokens through %d dead readers: none lost, %d repeated", len(want), deaths, repeats)
 		// In doubt when a reader dies: the message it took last and the one
@@ -621,7 +621,7 @@ func TestSubscribeSenderDies(t *testing.T) {
 		}
 		go func() { p.err = cmd.Wait(); close(p.done) }()
 		t.Cleanup(func() { cmd.Process.Kill(); <-p.done; noRace(t, p) })
-		p.waitLog("the sender exited", deaths, 60*time.Second)
+		p.waitLog("the sender exited", deaths, 2*time.Minute)
 		// Everything delivered, at most the two in doubt unacknowledged: then
 		// stop. The last sender gets the end of its input, writes out what
 		// it holds (head buffers its output) and exits 0.
@@ -630,7 +630,7 @@ func TestSubscribeSenderDies(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer done()
-		tailertest.Eventually(t, 60*time.Second, func() error {
+		tailertest.EventuallyProgressing(t, 30*time.Second, func() (int, error) {
 			cons, err := s.Consumer(c.ctx, "exec")
 			if err != nil {
 				t.Fatal(err)
@@ -640,15 +640,39 @@ func TestSubscribeSenderDies(t *testing.T) {
 				t.Fatal(err)
 			}
 			if info.NumPending > 0 || info.NumAckPending > 2 {
-				return fmt.Errorf("consumer: %d not delivered, %d unacknowledged:\n%s", info.NumPending, info.NumAckPending, p.out.String())
+				return int(info.AckFloor.Stream), fmt.Errorf("consumer: %d not delivered, %d unacknowledged:\n%s", info.NumPending, info.NumAckPending, p.out.String())
 			}
-			return nil
+			return 0, nil
 		})
 		if code := p.term(40 * time.Second); code != 0 {
 			t.Fatalf("exit %d after SIGTERM:\n%s", code, p.out.String())
 		}
-		missing, repeats := countOutput(t, out, want)
 		restarts := strings.Count(p.out.String(), "the sender exited")
+		if strings.Contains(p.out.String(), "stopping: the sender did not read to the end") {
+			// The last sender exited on its own as the subscriber stopped:
+			// what it did not read is on the consumer still, for the next
+			// subscriber (TestSubscribeSenderExitsOnItsOwnWhileStopping).
+			restarts++
+			f := c.subscriber(out, "--durable", "exec", "--ack-wait", "5s")
+			tailertest.EventuallyProgressing(t, 30*time.Second, func() (int, error) {
+				if missing, _ := countOutput(t, out, want); missing > 0 {
+					return len(want) - missing, fmt.Errorf("%d of %d tokens never reached a sender", missing, len(want))
+				}
+				return len(want), nil
+			})
+			if code := f.term(30 * time.Second); code != 0 {
+				t.Fatalf("the subscriber after the last sender: exit %d:\n%s", code, f.out.String())
+			}
+		} else {
+			cons, err := s.Consumer(c.ctx, "exec")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info, err := cons.Info(c.ctx); err != nil || info.NumAckPending != 0 {
+				t.Fatalf("after the sender exited 0: %d unacknowledged (%v)", info.NumAckPending, err)
+			}
+		}
+		missing, repeats := countOutput(t, out, want)
 		t.Logf("%d tokens through %d sender exits: %d lost, %d repeated", len(want), restarts, missing, repeats)
 		if missing > 0 {
 			t.Fatalf("%d of %d tokens never reached a sender:\n%s", missing, len(want), p.out.String())
@@ -656,12 +680,68 @@ func TestSubscribeSenderDies(t *testing.T) {
 		if repeats > 2*restarts {
 			t.Fatalf("%d repeats, more than the two messages in doubt per exit", repeats)
 		}
-		cons, err := s.Consumer(c.ctx, "exec")
+	})
+}
+
+// A sender that exits 0 on its own, before the end of its input, while the
+// subscriber stops: the message it never read was not done with, whatever
+// its exit code says. The sender reads one line, leaves the next in its
+// pipe, and exits 0 a second later; the subscriber is stopped in that
+// second. Before the fix the stopping subscriber took the exit 0 for "done
+// with all it was given" and acknowledged the unread message: lost.
+func TestSubscribeSenderExitsOnItsOwnWhileStopping(t *testing.T) {
+	t.Parallel()
+	c, want := newSingleTokenMessages(t, 2, 1)
+	out := filepath.Join(t.TempDir(), "lines")
+	if err := os.WriteFile(out, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(tailerBin, "subscribe", "--durable", "early", "--from-start",
+		"--exec", `IFS= read -r l; printf '%s\n' "$l" >> `+out+`; sleep 1; exit 0`)
+	cmd.Env = append(os.Environ(), "MAILROOM_NATS_URL="+c.natsURL())
+	p := &proc{t: t, cmd: cmd, out: &tailertest.Buffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-p.done; noRace(t, p) })
+	s, done, err := c.stream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	info := func() *jetstream.ConsumerInfo {
+		cons, err := s.Consumer(c.ctx, "early")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if info, err := cons.Info(c.ctx); err != nil || info.NumAckPending != 0 {
-			t.Fatalf("after the sender exited 0: %d unacknowledged (%v)", info.NumAckPending, err)
+		ci, err := cons.Info(c.ctx)
+		if err != nil {
+			t.Fatal(err)
 		}
+		return ci
+	}
+	// The first line is out and the second message handed to the
+	// subscriber, which writes it into the pipe the sender no longer reads.
+	waitOutput(t, out, 1)
+	tailertest.Eventually(t, 10*time.Second, func() error {
+		if ci := info(); ci.NumAckPending != 2 {
+			return fmt.Errorf("%d messages delivered and not acknowledged, want 2", ci.NumAckPending)
+		}
+		return nil
 	})
+	if code := p.term(30 * time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGTERM:\n%s", code, p.out.String())
+	}
+	if missing, _ := countOutput(t, out, want); missing != 1 {
+		t.Fatalf("%d of 2 tokens not written, want 1 (the sender reads one line):\n%s", missing, p.out.String())
+	}
+	if !strings.Contains(p.out.String(), "stopping: the sender did not read to the end of its input") {
+		t.Fatalf("the subscriber does not say the unread lines come again:\n%s", p.out.String())
+	}
+	// The stream holds the two messages alone, at sequences 1 and 2.
+	if ci := info(); ci.AckFloor.Stream >= 2 {
+		t.Fatalf("the unread message was acknowledged (ack floor at stream sequence %d): lost\n%s", ci.AckFloor.Stream, p.out.String())
+	}
 }

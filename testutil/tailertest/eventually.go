@@ -26,3 +26,26 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() error) {
 		time.Sleep(pause)
 	}
 }
+
+// EventuallyProgressing is Eventually for a wait whose length is the
+// machine's speed times a known amount of work (a thousand messages acked
+// one at a time, say): cond returns how far the work has got besides its
+// error, and t fails only when that has not grown for stall. A fixed
+// deadline would fail a slow but healthy run, on a machine whose CPU the
+// tests running beside it take; a stall is what a lost message looks like.
+func EventuallyProgressing(t testing.TB, stall time.Duration, cond func() (progress int, err error)) {
+	t.Helper()
+	best, since := -1, time.Now()
+	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 100*time.Millisecond) {
+		progress, err := cond()
+		if err == nil {
+			return
+		}
+		if progress > best {
+			best, since = progress, time.Now()
+		} else if time.Since(since) > stall {
+			t.Fatalf("no progress for %v: %v", stall, err)
+		}
+		time.Sleep(pause)
+	}
+}
