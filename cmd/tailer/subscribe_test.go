@@ -654,6 +654,10 @@ func TestSubscribeSenderDies(t *testing.T) {
 			// subscriber (TestSubscribeSenderExitsOnItsOwnWhileStopping).
 			restarts++
 			f := c.subscriber(out, "--durable", "exec", "--ack-wait", "5s")
+			// The last sender may have written every line before it
+			// exited, leaving only repeats to come: the SIGTERM below must
+			// not reach the subscriber before it handles signals.
+			f.waitLog("consuming", 1, 30*time.Second)
 			tailertest.EventuallyProgressing(t, 30*time.Second, func() (int, error) {
 				if missing, _ := countOutput(t, out, want); missing > 0 {
 					return len(want) - missing, fmt.Errorf("%d of %d tokens never reached a sender", missing, len(want))
