@@ -52,6 +52,19 @@ func TestLease(t *testing.T) {
 		t.Fatalf("waiting for a released lease: %v", err)
 	}
 
+	// A holder that lets go just as a waiter gives up (between its last
+	// try and its look at who holds the lease) leaves the lease to it, not
+	// a refusal that names nobody.
+	e, err := AcquireLease(ctx, db.URL, "late", LeaseOptions{Application: "holder e"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := AcquireLease(ctx, db.URL, "late", LeaseOptions{Application: "f", beforeLookup: e.Release})
+	if err != nil {
+		t.Fatalf("a lease let go of during the refusal: %v", err)
+	}
+	f.Release()
+
 	// A holder whose session is ended is told, and the lease is free.
 	db.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'b'`)
 	select {
