@@ -237,10 +237,19 @@ func (l *Lease) Err() error {
 	}
 }
 
-// Release gives the lease up by closing its connection.
+// Release gives the lease up. It unlocks before it closes the connection:
+// the server drops a closed session's locks only once its backend has
+// seen the close, and a waiter looking in between would be refused for a
+// holder that has already let go.
 func (l *Lease) Release() {
 	l.stop()
 	<-l.done
+	if l.Err() == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		// On failure the close below ends the session, and the lock with it.
+		l.conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, leaseKey(l.slot))
+		cancel()
+	}
 	l.conn.Close(context.Background())
 }
 
