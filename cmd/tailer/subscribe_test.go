@@ -39,7 +39,14 @@ func (c *cluster) subscriber(out string, args ...string) *proc {
 		c.t.Fatal(err)
 	}
 	go func() { p.err = cmd.Wait(); close(p.done) }()
-	c.t.Cleanup(func() { cmd.Process.Kill(); <-p.done; noRace(c.t, p) })
+	c.t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-p.done
+		noRace(c.t, p)
+		if c.t.Failed() {
+			c.t.Logf("subscriber pid %d output:\n%s", cmd.Process.Pid, p.out.String())
+		}
+	})
 	return p
 }
 

@@ -127,6 +127,13 @@ func (s *Subscriber) Consumer(ctx context.Context, js jetstream.JetStream) (jets
 // a time, so lines stay in stream order.
 const maxAckPending = 2
 
+// pullExpiry bounds how long a pull request waits on the server. The
+// iterator asks again when two of its heartbeats (half the expiry apart)
+// are missed: a pull the server did not keep (seen under load after a
+// redelivery: the consumer shows no waiting pull while the subscriber
+// waits on it) then costs 5 s rather than the default 30 s.
+const pullExpiry = 5 * time.Second
+
 // Run copies messages until ctx is done or the reader is gone (an error
 // wrapping ErrReaderGone). Messages still in doubt stay pending, kept from
 // redelivery, until Settle.
@@ -135,7 +142,7 @@ func (s *Subscriber) Run(ctx context.Context, js jetstream.JetStream) error {
 	if err != nil {
 		return err
 	}
-	iter, err := cons.Messages(jetstream.PullMaxMessages(1))
+	iter, err := cons.Messages(jetstream.PullMaxMessages(1), jetstream.PullExpiry(pullExpiry))
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", s.Durable, err)
 	}
