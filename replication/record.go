@@ -33,7 +33,11 @@ type Record struct {
 	CreatedAt   time.Time
 	// ResyncPending: a resync created this incarnation and has not
 	// published all of its snapshot yet.
-	ResyncPending   bool
+	ResyncPending bool
+	// ResyncNeeded: the publication could not carry token inserts while
+	// this incarnation's slot existed (SetResyncNeeded), so the slot's
+	// stream lacks them for good.
+	ResyncNeeded    bool
 	ConsistentPoint pglogrepl.LSN
 	// Bound says StreamSeq is known: the stream's last sequence when this
 	// incarnation took the stream over. Messages up to it belong to
@@ -64,6 +68,10 @@ type Cutover struct {
 // schema predates this tailer.
 var ErrNoRecordTable = errors.New("table tailer_slot does not exist: run `tailer migrate` (the schema is older than this tailer)")
 
+// ErrOldRecordTable is returned when tailer_slot lacks a column this
+// tailer reads: the schema predates it.
+var ErrOldRecordTable = errors.New("table tailer_slot lacks column resync_needed: run `tailer migrate` (the schema is older than this tailer)")
+
 // NewIncarnation returns a fresh incarnation id.
 func NewIncarnation() string {
 	var b [16]byte
@@ -71,7 +79,7 @@ func NewIncarnation() string {
 	return hex.EncodeToString(b[:])
 }
 
-const recordColumns = `incarnation, created_by, created_at, resync_pending, consistent_point::text, stream_seq, legacy, collector_last_seq, collector_cutover,
+const recordColumns = `incarnation, created_by, created_at, resync_pending, resync_needed, consistent_point::text, stream_seq, legacy, collector_last_seq, collector_cutover,
 	coalesce(blocked, ''), coalesce(blocked_at, 'epoch')`
 
 // LoadRecord reads slot's record; Exists is false when there is none.
@@ -84,13 +92,15 @@ func LoadRecord(ctx context.Context, q Querier, slot string) (Record, error) {
 		cutoverAt *int64
 	)
 	err := q.QueryRow(ctx, `SELECT `+recordColumns+` FROM tailer_slot WHERE slot = $1`, slot).
-		Scan(&r.Incarnation, &r.CreatedBy, &r.CreatedAt, &r.ResyncPending, &cp, &seq, &r.Legacy, &lastSeq, &cutoverAt, &r.Blocked, &r.BlockedAt)
+		Scan(&r.Incarnation, &r.CreatedBy, &r.CreatedAt, &r.ResyncPending, &r.ResyncNeeded, &cp, &seq, &r.Legacy, &lastSeq, &cutoverAt, &r.Blocked, &r.BlockedAt)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return r, nil
 	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable:
 		return r, ErrNoRecordTable
+	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedColumn:
+		return r, ErrOldRecordTable
 	case err != nil:
 		return r, fmt.Errorf("read the record of slot %s: %w", slot, err)
 	}
@@ -136,7 +146,7 @@ func saveRecord(ctx context.Context, q Querier, r *Record) error {
 		VALUES ($1, $2, $3, now(), $4, $5::pg_lsn, $6, false, $7, $8)
 		ON CONFLICT (slot) DO UPDATE SET incarnation = EXCLUDED.incarnation, created_by = EXCLUDED.created_by,
 			created_at = EXCLUDED.created_at, resync_pending = EXCLUDED.resync_pending, consistent_point = EXCLUDED.consistent_point,
-			stream_seq = EXCLUDED.stream_seq, legacy = false, blocked = NULL, blocked_at = NULL,
+			stream_seq = EXCLUDED.stream_seq, legacy = false, resync_needed = false, blocked = NULL, blocked_at = NULL,
 			collector_last_seq = coalesce(EXCLUDED.collector_last_seq, s.collector_last_seq),
 			collector_cutover = coalesce(EXCLUDED.collector_cutover, s.collector_cutover)
 		RETURNING created_at, collector_last_seq, collector_cutover`,
@@ -219,6 +229,24 @@ func Bind(ctx context.Context, q Querier, r *Record, streamSeq uint64) error {
 		return fmt.Errorf("record slot %s's start on the stream: its record changed meanwhile", r.Slot)
 	}
 	r.Bound, r.StreamSeq = true, streamSeq
+	return nil
+}
+
+// SetResyncNeeded records that slot's stream lacks token inserts for
+// good: the publication could not carry them while the slot existed.
+// Only a resync's new incarnation clears it. Without a record there is
+// nothing to mark: no tailer has streamed from the slot.
+func SetResyncNeeded(ctx context.Context, q Querier, slot string) error {
+	_, err := q.Exec(ctx, `UPDATE tailer_slot SET resync_needed = true WHERE slot = $1 AND NOT resync_needed`, slot)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable:
+		return nil
+	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedColumn:
+		return fmt.Errorf("record that slot %s needs a resync: %w", slot, ErrOldRecordTable)
+	case err != nil:
+		return fmt.Errorf("record that slot %s needs a resync: %w", slot, err)
+	}
 	return nil
 }
 

@@ -29,6 +29,21 @@ func TestRecord(t *testing.T) {
 	if _, err := LoadRecord(ctx, bare, "s"); !errors.Is(err, ErrNoRecordTable) {
 		t.Fatalf("LoadRecord without the table: %v", err)
 	}
+	if err := SetResyncNeeded(ctx, bare, "s"); err != nil {
+		t.Fatalf("SetResyncNeeded without the table (nothing to mark): %v", err)
+	}
+	// The table as migration 5 made it, before resync_needed.
+	if _, err := bare.Exec(ctx, `CREATE TABLE tailer_slot (slot text PRIMARY KEY, incarnation text NOT NULL, created_by text NOT NULL,
+		created_at timestamptz NOT NULL DEFAULT now(), resync_pending boolean NOT NULL DEFAULT false, consistent_point pg_lsn, stream_seq bigint,
+		legacy boolean NOT NULL DEFAULT false, collector_last_seq bigint, collector_cutover bigint, blocked text, blocked_at timestamptz)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadRecord(ctx, bare, "s"); !errors.Is(err, ErrOldRecordTable) {
+		t.Fatalf("LoadRecord from a schema before resync_needed: %v", err)
+	}
+	if err := SetResyncNeeded(ctx, bare, "s"); !errors.Is(err, ErrOldRecordTable) {
+		t.Fatalf("SetResyncNeeded on a schema before resync_needed: %v", err)
+	}
 
 	db := tailertest.NewDB(t, pgtest.Shared(t))
 	if r, err := LoadRecord(ctx, db.Conn, "s"); err != nil || r.Exists {
@@ -48,11 +63,20 @@ func TestRecord(t *testing.T) {
 	if err := Bind(ctx, db.Conn, &r, 5); err == nil {
 		t.Fatal("a bound record was bound again")
 	}
+	if err := SetResyncNeeded(ctx, db.Conn, "s"); err != nil {
+		t.Fatal(err)
+	}
+	if r, err = LoadRecord(ctx, db.Conn, "s"); err != nil || !r.ResyncNeeded {
+		t.Fatalf("after SetResyncNeeded: %+v, %v", r, err)
+	}
 
 	cut := &Cutover{LastSeq: 42, At: 1700000000}
 	a, err := BeginResync(ctx, db.Conn, "s", "tailer resync", cut)
 	if err != nil || a.Incarnation == made.Incarnation || !a.ResyncPending {
 		t.Fatalf("BeginResync = %+v, %v", a, err)
+	}
+	if r, err = LoadRecord(ctx, db.Conn, "s"); err != nil || r.ResyncNeeded {
+		t.Fatalf("a resync's new incarnation still needs a resync: %+v, %v", r, err)
 	}
 	// A second resync takes the record over; the first cannot finish.
 	b, err := BeginResync(ctx, db.Conn, "s", "tailer resync", nil)

@@ -115,25 +115,36 @@ func TestSchemaChangeUnderTheTailer(t *testing.T) {
 // cannot decode past the drop (PostgreSQL's own behaviour); the tailer says
 // so once, naming tailer resync, and after it every token is published once.
 // The tokens table taken out of the publication (its inserts silently left
-// out of the slot's stream) stops the tailer within a sample, and put back
-// and resynced, every token is published once.
+// out of the slot's stream) stops the tailer within a sample; put back, it
+// still waits for a resync (the stream lacks the inserts made meanwhile for
+// good), and so does a tailer started then; resynced, every token is
+// published once. With MAILROOM_AUTO_RESYNC the tailer resyncs by itself
+// once the publication is fixed.
 func TestPublicationChanges(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name, reason, want string
 		change, fix        []string
+		// needed: fixed, the publication still leaves a resync to do.
+		needed, auto bool
 	}{
 		// A token inserted between the drop and the new publication (one
 		// transaction, so that the tailer only sees it once it is all done).
 		{"dropped and made again", "publication", "was dropped and made again",
 			[]string{`BEGIN; DROP PUBLICATION mailroom; INSERT INTO accounts (email, login) VALUES ('between@x', 'between');
-				CREATE PUBLICATION mailroom FOR TABLE tokens WITH (publish = 'insert'); COMMIT`}, nil},
+				CREATE PUBLICATION mailroom FOR TABLE tokens WITH (publish = 'insert'); COMMIT`}, nil, false, false},
 		{"tokens taken out", "publication", "does not include the tokens table",
-			[]string{`ALTER PUBLICATION mailroom DROP TABLE tokens`}, []string{`ALTER PUBLICATION mailroom ADD TABLE tokens`}},
+			[]string{`ALTER PUBLICATION mailroom DROP TABLE tokens`}, []string{`ALTER PUBLICATION mailroom ADD TABLE tokens`}, true, false},
+		{"tokens taken out, auto resync", "publication", "does not include the tokens table",
+			[]string{`ALTER PUBLICATION mailroom DROP TABLE tokens`}, []string{`ALTER PUBLICATION mailroom ADD TABLE tokens`}, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
-			p := c.watchedTailer()
+			var env []string
+			if tc.auto {
+				env = []string{"MAILROOM_AUTO_RESYNC=true"}
+			}
+			p := c.watchedTailer(env...)
 			p.waitLog("msg=streaming", 1, 30*time.Second)
 			c.accounts("before", 5)
 			c.expectExactlyOnce(30 * time.Second)
@@ -148,17 +159,32 @@ func TestPublicationChanges(t *testing.T) {
 			for _, sql := range tc.fix {
 				c.Exec(sql)
 			}
-			// The tailer waits, and lets go of the slot between its checks:
-			// tailer resync runs beside it.
-			r := c.command([]string{"resync"})
-			if code := r.exit(60 * time.Second); code != exitOK {
-				t.Fatalf("resync: exit %d:\n%s", code, r.out.String())
+			waiting := p
+			switch {
+			case tc.auto:
+				p.waitLog("msg=\"slot resynced\"", 1, 60*time.Second)
+			case tc.needed:
+				const needed = "streaming on would skip them"
+				p.blocked(c, "resync", needed)
+				if code := p.term(30 * time.Second); code != exitOK {
+					t.Fatalf("SIGTERM while waiting: exit %d:\n%s", code, p.out.String())
+				}
+				waiting = c.watchedTailer()
+				waiting.blocked(c, "resync", needed)
+				fallthrough
+			default:
+				// The tailer waits, and lets go of the slot between its
+				// checks: tailer resync runs beside it.
+				r := c.command([]string{"resync"})
+				if code := r.exit(60 * time.Second); code != exitOK {
+					t.Fatalf("resync: exit %d:\n%s", code, r.out.String())
+				}
 			}
 			c.accounts("after", 5)
 			if n := c.expectExactlyOnce(60 * time.Second); n < 15 {
 				t.Fatalf("%d tokens", n)
 			}
-			p.ready(c)
+			waiting.ready(c)
 			if n := strings.Count(p.out.String(), tc.want); n != 1 {
 				t.Errorf("said %d times, want once:\n%s", n, p.out.String())
 			}

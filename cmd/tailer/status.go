@@ -45,6 +45,9 @@ type statusReport struct {
 	Incarnation   string `json:"incarnation"`
 	CreatedBy     string `json:"created_by"`
 	ResyncPending bool   `json:"resync_pending"`
+	// ResyncNeeded: the slot's stream lacks token inserts the publication
+	// could not carry; tailer run waits for tailer resync.
+	ResyncNeeded bool `json:"resync_needed"`
 	// Blocked is why tailer run waits for the operator, as it recorded it;
 	// Problems what status finds itself (the schema, the publication).
 	Blocked        string   `json:"blocked,omitempty"`
@@ -111,6 +114,7 @@ func status(ctx context.Context, args []string, lookupEnv func(string) (string, 
 	}
 	if rec.Exists {
 		rep.Incarnation, rep.CreatedBy, rep.ResyncPending = rec.Incarnation, rec.CreatedBy+" at "+rec.CreatedAt.UTC().Format(time.RFC3339), rec.ResyncPending
+		rep.ResyncNeeded = rec.ResyncNeeded
 		if rec.Blocked != "" {
 			rep.Blocked = "since " + rec.BlockedAt.UTC().Format(time.RFC3339) + ": " + rec.Blocked
 		}
@@ -124,7 +128,7 @@ func status(ctx context.Context, args []string, lookupEnv func(string) (string, 
 			rep.Problems = append(rep.Problems, err.Error())
 		}
 	}
-	rep.OK = rep.LagBytes <= cfg.MaxLag && !slot.Lost() && !rec.ResyncPending && rep.Blocked == "" && len(rep.Problems) == 0
+	rep.OK = rep.LagBytes <= cfg.MaxLag && !slot.Lost() && !rec.ResyncPending && !rec.ResyncNeeded && rep.Blocked == "" && len(rep.Problems) == 0
 	if cfg.NATSURL != "" {
 		if info, err := streamInfo(ctx, cfg); err != nil {
 			rep.StreamError = err.Error()
@@ -159,6 +163,8 @@ func status(ctx context.Context, args []string, lookupEnv func(string) (string, 
 			fmt.Fprintf(stdout, "incarnation     none recorded (tailer run adopts the slot only beside an empty stream)\n")
 		case rep.ResyncPending:
 			fmt.Fprintf(stdout, "incarnation     %s, created by %s: RESYNC PENDING (run tailer resync)\n", rep.Incarnation, rep.CreatedBy)
+		case rep.ResyncNeeded:
+			fmt.Fprintf(stdout, "incarnation     %s, created by %s: RESYNC NEEDED, the stream lacks inserts the publication did not carry (run tailer resync)\n", rep.Incarnation, rep.CreatedBy)
 		default:
 			fmt.Fprintf(stdout, "incarnation     %s, created by %s\n", rep.Incarnation, rep.CreatedBy)
 		}

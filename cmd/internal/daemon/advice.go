@@ -32,6 +32,13 @@ func PublicationMessage(e *replication.PublicationError) string {
 		"or ALTER PUBLICATION %s ADD TABLE tokens and SET (publish = 'insert'); then `tailer resync` publishes, once, the tokens inserted meanwhile", e.Publication)
 }
 
+// ResyncNeededMessage says why tailer run waits for a resync although the
+// publication carries token inserts again.
+func ResyncNeededMessage(slot, publication string) string {
+	return fmt.Sprintf("publication %s could not carry token inserts for a while, and slot %s's stream lacks the ones made then for good "+
+		"(PostgreSQL decodes each change with the catalog as it was then); streaming on would skip them. "+resyncWayOut, publication, slot)
+}
+
 // FailoverSettingError is MAILROOM_SLOT_FAILOVER refused by the server,
 // with the way out.
 func FailoverSettingError(err error) error {

@@ -247,8 +247,16 @@ func (d *Daemon) checkReadable(ctx context.Context, q *pgx.Conn) error {
 // MAILROOM_AUTO_RESYNC allows it; otherwise the reason is recorded with the
 // slot for tailer status, and returned.
 func (d *Daemon) block(ctx context.Context, q *pgx.Conn, lease *replication.Lease, nc *nats.Conn, err error) error {
-	err = d.unblock(ctx, lease, nc, err)
 	var blocked *blockedError
+	if errors.As(err, &blocked) && blocked.reason == blockedPublication && !blocked.resync {
+		// The slot's stream lacks the inserts of this time for good: once
+		// the publication is fixed, streaming on would skip them. (A
+		// publication made again stops the stream at the drop by itself.)
+		if rerr := replication.SetResyncNeeded(ctx, q, d.cfg.Slot); rerr != nil {
+			return pgErr(rerr)
+		}
+	}
+	err = d.unblock(ctx, lease, nc, err)
 	if errors.As(err, &blocked) {
 		if rerr := replication.SetBlocked(ctx, q, d.cfg.Slot, blocked.msg); rerr != nil {
 			d.log.Warn("cannot record why the tailer waits", "err", rerr)
@@ -263,7 +271,7 @@ func (d *Daemon) block(ctx context.Context, q *pgx.Conn, lease *replication.Leas
 func (d *Daemon) prepareSlot(ctx context.Context, q *pgx.Conn, nc *nats.Conn, dest publish.Destination, failover bool) (replication.Record, replication.SlotInfo, error) {
 	cfg := d.cfg
 	rec, err := replication.LoadRecord(ctx, q, cfg.Slot)
-	if errors.Is(err, replication.ErrNoRecordTable) {
+	if errors.Is(err, replication.ErrNoRecordTable) || errors.Is(err, replication.ErrOldRecordTable) {
 		return rec, replication.SlotInfo{}, &blockedError{reason: blockedSchema, msg: err.Error()}
 	}
 	if err != nil {
@@ -271,6 +279,9 @@ func (d *Daemon) prepareSlot(ctx context.Context, q *pgx.Conn, nc *nats.Conn, de
 	}
 	if rec.ResyncPending {
 		return rec, replication.SlotInfo{}, &blockedError{reason: blockedResync, msg: resync.PendingMessage(cfg.Slot), resync: true}
+	}
+	if rec.ResyncNeeded {
+		return rec, replication.SlotInfo{}, &blockedError{reason: blockedResync, msg: ResyncNeededMessage(cfg.Slot, cfg.Publication), resync: true}
 	}
 	slot, err := replication.Slot(ctx, q, cfg.Slot)
 	if err == nil {
