@@ -162,21 +162,42 @@ func credential() (*syscall.Credential, error) {
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
-// givenPorts are the ports FreePort has returned (or found taken).
+// givenPorts are the ports FreePort has returned (or found taken), each with
+// the lock file that keeps it ours while this process lives.
 var givenPorts sync.Map
 
-// FreePort returns a loopback TCP port that was free a moment ago. It is
-// chosen below Linux's ephemeral range (32768-60999), where port 0 listeners
-// of other processes land: a test that stops a server and starts it again on
-// the same port must not find someone else's server there in between.
-// Within one process a port is handed out once, so tests running in
-// parallel never race each other for the one they were given.
+// FreePort returns a loopback TCP port that was free a moment ago and that
+// no other test process is handed until this one exits. It is chosen below
+// Linux's ephemeral range (32768-60999), where port 0 listeners of other
+// processes land: a test that stops a server and starts it again on the
+// same port must not find someone else's server there in between.
+//
+// go test runs several test binaries at once, and a port free when one of
+// them looked can be taken by another's server before the first server
+// binds it ("Address already in use" from pg_ctl start). So each port is
+// claimed with an flock on a file named for it in a directory the test
+// processes share; the kernel drops the lock when the process ends, however
+// it ends.
 func FreePort() (int, error) {
+	dir := filepath.Join(os.TempDir(), "tailer-test-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return 0, fmt.Errorf("free port: %w", err)
+	}
 	for i := 0; i < 200; i++ {
 		port := 20000 + rand.IntN(12000)
-		if _, taken := givenPorts.LoadOrStore(port, true); taken {
+		if _, taken := givenPorts.LoadOrStore(port, nil); taken {
 			continue
 		}
+		lock, err := claimPort(dir, port)
+		if err != nil {
+			return 0, err
+		}
+		if lock == nil {
+			continue
+		}
+		// Kept reachable, or its finalizer would close the file and let go
+		// of the claim.
+		givenPorts.Store(port, lock)
 		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
 		if err != nil {
 			continue
@@ -185,6 +206,23 @@ func FreePort() (int, error) {
 		return port, nil
 	}
 	return 0, errors.New("no free port in 20000-31999")
+}
+
+// claimPort takes port's lock file in dir, or returns nil if another
+// process holds it.
+func claimPort(dir string, port int) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_RDWR|os.O_CREATE, 0o666)
+	if err != nil {
+		return nil, fmt.Errorf("free port: claim %d: %w", port, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("free port: claim %d: %w", port, err)
+	}
+	return f, nil
 }
 
 // Start creates a cluster in a new temporary directory and starts it.
