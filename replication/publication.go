@@ -37,15 +37,26 @@ func (e *PublicationError) Error() string {
 // into tokens (the table the search path finds, as the tailer's queries
 // do). Without them pgoutput leaves token inserts out of the stream, and
 // the tailer would confirm WAL it never saw a token in.
+//
+// It reads the publication catalogs themselves, in the statement's one
+// snapshot, rather than pg_publication_tables: that view looks each
+// publication up again by name in the catalog snapshot of the moment, so a
+// check running as a publication is dropped and made again in one
+// transaction found the old row and no tables for it, and reported a
+// problem that never was. The rules are pg_publication_tables': a partition
+// is published under its own name, through a table or schema it or an
+// ancestor is in, unless the publication publishes through the root.
 func CheckPublication(ctx context.Context, q Querier, publication string) error {
 	var insert, tokens bool
 	err := q.QueryRow(ctx, `
-		SELECT p.pubinsert, EXISTS (
-			SELECT FROM pg_publication_tables pt
-			JOIN pg_namespace n ON n.nspname = pt.schemaname
-			JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
-			WHERE pt.pubname = p.pubname AND c.oid = to_regclass('tokens'))
-		FROM pg_publication p WHERE p.pubname = $1`, publication).Scan(&insert, &tokens)
+		SELECT p.pubinsert, coalesce(t.oid IS NOT NULL AND NOT (p.pubviaroot AND t.relispartition) AND (
+			p.puballtables
+			OR EXISTS (SELECT FROM pg_publication_rel r
+				WHERE r.prpubid = p.oid AND r.prrelid IN (SELECT t.oid UNION SELECT relid FROM pg_partition_ancestors(t.oid)))
+			OR EXISTS (SELECT FROM pg_publication_namespace n JOIN pg_class c ON c.relnamespace = n.pnnspid
+				WHERE n.pnpubid = p.oid AND c.oid IN (SELECT t.oid UNION SELECT relid FROM pg_partition_ancestors(t.oid)))), false)
+		FROM pg_publication p LEFT JOIN pg_class t ON t.oid = to_regclass('tokens')
+		WHERE p.pubname = $1`, publication).Scan(&insert, &tokens)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return &PublicationError{Publication: publication, Problem: "does not exist"}

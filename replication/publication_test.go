@@ -1,0 +1,130 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/mailroom/tailer/testutil/pgtest"
+)
+
+func TestCheckPublication(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, pgtest.Shared(t).CreateDB(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA other;
+		CREATE TABLE tokens (id bigint PRIMARY KEY);
+		CREATE TABLE other.accounts (id bigint PRIMARY KEY);
+		CREATE TABLE other.parted (id bigint) PARTITION BY RANGE (id);`); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, setup, problem string
+	}{
+		{"for table tokens", `CREATE PUBLICATION p FOR TABLE tokens WITH (publish = 'insert')`, ""},
+		{"missing", ``, "does not exist"},
+		{"other tables only", `CREATE PUBLICATION p FOR TABLE other.accounts`, "does not include the tokens table"},
+		{"tokens, not inserts", `CREATE PUBLICATION p FOR TABLE tokens WITH (publish = 'update, delete')`, "does not publish inserts (publish = 'insert')"},
+		{"for all tables", `CREATE PUBLICATION p FOR ALL TABLES`, ""},
+		{"tokens' schema", `CREATE PUBLICATION p FOR TABLES IN SCHEMA public`, ""},
+		{"another schema", `CREATE PUBLICATION p FOR TABLES IN SCHEMA other`, "does not include the tokens table"},
+		// A partition is published under its own name unless the
+		// publication publishes through the root.
+		{"partition of a published table", `ALTER TABLE tokens RENAME TO t0; CREATE TABLE tokens PARTITION OF other.parted FOR VALUES FROM (0) TO (10);
+			CREATE PUBLICATION p FOR TABLE other.parted`, ""},
+		{"partition published through its root", `ALTER TABLE tokens RENAME TO t0; CREATE TABLE tokens PARTITION OF other.parted FOR VALUES FROM (0) TO (10);
+			CREATE PUBLICATION p FOR TABLE other.parted WITH (publish_via_partition_root)`, "does not include the tokens table"},
+		{"partition, all tables through roots", `ALTER TABLE tokens RENAME TO t0; CREATE TABLE tokens PARTITION OF other.parted FOR VALUES FROM (0) TO (10);
+			CREATE PUBLICATION p FOR ALL TABLES WITH (publish_via_partition_root)`, "does not include the tokens table"},
+		{"no tokens table", `ALTER TABLE tokens RENAME TO t0; CREATE PUBLICATION p FOR ALL TABLES`, "does not include the tokens table"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx)
+			if tc.setup != "" {
+				if _, err := tx.Exec(ctx, tc.setup); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err = CheckPublication(ctx, tx, "p")
+			var pub *PublicationError
+			switch {
+			case tc.problem == "" && err != nil:
+				t.Fatalf("CheckPublication: %v", err)
+			case tc.problem != "" && (!errors.As(err, &pub) || pub.Problem != tc.problem || pub.Publication != "p"):
+				t.Fatalf("CheckPublication = %v, want the problem %q", err, tc.problem)
+			}
+		})
+	}
+}
+
+// A publication dropped and made again in one transaction is never seen
+// as lacking the tokens table by a check running as it commits: the check
+// reads the catalogs in one snapshot. (Through pg_publication_tables it
+// looked the publication up by name in a newer catalog snapshot than the
+// row it had found, and so sometimes found no tables at all.)
+func TestCheckPublicationWhileMadeAgain(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	url := pgtest.Shared(t).CreateDB(t)
+	remake, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer remake.Close(ctx)
+	check, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer check.Close(ctx)
+	if _, err := remake.Exec(ctx, `CREATE TABLE tokens (id bigint PRIMARY KEY);
+		CREATE PUBLICATION p FOR TABLE tokens WITH (publish = 'insert')`); err != nil {
+		t.Fatal(err)
+	}
+	const remakes = 300
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		for i := 0; i < remakes; i++ {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			if _, err := remake.Exec(ctx, `BEGIN; DROP PUBLICATION p; CREATE PUBLICATION p FOR TABLE tokens WITH (publish = 'insert'); COMMIT`); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	for checks := 0; ; checks++ {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%d checks during %d remakes", checks, remakes)
+			return
+		default:
+		}
+		if err := CheckPublication(ctx, check, "p"); err != nil {
+			close(stop)
+			<-done
+			t.Fatalf("check %d, as the publication was made again: %v", checks, err)
+		}
+	}
+}
