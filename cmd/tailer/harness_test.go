@@ -5,6 +5,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -222,6 +223,38 @@ func noRace(t *testing.T, p *proc) {
 func (p *proc) kill() {
 	p.cmd.Process.Signal(syscall.SIGKILL)
 	<-p.done
+}
+
+// freeze stops the process (SIGSTOP) and returns once every thread of it
+// has stopped, so nothing it reads or sends after this call.
+func (p *proc) freeze() {
+	p.t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		p.t.Fatal(err)
+	}
+	tailertest.Eventually(p.t, 10*time.Second, func() error {
+		stats, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", p.cmd.Process.Pid))
+		if err != nil || len(stats) == 0 {
+			return fmt.Errorf("threads of pid %d: %v", p.cmd.Process.Pid, err)
+		}
+		for _, f := range stats {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				return err
+			}
+			// The state follows the command name, which is in parentheses.
+			rest := string(b[bytes.LastIndexByte(b, ')')+1:])
+			if state := strings.Fields(rest); len(state) == 0 || (state[0] != "T" && state[0] != "t") {
+				return fmt.Errorf("%s: not stopped: %s", f, b)
+			}
+		}
+		return nil
+	})
+}
+
+// thaw lets a frozen process go on (SIGCONT).
+func (p *proc) thaw() {
+	p.cmd.Process.Signal(syscall.SIGCONT)
 }
 
 // term sends SIGTERM and returns the exit code.
