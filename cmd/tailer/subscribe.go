@@ -204,10 +204,11 @@ func runSender(ctx context.Context, sub *consume.Subscriber, js jetstream.JetStr
 				code = <-exited
 			}
 			cancel()
-			if n := sub.Settle(context.Background(), sawEnd && code == nil); n > 0 {
-				log.Info("stopping: the sender did not read to the end of its input and exit 0; lines it may not have done with are delivered again", "messages", n, "exit", code)
+			sub.Settle(context.Background(), sawEnd && code == nil)
+			if !sawEnd || code != nil {
+				log.Info("stopping: the sender did not read to the end of its input and exit 0", "exit", code)
 			}
-			return exitOK
+			return stopped(sub, js, log)
 		}
 		w.Close()
 		if !errors.Is(err, consume.ErrReaderGone) {
@@ -229,10 +230,32 @@ func runSender(ctx context.Context, sub *consume.Subscriber, js jetstream.JetStr
 		log.Warn("the sender exited: starting it again, with the lines it may not have done with", "exit", code, "messages_again", n, "in", restart)
 		select {
 		case <-ctx.Done():
-			return exitOK
+			return stopped(sub, js, log)
 		case <-time.After(restart):
 		}
 	}
+}
+
+// stopped says, as a subscriber with a sender stops, how many messages
+// its consumer still awaits an ack for: they are delivered again to the
+// next subscriber. Handed back by a sender that exited before the stop,
+// pulled but never written, or written to a sender that did not finish:
+// asking the server counts them all.
+func stopped(sub *consume.Subscriber, js jetstream.JetStream, log *slog.Logger) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cons, err := js.Consumer(ctx, sub.Stream, sub.Durable)
+	var info *jetstream.ConsumerInfo
+	if err == nil {
+		info, err = cons.Info(ctx)
+	}
+	switch {
+	case err != nil:
+		log.Warn("stopping: cannot ask the server what is still unacknowledged; whatever is comes again", "durable", sub.Durable, "err", err)
+	case info.NumAckPending > 0:
+		log.Info("stopping: lines a sender may not have done with are delivered again", "durable", sub.Durable, "messages", info.NumAckPending)
+	}
+	return exitOK
 }
 
 // serveSubscriberHealth serves /healthz (the process answers) and /readyz:

@@ -547,6 +547,22 @@ func countOutput(t *testing.T, path string, want map[int64]string) (missing, rep
 	return missing, repeats
 }
 
+// execSubscriber starts tailer subscribe --from-start on durable with
+// --exec sender, for t.
+func (c *cluster) execSubscriber(t *testing.T, durable, sender string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(tailerBin, append([]string{"subscribe", "--durable", durable, "--from-start", "--exec", sender}, args...)...)
+	cmd.Env = append(os.Environ(), "MAILROOM_NATS_URL="+c.natsURL())
+	p := &proc{t: t, cmd: cmd, out: &tailertest.Buffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-p.done; noRace(t, p) })
+	return p
+}
+
 // The sender of the lines dies again and again while tailer subscribe
 // writes into its pipe: a real head -n K (K random, 1-60, so that twenty
 // readers cannot run out of the 1,500 lines), which reads a block
@@ -618,16 +634,7 @@ func TestSubscribeSenderDies(t *testing.T) {
 
 	t.Run("exec", func(t *testing.T) {
 		out := filepath.Join(t.TempDir(), "lines")
-		cmd := exec.Command(tailerBin, "subscribe", "--durable", "exec", "--from-start", "--ack-wait", "5s",
-			"--exec", "head -n $(shuf -i 1-60 -n 1) >> "+out)
-		cmd.Env = env
-		p := &proc{t: t, cmd: cmd, out: &tailertest.Buffer{}, done: make(chan struct{})}
-		cmd.Stdout, cmd.Stderr = p.out, p.out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go func() { p.err = cmd.Wait(); close(p.done) }()
-		t.Cleanup(func() { cmd.Process.Kill(); <-p.done; noRace(t, p) })
+		p := c.execSubscriber(t, "exec", "head -n $(shuf -i 1-60 -n 1) >> "+out, "--ack-wait", "5s")
 		p.waitLog("the sender exited", deaths, 2*time.Minute)
 		// Everything delivered, at most the two in doubt unacknowledged: then
 		// stop. The last sender gets the end of its input, writes out what
@@ -655,10 +662,12 @@ func TestSubscribeSenderDies(t *testing.T) {
 			t.Fatalf("exit %d after SIGTERM:\n%s", code, p.out.String())
 		}
 		restarts := strings.Count(p.out.String(), "the sender exited")
-		if strings.Contains(p.out.String(), "stopping: the sender did not read to the end") {
-			// The last sender exited on its own as the subscriber stopped:
-			// what it did not read is on the consumer still, for the next
-			// subscriber (TestSubscribeSenderExitsOnItsOwnWhileStopping).
+		if strings.Contains(p.out.String(), "stopping: lines a sender may not have done with are delivered again") {
+			// The last sender exited on its own as the subscriber stopped,
+			// or the stop came before a sender was started again: what it
+			// did not read is on the consumer still, for the next
+			// subscriber (TestSubscribeSenderExitsOnItsOwnWhileStopping,
+			// TestSubscribeStoppedBetweenSenders).
 			restarts++
 			f := c.subscriber(out, "--durable", "exec", "--ack-wait", "5s")
 			// The last sender may have written every line before it
@@ -680,7 +689,7 @@ func TestSubscribeSenderDies(t *testing.T) {
 				t.Fatal(err)
 			}
 			if info, err := cons.Info(c.ctx); err != nil || info.NumAckPending != 0 {
-				t.Fatalf("after the sender exited 0: %d unacknowledged (%v)", info.NumAckPending, err)
+				t.Fatalf("stopped without saying that lines come again, yet %d unacknowledged (%v):\n%s", info.NumAckPending, err, p.out.String())
 			}
 		}
 		missing, repeats := countOutput(t, out, want)
@@ -707,16 +716,7 @@ func TestSubscribeSenderExitsOnItsOwnWhileStopping(t *testing.T) {
 	if err := os.WriteFile(out, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(tailerBin, "subscribe", "--durable", "early", "--from-start",
-		"--exec", `IFS= read -r l; printf '%s\n' "$l" >> `+out+`; sleep 1; exit 0`)
-	cmd.Env = append(os.Environ(), "MAILROOM_NATS_URL="+c.natsURL())
-	p := &proc{t: t, cmd: cmd, out: &tailertest.Buffer{}, done: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = p.out, p.out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.err = cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() { cmd.Process.Kill(); <-p.done; noRace(t, p) })
+	p := c.execSubscriber(t, "early", `IFS= read -r l; printf '%s\n' "$l" >> `+out+`; sleep 1; exit 0`)
 	s, done, err := c.stream()
 	if err != nil {
 		t.Fatal(err)
@@ -748,11 +748,61 @@ func TestSubscribeSenderExitsOnItsOwnWhileStopping(t *testing.T) {
 	if missing, _ := countOutput(t, out, want); missing != 1 {
 		t.Fatalf("%d of 2 tokens not written, want 1 (the sender reads one line):\n%s", missing, p.out.String())
 	}
-	if !strings.Contains(p.out.String(), "stopping: the sender did not read to the end of its input") {
+	if !strings.Contains(p.out.String(), "stopping: the sender did not read to the end of its input") ||
+		!strings.Contains(p.out.String(), "stopping: lines a sender may not have done with are delivered again") {
 		t.Fatalf("the subscriber does not say the unread lines come again:\n%s", p.out.String())
 	}
 	// The stream holds the two messages alone, at sequences 1 and 2.
 	if ci := info(); ci.AckFloor.Stream >= 2 {
 		t.Fatalf("the unread message was acknowledged (ack floor at stream sequence %d): lost\n%s", ci.AckFloor.Stream, p.out.String())
 	}
+}
+
+// A stop that comes while the subscriber waits to start its sender again
+// (a sender that fails is started again after a growing delay): the lines
+// that sender did not finish were handed back, and the subscriber says, as
+// it stops, that they come again. Before, it exited 0 saying nothing, and
+// the consumer held them unacknowledged (TestSubscribeSenderDies/exec in a
+// clean-clone CI run).
+func TestSubscribeStoppedBetweenSenders(t *testing.T) {
+	t.Parallel()
+	c, want := newSingleTokenMessages(t, 2, 1)
+	out := filepath.Join(t.TempDir(), "lines")
+	if err := os.WriteFile(out, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Reads one line, then fails: nothing is ever acknowledged, and each
+	// start comes later than the one before.
+	p := c.execSubscriber(t, "between", `IFS= read -r l; printf '%s\n' "$l" >> `+out+`; exit 1`)
+	// Logged just before the subscriber waits a second to start it again.
+	p.waitLog("in=1s", 1, 30*time.Second)
+	if code := p.term(30 * time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGTERM:\n%s", code, p.out.String())
+	}
+	if !strings.Contains(p.out.String(), "stopping: lines a sender may not have done with are delivered again") ||
+		!strings.Contains(p.out.String(), "messages=2") {
+		t.Fatalf("the subscriber does not say that the two lines come again:\n%s", p.out.String())
+	}
+	s, done, err := c.stream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	cons, err := s.Consumer(c.ctx, "between")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ci, err := cons.Info(c.ctx); err != nil || ci.NumAckPending+int(ci.NumPending) != 2 || ci.AckFloor.Stream != 0 {
+		t.Fatalf("consumer after the stop: %+v (%v), want both messages still to do", ci, err)
+	}
+	// The next subscriber writes both.
+	if err := os.WriteFile(out, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f := c.subscriber(out, "--durable", "between", "--ack-wait", "5s")
+	waitOutput(t, out, len(want))
+	if missing, _ := countOutput(t, out, want); missing != 0 {
+		t.Fatalf("%d of %d tokens not written by the next subscriber", missing, len(want))
+	}
+	f.term(30 * time.Second)
 }
