@@ -54,7 +54,8 @@ func (o Origin) continues(stored string, pos pglogrepl.LSN) (ok, past bool) {
 	return pos <= end, pos > end
 }
 
-// Owner is the slot incarnation a publisher continues the stream for.
+// Owner is the slot incarnation a publisher continues the stream for, and
+// what its session needs to know to resume (see Resume).
 type Owner struct {
 	Origin      Origin
 	Incarnation string
@@ -65,10 +66,18 @@ type Owner struct {
 	// Legacy: the incarnation predates incarnation headers, so its
 	// messages without one are its own.
 	Legacy bool
+	// After is the slot's confirmed position: the session replays every
+	// token past it, and Resume finds which of those the stream holds.
+	// Zero for a resync, which publishes no positions.
+	After pglogrepl.LSN
+	// InFlight is the most messages the session keeps awaiting their
+	// PubAck (at least 1).
+	InFlight int
 }
 
 // ErrForeignStream is a stream whose batches come from another database, or
-// another incarnation of the slot, or lie ahead of this server's WAL.
+// another incarnation of the slot. It says what was found; what to do
+// about it is the command layer's to say.
 type ErrForeignStream struct {
 	Stream string
 	Reason string
@@ -77,9 +86,7 @@ type ErrForeignStream struct {
 }
 
 func (e *ErrForeignStream) Error() string {
-	return fmt.Sprintf("stream %s holds batches %s (stream: %s; this server: %s): publishing would skip or repeat tokens, so the tailer refuses to start. "+
-		"To go on from here, run `tailer resync`: it recreates the slot and publishes, once, every still-eligible token of this database that the stream lacks. "+
-		"Or use a stream of this database (MAILROOM_NATS_STREAM) once the consumers have drained the old one",
+	return fmt.Sprintf("stream %s holds batches %s (stream: %s; this server: %s): publishing would skip or repeat tokens",
 		e.Stream, e.Reason, e.Stored, e.Here)
 }
 
@@ -106,46 +113,23 @@ func (p *Publisher) checkOrigin(m stored, here Origin) error {
 	return nil
 }
 
-// Resume makes the publisher continue the stream for o, once the caller
-// holds the slot: the messages it publishes name o's incarnation, and the
-// positions of o's messages already on the stream tell which tokens were
-// published by an earlier run. Every message after o.Since must be o's:
-// one of another database or another incarnation of the slot (a copy or
-// restore of the database, a slot made again since), or whose position is
-// beyond current, the server's WAL position read after the stream (a
-// restore or failover to a server that is behind), means the stream's
-// positions do not describe this slot, and trusting them would skip every
-// token up to them as already published.
-func (p *Publisher) Resume(o Owner, current pglogrepl.LSN) error {
-	for _, m := range append([]stored{p.last}, p.laneLast...) {
-		if m.seq == 0 || m.seq <= o.Since {
-			continue
-		}
-		if err := p.checkOrigin(m, o.Origin); err != nil {
-			return err
-		}
-		if m.incarnation != o.Incarnation && (m.incarnation != "" || !o.Legacy) {
-			stored := "incarnation " + m.incarnation
-			if m.incarnation == "" {
-				stored = "no incarnation (an older tailer's, or of a slot this database has no record of)"
-			}
-			return &ErrForeignStream{Stream: p.name, Reason: "published from another incarnation of the slot (a copy or restore of the database, or the slot made again since)",
-				Stored: stored + " at seq " + strconv.FormatUint(m.seq, 10), Here: "incarnation " + o.Incarnation + ", stream taken over after seq " + strconv.FormatUint(o.Since, 10)}
-		}
-		if m.pos.Commit > current {
-			return &ErrForeignStream{Stream: p.name, Reason: "whose positions are ahead of this server's WAL",
-				Stored: "last position " + m.pos.String() + " at seq " + strconv.FormatUint(m.seq, 10), Here: "current WAL position " + current.String() + ", origin " + o.Origin.String()}
-		}
+// checkOwner refuses a message after o.Since that is not o's: of another
+// database, or of another incarnation of the slot (a copy or restore of
+// the database, a slot made again since).
+func (p *Publisher) checkOwner(m stored, o Owner) error {
+	if m.seq <= o.Since {
+		return nil
 	}
-	for lane, m := range p.laneLast {
-		if m.seq > o.Since {
-			p.lastPos[lane] = m.pos
-		}
+	if err := p.checkOrigin(m, o.Origin); err != nil {
+		return err
 	}
-	p.incarnation = o.Incarnation
+	if m.incarnation != o.Incarnation && (m.incarnation != "" || !o.Legacy) {
+		stored := "incarnation " + m.incarnation
+		if m.incarnation == "" {
+			stored = "no incarnation (an older tailer's, or of a slot this database has no record of)"
+		}
+		return &ErrForeignStream{Stream: p.name, Reason: "published from another incarnation of the slot (a copy or restore of the database, or the slot made again since)",
+			Stored: stored + " at seq " + strconv.FormatUint(m.seq, 10), Here: "incarnation " + o.Incarnation + ", stream taken over after seq " + strconv.FormatUint(o.Since, 10)}
+	}
 	return nil
 }
-
-// LastIncarnation is the incarnation named by the stream's last message
-// ("" when it names none, or the stream is empty).
-func (p *Publisher) LastIncarnation() string { return p.last.incarnation }

@@ -14,48 +14,50 @@ import (
 	"github.com/mailroom/tailer/publish/wire"
 )
 
-// Resume trusts the positions of the stream's messages only when they are
-// the owner's: after its Since, of its origin and incarnation (or without
-// one, for a legacy slot), and not ahead of the server's WAL.
+// Resume refuses a stream whose messages since the owner's Since are not
+// the owner's: of another origin (but a later timeline of the same system
+// that branched at or after them) or another incarnation (but none, for a
+// legacy slot). What it accepts, it resumes by content: the tokens of the
+// owner's messages are on the stream, whatever their positions.
 func TestResume(t *testing.T) {
 	here := Origin{SystemID: "1", Timeline: 1, Database: "mailroom"}
 	pos := decoder.Position{Commit: 0x5000, Index: 2}
 	type msg struct{ origin, incarnation string }
 	for _, tc := range []struct {
-		name    string
-		stored  []msg
-		owner   Owner
-		current pglogrepl.LSN
-		want    string // in the error; "" for none
-		resume  bool   // LastPosition is pos
+		name   string
+		stored []msg
+		owner  Owner
+		want   string // in the error; "" for none
+		resume bool   // the stored token is on the stream
 	}{
-		{name: "empty stream", owner: Owner{Origin: here, Incarnation: "a"}, current: 0x6000},
-		{name: "its own", stored: []msg{{here.String(), "a"}}, owner: Owner{Origin: here, Incarnation: "a"}, current: 0x6000, resume: true},
-		{name: "another incarnation", stored: []msg{{here.String(), "a"}}, owner: Owner{Origin: here, Incarnation: "b"}, current: 0x6000,
+		{name: "empty stream", owner: Owner{Origin: here, Incarnation: "a"}},
+		{name: "its own", stored: []msg{{here.String(), "a"}}, owner: Owner{Origin: here, Incarnation: "a"}, resume: true},
+		{name: "another incarnation", stored: []msg{{here.String(), "a"}}, owner: Owner{Origin: here, Incarnation: "b"},
 			want: "another incarnation of the slot"},
-		{name: "another incarnation before the takeover", stored: []msg{{here.String(), "a"}}, owner: Owner{Origin: here, Incarnation: "b", Since: 1}, current: 0x6000},
+		{name: "another incarnation before the takeover", stored: []msg{{here.String(), "a"}}, owner: Owner{Origin: here, Incarnation: "b", Since: 1}},
 		{name: "the takeover, then its own", stored: []msg{{here.String(), "a"}, {here.String(), "b"}}, owner: Owner{Origin: here, Incarnation: "b", Since: 1},
-			current: 0x6000, resume: true},
-		{name: "an older tailer's, legacy slot", stored: []msg{{"", ""}}, owner: Owner{Origin: here, Incarnation: "a", Legacy: true}, current: 0x6000, resume: true},
-		{name: "an older tailer's, new slot", stored: []msg{{"", ""}}, owner: Owner{Origin: here, Incarnation: "a"}, current: 0x6000,
+			resume: true},
+		{name: "an older tailer's, legacy slot", stored: []msg{{"", ""}}, owner: Owner{Origin: here, Incarnation: "a", Legacy: true}, resume: true},
+		{name: "an older tailer's, new slot", stored: []msg{{"", ""}}, owner: Owner{Origin: here, Incarnation: "a"},
 			want: "no incarnation"},
-		{name: "another database", stored: []msg{{"2/1/mailroom", "a"}}, owner: Owner{Origin: here, Incarnation: "a"}, current: 0x6000,
+		{name: "another database", stored: []msg{{"2/1/mailroom", "a"}}, owner: Owner{Origin: here, Incarnation: "a"},
 			want: "published from another database"},
 		{name: "the same system on its next timeline (a promoted standby)", stored: []msg{{"1/1/mailroom", "a"}},
-			owner: Owner{Origin: Origin{SystemID: "1", Timeline: 2, Database: "mailroom", History: map[int32]pglogrepl.LSN{1: 0x5800}}, Incarnation: "a"}, current: 0x6000, resume: true},
+			owner: Owner{Origin: Origin{SystemID: "1", Timeline: 2, Database: "mailroom", History: map[int32]pglogrepl.LSN{1: 0x5800}}, Incarnation: "a"}, resume: true},
 		{name: "the same system on a later timeline that branched before the stream's last batch", stored: []msg{{"1/1/mailroom", "a"}},
-			owner: Owner{Origin: Origin{SystemID: "1", Timeline: 3, Database: "mailroom", History: map[int32]pglogrepl.LSN{1: 0x4000, 2: 0x5800}}, Incarnation: "a"}, current: 0x6000,
+			owner: Owner{Origin: Origin{SystemID: "1", Timeline: 3, Database: "mailroom", History: map[int32]pglogrepl.LSN{1: 0x4000, 2: 0x5800}}, Incarnation: "a"},
 			want: "past the point where this server's timeline branched"},
 		{name: "the same system on a later timeline without its history", stored: []msg{{"1/1/mailroom", "a"}},
-			owner: Owner{Origin: Origin{SystemID: "1", Timeline: 2, Database: "mailroom"}, Incarnation: "a"}, current: 0x6000, want: "published from another database"},
-		{name: "the same system on an earlier timeline", stored: []msg{{"1/3/mailroom", "a"}}, owner: Owner{Origin: here, Incarnation: "a"}, current: 0x6000,
+			owner: Owner{Origin: Origin{SystemID: "1", Timeline: 2, Database: "mailroom"}, Incarnation: "a"}, want: "published from another database"},
+		{name: "the same system on an earlier timeline", stored: []msg{{"1/3/mailroom", "a"}}, owner: Owner{Origin: here, Incarnation: "a"},
 			want: "published from another database"},
-		{name: "another database of the same system", stored: []msg{{"1/1/other", "a"}}, owner: Owner{Origin: here, Incarnation: "a"}, current: 0x6000,
+		{name: "another database of the same system", stored: []msg{{"1/1/other", "a"}}, owner: Owner{Origin: here, Incarnation: "a"},
 			want: "published from another database"},
 		{name: "a copy on a new timeline, slot made again", stored: []msg{{"1/1/mailroom", "a"}}, owner: Owner{Origin: Origin{SystemID: "1", Timeline: 2, Database: "mailroom", History: map[int32]pglogrepl.LSN{1: 0x9000}}, Incarnation: "b"},
-			current: 0x6000, want: "another incarnation of the slot"},
-		{name: "ahead of the WAL", stored: []msg{{here.String(), "a"}}, owner: Owner{Origin: here, Incarnation: "a"}, current: 0x4000,
-			want: "ahead of this server's WAL"},
+			want: "another incarnation of the slot"},
+		{name: "positions ahead of the server's WAL (a restore): resumed by content", stored: []msg{{here.String(), "a"}}, owner: Owner{Origin: here, Incarnation: "a", After: 0x4000},
+			resume: true},
+		{name: "a message that is not a batch", stored: []msg{{"stray", ""}}, owner: Owner{Origin: here, Incarnation: "a"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -67,10 +69,15 @@ func TestResume(t *testing.T) {
 				t.Fatal(err)
 			}
 			seed.Close()
+			tok := testToken(1, pos)
 			for _, m := range tc.stored {
 				nm := nats.NewMsg("mailroom.batches")
-				nm.Header.Set(wire.HeaderPosLast, pos.String())
-				if m.origin != "" {
+				if m.origin != "stray" {
+					nm.Header.Set(wire.HeaderPosLast, pos.String())
+					nm.Header.Set(wire.HeaderCount, "1")
+					nm.Header.Set(wire.HeaderTokenKeys, keyOf(tok))
+				}
+				if m.origin != "" && m.origin != "stray" {
 					nm.Header.Set(wire.HeaderOrigin, m.origin)
 				}
 				if m.incarnation != "" {
@@ -86,18 +93,21 @@ func TestResume(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer p.Close()
-			err = p.Resume(tc.owner, tc.current)
+			err = p.Resume(ctx, tc.owner)
 			var foreign *ErrForeignStream
 			switch {
 			case tc.want == "" && err != nil:
 				t.Fatalf("Resume: %v", err)
-			case tc.want != "" && (!errors.As(err, &foreign) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "tailer resync")):
-				t.Fatalf("Resume = %v, want a refusal saying %q and naming tailer resync", err, tc.want)
+			case tc.want != "" && (!errors.As(err, &foreign) || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("Resume = %v, want a refusal saying %q", err, tc.want)
 			case tc.want != "":
 				return
 			}
-			if got := p.LastPosition(0); (got == pos) != tc.resume {
-				t.Fatalf("LastPosition = %s, resume from %s: %v", got, pos, tc.resume)
+			if got := p.OnStream(tok); got != tc.resume {
+				t.Fatalf("OnStream = %v, want %v", got, tc.resume)
+			}
+			if other := testToken(2, pos); p.OnStream(other) {
+				t.Fatal("a token of another key at the same position is taken for one on the stream")
 			}
 			// What it publishes now names the owner.
 			fut, err := p.PublishAsync(testMessage(0x5001))
@@ -121,3 +131,12 @@ func TestResume(t *testing.T) {
 		})
 	}
 }
+
+// testToken is a token whose secret starts with b.
+func testToken(b byte, pos decoder.Position) *decoder.Token {
+	t := &decoder.Token{Pos: pos}
+	t.Secret[0] = b
+	return t
+}
+
+func keyOf(t *decoder.Token) string { return string(wire.AppendKey(nil, &t.Secret)) }

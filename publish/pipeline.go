@@ -97,6 +97,7 @@ type ready struct {
 type inFlight struct {
 	fut     jetstream.PubAckFuture
 	id      string
+	keys    string
 	body    []byte
 	n       int
 	batches int
@@ -271,7 +272,8 @@ func (p *Pipeline) joinWaiting(ctx context.Context, waiting []*ready) error {
 	return nil
 }
 
-// join marks tokens already on the stream and joins the rest of group's
+// join marks tokens already on the stream (by key, as Resume found them)
+// and joins the rest of group's
 // tokens in one query.
 func (p *Pipeline) join(ctx context.Context, group []*ready) error {
 	p.joinTokens, p.joinRows = p.joinTokens[:0], p.joinRows[:0]
@@ -283,9 +285,8 @@ func (p *Pipeline) join(ctx context.Context, group []*ready) error {
 		}
 		r.rows = resetRows(r.rows, len(b.Tokens))
 		r.joined = true
-		last := p.Publisher.LastPosition(b.Lane)
 		for i := range b.Tokens {
-			if !last.IsZero() && !last.Less(b.Tokens[i].Pos) {
+			if p.Publisher.OnStream(&b.Tokens[i]) {
 				r.rows[i].Skip = join.SkipAlreadyPublished
 			} else {
 				toJoin++
@@ -348,7 +349,7 @@ func (p *Pipeline) publishNext(body []byte, waiting *[]*ready) (inFlight, int, e
 	if p.Snapshot != "" {
 		item.id = "resync-" + p.Snapshot + "-" + strconv.Itoa(p.messages+1)
 	} else {
-		item.id = BatchID(first, last)
+		item.id = p.Publisher.BatchID(first, last)
 	}
 	enc := p.Encoder.Finish(item.id)
 	item.body, item.n, item.batches = enc.Body, enc.N, enc.Batches
@@ -366,7 +367,7 @@ func (p *Pipeline) publishNext(body []byte, waiting *[]*ready) (inFlight, int, e
 		return item, covered, err
 	}
 	p.messages++
-	item.fut = fut
+	item.fut, item.keys = fut, enc.Keys
 	return item, covered, nil
 }
 
@@ -415,7 +416,7 @@ func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, places c
 					p.Log.Debug("message acknowledged", "message", it.id, "batches", it.batches, "tokens", it.n, "seq", ack.Sequence, "duplicate", ack.Duplicate)
 				}
 				if ack.Duplicate {
-					if err := p.Publisher.CheckDuplicate(ctx, it.id, ack.Sequence); err != nil {
+					if err := p.Publisher.CheckDuplicate(ctx, it.id, it.keys, ack.Sequence); err != nil {
 						return err
 					}
 					if p.Log != nil {
@@ -423,8 +424,7 @@ func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, places c
 					}
 				}
 			case err := <-it.fut.Err():
-				var apiErr *jetstream.APIError
-				if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+				if isWrongLastSequence(err) {
 					return fmt.Errorf("publish message %s: %w: %w", it.id, ErrStreamMoved, err)
 				}
 				return fmt.Errorf("publish message %s: %w", it.id, err)

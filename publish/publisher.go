@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -57,46 +58,72 @@ func (e *StreamConfigError) Error() string {
 func (e *StreamConfigError) Unwrap() error { return e.Err }
 
 // Publisher sends batches to one JetStream stream, chaining each message to
-// the one before with Nats-Expected-Last-Sequence: the tailer is the
-// stream's only writer, so the n-th publish of a session expects the
-// stream's last sequence at the start plus n-1. A batch whose predecessor
-// did not land is refused, so pipelined publishes can never leave a gap that
-// a later batch hides, and two tailers (a standby taking over) cannot both
-// extend the stream. The chain is by sequence rather than by message id:
-// a replica's last message id is not part of its stored state, and
-// nats-server 2.15.2 was seen to stall an R3 stream when a replica, after a
-// restart, checked the id chain on entries its leader had accepted ("last
-// msgid mismatch"); servers before 2.15 also forget the last id outside the
-// duplicate window.
+// the one before with Nats-Expected-Last-Sequence: the n-th publish of a
+// session expects the stream's last sequence at the start plus n-1. A batch
+// whose predecessor did not land is refused, so pipelined publishes can
+// never leave a gap that a later batch hides. The chain is by sequence
+// rather than by message id: a replica's last message id is not part of its
+// stored state, and nats-server 2.15.2 was seen to stall an R3 stream when a
+// replica, after a restart, checked the id chain on entries its leader had
+// accepted ("last msgid mismatch"); servers before 2.15 also forget the last
+// id outside the duplicate window.
+//
+// A chain by sequence alone does not keep another session's publishes
+// out: a killed or frozen session's message still on its way expects some
+// sequence, and lands if the stream happens to be there when it arrives.
+// Resume therefore starts each session with markers that move the stream
+// past every sequence such a message can expect, and decides what the
+// session must not publish again from the messages the stream holds.
 type Publisher struct {
 	js          jetstream.JetStream
 	stream      jetstream.Stream
 	name        string
 	subjects    []string
+	marker      string
 	replicas    int
 	origin      string
 	incarnation string
+	// idSuffix is added to every batch id (SetUniqueIDs).
+	idSuffix string
 
-	// last is the stream's last message, and laneLast the last message on
-	// each lane's subject, when the publisher started (zero seq: none).
-	last     stored
-	laneLast []stored
-	// lastPos is, per lane, the position up to which Resume found the
-	// tokens published; zero until then.
-	lastPos []decoder.Position
+	// last is the stream's last message when the publisher started (zero
+	// seq: none).
+	last stored
 	// lastTime is when the stream's last message was stored.
 	lastTime time.Time
 	// lastSeq is the stream's last sequence when the session started, and
 	// next the last sequence the next publish expects.
 	lastSeq, next uint64
+	// window is what Resume found on the stream of the tokens the session
+	// replays; keyBuf is OnStream's scratch.
+	window window
+	keyBuf []byte
 }
+
+// Message kinds on the stream's subjects.
+const (
+	kindOther  = iota // neither: another publisher's
+	kindBatch         // a batch (wire.IsBatch)
+	kindMarker        // a session marker (wire.IsMarker)
+)
 
 // stored is what the publisher reads of a message already on the stream.
 type stored struct {
 	seq         uint64
+	subject     string
+	kind        int
 	origin      string
 	incarnation string
-	pos         decoder.Position
+	// Batches: the last position they cover (zero for a resync's), their
+	// token keys, and whether a resync published them.
+	pos    decoder.Position
+	keys   string
+	resync bool
+	// Markers: their place among their session's (fenceN of fenceK), that
+	// session's in-flight bound and what it found on the stream.
+	fenceN, fenceK, inFlight int
+	after                    pglogrepl.LSN
+	floor                    uint64
 }
 
 // resumable refuses stream configurations that can remove the stream's
@@ -168,13 +195,17 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Destination) (*Publish
 		return nil, &StreamConfigError{cfg.Name, err}
 	}
 	subjects := cfg.LaneSubjects()
-	for _, subject := range subjects {
+	marker := wire.MarkerSubject(cfg.Subject)
+	for _, subject := range append(subjects, marker) {
 		if !slices.ContainsFunc(info.Config.Subjects, func(pattern string) bool { return SubjectMatches(pattern, subject) }) {
-			return nil, &StreamConfigError{cfg.Name, fmt.Errorf("does not take subject %s (its subjects: %v): set MAILROOM_NATS_SUBJECT to one it takes, or add it to the stream", subject, info.Config.Subjects)}
+			what := "set MAILROOM_NATS_SUBJECT to one it takes, or add it to the stream"
+			if subject == marker {
+				what = "the tailer starts every session with markers on it: add " + cfg.Subject + ".> to the stream's subjects"
+			}
+			return nil, &StreamConfigError{cfg.Name, fmt.Errorf("does not take subject %s (its subjects: %v): %s", subject, info.Config.Subjects, what)}
 		}
 	}
-	p := &Publisher{js: js, stream: stream, name: cfg.Name, subjects: subjects, replicas: max(info.Config.Replicas, 1),
-		laneLast: make([]stored, len(subjects)), lastPos: make([]decoder.Position, len(subjects))}
+	p := &Publisher{js: js, stream: stream, name: cfg.Name, subjects: subjects, marker: marker, replicas: max(info.Config.Replicas, 1)}
 	if cfg.Origin.SystemID != "" {
 		p.origin = cfg.Origin.String()
 	}
@@ -185,14 +216,14 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Destination) (*Publish
 }
 
 // readLast loads the stream's last sequence, which the next publish is
-// chained to, and what its last message and the last message on each
-// lane's subject say about where they come from.
+// chained to, and what its last message says about where it comes from.
 func (p *Publisher) readLast(ctx context.Context) error {
 	info, err := p.stream.Info(ctx)
 	if err != nil {
 		return fmt.Errorf("stream info: %w", err)
 	}
 	p.lastSeq, p.next = info.State.LastSeq, info.State.LastSeq
+	p.last, p.lastTime = stored{}, time.Time{}
 	if info.State.LastSeq == 0 {
 		return nil
 	}
@@ -203,43 +234,58 @@ func (p *Publisher) readLast(ctx context.Context) error {
 	case err != nil:
 		return fmt.Errorf("read last message of stream: %w", err)
 	default:
-		if p.last, err = readStored(msg); err != nil {
-			return err
-		}
-		p.lastTime = msg.Time
-	}
-	for lane, subject := range p.subjects {
-		msg, err := p.stream.GetLastMsgForSubject(ctx, subject)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("read last message on %s: %w", subject, err)
-		}
-		if p.laneLast[lane], err = readStored(msg); err != nil {
-			return err
-		}
+		p.last, p.lastTime = readStored(msg), msg.Time
 	}
 	return nil
 }
 
-func readStored(msg *jetstream.RawStreamMsg) (stored, error) {
-	s := stored{seq: msg.Sequence, origin: msg.Header.Get(wire.HeaderOrigin), incarnation: msg.Header.Get(wire.HeaderIncarnation)}
-	if v := msg.Header.Get(wire.HeaderPosLast); v != "" {
-		var err error
-		if s.pos, err = decoder.ParsePosition(v); err != nil {
-			return s, fmt.Errorf("message %d on %s: %s: %w", msg.Sequence, msg.Subject, wire.HeaderPosLast, err)
+// readStored reads what the tailer wrote on a message. A message whose
+// headers the tailer cannot read is another publisher's (kindOther).
+func readStored(msg *jetstream.RawStreamMsg) stored {
+	h := msg.Header
+	s := stored{seq: msg.Sequence, subject: msg.Subject, origin: h.Get(wire.HeaderOrigin), incarnation: h.Get(wire.HeaderIncarnation)}
+	switch {
+	case wire.IsMarker(h):
+		n, k, ok := strings.Cut(h.Get(wire.HeaderFence), "/")
+		var errs [5]error
+		s.fenceN, errs[0] = strconv.Atoi(n)
+		s.fenceK, errs[1] = strconv.Atoi(k)
+		s.inFlight, errs[2] = strconv.Atoi(h.Get(wire.HeaderInFlight))
+		s.after, errs[3] = pglogrepl.ParseLSN(h.Get(wire.HeaderWindowAfter))
+		s.floor, errs[4] = strconv.ParseUint(h.Get(wire.HeaderWindowFloor), 10, 64)
+		if ok && errors.Join(errs[:]...) == nil && s.fenceN >= 1 && s.fenceN <= s.fenceK {
+			s.kind = kindMarker
 		}
+	case wire.IsBatch(h):
+		s.keys, s.resync = h.Get(wire.HeaderTokenKeys), h.Get(wire.HeaderResync) != ""
+		if v := h.Get(wire.HeaderPosLast); v != "" {
+			pos, err := decoder.ParsePosition(v)
+			if err != nil {
+				return s
+			}
+			s.pos = pos
+		} else if !s.resync && h.Get(wire.HeaderOrigin) != "" {
+			return s
+		}
+		s.kind = kindBatch
 	}
-	return s, nil
+	return s
 }
 
-// CheckDuplicate verifies a PubAck that says a batch was already on the
-// stream: the sequence it names must hold a message with the batch's id. A
-// duplicate ack for a message the stream no longer holds (seen with sequence
-// 0 on a NATS 2.10 cluster after a full restart) would otherwise count
+// ErrReusedID is a PubAck saying a message was already on the stream,
+// when the message the stream holds under its id carries other tokens:
+// the database reuses the WAL positions the id was made of (it was
+// restored, and wrote past the point it was restored to). The message was
+// not stored; SetUniqueIDs names the next session's messages apart.
+var ErrReusedID = errors.New("the stream holds other tokens under this message's id")
+
+// CheckDuplicate verifies a PubAck that says a message was already on the
+// stream: the sequence it names must hold a message with its id and its
+// token keys. A duplicate ack for a message the stream no longer holds
+// (seen with sequence 0 on a NATS 2.10 cluster after a full restart), or
+// for one of the same positions but other tokens, would otherwise count
 // tokens as published that are not.
-func (p *Publisher) CheckDuplicate(ctx context.Context, id string, seq uint64) error {
+func (p *Publisher) CheckDuplicate(ctx context.Context, id, keys string, seq uint64) error {
 	if seq == 0 {
 		return fmt.Errorf("batch %s: duplicate PubAck without a stream sequence: the stream does not show it holds the batch", id)
 	}
@@ -250,8 +296,25 @@ func (p *Publisher) CheckDuplicate(ctx context.Context, id string, seq uint64) e
 	if got := msg.Header.Get(wire.HeaderMsgID); got != id {
 		return fmt.Errorf("batch %s: duplicate PubAck names sequence %d, which holds %q", id, seq, got)
 	}
+	if got := msg.Header.Get(wire.HeaderTokenKeys); got != keys {
+		return fmt.Errorf("batch %s: duplicate PubAck names sequence %d: %w", id, seq, ErrReusedID)
+	}
 	return nil
 }
+
+// BatchID is the id of a batch covering first to last (see the package
+// function BatchID, and SetUniqueIDs).
+func (p *Publisher) BatchID(first, last decoder.Position) string {
+	return BatchID(first, last) + p.idSuffix
+}
+
+// SetUniqueIDs makes the ids of the batches published from now on unique
+// to this session (the positions, then "@" and the sequence of the
+// session's first marker), instead of the positions alone. JetStream drops
+// a message whose id it saw within its duplicate window; after a restore,
+// the database's new tokens can come at the positions of tokens already
+// published, and their batches must not be taken for those.
+func (p *Publisher) SetUniqueIDs() { p.idSuffix = "@" + strconv.FormatUint(p.lastSeq+1, 10) }
 
 // Replicas is the stream's number of copies.
 func (p *Publisher) Replicas() int { return p.replicas }
@@ -270,11 +333,6 @@ func (p *Publisher) LastTime() time.Time { return p.lastTime }
 // Close releases what the JetStream context holds for asynchronous
 // publishing (its reply subscription); the connection stays open.
 func (p *Publisher) Close() { p.js.CleanupPublisher() }
-
-// LastPosition is the WAL position of the last token published on lane's
-// subject by the slot incarnation Resume was given; every token of that
-// lane at or before it was published (or skipped) by an earlier run.
-func (p *Publisher) LastPosition(lane int) decoder.Position { return p.lastPos[lane] }
 
 // Message is one batch ready to send.
 type Message struct {
@@ -309,8 +367,8 @@ func (p *Publisher) PublishAsync(m *Message) (jetstream.PubAckFuture, error) {
 		},
 	}
 	id := m.ID
-	if id == "" {
-		id = BatchID(m.First, m.Last)
+	if m.Resync == "" {
+		id = p.BatchID(m.First, m.Last)
 		msg.Header[wire.HeaderPosFirst] = []string{m.First.String()}
 		msg.Header[wire.HeaderPosLast] = []string{m.Last.String()}
 	}
@@ -328,8 +386,5 @@ func (p *Publisher) PublishAsync(m *Message) (jetstream.PubAckFuture, error) {
 		return nil, fmt.Errorf("publish batch %s: %w", id, err)
 	}
 	p.next++
-	if m.ID == "" {
-		p.lastPos[m.Lane] = m.Last
-	}
 	return fut, nil
 }

@@ -2,6 +2,7 @@ package publish
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -59,7 +60,7 @@ func testJetStream(t *testing.T) (*nats.Conn, jetstream.JetStream) {
 
 func testMessage(commit uint64) *Message {
 	pos := decoder.Position{Commit: pglogrepl.LSN(0x1000 + commit)}
-	return &Message{First: pos, Last: pos, Count: 1, TokenIDs: "1", Body: []byte("x")}
+	return &Message{First: pos, Last: pos, Count: 1, TokenIDs: "1", TokenKeys: "k" + strconv.FormatUint(commit, 10), Body: []byte("x")}
 }
 
 func TestStreamSubjectsByWildcard(t *testing.T) {
@@ -142,15 +143,16 @@ func TestCheckDuplicate(t *testing.T) {
 		<-f.Ok()
 		ids = append(ids, BatchID(m.First, m.Last))
 	}
-	if err := p.CheckDuplicate(ctx, ids[0], 1); err != nil {
+	if err := p.CheckDuplicate(ctx, ids[0], "k1", 1); err != nil {
 		t.Errorf("duplicate naming the batch's own message: %v", err)
 	}
 	for _, tc := range []struct {
 		seq  uint64
+		keys string
 		want string
-	}{{0, "without a stream sequence"}, {2, "which holds"}, {9, "cannot be read"}} {
-		if err := p.CheckDuplicate(ctx, ids[0], tc.seq); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("duplicate naming sequence %d: %v, want %q", tc.seq, err, tc.want)
+	}{{0, "k1", "without a stream sequence"}, {2, "k1", "which holds"}, {9, "k1", "cannot be read"}, {1, "k9", ErrReusedID.Error()}} {
+		if err := p.CheckDuplicate(ctx, ids[0], tc.keys, tc.seq); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("duplicate naming sequence %d with keys %s: %v, want %q", tc.seq, tc.keys, err, tc.want)
 		}
 	}
 }
@@ -175,7 +177,7 @@ func TestStreamConfigurationsThatForget(t *testing.T) {
 		if name == "" {
 			name = "OK" + strings.ToUpper(tc.cfg.Discard.String())
 		}
-		tc.cfg.Name, tc.cfg.Subjects = "S_"+name, []string{name + ".batches"}
+		tc.cfg.Name, tc.cfg.Subjects = "S_"+name, []string{name + ".batches", name + ".batches.>"}
 		if _, err := js.CreateStream(ctx, tc.cfg); err != nil {
 			t.Fatal(err)
 		}

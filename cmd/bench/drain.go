@@ -266,6 +266,9 @@ func subscribe(ctx context.Context, nc *nats.Conn, stream string, want int, onMs
 	}
 	c := &counter{done: make(chan struct{}), want: int64(want)}
 	cc, err := cons.Consume(func(m jetstream.Msg) {
+		if wire.IsMarker(m.Headers()) {
+			return
+		}
 		if onMsg != nil {
 			onMsg(m)
 		}

@@ -24,19 +24,10 @@ import (
 	"github.com/mailroom/tailer/testutil/tailertest"
 )
 
-// streamMsgs is the number of messages on the stream (0 before it exists).
+// streamMsgs is the number of batches on the stream (0 before it exists).
 func (c *cluster) streamMsgs() uint64 {
 	c.t.Helper()
-	s, done, err := c.stream()
-	if err != nil {
-		return 0
-	}
-	defer done()
-	info, err := s.Info(c.ctx)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return info.State.Msgs
+	return uint64(len(c.messages()))
 }
 
 // expectOnStream waits until the stream holds exactly the tokens that
@@ -279,6 +270,9 @@ func (c *cluster) collect() (stop func() map[int64]int) {
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		mu.Lock()
 		defer mu.Unlock()
+		if wire.IsMarker(m.Headers()) {
+			return
+		}
 		for _, s := range strings.Split(m.Headers().Get(wire.HeaderTokenIDs), ",") {
 			id, err := strconv.ParseInt(s, 10, 64)
 			if err != nil {
@@ -387,23 +381,14 @@ func TestStreamConfigurations(t *testing.T) {
 	}
 }
 
-// lastTokenOnStream is the highest token id of the stream's last message.
+// lastTokenOnStream is the highest token id of the stream's last batch.
 func (c *cluster) lastTokenOnStream() int64 {
 	c.t.Helper()
-	s, done, err := c.stream()
-	if err != nil {
+	msgs := c.messages()
+	if len(msgs) == 0 {
 		return 0
 	}
-	defer done()
-	info, err := s.Info(c.ctx)
-	if err != nil || info.State.LastSeq == 0 {
-		return 0
-	}
-	m, err := s.GetMsg(c.ctx, info.State.LastSeq)
-	if err != nil {
-		return 0
-	}
-	ids, _ := tailertest.TokenIDs(m)
+	ids, _ := tailertest.TokenIDs(msgs[len(msgs)-1])
 	var last int64
 	for _, id := range ids {
 		last = max(last, id)

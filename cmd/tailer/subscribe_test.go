@@ -93,19 +93,14 @@ func (c *cluster) signedTokens() map[int64]string {
 	return out
 }
 
-// firstMessage returns the stream's first message.
+// firstMessage returns the stream's first batch.
 func (c *cluster) firstMessage() *jetstream.RawStreamMsg {
 	c.t.Helper()
-	s, done, err := c.stream()
-	if err != nil {
-		c.t.Fatal(err)
+	msgs := c.messages()
+	if len(msgs) == 0 {
+		c.t.Fatal("no batch on the stream")
 	}
-	defer done()
-	m, err := s.GetMsg(c.ctx, 1)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return m
+	return msgs[0]
 }
 
 // outputTokens reads the lines a subscriber wrote, in order.

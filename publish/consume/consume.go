@@ -70,12 +70,16 @@ func fieldErr(field string, format string, args ...any) error {
 	return &Error{Field: field, Err: fmt.Errorf(format, args...)}
 }
 
-// Decode decodes a message from its headers and body. The format comes from
+// Decode decodes a message from its headers and body. A session marker
+// (wire.MarkerSubject) decodes to a batch without tokens. The format comes from
 // the Mailroom-Format header (line when absent); line batches take their
 // token ids from Mailroom-Token-Ids. The batches' sizes come from
 // Mailroom-Batch-Sizes, which a line body's lines and a json body's
 // batch_sizes must agree with; a message without them is one batch.
 func Decode(h nats.Header, body []byte) (*Batch, error) {
+	if wire.IsMarker(h) {
+		return &Batch{}, nil
+	}
 	format := h.Get(wire.HeaderFormat)
 	if format == "" {
 		format = "line"
@@ -267,7 +271,7 @@ func (t *Token) validate(i int) error {
 		return fieldErr(fmt.Sprintf("token %d email", i), "empty")
 	case t.Login == "":
 		return fieldErr(fmt.Sprintf("token %d login", i), "empty")
-	case len(t.Token) != 86 || strings.Trim(t.Token, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_") != "":
+	case len(t.Token) != 86 || strings.Trim(t.Token, base64URL) != "":
 		return fieldErr(fmt.Sprintf("token %d token", i), "%d characters, want 86 base64url characters", len(t.Token))
 	case t.Action == "password_recovery" && len(t.Code) != 5:
 		return fieldErr(fmt.Sprintf("token %d code", i), "%q, want 5 characters for password_recovery", t.Code)

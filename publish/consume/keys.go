@@ -3,20 +3,27 @@ package consume
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mailroom/tailer/publish/wire"
 )
 
 // KeysSince reads the keys (wire.AppendKey) of every token in stream's
-// messages stored at or after since, up to sequence last (0: none). A
-// resync publishes only the tokens whose key is not among them. Tokens live
-// minutes, so since (the oldest candidate's creation, less a margin for the
-// two servers' clocks) bounds the read to a short window of the stream.
-func KeysSince(ctx context.Context, stream jetstream.Stream, since time.Time, last uint64) (map[string]struct{}, error) {
-	keys := make(map[string]struct{})
+// batches stored at or after since, up to sequence last (0: none), from
+// their Mailroom-Token-Keys. A resync publishes only the tokens whose key
+// is not among them. Tokens live minutes, so since (the oldest candidate's
+// creation, less a margin for the two servers' clocks) bounds the read to a
+// short window of the stream. Session markers are passed over; messages
+// that are not the tailer's batches (another publisher's, or keys that are
+// not keys) are set aside: counted in setAside, their content not taken
+// for tokens on the stream.
+func KeysSince(ctx context.Context, stream jetstream.Stream, since time.Time, last uint64) (keys map[string]struct{}, setAside int, err error) {
+	keys = make(map[string]struct{})
 	if last == 0 {
-		return keys, nil
+		return keys, 0, nil
 	}
 	var name string
 	if info := stream.CachedInfo(); info != nil {
@@ -27,39 +34,53 @@ func KeysSince(ctx context.Context, stream jetstream.Stream, since time.Time, la
 		OptStartTime:  &since,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("read stream %s since %s: %w", name, since.Format(time.RFC3339), err)
+		return nil, 0, fmt.Errorf("read stream %s since %s: %w", name, since.Format(time.RFC3339), err)
 	}
 	info, err := cons.Info(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("read stream %s: %w", name, err)
+		return nil, 0, fmt.Errorf("read stream %s: %w", name, err)
 	}
 	if info.NumPending == 0 {
-		return keys, nil
+		return keys, 0, nil
 	}
 	it, err := cons.Messages()
 	if err != nil {
-		return nil, fmt.Errorf("read stream %s: %w", name, err)
+		return nil, 0, fmt.Errorf("read stream %s: %w", name, err)
 	}
 	defer it.Stop()
 	for {
 		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
-			return nil, fmt.Errorf("read stream %s: %w", name, err)
+			return nil, 0, fmt.Errorf("read stream %s: %w", name, err)
 		}
 		meta, err := msg.Metadata()
 		if err != nil {
-			return nil, fmt.Errorf("read stream %s: %w", name, err)
+			return nil, 0, fmt.Errorf("read stream %s: %w", name, err)
 		}
-		b, err := Decode(msg.Headers(), msg.Data())
-		if err != nil {
-			// Its tokens cannot be told apart from the ones to publish.
-			return nil, fmt.Errorf("stream %s, message %d on %s: %w", name, meta.Sequence.Stream, msg.Subject(), err)
-		}
-		for _, t := range b.Tokens {
-			keys[t.Key] = struct{}{}
+		h := msg.Headers()
+		switch {
+		case wire.IsMarker(h):
+		case !wire.IsBatch(h) || !validKeys(h.Get(wire.HeaderTokenKeys)):
+			setAside++
+		default:
+			for _, k := range strings.Split(h.Get(wire.HeaderTokenKeys), ",") {
+				keys[k] = struct{}{}
+			}
 		}
 		if meta.Sequence.Stream >= last || meta.NumPending == 0 {
-			return keys, nil
+			return keys, setAside, nil
 		}
 	}
 }
+
+// validKeys reports whether a Mailroom-Token-Keys value is a list of keys.
+func validKeys(v string) bool {
+	for _, k := range strings.Split(v, ",") {
+		if len(k) != wire.KeyLen || strings.Trim(k, base64URL) != "" {
+			return false
+		}
+	}
+	return true
+}
+
+const base64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"

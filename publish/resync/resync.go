@@ -89,6 +89,10 @@ type Report struct {
 	// Messages published, and the stream's last sequence afterwards.
 	Messages  int
 	StreamSeq uint64
+	// SetAside counts the messages read on the stream that are not the
+	// tailer's batches (another publisher's): passed over, their content
+	// not taken for tokens on the stream.
+	SetAside int
 }
 
 // notSent leaves out the tokens mailroom's collector sent before the
@@ -209,8 +213,10 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 	}
 	defer pub.Close()
 	// The new incarnation takes the stream over after its last message:
-	// what is on it now says nothing about the new slot's positions.
-	if err := pub.Resume(publish.Owner{Origin: dest.Origin, Incarnation: rec.Incarnation, Since: pub.LastSeq()}, 0); err != nil {
+	// what is on it now says nothing about the new slot's positions. Its
+	// markers keep out what an earlier session may still have on its way.
+	inFlight := cmp.Or(opts.MaxInFlight, publish.InFlightFor(pub.Replicas()))
+	if err := pub.Resume(ctx, publish.Owner{Origin: dest.Origin, Incarnation: rec.Incarnation, Since: pub.LastSeq(), InFlight: inFlight}); err != nil {
 		return rep, err
 	}
 
@@ -233,11 +239,11 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 	}
 	onStream := map[string]struct{}{}
 	if oldest != nil {
-		if onStream, err = consume.KeysSince(ctx, pub.Stream(), time.Unix(*oldest, 0).Add(-opts.ClockSkew), pub.LastSeq()); err != nil {
+		if onStream, rep.SetAside, err = consume.KeysSince(ctx, pub.Stream(), time.Unix(*oldest, 0).Add(-opts.ClockSkew), pub.LastSeq()); err != nil {
 			return rep, err
 		}
 	}
-	if err := publishSnapshot(ctx, tx, jtx, pub, nc, opts, snap, lastSeq, cutoverAt, onStream, &rep); err != nil {
+	if err := publishSnapshot(ctx, tx, jtx, pub, nc, opts, inFlight, snap, lastSeq, cutoverAt, onStream, &rep); err != nil {
 		return rep, err
 	}
 	tx.Rollback(context.Background())
@@ -255,7 +261,7 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 
 // publishSnapshot feeds the snapshot's tokens that the stream lacks to a
 // publish.Pipeline, cut into batches as tailer run cuts them.
-func publishSnapshot(ctx context.Context, tx, jtx pgx.Tx, pub *publish.Publisher, nc *nats.Conn, opts Options, snap replication.Snapshot,
+func publishSnapshot(ctx context.Context, tx, jtx pgx.Tx, pub *publish.Publisher, nc *nats.Conn, opts Options, inFlight int, snap replication.Snapshot,
 	lastSeq, cutoverAt *int64, onStream map[string]struct{}, rep *Report) error {
 	batcher := batch.NewBatcher(opts.BatchLimit, time.Hour, nil)
 	if opts.Destination.PerAction {
@@ -267,7 +273,7 @@ func publishSnapshot(ctx context.Context, tx, jtx pgx.Tx, pub *publish.Publisher
 		Joiner:      join.NewJoiner(jtx),
 		Encoder:     publish.NewEncoder(opts.Signer, opts.Format),
 		Format:      opts.Format,
-		MaxInFlight: cmp.Or(opts.MaxInFlight, publish.InFlightFor(pub.Replicas())),
+		MaxInFlight: inFlight,
 		MaxBatches:  opts.MaxBatches,
 		MaxBytes:    int(nc.MaxPayload()),
 		Done:        batcher.Recycle,

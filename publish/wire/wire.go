@@ -45,7 +45,44 @@ const (
 	// ready together (group commit). Each is a line of its own in a line
 	// body. Messages of tailers before group commit lack it: one batch.
 	HeaderBatchSizes = "Mailroom-Batch-Sizes"
+
+	// HeaderFence is on a session marker (MarkerSubject), never on a
+	// batch: "N/K", the marker's place among the K a streaming session
+	// published before its first batch. See MarkerSubject.
+	HeaderFence = "Mailroom-Fence"
+	// HeaderInFlight, on a marker, is the most messages the session that
+	// published it keeps awaiting their PubAck.
+	HeaderInFlight = "Mailroom-In-Flight"
+	// HeaderWindowAfter and HeaderWindowFloor, on a marker, say what the
+	// session found on the stream: every message before the marker that
+	// holds a token past WAL position HeaderWindowAfter (the slot's
+	// confirmed position when the session started) is at stream sequence
+	// HeaderWindowFloor or later.
+	HeaderWindowAfter = "Mailroom-Window-After"
+	HeaderWindowFloor = "Mailroom-Window-Floor"
 )
+
+// MarkerSubject is where the tailer publishes its session markers, beside
+// the batches of subject: empty messages, chained to the stream's last
+// sequence, with which every streaming session starts (a few, so that a
+// killed or frozen earlier session's publishes still on their way are
+// refused: their expected last sequence no longer matches). Consumers skip
+// them (IsMarker); a consumer that filters on the batches' subjects never
+// sees them.
+func MarkerSubject(subject string) string { return subject + "._session" }
+
+// Header is what the helpers below read of a message's headers (a
+// nats.Header satisfies it).
+type Header interface {
+	Get(key string) string
+}
+
+// IsMarker reports whether a message is a session marker.
+func IsMarker(h Header) bool { return h.Get(HeaderFence) != "" }
+
+// IsBatch reports whether a message is one of the tailer's batches (rather
+// than a marker, or something another publisher put on the subject).
+func IsBatch(h Header) bool { return h.Get(HeaderTokenKeys) != "" && h.Get(HeaderCount) != "" }
 
 // Format is the body format of a published batch.
 type Format uint8

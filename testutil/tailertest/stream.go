@@ -13,7 +13,8 @@ import (
 	"github.com/mailroom/tailer/publish/wire"
 )
 
-// StoredMessages returns every message the stream stores, oldest first.
+// StoredMessages returns every batch the stream stores, oldest first
+// (session markers left out).
 func StoredMessages(ctx context.Context, s jetstream.Stream) ([]*jetstream.RawStreamMsg, error) {
 	var c StreamCache
 	return c.Messages(ctx, s)
@@ -30,8 +31,9 @@ type StreamCache struct {
 	msgs    map[uint64]*jetstream.RawStreamMsg
 }
 
-// Messages returns every message s stores, oldest first. The messages are
-// shared with later calls: callers must not change them.
+// Messages returns every batch s stores, oldest first (session markers
+// left out). The messages are shared with later calls: callers must not
+// change them.
 func (c *StreamCache) Messages(ctx context.Context, s jetstream.Stream) ([]*jetstream.RawStreamMsg, error) {
 	info, err := s.Info(ctx)
 	if err != nil {
@@ -52,7 +54,9 @@ func (c *StreamCache) Messages(ctx context.Context, s jetstream.Stream) ([]*jets
 			}
 			c.msgs[seq] = m
 		}
-		msgs = append(msgs, m)
+		if !wire.IsMarker(m.Header) {
+			msgs = append(msgs, m)
+		}
 	}
 	for seq := range c.msgs {
 		if seq < info.State.FirstSeq {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
+	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -30,6 +31,13 @@ func PublicationMessage(e *replication.PublicationError) string {
 	}
 	return e.Error() + fmt.Sprintf(". To go on: run `tailer migrate` (it creates the publication), "+
 		"or ALTER PUBLICATION %s ADD TABLE tokens and SET (publish = 'insert'); then `tailer resync` publishes, once, the tokens inserted meanwhile", e.Publication)
+}
+
+// ForeignStreamMessage says whose batches the stream holds and how to go
+// on.
+func ForeignStreamMessage(e *publish.ErrForeignStream) string {
+	return e.Error() + ", so the tailer does not stream. To go on from here, run `tailer resync`: it recreates the slot and publishes, once, every still-eligible token of this database that the stream lacks. " +
+		"Or use a stream of this database (MAILROOM_NATS_STREAM) once the consumers have drained the old one"
 }
 
 // ResyncNeededMessage says why tailer run waits for a resync although the

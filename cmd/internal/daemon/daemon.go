@@ -75,6 +75,9 @@ type Daemon struct {
 	stopSession atomic.Pointer[context.CancelCauseFunc]
 	nc          atomic.Pointer[nats.Conn]
 	lag         atomic.Pointer[lagSample]
+	// reusedIDs: a session met publish.ErrReusedID, so the next ones
+	// name their batches apart (publish.Publisher.SetUniqueIDs).
+	reusedIDs atomic.Bool
 }
 
 // New returns a Daemon for cfg.
@@ -223,15 +226,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 		if errors.As(err, &cfgErr) {
 			return err
 		}
-		// Retrying cannot make a stream of another database ours, nor
-		// change a stream's configuration. Only a tailer that holds the
-		// slot gets these: a standby judges nothing.
-		var (
-			foreign   *publish.ErrForeignStream
-			streamCfg *publish.StreamConfigError
-		)
-		if errors.As(err, &foreign) || errors.As(err, &streamCfg) {
+		// Retrying cannot change a stream's configuration. Only a tailer
+		// that holds the slot gets this: a standby judges nothing.
+		var streamCfg *publish.StreamConfigError
+		if errors.As(err, &streamCfg) {
 			return err
+		}
+		if errors.Is(err, publish.ErrReusedID) {
+			d.reusedIDs.Store(true)
 		}
 		if time.Since(started) > time.Minute {
 			delay = minDelay

@@ -52,9 +52,10 @@ const (
 	blockedResync      = "resync"
 	blockedSchema      = "schema"
 	blockedPublication = "publication"
+	blockedStream      = "stream"
 )
 
-var blockedReasons = []string{blockedResync, blockedSchema, blockedPublication}
+var blockedReasons = []string{blockedResync, blockedSchema, blockedPublication, blockedStream}
 
 func (e *blockedError) Error() string { return e.msg }
 

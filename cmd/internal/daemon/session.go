@@ -86,23 +86,43 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	if err != nil {
 		return pgErr(err)
 	}
-	// The slot is held: no other tailer publishes now (a dead holder's
-	// late publish cannot land after ours, see publish.Publisher), so the
-	// stream read now and the WAL position read after it are one view.
-	pub, err := publish.NewPublisher(ctx, nc, dest)
+	// The slot is held: no other tailer publishes now, and the markers
+	// Resume starts the session with keep out what an earlier one may
+	// still have on its way (see publish.Publisher).
+	pub, err := d.newPublisher(ctx, q, nc, dest)
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	if err := d.claimStream(ctx, q, pub, &rec, origin); err != nil {
+		return d.block(ctx, q, lease, nc, err)
+	}
+	inFlight := cmp.Or(cfg.MaxInFlight, publish.InFlightFor(pub.Replicas()))
+	err = pub.Resume(ctx, publish.Owner{Origin: origin, Incarnation: rec.Incarnation, Since: rec.StreamSeq, Legacy: rec.Legacy,
+		After: slot.ConfirmedFlush, InFlight: inFlight})
+	var foreign *publish.ErrForeignStream
+	if errors.As(err, &foreign) {
+		return d.block(ctx, q, lease, nc, err)
+	}
 	if err != nil {
 		return natsErr(err)
 	}
-	defer pub.Close()
+	window, tokens, reach, strays, fence := pub.Window()
 	current, err := currentLSN(ctx, q)
 	if err != nil {
 		return pgErr(err)
 	}
-	if err := d.claimStream(ctx, q, pub, &rec, origin); err != nil {
-		return d.block(ctx, q, lease, nc, err)
+	if reach.Commit > current || d.reusedIDs.Load() {
+		// The database is behind what the stream holds of it (a restore):
+		// its new tokens can come at positions already published, and
+		// their batches must not carry those batches' ids.
+		pub.SetUniqueIDs()
+		d.log.Warn("the stream holds batches past this server's WAL, or of other tokens under the ids of this session's batches (a restored database): "+
+			"the tokens the stream holds are known by key and skipped, every other one is published; batch ids carry the session",
+			"stream_reaches", reach.String(), "wal", current.String())
 	}
-	if err := pub.Resume(publish.Owner{Origin: origin, Incarnation: rec.Incarnation, Since: rec.StreamSeq, Legacy: rec.Legacy}, current); err != nil {
-		return err
+	if strays > 0 {
+		d.log.Warn("the stream holds messages that are not the tailer's batches: passed over", "stream", cfg.Stream, "messages", strays)
 	}
 	if err := replication.SetBlocked(ctx, q, cfg.Slot, ""); err != nil {
 		return pgErr(err)
@@ -115,8 +135,8 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		d.held.Store(false)
 		d.metrics.setHeld(false)
 	}()
-	inFlight := cmp.Or(cfg.MaxInFlight, publish.InFlightFor(pub.Replicas()))
-	d.log.Info("streaming", "slot", cfg.Slot, "incarnation", rec.Incarnation, "from", slot.ConfirmedFlush, "resume_after", pub.LastPosition(0).String(),
+	d.log.Info("streaming", "slot", cfg.Slot, "incarnation", rec.Incarnation, "from", slot.ConfirmedFlush,
+		"on_stream_messages", window, "on_stream_tokens", tokens, "markers", fence,
 		"stream", cfg.Stream, "subject", cfg.Subject, "replicas", pub.Replicas(), "batch_limit", cfg.BatchLimit, "batch_timeout", cfg.BatchTimeout, "max_in_flight", inFlight)
 	select {
 	case <-d.ready:
@@ -247,6 +267,10 @@ func (d *Daemon) checkReadable(ctx context.Context, q *pgx.Conn) error {
 // MAILROOM_AUTO_RESYNC allows it; otherwise the reason is recorded with the
 // slot for tailer status, and returned.
 func (d *Daemon) block(ctx context.Context, q *pgx.Conn, lease *replication.Lease, nc *nats.Conn, err error) error {
+	var foreign *publish.ErrForeignStream
+	if errors.As(err, &foreign) {
+		err = &blockedError{reason: blockedStream, msg: ForeignStreamMessage(foreign)}
+	}
 	var blocked *blockedError
 	if errors.As(err, &blocked) && blocked.reason == blockedPublication && !blocked.resync {
 		// The slot's stream lacks the inserts of this time for good: once
@@ -299,9 +323,9 @@ func (d *Daemon) prepareSlot(ctx context.Context, q *pgx.Conn, nc *nats.Conn, de
 	// No slot: it is made here only on a first start, when nothing says
 	// one existed. Otherwise the tokens committed since the old one was
 	// last read are in no slot, and a new one would skip them.
-	pub, err := publish.NewPublisher(ctx, nc, dest)
+	pub, err := d.newPublisher(ctx, q, nc, dest)
 	if err != nil {
-		return rec, slot, natsErr(err)
+		return rec, slot, err
 	}
 	defer pub.Close()
 	if err := pub.CheckOrigin(dest.Origin); err != nil {
@@ -324,6 +348,23 @@ func (d *Daemon) prepareSlot(ctx context.Context, q *pgx.Conn, nc *nats.Conn, de
 		return rec, slot, pgErr(err)
 	}
 	return rec, slot, nil
+}
+
+// newPublisher opens the stream. A stream the tailer refuses to publish to
+// ends the process; the refusal is recorded with the slot first, for
+// tailer status.
+func (d *Daemon) newPublisher(ctx context.Context, q *pgx.Conn, nc *nats.Conn, dest publish.Destination) (*publish.Publisher, error) {
+	pub, err := publish.NewPublisher(ctx, nc, dest)
+	var streamCfg *publish.StreamConfigError
+	if errors.As(err, &streamCfg) {
+		if rerr := replication.SetBlocked(ctx, q, d.cfg.Slot, err.Error()); rerr != nil {
+			d.log.Warn("cannot record why the tailer stops", "err", rerr)
+		}
+	}
+	if err != nil {
+		return nil, natsErr(err)
+	}
+	return pub, nil
 }
 
 // claimStream ties the stream to the slot's incarnation when no tailer has
