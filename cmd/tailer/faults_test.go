@@ -434,9 +434,10 @@ func TestLagAndReadinessDuringNATSOutage(t *testing.T) {
 }
 
 // A stream published from one database, pointed at by a tailer of another
-// (another database of the server, a fresh cluster, a restore whose WAL is
-// behind the stream): the tailer refuses to start, naming both sides,
-// instead of skipping every token up to the stream's position.
+// (another database of the server, a fresh cluster): the tailer refuses to
+// stream, naming both sides and the way out, in its log (once), on /readyz
+// and in tailer_blocked, and tailer status exits 1, instead of skipping or
+// repeating tokens.
 func TestForeignStreamRefused(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
@@ -458,16 +459,27 @@ func TestForeignStreamRefused(t *testing.T) {
 		{"a fresh cluster", freshDB.URL, "published from another database"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := c.tailer("MAILROOM_DATABASE_URL="+tc.url, "MAILROOM_SLOT=foreign")
-			if code := p.exit(30 * time.Second); code != exitFailure {
-				t.Fatalf("exit %d, want %d:\n%s", code, exitFailure, p.out.String())
+			env := []string{"MAILROOM_DATABASE_URL=" + tc.url, "MAILROOM_SLOT=foreign"}
+			p := c.watchedTailer(env...)
+			tailertest.Eventually(t, 30*time.Second, func() error {
+				code, body := httpGet(p.base + "/readyz")
+				_, metrics := httpGet(p.base + "/metrics")
+				v, _ := metricValue(metrics, `tailer_blocked{reason="stream"}`)
+				if code != 503 || v != 1 || !strings.Contains(body, tc.want) || !strings.Contains(body, first.Header.Get(wire.HeaderOrigin)) ||
+					!strings.Contains(body, "MAILROOM_NATS_STREAM") || !strings.Contains(body, "tailer resync") {
+					return fmt.Errorf("/readyz %d %s, tailer_blocked{stream} %v:\n%s", code, body, v, p.out.String())
+				}
+				return nil
+			})
+			if _, code := c.statusWith(1<<40, env...); code != exitFailure {
+				t.Errorf("tailer status exit %d, want %d", code, exitFailure)
 			}
-			out := p.out.String()
-			if !strings.Contains(out, tc.want) || !strings.Contains(out, first.Header.Get(wire.HeaderOrigin)) || !strings.Contains(out, "MAILROOM_NATS_STREAM") {
-				t.Fatalf("refusal does not name the problem, both origins and the way out:\n%s", out)
+			time.Sleep(time.Second)
+			if n := strings.Count(p.out.String(), tc.want); n != 1 {
+				t.Errorf("refusal said %d times, want once:\n%s", n, p.out.String())
 			}
-			if strings.Count(out, "refuses to start") != 1 {
-				t.Errorf("refusal not said exactly once:\n%s", out)
+			if strings.Contains(p.out.String(), "msg=streaming") {
+				t.Fatalf("streamed from a foreign stream:\n%s", p.out.String())
 			}
 		})
 	}
@@ -505,7 +517,9 @@ func TestForeignStreamRefused(t *testing.T) {
 	t.Run("positions ahead of the WAL", func(t *testing.T) {
 		// A stream of an older tailer (no origin or incarnation header,
 		// its slot recorded as legacy by the migration) whose last
-		// position is ahead of this server's WAL, as after a restore.
+		// position is ahead of this server's WAL, as after a restore: its
+		// tokens are known by key, and the server's own, at positions
+		// below, are published.
 		c.Exec(`UPDATE tailer_slot SET legacy = true WHERE slot = 'mailroom'`)
 		nc, err := nats.Connect(c.natsURL())
 		if err != nil {
@@ -513,21 +527,37 @@ func TestForeignStreamRefused(t *testing.T) {
 		}
 		defer nc.Close()
 		js, _ := jetstream.New(nc)
-		if _, err := js.CreateStream(c.ctx, jetstream.StreamConfig{Name: "AHEAD", Subjects: []string{"ahead.batches"}}); err != nil {
+		if _, err := js.CreateStream(c.ctx, jetstream.StreamConfig{Name: "AHEAD", Subjects: []string{"ahead.batches", "ahead.batches.>"}}); err != nil {
 			t.Fatal(err)
 		}
 		m := nats.NewMsg("ahead.batches")
 		m.Header.Set(wire.HeaderMsgID, "FF/0:0-FF/0:0")
 		m.Header.Set(wire.HeaderPosLast, "FF/0:0")
+		m.Header.Set(wire.HeaderCount, "1")
+		m.Header.Set(wire.HeaderTokenKeys, strings.Repeat("A", wire.KeyLen))
 		m.Data = []byte("x")
 		if _, err := js.PublishMsg(c.ctx, m); err != nil {
 			t.Fatal(err)
 		}
 		c.Exec(`INSERT INTO accounts (email, login) VALUES ('behind@x', 'behind')`)
 		p := c.tailer("MAILROOM_NATS_STREAM=AHEAD", "MAILROOM_NATS_SUBJECT=ahead.batches")
-		if code := p.exit(30 * time.Second); code != exitFailure || !strings.Contains(p.out.String(), "ahead of this server's WAL") {
-			t.Fatalf("exit %d:\n%s", code, p.out.String())
+		p.waitLog("the stream holds batches past this server's WAL", 1, 30*time.Second)
+		s, err := js.Stream(c.ctx, "AHEAD")
+		if err != nil {
+			t.Fatal(err)
 		}
+		tailertest.Eventually(t, 30*time.Second, func() error {
+			msgs, err := tailertest.StoredMessages(c.ctx, s)
+			if err != nil {
+				return err
+			}
+			for _, m := range msgs {
+				if strings.Contains(string(m.Data), "behind@x") {
+					return nil
+				}
+			}
+			return fmt.Errorf("the token made below the stream's last position is not on it (%d batches):\n%s", len(msgs), p.out.String())
+		})
 	})
 }
 

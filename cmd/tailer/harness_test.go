@@ -493,8 +493,15 @@ func metricValue(page, name string) (float64, bool) {
 // status runs tailer status --json against the cluster.
 func (c *cluster) status(maxLag int64) (statusReport, int) {
 	c.t.Helper()
+	return c.statusWith(maxLag)
+}
+
+// statusWith runs tailer status --json against the cluster, with env
+// after the cluster's settings.
+func (c *cluster) statusWith(maxLag int64, env ...string) (statusReport, int) {
+	c.t.Helper()
 	cmd := exec.Command(tailerBin, "status", "--json", "--max-lag", strconv.FormatInt(maxLag, 10))
-	cmd.Env = append(os.Environ(), "MAILROOM_DATABASE_URL="+c.URL, "MAILROOM_NATS_URL="+c.natsURL())
+	cmd.Env = append(append(os.Environ(), "MAILROOM_DATABASE_URL="+c.URL, "MAILROOM_NATS_URL="+c.natsURL()), env...)
 	out, _ := cmd.Output()
 	var rep statusReport
 	if err := json.Unmarshal(out, &rep); err != nil {

@@ -16,27 +16,30 @@ import (
 	"github.com/mailroom/tailer/testutil/tailertest"
 )
 
-// watched is a tailer with its HTTP endpoints, sampling fast.
+// watched is a tailer with its HTTP endpoints, sampling fast, and the
+// settings it was started with beside the cluster's.
 type watched struct {
 	*proc
 	base string
+	env  []string
 }
 
 func (c *cluster) watchedTailer(env ...string) *watched {
 	c.t.Helper()
 	p, base := c.tailerWithHTTP(append([]string{"MAILROOM_LAG_INTERVAL=200"}, env...)...)
-	return &watched{p, base}
+	return &watched{p, base, env}
 }
 
 // blocked waits until the tailer says, everywhere, that it waits for the
-// operator for reason, naming want.
+// operator for reason, naming want: the log, /readyz, tailer_blocked and
+// tailer status (with the tailer's settings).
 func (w *watched) blocked(c *cluster, reason, want string) {
 	c.t.Helper()
 	tailertest.Eventually(c.t, 30*time.Second, func() error {
 		code, body := httpGet(w.base + "/readyz")
 		_, metrics := httpGet(w.base + "/metrics")
 		v, _ := metricValue(metrics, `tailer_blocked{reason="`+reason+`"}`)
-		rep, scode := c.status(1 << 40)
+		rep, scode := c.statusWith(1<<40, w.env...)
 		if code == 503 && strings.Contains(body, want) && v == 1 && scode == 1 && strings.Contains(rep.Blocked, want) &&
 			strings.Contains(w.out.String(), want) {
 			return nil

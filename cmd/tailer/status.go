@@ -35,6 +35,8 @@ type statusReport struct {
 	RetainedBytes int64  `json:"retained_bytes"`
 	WALStatus     string `json:"wal_status"`
 	Lost          string `json:"lost,omitempty"`
+	// Missing: the slot does not exist.
+	Missing bool `json:"missing,omitempty"`
 	// InactiveSince, Failover and Synced come from PostgreSQL 17+:
 	// inactive_since is null while streamed or on older servers.
 	InactiveSince *time.Time `json:"inactive_since"`
@@ -85,11 +87,17 @@ func status(ctx context.Context, args []string, lookupEnv func(string) (string, 
 	}
 	defer conn.Close(context.Background())
 	slot, err := replication.Slot(ctx, conn, cfg.Slot)
-	if err != nil {
+	missing := errors.Is(err, replication.ErrNoSlot)
+	if err != nil && !missing {
 		fmt.Fprintf(stderr, "tailer status: %v\n", err)
 		return exitFailure
 	}
-	rep := statusReport{
+	if missing {
+		// Said, and what the tailer recorded about it (the record outlives
+		// the slot) said too.
+		slot.Name = cfg.Slot
+	}
+	rep := statusReport{Missing: missing,
 		Slot: slot.Name, Active: slot.Active, ActivePID: slot.ActivePID,
 		ConfirmedLSN: slot.ConfirmedFlush.String(), RestartLSN: slot.RestartLSN.String(), CurrentLSN: slot.CurrentLSN.String(),
 		LagBytes: slot.LagBytes(), RetainedBytes: slot.RetainedBytes(), Stream: cfg.Stream, MaxLagBytes: cfg.MaxLag,
@@ -128,7 +136,7 @@ func status(ctx context.Context, args []string, lookupEnv func(string) (string, 
 			rep.Problems = append(rep.Problems, err.Error())
 		}
 	}
-	rep.OK = rep.LagBytes <= cfg.MaxLag && !slot.Lost() && !rec.ResyncPending && !rec.ResyncNeeded && rep.Blocked == "" && len(rep.Problems) == 0
+	rep.OK = !missing && rep.LagBytes <= cfg.MaxLag && !slot.Lost() && !rec.ResyncPending && !rec.ResyncNeeded && rep.Blocked == "" && len(rep.Problems) == 0
 	if cfg.NATSURL != "" {
 		if info, err := streamInfo(ctx, cfg); err != nil {
 			rep.StreamError = err.Error()
@@ -143,7 +151,11 @@ func status(ctx context.Context, args []string, lookupEnv func(string) (string, 
 		enc.SetIndent("", "  ")
 		enc.Encode(rep)
 	} else {
-		fmt.Fprintf(stdout, "slot            %s (active=%v pid=%d failover=%v synced=%v)\n", rep.Slot, rep.Active, rep.ActivePID, rep.Failover, rep.Synced)
+		if missing {
+			fmt.Fprintf(stdout, "slot            %s: MISSING, the replication slot does not exist\n", rep.Slot)
+		} else {
+			fmt.Fprintf(stdout, "slot            %s (active=%v pid=%d failover=%v synced=%v)\n", rep.Slot, rep.Active, rep.ActivePID, rep.Failover, rep.Synced)
+		}
 		if rep.InactiveSince != nil {
 			fmt.Fprintf(stdout, "inactive since  %s (%s ago)\n", rep.InactiveSince.UTC().Format(time.RFC3339), time.Since(*rep.InactiveSince).Round(time.Second))
 		}
