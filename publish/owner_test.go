@@ -46,7 +46,7 @@ func TestResume(t *testing.T) {
 			owner: Owner{Origin: Origin{SystemID: "1", Timeline: 2, Database: "mailroom", History: map[int32]pglogrepl.LSN{1: 0x5800}}, Incarnation: "a"}, resume: true},
 		{name: "the same system on a later timeline that branched before the stream's last batch", stored: []msg{{"1/1/mailroom", "a"}},
 			owner: Owner{Origin: Origin{SystemID: "1", Timeline: 3, Database: "mailroom", History: map[int32]pglogrepl.LSN{1: 0x4000, 2: 0x5800}}, Incarnation: "a"},
-			want: "past the point where this server's timeline branched"},
+			want:  "past the point where this server's timeline branched"},
 		{name: "the same system on a later timeline without its history", stored: []msg{{"1/1/mailroom", "a"}},
 			owner: Owner{Origin: Origin{SystemID: "1", Timeline: 2, Database: "mailroom"}, Incarnation: "a"}, want: "published from another database"},
 		{name: "the same system on an earlier timeline", stored: []msg{{"1/3/mailroom", "a"}}, owner: Owner{Origin: here, Incarnation: "a"},

@@ -54,6 +54,8 @@ func TestBadConfiguration(t *testing.T) {
 		{"bad NATS URL", map[string]string{"MAILROOM_NATS_URL": "localhost"}, nil, "MAILROOM_NATS_URL: must be nats://host:port"},
 		{"bad format", map[string]string{"MAILROOM_FORMAT": "xml"}, nil, "MAILROOM_FORMAT"},
 		{"bad stream", map[string]string{"MAILROOM_NATS_STREAM": "a.b"}, nil, "MAILROOM_NATS_STREAM"},
+		{"stream with a newline", map[string]string{"MAILROOM_NATS_STREAM": "MAILROOM\n"}, nil, "MAILROOM_NATS_STREAM: must be a stream name of printable characters"},
+		{"subject with a newline", map[string]string{"MAILROOM_NATS_SUBJECT": "mailroom.batches\n"}, nil, "MAILROOM_NATS_SUBJECT"},
 		{"bad subject", map[string]string{"MAILROOM_NATS_SUBJECT": "a.*"}, nil, "MAILROOM_NATS_SUBJECT"},
 		{"bad http addr", map[string]string{"MAILROOM_HTTP_ADDR": "9187"}, nil, "MAILROOM_HTTP_ADDR"},
 		{"bad proto", map[string]string{"MAILROOM_PROTO_VERSION": "3"}, nil, "MAILROOM_PROTO_VERSION"},

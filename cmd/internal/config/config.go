@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -254,14 +255,14 @@ var Vars = []Var{
 		return nil
 	}},
 	{Env: "MAILROOM_NATS_STREAM", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-stream", Default: "MAILROOM", Usage: "JetStream stream name (created if missing)", set: func(c *Config, v string) error {
-		if v == "" || strings.ContainsAny(v, " \t.*>/\\") {
-			return invalid("must be a stream name without spaces, '.', '*', '>', '/' or '\\'")
+		if v == "" || strings.ContainsAny(v, ".*>/\\") || strings.ContainsFunc(v, notPrintable) {
+			return invalid("must be a stream name of printable characters without spaces, '.', '*', '>', '/' or '\\'")
 		}
 		c.Stream = v
 		return nil
 	}},
 	{Env: "MAILROOM_NATS_SUBJECT", Cmds: Run | Resync | Subscribe, Flag: "nats-subject", Default: "mailroom.batches", Usage: "subject batches are published on", set: func(c *Config, v string) error {
-		if v == "" || strings.ContainsAny(v, " \t*>") || strings.HasPrefix(v, ".") || strings.HasSuffix(v, ".") || strings.Contains(v, "..") {
+		if v == "" || strings.ContainsAny(v, "*>") || strings.ContainsFunc(v, notPrintable) || strings.HasPrefix(v, ".") || strings.HasSuffix(v, ".") || strings.Contains(v, "..") {
 			return invalid("must be a literal subject such as mailroom.batches")
 		}
 		c.Subject = v
@@ -294,7 +295,7 @@ var Vars = []Var{
 		c.Slot = v
 		return validName(v)
 	}},
-	{Env: "MAILROOM_PUBLICATION", Cmds: Run | Status, Flag: "publication", Default: "mailroom", Usage: "publication holding the tokens table", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_PUBLICATION", Cmds: Run | Resync | Status, Flag: "publication", Default: "mailroom", Usage: "publication holding the tokens table", set: func(c *Config, v string) error {
 		c.Publication = v
 		return validName(v)
 	}},
@@ -423,6 +424,10 @@ func fileVar(field func(*Config) *string) func(*Config, string) error {
 		return readable(v)
 	}
 }
+
+// notPrintable reports a space, a control character or one that is not
+// printable: none belongs in a NATS name or subject.
+func notPrintable(r rune) bool { return unicode.IsSpace(r) || !unicode.IsPrint(r) }
 
 func validName(v string) error {
 	if replication.ValidateName(v) != nil {
