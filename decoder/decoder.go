@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -82,6 +83,24 @@ type relation struct {
 	isTokens                                         bool
 	ncols                                            int
 	colID, colAction, colSecret, colCode, colAccount int
+	// missing names the columns a token needs that the tokens relation,
+	// as the stream describes it, lacks.
+	missing []string
+}
+
+// RelationError is the tokens relation described by the stream without
+// columns a token needs: the publication's column list leaves them out, or
+// they were dropped. It is not a bad row: the slot decodes every insert
+// of that time with the relation as it was then, however often it is
+// replayed, so no insert of it can be read from the slot.
+type RelationError struct {
+	Relation string
+	Missing  []string
+}
+
+func (e *RelationError) Error() string {
+	return fmt.Sprintf("the replication stream describes table %s without column(s) %s that a token needs (a column list of the publication, or columns dropped)",
+		e.Relation, strings.Join(e.Missing, ", "))
 }
 
 // Decode handles one pgoutput message (the payload of an XLogData message).
@@ -298,6 +317,16 @@ func (d *Decoder) relation(r *reader) error {
 	if r.err != nil {
 		return r.fail("relation")
 	}
+	if rel.isTokens {
+		for _, c := range [...]struct {
+			name string
+			at   int
+		}{{"id", rel.colID}, {"action", rel.colAction}, {"secret", rel.colSecret}, {"code", rel.colCode}, {"account", rel.colAccount}} {
+			if c.at < 0 {
+				rel.missing = append(rel.missing, c.name)
+			}
+		}
+	}
 	d.relations[id] = rel
 	return nil
 }
@@ -320,6 +349,9 @@ func (d *Decoder) insert(r *reader, sink Sink) error {
 	}
 	if !rel.isTokens {
 		return nil
+	}
+	if rel.missing != nil {
+		return &RelationError{Relation: d.schema + "." + d.table, Missing: rel.missing}
 	}
 
 	tok := &d.tok

@@ -11,7 +11,9 @@ import (
 	"github.com/golang-migrate/migrate/v4"
 	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
@@ -24,6 +26,35 @@ const Publication = "mailroom"
 // Up applies every migration not yet applied. Running it again is a no-op.
 func Up(ctx context.Context, databaseURL string) error {
 	return run(ctx, databaseURL, "up", (*migrate.Migrate).Up)
+}
+
+// GuardSQL makes the publication guard (migration 7's
+// tailer_publication_guard) an event trigger. It takes a superuser: tailer
+// migrate runs it when it can, and says so when it cannot.
+const GuardSQL = `CREATE EVENT TRIGGER tailer_publication_guard ON ddl_command_end
+	WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION', 'DROP PUBLICATION', 'ALTER TABLE', 'DROP TABLE', 'ALTER SCHEMA', 'DROP SCHEMA')
+	EXECUTE FUNCTION tailer_publication_guard()`
+
+// InstallGuard runs GuardSQL unless the guard is there already. It
+// reports false, and no error, when the role may not create event
+// triggers.
+func InstallGuard(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	var there bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_event_trigger WHERE evtname = 'tailer_publication_guard')`).Scan(&there); err != nil {
+		return false, fmt.Errorf("look up the publication guard: %w", err)
+	}
+	if there {
+		return true, nil
+	}
+	_, err := conn.Exec(ctx, GuardSQL)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.InsufficientPrivilege {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("install the publication guard: %w", err)
+	}
+	return true, nil
 }
 
 // Down reverts every migration.

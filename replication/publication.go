@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/jackc/pgerrcode"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -33,41 +32,55 @@ func (e *PublicationError) Error() string {
 	return fmt.Sprintf("publication %s %s, so the tailer does not see tokens being inserted", e.Publication, e.Problem)
 }
 
-// CheckPublication verifies that publication exists and publishes inserts
-// into tokens (the table the search path finds, as the tailer's queries
-// do). Without them pgoutput leaves token inserts out of the stream, and
-// the tailer would confirm WAL it never saw a token in.
+// CheckPublication verifies that publication exists and carries every
+// insert into tokens (the table the search path finds, as the tailer's
+// queries do) with the columns the tailer reads: the tokens table is in
+// it, inserts are published, and no row filter or column list leaves rows
+// or columns out. Without that pgoutput leaves token inserts out of the
+// stream (or sends them without the columns a token needs), and the
+// tailer would confirm WAL it never saw a token in.
 //
-// It reads the publication catalogs themselves, in the statement's one
-// snapshot, rather than pg_publication_tables: that view looks each
-// publication up again by name in the catalog snapshot of the moment, so a
-// check running as a publication is dropped and made again in one
-// transaction found the old row and no tables for it, and reported a
-// problem that never was. The rules are pg_publication_tables': a partition
-// is published under its own name, through a table or schema it or an
-// ancestor is in, unless the publication publishes through the root.
+// The check is the schema's own (tailer_publication_problem, migration 7),
+// which the publication guard runs too; a database without it is
+// ErrOldSchema.
 func CheckPublication(ctx context.Context, q Querier, publication string) error {
-	var insert, tokens bool
-	err := q.QueryRow(ctx, `
-		SELECT p.pubinsert, coalesce(t.oid IS NOT NULL AND NOT (p.pubviaroot AND t.relispartition) AND (
-			p.puballtables
-			OR EXISTS (SELECT FROM pg_publication_rel r
-				WHERE r.prpubid = p.oid AND r.prrelid IN (SELECT t.oid UNION SELECT relid FROM pg_partition_ancestors(t.oid)))
-			OR EXISTS (SELECT FROM pg_publication_namespace n JOIN pg_class c ON c.relnamespace = n.pnnspid
-				WHERE n.pnpubid = p.oid AND c.oid IN (SELECT t.oid UNION SELECT relid FROM pg_partition_ancestors(t.oid)))), false)
-		FROM pg_publication p LEFT JOIN pg_class t ON t.oid = to_regclass('tokens')
-		WHERE p.pubname = $1`, publication).Scan(&insert, &tokens)
+	var problem *string
+	err := q.QueryRow(ctx, `SELECT tailer_publication_problem($1)`, publication).Scan(&problem)
+	var pgErr *pgconn.PgError
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return &PublicationError{Publication: publication, Problem: "does not exist"}
+	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedFunction:
+		return fmt.Errorf("check publication %s: %w", publication, ErrOldSchema)
 	case err != nil:
 		return fmt.Errorf("read publication %s: %w", publication, err)
-	case !tokens:
-		return &PublicationError{Publication: publication, Problem: "does not include the tokens table"}
-	case !insert:
-		return &PublicationError{Publication: publication, Problem: "does not publish inserts (publish = 'insert')"}
+	case problem != nil:
+		return &PublicationError{Publication: publication, Problem: *problem}
 	}
 	return nil
+}
+
+// SetPublication records which publication slot's tailer reads tokens
+// through, for the publication guard. The caller holds the lease.
+func SetPublication(ctx context.Context, q Querier, slot, publication string) error {
+	_, err := q.Exec(ctx, `UPDATE tailer_slot SET publication = $2 WHERE slot = $1 AND publication IS DISTINCT FROM $2`, slot, publication)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedColumn {
+		return fmt.Errorf("record slot %s's publication: %w", slot, ErrOldSchema)
+	}
+	if err != nil {
+		return fmt.Errorf("record slot %s's publication: %w", slot, err)
+	}
+	return nil
+}
+
+// GuardInstalled reports whether the publication guard (migration 7's
+// tailer_publication_guard) runs as an event trigger in this database.
+func GuardInstalled(ctx context.Context, q Querier) (bool, error) {
+	var on bool
+	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_event_trigger WHERE evtname = 'tailer_publication_guard' AND evtenabled <> 'D')`).Scan(&on)
+	if err != nil {
+		return false, fmt.Errorf("look up the publication guard: %w", err)
+	}
+	return on, nil
 }
 
 // IsPublicationGone reports whether err is the walsender failing to find

@@ -72,6 +72,10 @@ var ErrNoRecordTable = errors.New("table tailer_slot does not exist: run `tailer
 // tailer reads: the schema predates it.
 var ErrOldRecordTable = errors.New("table tailer_slot lacks column resync_needed: run `tailer migrate` (the schema is older than this tailer)")
 
+// ErrOldSchema is returned when the database lacks a table column or
+// function of the tailer's schema that this tailer uses.
+var ErrOldSchema = errors.New("the database's tailer schema is older than this tailer: run `tailer migrate`")
+
 // NewIncarnation returns a fresh incarnation id.
 func NewIncarnation() string {
 	var b [16]byte

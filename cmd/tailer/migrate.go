@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -61,8 +62,22 @@ func migrate(ctx context.Context, args []string, lookupEnv func(string) (string,
 		return exitFailure
 	}
 	version, _, _ := migrations.Version(ctx, cfg.DatabaseURL)
+	guard, err := migrations.InstallGuard(ctx, conn)
+	if err != nil {
+		log.Error("migrate", "err", err)
+		return exitFailure
+	}
+	if !guard {
+		log.Warn("the publication guard is not installed: creating an event trigger takes a superuser. Without it a publication changed and changed back between two of tailer run's checks "+
+			"(every MAILROOM_LAG_INTERVAL) leaves the token inserts of that time out of the slot's stream unseen. Have a superuser run `tailer migrate` again, or this in the database",
+			"sql", strings.Join(strings.Fields(migrations.GuardSQL), " "))
+	}
 	done := func(created bool) int {
-		log.Info("schema up to date", "version", version, "publication", migrations.Publication, "slot", cfg.Slot, "slot_created", created)
+		if err := replication.SetPublication(ctx, conn, cfg.Slot, cfg.Publication); err != nil {
+			log.Error("migrate", "err", err)
+			return exitFailure
+		}
+		log.Info("schema up to date", "version", version, "publication", migrations.Publication, "slot", cfg.Slot, "slot_created", created, "publication_guard", guard)
 		return exitOK
 	}
 	if slot, err := replication.Slot(ctx, conn, cfg.Slot); err == nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
+	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/replication"
 )
@@ -38,6 +39,14 @@ func PublicationMessage(e *replication.PublicationError) string {
 func ForeignStreamMessage(e *publish.ErrForeignStream) string {
 	return e.Error() + ", so the tailer does not stream. To go on from here, run `tailer resync`: it recreates the slot and publishes, once, every still-eligible token of this database that the stream lacks. " +
 		"Or use a stream of this database (MAILROOM_NATS_STREAM) once the consumers have drained the old one"
+}
+
+// RelationMessage says what a tokens relation without the columns a token
+// needs means, and how to go on: the inserts of that time cannot be read
+// from the slot, so the slot is marked for a resync.
+func RelationMessage(e *decoder.RelationError, publication string) string {
+	return e.Error() + fmt.Sprintf(". The slot cannot read the inserts made meanwhile, however often it replays them. To go on: publish every column again "+
+		"(ALTER PUBLICATION %s SET TABLE tokens), then run `tailer resync`, which publishes, once, the tokens inserted meanwhile", publication)
 }
 
 // ResyncNeededMessage says why tailer run waits for a resync although the

@@ -78,6 +78,8 @@ type Daemon struct {
 	// reusedIDs: a session met publish.ErrReusedID, so the next ones
 	// name their batches apart (publish.Publisher.SetUniqueIDs).
 	reusedIDs atomic.Bool
+	// guardSaid: whether the publication guard is missing was looked at.
+	guardSaid atomic.Bool
 }
 
 // New returns a Daemon for cfg.

@@ -66,6 +66,12 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	if err != nil {
 		return d.block(ctx, q, lease, nc, err)
 	}
+	if err := replication.SetPublication(ctx, q, cfg.Slot, cfg.Publication); errors.Is(err, replication.ErrOldSchema) {
+		return d.block(ctx, q, lease, nc, &blockedError{reason: blockedSchema, msg: err.Error()})
+	} else if err != nil {
+		return pgErr(err)
+	}
+	d.sayGuard(ctx, q)
 	// With the lease held and nothing streaming yet, the slot is made what
 	// MAILROOM_SLOT_FAILOVER asks (a slot from before the upgrade to 17, or
 	// made by hand). A synced copy on a standby is the primary's to change.
@@ -220,8 +226,9 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		return pgErr(lerr)
 	}
 	var (
-		blocked *blockedError
-		schema  *join.SchemaError
+		blocked  *blockedError
+		schema   *join.SchemaError
+		relation *decoder.RelationError
 	)
 	switch {
 	case ctx.Err() != nil:
@@ -229,6 +236,8 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		return d.block(ctx, q, lease, nc, blocked)
 	case errors.As(pipeErr, &schema):
 		return d.block(ctx, q, lease, nc, &blockedError{reason: blockedSchema, msg: schema.Error()})
+	case errors.As(err, &relation):
+		return d.block(ctx, q, lease, nc, &blockedError{reason: blockedPublication, msg: RelationMessage(relation, cfg.Publication)})
 	case replication.IsPublicationGone(err):
 		// Gone for good, or made again after the changes the slot has
 		// still to decode: which one says what to do.
@@ -243,7 +252,9 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 }
 
 // checkReadable reports a schema or a publication the tailer cannot read
-// tokens through as a *blockedError.
+// tokens through, or a slot whose stream lacks inserts the publication did
+// not carry (marked by the publication guard, in the transaction that
+// changed it), as a *blockedError.
 func (d *Daemon) checkReadable(ctx context.Context, q *pgx.Conn) error {
 	err := join.CheckSchema(ctx, q)
 	var schema *join.SchemaError
@@ -254,12 +265,39 @@ func (d *Daemon) checkReadable(ctx context.Context, q *pgx.Conn) error {
 		return pgErr(err)
 	}
 	var pubErr *replication.PublicationError
-	if err := replication.CheckPublication(ctx, q, d.cfg.Publication); errors.As(err, &pubErr) {
+	err = replication.CheckPublication(ctx, q, d.cfg.Publication)
+	switch {
+	case errors.As(err, &pubErr):
 		return &blockedError{reason: blockedPublication, msg: PublicationMessage(pubErr)}
-	} else if err != nil {
+	case errors.Is(err, replication.ErrOldSchema):
+		return &blockedError{reason: blockedSchema, msg: err.Error()}
+	case err != nil:
 		return pgErr(err)
 	}
+	rec, err := replication.LoadRecord(ctx, q, d.cfg.Slot)
+	switch {
+	case errors.Is(err, replication.ErrNoRecordTable) || errors.Is(err, replication.ErrOldRecordTable):
+		return &blockedError{reason: blockedSchema, msg: err.Error()}
+	case err != nil:
+		return pgErr(err)
+	case rec.ResyncNeeded:
+		return &blockedError{reason: blockedResync, msg: ResyncNeededMessage(d.cfg.Slot, d.cfg.Publication), resync: true}
+	}
 	return nil
+}
+
+// sayGuard warns, once a process, when the publication guard is not
+// installed: what that leaves unseen.
+func (d *Daemon) sayGuard(ctx context.Context, q *pgx.Conn) {
+	if !d.guardSaid.CompareAndSwap(false, true) {
+		return
+	}
+	on, err := replication.GuardInstalled(ctx, q)
+	if err != nil || on {
+		return
+	}
+	d.log.Warn("the publication guard is not installed (it takes a superuser to run `tailer migrate`): a publication changed and changed back between two checks "+
+		"(every MAILROOM_LAG_INTERVAL) would leave the token inserts of that time out of the slot's stream unseen", "publication", d.cfg.Publication)
 }
 
 // block ends a session that must wait for the operator: a resync, with the
