@@ -3,6 +3,13 @@
 -- publication guard share.
 ALTER TABLE tailer_slot ADD COLUMN IF NOT EXISTS publication text;
 
+-- The stream the slot's incarnation publishes to, and when the NATS server
+-- created it (RFC 3339, as JetStream reports it): a stream of that name
+-- created at another time was deleted and made again, and what the old one
+-- held is gone, acknowledged or not.
+ALTER TABLE tailer_slot ADD COLUMN IF NOT EXISTS stream_name text;
+ALTER TABLE tailer_slot ADD COLUMN IF NOT EXISTS stream_created text;
+
 -- What keeps publication pub from carrying every insert into tokens (the
 -- table the search path finds) with the columns the tailer reads, or NULL.
 -- pgoutput leaves out, without a word, the inserts of a table the

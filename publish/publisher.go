@@ -75,12 +75,14 @@ func (e *StreamConfigError) Unwrap() error { return e.Err }
 // past every sequence such a message can expect, and decides what the
 // session must not publish again from the messages the stream holds.
 type Publisher struct {
-	js          jetstream.JetStream
-	stream      jetstream.Stream
-	name        string
-	subjects    []string
-	marker      string
-	replicas    int
+	js       jetstream.JetStream
+	stream   jetstream.Stream
+	name     string
+	subjects []string
+	marker   string
+	replicas int
+	// created is when the server created the stream (RFC 3339).
+	created     string
 	origin      string
 	incarnation string
 	// idSuffix is added to every batch id (SetUniqueIDs).
@@ -92,8 +94,11 @@ type Publisher struct {
 	// lastTime is when the stream's last message was stored.
 	lastTime time.Time
 	// lastSeq is the stream's last sequence when the session started, and
-	// next the last sequence the next publish expects.
-	lastSeq, next uint64
+	// next the last sequence the next publish expects; msgs is how many
+	// messages it held then, and limited says its configuration removes
+	// old ones (max_msgs, max_bytes, max_msgs_per_subject).
+	lastSeq, next, msgs uint64
+	limited             bool
 	// window is what Resume found on the stream of the tokens the session
 	// replays; keyBuf is OnStream's scratch.
 	window window
@@ -205,7 +210,9 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Destination) (*Publish
 			return nil, &StreamConfigError{cfg.Name, fmt.Errorf("does not take subject %s (its subjects: %v): %s", subject, info.Config.Subjects, what)}
 		}
 	}
-	p := &Publisher{js: js, stream: stream, name: cfg.Name, subjects: subjects, marker: marker, replicas: max(info.Config.Replicas, 1)}
+	p := &Publisher{js: js, stream: stream, name: cfg.Name, subjects: subjects, marker: marker, replicas: max(info.Config.Replicas, 1),
+		created: info.Created.UTC().Format(time.RFC3339Nano),
+		limited: info.Config.MaxMsgs > 0 || info.Config.MaxBytes > 0 || info.Config.MaxMsgsPerSubject > 0}
 	if cfg.Origin.SystemID != "" {
 		p.origin = cfg.Origin.String()
 	}
@@ -223,6 +230,7 @@ func (p *Publisher) readLast(ctx context.Context) error {
 		return fmt.Errorf("stream info: %w", err)
 	}
 	p.lastSeq, p.next = info.State.LastSeq, info.State.LastSeq
+	p.msgs = info.State.Msgs
 	p.last, p.lastTime = stored{}, time.Time{}
 	if info.State.LastSeq == 0 {
 		return nil
@@ -315,6 +323,16 @@ func (p *Publisher) BatchID(first, last decoder.Position) string {
 // the database's new tokens can come at the positions of tokens already
 // published, and their batches must not be taken for those.
 func (p *Publisher) SetUniqueIDs() { p.idSuffix = "@" + strconv.FormatUint(p.lastSeq+1, 10) }
+
+// Created is when the NATS server created the stream (RFC 3339): a stream
+// deleted and made again under its name has another.
+func (p *Publisher) Created() string { return p.created }
+
+// Emptied reports whether the stream holds none of the messages after
+// sequence since although its configuration removes none: it was purged.
+func (p *Publisher) Emptied(since uint64) bool {
+	return p.msgs == 0 && p.lastSeq > since && !p.limited
+}
 
 // Replicas is the stream's number of copies.
 func (p *Publisher) Replicas() int { return p.replicas }

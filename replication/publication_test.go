@@ -149,7 +149,7 @@ func installPublicationCheck(t *testing.T, conn *pgx.Conn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	body := strings.Replace(string(sql), "ALTER TABLE tailer_slot", "ALTER TABLE IF EXISTS tailer_slot", 1)
+	body := strings.ReplaceAll(string(sql), "ALTER TABLE tailer_slot", "ALTER TABLE IF EXISTS tailer_slot")
 	if _, err := conn.Exec(context.Background(), body); err != nil {
 		t.Fatal(err)
 	}

@@ -53,6 +53,10 @@ type Record struct {
 	// BlockedAt; empty while it can stream.
 	Blocked   string
 	BlockedAt time.Time
+	// StreamName is the stream the incarnation publishes to, and
+	// StreamCreated when the NATS server created it (SetStream); empty
+	// until a tailer recorded them.
+	StreamName, StreamCreated string
 }
 
 // Cutover is where mailroom's collector stopped: it sent the tokens up to
@@ -70,7 +74,7 @@ var ErrNoRecordTable = errors.New("table tailer_slot does not exist: run `tailer
 
 // ErrOldRecordTable is returned when tailer_slot lacks a column this
 // tailer reads: the schema predates it.
-var ErrOldRecordTable = errors.New("table tailer_slot lacks column resync_needed: run `tailer migrate` (the schema is older than this tailer)")
+var ErrOldRecordTable = errors.New("table tailer_slot lacks columns this tailer reads: run `tailer migrate` (the schema is older than this tailer)")
 
 // ErrOldSchema is returned when the database lacks a table column or
 // function of the tailer's schema that this tailer uses.
@@ -84,7 +88,7 @@ func NewIncarnation() string {
 }
 
 const recordColumns = `incarnation, created_by, created_at, resync_pending, resync_needed, consistent_point::text, stream_seq, legacy, collector_last_seq, collector_cutover,
-	coalesce(blocked, ''), coalesce(blocked_at, 'epoch')`
+	coalesce(blocked, ''), coalesce(blocked_at, 'epoch'), coalesce(stream_name, ''), coalesce(stream_created, '')`
 
 // LoadRecord reads slot's record; Exists is false when there is none.
 func LoadRecord(ctx context.Context, q Querier, slot string) (Record, error) {
@@ -96,7 +100,8 @@ func LoadRecord(ctx context.Context, q Querier, slot string) (Record, error) {
 		cutoverAt *int64
 	)
 	err := q.QueryRow(ctx, `SELECT `+recordColumns+` FROM tailer_slot WHERE slot = $1`, slot).
-		Scan(&r.Incarnation, &r.CreatedBy, &r.CreatedAt, &r.ResyncPending, &r.ResyncNeeded, &cp, &seq, &r.Legacy, &lastSeq, &cutoverAt, &r.Blocked, &r.BlockedAt)
+		Scan(&r.Incarnation, &r.CreatedBy, &r.CreatedAt, &r.ResyncPending, &r.ResyncNeeded, &cp, &seq, &r.Legacy, &lastSeq, &cutoverAt, &r.Blocked, &r.BlockedAt,
+			&r.StreamName, &r.StreamCreated)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -204,12 +209,12 @@ func BeginResync(ctx context.Context, q Querier, slot, by string, cutover *Cutov
 }
 
 // FinishResync marks the resync of incarnation done: every token of its
-// snapshot is on the stream, whose last sequence is now streamSeq. It
-// fails when the record names another incarnation: a resync that lost its
-// lease has been superseded, and must not say the slot is ready.
-func FinishResync(ctx context.Context, q Querier, r *Record, cp pglogrepl.LSN, streamSeq uint64) error {
-	tag, err := q.Exec(ctx, `UPDATE tailer_slot SET resync_pending = false, consistent_point = $3::pg_lsn, stream_seq = $4
-		WHERE slot = $1 AND incarnation = $2 AND resync_pending`, r.Slot, r.Incarnation, cp.String(), int64(streamSeq))
+// snapshot is on stream, whose last sequence is now streamSeq. It fails
+// when the record names another incarnation: a resync that lost its lease
+// has been superseded, and must not say the slot is ready.
+func FinishResync(ctx context.Context, q Querier, r *Record, cp pglogrepl.LSN, stream StreamIdentity, streamSeq uint64) error {
+	tag, err := q.Exec(ctx, `UPDATE tailer_slot SET resync_pending = false, consistent_point = $3::pg_lsn, stream_seq = $4, stream_name = $5, stream_created = $6
+		WHERE slot = $1 AND incarnation = $2 AND resync_pending`, r.Slot, r.Incarnation, cp.String(), int64(streamSeq), stream.Name, stream.Created)
 	if err != nil {
 		return fmt.Errorf("record the end of the resync of slot %s: %w", r.Slot, err)
 	}
@@ -217,6 +222,25 @@ func FinishResync(ctx context.Context, q Querier, r *Record, cp pglogrepl.LSN, s
 		return fmt.Errorf("record the end of the resync of slot %s: its record no longer names incarnation %s: another resync took the slot over", r.Slot, r.Incarnation)
 	}
 	r.ResyncPending, r.ConsistentPoint, r.Bound, r.StreamSeq = false, cp, true, streamSeq
+	r.StreamName, r.StreamCreated = stream.Name, stream.Created
+	return nil
+}
+
+// StreamIdentity names a JetStream stream and when its server created it:
+// a stream deleted and made again has the name, not the time.
+type StreamIdentity struct {
+	Name, Created string
+}
+
+// SetStream records the stream r's incarnation publishes to. The caller
+// holds the lease.
+func SetStream(ctx context.Context, q Querier, r *Record, stream StreamIdentity) error {
+	_, err := q.Exec(ctx, `UPDATE tailer_slot SET stream_name = $3, stream_created = $4 WHERE slot = $1 AND incarnation = $2`,
+		r.Slot, r.Incarnation, stream.Name, stream.Created)
+	if err != nil {
+		return fmt.Errorf("record slot %s's stream: %w", r.Slot, err)
+	}
+	r.StreamName, r.StreamCreated = stream.Name, stream.Created
 	return nil
 }
 

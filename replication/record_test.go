@@ -83,18 +83,24 @@ func TestRecord(t *testing.T) {
 	if err != nil || b.Cutover == nil || *b.Cutover != *cut {
 		t.Fatalf("BeginResync without a cutover kept %+v, %v; want the collector's", b.Cutover, err)
 	}
-	if err := FinishResync(ctx, db.Conn, &a, 0x1000, 7); err == nil {
+	if err := FinishResync(ctx, db.Conn, &a, 0x1000, StreamIdentity{Name: "S", Created: "t"}, 7); err == nil {
 		t.Fatal("a superseded resync finished")
 	}
-	if err := FinishResync(ctx, db.Conn, &b, 0x1000, 7); err != nil {
+	if err := FinishResync(ctx, db.Conn, &b, 0x1000, StreamIdentity{Name: "S", Created: "t"}, 7); err != nil {
 		t.Fatal(err)
 	}
 	r, err = LoadRecord(ctx, db.Conn, "s")
 	if err != nil || r.Incarnation != b.Incarnation || r.ResyncPending || !r.Bound || r.StreamSeq != 7 || r.ConsistentPoint != 0x1000 ||
-		r.Cutover == nil || *r.Cutover != *cut {
+		r.Cutover == nil || *r.Cutover != *cut || r.StreamName != "S" || r.StreamCreated != "t" {
 		t.Fatalf("after FinishResync: %+v, %v", r, err)
 	}
-	if err := FinishResync(ctx, db.Conn, &b, 0x1000, 7); err == nil {
+	if err := FinishResync(ctx, db.Conn, &b, 0x1000, StreamIdentity{Name: "S", Created: "t"}, 7); err == nil {
 		t.Fatal("a finished resync finished again")
+	}
+	if err := SetStream(ctx, db.Conn, &b, StreamIdentity{Name: "S2", Created: "t2"}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err = LoadRecord(ctx, db.Conn, "s"); err != nil || r.StreamName != "S2" || r.StreamCreated != "t2" {
+		t.Fatalf("after SetStream: %+v, %v", r, err)
 	}
 }

@@ -225,3 +225,38 @@ func IsSlotInUse(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == pgerrcode.ObjectInUse
 }
+
+// TakeOver ends the walsender that streams s for a process that no longer
+// holds the slot's lease (the caller holds it): a holder that froze, or
+// whose host or link went silent, lost the lease when the server ended its
+// lease session, but the server keeps its walsender, and with it the slot,
+// until wal_sender_timeout (a minute by default) notices. Ending it is safe
+// because the lease was lost: that holder stops acting on the slot when it
+// runs again. TakeOver returns the walsender's pid once the slot is free,
+// 0 when nothing streamed it.
+func TakeOver(ctx context.Context, q Querier, s SlotInfo) (int32, error) {
+	if !s.Active || s.ActivePID == 0 {
+		return 0, nil
+	}
+	var ok bool
+	if err := q.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, s.ActivePID).Scan(&ok); err != nil {
+		return s.ActivePID, fmt.Errorf("end walsender %d, which streams slot %s without its lease: %w", s.ActivePID, s.Name, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		now, err := Slot(ctx, q, s.Name)
+		if err != nil {
+			return s.ActivePID, err
+		}
+		if !now.Active || now.ActivePID != s.ActivePID {
+			return s.ActivePID, nil
+		}
+		if time.Now().After(deadline) {
+			return s.ActivePID, fmt.Errorf("walsender %d still streams slot %s 10s after it was told to end", s.ActivePID, s.Name)
+		}
+		select {
+		case <-ctx.Done():
+			return s.ActivePID, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}

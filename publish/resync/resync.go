@@ -253,7 +253,7 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 		return rep, fmt.Errorf("read stream %s's last sequence: %w", dest.Name, err)
 	}
 	rep.StreamSeq = info.State.LastSeq
-	if err := replication.FinishResync(ctx, q, &rec, snap.ConsistentPoint, rep.StreamSeq); err != nil {
+	if err := replication.FinishResync(ctx, q, &rec, snap.ConsistentPoint, replication.StreamIdentity{Name: dest.Name, Created: pub.Created()}, rep.StreamSeq); err != nil {
 		return rep, err
 	}
 	return rep, nil

@@ -49,6 +49,23 @@ func RelationMessage(e *decoder.RelationError, publication string) string {
 		"(ALTER PUBLICATION %s SET TABLE tokens), then run `tailer resync`, which publishes, once, the tokens inserted meanwhile", publication)
 }
 
+// lostStreamWayOut is the way out of a stream that lost acknowledged
+// batches.
+const lostStreamWayOut = "To go on: run `tailer resync` while the tokens are still valid (15 minutes by default): it publishes, once, every still-eligible token the stream lacks; " +
+	"tokens a consumer had already taken come again, so consumers drop them by token key"
+
+// StreamReplacedMessage says that the stream was deleted and made again.
+func StreamReplacedMessage(s replication.StreamIdentity, recorded string) string {
+	return fmt.Sprintf("stream %s was deleted and made again (the server created it at %s; this slot published to one created at %s): the batches the old one held are gone, "+
+		"acknowledged by JetStream whether or not a consumer had read them, and the tailer does not go on as if they were there. "+lostStreamWayOut, s.Name, s.Created, recorded)
+}
+
+// StreamPurgedMessage says that the stream was purged.
+func StreamPurgedMessage(stream string, lastSeq uint64) string {
+	return fmt.Sprintf("stream %s holds none of its messages (last sequence %d) and its configuration removes none: it was purged, and the batches it held are gone, "+
+		"acknowledged by JetStream whether or not a consumer had read them. "+lostStreamWayOut, stream, lastSeq)
+}
+
 // ResyncNeededMessage says why tailer run waits for a resync although the
 // publication carries token inserts again.
 func ResyncNeededMessage(slot, publication string) string {

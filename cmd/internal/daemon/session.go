@@ -82,6 +82,14 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		slot.Failover = failover
 		d.log.Info("slot failover changed", "slot", cfg.Slot, "failover", failover)
 	}
+	// The lease is this session's: a walsender that still streams the slot
+	// serves a holder that lost it (frozen, or cut off), and would keep the
+	// slot until wal_sender_timeout notices.
+	if pid, err := replication.TakeOver(ctx, q, slot); err != nil {
+		d.log.Warn("cannot end the walsender of a process that lost the slot's lease; waiting for the server to end it", "slot", cfg.Slot, "err", err)
+	} else if pid != 0 {
+		d.log.Warn("took the slot over from a process that lost its lease: ended the walsender that still streamed it", "slot", cfg.Slot, "walsender_pid", pid)
+	}
 	receiver, err := replication.Start(ctx, rc, replication.Options{
 		Slot: cfg.Slot, Publication: cfg.Publication, ProtoVersion: cfg.ProtoVersion, Binary: cfg.Binary,
 		OnStatus: d.metrics.statusSent, Timeout: cfg.ReplicationTimeout,
@@ -101,6 +109,9 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	}
 	defer pub.Close()
 	if err := d.claimStream(ctx, q, pub, &rec, origin); err != nil {
+		return d.block(ctx, q, lease, nc, err)
+	}
+	if err := d.checkStream(ctx, q, pub, &rec); err != nil {
 		return d.block(ctx, q, lease, nc, err)
 	}
 	inFlight := cmp.Or(cfg.MaxInFlight, publish.InFlightFor(pub.Replicas()))
@@ -437,6 +448,27 @@ func (d *Daemon) claimStream(ctx context.Context, q *pgx.Conn, pub *publish.Publ
 	}
 	if err := replication.Bind(ctx, q, rec, 0); err != nil {
 		return pgErr(err)
+	}
+	return nil
+}
+
+// checkStream refuses a stream that lost what the slot's incarnation
+// published to it, which JetStream acknowledged whether or not a consumer
+// had read it: deleted and made again under its name (or made by the
+// tailer now, having been deleted), or purged empty. A stream of another
+// name is the operator's choice (a stream of this database's own, say):
+// it is recorded.
+func (d *Daemon) checkStream(ctx context.Context, q *pgx.Conn, pub *publish.Publisher, rec *replication.Record) error {
+	here := replication.StreamIdentity{Name: d.cfg.Stream, Created: pub.Created()}
+	switch {
+	case rec.StreamName == here.Name && rec.StreamCreated != here.Created:
+		return &blockedError{reason: blockedStream, msg: StreamReplacedMessage(here, rec.StreamCreated)}
+	case pub.Emptied(rec.StreamSeq):
+		return &blockedError{reason: blockedStream, msg: StreamPurgedMessage(here.Name, pub.LastSeq())}
+	case rec.StreamName != here.Name || rec.StreamCreated != here.Created:
+		if err := replication.SetStream(ctx, q, rec, here); err != nil {
+			return pgErr(err)
+		}
 	}
 	return nil
 }
