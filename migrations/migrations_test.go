@@ -37,8 +37,11 @@ func TestUpIsIdempotentAndReversible(t *testing.T) {
 		t.Fatalf("second Up: %v", err)
 	}
 	v, dirty, err := Version(ctx, url)
-	if err != nil || v != 6 || dirty {
+	if err != nil || v != 7 || dirty {
 		t.Fatalf("Version = %d, %v, %v", v, dirty, err)
+	}
+	if on, err := InstallGuard(ctx, conn); err != nil || !on {
+		t.Fatalf("InstallGuard = %v, %v", on, err)
 	}
 	var pub string
 	if err := conn.QueryRow(ctx, `SELECT pubname FROM pg_publication_tables WHERE tablename = 'tokens'`).Scan(&pub); err != nil || pub != Publication {
@@ -277,5 +280,63 @@ func TestSlotRecordsFromAnOlderTailer(t *testing.T) {
 	var n int
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM tailer_resync WHERE slot = 'resynced' AND after_id = 42 AND stream_seq = 7 AND done_at IS NOT NULL`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("tailer_resync after down: %d, %v", n, err)
+	}
+}
+
+// The publication guard marks, in the transaction that changes it, every
+// slot whose publication can no longer carry token inserts, even when the
+// same transaction puts it right again; it leaves alone a change that keeps
+// the inserts coming, and a role that may not create event triggers is
+// told apart from a failure.
+func TestPublicationGuard(t *testing.T) {
+	ctx, conn, _ := setup(t)
+	if on, err := InstallGuard(ctx, conn); err != nil || !on {
+		t.Fatalf("InstallGuard = %v, %v", on, err)
+	}
+	if on, err := InstallGuard(ctx, conn); err != nil || !on {
+		t.Fatalf("InstallGuard again = %v, %v", on, err)
+	}
+	needed := func() bool {
+		t.Helper()
+		var b bool
+		if err := conn.QueryRow(ctx, `SELECT resync_needed FROM tailer_slot WHERE slot = 's'`).Scan(&b); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO tailer_slot (slot, incarnation, created_by, publication) VALUES ('s', 'i', 'test', 'mailroom')`); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, change string
+		marked       bool
+	}{
+		{"inserts kept, updates added", `ALTER PUBLICATION mailroom SET (publish = 'insert, update')`, false},
+		{"another table added", `CREATE TABLE other (id int); ALTER PUBLICATION mailroom ADD TABLE other`, false},
+		{"tokens out and back in one transaction", `BEGIN; ALTER PUBLICATION mailroom DROP TABLE tokens; ALTER PUBLICATION mailroom ADD TABLE tokens; COMMIT`, true},
+		{"inserts off and on", `ALTER PUBLICATION mailroom SET (publish = 'update'); ALTER PUBLICATION mailroom SET (publish = 'insert')`, true},
+		{"a row filter", `ALTER PUBLICATION mailroom SET TABLE tokens WHERE (id > 0), other`, true},
+		{"a column list", `ALTER PUBLICATION mailroom SET TABLE tokens (id, action, account), other`, true},
+		{"dropped and made again", `DROP PUBLICATION mailroom; CREATE PUBLICATION mailroom FOR TABLE tokens WITH (publish = 'insert')`, true},
+		{"tokens renamed", `ALTER TABLE tokens RENAME TO tokens2`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := conn.Exec(ctx, tc.change); err != nil {
+				t.Fatal(err)
+			}
+			if got := needed(); got != tc.marked {
+				t.Fatalf("resync_needed %v, want %v", got, tc.marked)
+			}
+			if _, err := conn.Exec(ctx, `UPDATE tailer_slot SET resync_needed = false`); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	if _, err := conn.Exec(ctx, `DROP EVENT TRIGGER tailer_publication_guard; CREATE ROLE guard_test_nobody; SET ROLE guard_test_nobody`); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(context.Background(), `RESET ROLE; DROP ROLE guard_test_nobody`)
+	if on, err := InstallGuard(ctx, conn); err != nil || on {
+		t.Fatalf("InstallGuard as a role that may not = %v, %v; want false and no error", on, err)
 	}
 }

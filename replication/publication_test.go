@@ -53,8 +53,8 @@ func TestCheckPublication(t *testing.T) {
 		{"a row filter", `CREATE PUBLICATION p FOR TABLE tokens WHERE (id % 2 = 0) WITH (publish = 'insert')`, "filters the tokens table's rows (a row filter, WHERE ((id % (2)::bigint) = 0))"},
 		{"a column list without the secret", `CREATE PUBLICATION p FOR TABLE tokens (id, action, code, account) WITH (publish = 'insert')`, "publishes a column list of the tokens table without every column"},
 		{"a column list with every column read", `CREATE PUBLICATION p FOR TABLE tokens (id, action, secret, code, account) WITH (publish = 'insert')`, ""},
-		{"a row filter on the partitioned root", `ALTER TABLE tokens RENAME TO t0; CREATE TABLE tokens PARTITION OF other.parted FOR VALUES FROM (0) TO (10);
-			CREATE PUBLICATION p FOR TABLE other.parted WHERE (id > 1)`, "filters the tokens table's rows"},
+		{"a row filter on a partition", `ALTER TABLE tokens RENAME TO t0; CREATE TABLE tokens PARTITION OF other.parted FOR VALUES FROM (0) TO (10);
+			CREATE PUBLICATION p FOR TABLE tokens WHERE (id > 1)`, "filters the tokens table's rows"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tx, err := conn.Begin(ctx)

@@ -42,7 +42,7 @@ func NewDB(tb testing.TB, pg *pgtest.Server) *DB {
 	if pg.RoleExists(tb, "tailer") {
 		template += "_with_role"
 	}
-	url := pg.CreateDBFromTemplate(tb, template, migrations.Up)
+	url := pg.CreateDBFromTemplate(tb, template, migrate)
 
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
@@ -50,6 +50,21 @@ func NewDB(tb testing.TB, pg *pgtest.Server) *DB {
 	}
 	tb.Cleanup(func() { conn.Close(context.Background()) })
 	return &DB{URL: url, Conn: conn, tb: tb, ctx: context.Background()}
+}
+
+// migrate migrates the database at url as `tailer migrate` does as a
+// superuser: the publication guard included.
+func migrate(ctx context.Context, url string) error {
+	if err := migrations.Up(ctx, url); err != nil {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	_, err = migrations.InstallGuard(ctx, conn)
+	return err
 }
 
 // ExistingDB is a database the test set up itself: URL is what the tailer
