@@ -73,8 +73,11 @@ type cluster struct {
 	natsOpts []nats.Option
 	// natsURLs, when set, replaces the one server's URL (a NATS cluster).
 	natsURLs string
-	limit    int
-	timeout  time.Duration
+	// streamName, when set, is the stream the test reads instead of
+	// MAILROOM.
+	streamName string
+	limit      int
+	timeout    time.Duration
 	// streamCache keeps the stream's messages between polls.
 	streamCache tailertest.StreamCache
 }
@@ -358,7 +361,11 @@ func (c *cluster) stream() (jetstream.Stream, func(), error) {
 	// the test's polling.
 	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
 	defer cancel()
-	s, err := js.Stream(ctx, "MAILROOM")
+	name := c.streamName
+	if name == "" {
+		name = "MAILROOM"
+	}
+	s, err := js.Stream(ctx, name)
 	if err != nil {
 		nc.Close()
 		return nil, nil, err

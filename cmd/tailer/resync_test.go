@@ -4,10 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"math/rand/v2"
 	"net"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -440,14 +440,70 @@ type slowProxy struct {
 	// while armed; orphaned those delivered after their client was gone,
 	// the last of them at lastOrphan (Unix nanoseconds).
 	held, orphaned, lastOrphan atomic.Int64
+	// gate, while set, holds batch publishes (see Close); gated counts the
+	// batch publishes it held, released those delivered since.
+	gate            atomic.Pointer[chan struct{}]
+	gated, released atomic.Int64
+	// replies counts the replies (PubAcks and API responses) the server
+	// sent its clients, gone or not.
+	replies atomic.Int64
+
+	mu      sync.Mutex
+	clients []net.Conn
+	gates   []chan struct{}
+}
+
+// Close holds every batch publish a client sends from now on, and all it
+// sends after one on that connection, until the returned function or Open
+// is called; what it held is delivered then even if its client is gone.
+// Closing again starts a new hold, released apart from the earlier ones.
+func (p *slowProxy) Close() (open func()) {
+	g := make(chan struct{})
+	p.gate.Store(&g)
+	p.mu.Lock()
+	p.gates = append(p.gates, g)
+	p.mu.Unlock()
+	var once sync.Once
+	return func() { once.Do(func() { close(g) }) }
+}
+
+// Open delivers everything held, in order, and holds nothing more.
+func (p *slowProxy) Open() {
+	p.gate.Store(nil)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, g := range p.gates {
+		select {
+		case <-g:
+		default:
+			close(g)
+		}
+	}
+	p.gates = nil
 }
 
 // Arm starts delaying.
 func (p *slowProxy) Arm() { p.armed.Store(true) }
 
+// Reset stops delaying and closes the client side of every connection so
+// far, as a connection reset does: the clients reconnect (through the
+// proxy, without delay, held only by a Close still in force), while what
+// they sent before is still delivered late on the old connections.
+func (p *slowProxy) Reset() {
+	p.armed.Store(false)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.clients {
+		c.Close()
+	}
+	p.clients = nil
+}
+
 // batchPublish tells a chunk that holds a publish of a batch (HPUB
-// mailroom.batches ...), not a JetStream API request.
-func batchPublish(data []byte) bool { return bytes.Contains(data, []byte("PUB mailroom.")) }
+// mailroom.batches ...), not a JetStream API request or a session marker.
+func batchPublish(data []byte) bool { return batchPub.Match(data) }
+
+var batchPub = regexp.MustCompile(`PUB mailroom\.batches(\.activation|\.password_recovery)? `)
 
 func delayProxy(t *testing.T, target string, delay time.Duration) *slowProxy {
 	t.Helper()
@@ -471,9 +527,11 @@ func proxy(t *testing.T, target string, delay time.Duration, lossy bool) *slowPr
 	t.Cleanup(func() { ln.Close() })
 	p := &slowProxy{Addr: ln.Addr().String()}
 	armed := &p.armed
+	t.Cleanup(p.Reset)
 	type chunk struct {
 		at   time.Time
 		data []byte
+		gate *chan struct{}
 	}
 	go func() {
 		for {
@@ -481,13 +539,26 @@ func proxy(t *testing.T, target string, delay time.Duration, lossy bool) *slowPr
 			if err != nil {
 				return
 			}
+			p.mu.Lock()
+			p.clients = append(p.clients, client)
+			p.mu.Unlock()
 			server, err := net.Dial("tcp", target)
 			if err != nil {
 				client.Close()
 				continue
 			}
 			go func() {
-				io.Copy(client, server)
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := server.Read(buf)
+					if n > 0 {
+						p.replies.Add(int64(bytes.Count(buf[:n], []byte("MSG _INBOX."))))
+						client.Write(buf[:n])
+					}
+					if err != nil {
+						break
+					}
+				}
 				client.Close()
 			}()
 			chunks := make(chan chunk, 1024)
@@ -506,7 +577,11 @@ func proxy(t *testing.T, target string, delay time.Duration, lossy bool) *slowPr
 								p.held.Add(1)
 							}
 						}
-						chunks <- chunk{at, buf[:n]}
+						g := p.gate.Load()
+						if g != nil {
+							p.gated.Add(int64(len(batchPub.FindAllIndex(buf[:n], -1))))
+						}
+						chunks <- chunk{at, buf[:n], g}
 					}
 					if err != nil {
 						return
@@ -515,7 +590,14 @@ func proxy(t *testing.T, target string, delay time.Duration, lossy bool) *slowPr
 			}()
 			go func() {
 				defer server.Close()
+				var behind *chan struct{}
 				for c := range chunks {
+					var gated int64
+					if g := c.gate; g != nil && (behind == g || batchPublish(c.data)) {
+						gated = int64(len(batchPub.FindAllIndex(c.data, -1)))
+						behind = g
+						<-*g
+					}
 					time.Sleep(time.Until(c.at.Add(delay)))
 					if lossy && gone.Load() {
 						return
@@ -523,6 +605,7 @@ func proxy(t *testing.T, target string, delay time.Duration, lossy bool) *slowPr
 					if _, err := server.Write(c.data); err != nil {
 						return
 					}
+					p.released.Add(gated)
 					if gone.Load() && batchPublish(c.data) {
 						p.lastOrphan.Store(time.Now().UnixNano())
 						p.orphaned.Add(1)
