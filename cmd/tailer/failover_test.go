@@ -286,7 +286,7 @@ func TestFailoverWithoutFailoverSlot(t *testing.T) {
 func TestFailoverLosingPublishedWAL(t *testing.T) {
 	t.Parallel()
 	f := newFailover(t)
-	p := f.tailer("MAILROOM_DATABASE_URL="+f.both, "MAILROOM_REPLICATION_TIMEOUT=5000", "MAILROOM_SLOT_FAILOVER=false")
+	p := f.watchedTailer("MAILROOM_DATABASE_URL="+f.both, "MAILROOM_REPLICATION_TIMEOUT=5000", "MAILROOM_SLOT_FAILOVER=false")
 	p.waitLog("msg=streaming", 1, 30*time.Second)
 	f.Exec(`INSERT INTO accounts (email, login) SELECT 'kept' || g || '@x', 'kept' || g FROM generate_series(1, 30) g`)
 	f.expectExactlyOnce(30 * time.Second)
@@ -324,9 +324,13 @@ func TestFailoverLosingPublishedWAL(t *testing.T) {
 	}
 	defer sconn.Close(context.Background())
 	f.Conn, f.URL = sconn, f.standby.URL(f.dbName)
+	// Said where an operator looks, the same way: the log, /readyz,
+	// tailer_blocked and tailer status; the tailer waits (under a
+	// supervisor it no longer exits again and again).
 	want := "published past the point where this server's timeline branched"
-	if code := p.exit(60 * time.Second); code != exitFailure || !strings.Contains(p.out.String(), want) || !strings.Contains(p.out.String(), "tailer resync") {
-		t.Fatalf("tailer on the promoted standby: exit %d, want %d naming %q and tailer resync:\n%s", code, exitFailure, want, p.out.String())
+	p.blocked(f.cluster, "stream", want)
+	if !strings.Contains(p.out.String(), "tailer resync") {
+		t.Fatalf("the refusal does not name tailer resync:\n%s", p.out.String())
 	}
 
 	r := f.command([]string{"resync"}, "MAILROOM_DATABASE_URL="+f.both)
@@ -337,8 +341,9 @@ func TestFailoverLosingPublishedWAL(t *testing.T) {
 	// recover to their last logged value): consumers tell tokens apart by
 	// key, and so that this test can count by id, new ones start past them.
 	f.Exec(`SELECT setval('tokens_id_seq', 1000)`)
-	p = f.tailer("MAILROOM_DATABASE_URL="+f.both, "MAILROOM_SLOT_FAILOVER=false")
-	p.waitLog("msg=streaming", 1, 30*time.Second)
+	// The waiting tailer goes on by itself from the new slot.
+	p.waitLog("msg=streaming", 2, 60*time.Second)
+	p.ready(f.cluster)
 	f.Exec(`INSERT INTO accounts (email, login) SELECT 'after' || g || '@x', 'after' || g FROM generate_series(1, 10) g`)
 	n := f.expectExactlyOnce(60 * time.Second)
 	counts := f.tokenCounts()

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -695,5 +696,100 @@ func TestSIGKILLInsideAGroup(t *testing.T) {
 	t.Logf("%d tokens exactly once across 8 SIGKILLs; %d messages carried more than one batch", n, grouped)
 	if grouped == 0 {
 		t.Fatal("no message carried more than one batch: no group formed for a kill to land in")
+	}
+}
+
+// A message on the subject that is not the tailer's (another publisher's,
+// by mistake): tailer run passes over it and says so, instead of refusing
+// the stream as another incarnation's; tailer resync sets it aside and
+// says how many; every token is on the stream once (issue 34: run and
+// resync both exited 1, status 0, and 1,380 tokens waited).
+func TestStrayMessageOnTheSubject(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
+	p := c.tailer()
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	c.accounts("before", 10)
+	c.expectExactlyOnce(30 * time.Second)
+	nc, err := nats.Connect(c.natsURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if _, err := js.Publish(c.ctx, "mailroom.batches", []byte("hello, mailroom")); err != nil {
+		t.Fatal(err)
+	}
+	c.accounts("after", 10)
+	p.waitLog("the stream holds messages that are not the tailer's batches", 1, 30*time.Second)
+	c.expectExactlyOnce(30 * time.Second)
+	if code := p.term(30 * time.Second); code != exitOK {
+		t.Fatalf("SIGTERM: exit %d", code)
+	}
+	r := c.command([]string{"resync"})
+	if code := r.exit(60 * time.Second); code != exitOK || !strings.Contains(r.out.String(), " set_aside=1 ") || !strings.Contains(r.out.String(), " published=0 ") {
+		t.Fatalf("resync beside a stray message: exit %d:\n%s", code, r.out.String())
+	}
+	p = c.tailer()
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	c.accounts("resynced", 10)
+	if n := c.expectExactlyOnce(30 * time.Second); n != 30 {
+		t.Fatalf("%d tokens", n)
+	}
+	if rep, code := c.status(1 << 40); code != exitOK {
+		t.Fatalf("tailer status: exit %d: %+v", code, rep)
+	}
+}
+
+// The stream deleted and made again empty under a running tailer while
+// its subscriber is stopped (as a move to a three-node cluster did): the
+// batches JetStream had acknowledged and no one had read are gone. The
+// tailer refuses to go on as if they were there, in its log, on /readyz
+// and in tailer status; after tailer resync every token reaches the
+// subscriber once (issue 34: it went on, 500 tokens gone).
+func TestStreamReplacedIsRefused(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
+	p := c.watchedTailer()
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	out := filepath.Join(t.TempDir(), "lines")
+	sub := []string{"--durable", "sender", "--from-start", "--dedup-window", "1000"}
+	c.accounts("read", 10)
+	s := c.subscriber(out, sub...)
+	waitOutput(t, out, 10)
+	if code := s.term(30 * time.Second); code != exitOK {
+		t.Fatalf("subscriber SIGTERM: exit %d", code)
+	}
+	c.accounts("unread", 10)
+	c.expectExactlyOnce(30 * time.Second)
+
+	nc, err := nats.Connect(c.natsURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if err := js.DeleteStream(c.ctx, "MAILROOM"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(c.ctx, jetstream.StreamConfig{Name: "MAILROOM", Subjects: []string{"mailroom.batches", "mailroom.batches.>"}, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	c.accounts("during", 5)
+	p.blocked(c, "stream", "was deleted and made again")
+
+	r := c.command([]string{"resync"})
+	if code := r.exit(60 * time.Second); code != exitOK {
+		t.Fatalf("resync: exit %d:\n%s", code, r.out.String())
+	}
+	p.ready(c)
+	c.accounts("after", 5)
+	if n := c.expectExactlyOnce(60 * time.Second); n != 30 {
+		t.Fatalf("%d tokens", n)
+	}
+	c.subscriber(out, sub...)
+	waitOutput(t, out, 30)
+	if missing, repeats := countOutput(t, out, c.signedTokens()); missing != 0 || repeats != 0 {
+		t.Fatalf("the subscriber wrote %d tokens twice and missed %d", repeats, missing)
 	}
 }

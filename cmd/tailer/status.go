@@ -52,15 +52,19 @@ type statusReport struct {
 	ResyncNeeded bool `json:"resync_needed"`
 	// Blocked is why tailer run waits for the operator, as it recorded it;
 	// Problems what status finds itself (the schema, the publication).
-	Blocked        string   `json:"blocked,omitempty"`
-	Problems       []string `json:"problems,omitempty"`
-	Stream         string   `json:"stream"`
-	StreamMessages *uint64  `json:"stream_messages"`
-	StreamLastSeq  *uint64  `json:"stream_last_seq"`
-	StreamReplicas *int     `json:"stream_replicas"`
-	StreamError    string   `json:"stream_error,omitempty"`
-	MaxLagBytes    int64    `json:"max_lag_bytes"`
-	OK             bool     `json:"ok"`
+	Blocked string `json:"blocked,omitempty"`
+	// PublicationGuard: the event trigger that marks the slot for a resync
+	// in the transaction of a publication change is installed (it takes a
+	// superuser to install).
+	PublicationGuard bool     `json:"publication_guard"`
+	Problems         []string `json:"problems,omitempty"`
+	Stream           string   `json:"stream"`
+	StreamMessages   *uint64  `json:"stream_messages"`
+	StreamLastSeq    *uint64  `json:"stream_last_seq"`
+	StreamReplicas   *int     `json:"stream_replicas"`
+	StreamError      string   `json:"stream_error,omitempty"`
+	MaxLagBytes      int64    `json:"max_lag_bytes"`
+	OK               bool     `json:"ok"`
 }
 
 func status(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
@@ -127,6 +131,10 @@ func status(ctx context.Context, args []string, lookupEnv func(string) (string, 
 			rep.Blocked = "since " + rec.BlockedAt.UTC().Format(time.RFC3339) + ": " + rec.Blocked
 		}
 	}
+	if rep.PublicationGuard, err = replication.GuardInstalled(ctx, conn); err != nil {
+		fmt.Fprintf(stderr, "tailer status: %v\n", err)
+		return exitFailure
+	}
 	for _, err := range []error{join.CheckSchema(ctx, conn), replication.CheckPublication(ctx, conn, cfg.Publication)} {
 		var pubErr *replication.PublicationError
 		switch {
@@ -185,6 +193,11 @@ func status(ctx context.Context, args []string, lookupEnv func(string) (string, 
 		}
 		for _, p := range rep.Problems {
 			fmt.Fprintf(stdout, "PROBLEM         %s\n", p)
+		}
+		if rep.PublicationGuard {
+			fmt.Fprintf(stdout, "publication     guarded: a change that stops it carrying token inserts marks the slot for a resync as it is made\n")
+		} else {
+			fmt.Fprintf(stdout, "publication     checked every MAILROOM_LAG_INTERVAL only: a change undone between two checks goes unseen (a superuser's `tailer migrate` installs the guard)\n")
 		}
 		if rep.StreamError != "" {
 			fmt.Fprintf(stdout, "stream          %s: %s\n", rep.Stream, rep.StreamError)

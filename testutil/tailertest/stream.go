@@ -14,7 +14,7 @@ import (
 )
 
 // StoredMessages returns every batch the stream stores, oldest first
-// (session markers left out).
+// (session markers, and messages that are not the tailer's, left out).
 func StoredMessages(ctx context.Context, s jetstream.Stream) ([]*jetstream.RawStreamMsg, error) {
 	var c StreamCache
 	return c.Messages(ctx, s)
@@ -31,9 +31,9 @@ type StreamCache struct {
 	msgs    map[uint64]*jetstream.RawStreamMsg
 }
 
-// Messages returns every batch s stores, oldest first (session markers
-// left out). The messages are shared with later calls: callers must not
-// change them.
+// Messages returns every batch s stores, oldest first (session markers,
+// and messages that are not the tailer's, left out). The messages are
+// shared with later calls: callers must not change them.
 func (c *StreamCache) Messages(ctx context.Context, s jetstream.Stream) ([]*jetstream.RawStreamMsg, error) {
 	info, err := s.Info(ctx)
 	if err != nil {
@@ -54,7 +54,7 @@ func (c *StreamCache) Messages(ctx context.Context, s jetstream.Stream) ([]*jets
 			}
 			c.msgs[seq] = m
 		}
-		if !wire.IsMarker(m.Header) {
+		if wire.IsBatch(m.Header) {
 			msgs = append(msgs, m)
 		}
 	}

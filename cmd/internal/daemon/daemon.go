@@ -165,7 +165,7 @@ func ResyncOptions(cfg *config.Config, log *slog.Logger, by string) (resync.Opti
 func LogResync(log *slog.Logger, msg string, r resync.Report) {
 	args := []any{"slot", r.Slot, "incarnation", r.Incarnation, "consistent_point", r.ConsistentPoint.String(), "eligible", r.Eligible,
 		"already_on_stream", r.OnStream, "published", r.Published, "messages", r.Messages,
-		"unsafe_field", r.Unsafe, "skipped", r.Skipped, "expired_unpublished", r.Expired, "stream_seq", r.StreamSeq}
+		"unsafe_field", r.Unsafe, "skipped", r.Skipped, "expired_unpublished", r.Expired, "set_aside", r.SetAside, "stream_seq", r.StreamSeq}
 	if r.Cutover != nil {
 		args = append(args, "collector_last_seq", r.Cutover.LastSeq)
 	}
