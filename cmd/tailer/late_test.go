@@ -12,7 +12,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"testing"
 	"time"
 
@@ -92,7 +91,7 @@ func TestLatePublishAfterConnectionReset(t *testing.T) {
 // lateSetup is a cluster for a late-publish ordering, on one NATS server or
 // (three) on a three-node cluster, with the address the proxies forward to
 // and the settings every tailer of it takes.
-func lateSetup(t *testing.T, three bool, i int) (*cluster, string, []string) {
+func lateSetup(t *testing.T, three bool) (*cluster, string, []string) {
 	t.Helper()
 	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
 	if !three {
@@ -101,7 +100,7 @@ func lateSetup(t *testing.T, three bool, i int) (*cluster, string, []string) {
 	nats3 := newNATSCluster(t)
 	c.stopNATS()
 	c.natsURLs = nats3.urls()
-	name := "ORDER" + strconv.Itoa(i)
+	name := "ORDER"
 	createR3(t, c, name)
 	c.streamName = name
 	return c, fmt.Sprintf("127.0.0.1:%d", nats3.client[0]), []string{"MAILROOM_NATS_STREAM=" + name, "MAILROOM_NATS_REPLICAS=3"}
@@ -135,60 +134,65 @@ func released(t *testing.T, p *slowProxy) {
 //     on the stream twice.
 func TestLatePublishOrderings(t *testing.T) {
 	t.Parallel()
-	for i, three := range []bool{false, true} {
-		where := "one server"
-		if three {
-			where = "three nodes, defaults"
+	latePublishOrderings(t, false)
+}
+
+// TestLatePublishOrderingsR3 is TestLatePublishOrderings on a three-node
+// cluster, an R3 stream and every setting at its default.
+func TestLatePublishOrderingsR3(t *testing.T) {
+	t.Parallel()
+	latePublishOrderings(t, true)
+}
+
+func latePublishOrderings(t *testing.T, three bool) {
+	t.Run("refused message's successor accepted", func(t *testing.T) {
+		t.Parallel()
+		c, addr, env := lateSetup(t, three)
+		ga, gb := delayProxy(t, addr, 0), delayProxy(t, addr, 0)
+		pipelined := append([]string{"MAILROOM_MAX_IN_FLIGHT=2", "MAILROOM_MAX_BATCHES_PER_MESSAGE=1"}, env...)
+		a := c.tailer(append([]string{"MAILROOM_NATS_URL=nats://" + ga.Addr}, pipelined...)...)
+		a.waitLog("msg=streaming", 1, 60*time.Second)
+		b := c.tailer(append([]string{"MAILROOM_NATS_URL=nats://" + gb.Addr}, pipelined...)...)
+		b.waitLog("standing by", 1, 30*time.Second)
+		ga.Close()
+		c.accounts("owner", 7)
+		waitGated(t, ga, 1)
+		gb.Close()
+		a.kill()
+		c.accounts("standby", 6)
+		b.waitLog("msg=streaming", 1, 30*time.Second)
+		waitGated(t, gb, 2)
+		released(t, ga)
+		gb.Open()
+		if n := c.expectExactlyOnce(60 * time.Second); n != 13 {
+			t.Fatalf("%d tokens", n)
 		}
-		t.Run(where+", refused message's successor accepted", func(t *testing.T) {
-			t.Parallel()
-			c, addr, env := lateSetup(t, three, 2*i)
-			ga, gb := delayProxy(t, addr, 0), delayProxy(t, addr, 0)
-			pipelined := append([]string{"MAILROOM_MAX_IN_FLIGHT=2", "MAILROOM_MAX_BATCHES_PER_MESSAGE=1"}, env...)
-			a := c.tailer(append([]string{"MAILROOM_NATS_URL=nats://" + ga.Addr}, pipelined...)...)
-			a.waitLog("msg=streaming", 1, 60*time.Second)
-			b := c.tailer(append([]string{"MAILROOM_NATS_URL=nats://" + gb.Addr}, pipelined...)...)
-			b.waitLog("standing by", 1, 30*time.Second)
-			ga.Close()
-			c.accounts("owner", 7)
-			waitGated(t, ga, 1)
-			gb.Close()
-			a.kill()
-			c.accounts("standby", 6)
-			b.waitLog("msg=streaming", 1, 30*time.Second)
-			waitGated(t, gb, 2)
-			released(t, ga)
-			gb.Open()
-			if n := c.expectExactlyOnce(60 * time.Second); n != 13 {
-				t.Fatalf("%d tokens", n)
+	})
+	t.Run("late message on top of the next session's first", func(t *testing.T) {
+		t.Parallel()
+		c, addr, env := lateSetup(t, three)
+		ga := delayProxy(t, addr, 0)
+		a := c.tailer(append([]string{"MAILROOM_NATS_URL=nats://" + ga.Addr, "MAILROOM_BATCH_LIMIT=3", "MAILROOM_MAX_IN_FLIGHT=2",
+			"MAILROOM_MAX_BATCHES_PER_MESSAGE=1"}, env...)...)
+		a.waitLog("msg=streaming", 1, 60*time.Second)
+		b := c.tailer(append([]string{"MAILROOM_BATCH_LIMIT=5", "MAILROOM_BATCH_TIMEOUT=3000"}, env...)...)
+		b.waitLog("standing by", 1, 30*time.Second)
+		ga.Close()
+		c.accounts("owner", 6)
+		waitGated(t, ga, 2)
+		a.kill()
+		b.waitLog("msg=streaming", 1, 30*time.Second)
+		tailertest.Eventually(t, 30*time.Second, func() error {
+			if n := len(c.tokenCounts()); n < 5 {
+				return fmt.Errorf("%d tokens on the stream, want the standby's first batch of 5", n)
 			}
+			return nil
 		})
-		t.Run(where+", late message on top of the next session's first", func(t *testing.T) {
-			t.Parallel()
-			c, addr, env := lateSetup(t, three, 2*i+1)
-			ga := delayProxy(t, addr, 0)
-			a := c.tailer(append([]string{"MAILROOM_NATS_URL=nats://" + ga.Addr, "MAILROOM_BATCH_LIMIT=3", "MAILROOM_MAX_IN_FLIGHT=2",
-				"MAILROOM_MAX_BATCHES_PER_MESSAGE=1"}, env...)...)
-			a.waitLog("msg=streaming", 1, 60*time.Second)
-			b := c.tailer(append([]string{"MAILROOM_BATCH_LIMIT=5", "MAILROOM_BATCH_TIMEOUT=3000"}, env...)...)
-			b.waitLog("standing by", 1, 30*time.Second)
-			ga.Close()
-			c.accounts("owner", 6)
-			waitGated(t, ga, 2)
-			a.kill()
-			b.waitLog("msg=streaming", 1, 30*time.Second)
-			tailertest.Eventually(t, 30*time.Second, func() error {
-				if n := len(c.tokenCounts()); n < 5 {
-					return fmt.Errorf("%d tokens on the stream, want the standby's first batch of 5", n)
-				}
-				return nil
-			})
-			released(t, ga)
-			if n := c.expectExactlyOnce(60 * time.Second); n != 6 {
-				t.Fatalf("%d tokens", n)
-			}
-		})
-	}
+		released(t, ga)
+		if n := c.expectExactlyOnce(60 * time.Second); n != 6 {
+			t.Fatalf("%d tokens", n)
+		}
+	})
 }
 
 // waitGated waits until p holds n batch publishes.
