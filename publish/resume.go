@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -41,7 +42,7 @@ func (w *window) add(m stored) {
 	if w.keys == nil {
 		w.keys = make(map[string]struct{})
 	}
-	for k := range splitKeys(m.keys) {
+	for k := range strings.SplitSeq(m.keys, ",") {
 		w.keys[k] = struct{}{}
 	}
 	if w.max.Less(m.pos) {
@@ -51,25 +52,6 @@ func (w *window) add(m stored) {
 		w.floor = m.seq
 	}
 	w.messages++
-}
-
-// splitKeys yields the comma-separated keys of a Mailroom-Token-Keys value.
-func splitKeys(keys string) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for len(keys) > 0 {
-			i := 0
-			for i < len(keys) && keys[i] != ',' {
-				i++
-			}
-			if !yield(keys[:i]) {
-				return
-			}
-			if i == len(keys) {
-				return
-			}
-			keys = keys[i+1:]
-		}
-	}
 }
 
 // Resume makes the publisher continue the stream for o, once the caller

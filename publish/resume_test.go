@@ -231,3 +231,33 @@ func TestStraysAndMarkerSubject(t *testing.T) {
 		t.Fatalf("a stream without the markers' subject: %v", err)
 	}
 }
+
+// FuzzReadStored reads arbitrary header values as a message the stream
+// holds: it must not panic, a marker is one only with a place among its
+// session's markers, and a batch only with its keys and count.
+func FuzzReadStored(f *testing.F) {
+	f.Add("1/2", "2", "0/16B3748", "7", "0/16B3748:3", "a,b", "2", "")
+	f.Add("", "", "", "", "0/1:0", "k", "1", "0/1")
+	f.Add("3/2", "x", "zz", "-1", "bad", ",,", "0", "")
+	f.Add("1/1", "1", "0/0", "18446744073709551615", "", "", "", "")
+	f.Fuzz(func(t *testing.T, fence, inFlight, after, floor, posLast, keys, count, resync string) {
+		h := nats.Header{}
+		for k, v := range map[string]string{wire.HeaderFence: fence, wire.HeaderInFlight: inFlight, wire.HeaderWindowAfter: after,
+			wire.HeaderWindowFloor: floor, wire.HeaderPosLast: posLast, wire.HeaderTokenKeys: keys, wire.HeaderCount: count, wire.HeaderResync: resync} {
+			if v != "" {
+				h.Set(k, v)
+			}
+		}
+		s := readStored(&jetstream.RawStreamMsg{Subject: "mailroom.batches", Sequence: 9, Header: h})
+		switch s.kind {
+		case kindMarker:
+			if s.fenceN < 1 || s.fenceN > s.fenceK {
+				t.Fatalf("marker %d of %d", s.fenceN, s.fenceK)
+			}
+		case kindBatch:
+			if keys == "" || count == "" || s.keys != keys {
+				t.Fatalf("a batch of keys %q (header %q) and count %q", s.keys, keys, count)
+			}
+		}
+	})
+}
