@@ -94,11 +94,11 @@ type Publisher struct {
 	// lastTime is when the stream's last message was stored.
 	lastTime time.Time
 	// lastSeq is the stream's last sequence when the session started, and
-	// next the last sequence the next publish expects; msgs is how many
-	// messages it held then, and limited says its configuration removes
-	// old ones (max_msgs, max_bytes, max_msgs_per_subject).
-	lastSeq, next, msgs uint64
-	limited             bool
+	// next the last sequence the next publish expects; limited says its
+	// configuration removes old messages (max_msgs, max_bytes,
+	// max_msgs_per_subject).
+	lastSeq, next uint64
+	limited       bool
 	// window is what Resume found on the stream of the tokens the session
 	// replays; keyBuf is OnStream's scratch.
 	window window
@@ -230,7 +230,6 @@ func (p *Publisher) readLast(ctx context.Context) error {
 		return fmt.Errorf("stream info: %w", err)
 	}
 	p.lastSeq, p.next = info.State.LastSeq, info.State.LastSeq
-	p.msgs = info.State.Msgs
 	p.last, p.lastTime = stored{}, time.Time{}
 	if info.State.LastSeq == 0 {
 		return nil
@@ -328,10 +327,20 @@ func (p *Publisher) SetUniqueIDs() { p.idSuffix = "@" + strconv.FormatUint(p.las
 // deleted and made again under its name has another.
 func (p *Publisher) Created() string { return p.created }
 
-// Emptied reports whether the stream holds none of the messages after
-// sequence since although its configuration removes none: it was purged.
-func (p *Publisher) Emptied(since uint64) bool {
-	return p.msgs == 0 && p.lastSeq > since && !p.limited
+// Lost reports whether the stream lost messages published after sequence
+// since: it is another stream under its name (created, as it returns, at
+// another time than Created), or its first message is past since+1 although
+// its configuration removes none (it was purged, or messages deleted).
+// JetStream acknowledged those messages, whether or not a consumer had
+// read them. It may run beside the publishing goroutine.
+func (p *Publisher) Lost(ctx context.Context, since uint64) (created string, truncated bool, err error) {
+	s, err := p.js.Stream(ctx, p.name)
+	if err != nil {
+		return "", false, fmt.Errorf("stream %s: %w", p.name, err)
+	}
+	info := s.CachedInfo()
+	truncated = !p.limited && info.State.FirstSeq > since+1 && info.State.LastSeq > since
+	return info.Created.UTC().Format(time.RFC3339Nano), truncated, nil
 }
 
 // Replicas is the stream's number of copies.

@@ -793,3 +793,42 @@ func TestStreamReplacedIsRefused(t *testing.T) {
 		t.Fatalf("the subscriber wrote %d tokens twice and missed %d", repeats, missing)
 	}
 }
+
+// The stream purged under a running tailer while its subscriber is
+// stopped: the purge leaves the stream's sequence where it was, so the
+// tailer's publishes would go on over it; it stops within a sample instead,
+// and refuses as for a stream made again. After tailer resync every token
+// reaches the subscriber once.
+func TestStreamPurgedIsRefused(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
+	p := c.watchedTailer()
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	c.accounts("unread", 10)
+	c.expectExactlyOnce(30 * time.Second)
+	s, done, err := c.stream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	if err := s.Purge(c.ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.accounts("during", 5)
+	p.blocked(c, "stream", "it was purged")
+	r := c.command([]string{"resync"})
+	if code := r.exit(60 * time.Second); code != exitOK {
+		t.Fatalf("resync: exit %d:\n%s", code, r.out.String())
+	}
+	p.ready(c)
+	c.accounts("after", 5)
+	if n := c.expectExactlyOnce(60 * time.Second); n != 20 {
+		t.Fatalf("%d tokens", n)
+	}
+	out := filepath.Join(t.TempDir(), "lines")
+	c.subscriber(out, "--durable", "sender", "--from-start")
+	waitOutput(t, out, 20)
+	if missing, repeats := countOutput(t, out, c.signedTokens()); missing != 0 || repeats != 0 {
+		t.Fatalf("the subscriber wrote %d tokens twice and missed %d", repeats, missing)
+	}
+}

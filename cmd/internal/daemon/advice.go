@@ -60,10 +60,11 @@ func StreamReplacedMessage(s replication.StreamIdentity, recorded string) string
 		"acknowledged by JetStream whether or not a consumer had read them, and the tailer does not go on as if they were there. "+lostStreamWayOut, s.Name, s.Created, recorded)
 }
 
-// StreamPurgedMessage says that the stream was purged.
-func StreamPurgedMessage(stream string, lastSeq uint64) string {
-	return fmt.Sprintf("stream %s holds none of its messages (last sequence %d) and its configuration removes none: it was purged, and the batches it held are gone, "+
-		"acknowledged by JetStream whether or not a consumer had read them. "+lostStreamWayOut, stream, lastSeq)
+// StreamPurgedMessage says that the stream was purged of messages the
+// slot's incarnation published after sequence since.
+func StreamPurgedMessage(stream string, since uint64) string {
+	return fmt.Sprintf("stream %s no longer holds messages this slot published after sequence %d, and its configuration removes none: it was purged, and the batches it held are gone, "+
+		"acknowledged by JetStream whether or not a consumer had read them. "+lostStreamWayOut, stream, since)
 }
 
 // ResyncNeededMessage says why tailer run waits for a resync although the

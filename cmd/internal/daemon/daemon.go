@@ -80,6 +80,9 @@ type Daemon struct {
 	reusedIDs atomic.Bool
 	// guardSaid: whether the publication guard is missing was looked at.
 	guardSaid atomic.Bool
+	// streamCheck, while a session streams, refuses a stream that lost
+	// what the session's slot published to it (the slot sampler runs it).
+	streamCheck atomic.Pointer[func(context.Context) error]
 }
 
 // New returns a Daemon for cfg.

@@ -23,7 +23,9 @@ type lagSample struct {
 // streams, it also checks that the tokens can still be read (the schema,
 // the publication): a publication that no longer carries token inserts
 // makes the slot's stream silently empty of them, so the session is ended
-// at once rather than left to confirm WAL it saw no token in.
+// at once rather than left to confirm WAL it saw no token in; and that the
+// stream still holds what the slot published to it (a purge leaves the
+// stream's sequence where it was, so the session's publishes go on).
 func (d *Daemon) sampleSlot(ctx context.Context) {
 	var conn *pgx.Conn
 	defer func() {
@@ -55,7 +57,11 @@ func (d *Daemon) sampleSlot(ctx context.Context) {
 			d.metrics.slotSample(s)
 			if stop := d.stopSession.Load(); stop != nil {
 				var blocked *blockedError
-				if rerr := d.checkReadable(ctx, conn); errors.As(rerr, &blocked) {
+				rerr := d.checkReadable(ctx, conn)
+				if check := d.streamCheck.Load(); rerr == nil && check != nil {
+					rerr = (*check)(ctx)
+				}
+				if errors.As(rerr, &blocked) {
 					(*stop)(blocked)
 				}
 			}

@@ -200,6 +200,9 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 
 	d.feeder.Store(feeder)
 	defer d.feeder.Store(nil)
+	recheck := func(ctx context.Context) error { return d.recheckStream(ctx, pub, &rec) }
+	d.streamCheck.Store(&recheck)
+	defer d.streamCheck.Store(nil)
 	runCtx, cancelRun := context.WithCancelCause(ctx)
 	defer cancelRun(nil)
 	pipeCtx, cancelPipe := context.WithCancel(context.Background())
@@ -460,15 +463,34 @@ func (d *Daemon) claimStream(ctx context.Context, q *pgx.Conn, pub *publish.Publ
 // it is recorded.
 func (d *Daemon) checkStream(ctx context.Context, q *pgx.Conn, pub *publish.Publisher, rec *replication.Record) error {
 	here := replication.StreamIdentity{Name: d.cfg.Stream, Created: pub.Created()}
-	switch {
-	case rec.StreamName == here.Name && rec.StreamCreated != here.Created:
+	if rec.StreamName == here.Name && rec.StreamCreated != here.Created {
 		return &blockedError{reason: blockedStream, msg: StreamReplacedMessage(here, rec.StreamCreated)}
-	case pub.Emptied(rec.StreamSeq):
-		return &blockedError{reason: blockedStream, msg: StreamPurgedMessage(here.Name, pub.LastSeq())}
-	case rec.StreamName != here.Name || rec.StreamCreated != here.Created:
+	}
+	if err := d.recheckStream(ctx, pub, rec); err != nil {
+		return err
+	}
+	if rec.StreamName != here.Name || rec.StreamCreated != here.Created {
 		if err := replication.SetStream(ctx, q, rec, here); err != nil {
 			return pgErr(err)
 		}
+	}
+	return nil
+}
+
+// recheckStream refuses the stream when it lost messages since the slot's
+// incarnation took it over: made again under its name since pub opened it,
+// or purged. The session runs it at its start and every
+// MAILROOM_LAG_INTERVAL: a purge leaves the stream's sequence where it was,
+// and the session's chain of publishes goes on over it.
+func (d *Daemon) recheckStream(ctx context.Context, pub *publish.Publisher, rec *replication.Record) error {
+	created, truncated, err := pub.Lost(ctx, rec.StreamSeq)
+	switch {
+	case err != nil:
+		return natsErr(err)
+	case created != pub.Created():
+		return &blockedError{reason: blockedStream, msg: StreamReplacedMessage(replication.StreamIdentity{Name: d.cfg.Stream, Created: created}, pub.Created())}
+	case truncated:
+		return &blockedError{reason: blockedStream, msg: StreamPurgedMessage(d.cfg.Stream, rec.StreamSeq)}
 	}
 	return nil
 }
