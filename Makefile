@@ -45,7 +45,7 @@ test-pg:
 # What CI runs on PostgreSQL 17 and 18 beside make test on 15: the packages
 # that talk to the server, and the end-to-end, crash, resync and failover
 # tests of the tailer binary.
-CORE_TESTS = TestFailover|TestLatePublishOrderings|TestRestoredSnapshotWithItsSlot|TestStreamReplacedIsRefused|TestStreamPurgedIsRefused|TestStrayMessageOnTheSubject|TestFrozenOwnerIsCutOff|TestCrashLoop|TestSIGTERMPublishesPendingBatch|TestStandbyTakesOver|TestIdleSlotAdvances|TestPostgresFaults|TestLostSlotIsReported|TestResync|TestVanishedSlot|TestRestoredCopyCannotSkip|TestConcurrentResyncs|TestRunsAsRestrictedRole|TestComposeRoles|TestSchemaChangeUnderTheTailer|TestPublicationChanges
+CORE_TESTS = TestFailover|TestLatePublishOrderings|TestRestoredSnapshotWithItsSlot|TestStreamThatLostItsBatchesIsRefused|TestStrayMessageOnTheSubject|TestFrozenOwnerIsCutOff|TestCrashLoop|TestSIGTERMPublishesPendingBatch|TestStandbyTakesOver|TestIdleSlotAdvances|TestPostgresFaults|TestLostSlotIsReported|TestResync|TestVanishedSlot|TestRestoredCopyCannotSkip|TestConcurrentResyncs|TestRunsAsRestrictedRole|TestComposeRoles|TestSchemaChangeUnderTheTailer|TestPublicationChanges
 test-pg-core:
 	@test -n "$(VERSION)" || { echo "usage: make test-pg-core VERSION=16|17|18"; exit 2; }
 	TAILER_PG_VERSION=$(VERSION) $(GO_TEST) ./replication/... ./decoder/... ./batch/... ./publish/resync/... ./migrations/... ./cmd/internal/daemon/...

@@ -741,94 +741,77 @@ func TestStrayMessageOnTheSubject(t *testing.T) {
 	}
 }
 
-// The stream deleted and made again empty under a running tailer while
-// its subscriber is stopped (as a move to a three-node cluster did): the
-// batches JetStream had acknowledged and no one had read are gone. The
-// tailer refuses to go on as if they were there, in its log, on /readyz
-// and in tailer status; after tailer resync every token reaches the
-// subscriber once (issue 34: it went on, 500 tokens gone).
-func TestStreamReplacedIsRefused(t *testing.T) {
+// The stream deleted and made again empty, or purged, under a running
+// tailer while its subscriber is stopped (as a move to a three-node cluster
+// did): the batches JetStream had acknowledged and no one had read are
+// gone. The tailer refuses to go on as if they were there, in its log, on
+// /readyz and in tailer status (a purge leaves the stream's sequence where
+// it was, and the session's publishes go on over it: the tailer finds it
+// within a sample); after tailer resync every token reaches the subscriber
+// once (issue 34: it went on, 500 tokens gone).
+func TestStreamThatLostItsBatchesIsRefused(t *testing.T) {
 	t.Parallel()
-	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
-	p := c.watchedTailer()
-	p.waitLog("msg=streaming", 1, 30*time.Second)
-	out := filepath.Join(t.TempDir(), "lines")
-	sub := []string{"--durable", "sender", "--from-start", "--dedup-window", "1000"}
-	c.accounts("read", 10)
-	s := c.subscriber(out, sub...)
-	waitOutput(t, out, 10)
-	if code := s.term(30 * time.Second); code != exitOK {
-		t.Fatalf("subscriber SIGTERM: exit %d", code)
-	}
-	c.accounts("unread", 10)
-	c.expectExactlyOnce(30 * time.Second)
+	for _, tc := range []struct {
+		name, want string
+		lose       func(c *cluster, js jetstream.JetStream) error
+	}{
+		{"deleted and made again", "was deleted and made again", func(c *cluster, js jetstream.JetStream) error {
+			if err := js.DeleteStream(c.ctx, "MAILROOM"); err != nil {
+				return err
+			}
+			_, err := js.CreateStream(c.ctx, jetstream.StreamConfig{Name: "MAILROOM", Subjects: []string{"mailroom.batches", "mailroom.batches.>"}, Storage: jetstream.FileStorage})
+			return err
+		}},
+		{"purged", "it was purged", func(c *cluster, js jetstream.JetStream) error {
+			s, err := js.Stream(c.ctx, "MAILROOM")
+			if err != nil {
+				return err
+			}
+			return s.Purge(c.ctx)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
+			p := c.watchedTailer()
+			p.waitLog("msg=streaming", 1, 30*time.Second)
+			out := filepath.Join(t.TempDir(), "lines")
+			sub := []string{"--durable", "sender", "--from-start", "--dedup-window", "1000"}
+			c.accounts("read", 10)
+			s := c.subscriber(out, sub...)
+			waitOutput(t, out, 10)
+			if code := s.term(30 * time.Second); code != exitOK {
+				t.Fatalf("subscriber SIGTERM: exit %d", code)
+			}
+			c.accounts("unread", 10)
+			c.expectExactlyOnce(30 * time.Second)
 
-	nc, err := nats.Connect(c.natsURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if err := js.DeleteStream(c.ctx, "MAILROOM"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateStream(c.ctx, jetstream.StreamConfig{Name: "MAILROOM", Subjects: []string{"mailroom.batches", "mailroom.batches.>"}, Storage: jetstream.FileStorage}); err != nil {
-		t.Fatal(err)
-	}
-	c.accounts("during", 5)
-	p.blocked(c, "stream", "was deleted and made again")
+			nc, err := nats.Connect(c.natsURL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			js, _ := jetstream.New(nc)
+			if err := tc.lose(c, js); err != nil {
+				t.Fatal(err)
+			}
+			c.accounts("during", 5)
+			p.blocked(c, "stream", tc.want)
 
-	r := c.command([]string{"resync"})
-	if code := r.exit(60 * time.Second); code != exitOK {
-		t.Fatalf("resync: exit %d:\n%s", code, r.out.String())
-	}
-	p.ready(c)
-	c.accounts("after", 5)
-	if n := c.expectExactlyOnce(60 * time.Second); n != 30 {
-		t.Fatalf("%d tokens", n)
-	}
-	c.subscriber(out, sub...)
-	waitOutput(t, out, 30)
-	if missing, repeats := countOutput(t, out, c.signedTokens()); missing != 0 || repeats != 0 {
-		t.Fatalf("the subscriber wrote %d tokens twice and missed %d", repeats, missing)
-	}
-}
-
-// The stream purged under a running tailer while its subscriber is
-// stopped: the purge leaves the stream's sequence where it was, so the
-// tailer's publishes would go on over it; it stops within a sample instead,
-// and refuses as for a stream made again. After tailer resync every token
-// reaches the subscriber once.
-func TestStreamPurgedIsRefused(t *testing.T) {
-	t.Parallel()
-	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
-	p := c.watchedTailer()
-	p.waitLog("msg=streaming", 1, 30*time.Second)
-	c.accounts("unread", 10)
-	c.expectExactlyOnce(30 * time.Second)
-	s, done, err := c.stream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer done()
-	if err := s.Purge(c.ctx); err != nil {
-		t.Fatal(err)
-	}
-	c.accounts("during", 5)
-	p.blocked(c, "stream", "it was purged")
-	r := c.command([]string{"resync"})
-	if code := r.exit(60 * time.Second); code != exitOK {
-		t.Fatalf("resync: exit %d:\n%s", code, r.out.String())
-	}
-	p.ready(c)
-	c.accounts("after", 5)
-	if n := c.expectExactlyOnce(60 * time.Second); n != 20 {
-		t.Fatalf("%d tokens", n)
-	}
-	out := filepath.Join(t.TempDir(), "lines")
-	c.subscriber(out, "--durable", "sender", "--from-start")
-	waitOutput(t, out, 20)
-	if missing, repeats := countOutput(t, out, c.signedTokens()); missing != 0 || repeats != 0 {
-		t.Fatalf("the subscriber wrote %d tokens twice and missed %d", repeats, missing)
+			r := c.command([]string{"resync"})
+			if code := r.exit(60 * time.Second); code != exitOK {
+				t.Fatalf("resync: exit %d:\n%s", code, r.out.String())
+			}
+			p.ready(c)
+			c.accounts("after", 5)
+			if n := c.expectExactlyOnce(60 * time.Second); n != 30 {
+				t.Fatalf("%d tokens", n)
+			}
+			c.subscriber(out, sub...)
+			waitOutput(t, out, 30)
+			if missing, repeats := countOutput(t, out, c.signedTokens()); missing != 0 || repeats != 0 {
+				t.Fatalf("the subscriber wrote %d tokens twice and missed %d", repeats, missing)
+			}
+		})
 	}
 }
