@@ -120,7 +120,8 @@ func TestSchemaChangeUnderTheTailer(t *testing.T) {
 // A change of the publication made and undone between two of the tailer's
 // checks (in one transaction) is caught by the publication guard, and a
 // row filter or a column list by the check and the decoder: each leaves a
-// resync to do, and none a token skipped.
+// resync to do, and none a token skipped. A writer inserts tokens from
+// the change until after the way out.
 // The tokens table taken out of the publication (its inserts silently left
 // out of the slot's stream) stops the tailer within a sample; put back, it
 // still waits for a resync (the stream lacks the inserts made meanwhile for
@@ -171,6 +172,8 @@ func TestPublicationChanges(t *testing.T) {
 			p.waitLog("msg=streaming", 1, 30*time.Second)
 			c.accounts("before", 5)
 			c.expectExactlyOnce(30 * time.Second)
+			// Under a writer from the change until after the way out.
+			w := c.startWriter(2, 20*time.Millisecond)
 			for _, sql := range tc.change {
 				c.Exec(sql)
 			}
@@ -204,6 +207,10 @@ func TestPublicationChanges(t *testing.T) {
 				}
 			}
 			c.accounts("after", 5)
+			w.halt()
+			if w.err != nil {
+				t.Fatal(w.err)
+			}
 			if n := c.expectExactlyOnce(60 * time.Second); n < 15 {
 				t.Fatalf("%d tokens", n)
 			}
