@@ -8,6 +8,7 @@ import (
 
 	"github.com/mailroom/tailer/batch/join"
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -24,7 +25,7 @@ func BatchID(first, last decoder.Position) string {
 // of one lane, each a line of its own (Begin, Add, Finish). It is not safe
 // for concurrent use.
 type Encoder struct {
-	signer *Signer
+	signer *token.Signer
 	format wire.Format
 	// The message being built: out is the body (json: the token entries,
 	// wrapped by Finish), base where it started in the caller's buffer.
@@ -41,13 +42,15 @@ type Encoder struct {
 }
 
 // NewEncoder returns an Encoder signing with signer.
-func NewEncoder(signer *Signer, format wire.Format) *Encoder {
+func NewEncoder(signer *token.Signer, format wire.Format) *Encoder {
 	return &Encoder{signer: signer, format: format}
 }
 
 // Encoded is one message.
 type Encoded struct {
 	Body []byte
+	// KeyID names the key that signed the tokens.
+	KeyID string
 	// IDs and Keys are the comma-joined ids and keys of the tokens in Body,
 	// Sizes the comma-joined number of tokens of each of its batches.
 	IDs, Keys, Sizes string
@@ -127,7 +130,7 @@ func (e *Encoder) Add(tokens []decoder.Token, rows []join.TokenState) (covered i
 			continue
 		}
 		e.ids = strconv.AppendInt(e.ids, t.ID, 10)
-		e.keys = wire.AppendKey(e.keys, &t.Secret)
+		e.keys = token.AppendKey(e.keys, &t.Secret)
 		headers := len(e.ids) + len(e.keys) + len(e.sizes) + 8
 		if e.n > 0 && (headers > headerBudget || e.limited && len(e.out)-e.base+headers > e.budget) {
 			// This token goes into the next message.
@@ -154,13 +157,15 @@ func (e *Encoder) Finish(id string) Encoded {
 		e.entries = e.out
 		out = append(e.dst, `{"batch":`...)
 		out = appendJSONString(out, []byte(id))
+		out = append(out, `,"key_id":`...)
+		out = appendJSONString(out, []byte(e.signer.ID()))
 		out = append(out, `,"tokens":[`...)
 		out = append(out, e.entries...)
 		out = append(out, `],"batch_sizes":[`...)
 		out = append(out, e.sizes...)
 		out = append(out, "]}"...)
 	}
-	return Encoded{Body: out, IDs: string(e.ids), Keys: string(e.keys), Sizes: string(e.sizes), N: e.n, Batches: e.lines}
+	return Encoded{Body: out, KeyID: e.signer.ID(), IDs: string(e.ids), Keys: string(e.keys), Sizes: string(e.sizes), N: e.n, Batches: e.lines}
 }
 
 // errUnsafeField is a token whose email or login cannot go into a line.
@@ -175,7 +180,7 @@ func (e *Encoder) appendLine(dst []byte, t *decoder.Token, r *join.TokenState) (
 	dst = append(dst, ',')
 	dst = append(dst, r.Login...)
 	dst = append(dst, ',')
-	dst, err := e.signer.AppendToken(dst, t.Action, &t.Secret, t.Code[:t.CodeLen])
+	dst, err := e.signer.AppendToken(dst, token.Action(t.Action), &t.Secret, t.Code[:t.CodeLen])
 	if err != nil {
 		return dst, err
 	}
@@ -193,12 +198,12 @@ func (e *Encoder) appendJSON(dst []byte, t *decoder.Token, r *join.TokenState) (
 	dst = append(dst, `,"login":`...)
 	dst = appendJSONString(dst, r.Login)
 	dst = append(dst, `,"token":"`...)
-	dst, err := e.signer.AppendToken(dst, t.Action, &t.Secret, t.Code[:t.CodeLen])
+	dst, err := e.signer.AppendToken(dst, token.Action(t.Action), &t.Secret, t.Code[:t.CodeLen])
 	if err != nil {
 		return dst, err
 	}
 	dst = append(dst, `","key":"`...)
-	dst = wire.AppendKey(dst, &t.Secret)
+	dst = token.AppendKey(dst, &t.Secret)
 	dst = append(dst, `","code":`...)
 	if t.CodeNull {
 		dst = append(dst, "null"...)

@@ -9,13 +9,14 @@ import (
 	"github.com/mailroom/tailer/batch/join"
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
 func testEncoder(t *testing.T, format wire.Format) *Encoder {
 	t.Helper()
-	key, _ := ParseKey(strings.Repeat("cafebabe", 8))
-	signer, err := NewSigner(key)
+	key, _ := token.ParseKey(strings.Repeat("cafebabe", 8))
+	signer, err := token.NewSigner("k", key)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/mailroom/tailer/batch/join"
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -87,7 +88,7 @@ func (g *groupRun) run(ctx context.Context, batches []*batch.Batch) error {
 	g.t.Helper()
 	pub := g.publisher(ctx)
 	defer pub.Close()
-	signer, err := NewSigner(make([]byte, KeySize))
+	signer, err := token.NewSigner("k", make([]byte, token.KeySize))
 	if err != nil {
 		g.t.Fatal(err)
 	}
@@ -267,7 +268,7 @@ func TestGroupAloneAtLowLoad(t *testing.T) {
 	if err := pub.Resume(ctx, Owner{Origin: groupOrigin, Incarnation: "i1"}); err != nil {
 		t.Fatal(err)
 	}
-	signer, _ := NewSigner(make([]byte, KeySize))
+	signer, _ := token.NewSigner("k", make([]byte, token.KeySize))
 	done := make(chan *batch.Batch, 1)
 	p := &Pipeline{Publisher: pub, Joiner: publishAll{}, Encoder: NewEncoder(signer, wire.FormatLine), Done: func(b *batch.Batch) { done <- b }}
 	in := make(chan *batch.Batch)

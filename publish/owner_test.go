@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -139,4 +140,4 @@ func testToken(b byte, pos decoder.Position) *decoder.Token {
 	return t
 }
 
-func keyOf(t *decoder.Token) string { return string(wire.AppendKey(nil, &t.Secret)) }
+func keyOf(t *decoder.Token) string { return string(token.AppendKey(nil, &t.Secret)) }

@@ -356,7 +356,7 @@ func (p *Pipeline) publishNext(body []byte, waiting *[]*ready) (inFlight, int, e
 	if enc.N == 0 {
 		return item, covered, nil
 	}
-	m := &Message{Lane: lane, Count: enc.N, TokenIDs: enc.IDs, TokenKeys: enc.Keys, BatchSizes: enc.Sizes, Format: p.Format, Body: enc.Body}
+	m := &Message{Lane: lane, Count: enc.N, TokenIDs: enc.IDs, TokenKeys: enc.Keys, BatchSizes: enc.Sizes, KeyID: enc.KeyID, Format: p.Format, Body: enc.Body}
 	if p.Snapshot != "" {
 		m.ID, m.Resync = item.id, p.Snapshot
 	} else {

@@ -10,6 +10,7 @@ import (
 	"github.com/mailroom/tailer/batch"
 	"github.com/mailroom/tailer/batch/join"
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -36,7 +37,7 @@ func TestDuplicateAckForAMissingMessage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	nc, js := testJetStream(t)
-	signer, err := NewSigner(make([]byte, KeySize))
+	signer, err := token.NewSigner("k", make([]byte, token.KeySize))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +77,7 @@ func TestRefusalOtherThanTheChainIsNotStreamMoved(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	nc, js := testJetStream(t)
-	signer, err := NewSigner(make([]byte, KeySize))
+	signer, err := token.NewSigner("k", make([]byte, token.KeySize))
 	if err != nil {
 		t.Fatal(err)
 	}

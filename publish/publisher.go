@@ -375,8 +375,10 @@ type Message struct {
 	// BatchSizes is the number of tokens of each batch in Body,
 	// comma-joined.
 	BatchSizes string
-	Format     wire.Format
-	Body       []byte
+	// KeyID names the key that signed the tokens.
+	KeyID  string
+	Format wire.Format
+	Body   []byte
 }
 
 // PublishAsync sends m and returns the future of its PubAck. Futures
@@ -391,6 +393,7 @@ func (p *Publisher) PublishAsync(m *Message) (jetstream.PubAckFuture, error) {
 			wire.HeaderTokenKeys:  {m.TokenKeys},
 			wire.HeaderBatchSizes: {m.BatchSizes},
 			wire.HeaderFormat:     {m.Format.String()},
+			wire.HeaderKeyID:      {m.KeyID},
 		},
 	}
 	id := m.ID

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -110,7 +111,7 @@ func (p *Publisher) OnStream(t *decoder.Token) bool {
 	if len(w.keys) == 0 || w.max.Less(t.Pos) {
 		return false
 	}
-	p.keyBuf = wire.AppendKey(p.keyBuf[:0], &t.Secret)
+	p.keyBuf = token.AppendKey(p.keyBuf[:0], &t.Secret)
 	_, ok := w.keys[string(p.keyBuf)]
 	return ok
 }

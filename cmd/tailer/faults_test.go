@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/testutil/pgtest"
 	"github.com/mailroom/tailer/testutil/tailertest"
@@ -535,7 +536,7 @@ func TestForeignStreamRefused(t *testing.T) {
 		m.Header.Set(wire.HeaderMsgID, "FF/0:0-FF/0:0")
 		m.Header.Set(wire.HeaderPosLast, "FF/0:0")
 		m.Header.Set(wire.HeaderCount, "1")
-		m.Header.Set(wire.HeaderTokenKeys, strings.Repeat("A", wire.KeyLen))
+		m.Header.Set(wire.HeaderTokenKeys, strings.Repeat("A", token.KeyLen))
 		m.Data = []byte("x")
 		if _, err := js.PublishMsg(c.ctx, m); err != nil {
 			t.Fatal(err)

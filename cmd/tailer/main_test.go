@@ -6,8 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/mailroom/tailer/cmd/internal/config"
-	"github.com/mailroom/tailer/decoder"
-	"github.com/mailroom/tailer/publish"
+	"github.com/mailroom/tailer/publish/token"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -139,7 +138,7 @@ type vector struct {
 }
 
 func readVectors(t *testing.T) []vector {
-	data, err := os.ReadFile("../../publish/testdata/signing-vectors.json")
+	data, err := os.ReadFile("../../publish/token/testdata/signing-vectors.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,19 +211,19 @@ func TestKeyWithTrailingNewline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	signer, err := publish.NewSigner(key)
+	signer, err := token.NewSigner("k", key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var secret [publish.SecretSize]byte
+	var secret [token.SecretSize]byte
 	secret[0] = 7
-	token, err := signer.AppendToken(nil, decoder.ActionActivation, &secret, nil)
+	signed, err := signer.AppendToken(nil, token.Activation, &secret, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	verify := func(k string) (int, string) {
 		var stdout, stderr bytes.Buffer
-		code := run([]string{"verify", string(token)}, lookup(func(name string) string {
+		code := run([]string{"verify", string(signed)}, lookup(func(name string) string {
 			if name == "MAILROOM_SECRET_KEY" {
 				return k
 			}
@@ -237,7 +236,7 @@ func TestKeyWithTrailingNewline(t *testing.T) {
 			t.Errorf("key %q: token signed with the key does not verify (exit %d): %s", k, code, out)
 		}
 	}
-	other := strings.Repeat("ab", publish.KeySize)
+	other := strings.Repeat("ab", token.KeySize)
 	if code, out := verify(other + "\n"); code != exitFailure {
 		t.Errorf("another key: exit %d, want %d (invalid): %s", code, exitFailure, out)
 	}

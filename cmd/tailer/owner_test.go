@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 	"github.com/mailroom/tailer/testutil/pgtest"
@@ -55,7 +56,7 @@ func (c *cluster) expectKeysOnce(conn *pgx.Conn, query string, within time.Durat
 		}
 		missing := 0
 		for _, s := range secrets {
-			if counts[string(wire.AppendKey(nil, (*[32]byte)(s)))] == 0 {
+			if counts[string(token.AppendKey(nil, (*[32]byte)(s)))] == 0 {
 				missing++
 			}
 		}

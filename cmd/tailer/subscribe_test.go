@@ -16,8 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/decoder"
-	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/testutil/pgtest"
 	"github.com/mailroom/tailer/testutil/tailertest"
@@ -67,8 +67,8 @@ func waitOutput(t *testing.T, out string, n int) []consume.Token {
 // signedTokens returns the signed token of every row in tokens, by id.
 func (c *cluster) signedTokens() map[int64]string {
 	c.t.Helper()
-	key, _ := publish.ParseKey(goodKey)
-	signer, _ := publish.NewSigner(key)
+	key, _ := token.ParseKey(goodKey)
+	signer, _ := token.NewSigner("k", key)
 	rows, err := c.Conn.Query(c.ctx, `SELECT id, action::text, secret, coalesce(code, '') FROM tokens`)
 	if err != nil {
 		c.t.Fatal(err)
@@ -84,7 +84,7 @@ func (c *cluster) signedTokens() map[int64]string {
 		var s [32]byte
 		copy(s[:], secret)
 		a, _ := decoder.ParseAction(action)
-		tok, err := signer.Token(a, &s, []byte(code))
+		tok, err := signer.Token(token.Action(a), &s, []byte(code))
 		if err != nil {
 			c.t.Fatal(err)
 		}

@@ -4,8 +4,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/mailroom/tailer/decoder"
-	"github.com/mailroom/tailer/publish"
+	"github.com/mailroom/tailer/publish/token"
 )
 
 func verify(args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
@@ -31,20 +30,15 @@ func verify(args []string, lookupEnv func(string) (string, bool), stdout, stderr
 		fmt.Fprintln(stderr, "tailer verify: give exactly one token (and --code CODE for a password recovery token)")
 		return exitConfig
 	}
-	signer, err := publish.NewSigner(cfg.SecretKey)
-	if err != nil {
-		fmt.Fprintf(stderr, "tailer verify: %v\n", err)
-		return exitConfig
-	}
-	action := decoder.ActionActivation
+	action := token.Activation
 	if code != "" {
-		action = decoder.ActionPasswordRecovery
+		action = token.PasswordRecovery
 	}
-	secret, err := signer.Verify(rest[0], action, code)
+	id, secret, err := cfg.Keys.Verify(rest[0], action, code)
 	if err != nil {
 		fmt.Fprintf(stdout, "invalid %s token: %v\n", action, err)
 		return exitFailure
 	}
-	fmt.Fprintf(stdout, "valid %s token; secret %x\n", action, secret)
+	fmt.Fprintf(stdout, "valid %s token, signed with key %s; secret %x\n", action, id, secret)
 	return exitOK
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -29,7 +30,7 @@ type Token struct {
 	Login  string `json:"login"`
 	// Token is the signed token: 86 base64url characters.
 	Token string `json:"token"`
-	// Key is the token's idempotency key (see wire.AppendKey): dedup on it.
+	// Key is the token's idempotency key (see token.AppendKey): dedup on it.
 	Key  string `json:"key"`
 	Code string `json:"code"`
 	// ExpiresAt is only carried by the json format (0 in line batches).
@@ -39,7 +40,10 @@ type Token struct {
 // Batch is a decoded message: one batch, or several consecutive batches
 // the tailer committed together.
 type Batch struct {
-	ID     string
+	ID string
+	// KeyID names the key that signed the tokens (Mailroom-Key-Id; the
+	// json body's key_id); empty from tailers before keyrings.
+	KeyID  string
 	Tokens []Token
 	// Sizes is the number of tokens of each batch, in order; they add up
 	// to len(Tokens). Each batch is a line of its own for the mail sender.
@@ -100,6 +104,12 @@ func Decode(h nats.Header, body []byte) (*Batch, error) {
 	if b.ID == "" {
 		b.ID = h.Get(wire.HeaderMsgID)
 	}
+	if kid := h.Get(wire.HeaderKeyID); kid != "" {
+		if b.KeyID != "" && b.KeyID != kid {
+			return nil, fieldErr(wire.HeaderKeyID, "says %q, the body's key_id %q", kid, b.KeyID)
+		}
+		b.KeyID = kid
+	}
 	if err := b.fillKeys(h.Get(wire.HeaderTokenKeys)); err != nil {
 		return nil, err
 	}
@@ -155,7 +165,7 @@ func (b *Batch) fillKeys(header string) error {
 	}
 	for i := range b.Tokens {
 		t := &b.Tokens[i]
-		key, err := wire.KeyOf(t.Token)
+		key, err := token.KeyOf(t.Token)
 		if err != nil {
 			return fieldErr(fmt.Sprintf("token %d token", i), "%v", err)
 		}
@@ -219,6 +229,7 @@ func decodeLine(idsHeader, body string) (*Batch, error) {
 func decodeJSON(body []byte) (*Batch, error) {
 	var doc struct {
 		Batch  *string `json:"batch"`
+		KeyID  string  `json:"key_id"`
 		Sizes  []int   `json:"batch_sizes"`
 		Tokens []struct {
 			ID        *int64  `json:"id"`
@@ -240,7 +251,7 @@ func decodeJSON(body []byte) (*Batch, error) {
 	if len(doc.Tokens) == 0 {
 		return nil, fieldErr("tokens", "missing or empty")
 	}
-	b := &Batch{ID: *doc.Batch, Tokens: make([]Token, len(doc.Tokens)), Sizes: doc.Sizes}
+	b := &Batch{ID: *doc.Batch, KeyID: doc.KeyID, Tokens: make([]Token, len(doc.Tokens)), Sizes: doc.Sizes}
 	for _, n := range doc.Sizes {
 		if n <= 0 {
 			return nil, fieldErr("batch_sizes", "%v holds a size that is not positive", doc.Sizes)

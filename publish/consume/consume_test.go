@@ -13,14 +13,20 @@ import (
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
+
+func testSigner() *token.Signer {
+	key, _ := token.ParseKey(strings.Repeat("cafebabe", 8))
+	s, _ := token.NewSigner("k", key)
+	return s
+}
 
 // encoded builds a batch the way the tailer publishes it.
 func encoded(t testing.TB, format wire.Format) (nats.Header, []byte, []decoder.Token, []join.TokenState) {
 	t.Helper()
-	key, _ := publish.ParseKey(strings.Repeat("cafebabe", 8))
-	signer, _ := publish.NewSigner(key)
+	signer := testSigner()
 	tokens := []decoder.Token{
 		{ID: 7, Action: decoder.ActionActivation, Code: [5]byte{'0', '1', '2', '3', '4'}, CodeLen: 5},
 		{ID: 9, Action: decoder.ActionPasswordRecovery, Code: [5]byte{'9', '8', '7', '6', '5'}, CodeLen: 5},
@@ -47,6 +53,7 @@ func encoded(t testing.TB, format wire.Format) (nats.Header, []byte, []decoder.T
 	h.Set(wire.HeaderTokenKeys, enc.Keys)
 	h.Set(wire.HeaderCount, strconv.Itoa(enc.N))
 	h.Set(wire.HeaderFormat, format.String())
+	h.Set(wire.HeaderKeyID, enc.KeyID)
 	return h, enc.Body, tokens, rows
 }
 
@@ -58,7 +65,7 @@ func TestRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Decode(%s): %v", body, err)
 			}
-			if b.ID != "0/10:0-0/10:2" || len(b.Tokens) != 3 || !slices.Equal(b.Sizes, []int{2, 1}) {
+			if b.ID != "0/10:0-0/10:2" || b.KeyID != "k" || len(b.Tokens) != 3 || !slices.Equal(b.Sizes, []int{2, 1}) {
 				t.Fatalf("batch = %+v", b)
 			}
 			for i, tok := range b.Tokens {
@@ -66,10 +73,10 @@ func TestRoundTrip(t *testing.T) {
 					tok.Login != string(rows[i].Login) || tok.Code != tokens[i].CodeString() || len(tok.Token) != 86 {
 					t.Errorf("token %d = %+v", i, tok)
 				}
-				if _, err := publish.Verify(strings.Repeat("cafebabe", 8), tok.Token, tokens[i].Action, tok.Code); err != nil {
+				if _, err := testSigner().Verify(tok.Token, token.Action(tokens[i].Action), tok.Code); err != nil {
 					t.Errorf("token %d does not verify: %v", i, err)
 				}
-				if want := string(wire.AppendKey(nil, &tokens[i].Secret)); tok.Key != want || len(want) != wire.KeyLen {
+				if want := string(token.AppendKey(nil, &tokens[i].Secret)); tok.Key != want || len(want) != token.KeyLen {
 					t.Errorf("token %d key %q, want %q", i, tok.Key, want)
 				}
 				if format == wire.FormatJSON && tok.ExpiresAt != rows[i].ExpiresAt {

@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -37,7 +38,7 @@ func FuzzDecode(f *testing.F) {
 			t.Fatal("accepted a batch without tokens")
 		}
 		for i, tok := range b.Tokens {
-			if key, err := wire.KeyOf(tok.Token); err != nil || key != tok.Key {
+			if key, err := token.KeyOf(tok.Token); err != nil || key != tok.Key {
 				t.Fatalf("token %d: key %q, from its token %q (%v)", i, tok.Key, key, err)
 			}
 		}

@@ -8,10 +8,11 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
-// KeysSince reads the keys (wire.AppendKey) of every token in stream's
+// KeysSince reads the keys (token.AppendKey) of every token in stream's
 // batches stored at or after since, up to sequence last (0: none), from
 // their Mailroom-Token-Keys. A resync publishes only the tokens whose key
 // is not among them. Tokens live minutes, so since (the oldest candidate's
@@ -76,7 +77,7 @@ func KeysSince(ctx context.Context, stream jetstream.Stream, since time.Time, la
 // validKeys reports whether a Mailroom-Token-Keys value is a list of keys.
 func validKeys(v string) bool {
 	for _, k := range strings.Split(v, ",") {
-		if len(k) != wire.KeyLen || strings.Trim(k, base64URL) != "" {
+		if len(k) != token.KeyLen || strings.Trim(k, base64URL) != "" {
 			return false
 		}
 	}

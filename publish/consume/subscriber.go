@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -398,7 +399,7 @@ func SeedFromOutput(r io.ReaderAt, size int64, window *Dedup[string]) error {
 			tokens = b.Tokens
 		}
 		for _, t := range tokens {
-			if key, err := wire.KeyOf(t.Token); err == nil {
+			if key, err := token.KeyOf(t.Token); err == nil {
 				window.Seen(key)
 			}
 		}

@@ -41,6 +41,7 @@ import (
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 )
@@ -51,7 +52,7 @@ type Options struct {
 	Slot        string
 	// Destination is where tokens are published; its Origin is set by Run.
 	Destination publish.Destination
-	Signer      *publish.Signer
+	Signer      *token.Signer
 	Format      wire.Format
 	BatchLimit  int
 	MaxInFlight int
@@ -297,7 +298,7 @@ func publishSnapshot(ctx context.Context, tx, jtx pgx.Tx, pub *publish.Publisher
 	}
 	var key []byte
 	err := readCandidates(ctx, tx, lastSeq, cutoverAt, func(t *decoder.Token) error {
-		key = wire.AppendKey(key[:0], &t.Secret)
+		key = token.AppendKey(key[:0], &t.Secret)
 		if _, ok := onStream[string(key)]; ok {
 			rep.OnStream++
 			return nil

@@ -1,18 +1,13 @@
 // Package wire is the tailer's message format as both ends see it: the
-// header names of a published batch, the body formats, the per-token
-// idempotency key and the rule for what may go into a collector line. The
-// producer (package publish) writes it and consumers (package consume) read
-// it; neither owns it.
+// header names of a published batch and of a session marker, the body
+// formats and the rule for what may go into a collector line. The producer
+// (package publish) writes it and consumers (package consume) read it;
+// neither owns it. The token itself, and its key, are package token's.
 //
 // It depends on the standard library only.
 package wire
 
-import (
-	"crypto/sha256"
-	"encoding/base64"
-	"errors"
-	"fmt"
-)
+import "fmt"
 
 // Header names of a published batch.
 const (
@@ -21,9 +16,12 @@ const (
 	HeaderCount = "Mailroom-Count"
 	// HeaderTokenIDs holds the token ids, comma-joined in body order.
 	HeaderTokenIDs = "Mailroom-Token-Ids"
-	// HeaderTokenKeys holds each token's key (AppendKey), comma-joined in
-	// body order.
+	// HeaderTokenKeys holds each token's key (package token's AppendKey),
+	// comma-joined in body order.
 	HeaderTokenKeys = "Mailroom-Token-Keys"
+	// HeaderKeyID names the signing key (package token's Ring) that signed
+	// the message's tokens.
+	HeaderKeyID = "Mailroom-Key-Id"
 	// HeaderFormat is the body's Format.
 	HeaderFormat = "Mailroom-Format"
 	// HeaderPosFirst and HeaderPosLast give the WAL positions (LSN:index)
@@ -92,10 +90,10 @@ const (
 	// newline: per batch, action,email,login,token,code for every token,
 	// comma-joined; batches separated by a newline.
 	FormatLine Format = iota
-	// FormatJSON is {"batch": id, "tokens": [{id, action, email, login,
-	// token, key, code, expires_at}, ...], "batch_sizes": [n, ...]}: the
-	// tokens of every batch of the message in one array, and how many
-	// belong to each batch.
+	// FormatJSON is {"batch": id, "key_id": id, "tokens": [{id, action,
+	// email, login, token, key, code, expires_at}, ...], "batch_sizes": [n,
+	// ...]}: the tokens of every batch of the message in one array, how many
+	// belong to each batch, and the key that signed them.
 	FormatJSON
 )
 
@@ -115,33 +113,6 @@ func (f Format) String() string {
 		return "json"
 	}
 	return "line"
-}
-
-// KeyLen is the length of a token's key.
-const KeyLen = 22
-
-var b64 = base64.RawURLEncoding
-
-// AppendKey appends the per-token idempotency key for a token's 32-byte
-// secret: the first 16 bytes of SHA-256(secret), base64url without padding.
-// Secrets are UNIQUE in the schema and random, so unlike token ids (which
-// TRUNCATE ... RESTART IDENTITY reuses) a key is never reused, and it does
-// not change when the signing key is rotated.
-func AppendKey(dst []byte, secret *[32]byte) []byte {
-	sum := sha256.Sum256(secret[:])
-	var out [KeyLen]byte
-	b64.Encode(out[:], sum[:16])
-	return append(dst, out[:]...)
-}
-
-// KeyOf returns the key of a signed token, whose first 32 bytes are the
-// secret.
-func KeyOf(token string) (string, error) {
-	raw, err := b64.DecodeString(token)
-	if err != nil || len(raw) != 64 {
-		return "", errors.New("not an 86-character base64url token")
-	}
-	return string(AppendKey(nil, (*[32]byte)(raw[:32]))), nil
 }
 
 // MaxLineField is the most bytes the mailroom sender reads in one field of

@@ -48,24 +48,3 @@ func TestParseFormat(t *testing.T) {
 		}
 	}
 }
-
-func TestKeyOf(t *testing.T) {
-	var secret [32]byte
-	for i := range secret {
-		secret[i] = byte(i)
-	}
-	// A signed token is the secret followed by its 32-byte MAC.
-	token := b64.EncodeToString(append(secret[:], make([]byte, 32)...))
-	key, err := KeyOf(token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := string(AppendKey(nil, &secret)); key != want || len(key) != KeyLen {
-		t.Fatalf("KeyOf = %q, want %q (%d characters)", key, want, KeyLen)
-	}
-	for _, bad := range []string{"", token[:85], token + "A", strings.Replace(token, token[:1], "+", 1)} {
-		if _, err := KeyOf(bad); err == nil {
-			t.Errorf("KeyOf(%q) accepted", bad)
-		}
-	}
-}

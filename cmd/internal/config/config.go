@@ -22,14 +22,17 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/mailroom/tailer/publish"
+	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 )
 
 // Config is the tailer's configuration.
 type Config struct {
-	DatabaseURL  string
-	SecretKey    []byte
+	DatabaseURL string
+	// Keys signs (its primary key) and verifies tokens: the keyring file,
+	// or a ring of the one key MAILROOM_SECRET_KEY (or its file) gives.
+	Keys         *token.Ring
 	BatchLimit   int
 	BatchTimeout time.Duration
 	NATSURL      string // empty: embedded server
@@ -158,29 +161,47 @@ var Vars = []Var{
 		if v == "" {
 			return nil
 		}
-		key, err := publish.ParseKey(v)
+		key, err := token.ParseKey(v)
 		if err != nil {
 			return err
 		}
-		c.SecretKey = key
-		return nil
+		c.Keys, err = token.SingleKey(key)
+		return err
 	}},
 	{Env: "MAILROOM_SECRET_KEY_FILE", Cmds: Run | Resync | Verify, Flag: "secret-key-file", Usage: "file holding the signing key as 64 hex characters", set: func(c *Config, v string) error {
 		if v == "" {
 			return nil
 		}
-		if c.SecretKey != nil {
+		if c.Keys != nil {
 			return errors.New("set together with MAILROOM_SECRET_KEY: use one of them")
 		}
 		data, err := os.ReadFile(v)
 		if err != nil {
 			return invalid("cannot read the key file it names: %v", pathErr(err))
 		}
-		key, err := publish.ParseKey(strings.TrimSpace(string(data)))
+		key, err := token.ParseKey(strings.TrimSpace(string(data)))
 		if err != nil {
 			return fmt.Errorf("the key in the file %w", err)
 		}
-		c.SecretKey = key
+		c.Keys, err = token.SingleKey(key)
+		return err
+	}},
+	{Env: "MAILROOM_KEYRING_FILE", Cmds: Run | Resync | Verify, Flag: "keyring-file", Usage: "keyring file: a signing key a line, its id and its 64 hex characters, the key that signs marked primary (instead of MAILROOM_SECRET_KEY)", set: func(c *Config, v string) error {
+		if v == "" {
+			return nil
+		}
+		if c.Keys != nil {
+			return errors.New("set together with MAILROOM_SECRET_KEY or MAILROOM_SECRET_KEY_FILE: use one of them")
+		}
+		data, err := os.ReadFile(v)
+		if err != nil {
+			return invalid("cannot read the keyring file it names: %v", pathErr(err))
+		}
+		ring, err := token.ParseRing(data)
+		if err != nil {
+			return fmt.Errorf("the keyring file %w", err)
+		}
+		c.Keys = ring
 		return nil
 	}},
 	{Env: "MAILROOM_BATCH_LIMIT", Cmds: Run | Resync, Flag: "batch-limit", Default: "10", Usage: "most tokens in one batch", Shown: true, set: func(c *Config, v string) error {
@@ -597,8 +618,8 @@ func (c *Config) NATSOptions() []nats.Option {
 // set. It is not Load's: tailer migrate only needs one to adopt a
 // collector's database.
 func (c *Config) RequireKey() error {
-	if c.SecretKey == nil {
-		return &Error{Var: "MAILROOM_SECRET_KEY", Err: errors.New("is required (64 hex characters), or set MAILROOM_SECRET_KEY_FILE")}
+	if c.Keys == nil {
+		return &Error{Var: "MAILROOM_SECRET_KEY", Err: errors.New("is required (64 hex characters), or set MAILROOM_SECRET_KEY_FILE or MAILROOM_KEYRING_FILE")}
 	}
 	return nil
 }

@@ -145,15 +145,14 @@ func ConnectNATS(cfg *config.Config, log *slog.Logger, opts ...nats.Option) (nc 
 // ResyncOptions are the settings of a resync of cfg's slot; by names what
 // resyncs, for the slot's record.
 func ResyncOptions(cfg *config.Config, log *slog.Logger, by string) (resync.Options, error) {
-	signer, err := publish.NewSigner(cfg.SecretKey)
-	if err != nil {
+	if err := cfg.RequireKey(); err != nil {
 		return resync.Options{}, err
 	}
 	return resync.Options{
 		DatabaseURL: cfg.DatabaseURL,
 		Slot:        cfg.Slot,
 		Destination: publish.Destination{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction},
-		Signer:      signer,
+		Signer:      cfg.Keys.Signer(),
 		Format:      cfg.Format,
 		BatchLimit:  cfg.BatchLimit,
 		MaxInFlight: cfg.MaxInFlight,

@@ -28,9 +28,9 @@ import (
 
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/decoder"
-	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/embedded"
+	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 	"github.com/mailroom/tailer/testutil/pgtest"
@@ -291,7 +291,7 @@ func TestEndToEnd(t *testing.T) {
 
 	var got []int64
 	seen := map[int64]bool{}
-	signer, _ := publish.NewSigner(mustKey(t))
+	signer, _ := token.NewSigner("k", mustKey(t))
 	belowLimit := 0
 	for _, m := range msgs {
 		if m.count != len(m.ids) || m.count == 0 {
@@ -330,10 +330,10 @@ func TestEndToEnd(t *testing.T) {
 				code = f[4]
 			}
 			act, _ := decoder.ParseAction(action)
-			if len(f[3]) != publish.TokenLen {
+			if len(f[3]) != token.Len {
 				t.Fatalf("token %d: %d characters", id, len(f[3]))
 			}
-			if _, err := signer.Verify(f[3], act, code); err != nil {
+			if _, err := signer.Verify(f[3], token.Action(act), code); err != nil {
 				t.Fatalf("token %d does not verify: %v", id, err)
 			}
 		}
@@ -363,7 +363,7 @@ func batchSizes(msgs []published) []int {
 }
 
 func mustKey(t *testing.T) []byte {
-	k, err := publish.ParseKey(testKeyHex)
+	k, err := token.ParseKey(testKeyHex)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -659,8 +659,8 @@ func TestJSONFormat(t *testing.T) {
 	if tok.Action != "activation" || tok.Email != `j"son@example.com` || tok.Login != "jl" || tok.Code == nil || len(*tok.Code) != 5 || tok.ExpiresAt != expires {
 		t.Fatalf("token = %+v", tok)
 	}
-	signer, _ := publish.NewSigner(mustKey(t))
-	if _, err := signer.Verify(tok.Token, decoder.ActionActivation, ""); err != nil {
+	signer, _ := token.NewSigner("k", mustKey(t))
+	if _, err := signer.Verify(tok.Token, token.Activation, ""); err != nil {
 		t.Fatal(err)
 	}
 }

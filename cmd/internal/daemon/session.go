@@ -161,10 +161,10 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		close(d.ready)
 	}
 
-	signer, err := publish.NewSigner(cfg.SecretKey)
-	if err != nil {
+	if err := cfg.RequireKey(); err != nil {
 		return err
 	}
+	signer := cfg.Keys.Signer()
 	drained := make(chan struct{})
 	feeder := batch.NewFeeder(batch.FeederConfig{
 		Limit:    cfg.BatchLimit,

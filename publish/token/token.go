@@ -1,0 +1,206 @@
+// Package token is mailroom's token as a backend sees it: the format, its
+// signing and verification with HMAC-SHA256, the keyring a tailer signs and
+// a backend verifies with, and the token key (the per-token idempotency
+// key consumers deduplicate on).
+//
+// A token is base64url(secret ‖ HMAC-SHA256(key, input)), 86 characters
+// without padding, where input is "/activate" ‖ secret, or "/recover" ‖
+// secret ‖ code: byte for byte what mailroom signs.
+//
+// It imports only the standard library, so that a backend verifying a
+// token from a link imports this and nothing else of the tailer.
+package token
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+)
+
+const (
+	// KeySize is the size of a signing key in bytes (64 hex characters).
+	KeySize = 32
+	// SecretSize is the size of a token's secret in bytes.
+	SecretSize = 32
+	// Len is the length of a token: base64url without padding of the
+	// secret followed by the 32-byte MAC.
+	Len = 86
+	// CodeLen is the length of the code signed into password recovery
+	// tokens.
+	CodeLen = 5
+	// KeyLen is the length of a token key (AppendKey).
+	KeyLen = 22
+)
+
+var b64 = base64.RawURLEncoding
+
+// Action is what a token is for, numbered as mailroom's lines print it.
+type Action uint8
+
+const (
+	Activation       Action = 1
+	PasswordRecovery Action = 2
+)
+
+// String returns the token_action label.
+func (a Action) String() string {
+	switch a {
+	case Activation:
+		return "activation"
+	case PasswordRecovery:
+		return "password_recovery"
+	}
+	return "unknown"
+}
+
+// ParseKey decodes a signing key given as exactly 64 hex characters. The
+// error never repeats the input, so that a mistyped key does not end up in
+// logs.
+func ParseKey(s string) ([]byte, error) {
+	if len(s) != 2*KeySize {
+		return nil, fmt.Errorf("must be exactly %d hex characters, got %d", 2*KeySize, len(s))
+	}
+	key, err := hex.DecodeString(s)
+	if err != nil {
+		return nil, errors.New("must contain only hex characters (0-9, a-f)")
+	}
+	return key, nil
+}
+
+// Signer signs and verifies tokens with one key. It reuses one HMAC state
+// and is not safe for concurrent use; give each goroutine its own.
+type Signer struct {
+	id    string
+	mac   hash.Hash
+	input [len("/activate") + SecretSize + CodeLen]byte
+	raw   [SecretSize + sha256.Size]byte
+}
+
+// NewSigner returns a Signer for a 32-byte key, named id.
+func NewSigner(id string, key []byte) (*Signer, error) {
+	if len(key) != KeySize {
+		return nil, fmt.Errorf("signing key is %d bytes, want %d", len(key), KeySize)
+	}
+	return &Signer{id: id, mac: hmac.New(sha256.New, key)}, nil
+}
+
+// ID is the id of the signer's key.
+func (s *Signer) ID() string { return s.id }
+
+// signedInput builds the bytes mailroom signs: "/activate" ‖ secret, or
+// "/recover" ‖ secret ‖ code.
+func (s *Signer) signedInput(action Action, secret *[SecretSize]byte, code []byte) ([]byte, error) {
+	switch action {
+	case Activation:
+		n := copy(s.input[:], "/activate")
+		n += copy(s.input[n:], secret[:])
+		return s.input[:n], nil
+	case PasswordRecovery:
+		if len(code) != CodeLen {
+			return nil, fmt.Errorf("password_recovery code is %d bytes, want %d", len(code), CodeLen)
+		}
+		n := copy(s.input[:], "/recover")
+		n += copy(s.input[n:], secret[:])
+		n += copy(s.input[n:], code)
+		return s.input[:n], nil
+	}
+	return nil, fmt.Errorf("cannot sign action %d", action)
+}
+
+func (s *Signer) sum(input []byte) []byte {
+	s.mac.Reset()
+	s.mac.Write(input)
+	return s.mac.Sum(s.raw[SecretSize:SecretSize])
+}
+
+// AppendToken appends the 86-character token for secret (and code, for
+// password recovery) to dst.
+func (s *Signer) AppendToken(dst []byte, action Action, secret *[SecretSize]byte, code []byte) ([]byte, error) {
+	input, err := s.signedInput(action, secret, code)
+	if err != nil {
+		return dst, err
+	}
+	copy(s.raw[:SecretSize], secret[:])
+	s.sum(input)
+	return b64.AppendEncode(dst, s.raw[:]), nil
+}
+
+// Token returns the token for secret and code as a string.
+func (s *Signer) Token(action Action, secret *[SecretSize]byte, code []byte) (string, error) {
+	var buf [Len]byte
+	out, err := s.AppendToken(buf[:0], action, secret, code)
+	return string(out), err
+}
+
+// ErrInvalidToken is returned for a token that is malformed or whose MAC
+// matches no key.
+var ErrInvalidToken = errors.New("invalid token")
+
+// decode splits a token into its secret and MAC.
+func decode(token string) (raw [SecretSize + sha256.Size]byte, err error) {
+	if len(token) != Len {
+		return raw, fmt.Errorf("%w: %d characters, want %d", ErrInvalidToken, len(token), Len)
+	}
+	n, derr := b64.Decode(raw[:], []byte(token))
+	if derr != nil || n != len(raw) {
+		return raw, fmt.Errorf("%w: not base64url", ErrInvalidToken)
+	}
+	return raw, nil
+}
+
+// matches reports, in constant time, whether mac is s's for the token's
+// input.
+func (s *Signer) matches(action Action, secret *[SecretSize]byte, code string, mac []byte) (bool, error) {
+	input, err := s.signedInput(action, secret, []byte(code))
+	if err != nil {
+		return false, fmt.Errorf("%w: %v", ErrInvalidToken, err)
+	}
+	return subtle.ConstantTimeCompare(s.sum(input), mac) == 1, nil
+}
+
+// Verify checks token as a token for action (and code, for password
+// recovery) signed with s's key, and returns its secret. The MAC is
+// compared in constant time.
+func (s *Signer) Verify(token string, action Action, code string) ([SecretSize]byte, error) {
+	var secret [SecretSize]byte
+	raw, err := decode(token)
+	if err != nil {
+		return secret, err
+	}
+	copy(secret[:], raw[:SecretSize])
+	ok, err := s.matches(action, &secret, code, raw[SecretSize:])
+	if err != nil {
+		return secret, err
+	}
+	if !ok {
+		return secret, fmt.Errorf("%w: signature does not match", ErrInvalidToken)
+	}
+	return secret, nil
+}
+
+// AppendKey appends the token key for a token's 32-byte secret: the first
+// 16 bytes of SHA-256(secret), base64url without padding. Secrets are
+// UNIQUE in the schema and random, so unlike token ids (which TRUNCATE ...
+// RESTART IDENTITY reuses) a key is never reused, and it does not change
+// when the signing key rotates.
+func AppendKey(dst []byte, secret *[SecretSize]byte) []byte {
+	sum := sha256.Sum256(secret[:])
+	var out [KeyLen]byte
+	b64.Encode(out[:], sum[:16])
+	return append(dst, out[:]...)
+}
+
+// KeyOf returns the token key of a token, whose first 32 bytes are the
+// secret.
+func KeyOf(token string) (string, error) {
+	raw, err := decode(token)
+	if err != nil {
+		return "", errors.New("not an 86-character base64url token")
+	}
+	return string(AppendKey(nil, (*[SecretSize]byte)(raw[:SecretSize]))), nil
+}
