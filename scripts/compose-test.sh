@@ -93,9 +93,9 @@ for v in POSTGRES_PASSWORD OWNER_DB_PASSWORD TAILER_DB_PASSWORD APP_DB_PASSWORD 
          NATS_TAILER_PASSWORD NATS_SUBSCRIBER_PASSWORD GRAFANA_ADMIN_PASSWORD; do
   export "$v=$(password)"
 done
-openssl rand -hex 32 >"$work/infra/secrets/mailroom_key"
-chmod 0400 "$work/infra/secrets/mailroom_key"
-chown 65532:65532 "$work/infra/secrets/mailroom_key" 2>/dev/null || chmod 0444 "$work/infra/secrets/mailroom_key"
+printf 'k1 %s primary\n' "$(openssl rand -hex 32)" >"$work/infra/secrets/mailroom_keyring"
+chmod 0400 "$work/infra/secrets/mailroom_keyring"
+chown 65532:65532 "$work/infra/secrets/mailroom_keyring" 2>/dev/null || chmod 0444 "$work/infra/secrets/mailroom_keyring"
 
 services=(postgres nats migrate tailer postgres-exporter prometheus alertmanager subscriber)
 [ "${CLUSTER:-}" = 1 ] && services+=(nats-2 nats-3)

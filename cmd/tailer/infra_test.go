@@ -117,8 +117,8 @@ func TestComposeFile(t *testing.T) {
 	if e := c.Services["postgres-exporter"].Environment; !strings.HasPrefix(e["DATA_SOURCE_NAME"], "postgresql://postgres_exporter@") || !strings.HasPrefix(e["EXPORTER_DB_PASSWORD"], "${EXPORTER_DB_PASSWORD:?") || e["DATA_SOURCE_PASS"] != "" {
 		t.Errorf("postgres-exporter: its own role, the password apart from the URL: %v", e)
 	}
-	if tailer.Environment["MAILROOM_SECRET_KEY"] != "" || tailer.Environment["MAILROOM_SECRET_KEY_FILE"] == "" {
-		t.Error("the key must come from a secret file, not the compose file")
+	if tailer.Environment["MAILROOM_SECRET_KEY"] != "" || tailer.Environment["MAILROOM_SECRET_KEY_FILE"] != "" || tailer.Environment["MAILROOM_KEYRING_FILE"] != "/run/secrets/mailroom_keyring" {
+		t.Error("the signing keys must come from the keyring secret, not the compose file")
 	}
 	if tailer.Environment["MAILROOM_NATS_URL"] == "" {
 		t.Error("the tailer must use the nats service, not its embedded server")

@@ -27,6 +27,8 @@ const goodKey = "cafebabecafebabecafebabecafebabecafebabecafebabecafebabecafebab
 func TestBadConfiguration(t *testing.T) {
 	keyFile := filepath.Join(t.TempDir(), "key")
 	os.WriteFile(keyFile, []byte("tooshort\n"), 0o600)
+	twoPrimaries := filepath.Join(t.TempDir(), "keyring")
+	os.WriteFile(twoPrimaries, []byte("a "+goodKey+" primary\nb "+strings.Repeat("ab", 32)+" primary\n"), 0o600)
 	base := map[string]string{
 		"MAILROOM_DATABASE_URL": "postgres://u@127.0.0.1:1/db",
 		"MAILROOM_SECRET_KEY":   goodKey,
@@ -38,6 +40,9 @@ func TestBadConfiguration(t *testing.T) {
 		want string // the variable the error must name
 	}{
 		{"missing database URL", map[string]string{"MAILROOM_DATABASE_URL": ""}, nil, "MAILROOM_DATABASE_URL: is required"},
+		{"keyring with two primary keys", map[string]string{"MAILROOM_SECRET_KEY": "", "MAILROOM_KEYRING_FILE": twoPrimaries}, nil, "MAILROOM_KEYRING_FILE: the keyring file line 2: key b is primary, and so is key a"},
+		{"keyring missing", map[string]string{"MAILROOM_SECRET_KEY": "", "MAILROOM_KEYRING_FILE": "/nonexistent/ring"}, nil, "MAILROOM_KEYRING_FILE: cannot read the keyring file it names"},
+		{"keyring beside a key", map[string]string{"MAILROOM_KEYRING_FILE": twoPrimaries}, nil, "MAILROOM_KEYRING_FILE: set together with MAILROOM_SECRET_KEY"},
 		{"database URL not a URL", map[string]string{"MAILROOM_DATABASE_URL": "mysql://x"}, nil, "MAILROOM_DATABASE_URL"},
 		{"missing key", map[string]string{"MAILROOM_SECRET_KEY": ""}, nil, "MAILROOM_SECRET_KEY: is required"},
 		{"key too short", map[string]string{"MAILROOM_SECRET_KEY": goodKey[:62]}, nil, "MAILROOM_SECRET_KEY: must be exactly 64 hex characters, got 62"},

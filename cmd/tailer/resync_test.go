@@ -381,6 +381,21 @@ func TestStreamConfigurations(t *testing.T) {
 	}
 }
 
+// lastSeq is the stream's last sequence (0 before it exists).
+func (c *cluster) lastSeq() uint64 {
+	c.t.Helper()
+	s, done, err := c.stream()
+	if err != nil {
+		return 0
+	}
+	defer done()
+	info, err := s.Info(c.ctx)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return info.State.LastSeq
+}
+
 // lastTokenOnStream is the highest token id of the stream's last batch.
 func (c *cluster) lastTokenOnStream() int64 {
 	c.t.Helper()
