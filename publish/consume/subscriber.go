@@ -78,47 +78,73 @@ type doubt struct {
 
 // Consumer creates or looks up the durable consumer.
 func (s *Subscriber) Consumer(ctx context.Context, js jetstream.JetStream) (jetstream.Consumer, error) {
-	cons, err := js.Consumer(ctx, s.Stream, s.Durable)
+	return Durable{Stream: s.Stream, Subject: s.Subject, Name: s.Durable, FromStart: s.FromStart, Action: s.Action, AckWait: s.AckWait,
+		MaxAckPending: maxAckPending}.Ensure(ctx, js)
+}
+
+// Durable describes a durable consumer of the tailer's stream.
+type Durable struct {
+	Stream, Subject string
+	// Name is the consumer's.
+	Name string
+	// FromStart makes a new consumer start at the stream's first message
+	// instead of the next one published.
+	FromStart bool
+	// Action keeps only batches of this action's subject, and those of
+	// the base subject ("" keeps all).
+	Action string
+	// AckWait is how long the server waits for an ack before redelivering
+	// (default 30 s), for a new consumer.
+	AckWait time.Duration
+	// MaxAckPending is the most messages delivered and not acknowledged;
+	// an existing consumer allowing fewer is raised to it.
+	MaxAckPending int
+}
+
+// Ensure creates the consumer (explicit ack) if it is missing, and returns
+// it.
+func (d Durable) Ensure(ctx context.Context, js jetstream.JetStream) (jetstream.Consumer, error) {
+	cons, err := js.Consumer(ctx, d.Stream, d.Name)
 	if err == nil {
-		// A consumer made by an earlier subscriber allowed one message in
-		// flight: with one held for a pipe's reader, the next would never
-		// come.
-		if cfg := cons.CachedInfo().Config; cfg.MaxAckPending < maxAckPending {
-			cfg.MaxAckPending = maxAckPending
-			if cons, err = js.UpdateConsumer(ctx, s.Stream, cfg); err != nil {
-				return nil, fmt.Errorf("update consumer %s on stream %s: %w", s.Durable, s.Stream, err)
+		// A consumer made by an earlier subscriber may allow fewer
+		// messages in flight than this one needs.
+		if cfg := cons.CachedInfo().Config; cfg.MaxAckPending < d.MaxAckPending {
+			cfg.MaxAckPending = d.MaxAckPending
+			if cons, err = js.UpdateConsumer(ctx, d.Stream, cfg); err != nil {
+				return nil, fmt.Errorf("update consumer %s on stream %s: %w", d.Name, d.Stream, err)
 			}
 		}
 		return cons, nil
 	}
 	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return nil, fmt.Errorf("consumer %s on stream %s: %w", s.Durable, s.Stream, err)
+		return nil, fmt.Errorf("consumer %s on stream %s: %w", d.Name, d.Stream, err)
 	}
-	filters := []string{s.Subject, s.Subject + ".>"}
-	if s.Action != "" {
-		// Batches on the base subject mix actions (filtered here, token by
-		// token); with a subject per action only the wanted one is read.
-		filters = []string{s.Subject, s.Subject + "." + s.Action}
+	filters := []string{d.Subject, d.Subject + ".>"}
+	if d.Action != "" {
+		// Batches on the base subject mix actions (filtered by the reader,
+		// token by token); with a subject per action only the wanted one
+		// is read.
+		filters = []string{d.Subject, d.Subject + "." + d.Action}
 	}
 	deliver := jetstream.DeliverNewPolicy
-	if s.FromStart {
+	if d.FromStart {
 		deliver = jetstream.DeliverAllPolicy
 	}
-	ackWait := s.AckWait
+	ackWait := d.AckWait
 	if ackWait <= 0 {
 		ackWait = 30 * time.Second
 	}
-	cons, err = js.CreateConsumer(ctx, s.Stream, jetstream.ConsumerConfig{
-		Durable:        s.Durable,
+	cons, err = js.CreateConsumer(ctx, d.Stream, jetstream.ConsumerConfig{
+		Durable:        d.Name,
 		Description:    "tailer subscribe",
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		AckWait:        ackWait,
 		DeliverPolicy:  deliver,
 		FilterSubjects: filters,
-		MaxAckPending:  maxAckPending,
+		MaxAckPending:  d.MaxAckPending,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("create consumer %s on stream %s: %w", s.Durable, s.Stream, err)
+		return nil, fmt.Errorf("create consumer %s on stream %s: %w", d.Name, d.Stream, err)
 	}
 	return cons, nil
 }

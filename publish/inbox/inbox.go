@@ -1,0 +1,245 @@
+// Package inbox takes the tailer's batches from the stream into a
+// PostgreSQL database of the consumer's, exactly once: each message's
+// tokens are stored in one transaction, as rows of an inbox table keyed by
+// token key (Inbox) or as River jobs unique by token key (Jobs), and the
+// message is acknowledged to JetStream (a double ack) only after the
+// commit. A crash between the commit and the ack, or an ack lost on its
+// way, delivers the message again, and storing it again adds nothing.
+//
+// A service that consumes the stream itself does the same inside its own
+// transaction: decode with consume.Decode, Store in the transaction, commit,
+// then DoubleAck.
+package inbox
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/golang-migrate/migrate/v4"
+	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
+	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mailroom/tailer/publish/consume"
+)
+
+// Meta says where a message is on the stream.
+type Meta struct {
+	Stream string
+	Seq    uint64
+}
+
+// Sink stores the tokens of a decoded message in tx, adding nothing for a
+// token it holds already; it reports how many it added.
+type Sink interface {
+	Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Batch) (added int, err error)
+}
+
+// Inbox stores tokens as rows of mailroom_inbox (Migrate makes it).
+type Inbox struct{}
+
+// Store inserts b's tokens, those already there (by token key) left alone.
+func (Inbox) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Batch) (int, error) {
+	n := len(b.Tokens)
+	var (
+		keys, actions, emails, logins, toks, codes = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		ids, expires                               = make([]int64, n), make([]*int64, n)
+		lines                                      = make([]int32, n)
+	)
+	i := 0
+	for line, batch := range b.Lines() {
+		for _, t := range batch {
+			keys[i], ids[i], actions[i], emails[i], logins[i], toks[i], codes[i] = t.Key, t.ID, t.Action, t.Email, t.Login, t.Token, t.Code
+			if t.ExpiresAt != 0 {
+				expires[i] = &t.ExpiresAt
+			}
+			lines[i] = int32(line)
+			i++
+		}
+	}
+	tag, err := tx.Exec(ctx, `
+		INSERT INTO mailroom_inbox (token_key, token_id, action, email, login, token, code, expires_at, key_id, batch_id, line, stream, stream_seq)
+		SELECT t.key, t.id, t.action, t.email, t.login, t.token, t.code, t.expires_at, nullif($9, ''), $10, t.line, $11, $12
+		FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[], $13::int[])
+			AS t(key, id, action, email, login, token, code, expires_at, line)
+		ON CONFLICT (token_key) DO NOTHING`,
+		keys, ids, actions, emails, logins, toks, codes, expires, b.KeyID, b.ID, m.Stream, int64(m.Seq), lines)
+	if err != nil {
+		return 0, fmt.Errorf("insert into mailroom_inbox: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Migrate makes (or brings up to date) the inbox table in the database at
+// url. Its migrations keep their own version table, beside whatever else
+// the database migrates.
+func Migrate(ctx context.Context, url string) error {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return fmt.Errorf("parse the inbox database URL: %w", err)
+	}
+	db := stdlib.OpenDB(*cfg)
+	defer db.Close()
+	if err := db.PingContext(ctx); err != nil {
+		return fmt.Errorf("connect to the inbox database: %w", err)
+	}
+	driver, err := migratepgx.WithInstance(db, &migratepgx.Config{MigrationsTable: "mailroom_inbox_migrations"})
+	if err != nil {
+		return fmt.Errorf("migrate the inbox: %w", err)
+	}
+	src, err := iofs.New(migrations, "migrations")
+	if err != nil {
+		return err
+	}
+	m, err := migrate.NewWithInstance("iofs", src, "pgx5", driver)
+	if err != nil {
+		return fmt.Errorf("migrate the inbox: %w", err)
+	}
+	defer m.Close()
+	if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
+		return fmt.Errorf("migrate the inbox: %w", err)
+	}
+	return nil
+}
+
+// Consumer copies messages from a durable consumer into the consumer's
+// database through Sink, a transaction a message, acknowledging each after
+// its commit.
+type Consumer struct {
+	Durable consume.Durable
+	Pool    *pgxpool.Pool
+	Sink    Sink
+	Log     *slog.Logger
+
+	// Messages counts the messages stored and acknowledged, Added the
+	// tokens they added, Again the messages that added nothing although
+	// they held tokens (stored before: their ack was lost, or never sent).
+	Messages, Added, Again atomic.Int64
+	// consuming: Run is bound to the consumer.
+	consuming atomic.Bool
+}
+
+// Consuming reports whether Run is bound to its consumer.
+func (c *Consumer) Consuming() bool { return c.consuming.Load() }
+
+// pullBatch is how many messages a pull asks for: they are stored one
+// after the other, each acknowledged after its commit.
+const pullBatch = 16
+
+// Run stores messages until ctx is done. A message the database cannot
+// take now (it is down, say) is tried again, kept from redelivery
+// meanwhile, and never acknowledged before it is stored.
+func (c *Consumer) Run(ctx context.Context, js jetstream.JetStream) error {
+	if c.Durable.MaxAckPending < pullBatch {
+		c.Durable.MaxAckPending = pullBatch
+	}
+	cons, err := c.Durable.Ensure(ctx, js)
+	if err != nil {
+		return err
+	}
+	iter, err := cons.Messages(jetstream.PullMaxMessages(pullBatch), jetstream.PullExpiry(5*time.Second))
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", c.Durable.Name, err)
+	}
+	stop := context.AfterFunc(ctx, iter.Stop)
+	defer stop()
+	c.consuming.Store(true)
+	defer c.consuming.Store(false)
+	c.Log.Info("consuming into PostgreSQL", "stream", c.Durable.Stream, "durable", c.Durable.Name, "sink", fmt.Sprintf("%T", c.Sink))
+	for {
+		msg, err := iter.Next()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return nil
+			}
+			if errors.Is(err, jetstream.ErrNoHeartbeat) {
+				c.Log.Warn("no heartbeat from the consumer; asking again", "durable", c.Durable.Name)
+				continue
+			}
+			return fmt.Errorf("consume %s: %w", c.Durable.Name, err)
+		}
+		if err := c.handle(ctx, msg); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) error {
+	meta, err := msg.Metadata()
+	if err != nil {
+		return fmt.Errorf("message metadata: %w", err)
+	}
+	b, err := consume.Decode(msg.Headers(), msg.Data())
+	if err != nil {
+		// Redelivering it would not fix it: report and take it off this
+		// consumer (it stays in the stream).
+		c.Log.Error("skipping a malformed message", "subject", msg.Subject(), "stream_seq", meta.Sequence.Stream, "err", err)
+		return msg.Term()
+	}
+	if c.Durable.Action != "" {
+		b = b.Only(c.Durable.Action)
+	}
+	m := Meta{Stream: meta.Stream, Seq: meta.Sequence.Stream}
+	added := 0
+	for delay, failing := 250*time.Millisecond, false; len(b.Tokens) > 0; {
+		added, err = c.store(ctx, m, b)
+		if err == nil {
+			if failing {
+				c.Log.Info("storing again", "stream_seq", m.Seq)
+			}
+			break
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !failing {
+			c.Log.Warn("cannot store a message; trying again, not acknowledging it meanwhile", "stream_seq", m.Seq, "err", err)
+			failing = true
+		}
+		// Kept from redelivery while it waits: the next try is ours.
+		msg.InProgress()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+	if added == 0 && len(b.Tokens) > 0 {
+		c.Again.Add(1)
+		c.Log.Info("message stored before: acknowledging it", "stream_seq", m.Seq, "deliveries", meta.NumDelivered)
+	}
+	c.Added.Add(int64(added))
+	if err := msg.DoubleAck(ctx); err != nil {
+		// Stored: delivered again, it adds nothing.
+		c.Log.Warn("ack not confirmed; the message will be delivered again and add nothing", "stream_seq", m.Seq, "err", err)
+		return nil
+	}
+	c.Messages.Add(1)
+	return nil
+}
+
+// store runs Sink.Store in a transaction of its own and commits it.
+func (c *Consumer) store(ctx context.Context, m Meta, b *consume.Batch) (int, error) {
+	var added int
+	err := pgx.BeginFunc(ctx, c.Pool, func(tx pgx.Tx) error {
+		var err error
+		added, err = c.Sink.Store(ctx, tx, m, b)
+		return err
+	})
+	return added, err
+}

@@ -1,0 +1,96 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/testutil/pgtest"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+// testBatch is a message of two lines holding tokens first..first+n-1.
+func testBatch(first, n int) *consume.Batch {
+	b := &consume.Batch{ID: fmt.Sprintf("0/%X:0-0/%X:9", first, first), KeyID: "k1"}
+	for i := first; i < first+n; i++ {
+		b.Tokens = append(b.Tokens, consume.Token{ID: int64(i), Action: "activation", Email: fmt.Sprintf("u%d@x", i), Login: fmt.Sprintf("u%d", i),
+			Token: fmt.Sprintf("tok%d", i), Key: fmt.Sprintf("key%d", i)})
+	}
+	b.Sizes = []int{n / 2, n - n/2}
+	return b
+}
+
+// Each sink stores a token once, however often the message comes: a
+// message stored again adds nothing, one that overlaps adds what it does
+// not share; the rows say where each token was on the stream.
+func TestStoreOnce(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	url := pgtest.Shared(t).CreateDB(t)
+	if err := Migrate(ctx, url); err != nil {
+		t.Fatal(err)
+	}
+	if err := Migrate(ctx, url); err != nil {
+		t.Fatalf("Migrate again: %v", err)
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := MigrateRiver(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	jobs, err := NewJobs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		sink  Sink
+		count string
+	}{
+		{"inbox", Inbox{}, `SELECT count(*), count(DISTINCT token_key) FROM mailroom_inbox`},
+		{"river", jobs, `SELECT count(*), count(DISTINCT args->>'token_key') FROM river_job WHERE kind = 'mailroom_token'`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := func(b *consume.Batch, seq uint64) int {
+				t.Helper()
+				var added int
+				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					var err error
+					added, err = tc.sink.Store(ctx, tx, Meta{Stream: "S", Seq: seq}, b)
+					return err
+				}); err != nil {
+					t.Fatal(err)
+				}
+				return added
+			}
+			for _, step := range []struct {
+				first, n, want int
+			}{{1, 10, 10}, {1, 10, 0}, {6, 10, 5}, {16, 1, 1}} {
+				if got := store(testBatch(step.first, step.n), uint64(step.first)); got != step.want {
+					t.Fatalf("tokens %d-%d: %d added, want %d", step.first, step.first+step.n-1, got, step.want)
+				}
+			}
+			var rows, keys int
+			if err := pool.QueryRow(ctx, tc.count).Scan(&rows, &keys); err != nil || rows != 16 || keys != 16 {
+				t.Fatalf("%d rows of %d keys, want 16 of 16 (%v)", rows, keys, err)
+			}
+		})
+	}
+	var line, seq int64
+	var keyID, batch string
+	if err := pool.QueryRow(ctx, `SELECT line, stream_seq, key_id, batch_id FROM mailroom_inbox WHERE token_key = 'key13'`).Scan(&line, &seq, &keyID, &batch); err != nil ||
+		line != 1 || seq != 6 || keyID != "k1" || batch != "0/6:0-0/6:9" {
+		t.Fatalf("token 13: line %d, seq %d, key %q, batch %q (%v)", line, seq, keyID, batch, err)
+	}
+}

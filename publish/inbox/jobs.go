@@ -1,0 +1,100 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+
+	"github.com/mailroom/tailer/publish/consume"
+)
+
+// TokenArgs is the River job of a token: one job a token, unique by its
+// token key, so that inserting it again (a message delivered again) adds
+// nothing. A worker that mails it gives the token key to the mail
+// provider as the idempotency key: a job retried after a send whose
+// answer was lost is then sent once.
+type TokenArgs struct {
+	TokenKey  string `json:"token_key" river:"unique"`
+	TokenID   int64  `json:"token_id"`
+	Action    string `json:"action"`
+	Email     string `json:"email"`
+	Login     string `json:"login"`
+	Token     string `json:"token"`
+	Code      string `json:"code"`
+	ExpiresAt int64  `json:"expires_at,omitempty"`
+	KeyID     string `json:"key_id,omitempty"`
+	BatchID   string `json:"batch_id"`
+	Line      int    `json:"line"`
+	Stream    string `json:"stream"`
+	StreamSeq uint64 `json:"stream_seq"`
+}
+
+// Kind is the River job kind of a token.
+func (TokenArgs) Kind() string { return "mailroom_token" }
+
+// InsertOpts makes the job unique by token key, in River's default unique
+// states: a job for a token that is still to run, running, or completed
+// and not yet cleaned out (River keeps completed jobs 24 hours by default)
+// is not inserted again.
+func (TokenArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true}}
+}
+
+// Jobs stores tokens as River jobs (TokenArgs), through an insert-only
+// River client.
+type Jobs struct {
+	client *river.Client[pgx.Tx]
+}
+
+// NewJobs returns a Jobs sink. River's tables must be there
+// (MigrateRiver).
+func NewJobs() (*Jobs, error) {
+	client, err := river.NewClient(riverpgxv5.New(nil), &river.Config{})
+	if err != nil {
+		return nil, fmt.Errorf("river client: %w", err)
+	}
+	return &Jobs{client: client}, nil
+}
+
+// Store inserts a job for each of b's tokens, those whose job is there
+// already left alone.
+func (j *Jobs) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Batch) (int, error) {
+	params := make([]river.InsertManyParams, 0, len(b.Tokens))
+	for line, batch := range b.Lines() {
+		for _, t := range batch {
+			params = append(params, river.InsertManyParams{Args: TokenArgs{
+				TokenKey: t.Key, TokenID: t.ID, Action: t.Action, Email: t.Email, Login: t.Login, Token: t.Token, Code: t.Code,
+				ExpiresAt: t.ExpiresAt, KeyID: b.KeyID, BatchID: b.ID, Line: line, Stream: m.Stream, StreamSeq: m.Seq,
+			}})
+		}
+	}
+	res, err := j.client.InsertManyTx(ctx, tx, params)
+	if err != nil {
+		return 0, fmt.Errorf("insert River jobs: %w", err)
+	}
+	added := 0
+	for _, r := range res {
+		if !r.UniqueSkippedAsDuplicate {
+			added++
+		}
+	}
+	return added, nil
+}
+
+// MigrateRiver applies River's own migrations to the database of pool
+// (what `river migrate-up` does).
+func MigrateRiver(ctx context.Context, pool *pgxpool.Pool) error {
+	m, err := rivermigrate.New(riverpgxv5.New(pool), nil)
+	if err != nil {
+		return fmt.Errorf("migrate River: %w", err)
+	}
+	if _, err := m.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+		return fmt.Errorf("migrate River: %w", err)
+	}
+	return nil
+}
