@@ -36,6 +36,8 @@ func subscribe(ctx context.Context, args []string, lookupEnv func(string) (strin
 	ackWait := fs.Duration("ack-wait", 30*time.Second, "how long the server waits for an ack before redelivering, for a new consumer")
 	execCmd := fs.String("exec", "", "start this command (sh -c) as the sender, its standard input the lines; restart it when it exits, giving it again what it had not done with; on SIGTERM close its input once it has taken all of it, and acknowledge if it exits 0")
 	healthAddr := fs.String("health-addr", "", "serve /healthz and /readyz (consuming, and the server answers for the consumer) on this address, for tailer health --http-addr; empty: none")
+	into := fs.String("into", "", "store the tokens in the database at MAILROOM_INBOX_URL, exactly once, instead of writing lines: inbox (table mailroom_inbox) or river (River jobs of kind mailroom_token)")
+	migrateInto := fs.Bool("migrate", false, "with --into: first make the inbox table (inbox), or apply River's migrations (river)")
 	// The shared settings come after the subscriber's own flags.
 	var own, shared []string
 	for i := 0; i < len(args); i++ {
@@ -84,6 +86,14 @@ func subscribe(ctx context.Context, args []string, lookupEnv func(string) (strin
 		return bad("--dedup-window: must be >= 0, got %d", *window)
 	case *ackWait < time.Second:
 		return bad("--ack-wait: must be at least 1s, got %s", *ackWait)
+	case *into != "" && *into != "inbox" && *into != "river":
+		return bad("--into: must be inbox or river, got %q", *into)
+	case *into != "" && cfg.InboxURL == "":
+		return bad("--into %s: MAILROOM_INBOX_URL (--inbox-url) names the database to store into; it is not set", *into)
+	case *into != "" && (*execCmd != "" || *format != "line" || *perLine != 0 || *window != 0):
+		return bad("--into stores tokens in a database: --exec, --format, --max-tokens-per-line and --dedup-window are for lines")
+	case *into == "" && *migrateInto:
+		return bad("--migrate: only with --into")
 	}
 	log := daemon.NewLogger("text", "info", stderr)
 	sub := &consume.Subscriber{
@@ -128,8 +138,12 @@ func subscribe(ctx context.Context, args []string, lookupEnv func(string) (strin
 		fmt.Fprintf(stderr, "tailer subscribe: %v\n", err)
 		return exitFailure
 	}
+	if *into != "" {
+		durable := consume.Durable{Stream: cfg.Stream, Subject: cfg.Subject, Name: *durable, FromStart: *fromStart, Action: *action, AckWait: *ackWait}
+		return subscribeInto(ctx, cfg, *into, *migrateInto, durable, js, *healthAddr, stderr, log)
+	}
 	if *healthAddr != "" {
-		stop, err := serveSubscriberHealth(*healthAddr, sub, js)
+		stop, err := serveSubscriberHealth(*healthAddr, sub.Consuming, sub.Stream, sub.Durable, js)
 		if err != nil {
 			return bad("--health-addr: %v", err)
 		}
@@ -262,7 +276,7 @@ func stopped(sub *consume.Subscriber, js jetstream.JetStream, log *slog.Logger) 
 // the subscriber is bound to its consumer (a sender between two starts is
 // not) and the server answers for that consumer now, so a NATS outage or a
 // deleted consumer shows.
-func serveSubscriberHealth(addr string, sub *consume.Subscriber, js jetstream.JetStream) (stop func(), err error) {
+func serveSubscriberHealth(addr string, consuming func() bool, stream, durable string, js jetstream.JetStream) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -270,21 +284,21 @@ func serveSubscriberHealth(addr string, sub *consume.Subscriber, js jetstream.Je
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-		if !sub.Consuming() {
+		if !consuming() {
 			http.Error(w, "not ready: not consuming", http.StatusServiceUnavailable)
 			return
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 		defer cancel()
-		c, err := js.Consumer(ctx, sub.Stream, sub.Durable)
+		c, err := js.Consumer(ctx, stream, durable)
 		if err == nil {
 			var info *jetstream.ConsumerInfo
 			if info, err = c.Info(ctx); err == nil {
-				fmt.Fprintf(w, "ready: consumer %s, %d pending, %d awaiting ack\n", sub.Durable, info.NumPending, info.NumAckPending)
+				fmt.Fprintf(w, "ready: consumer %s, %d pending, %d awaiting ack\n", durable, info.NumPending, info.NumAckPending)
 				return
 			}
 		}
-		http.Error(w, "not ready: consumer "+sub.Durable+": "+err.Error(), http.StatusServiceUnavailable)
+		http.Error(w, "not ready: consumer "+durable+": "+err.Error(), http.StatusServiceUnavailable)
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)

@@ -13,19 +13,15 @@ package inbox
 
 import (
 	"context"
-	"embed"
+	_ "embed"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
 
-	"github.com/golang-migrate/migrate/v4"
-	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
-	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/publish/consume"
@@ -78,37 +74,23 @@ func (Inbox) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Batch) (in
 	return int(tag.RowsAffected()), nil
 }
 
-//go:embed migrations/*.sql
-var migrations embed.FS
+//go:embed schema.sql
+var schema string
 
-// Migrate makes (or brings up to date) the inbox table in the database at
-// url. Its migrations keep their own version table, beside whatever else
-// the database migrates.
-func Migrate(ctx context.Context, url string) error {
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		return fmt.Errorf("parse the inbox database URL: %w", err)
-	}
-	db := stdlib.OpenDB(*cfg)
-	defer db.Close()
-	if err := db.PingContext(ctx); err != nil {
-		return fmt.Errorf("connect to the inbox database: %w", err)
-	}
-	driver, err := migratepgx.WithInstance(db, &migratepgx.Config{MigrationsTable: "mailroom_inbox_migrations"})
-	if err != nil {
-		return fmt.Errorf("migrate the inbox: %w", err)
-	}
-	src, err := iofs.New(migrations, "migrations")
-	if err != nil {
+// Migrate makes the inbox table in the database at pool, if it is not
+// there, in one transaction (a process killed half way leaves nothing
+// half made) under an advisory lock (subscribers started together make it
+// once).
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('mailroom_inbox migration'))`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, schema)
 		return err
-	}
-	m, err := migrate.NewWithInstance("iofs", src, "pgx5", driver)
+	})
 	if err != nil {
-		return fmt.Errorf("migrate the inbox: %w", err)
-	}
-	defer m.Close()
-	if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
-		return fmt.Errorf("migrate the inbox: %w", err)
+		return fmt.Errorf("make the inbox table: %w", err)
 	}
 	return nil
 }

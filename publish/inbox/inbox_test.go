@@ -34,18 +34,17 @@ func TestStoreOnce(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	url := pgtest.Shared(t).CreateDB(t)
-	if err := Migrate(ctx, url); err != nil {
-		t.Fatal(err)
-	}
-	if err := Migrate(ctx, url); err != nil {
-		t.Fatalf("Migrate again: %v", err)
-	}
-	pool, err := pgxpool.New(ctx, url)
+	pool, err := pgxpool.New(ctx, pgtest.Shared(t).CreateDB(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
+	if err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if err := Migrate(ctx, pool); err != nil {
+		t.Fatalf("Migrate again: %v", err)
+	}
 	if err := MigrateRiver(ctx, pool); err != nil {
 		t.Fatal(err)
 	}

@@ -30,6 +30,8 @@ import (
 // Config is the tailer's configuration.
 type Config struct {
 	DatabaseURL string
+	// InboxURL is the consumer's database, for tailer subscribe --into.
+	InboxURL string
 	// Keys signs (its primary key) and verifies tokens: the keyring file,
 	// or a ring of the one key MAILROOM_SECRET_KEY (or its file) gives.
 	Keys         *token.Ring
@@ -152,6 +154,30 @@ var Vars = []Var{
 			return err
 		}
 		c.DatabaseURL = u
+		return nil
+	}},
+	{Env: "MAILROOM_INBOX_URL", Cmds: Subscribe, Flag: "inbox-url", Usage: "PostgreSQL URL of the consumer's database, for tailer subscribe --into inbox or river", Secret: true, set: func(c *Config, v string) error {
+		if v == "" {
+			return nil
+		}
+		if _, err := pgconn.ParseConfig(v); err != nil {
+			return invalid("cannot be parsed as a postgres:// URL or a key=value connection string (%s)", parseFailure(err))
+		}
+		c.InboxURL = v
+		return nil
+	}},
+	{Env: "MAILROOM_INBOX_PASSWORD", Cmds: Subscribe, Flag: "inbox-password", Usage: "password of MAILROOM_INBOX_URL's user, any characters, no percent-encoding", Secret: true, set: func(c *Config, v string) error {
+		if v == "" {
+			return nil
+		}
+		if c.InboxURL == "" {
+			return errors.New("set without MAILROOM_INBOX_URL")
+		}
+		u, err := withPassword(c.InboxURL, v)
+		if err != nil {
+			return err
+		}
+		c.InboxURL = u
 		return nil
 	}},
 	{Env: "MAILROOM_SECRET_KEY", Cmds: Run | Resync | Verify, Flag: "secret-key", Usage: "HMAC signing key: exactly 64 hex characters (or use MAILROOM_SECRET_KEY_FILE)", Secret: true, set: func(c *Config, v string) error {

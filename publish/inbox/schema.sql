@@ -6,6 +6,9 @@
 -- The service that mails the tokens works the rows in its own
 -- transactions: processed_at once sent, attempts and last_error to bound
 -- its retries.
+--
+-- inbox.Migrate runs this whole in one transaction; a later change is a
+-- statement added below that can run again (ADD COLUMN IF NOT EXISTS).
 CREATE TABLE IF NOT EXISTS mailroom_inbox (
     token_key    text PRIMARY KEY,
     token_id     bigint NOT NULL,

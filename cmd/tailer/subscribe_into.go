@@ -1,0 +1,64 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mailroom/tailer/cmd/internal/config"
+	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/inbox"
+)
+
+// subscribeInto stores the tokens of durable's messages in the database at
+// MAILROOM_INBOX_URL, exactly once: into (inbox or river) says as what.
+func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate bool, durable consume.Durable, js jetstream.JetStream,
+	healthAddr string, stderr io.Writer, log *slog.Logger) int {
+	pool, err := pgxpool.New(ctx, cfg.InboxURL)
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer subscribe: MAILROOM_INBOX_URL: %v\n", err)
+		return exitConfig
+	}
+	defer pool.Close()
+	var sink inbox.Sink = inbox.Inbox{}
+	if into == "river" {
+		jobs, err := inbox.NewJobs()
+		if err != nil {
+			log.Error("subscribe failed", "err", err)
+			return exitFailure
+		}
+		sink = jobs
+	}
+	if migrate {
+		if into == "river" {
+			err = inbox.MigrateRiver(ctx, pool)
+		} else {
+			err = inbox.Migrate(ctx, pool)
+		}
+		if err != nil {
+			log.Error("subscribe failed", "err", err)
+			return exitFailure
+		}
+		log.Info("migrated the consumer's database", "into", into)
+	}
+	c := &inbox.Consumer{Durable: durable, Pool: pool, Sink: sink, Log: log}
+	if healthAddr != "" {
+		stop, err := serveSubscriberHealth(healthAddr, c.Consuming, durable.Stream, durable.Name, js)
+		if err != nil {
+			fmt.Fprintf(stderr, "tailer subscribe: --health-addr: %v\n", err)
+			return exitConfig
+		}
+		defer stop()
+	}
+	err = c.Run(ctx, js)
+	log.Info("stopped", "messages", c.Messages.Load(), "tokens_added", c.Added.Load(), "messages_stored_before", c.Again.Load())
+	if err != nil {
+		log.Error("subscribe failed", "err", err)
+		return exitFailure
+	}
+	return exitOK
+}
