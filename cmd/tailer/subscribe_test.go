@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -282,6 +284,11 @@ func TestSubscribeBadFlags(t *testing.T) {
 		{[]string{"--durable", "x", "--filter-action", "login"}, "--filter-action"},
 		{[]string{"--durable", "x", "--max-tokens-per-line", "-1"}, "--max-tokens-per-line"},
 		{[]string{"--durable", "x", "--nats-url", "localhost"}, "MAILROOM_NATS_URL"},
+		{[]string{"--durable", "x", "--into", "kafka"}, "--into: must be inbox or river"},
+		{[]string{"--durable", "x", "--into", "inbox"}, "MAILROOM_INBOX_URL"},
+		{[]string{"--durable", "x", "--into", "inbox", "--inbox-url", "postgres://u@h/db", "--exec", "cat"}, "--into stores tokens in a database"},
+		{[]string{"--durable", "x", "--migrate"}, "--migrate: only with --into"},
+		{[]string{"--durable", "x", "--inbox-password", "pw"}, "MAILROOM_INBOX_PASSWORD: set without MAILROOM_INBOX_URL"},
 	} {
 		var stdout, stderr strings.Builder
 		code := run(append([]string{"subscribe"}, tc.args...), lookup(func(string) string { return "" }), &stdout, &stderr)
@@ -805,4 +812,44 @@ func TestSubscribeStoppedBetweenSenders(t *testing.T) {
 		t.Fatalf("%d of %d tokens not written by the next subscriber", missing, len(want))
 	}
 	f.term(30 * time.Second)
+}
+
+// Into PostgreSQL, the short form of TestSubscribeIntoPostgres: the tokens
+// of two messages become inbox rows and River jobs, once each, also when a
+// subscriber of the same durable starts again from the start of the
+// stream.
+func TestSubscribeInto(t *testing.T) {
+	t.Parallel()
+	c, want := newSingleTokenMessages(t, 4, 5)
+	consumerURL := pgtest.Shared(t).CreateDB(t)
+	conn, err := pgx.Connect(c.ctx, consumerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	for _, tc := range []struct{ into, count string }{
+		{"inbox", `SELECT count(*), count(DISTINCT token_key) FROM mailroom_inbox`},
+		{"river", `SELECT count(*), count(DISTINCT args->>'token_key') FROM river_job WHERE kind = 'mailroom_token'`},
+	} {
+		for run := range 2 {
+			p := c.command([]string{"subscribe", "--durable", tc.into + strconv.Itoa(run), "--into", tc.into, "--migrate", "--from-start"}, "MAILROOM_INBOX_URL="+consumerURL)
+			tailertest.Eventually(t, 30*time.Second, func() error {
+				var rows, keys int
+				conn.QueryRow(c.ctx, tc.count).Scan(&rows, &keys)
+				if rows != len(want) || keys != len(want) {
+					return fmt.Errorf("%s: %d rows of %d keys, want %d", tc.into, rows, keys, len(want))
+				}
+				if !strings.Contains(p.out.String(), "consuming into PostgreSQL") {
+					return errors.New("not consuming yet")
+				}
+				return nil
+			})
+			if code := p.term(30 * time.Second); code != exitOK {
+				t.Fatalf("%s: SIGTERM: exit %d:\n%s", tc.into, code, p.out.String())
+			}
+			if run == 1 && !strings.Contains(p.out.String(), "message stored before") {
+				t.Fatalf("%s: a second durable from the start stored nothing twice, and said so: %s", tc.into, p.out.String())
+			}
+		}
+	}
 }
