@@ -93,6 +93,19 @@ else
   echo "no password recovery token seen" >&2; exit 1
 fi
 
+say "the same tokens into PostgreSQL, exactly once: inbox rows and River jobs (tailer subscribe --into)"
+export MAILROOM_INBOX_URL="$MAILROOM_DATABASE_URL"
+for into in inbox river; do
+  MAILROOM_NATS_URL="nats://$MAILROOM_NATS_LISTEN" "$WORK/tailer" subscribe --durable "$into" --into "$into" --migrate --from-start 2>"$WORK/$into.log" &
+  PIDS+=($!)
+done
+for _ in $(seq 100); do
+  [ "$(psql_ -c "SELECT (SELECT count(*) FROM mailroom_inbox) + (SELECT count(*) FROM river_job)" 2>/dev/null || echo 0)" -ge 12 ] && break
+  sleep 0.1
+done
+psql "$MAILROOM_DATABASE_URL" -c "SELECT token_key, token_id, action, email, stream_seq FROM mailroom_inbox ORDER BY token_id"
+psql "$MAILROOM_DATABASE_URL" -c "SELECT id, kind, state, args->>'token_key' AS token_key, args->>'email' AS email FROM river_job ORDER BY id"
+
 say "tailer status"
 "$WORK/tailer" status --nats-url "nats://$MAILROOM_NATS_LISTEN" || true
 
