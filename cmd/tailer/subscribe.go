@@ -7,11 +7,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -21,6 +19,7 @@ import (
 
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
+	"github.com/mailroom/tailer/cmd/internal/subscriber"
 	"github.com/mailroom/tailer/publish/consume"
 )
 
@@ -34,8 +33,15 @@ func subscribe(ctx context.Context, args []string, lookupEnv func(string) (strin
 	action := fs.String("filter-action", "", "only tokens of this action: activation or password_recovery")
 	window := fs.Int("dedup-window", 0, "drop tokens whose key (a hash of the secret, never reused) was among the last N written (0: off); with stdout a file, also those at its end")
 	ackWait := fs.Duration("ack-wait", 30*time.Second, "how long the server waits for an ack before redelivering, for a new consumer")
-	execCmd := fs.String("exec", "", "start this command (sh -c) as the sender, its standard input the lines; restart it when it exits, giving it again what it had not done with; on SIGTERM close its input once it has taken all of it, and acknowledge if it exits 0")
-	healthAddr := fs.String("health-addr", "", "serve /healthz and /readyz (consuming, and the server answers for the consumer) on this address, for tailer health --http-addr; empty: none")
+	execCmd := fs.String("exec", "", "start this command (sh -c) as the sender, its standard input the lines; start it again when it exits, giving it what it had not finished; on SIGTERM close its input once it has taken all of it")
+	reports := fs.Bool("reports", false, "with --exec: the sender writes each line it finished, as it was given, to file descriptor 3 (MAILROOM_REPORT_FD); only reported lines are done, so it may read ahead as far as it likes")
+	doneExit := fs.String("done-exit", "0", "with --exec: exit codes that mean the sender finished what it was given, when it exits after the end of its input (the mailroom sender: 0,1)")
+	transientExit := fs.String("transient-exit", "75", "with --exec: exit codes that mean the sender could not work for a reason not the batch's (75: EX_TEMPFAIL); they count no delivery against it")
+	maxDeliveries := fs.Int("max-deliveries", 5, "set a batch aside on the dead-letter stream once this many senders failed with it taken and not finished (0: never)")
+	stall := fs.Duration("stall-timeout", 2*time.Minute, "/readyz fails once the sender has had lines waiting this long without taking or finishing any (0: never)")
+	stopTimeout := fs.Duration("stop-timeout", 30*time.Second, "with --exec: how long a stopping subscriber waits for the sender to finish its input before stopping its process group")
+	pinnedTTL := fs.Duration("pinned-ttl", 10*time.Second, "for a new consumer: the subscriber it delivers to (one at a time) hands over to a standby once it has not asked for messages this long")
+	healthAddr := fs.String("health-addr", "", "serve /healthz, /readyz (consuming, the server answers for the consumer, the sender not stalled; says active or standby) and /metrics on this address, for tailer health --http-addr; empty: none")
 	into := fs.String("into", "", "store the tokens in the database at MAILROOM_INBOX_URL, exactly once, instead of writing lines: inbox (table mailroom_inbox) or river (River jobs of kind mailroom_token)")
 	migrateInto := fs.Bool("migrate", false, "with --into: first make the inbox table (inbox), or apply River's migrations (river)")
 	// The shared settings come after the subscriber's own flags.
@@ -94,35 +100,22 @@ func subscribe(ctx context.Context, args []string, lookupEnv func(string) (strin
 		return bad("--into stores tokens in a database: --exec, --format, --max-tokens-per-line and --dedup-window are for lines")
 	case *into == "" && *migrateInto:
 		return bad("--migrate: only with --into")
+	case *execCmd == "" && *reports:
+		return bad("--reports: only with --exec (the sender gets the descriptor to report on)")
+	case *maxDeliveries < 0:
+		return bad("--max-deliveries: must be >= 0, got %d", *maxDeliveries)
+	case *stall < 0 || *stopTimeout < time.Second || *pinnedTTL < time.Second:
+		return bad("--stall-timeout must be >= 0, --stop-timeout and --pinned-ttl at least 1s")
+	}
+	done, err := exitCodes(*doneExit)
+	if err != nil {
+		return bad("--done-exit: %v", err)
+	}
+	transient, err := exitCodes(*transientExit)
+	if err != nil {
+		return bad("--transient-exit: %v", err)
 	}
 	log := daemon.NewLogger("text", "info", stderr)
-	sub := &consume.Subscriber{
-		Stream: cfg.Stream, Subject: cfg.Subject, Durable: *durable, FromStart: *fromStart,
-		Action: *action, JSON: *format == "json", MaxTokensPerLine: *perLine, Out: stdout, Log: log,
-		AckWait: *ackWait,
-	}
-	// A reader gone is an error to handle (its messages handed back), not
-	// a signal that ends the process before it can.
-	signal.Ignore(syscall.SIGPIPE)
-	if f, ok := stdout.(*os.File); ok && *execCmd == "" {
-		sub.Pipe, _ = consume.OpenPipe(f)
-	}
-	if *window > 0 {
-		sub.Dedup = consume.NewDedup[string](*window)
-		if f, ok := stdout.(*os.File); ok && *execCmd == "" {
-			if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
-				// Reopened for reading: the tokens a killed run wrote but
-				// could not acknowledge are at the end of this file.
-				if r, err := os.Open("/proc/self/fd/1"); err == nil {
-					err = consume.SeedFromOutput(r, st.Size(), sub.Dedup)
-					r.Close()
-					if err != nil {
-						log.Warn("cannot read earlier output", "err", err)
-					}
-				}
-			}
-		}
-	}
 	url := cfg.NATSURL
 	if url == "" {
 		url = nats.DefaultURL
@@ -142,120 +135,113 @@ func subscribe(ctx context.Context, args []string, lookupEnv func(string) (strin
 		durable := consume.Durable{Stream: cfg.Stream, Subject: cfg.Subject, Name: *durable, FromStart: *fromStart, Action: *action, AckWait: *ackWait}
 		return subscribeInto(ctx, cfg, *into, *migrateInto, durable, js, *healthAddr, stderr, log)
 	}
+	sub := &consume.Subscriber{
+		Stream: cfg.Stream, Subject: cfg.Subject, Durable: *durable, FromStart: *fromStart,
+		Action: *action, JSON: *format == "json", MaxTokensPerLine: *perLine, Out: stdout, Log: log,
+		AckWait: *ackWait, Reports: *reports, MaxDeliveries: *maxDeliveries, Pinned: true, PinnedTTL: *pinnedTTL,
+	}
+	if sub.Progress, err = consume.OpenProgress(ctx, js, cfg.Stream, *durable); err != nil {
+		log.Error("subscribe failed: the subscriber keeps which batches are done in a key-value bucket beside the stream; allow it to make and use the bucket", "err", err)
+		return exitFailure
+	}
+	if *maxDeliveries > 0 {
+		dl, err := consume.OpenDeadLetters(ctx, js, cfg.Stream, *durable)
+		if err != nil {
+			log.Error("subscribe failed: allow the subscriber to make and publish to the dead-letter stream, or run it with --max-deliveries 0", "err", err)
+			return exitFailure
+		}
+		sub.DeadLetters = dl
+	}
+	// A reader gone is an error to handle (its batches handed back), not
+	// a signal that ends the process before it can.
+	signal.Ignore(syscall.SIGPIPE)
+	if f, ok := stdout.(*os.File); ok && *execCmd == "" {
+		pipe, _ := consume.OpenPipe(f)
+		sub.SetOut(stdout, pipe)
+	}
+	if *window > 0 {
+		sub.Dedup = consume.NewDedup[string](*window)
+		if f, ok := stdout.(*os.File); ok && *execCmd == "" {
+			if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
+				// Reopened for reading: the tokens a killed run wrote but
+				// could not acknowledge are at the end of this file.
+				if r, err := os.Open("/proc/self/fd/1"); err == nil {
+					err = consume.SeedFromOutput(r, st.Size(), sub.Dedup)
+					r.Close()
+					if err != nil {
+						log.Warn("cannot read earlier output", "err", err)
+					}
+				}
+			}
+		}
+	}
 	if *healthAddr != "" {
-		stop, err := serveSubscriberHealth(*healthAddr, sub.Consuming, sub.Stream, sub.Durable, js)
+		probe := &subscriber.Probe{Stream: cfg.Stream, Durable: *durable, JS: js, Consuming: sub.Consuming, Stats: sub.Stats}
+		if *stall > 0 {
+			probe.Stalled = func() bool { return sub.Stalled(*stall) }
+		}
+		stop, err := subscriber.Serve(*healthAddr, probe)
 		if err != nil {
 			return bad("--health-addr: %v", err)
 		}
 		defer stop()
 	}
 	if *execCmd != "" {
-		return runSender(ctx, sub, js, *execCmd, stdout, stderr, log)
+		sender := &subscriber.Sender{Command: *execCmd, Reports: *reports, DoneExit: done, TransientExit: transient,
+			StopTimeout: *stopTimeout, Stdout: stdout, Stderr: stderr, Log: log}
+		err = sender.Run(ctx, sub, js)
+		stopped(sub, js, log)
+	} else {
+		err = sub.Run(ctx, js)
+		outcome := consume.ReaderStopped
+		if errors.Is(err, consume.ErrReaderGone) {
+			outcome = consume.ReaderFailed
+		}
+		if n := sub.Settle(context.Background(), outcome); n > 0 {
+			log.Info("lines the reader may not have finished are delivered again", "messages", n)
+		}
 	}
-	err = sub.Run(ctx, js)
-	if n := sub.Settle(context.Background(), false); n > 0 {
-		log.Info("lines the reader may not have done with are delivered again", "messages", n)
+	unpin, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	sub.Unpin(unpin, js)
+	cancel()
+	if st := sub.Stats(); st.Redelivered > 0 {
+		log.Info("messages delivered more than once", "messages", st.Redelivered, "batches_done_before", st.Skipped)
 	}
-	if sub.Redelivered > 0 {
-		log.Info("messages delivered more than once", "messages", sub.Redelivered)
-	}
-	if errors.Is(err, consume.ErrReaderGone) {
+	switch {
+	case errors.Is(err, consume.ErrReaderGone):
 		log.Error("the reader of the lines is gone", "err", err)
 		return exitFailure
-	}
-	if err != nil {
+	case errors.Is(err, consume.ErrTakenOver):
+		log.Error("another subscriber of the durable delivers now; this one stops (start it again to stand by)", "err", err)
+		return exitFailure
+	case err != nil:
 		log.Error("subscribe failed", "err", err)
 		return exitFailure
 	}
 	return exitOK
 }
 
-// senderStopTimeout bounds how long a stopping subscriber waits for its
-// sender to finish the lines it was given.
-const senderStopTimeout = 30 * time.Second
-
-// runSender runs the sender command with the lines on its standard input,
-// restarting it whenever it exits and handing back what it may not have
-// done with, until ctx is done: then its input is closed once it has taken
-// all of it, and what it was given is acknowledged if it saw the end and
-// exits 0.
-func runSender(ctx context.Context, sub *consume.Subscriber, js jetstream.JetStream, command string, stdout, stderr io.Writer, log *slog.Logger) int {
-	for restart := time.Duration(0); ; {
-		acked := sub.Acked
-		r, w, err := os.Pipe()
-		if err != nil {
-			log.Error("subscribe failed", "err", fmt.Errorf("pipe to the sender: %w", err))
-			return exitFailure
+// exitCodes parses a comma-separated list of exit codes.
+func exitCodes(s string) ([]int, error) {
+	var codes []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
 		}
-		cmd := exec.Command("sh", "-c", command)
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = r, stdout, stderr
-		if err := cmd.Start(); err != nil {
-			r.Close()
-			w.Close()
-			log.Error("subscribe failed", "err", fmt.Errorf("start the sender: %w", err))
-			return exitFailure
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 0 || n > 255 {
+			return nil, fmt.Errorf("%q is not an exit code (0-255)", f)
 		}
-		r.Close()
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
-		sub.Out = w
-		sub.Pipe, _ = consume.OpenPipe(w)
-		err = sub.Run(ctx, js)
-		if ctx.Err() != nil {
-			// Stopping: the sender gets the end of its input and finishes.
-			// Its exit 0 says it did what it was given only if it read all
-			// of it and was still there to see the end: a sender that
-			// exited 0 on its own (head -n K) left the lines still in the
-			// pipe, or the ones it read ahead, undone.
-			stop, cancel := context.WithTimeout(context.Background(), senderStopTimeout)
-			sawEnd := sub.Pipe.Taken(stop) == nil && !sub.Pipe.Gone()
-			w.Close()
-			var code error
-			select {
-			case code = <-exited:
-			case <-stop.Done():
-				cmd.Process.Kill()
-				code = <-exited
-			}
-			cancel()
-			sub.Settle(context.Background(), sawEnd && code == nil)
-			if !sawEnd || code != nil {
-				log.Info("stopping: the sender did not read to the end of its input and exit 0", "exit", code)
-			}
-			return stopped(sub, js, log)
-		}
-		w.Close()
-		if !errors.Is(err, consume.ErrReaderGone) {
-			cmd.Process.Kill()
-			<-exited
-			sub.Settle(context.Background(), false)
-			log.Error("subscribe failed", "err", err)
-			return exitFailure
-		}
-		code := <-exited
-		n := sub.Settle(context.Background(), false)
-		// A sender that got through a message is started again at once;
-		// one that did not (a wrong command, say) is given time.
-		if sub.Acked > acked {
-			restart = 0
-		} else {
-			restart = min(max(2*restart, 250*time.Millisecond), 10*time.Second)
-		}
-		log.Warn("the sender exited: starting it again, with the lines it may not have done with", "exit", code, "messages_again", n, "in", restart)
-		select {
-		case <-ctx.Done():
-			return stopped(sub, js, log)
-		case <-time.After(restart):
-		}
+		codes = append(codes, n)
 	}
+	return codes, nil
 }
 
 // stopped says, as a subscriber with a sender stops, how many messages
 // its consumer still awaits an ack for: they are delivered again to the
-// next subscriber. Handed back by a sender that exited before the stop,
-// pulled but never written, or written to a sender that did not finish:
-// asking the server counts them all.
-func stopped(sub *consume.Subscriber, js jetstream.JetStream, log *slog.Logger) int {
+// next subscriber, without the batches the record says are done.
+func stopped(sub *consume.Subscriber, js jetstream.JetStream, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	cons, err := js.Consumer(ctx, sub.Stream, sub.Durable)
@@ -269,38 +255,4 @@ func stopped(sub *consume.Subscriber, js jetstream.JetStream, log *slog.Logger) 
 	case info.NumAckPending > 0:
 		log.Info("stopping: lines a sender may not have done with are delivered again", "durable", sub.Durable, "messages", info.NumAckPending)
 	}
-	return exitOK
-}
-
-// serveSubscriberHealth serves /healthz (the process answers) and /readyz:
-// the subscriber is bound to its consumer (a sender between two starts is
-// not) and the server answers for that consumer now, so a NATS outage or a
-// deleted consumer shows.
-func serveSubscriberHealth(addr string, consuming func() bool, stream, durable string, js jetstream.JetStream) (stop func(), err error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-		if !consuming() {
-			http.Error(w, "not ready: not consuming", http.StatusServiceUnavailable)
-			return
-		}
-		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
-		defer cancel()
-		c, err := js.Consumer(ctx, stream, durable)
-		if err == nil {
-			var info *jetstream.ConsumerInfo
-			if info, err = c.Info(ctx); err == nil {
-				fmt.Fprintf(w, "ready: consumer %s, %d pending, %d awaiting ack\n", durable, info.NumPending, info.NumAckPending)
-				return
-			}
-		}
-		http.Error(w, "not ready: consumer "+durable+": "+err.Error(), http.StatusServiceUnavailable)
-	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln)
-	return func() { srv.Close() }, nil
 }

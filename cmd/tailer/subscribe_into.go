@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
+	"github.com/mailroom/tailer/cmd/internal/subscriber"
 	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/inbox"
 )
@@ -47,7 +48,11 @@ func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate
 	}
 	c := &inbox.Consumer{Durable: durable, Pool: pool, Sink: sink, Log: log}
 	if healthAddr != "" {
-		stop, err := serveSubscriberHealth(healthAddr, c.Consuming, durable.Stream, durable.Name, js)
+		stats := func() consume.Stats {
+			n := int(c.Messages.Load())
+			return consume.Stats{Messages: n, Acked: n, Batches: n}
+		}
+		stop, err := subscriber.Serve(healthAddr, &subscriber.Probe{Stream: durable.Stream, Durable: durable.Name, JS: js, Consuming: c.Consuming, Stats: stats})
 		if err != nil {
 			fmt.Fprintf(stderr, "tailer subscribe: --health-addr: %v\n", err)
 			return exitConfig

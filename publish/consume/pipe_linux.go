@@ -15,16 +15,40 @@ var ErrReaderGone = errors.New("the reader of the pipe is gone")
 
 // Pipe is the write end of a pipe, as seen by its writer: whether its
 // reader has taken what was written, and whether the reader is still there.
-type Pipe struct{ fd int }
+type Pipe struct{ f *os.File }
 
 // OpenPipe returns f as a Pipe; ok is false when f is not a pipe.
 func OpenPipe(f *os.File) (p *Pipe, ok bool) {
-	fd := int(f.Fd())
+	p = &Pipe{f: f}
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO {
+	if err := p.control(func(fd int) error { return unix.Fstat(fd, &st) }); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO {
 		return nil, false
 	}
-	return &Pipe{fd: fd}, true
+	return p, true
+}
+
+// control runs fn on the pipe's descriptor; once the file is closed it
+// fails rather than reach a descriptor reused by another file.
+func (p *Pipe) control(fn func(fd int) error) error {
+	rc, err := p.f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { ferr = fn(int(fd)) }); err != nil {
+		return err
+	}
+	return ferr
+}
+
+// fill is how many bytes the pipe holds (FIONREAD works on either end).
+func (p *Pipe) fill() (int, error) {
+	var n int
+	err := p.control(func(fd int) (err error) {
+		n, err = unix.IoctlGetInt(fd, unix.TIOCINQ)
+		return err
+	})
+	return n, err
 }
 
 // Taken waits until the reader has taken every byte written (the pipe
@@ -34,7 +58,7 @@ func OpenPipe(f *os.File) (p *Pipe, ok bool) {
 func (p *Pipe) Taken(ctx context.Context) error {
 	wait := 100 * time.Microsecond
 	for {
-		n, err := unix.IoctlGetInt(p.fd, unix.TIOCINQ) // FIONREAD
+		n, err := p.fill()
 		if err != nil {
 			return fmt.Errorf("read the pipe's fill (FIONREAD): %w", err)
 		}
@@ -53,12 +77,25 @@ func (p *Pipe) Taken(ctx context.Context) error {
 	}
 }
 
+// Unread is how many bytes written the reader has not taken (0 when that
+// cannot be read).
+func (p *Pipe) Unread() int {
+	n, err := p.fill()
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
 // Gone reports whether the reader has closed the pipe (poll shows POLLERR
 // on the write end of a pipe without readers).
 func (p *Pipe) Gone() bool {
-	fds := []unix.PollFd{{Fd: int32(p.fd), Events: unix.POLLOUT}}
-	if _, err := unix.Poll(fds, 0); err != nil {
-		return false
-	}
-	return fds[0].Revents&(unix.POLLERR|unix.POLLHUP) != 0
+	var revents int16
+	err := p.control(func(fd int) error {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+		_, err := unix.Poll(fds, 0)
+		revents = fds[0].Revents
+		return err
+	})
+	return err == nil && revents&(unix.POLLERR|unix.POLLHUP) != 0
 }

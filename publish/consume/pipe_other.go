@@ -23,3 +23,6 @@ func (*Pipe) Taken(context.Context) error { return errors.ErrUnsupported }
 
 // Gone is never called: see Pipe.
 func (*Pipe) Gone() bool { return false }
+
+// Unread is never called: see Pipe.
+func (*Pipe) Unread() int { return 0 }

@@ -6,22 +6,27 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
-	"github.com/mailroom/tailer/publish/token"
-	"github.com/mailroom/tailer/publish/wire"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Subscriber copies batches from a durable JetStream consumer to a writer as
-// lines, acknowledging each message only once its lines are out of reach of
-// a crash: written (to a file), or taken by the reader of a pipe and
-// followed by the next message (see Taken), so that a crash of either side
-// redelivers rather than loses.
+// Subscriber copies batches from a durable JetStream consumer to a reader
+// as lines. JetStream acknowledges whole messages, and a message of the
+// tailer holds up to MAILROOM_MAX_BATCHES_PER_MESSAGE batches: the
+// subscriber tracks each batch, acknowledges a message once all its
+// batches are done, and keeps (in Progress) which batches of a message
+// are done, so that a reader that dies costs the batches it held, not
+// the message. A batch is done once its lines are out of reach of a
+// crash:
+//   - written, when Out is a file (neither Pipe nor Reports);
+//   - taken by the reader of the pipe Out, and followed by the next batch
+//     (Pipe): a reader that reads its pipe line by line, and reads more
+//     only when it is done with what it holds, has then finished it;
+//   - reported finished by the reader, line by line (Reports, see
+//     ReadReports): for readers that read ahead.
 type Subscriber struct {
 	Stream  string
 	Subject string
@@ -42,27 +47,140 @@ type Subscriber struct {
 	// before in this run, or by an earlier run into the same file (see
 	// SeedFromOutput).
 	Dedup *Dedup[string]
-	// Out receives the lines; each message's lines go out in one Write.
+	// Out receives the lines.
 	Out io.Writer
-	// Pipe, when set, is Out as the write end of a pipe. A message is then
-	// acknowledged only once the reader has taken the next one: a reader
-	// that reads its pipe line by line takes more only when it is done
-	// with what it holds, so what is acknowledged was processed. The last
-	// message taken, and the one being handed over, are in doubt: kept
-	// from redelivery while the subscriber runs, and settled by Settle
-	// when it stops.
+	// Pipe, when set, is Out as the write end of a pipe: batches are
+	// written one at a time, each once the reader has taken the one
+	// before, which is then done. The last batch taken, and the one being
+	// handed over, are in doubt: kept from redelivery while the subscriber
+	// runs, and settled by Settle when it stops.
 	Pipe *Pipe
-	Log  *slog.Logger
+	// Reports says the reader reports each line it finished (ReadReports):
+	// only reported lines are done, however far ahead the reader reads.
+	Reports bool
+	Log     *slog.Logger
 	// AckWait is how long the server waits for an ack before redelivering.
 	AckWait time.Duration
+	// Progress keeps which batches of the messages in hand are done, and
+	// where the consumer was, across restarts and between the standby
+	// subscribers of a durable; nil keeps them in memory.
+	Progress ProgressStore
+	// DeadLetters, with MaxDeliveries > 0, takes a batch off the consumer
+	// once MaxDeliveries readers failed with it taken and not finished,
+	// and a message that cannot be decoded at once; nil: never.
+	DeadLetters   DeadLetterSink
+	MaxDeliveries int
+	// Pinned makes a new consumer deliver to one subscriber at a time (a
+	// JetStream priority group with the pinned-client policy): the others
+	// on the durable wait as standbys, and one of them is pinned once the
+	// active one has not asked for messages for PinnedTTL.
+	Pinned    bool
+	PinnedTTL time.Duration
+	// UntilDrained ends Run once the consumer has nothing left to deliver
+	// and nothing is in hand.
+	UntilDrained bool
 
-	mu      sync.Mutex
-	inDoubt []doubt
 	// consuming: Run is bound to the consumer (see Consuming).
 	consuming atomic.Bool
-	// Redelivered counts messages delivered more than once: their tokens
-	// may have reached a reader before. Acked counts those acknowledged.
-	Redelivered, Acked int
+	cons      atomic.Pointer[jetstream.Consumer]
+	saveMu    sync.Mutex
+	kick      chan struct{}
+
+	mu sync.Mutex
+	// held are the messages delivered and not yet acknowledged, in
+	// delivery order.
+	held []*held
+	// handed are the batches given to the reader and not done, in the
+	// order they were written.
+	handed []*unit
+	// lines are the lines handed and not yet reported, by content.
+	lines map[string][]*unit
+	// written counts the bytes written to Out since the last Settle.
+	written int64
+	prog    Progress
+	rev     uint64
+	loaded  bool
+	dirty   bool
+	// floorRead is when the consumer's ack floor was last read.
+	floorRead time.Time
+	takenOver bool
+	// pinID is the pin of the last message delivered (pinned consumers).
+	pinID string
+	stats Stats
+	// lastUnread, lastBatches and lastMove are Stalled's last look.
+	lastUnread, lastBatches int
+	lastMove                time.Time
+}
+
+// SetOut sets Out and Pipe (nil when out is not a pipe): a sender started
+// again gets a pipe of its own.
+func (s *Subscriber) SetOut(out io.Writer, pipe *Pipe) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.Out, s.Pipe = out, pipe
+	s.lastMove = time.Now()
+}
+
+// Stalled reports whether the reader has had lines waiting for longer
+// than d without taking a byte of them or finishing a batch: lines in its
+// pipe, or (Reports) lines handed and not reported. A reader idle with
+// nothing waiting is not stalled. Each call looks again; a health check
+// calls it every few seconds.
+func (s *Subscriber) Stalled(d time.Duration) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	unread := 0
+	if s.Pipe != nil {
+		unread = s.Pipe.Unread()
+	}
+	waiting := unread > 0 || s.Reports && len(s.handed) > 0
+	if !waiting || unread < s.lastUnread || s.stats.Batches != s.lastBatches || s.lastMove.IsZero() {
+		s.lastMove = time.Now()
+	}
+	s.lastUnread, s.lastBatches = unread, s.stats.Batches
+	return waiting && time.Since(s.lastMove) > d
+}
+
+// DeadLetterSink stores dead letters (DeadLetters does, on a stream).
+type DeadLetterSink interface {
+	Put(ctx context.Context, dl DeadLetter) error
+}
+
+// Stats are a subscriber's counts, for its metrics.
+type Stats struct {
+	// Messages counts messages delivered; Redelivered those delivered
+	// more than once (their tokens may have reached a reader before);
+	// Acked those acknowledged.
+	Messages, Redelivered, Acked int
+	// Batches counts the batches done; Skipped the batches of redelivered
+	// messages that were done before and not written again.
+	Batches, Skipped int
+	// DeadLetters counts batches (and unreadable messages) set aside.
+	DeadLetters int
+	// ReaderFailures counts readers that failed with batches in hand.
+	ReaderFailures int
+	// Recreated counts the times the consumer was found missing and made
+	// again.
+	Recreated int
+	// InDoubt is the batches handed to the reader and not done.
+	InDoubt int
+	// LastDelivery is when the last message came; LastDone when a batch
+	// was last done.
+	LastDelivery, LastDone time.Time
+	// PinID is the pin of the last message delivered, on a pinned
+	// consumer: the subscriber is the active one while the server's
+	// pinned id is this.
+	PinID string
+}
+
+// Stats returns a copy of the counts.
+func (s *Subscriber) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.stats
+	st.InDoubt = len(s.handed)
+	st.PinID = s.pinID
+	return st
 }
 
 // Consuming reports whether Run is bound to its consumer: false before the
@@ -70,16 +188,12 @@ type Subscriber struct {
 // health check adds whether the server answers for the consumer.
 func (s *Subscriber) Consuming() bool { return s.consuming.Load() }
 
-// doubt is a message whose lines a reader may not have processed yet.
-type doubt struct {
-	msg  jetstream.Msg
-	keys []string
-}
-
-// Consumer creates or looks up the durable consumer.
-func (s *Subscriber) Consumer(ctx context.Context, js jetstream.JetStream) (jetstream.Consumer, error) {
-	return Durable{Stream: s.Stream, Subject: s.Subject, Name: s.Durable, FromStart: s.FromStart, Action: s.Action, AckWait: s.AckWait,
-		MaxAckPending: maxAckPending}.Ensure(ctx, js)
+// Consumer returns the consumer Run is bound to (nil before).
+func (s *Subscriber) Consumer() jetstream.Consumer {
+	if c := s.cons.Load(); c != nil {
+		return *c
+	}
+	return nil
 }
 
 // Durable describes a durable consumer of the tailer's stream.
@@ -90,6 +204,9 @@ type Durable struct {
 	// FromStart makes a new consumer start at the stream's first message
 	// instead of the next one published.
 	FromStart bool
+	// StartSeq, when not 0, makes a new consumer start at this stream
+	// sequence (a consumer made again where the lost one was).
+	StartSeq uint64
 	// Action keeps only batches of this action's subject, and those of
 	// the base subject ("" keeps all).
 	Action string
@@ -99,7 +216,13 @@ type Durable struct {
 	// MaxAckPending is the most messages delivered and not acknowledged;
 	// an existing consumer allowing fewer is raised to it.
 	MaxAckPending int
+	// Pinned and PinnedTTL: see Subscriber.
+	Pinned    bool
+	PinnedTTL time.Duration
 }
+
+// PriorityGroup is the group a pinned consumer's subscribers pull in.
+const PriorityGroup = "mailroom"
 
 // Ensure creates the consumer (explicit ack) if it is missing, and returns
 // it.
@@ -126,33 +249,45 @@ func (d Durable) Ensure(ctx context.Context, js jetstream.JetStream) (jetstream.
 		// is read.
 		filters = []string{d.Subject, d.Subject + "." + d.Action}
 	}
-	deliver := jetstream.DeliverNewPolicy
-	if d.FromStart {
-		deliver = jetstream.DeliverAllPolicy
-	}
 	ackWait := d.AckWait
 	if ackWait <= 0 {
 		ackWait = 30 * time.Second
 	}
-	cons, err = js.CreateConsumer(ctx, d.Stream, jetstream.ConsumerConfig{
+	cfg := jetstream.ConsumerConfig{
 		Durable:        d.Name,
 		Description:    "tailer subscribe",
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		AckWait:        ackWait,
-		DeliverPolicy:  deliver,
+		DeliverPolicy:  jetstream.DeliverNewPolicy,
 		FilterSubjects: filters,
 		MaxAckPending:  d.MaxAckPending,
-	})
+	}
+	switch {
+	case d.StartSeq > 0:
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, d.StartSeq
+	case d.FromStart:
+		cfg.DeliverPolicy = jetstream.DeliverAllPolicy
+	}
+	if d.Pinned {
+		cfg.PriorityPolicy, cfg.PriorityGroups = jetstream.PriorityPolicyPinned, []string{PriorityGroup}
+		cfg.PinnedTTL = d.PinnedTTL
+	}
+	cons, err = js.CreateConsumer(ctx, d.Stream, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("create consumer %s on stream %s: %w", d.Name, d.Stream, err)
 	}
 	return cons, nil
 }
 
-// maxAckPending is the last message taken by a pipe's reader, held, and
+// pipeAckPending is the last message taken by a pipe's reader, held, and
 // the next one, being handed over; the subscriber handles one message at
 // a time, so lines stay in stream order.
-const maxAckPending = 2
+const pipeAckPending = 2
+
+// reportsAckPending is how many messages a reader that reports may hold:
+// it reads ahead, and each message is acknowledged only once all its
+// lines are reported.
+const reportsAckPending = 64
 
 // pullExpiry bounds how long a pull request waits on the server. The
 // iterator asks again when two of its heartbeats (half the expiry apart)
@@ -161,65 +296,196 @@ const maxAckPending = 2
 // waits on it) then costs 5 s rather than the default 30 s.
 const pullExpiry = 5 * time.Second
 
-// Run copies messages until ctx is done or the reader is gone (an error
-// wrapping ErrReaderGone). Messages still in doubt stay pending, kept from
-// redelivery, until Settle.
+// errConsumerLost: the server no longer has the consumer.
+var errConsumerLost = errors.New("the consumer is gone from the server")
+
+// ErrPositionUnknown is returned when the consumer is gone and no record
+// says where it was.
+var ErrPositionUnknown = errors.New("the consumer is gone and no record says where it was")
+
+// Run copies messages until ctx is done, the reader is gone (an error
+// wrapping ErrReaderGone), or another subscriber took the durable over
+// (ErrTakenOver). Batches in doubt stay pending, kept from redelivery,
+// until Settle. A consumer that vanishes from the server is made again
+// where the record (Progress) says it was.
 func (s *Subscriber) Run(ctx context.Context, js jetstream.JetStream) error {
-	cons, err := s.Consumer(ctx, js)
+	if s.kick == nil {
+		s.kick = make(chan struct{}, 1)
+	}
+	if err := s.load(ctx, js); err != nil {
+		return err
+	}
+	cons, err := s.consumer(ctx, js, false)
 	if err != nil {
 		return err
 	}
-	iter, err := cons.Messages(jetstream.PullMaxMessages(1), jetstream.PullExpiry(pullExpiry))
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	saved := make(chan struct{})
+	go func() { defer close(saved); s.saver(runCtx, cancel) }()
+	defer func() { cancel(nil); <-saved }()
+	for {
+		err := s.consume(runCtx, cons)
+		if !errors.Is(err, errConsumerLost) {
+			if cause := context.Cause(runCtx); errors.Is(cause, ErrTakenOver) {
+				return fmt.Errorf("consume %s: %w", s.Durable, cause)
+			}
+			return err
+		}
+		s.mu.Lock()
+		s.stats.Recreated++
+		// The old consumer's deliveries cannot be acknowledged any more:
+		// the new one delivers what they held again, and the record says
+		// which of their batches are done.
+		s.held, s.handed, s.lines = nil, nil, nil
+		s.mu.Unlock()
+		if err := s.save(ctx); err != nil && s.Log != nil {
+			s.Log.Warn("cannot save progress before making the consumer again", "durable", s.Durable, "err", err)
+		}
+		if cons, err = s.consumer(runCtx, js, true); err != nil {
+			return err
+		}
+	}
+}
+
+// load reads the record, unless there is no store or it is read already.
+func (s *Subscriber) load(ctx context.Context, js jetstream.JetStream) error {
+	if s.Progress == nil {
+		return nil
+	}
+	s.mu.Lock()
+	loaded := s.loaded
+	s.mu.Unlock()
+	if loaded {
+		return nil
+	}
+	p, rev, err := s.Progress.Load(ctx)
+	if err != nil {
+		return err
+	}
+	created := time.Time{}
+	if st, err := js.Stream(ctx, s.Stream); err == nil {
+		created = st.CachedInfo().Created
+	}
+	if !p.StreamCreated.IsZero() && !created.IsZero() && !p.StreamCreated.Equal(created) {
+		if s.Log != nil {
+			s.Log.Warn("the progress record is of an earlier stream of this name: not used", "durable", s.Durable,
+				"record_stream_created", p.StreamCreated, "stream_created", created)
+		}
+		p = Progress{}
+	}
+	p.StreamCreated = created
+	s.mu.Lock()
+	s.prog, s.rev, s.loaded = p, rev, true
+	s.mu.Unlock()
+	return nil
+}
+
+// consumer looks the durable up, making it if missing: where the record
+// says it was when there is one (lost is true when Run was bound to it
+// and saw it go), as configured otherwise.
+func (s *Subscriber) consumer(ctx context.Context, js jetstream.JetStream, lost bool) (jetstream.Consumer, error) {
+	if c := s.Consumer(); c != nil && !lost {
+		// The same one for the next sender: it holds the pin the server
+		// gave this subscriber, which a consumer looked up anew would not
+		// (and would wait PinnedTTL for).
+		return c, nil
+	}
+	d := Durable{Stream: s.Stream, Subject: s.Subject, Name: s.Durable, FromStart: s.FromStart, Action: s.Action,
+		AckWait: s.AckWait, MaxAckPending: pipeAckPending, Pinned: s.Pinned, PinnedTTL: s.PinnedTTL}
+	if s.Reports {
+		d.MaxAckPending = reportsAckPending
+	}
+	_, err := js.Consumer(ctx, s.Stream, s.Durable)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		s.mu.Lock()
+		known, floor := !s.prog.empty(), s.prog.Floor
+		s.mu.Unlock()
+		switch {
+		case known:
+			d.StartSeq = floor + 1
+			if s.Log != nil {
+				s.Log.Warn("the consumer was not on the server: made again where its subscribers had got to, after the last message acknowledged",
+					"durable", s.Durable, "start_seq", d.StartSeq)
+			}
+		case lost:
+			return nil, fmt.Errorf("consumer %s on stream %s: %w: start a subscriber with --from-start to deliver what the stream holds again (with repeats), or make the consumer by hand at the position you know", s.Durable, s.Stream, ErrPositionUnknown)
+		}
+	}
+	cons, err := d.Ensure(ctx, js)
+	if err != nil {
+		return nil, err
+	}
+	if s.Pinned && cons.CachedInfo().Config.PriorityPolicy != jetstream.PriorityPolicyPinned && s.Log != nil {
+		s.Log.Warn("the consumer does not pin one subscriber (made before, or the server is older than 2.11): a second subscriber on it would interleave; delete it to have it made again pinned",
+			"durable", s.Durable)
+	}
+	s.cons.Store(&cons)
+	return cons, nil
+}
+
+// consume reads messages from cons until ctx is done, the reader is gone,
+// or the consumer is lost (errConsumerLost).
+func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error {
+	opts := []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(1), jetstream.PullExpiry(pullExpiry)}
+	if cons.CachedInfo().Config.PriorityPolicy == jetstream.PriorityPolicyPinned {
+		opts = append(opts, jetstream.PullPriorityGroup(PriorityGroup))
+	}
+	iter, err := cons.Messages(opts...)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", s.Durable, err)
 	}
-	stop := context.AfterFunc(ctx, iter.Stop)
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(runCtx, iter.Stop)
 	defer stop()
 	s.consuming.Store(true)
 	defer s.consuming.Store(false)
 	if s.Log != nil {
 		s.Log.Info("consuming", "stream", s.Stream, "durable", s.Durable, "action", s.Action)
 	}
-	beat, stopBeat := context.WithCancel(context.Background())
-	defer stopBeat()
-	go s.heartbeat(beat)
+	var wg sync.WaitGroup
+	defer func() { cancel(nil); wg.Wait() }()
+	wg.Add(1)
+	go func() { defer wg.Done(); s.heartbeat(runCtx) }()
 	// A reader that goes while no message comes is noticed all the same:
 	// what it had in doubt is handed back at once, not at the next message.
-	runCtx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
 	if pipe := s.Pipe; pipe != nil {
-		// Ended before Run returns: the caller sets Pipe for the next run.
-		watched := make(chan struct{})
-		defer func() { cancel(nil); <-watched }()
+		wg.Add(1)
 		go func() {
-			defer close(watched)
+			defer wg.Done()
 			for runCtx.Err() == nil {
 				if pipe.Gone() {
 					cancel(ErrReaderGone)
-					iter.Stop()
 					return
 				}
-				select {
-				case <-runCtx.Done():
-				case <-time.After(200 * time.Millisecond):
-				}
+				sleep(runCtx, 200*time.Millisecond)
 			}
 		}()
 	}
-	var buf []byte
+	if s.UntilDrained {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.untilDrained(runCtx, cons, cancel) }()
+	}
 	for {
 		msg, err := iter.Next()
 		if err != nil {
 			if cause := context.Cause(runCtx); errors.Is(cause, ErrReaderGone) {
 				return fmt.Errorf("write lines: %w", cause)
 			}
-			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			if runCtx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 				return nil
+			}
+			if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return s.lost(err)
 			}
 			// The iterator asks again by itself: a consumer whose leader is
 			// being elected (a cluster losing a node) misses heartbeats for
-			// a while.
+			// a while. A consumer the server dropped misses them for good.
 			if errors.Is(err, jetstream.ErrNoHeartbeat) {
+				if _, ierr := cons.Info(runCtx); errors.Is(ierr, jetstream.ErrConsumerNotFound) {
+					return s.lost(ierr)
+				}
 				if s.Log != nil {
 					s.Log.Warn("no heartbeat from the consumer; asking again", "durable", s.Durable)
 				}
@@ -227,171 +493,93 @@ func (s *Subscriber) Run(ctx context.Context, js jetstream.JetStream) error {
 			}
 			return fmt.Errorf("consume %s: %w", s.Durable, err)
 		}
-		if buf, err = s.handle(runCtx, msg, buf[:0]); err != nil {
+		if err := s.handle(runCtx, msg); err != nil {
 			if cause := context.Cause(runCtx); errors.Is(cause, ErrReaderGone) {
 				return fmt.Errorf("write lines: %w", cause)
+			}
+			if runCtx.Err() != nil && ctx.Err() != nil {
+				return nil
 			}
 			return err
 		}
 	}
 }
 
-func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg, buf []byte) ([]byte, error) {
-	meta, _ := msg.Metadata()
-	b, err := Decode(msg.Headers(), msg.Data())
+// Unpin lets the server pin another subscriber of the durable at once,
+// rather than after PinnedTTL, when this one is the pinned one: for a
+// subscriber that stops.
+func (s *Subscriber) Unpin(ctx context.Context, js jetstream.JetStream) {
+	s.mu.Lock()
+	pin := s.pinID
+	s.mu.Unlock()
+	cons := s.Consumer()
+	if pin == "" || cons == nil {
+		return
+	}
+	info, err := cons.Info(ctx)
 	if err != nil {
-		// Redelivering it would not fix it: report and take it off this
-		// consumer (it stays in the stream).
-		if s.Log != nil {
-			s.Log.Error("skipping a malformed message", "subject", msg.Subject(), "stream_seq", seqOf(meta), "err", err)
-		}
-		return buf, msg.Term()
+		return
 	}
-	if meta != nil && meta.NumDelivered > 1 {
-		s.Redelivered++
-		if s.Log != nil {
-			s.Log.Info("delivered again: a reader may have had its tokens before", "stream_seq", seqOf(meta), "deliveries", meta.NumDelivered)
-		}
-	}
-	// Each batch of the message is a line of its own (or several, of at
-	// most MaxTokensPerLine tokens), as the collector wrote them.
-	var keys []string
-	for _, line := range b.Lines() {
-		keep := line[:0]
-		for _, t := range line {
-			if s.Action != "" && t.Action != s.Action {
-				continue
+	for _, g := range info.PriorityGroups {
+		if g.Group == PriorityGroup && g.PinnedClientID == pin {
+			if st, err := js.Stream(ctx, s.Stream); err == nil {
+				st.UnpinConsumer(ctx, s.Durable, PriorityGroup)
 			}
-			if s.Dedup != nil && s.Dedup.Contains(t.Key) {
-				continue
-			}
-			if !s.JSON && (!wire.LineSafe(t.Email) || !wire.LineSafe(t.Login)) {
-				// The sender would misparse the line: every other token of
-				// it would be lost, or a crafted field would forge rows.
-				if s.Log != nil {
-					s.Log.Warn("token not written: its email or login holds a comma, CR, LF or NUL, or exceeds 254 bytes", "reason", "unsafe_field", "token_id", t.ID, "stream_seq", seqOf(meta))
-				}
-				continue
-			}
-			keep = append(keep, t)
-			keys = append(keys, t.Key)
-		}
-		n := s.MaxTokensPerLine
-		if n <= 0 {
-			n = max(len(keep), 1)
-		}
-		for start := 0; start < len(keep); start += n {
-			part := keep[start:min(start+n, len(keep))]
-			if s.JSON {
-				if buf, err = AppendJSON(buf, b.ID, part); err != nil {
-					return buf, err
-				}
-			} else {
-				buf = AppendLine(buf, part)
-			}
-			buf = append(buf, '\n')
-		}
-	}
-	d := doubt{msg: msg, keys: keys}
-	if len(buf) == 0 {
-		// Nothing went out: nothing to doubt.
-		s.ack(ctx, d)
-		return buf, nil
-	}
-	s.mu.Lock()
-	s.inDoubt = append(s.inDoubt, d)
-	s.mu.Unlock()
-	if _, err := s.Out.Write(buf); err != nil {
-		if errors.Is(err, syscall.EPIPE) {
-			err = ErrReaderGone
-		}
-		return buf, fmt.Errorf("write lines: %w", err)
-	}
-	if s.Pipe == nil {
-		// The lines are out: only now may the server forget the message.
-		s.ackDoubts(ctx, 0)
-		return buf, nil
-	}
-	if err := s.Pipe.Taken(ctx); err != nil {
-		return buf, fmt.Errorf("hand lines over: %w", err)
-	}
-	// The reader took this message: it is done with the one before.
-	s.ackDoubts(ctx, 1)
-	return buf, nil
-}
-
-// ackDoubts acknowledges the messages in doubt but the last keep.
-func (s *Subscriber) ackDoubts(ctx context.Context, keep int) {
-	s.mu.Lock()
-	n := max(len(s.inDoubt)-keep, 0)
-	done := s.inDoubt[:n:n]
-	s.inDoubt = s.inDoubt[n:]
-	s.mu.Unlock()
-	for _, d := range done {
-		s.ack(ctx, d)
-	}
-}
-
-// ack tells the server d's message is done. An ack the server does not
-// confirm (a cluster electing a leader) is not fatal: the message comes
-// again after AckWait, and the dedup window (or the consumer of the lines)
-// drops what was written twice.
-func (s *Subscriber) ack(ctx context.Context, d doubt) {
-	s.Acked++
-	if err := d.msg.DoubleAck(ctx); err != nil && ctx.Err() == nil && s.Log != nil {
-		meta, _ := d.msg.Metadata()
-		s.Log.Warn("ack not confirmed; the message will be delivered again", "stream_seq", seqOf(meta), "err", err)
-	}
-	if s.Dedup != nil {
-		for _, k := range d.keys {
-			s.Dedup.Seen(k)
 		}
 	}
 }
 
-// heartbeat keeps the messages in doubt from being redelivered while the
+func (s *Subscriber) lost(err error) error {
+	if s.Log != nil {
+		s.Log.Error("the consumer is gone from the server", "durable", s.Durable, "err", err)
+	}
+	return errConsumerLost
+}
+
+// untilDrained stops consuming once the consumer has delivered everything
+// and nothing is in hand.
+func (s *Subscriber) untilDrained(ctx context.Context, cons jetstream.Consumer, cancel context.CancelCauseFunc) {
+	for sleep(ctx, 250*time.Millisecond) {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			continue
+		}
+		s.mu.Lock()
+		idle := len(s.held) == 0
+		s.mu.Unlock()
+		if idle && info.NumPending == 0 && info.NumAckPending == 0 {
+			cancel(nil)
+			return
+		}
+	}
+}
+
+// heartbeat keeps the messages in hand from being redelivered while the
 // subscriber waits for its reader, or for the next message.
 func (s *Subscriber) heartbeat(ctx context.Context) {
 	every := s.AckWait / 3
 	if every <= 0 {
 		every = 10 * time.Second
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	for sleep(ctx, every) {
 		s.mu.Lock()
-		for _, d := range s.inDoubt {
-			d.msg.InProgress()
+		for _, h := range s.held {
+			h.msg.InProgress()
 		}
 		s.mu.Unlock()
 	}
 }
 
-// Settle ends the doubt about the messages whose lines a reader may have
-// had: processed (the reader said so, exiting 0 after the end of its
-// input) acknowledges them, otherwise they are delivered again at once. It
-// returns how many were handed back.
-func (s *Subscriber) Settle(ctx context.Context, processed bool) int {
-	s.mu.Lock()
-	doubts := s.inDoubt
-	s.inDoubt = nil
-	s.mu.Unlock()
-	for _, d := range doubts {
-		if processed {
-			s.ack(ctx, d)
-		} else {
-			d.msg.Nak()
-		}
+// sleep waits d, reporting false if ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
-	if processed {
-		return 0
-	}
-	return len(doubts)
 }
 
 func seqOf(m *jetstream.MsgMetadata) uint64 {
@@ -399,36 +587,4 @@ func seqOf(m *jetstream.MsgMetadata) uint64 {
 		return 0
 	}
 	return m.Sequence.Stream
-}
-
-// SeedFromOutput fills a window with the Keys of the tokens found in the
-// last lines of an earlier run's output (collector lines or json lines), so
-// that a restarted subscriber writing to the same file does not repeat the
-// batch it wrote but could not acknowledge.
-func SeedFromOutput(r io.ReaderAt, size int64, window *Dedup[string]) error {
-	const maxTail = 64 << 20
-	off := max(size-maxTail, 0)
-	data := make([]byte, size-off)
-	if _, err := r.ReadAt(data, off); err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("read earlier output: %w", err)
-	}
-	// Oldest first, so that a full window keeps the newest tokens. A last
-	// line without its newline was cut short and is not trusted.
-	lines := strings.Split(string(data), "\n")
-	for _, line := range lines[:len(lines)-1] {
-		tokens, err := DecodeLine(line)
-		if err != nil {
-			b, jerr := decodeJSON([]byte(line))
-			if jerr != nil {
-				continue
-			}
-			tokens = b.Tokens
-		}
-		for _, t := range tokens {
-			if key, err := token.KeyOf(t.Token); err == nil {
-				window.Seen(key)
-			}
-		}
-	}
-	return nil
 }

@@ -17,10 +17,12 @@ import (
 	"github.com/mailroom/tailer/publish/wire"
 )
 
-// Into a pipe, a message is acknowledged only once the reader has taken
-// the next one; the one it took last is in doubt, and handed back for
-// redelivery when the reader goes. The test is the reader, a line at a
-// time, on a real JetStream server.
+// Into a pipe, a batch is done only once the reader has taken the next
+// one, and a message is acknowledged once all its batches are done; the
+// batch it took last is in doubt, and its message handed back for
+// redelivery when the reader goes, the batches done before it not written
+// again. The test is the reader, a line at a time, on a real JetStream
+// server.
 func TestSubscriberPipe(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -59,7 +61,11 @@ func TestSubscriberPipe(t *testing.T) {
 	if !ok {
 		t.Fatal("an os.Pipe is not taken for a pipe")
 	}
-	sub := &consume.Subscriber{Stream: "S", Subject: "b", Durable: "d", FromStart: true, Out: w, Pipe: pipe, AckWait: time.Second}
+	store, err := consume.OpenProgress(ctx, js, "S", "d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := &consume.Subscriber{Stream: "S", Subject: "b", Durable: "d", FromStart: true, Out: w, Pipe: pipe, AckWait: time.Second, Progress: store}
 	done := make(chan error, 1)
 	go func() { done <- sub.Run(ctx, js) }()
 	cons, err := js.Consumer(ctx, "S", "d")
@@ -106,25 +112,35 @@ func TestSubscriberPipe(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the subscriber did not notice its reader go")
 	}
-	if sub.Redelivered != 0 {
-		t.Fatalf("%d messages delivered again while the reader held them", sub.Redelivered)
+	if n := sub.Stats().Redelivered; n != 0 {
+		t.Fatalf("%d messages delivered again while the reader held them", n)
 	}
-	if n := sub.Settle(ctx, false); n != 1 {
+	if n := sub.Settle(ctx, consume.ReaderFailed); n != 1 {
 		t.Fatalf("%d messages handed back, want 1", n)
 	}
 	r2, w2, _ := os.Pipe()
 	defer r2.Close()
 	pipe2, _ := consume.OpenPipe(w2)
-	sub2 := &consume.Subscriber{Stream: "S", Subject: "b", Durable: "d", Out: w2, Pipe: pipe2}
+	store2, err := consume.OpenProgress(ctx, js, "S", "d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub2 := &consume.Subscriber{Stream: "S", Subject: "b", Durable: "d", Out: w2, Pipe: pipe2, Progress: store2}
 	ctx2, stop2 := context.WithCancel(ctx)
 	done2 := make(chan error, 1)
 	go func() { done2 <- sub2.Run(ctx2, js) }()
-	if _, err := bufio.NewReader(r2).ReadString('\n'); err != nil {
+	// Message 3 again: its first batch (two tokens) was done, and only the
+	// second (one token), in doubt, is written again.
+	line, err := bufio.NewReader(r2).ReadString('\n')
+	if err != nil {
 		t.Fatal(err)
+	}
+	if fields := strings.Split(strings.TrimSuffix(line, "\n"), ","); len(fields) != 5 {
+		t.Fatalf("the redelivered message's first line holds %d fields, want the batch in doubt's 5", len(fields))
 	}
 	stop2()
 	<-done2
-	if sub2.Redelivered != 1 {
-		t.Fatalf("redelivered %d, want the one in doubt", sub2.Redelivered)
+	if st := sub2.Stats(); st.Redelivered != 1 || st.Skipped != 1 {
+		t.Fatalf("redelivered %d, batches skipped %d: want the message in doubt, less its batch done", st.Redelivered, st.Skipped)
 	}
 }

@@ -1,0 +1,211 @@
+package subscriber
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/mailroom/tailer/publish/consume"
+)
+
+// Probe is what the health endpoint asks of a subscriber.
+type Probe struct {
+	Stream, Durable string
+	JS              jetstream.JetStream
+	// Consuming reports whether the subscriber is bound to its consumer (a
+	// sender between two starts is not).
+	Consuming func() bool
+	// Stats are the subscriber's counts.
+	Stats func() consume.Stats
+	// Stalled, if set, reports whether the reader has had work waiting
+	// for longer than the stall timeout without taking or finishing any.
+	Stalled func() bool
+}
+
+// MetricNames lists the subscriber's metric families, which the infra
+// tests compare with the dashboard and the alert rules.
+var MetricNames = []string{
+	"mailroom_subscriber_messages_total",
+	"mailroom_subscriber_redelivered_total",
+	"mailroom_subscriber_acked_total",
+	"mailroom_subscriber_batches_total",
+	"mailroom_subscriber_batches_skipped_total",
+	"mailroom_subscriber_dead_letters_total",
+	"mailroom_subscriber_reader_failures_total",
+	"mailroom_subscriber_consumer_recreated_total",
+	"mailroom_subscriber_in_doubt_batches",
+	"mailroom_subscriber_last_delivery_timestamp_seconds",
+	"mailroom_subscriber_pending_messages",
+	"mailroom_subscriber_ack_pending_messages",
+	"mailroom_subscriber_dead_letters_waiting",
+	"mailroom_subscriber_active",
+	"mailroom_subscriber_stalled",
+	"mailroom_subscriber_up",
+}
+
+// Serve serves /healthz (the process answers), /readyz (bound to the
+// consumer, the server answers for it, and the reader is not stalled;
+// the body says whether this subscriber is the active one of its durable)
+// and /metrics on addr.
+func Serve(addr string, p *Probe) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(&collector{p: p})
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+		defer cancel()
+		st := p.state(ctx)
+		switch {
+		case !st.consuming:
+			http.Error(w, "not ready: not consuming", http.StatusServiceUnavailable)
+		case st.err != nil:
+			http.Error(w, "not ready: consumer "+p.Durable+": "+st.err.Error(), http.StatusServiceUnavailable)
+		case st.stalled:
+			http.Error(w, "not ready: the sender has had lines waiting, and taken or finished none, for longer than the stall timeout", http.StatusServiceUnavailable)
+		default:
+			fmt.Fprintf(w, "ready: %s, consumer %s, %d pending, %d awaiting ack, %d batches in doubt\n",
+				st.role(), p.Durable, st.info.NumPending, st.info.NumAckPending, st.stats.InDoubt)
+		}
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	return func() { srv.Close() }, nil
+}
+
+// state is one look at the subscriber and its consumer.
+type state struct {
+	consuming, stalled bool
+	stats              consume.Stats
+	info               *jetstream.ConsumerInfo
+	err                error
+	// pinned: the consumer pins one subscriber; active: this one.
+	pinned, active bool
+}
+
+func (st state) role() string {
+	switch {
+	case !st.pinned:
+		return "delivering (the consumer does not pin one subscriber)"
+	case st.active:
+		return "active (pinned)"
+	}
+	return "standby (another subscriber of the durable is pinned, or none yet)"
+}
+
+func (p *Probe) state(ctx context.Context) state {
+	st := state{consuming: p.Consuming(), stats: p.Stats()}
+	if p.Stalled != nil {
+		st.stalled = p.Stalled()
+	}
+	c, err := p.JS.Consumer(ctx, p.Stream, p.Durable)
+	if err == nil {
+		st.info, err = c.Info(ctx)
+	}
+	st.err = err
+	if st.info != nil && st.info.Config.PriorityPolicy == jetstream.PriorityPolicyPinned {
+		st.pinned = true
+		for _, g := range st.info.PriorityGroups {
+			if g.Group == consume.PriorityGroup && g.PinnedClientID != "" && g.PinnedClientID == st.stats.PinID {
+				st.active = true
+			}
+		}
+	}
+	return st
+}
+
+// collector reads the subscriber's counts and its consumer at each scrape.
+type collector struct {
+	p    *Probe
+	once sync.Once
+	d    map[string]*prometheus.Desc
+}
+
+func (c *collector) desc(name string) *prometheus.Desc {
+	c.once.Do(func() {
+		help := map[string]string{
+			"mailroom_subscriber_messages_total":                  "Messages delivered to the subscriber.",
+			"mailroom_subscriber_redelivered_total":               "Messages delivered more than once (their tokens may have reached a reader before).",
+			"mailroom_subscriber_acked_total":                     "Messages acknowledged.",
+			"mailroom_subscriber_batches_total":                   "Batches done (finished by the reader, or stored).",
+			"mailroom_subscriber_batches_skipped_total":           "Batches of redelivered messages done before, not written again.",
+			"mailroom_subscriber_dead_letters_total":              "Batches, and unreadable messages, set aside on the dead-letter stream by this process.",
+			"mailroom_subscriber_reader_failures_total":           "Readers (senders) that failed with batches in hand.",
+			"mailroom_subscriber_consumer_recreated_total":        "Times the consumer was found gone from the server and made again.",
+			"mailroom_subscriber_in_doubt_batches":                "Batches handed to the reader and not known finished.",
+			"mailroom_subscriber_last_delivery_timestamp_seconds": "When the last message was delivered (Unix time; 0: none yet).",
+			"mailroom_subscriber_pending_messages":                "Messages on the stream the consumer has yet to deliver.",
+			"mailroom_subscriber_ack_pending_messages":            "Messages delivered and not acknowledged.",
+			"mailroom_subscriber_dead_letters_waiting":            "Dead letters of this durable on the dead-letter stream, waiting for tailer dead-letters resend.",
+			"mailroom_subscriber_active":                          "1 when this subscriber is the one its consumer delivers to.",
+			"mailroom_subscriber_stalled":                         "1 when the reader has had lines waiting, and taken or finished none, for longer than the stall timeout.",
+			"mailroom_subscriber_up":                              "1 when the server answers for the consumer.",
+		}
+		c.d = make(map[string]*prometheus.Desc, len(MetricNames))
+		for _, n := range MetricNames {
+			c.d[n] = prometheus.NewDesc(n, help[n], nil, prometheus.Labels{"durable": c.p.Durable})
+		}
+	})
+	return c.d[name]
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, n := range MetricNames {
+		ch <- c.desc(n)
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	st := c.p.state(ctx)
+	counter := func(n string, v int) {
+		ch <- prometheus.MustNewConstMetric(c.desc(n), prometheus.CounterValue, float64(v))
+	}
+	gauge := func(n string, v float64) {
+		ch <- prometheus.MustNewConstMetric(c.desc(n), prometheus.GaugeValue, v)
+	}
+	b := func(v bool) float64 {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	s := st.stats
+	counter("mailroom_subscriber_messages_total", s.Messages)
+	counter("mailroom_subscriber_redelivered_total", s.Redelivered)
+	counter("mailroom_subscriber_acked_total", s.Acked)
+	counter("mailroom_subscriber_batches_total", s.Batches)
+	counter("mailroom_subscriber_batches_skipped_total", s.Skipped)
+	counter("mailroom_subscriber_dead_letters_total", s.DeadLetters)
+	counter("mailroom_subscriber_reader_failures_total", s.ReaderFailures)
+	counter("mailroom_subscriber_consumer_recreated_total", s.Recreated)
+	gauge("mailroom_subscriber_in_doubt_batches", float64(s.InDoubt))
+	last := 0.0
+	if !s.LastDelivery.IsZero() {
+		last = float64(s.LastDelivery.UnixMilli()) / 1000
+	}
+	gauge("mailroom_subscriber_last_delivery_timestamp_seconds", last)
+	gauge("mailroom_subscriber_up", b(st.err == nil))
+	if st.info != nil {
+		gauge("mailroom_subscriber_pending_messages", float64(st.info.NumPending))
+		gauge("mailroom_subscriber_ack_pending_messages", float64(st.info.NumAckPending))
+	}
+	gauge("mailroom_subscriber_active", b(st.err == nil && st.consuming && (!st.pinned || st.active)))
+	gauge("mailroom_subscriber_stalled", b(st.stalled))
+	if n, err := consume.CountDeadLetters(ctx, c.p.JS, c.p.Stream, c.p.Durable); err == nil {
+		gauge("mailroom_subscriber_dead_letters_waiting", float64(n))
+	}
+}

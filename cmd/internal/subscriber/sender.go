@@ -1,0 +1,251 @@
+// Package subscriber runs what tailer subscribe drives: a sender command
+// fed the lines on its standard input (Sender), and the subscriber's
+// health and metrics endpoint (Serve).
+package subscriber
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mailroom/tailer/publish/consume"
+)
+
+// ReportFD is the file descriptor on which a sender started with Reports
+// writes each line it finished; MAILROOM_REPORT_FD names it too.
+const ReportFD = 3
+
+// Sender runs a command (sh -c) as the reader of a subscriber's lines,
+// its standard input a pipe, and starts it again whenever it exits,
+// giving it what it had not finished.
+type Sender struct {
+	Command string
+	// Reports gives the command a pipe on ReportFD on which it writes back
+	// each line it finished: only those are done, however far ahead it
+	// reads.
+	Reports bool
+	// DoneExit are the exit codes that mean the command finished what it
+	// was given, when it exits after the end of its input (the mailroom
+	// sender exits 1 there).
+	DoneExit []int
+	// TransientExit are the exit codes that say the command could not work
+	// for a reason that is not the batch's (its mail server is away): they
+	// count no attempt against the batch in hand.
+	TransientExit []int
+	// StopTimeout bounds the wait for the command to finish its input when
+	// the subscriber stops; then its process group is killed.
+	StopTimeout    time.Duration
+	Stdout, Stderr io.Writer
+	Log            *slog.Logger
+}
+
+// killGrace is how long a process group has between SIGTERM and SIGKILL.
+const killGrace = 5 * time.Second
+
+// Run runs the command until ctx is done: then its input is closed once it
+// has taken all of it, and what it was given is done if it saw the end and
+// exits with a DoneExit code (with Reports: what it reported). Run returns
+// nil when stopped by ctx.
+func (x *Sender) Run(ctx context.Context, sub *consume.Subscriber, js jetstream.JetStream) error {
+	for restart := time.Duration(0); ; {
+		batches := sub.Stats().Batches
+		p, err := x.start(ctx, sub)
+		if err != nil {
+			return err
+		}
+		err = sub.Run(ctx, js)
+		if ctx.Err() != nil && err == nil {
+			x.stop(sub, p)
+			return nil
+		}
+		if !errors.Is(err, consume.ErrReaderGone) {
+			p.in.Close()
+			p.kill()
+			code := p.wait()
+			p.endReports()
+			sub.Settle(context.Background(), consume.ReaderStopped)
+			x.Log.Info("the sender is stopped", "exit", code)
+			return err
+		}
+		code := p.wait()
+		p.killGroup()
+		p.endReports()
+		outcome := consume.ReaderFailed
+		if code == 0 || slices.Contains(x.TransientExit, code) {
+			// It chose to stop, or could not work for a reason of its own:
+			// not the batch's fault.
+			outcome = consume.ReaderStopped
+		}
+		// Settled with its pipe still open: what it left unread there
+		// tells which batches it took.
+		n := sub.Settle(context.Background(), outcome)
+		p.in.Close()
+		// A sender that got through a batch is started again at once; one
+		// that did not (a wrong command, say) is given time.
+		if sub.Stats().Batches > batches {
+			restart = 0
+		} else {
+			restart = min(max(2*restart, 250*time.Millisecond), 10*time.Second)
+		}
+		x.Log.Warn("the sender exited: starting it again, with the lines it may not have finished", "exit", code, "messages_again", n, "in", restart)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(restart):
+		}
+	}
+}
+
+// proc is one run of the command.
+type proc struct {
+	cmd     *exec.Cmd
+	in      *os.File
+	exited  chan struct{}
+	code    int
+	reports *os.File
+	read    chan struct{}
+}
+
+func (x *Sender) start(ctx context.Context, sub *consume.Subscriber) (*proc, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("pipe to the sender: %w", err)
+	}
+	cmd := exec.Command("sh", "-c", x.Command)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = r, x.Stdout, x.Stderr
+	// A group of its own: stopping it stops whatever it started.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var rr, rw *os.File
+	if x.Reports {
+		if rr, rw, err = os.Pipe(); err != nil {
+			r.Close()
+			w.Close()
+			return nil, fmt.Errorf("pipe for the sender's reports: %w", err)
+		}
+		cmd.ExtraFiles = []*os.File{rw}
+		cmd.Env = append(os.Environ(), fmt.Sprintf("MAILROOM_REPORT_FD=%d", ReportFD))
+	}
+	err = cmd.Start()
+	r.Close()
+	if rw != nil {
+		rw.Close()
+	}
+	if err != nil {
+		w.Close()
+		if rr != nil {
+			rr.Close()
+		}
+		return nil, fmt.Errorf("start the sender: %w", err)
+	}
+	p := &proc{cmd: cmd, in: w, exited: make(chan struct{}), reports: rr, read: make(chan struct{})}
+	go func() {
+		err := cmd.Wait()
+		p.code = 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			p.code = ee.ExitCode()
+		} else if err != nil {
+			p.code = -1
+		}
+		close(p.exited)
+	}()
+	if rr != nil {
+		go func() {
+			defer close(p.read)
+			// Its own context: reports that come as the subscriber stops
+			// are acknowledged all the same.
+			if err := sub.ReadReports(context.Background(), rr); err != nil {
+				x.Log.Warn("reading the sender's reports", "err", err)
+			}
+		}()
+	} else {
+		close(p.read)
+	}
+	pipe, _ := consume.OpenPipe(w)
+	sub.SetOut(w, pipe)
+	return p, nil
+}
+
+// stop ends the command as the subscriber stops: the end of its input
+// once it took all of it, a wait for its exit, then its process group
+// stopped.
+func (x *Sender) stop(sub *consume.Subscriber, p *proc) {
+	stopCtx, cancel := context.WithTimeout(context.Background(), x.StopTimeout)
+	defer cancel()
+	// Its exit code says it did what it was given only if it read all of
+	// it and was still there to see the end: a sender that exited on its
+	// own (head -n K) left the lines still in the pipe, or the ones it
+	// read ahead, undone.
+	sawEnd := sub.Pipe != nil && sub.Pipe.Taken(stopCtx) == nil && !sub.Pipe.Gone()
+	p.in.Close()
+	select {
+	case <-p.exited:
+	case <-stopCtx.Done():
+		x.Log.Warn("stopping: the sender did not finish within the stop timeout; stopping its process group", "timeout", x.StopTimeout)
+	}
+	p.killGroup()
+	code := p.wait()
+	p.endReports()
+	outcome := consume.ReaderStopped
+	if sawEnd && slices.Contains(x.DoneExit, code) {
+		outcome = consume.ReaderDone
+	} else {
+		x.Log.Info("stopping: the sender did not read to the end of its input and exit with a code that means done", "exit", code)
+	}
+	if n := sub.Settle(context.Background(), outcome); n > 0 {
+		x.Log.Info("stopping: lines a sender may not have finished are delivered again", "messages", n)
+	}
+}
+
+// wait waits for the command's exit and returns its code (-1: killed by a
+// signal).
+func (p *proc) wait() int {
+	<-p.exited
+	return p.code
+}
+
+// kill stops the command's process group at once.
+func (p *proc) kill() { syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) }
+
+// killGroup stops whatever is left of the command's process group:
+// SIGTERM, then SIGKILL after killGrace.
+func (p *proc) killGroup() {
+	pgid := p.cmd.Process.Pid
+	if syscall.Kill(-pgid, syscall.SIGTERM) != nil {
+		return
+	}
+	deadline := time.Now().Add(killGrace)
+	for time.Now().Before(deadline) {
+		// Signal 0: is any process of the group left?
+		if syscall.Kill(-pgid, 0) != nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	syscall.Kill(-pgid, syscall.SIGKILL)
+}
+
+// endReports waits for the reports the command wrote to be read; a
+// process that kept the descriptor open past the command's exit is cut
+// off after a while.
+func (p *proc) endReports() {
+	if p.reports == nil {
+		return
+	}
+	select {
+	case <-p.read:
+	case <-time.After(killGrace):
+		p.reports.Close()
+		<-p.read
+	}
+	p.reports.Close()
+}

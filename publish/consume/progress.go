@@ -1,0 +1,352 @@
+package consume
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Batches is a set of batch indices of one message, written as ranges
+// ("0-3,7"): the batches of a message its reader finished.
+type Batches []span
+
+// span is an inclusive range of batch indices.
+type span struct{ lo, hi int }
+
+// Has reports whether i is in the set.
+func (b Batches) Has(i int) bool {
+	_, found := slices.BinarySearchFunc(b, i, func(s span, i int) int {
+		switch {
+		case s.hi < i:
+			return -1
+		case s.lo > i:
+			return 1
+		}
+		return 0
+	})
+	return found
+}
+
+// Add puts i in the set.
+func (b *Batches) Add(i int) {
+	if b.Has(i) {
+		return
+	}
+	s := *b
+	k, _ := slices.BinarySearchFunc(s, i, func(s span, i int) int { return s.lo - i })
+	s = slices.Insert(s, k, span{i, i})
+	// Join with the neighbours the new index touches.
+	if k+1 < len(s) && s[k+1].lo == i+1 {
+		s[k].hi = s[k+1].hi
+		s = slices.Delete(s, k+1, k+2)
+	}
+	if k > 0 && s[k-1].hi == i-1 {
+		s[k-1].hi = s[k].hi
+		s = slices.Delete(s, k, k+1)
+	}
+	*b = s
+}
+
+// Len is the number of indices in the set.
+func (b Batches) Len() int {
+	n := 0
+	for _, s := range b {
+		n += s.hi - s.lo + 1
+	}
+	return n
+}
+
+func (b Batches) String() string {
+	var sb strings.Builder
+	for i, s := range b {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		sb.WriteString(strconv.Itoa(s.lo))
+		if s.hi != s.lo {
+			sb.WriteByte('-')
+			sb.WriteString(strconv.Itoa(s.hi))
+		}
+	}
+	return sb.String()
+}
+
+// MarshalText writes the ranges.
+func (b Batches) MarshalText() ([]byte, error) { return []byte(b.String()), nil }
+
+// UnmarshalText parses ranges as String writes them.
+func (b *Batches) UnmarshalText(text []byte) error {
+	p, err := ParseBatches(string(text))
+	if err != nil {
+		return err
+	}
+	*b = p
+	return nil
+}
+
+// maxBatches bounds the batches of a message a record may speak of: the
+// tailer groups at most MAILROOM_MAX_BATCHES_PER_MESSAGE (1,000 by
+// default) into one message.
+const maxBatches = 1 << 20
+
+// ParseBatches parses "0-3,7": ascending, non-overlapping ranges of
+// indices below 2^20.
+func ParseBatches(s string) (Batches, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out Batches
+	for _, f := range strings.Split(s, ",") {
+		lo, hi, isRange := strings.Cut(f, "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil || a < 0 || a >= maxBatches || lo != strconv.Itoa(a) {
+			return nil, fmt.Errorf("batches %q: %q is not a batch index", s, lo)
+		}
+		z := a
+		if isRange {
+			if z, err = strconv.Atoi(hi); err != nil || z <= a || z >= maxBatches || hi != strconv.Itoa(z) {
+				return nil, fmt.Errorf("batches %q: %q is not a range of batch indices", s, f)
+			}
+		}
+		if n := len(out); n > 0 && a <= out[n-1].hi+1 {
+			return nil, fmt.Errorf("batches %q: ranges out of order or touching at %q", s, f)
+		}
+		out = append(out, span{a, z})
+	}
+	return out, nil
+}
+
+// Progress is what a subscriber remembers of a durable consumer beyond
+// what the server does: which batches of the messages it holds are done,
+// how often a reader failed on a batch, and where the consumer was. The
+// server acknowledges whole messages; a message of the tailer holds up to
+// MAILROOM_MAX_BATCHES_PER_MESSAGE batches, so without this record a
+// reader that dies would cost every batch of the messages it held, and a
+// consumer lost with its server would start again from nowhere.
+type Progress struct {
+	// StreamCreated is the stream's creation time: a record of an earlier
+	// stream of the same name does not apply.
+	StreamCreated time.Time `json:"stream_created"`
+	// Floor is the consumer's acknowledgement floor as last read from the
+	// server (a stream sequence): every message up to it is done.
+	Floor uint64 `json:"floor"`
+	// Messages are the messages above Floor the subscriber worked on, by
+	// stream sequence.
+	Messages map[uint64]*MessageProgress `json:"messages,omitempty"`
+}
+
+// MessageProgress is what is known about one message.
+type MessageProgress struct {
+	// Batches is how many batches the message holds.
+	Batches int `json:"batches"`
+	// Done are the batches its readers finished (or set aside as dead
+	// letters).
+	Done Batches `json:"done,omitempty"`
+	// Acked: the server confirmed the message's acknowledgement.
+	Acked bool `json:"acked,omitempty"`
+	// Attempts counts, by batch, the readers that failed with the batch
+	// taken and not finished.
+	Attempts map[int]int `json:"attempts,omitempty"`
+}
+
+// message returns the record of seq, made for a message of n batches if
+// there is none.
+func (p *Progress) message(seq uint64, n int) *MessageProgress {
+	if p.Messages == nil {
+		p.Messages = make(map[uint64]*MessageProgress)
+	}
+	m := p.Messages[seq]
+	if m == nil || m.Batches != n {
+		// A record that disagrees on the batch count is not this
+		// message's: start over rather than skip batches on its word.
+		m = &MessageProgress{Batches: n}
+		p.Messages[seq] = m
+	}
+	return m
+}
+
+// prune forgets the messages at or below the floor.
+func (p *Progress) prune(floor uint64) {
+	p.Floor = max(p.Floor, floor)
+	for seq := range p.Messages {
+		if seq <= p.Floor {
+			delete(p.Messages, seq)
+		}
+	}
+}
+
+// empty reports whether the record says nothing of the consumer.
+func (p *Progress) empty() bool { return p.Floor == 0 && len(p.Messages) == 0 }
+
+// maxRecordBytes bounds a stored record: a subscriber holds a few
+// messages at a time.
+const maxRecordBytes = 1 << 20
+
+// ParseProgress reads a stored record, rejecting one that cannot be a
+// subscriber's.
+func ParseProgress(data []byte) (Progress, error) {
+	var p Progress
+	if len(data) > maxRecordBytes {
+		return p, fmt.Errorf("progress record: %d bytes, more than %d", len(data), maxRecordBytes)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return Progress{}, fmt.Errorf("progress record: %w", err)
+	}
+	for seq, m := range p.Messages {
+		switch {
+		case m == nil:
+			return Progress{}, fmt.Errorf("progress record: message %d: null", seq)
+		case seq == 0:
+			return Progress{}, errors.New("progress record: message at sequence 0")
+		case m.Batches <= 0 || m.Batches > maxBatches:
+			return Progress{}, fmt.Errorf("progress record: message %d: %d batches", seq, m.Batches)
+		case len(m.Done) > 0 && m.Done[len(m.Done)-1].hi >= m.Batches:
+			return Progress{}, fmt.Errorf("progress record: message %d: batches %s done of %d", seq, m.Done, m.Batches)
+		}
+		for i, n := range m.Attempts {
+			if i < 0 || i >= m.Batches || n < 0 {
+				return Progress{}, fmt.Errorf("progress record: message %d: %d attempts at batch %d of %d", seq, n, i, m.Batches)
+			}
+		}
+	}
+	return p, nil
+}
+
+// ErrTakenOver is returned by a ProgressStore when another subscriber
+// saved the durable's record since this one read it: the other one is
+// delivering now, and this one must stop.
+var ErrTakenOver = errors.New("another subscriber saved progress for this durable consumer since this one read it")
+
+// ProgressStore keeps a durable consumer's Progress. Save succeeds only if
+// the record is still at the revision this subscriber last read or wrote.
+type ProgressStore interface {
+	Load(ctx context.Context) (p Progress, revision uint64, err error)
+	Save(ctx context.Context, p *Progress, revision uint64) (uint64, error)
+}
+
+// KVProgress keeps the record in a JetStream key-value bucket, on the same
+// servers as the stream, so that it survives the subscriber's host and is
+// shared by the standby subscribers of a durable.
+type KVProgress struct {
+	kv  jetstream.KeyValue
+	key string
+	// unsure are the records written since the last confirmed write whose
+	// outcome is not known.
+	unsure [][]byte
+}
+
+// ProgressBucket is the bucket holding the records of stream's consumers.
+func ProgressBucket(stream string) string { return safeName(stream) + "_subscribers" }
+
+// OpenProgress opens (making it if missing, with the stream's replicas)
+// the bucket of stream's subscriber records, for durable's record.
+func OpenProgress(ctx context.Context, js jetstream.JetStream, stream, durable string) (*KVProgress, error) {
+	bucket := ProgressBucket(stream)
+	kv, err := js.KeyValue(ctx, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		replicas := 1
+		if s, err := js.Stream(ctx, stream); err == nil {
+			replicas = s.CachedInfo().Config.Replicas
+		}
+		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      bucket,
+			Description: "tailer subscribe: which batches of the messages in hand are done, per durable consumer",
+			History:     1,
+			Storage:     jetstream.FileStorage,
+			Replicas:    replicas,
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, bucket)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open key-value bucket %s (subscriber progress): %w", bucket, err)
+	}
+	return &KVProgress{kv: kv, key: safeName(durable)}, nil
+}
+
+// safeName is name where it is a valid subject token and bucket name, its
+// hex encoding (prefixed x-) where not.
+func safeName(name string) string {
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return fmt.Sprintf("x-%x", name)
+		}
+	}
+	return name
+}
+
+// Load reads the record; revision 0 when there is none.
+func (s *KVProgress) Load(ctx context.Context) (Progress, uint64, error) {
+	e, err := s.kv.Get(ctx, s.key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Progress{}, 0, nil
+	}
+	if err != nil {
+		return Progress{}, 0, fmt.Errorf("read progress of %s: %w", s.key, err)
+	}
+	p, err := ParseProgress(e.Value())
+	if err != nil {
+		return Progress{}, 0, fmt.Errorf("read progress of %s (revision %d): %w", s.key, e.Revision(), err)
+	}
+	return p, e.Revision(), nil
+}
+
+// Save writes the record if it is still at revision (0: there is none),
+// returning the new revision, or ErrTakenOver.
+func (s *KVProgress) Save(ctx context.Context, p *Progress, revision uint64) (uint64, error) {
+	data, err := json.Marshal(p)
+	if err != nil {
+		return 0, fmt.Errorf("save progress of %s: %w", s.key, err)
+	}
+	for try := 0; ; try++ {
+		rev, err := s.put(ctx, data, revision)
+		if err == nil {
+			s.unsure = nil
+			return rev, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) {
+			// Lost on its way or not: which, the next write finds out.
+			s.unsure = append(s.unsure, data)
+			if len(s.unsure) > maxUnsure {
+				s.unsure = s.unsure[1:]
+			}
+			return 0, fmt.Errorf("save progress of %s: %w", s.key, err)
+		}
+		// The record moved on. If to something this subscriber wrote
+		// without hearing back, it is still this subscriber's.
+		e, gerr := s.kv.Get(ctx, s.key)
+		if gerr != nil || try >= maxUnsure {
+			return 0, fmt.Errorf("save progress of %s at revision %d: %w", s.key, revision, ErrTakenOver)
+		}
+		if bytes.Equal(e.Value(), data) {
+			s.unsure = nil
+			return e.Revision(), nil
+		}
+		if !slices.ContainsFunc(s.unsure, func(u []byte) bool { return bytes.Equal(e.Value(), u) }) {
+			return 0, fmt.Errorf("save progress of %s at revision %d: %w", s.key, revision, ErrTakenOver)
+		}
+		revision = e.Revision()
+	}
+}
+
+// maxUnsure bounds the writes remembered whose outcome is not known.
+const maxUnsure = 8
+
+func (s *KVProgress) put(ctx context.Context, data []byte, revision uint64) (uint64, error) {
+	if revision == 0 {
+		// Create also takes over a key left deleted.
+		return s.kv.Create(ctx, s.key, data)
+	}
+	return s.kv.Update(ctx, s.key, data, revision)
+}
