@@ -427,7 +427,13 @@ func (s *Subscriber) consumer(ctx context.Context, js jetstream.JetStream, lost 
 // consume reads messages from cons until ctx is done, the reader is gone,
 // or the consumer is lost (errConsumerLost).
 func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error {
-	opts := []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(1), jetstream.PullExpiry(pullExpiry)}
+	expiry := pullExpiry
+	if cfg := cons.CachedInfo().Config; cfg.PriorityPolicy == jetstream.PriorityPolicyPinned && cfg.PinnedTTL > 0 {
+		// The pinned subscriber keeps its pin by asking again well
+		// within PinnedTTL, idle or not.
+		expiry = min(expiry, cfg.PinnedTTL/2)
+	}
+	opts := []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(1), jetstream.PullExpiry(expiry)}
 	if cons.CachedInfo().Config.PriorityPolicy == jetstream.PriorityPolicyPinned {
 		opts = append(opts, jetstream.PullPriorityGroup(PriorityGroup))
 	}

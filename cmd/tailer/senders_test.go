@@ -1,0 +1,277 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mailroom/tailer/publish/wire"
+	"github.com/mailroom/tailer/testutil/pgtest"
+	"github.com/mailroom/tailer/testutil/tailertest"
+)
+
+// The readers the sender tests run, each as its own kind of mail sender:
+// it appends each line it finished to $OUT, writes its pid to $PIDFILE,
+// and, given MAILROOM_REPORT_FD (tailer subscribe --reports), reports each
+// line it finished there.
+var readers = map[string]string{
+	// A line at a time: sh's read takes one byte at a time from a pipe.
+	"line": `echo $$ > "$PIDFILE"
+while IFS= read -r l; do
+  printf '%s\n' "$l" >> "$OUT"
+  if [ -n "${MAILROOM_REPORT_FD:-}" ]; then printf '%s\n' "$l" >&3; fi
+done`,
+	// The mailroom sender's way: read 8,192 bytes, send every whole line
+	// of them, then read again; exit 1 at the end of the input.
+	"mailroom": `use strict;
+open(my $pf, '>', $ENV{PIDFILE}) or die; print $pf $$; close $pf;
+open(my $out, '>>', $ENV{OUT}) or die "$ENV{OUT}: $!";
+my $rep;
+if (defined $ENV{MAILROOM_REPORT_FD}) { open($rep, '>>&=', $ENV{MAILROOM_REPORT_FD}) or die "report fd: $!"; }
+my $buf = '';
+while (1) {
+  my $n = sysread(STDIN, my $chunk, 8192);
+  if (!$n) { print STDERR "ERROR: end of input stream\n"; exit 1; }
+  $buf .= $chunk;
+  while ((my $i = index($buf, "\n")) >= 0) {
+    my $l = substr($buf, 0, $i);
+    $buf = substr($buf, $i + 1);
+    select(undef, undef, undef, 0.001);
+    syswrite($out, "$l\n");
+    syswrite($rep, "$l\n") if $rep;
+  }
+}`,
+	// Node's readline, as a JavaScript sender would: the stream flows, the
+	// backlog is taken into memory at once, and the lines are worked one
+	// after the other.
+	"node": `const fs = require('fs');
+const readline = require('readline');
+fs.writeFileSync(process.env.PIDFILE, String(process.pid));
+const out = fs.openSync(process.env.OUT, 'a');
+const rep = process.env.MAILROOM_REPORT_FD ? Number(process.env.MAILROOM_REPORT_FD) : -1;
+const rl = readline.createInterface({ input: process.stdin, crlfDelay: Infinity });
+(async () => {
+  for await (const line of rl) {
+    await new Promise(r => setTimeout(r, 1));
+    fs.writeSync(out, line + '\n');
+    if (rep >= 0) fs.writeSync(rep, line + '\n');
+  }
+})();`,
+}
+
+// readerCommand writes reader kind into dir and returns the --exec command
+// that runs it, its output dir/out and its pid file dir/pid.
+func readerCommand(t *testing.T, dir, kind string) string {
+	t.Helper()
+	ext := map[string]string{"line": "sh", "mailroom": "pl", "node": "js"}[kind]
+	path := filepath.Join(dir, "reader."+ext)
+	if err := os.WriteFile(path, []byte(readers[kind]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := map[string]string{"line": "sh", "mailroom": "perl", "node": "node"}[kind]
+	if _, err := exec.LookPath(run); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s is missing: .ci/run installs it", run)
+		}
+		t.Skipf("%s not installed", run)
+	}
+	// exec: the reader is the process group's leader, its pid the one to
+	// kill.
+	return fmt.Sprintf("OUT=%s PIDFILE=%s exec %s %s", filepath.Join(dir, "out"), filepath.Join(dir, "pid"), run, path)
+}
+
+// newGroupedMessages is a cluster whose tailer has published n tokens in
+// batches of limit tokens, a backlog published at once, so that a message
+// holds many batches (group commit); and the tokens as signed, by id.
+func newGroupedMessages(t *testing.T, n, limit int) (*cluster, map[int64]string) {
+	t.Helper()
+	c := newCluster(t, pgtest.Shared(t), limit, 50*time.Millisecond)
+	for i := 0; i < n; i += 1000 {
+		c.Exec(`INSERT INTO accounts (email, login) SELECT 'g' || $1::int || '_' || g || '@x', 'g' || $1::int || '_' || g FROM generate_series(1, $2::int) g`, i, min(1000, n-i))
+	}
+	c.tailer()
+	c.expectExactlyOnce(2 * time.Minute)
+	want := c.signedTokens()
+	if len(want) != n {
+		t.Fatalf("%d tokens, want %d", len(want), n)
+	}
+	grouped := 0
+	for _, m := range c.messages() {
+		if strings.Contains(m.Header.Get(wire.HeaderBatchSizes), ",") {
+			grouped++
+		}
+	}
+	if grouped == 0 {
+		t.Fatal("no message holds more than one batch: group commit is not exercised")
+	}
+	return c, want
+}
+
+// killReaders SIGKILLs the reader whose pid is in pidfile n times, each a
+// random 20-120 ms after a new reader wrote its pid, and returns how many
+// times it did.
+func killReaders(t *testing.T, pidfile string, n int, rng *rand.Rand, alive func() bool) int {
+	t.Helper()
+	last, kills := 0, 0
+	deadline := time.Now().Add(2 * time.Minute)
+	for kills < n && time.Now().Before(deadline) && alive() {
+		data, _ := os.ReadFile(pidfile)
+		pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+		if err != nil || pid == last {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		time.Sleep(time.Duration(20+rng.IntN(100)) * time.Millisecond)
+		if syscall.Kill(pid, syscall.SIGKILL) == nil {
+			kills++
+		}
+		last = pid
+	}
+	return kills
+}
+
+// Readers of every kind SIGKILLed again and again under each mode that is
+// safe for them: lines into a pipe, acknowledged once the reader takes
+// the next batch (a reader that takes more only when done: a line reader,
+// the mailroom sender's read of 8,192 bytes), and --reports, where only
+// the lines the reader reports finished are done (any reader, Node's
+// read-ahead readline too). Group commit on: a message holds many
+// batches. Nothing lost, and at most two batches written again per kill.
+func TestReadersKilled(t *testing.T) {
+	t.Parallel()
+	const kills, limit = 20, 10
+	c, want := newGroupedMessages(t, 5000, limit)
+	for _, tc := range []struct {
+		reader string
+		args   []string
+	}{
+		{"line", nil},
+		{"mailroom", nil},
+		{"line", []string{"--reports"}},
+		{"mailroom", []string{"--reports"}},
+		{"node", []string{"--reports"}},
+	} {
+		name := tc.reader + "/pipe"
+		if len(tc.args) > 0 {
+			name = tc.reader + "/reports"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			out, pidfile := filepath.Join(dir, "out"), filepath.Join(dir, "pid")
+			if err := os.WriteFile(out, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			durable := strings.ReplaceAll(name, "/", "-")
+			args := append([]string{"--max-tokens-per-line", "1", "--ack-wait", "5s", "--done-exit", "0,1"}, tc.args...)
+			p := c.execSubscriber(t, durable, readerCommand(t, dir, tc.reader), args...)
+			rng := rand.New(rand.NewPCG(uint64(len(name)), 7))
+			n := killReaders(t, pidfile, kills, rng, func() bool { m, _ := countOutput(t, out, want); return m > 0 })
+			tailertest.EventuallyProgressing(t, time.Minute, func() (int, error) {
+				missing, _ := countOutput(t, out, want)
+				if missing > 0 {
+					return len(want) - missing, fmt.Errorf("%d of %d tokens never reached a reader:\n%s", missing, len(want), tail(p.out.String(), 20))
+				}
+				return len(want), nil
+			})
+			if code := p.term(30 * time.Second); code != 0 {
+				t.Fatalf("exit %d after SIGTERM:\n%s", code, p.out.String())
+			}
+			missing, repeats := countOutput(t, out, want)
+			t.Logf("%s: %d tokens, %d readers killed: %d lost, %d written twice", name, len(want), n, missing, repeats)
+			if n < kills/2 {
+				t.Fatalf("only %d readers killed while tokens were in flight", n)
+			}
+			if missing > 0 || repeats > 2*limit*n {
+				t.Fatalf("%d lost, %d repeats: more than the two batches of %d in doubt per kill", missing, repeats, limit)
+			}
+		})
+	}
+}
+
+// tail returns the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
+}
+
+// Readers that take 5-40 lines and exit, restarted as a supervisor would:
+// through a shell pipeline (the subscriber exits with its reader and is
+// started again, remembering in the durable's record which batches of a
+// message were done) and with --exec. Group commit on: a message holds
+// up to 1,000 batches, and only the batches a reader held come again.
+func TestShortReadersGroupCommit(t *testing.T) {
+	t.Parallel()
+	const exits, limit = 50, 10
+	c, want := newGroupedMessages(t, 15000, limit)
+	env := append(os.Environ(), "MAILROOM_NATS_URL="+c.natsURL())
+	rng := rand.New(rand.NewPCG(5, 40))
+
+	t.Run("pipeline", func(t *testing.T) {
+		t.Parallel()
+		out := filepath.Join(t.TempDir(), "lines")
+		for i := 0; i < exits; i++ {
+			ctx, cancel := context.WithTimeout(c.ctx, 60*time.Second)
+			sh := exec.CommandContext(ctx, "sh", "-c", fmt.Sprintf("exec %s subscribe --durable pipeline --from-start --ack-wait 5s | head -n %d >> %s", tailerBin, 5+rng.IntN(36), out))
+			sh.Env = env
+			sh.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			sh.Cancel = func() error { return syscall.Kill(-sh.Process.Pid, syscall.SIGKILL) }
+			var errOut tailertest.Buffer
+			sh.Stderr = &errOut
+			err := sh.Run()
+			timedOut := ctx.Err() != nil
+			cancel()
+			if timedOut || err != nil {
+				t.Fatalf("run %d: %v (timed out: %v):\n%s", i, err, timedOut, errOut.String())
+			}
+			if strings.Contains(errOut.String(), "WARNING: DATA RACE") {
+				t.Fatalf("run %d: the race detector reported:\n%s", i, errOut.String())
+			}
+		}
+		p := c.subscriber(out, "--durable", "pipeline", "--ack-wait", "5s")
+		tailertest.EventuallyProgressing(t, time.Minute, func() (int, error) {
+			if missing, _ := countOutput(t, out, want); missing > 0 {
+				return len(want) - missing, fmt.Errorf("%d of %d tokens never reached a reader", missing, len(want))
+			}
+			return len(want), nil
+		})
+		p.term(30 * time.Second)
+		_, repeats := countOutput(t, out, want)
+		t.Logf("pipeline: %d tokens through %d readers of 5-40 lines: none lost, %d written twice (at most %d allowed)", len(want), exits, repeats, 2*limit*exits)
+		if repeats > 2*limit*exits {
+			t.Fatalf("%d repeats: more than two batches of %d per reader exit", repeats, limit)
+		}
+	})
+
+	t.Run("exec", func(t *testing.T) {
+		t.Parallel()
+		out := filepath.Join(t.TempDir(), "lines")
+		p := c.execSubscriber(t, "exec", "head -n $(shuf -i 5-40 -n 1) >> "+out, "--ack-wait", "5s")
+		p.waitLog("the sender exited", exits, 2*time.Minute)
+		if code := p.term(30 * time.Second); code != 0 {
+			t.Fatalf("exit %d after SIGTERM:\n%s", code, p.out.String())
+		}
+		f := c.subscriber(out, "--durable", "exec", "--ack-wait", "5s")
+		tailertest.EventuallyProgressing(t, time.Minute, func() (int, error) {
+			if missing, _ := countOutput(t, out, want); missing > 0 {
+				return len(want) - missing, fmt.Errorf("%d of %d tokens never reached a reader", missing, len(want))
+			}
+			return len(want), nil
+		})
+		f.term(30 * time.Second)
+		restarts := strings.Count(p.out.String(), "the sender exited") + 1
+		_, repeats := countOutput(t, out, want)
+		t.Logf("exec: %d tokens through %d sender exits: none lost, %d written twice (at most %d allowed)", len(want), restarts, repeats, 2*limit*restarts)
+		if repeats > 2*limit*restarts {
+			t.Fatalf("%d repeats: more than two batches of %d per sender exit", repeats, limit)
+		}
+	})
+}
