@@ -30,7 +30,8 @@ Usage:
   tailer status     show the slot, its lag and the stream; exit 1 above --max-lag
   tailer health     exit 0 when the running tailer's /readyz says ready (for container healthchecks)
   tailer verify     check a token with the signing key
-  tailer subscribe  print published batches, one line each
+  tailer subscribe  print published batches, one line each, or feed them to a sender
+  tailer dead-letters  list or re-send the batches a durable's senders kept failing on
 
 Every setting is a MAILROOM_* environment variable and the matching flag;
 run "tailer COMMAND --help" for those of a command.
@@ -110,6 +111,8 @@ func run(args []string, lookupEnv func(string) (string, bool), stdout, stderr io
 		return verify(rest, lookupEnv, stdout, stderr)
 	case "subscribe":
 		return subscribe(ctx, rest, lookupEnv, stdout, stderr)
+	case "dead-letters":
+		return deadLetters(ctx, rest, lookupEnv, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "tailer: unknown command %q\n\n%s", cmd, usage)
 	return exitConfig

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -274,4 +275,163 @@ func TestShortReadersGroupCommit(t *testing.T) {
 			t.Fatalf("%d repeats: more than two batches of %d per sender exit", repeats, limit)
 		}
 	})
+}
+
+// The mailroom-style sender, which exits 1 at the end of its input, under
+// a subscriber stopped with SIGTERM ten times while tokens flow: with
+// --done-exit 0,1 its exit after the end is "done", and nothing it was
+// given comes again.
+func TestMailroomSenderStoppedCleanly(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
+	c.tailer()
+	w := c.startWriter(7, 20*time.Millisecond)
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out")
+	if err := os.WriteFile(out, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sender := readerCommand(t, dir, "mailroom")
+	const stops = 10
+	for i := 0; i < stops; i++ {
+		p := c.execSubscriber(t, "clean", sender, "--done-exit", "0,1", "--ack-wait", "5s")
+		before, _ := outputTokens(t, out)
+		tailertest.Eventually(t, 30*time.Second, func() error {
+			if got, _ := outputTokens(t, out); len(got) < len(before)+20 {
+				return fmt.Errorf("%d tokens out, want %d more than %d:\n%s", len(got), 20, len(before), tail(p.out.String(), 20))
+			}
+			return nil
+		})
+		if code := p.term(30 * time.Second); code != 0 {
+			t.Fatalf("stop %d: exit %d:\n%s", i, code, p.out.String())
+		}
+	}
+	w.halt()
+	c.expectExactlyOnce(time.Minute)
+	want := c.signedTokens()
+	f := c.execSubscriber(t, "clean", sender, "--done-exit", "0,1")
+	tailertest.EventuallyProgressing(t, time.Minute, func() (int, error) {
+		if missing, _ := countOutput(t, out, want); missing > 0 {
+			return len(want) - missing, fmt.Errorf("%d of %d tokens never reached the sender", missing, len(want))
+		}
+		return len(want), nil
+	})
+	f.term(30 * time.Second)
+	missing, repeats := countOutput(t, out, want)
+	t.Logf("%d tokens through %d clean stops of the mailroom-style sender: %d lost, %d repeated", len(want), stops, missing, repeats)
+	if repeats > 0 {
+		t.Fatalf("%d tokens repeated across clean stops", repeats)
+	}
+}
+
+// A sender that stops reading with lines waiting: /readyz (and tailer
+// health) fails within the stall timeout, and SIGTERM stops the sender's
+// whole process group, the child it started too.
+func TestHungSender(t *testing.T) {
+	t.Parallel()
+	c, _ := newSingleTokenMessages(t, 20, 10)
+	dir := t.TempDir()
+	pidfile := filepath.Join(dir, "pid")
+	port, _ := pgtest.FreePort()
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	// It takes one line, then waits on a child forever.
+	p := c.execSubscriber(t, "hung", fmt.Sprintf(`echo $$ > %s; read -r l; sleep 3600 & wait`, pidfile),
+		"--stall-timeout", "2s", "--stop-timeout", "2s", "--health-addr", addr)
+	start := time.Now()
+	var body string
+	tailertest.Eventually(t, 30*time.Second, func() error {
+		var code int
+		if code, body = httpGet("http://" + addr + "/readyz"); code != 503 || !strings.Contains(body, "stall") {
+			return fmt.Errorf("/readyz: %d %s", code, body)
+		}
+		return nil
+	})
+	t.Logf("/readyz failed %s after the subscriber started (stall timeout 2s): %s", time.Since(start).Round(100*time.Millisecond), strings.TrimSpace(body))
+	h := c.command([]string{"health", "--http-addr", addr})
+	if code := h.exit(10 * time.Second); code == 0 {
+		t.Fatalf("tailer health exit 0 with the sender hung:\n%s", h.out.String())
+	}
+	if _, page := httpGet("http://" + addr + "/metrics"); !strings.Contains(page, `mailroom_subscriber_stalled{durable="hung"} 1`) {
+		t.Fatalf("/metrics does not say stalled:\n%s", grepLines(page, "mailroom_subscriber_"))
+	}
+	data, _ := os.ReadFile(pidfile)
+	pgid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := p.term(30 * time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGTERM:\n%s", code, p.out.String())
+	}
+	if err := syscall.Kill(-pgid, 0); err != syscall.ESRCH {
+		out, _ := exec.Command("ps", "-o", "pid,pgid,args", "-g", strconv.Itoa(pgid)).CombinedOutput()
+		t.Fatalf("the sender's process group %d is still there after SIGTERM (%v):\n%s", pgid, err, out)
+	}
+}
+
+// A sender that fails on one batch, every time: after --max-deliveries
+// senders failed with it in hand it goes to the dead-letter stream, and
+// every other token reaches the sender; the metric the alert reads says
+// so; tailer dead-letters lists it, and resend delivers it once.
+func TestPoisonBatch(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, pgtest.Shared(t), 1, 50*time.Millisecond)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'p' || g || '@x', 'p' || g FROM generate_series(1, 100) g`)
+	c.Exec(`INSERT INTO accounts (email, login) VALUES ('poison@x', 'poison')`)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'q' || g || '@x', 'q' || g FROM generate_series(1, 100) g`)
+	c.tailer()
+	c.expectExactlyOnce(time.Minute)
+	want := c.signedTokens()
+	var poisonID int64
+	if err := c.Conn.QueryRow(c.ctx, `SELECT t.id FROM tokens t JOIN accounts a ON a.id = t.account WHERE a.login = 'poison'`).Scan(&poisonID); err != nil {
+		t.Fatal(err)
+	}
+	others := maps.Clone(want)
+	delete(others, poisonID)
+
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out")
+	if err := os.WriteFile(out, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	port, _ := pgtest.FreePort()
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	p := c.execSubscriber(t, "poison", fmt.Sprintf(`while IFS= read -r l; do case "$l" in *poison*) exit 1;; esac; printf '%%s\n' "$l" >> %s; done`, out),
+		"--max-deliveries", "3", "--health-addr", addr, "--ack-wait", "5s")
+	tailertest.EventuallyProgressing(t, time.Minute, func() (int, error) {
+		if missing, _ := countOutput(t, out, others); missing > 0 {
+			return len(others) - missing, fmt.Errorf("%d of %d tokens behind the poison batch never reached the sender:\n%s", missing, len(others), tail(p.out.String(), 10))
+		}
+		return len(others), nil
+	})
+	p.waitLog("dead letter: set a batch aside", 1, 30*time.Second)
+	page := awaitMetrics(t, "http://"+addr+"/metrics", `mailroom_subscriber_dead_letters_waiting{durable="poison"} 1`)
+	if !strings.Contains(page, `mailroom_subscriber_dead_letters_total{durable="poison"} 1`) {
+		t.Fatalf("/metrics:\n%s", grepLines(page, "mailroom_subscriber_"))
+	}
+	if code := p.term(30 * time.Second); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, p.out.String())
+	}
+	if _, repeats := countOutput(t, out, others); repeats > 0 {
+		t.Fatalf("%d tokens written twice", repeats)
+	}
+	list := c.command([]string{"dead-letters", "list", "--durable", "poison"})
+	if code := list.exit(30 * time.Second); code != 0 || !strings.Contains(list.out.String(), "3 deliveries") || strings.Count(list.out.String(), "\n") != 2 {
+		t.Fatalf("dead-letters list: exit %d:\n%s", code, list.out.String())
+	}
+	t.Logf("dead-letters list:\n%s", list.out.String())
+	// The sender is fixed: resend delivers the batch, once, and removes it.
+	for run := 0; run < 2; run++ {
+		r := c.command([]string{"dead-letters", "resend", "--durable", "poison", "--exec", "cat >> " + out})
+		if code := r.exit(30 * time.Second); code != 0 {
+			t.Fatalf("dead-letters resend (run %d): exit %d:\n%s", run, code, r.out.String())
+		}
+	}
+	missing, repeats := countOutput(t, out, want)
+	if missing > 0 || repeats > 0 {
+		t.Fatalf("after resend: %d missing, %d repeated", missing, repeats)
+	}
+	list = c.command([]string{"dead-letters", "list", "--durable", "poison"})
+	if code := list.exit(30 * time.Second); code != 0 || !strings.Contains(list.out.String(), "0 dead letters") {
+		t.Fatalf("dead-letters list after resend: exit %d:\n%s", code, list.out.String())
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -24,7 +25,14 @@ import (
 )
 
 func subscribe(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("tailer subscribe", flag.ContinueOnError)
+	return subscribeAs(ctx, "subscribe", args, lookupEnv, stdout, stderr)
+}
+
+// subscribeAs is tailer subscribe, or, as "dead-letters resend", the same
+// reading a durable's dead letters until none is left.
+func subscribeAs(ctx context.Context, command string, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
+	resend := command == "dead-letters resend"
+	fs := flag.NewFlagSet("tailer "+command, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	durable := fs.String("durable", "", "durable consumer name (created if missing); required")
 	format := fs.String("format", "line", "output: line (collector lines) or json")
@@ -66,17 +74,17 @@ func subscribe(ctx context.Context, args []string, lookupEnv func(string) (strin
 	}
 	if err := fs.Parse(own); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			config.Load("tailer subscribe --durable NAME [options]", subVars, []string{"-h"}, lookupEnv, stderr)
+			config.Load("tailer "+command+" --durable NAME [options]", subVars, []string{"-h"}, lookupEnv, stderr)
 			return exitOK
 		}
 		return exitConfig
 	}
-	cfg, _, code := loadConfig("subscribe --durable NAME [options]", subVars, shared, lookupEnv, stderr)
+	cfg, _, code := loadConfig(command+" --durable NAME [options]", subVars, shared, lookupEnv, stderr)
 	if cfg == nil {
 		return code
 	}
 	bad := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "tailer subscribe: "+format+"\n", a...)
+		fmt.Fprintf(stderr, "tailer "+command+": "+format+"\n", a...)
 		return exitConfig
 	}
 	switch {
@@ -98,6 +106,8 @@ func subscribe(ctx context.Context, args []string, lookupEnv func(string) (strin
 		return bad("--into %s: MAILROOM_INBOX_URL (--inbox-url) names the database to store into; it is not set", *into)
 	case *into != "" && (*execCmd != "" || *format != "line" || *perLine != 0 || *window != 0):
 		return bad("--into stores tokens in a database: --exec, --format, --max-tokens-per-line and --dedup-window are for lines")
+	case resend && *into != "":
+		return bad("--into: dead letters come from senders; re-send them to one (--exec, or the standard output)")
 	case *into == "" && *migrateInto:
 		return bad("--migrate: only with --into")
 	case *execCmd == "" && *reports:
@@ -116,19 +126,20 @@ func subscribe(ctx context.Context, args []string, lookupEnv func(string) (strin
 		return bad("--transient-exit: %v", err)
 	}
 	log := daemon.NewLogger("text", "info", stderr)
+	var resent []uint64
 	url := cfg.NATSURL
 	if url == "" {
 		url = nats.DefaultURL
 	}
 	nc, err := nats.Connect(url, append(cfg.NATSOptions(), nats.Name("tailer subscribe"), nats.MaxReconnects(-1))...)
 	if err != nil {
-		fmt.Fprintf(stderr, "tailer subscribe: MAILROOM_NATS_URL: cannot connect to %s: %v\n", config.RedactURL(url), err)
+		fmt.Fprintf(stderr, "tailer %s: MAILROOM_NATS_URL: cannot connect to %s: %v\n", command, config.RedactURL(url), err)
 		return exitConfig
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
-		fmt.Fprintf(stderr, "tailer subscribe: %v\n", err)
+		fmt.Fprintf(stderr, "tailer %s: %v\n", command, err)
 		return exitFailure
 	}
 	if *into != "" {
@@ -140,7 +151,16 @@ func subscribe(ctx context.Context, args []string, lookupEnv func(string) (strin
 		Action: *action, JSON: *format == "json", MaxTokensPerLine: *perLine, Out: stdout, Log: log,
 		AckWait: *ackWait, Reports: *reports, MaxDeliveries: *maxDeliveries, Pinned: true, PinnedTTL: *pinnedTTL,
 	}
-	if sub.Progress, err = consume.OpenProgress(ctx, js, cfg.Stream, *durable); err != nil {
+	if resend {
+		// The durable's dead letters, through a consumer of their own, once
+		// each, until none is left.
+		sub.Stream, sub.Subject = consume.DeadStream(cfg.Stream), consume.DeadSubject(cfg.Stream, *durable)
+		sub.Durable, sub.FromStart, sub.UntilDrained, sub.Pinned = *durable+"-resend", true, true, false
+		*maxDeliveries, sub.MaxDeliveries = 0, 0
+		var mu sync.Mutex
+		sub.OnAck = func(seq uint64) { mu.Lock(); resent = append(resent, seq); mu.Unlock() }
+	}
+	if sub.Progress, err = consume.OpenProgress(ctx, js, cfg.Stream, sub.Durable); err != nil {
 		log.Error("subscribe failed: the subscriber keeps which batches are done in a key-value bucket beside the stream; allow it to make and use the bucket", "err", err)
 		return exitFailure
 	}
@@ -203,6 +223,9 @@ func subscribe(ctx context.Context, args []string, lookupEnv func(string) (strin
 	}
 	unpin, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	sub.Unpin(unpin, js)
+	if resend && err == nil {
+		err = purgeResent(unpin, js, cfg.Stream, *durable, resent, log)
+	}
 	cancel()
 	if st := sub.Stats(); st.Redelivered > 0 {
 		log.Info("messages delivered more than once", "messages", st.Redelivered, "batches_done_before", st.Skipped)

@@ -79,9 +79,14 @@ type Subscriber struct {
 	// UntilDrained ends Run once the consumer has nothing left to deliver
 	// and nothing is in hand.
 	UntilDrained bool
+	// OnAck, if set, is told the stream sequence of each message
+	// acknowledged once the reader finished it.
+	OnAck func(seq uint64)
 
 	// consuming: Run is bound to the consumer (see Consuming).
 	consuming atomic.Bool
+	// handling: a message is being handed over.
+	handling atomic.Bool
 	cons      atomic.Pointer[jetstream.Consumer]
 	saveMu    sync.Mutex
 	kick      chan struct{}
@@ -303,7 +308,8 @@ var errConsumerLost = errors.New("the consumer is gone from the server")
 // says where it was.
 var ErrPositionUnknown = errors.New("the consumer is gone and no record says where it was")
 
-// Run copies messages until ctx is done, the reader is gone (an error
+// Run copies messages until ctx is done (or, UntilDrained, nothing is left
+// to deliver; it returns nil then), the reader is gone (an error
 // wrapping ErrReaderGone), or another subscriber took the durable over
 // (ErrTakenOver). Batches in doubt stay pending, kept from redelivery,
 // until Settle. A consumer that vanishes from the server is made again
@@ -397,6 +403,16 @@ func (s *Subscriber) consumer(ctx context.Context, js jetstream.JetStream, lost 
 		d.MaxAckPending = reportsAckPending
 	}
 	_, err := js.Consumer(ctx, s.Stream, s.Durable)
+	for waited := false; errors.Is(err, jetstream.ErrStreamNotFound); waited = true {
+		// Started before the tailer made its stream: wait for it.
+		if !waited && s.Log != nil {
+			s.Log.Warn("the stream is not there yet; waiting for it", "stream", s.Stream)
+		}
+		if !sleep(ctx, 2*time.Second) {
+			return nil, fmt.Errorf("consumer %s on stream %s: %w", s.Durable, s.Stream, err)
+		}
+		_, err = js.Consumer(ctx, s.Stream, s.Durable)
+	}
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		s.mu.Lock()
 		known, floor := !s.prog.empty(), s.prog.Floor
@@ -499,7 +515,10 @@ func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error
 			}
 			return fmt.Errorf("consume %s: %w", s.Durable, err)
 		}
-		if err := s.handle(runCtx, msg); err != nil {
+		s.handling.Store(true)
+		err = s.handle(runCtx, msg)
+		s.handling.Store(false)
+		if err != nil {
 			if cause := context.Cause(runCtx); errors.Is(cause, ErrReaderGone) {
 				return fmt.Errorf("write lines: %w", cause)
 			}
@@ -543,7 +562,8 @@ func (s *Subscriber) lost(err error) error {
 }
 
 // untilDrained stops consuming once the consumer has delivered everything
-// and nothing is in hand.
+// and every batch in hand was handed over: what is still in doubt is
+// settled as the subscriber stops (a sender gets the end of its input).
 func (s *Subscriber) untilDrained(ctx context.Context, cons jetstream.Consumer, cancel context.CancelCauseFunc) {
 	for sleep(ctx, 250*time.Millisecond) {
 		info, err := cons.Info(ctx)
@@ -551,9 +571,9 @@ func (s *Subscriber) untilDrained(ctx context.Context, cons jetstream.Consumer, 
 			continue
 		}
 		s.mu.Lock()
-		idle := len(s.held) == 0
+		held := len(s.held)
 		s.mu.Unlock()
-		if idle && info.NumPending == 0 && info.NumAckPending == 0 {
+		if !s.handling.Load() && info.NumPending == 0 && info.NumAckPending == held {
 			cancel(nil)
 			return
 		}

@@ -51,7 +51,8 @@ type Sender struct {
 // killGrace is how long a process group has between SIGTERM and SIGKILL.
 const killGrace = 5 * time.Second
 
-// Run runs the command until ctx is done: then its input is closed once it
+// Run runs the command until ctx is done (or the subscriber drained): then
+// its input is closed once it
 // has taken all of it, and what it was given is done if it saw the end and
 // exits with a DoneExit code (with Reports: what it reported). Run returns
 // nil when stopped by ctx.
@@ -63,7 +64,8 @@ func (x *Sender) Run(ctx context.Context, sub *consume.Subscriber, js jetstream.
 			return err
 		}
 		err = sub.Run(ctx, js)
-		if ctx.Err() != nil && err == nil {
+		if err == nil {
+			// Stopped, or drained (UntilDrained).
 			x.stop(sub, p)
 			return nil
 		}
