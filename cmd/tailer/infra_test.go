@@ -478,8 +478,15 @@ func TestComposeNATSAccounts(t *testing.T) {
 		return nil
 	})
 
-	if code, body := subscriberHealth(healthAddr); code != exitOK || !strings.Contains(body, "ready: consumer sender") {
+	if code, body := subscriberHealth(healthAddr); code != exitOK || !strings.Contains(body, "ready: active (pinned), consumer sender") {
 		t.Fatalf("tailer health of the subscriber: exit %d: %s", code, body)
+	}
+	// The dead-letter commands, as the subscriber's user.
+	asSubscriber := []string{"MAILROOM_NATS_USER=subscriber", "MAILROOM_NATS_PASSWORD=" + subscriberPW}
+	for _, args := range [][]string{{"dead-letters", "list", "--durable", "sender"}, {"dead-letters", "resend", "--durable", "sender"}} {
+		if r := c.command(args, asSubscriber...); r.exit(30*time.Second) != exitOK {
+			t.Fatalf("tailer %s as the subscriber's user:\n%s", strings.Join(args, " "), r.out.String())
+		}
 	}
 	nc, err := nats.Connect(c.natsURL(), nats.UserInfo("subscriber", subscriberPW),
 		// The refusals below are the point: no need to print them.

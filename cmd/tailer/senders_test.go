@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -433,5 +434,166 @@ func TestPoisonBatch(t *testing.T) {
 	list = c.command([]string{"dead-letters", "list", "--durable", "poison"})
 	if code := list.exit(30 * time.Second); code != 0 || !strings.Contains(list.out.String(), "0 dead letters") {
 		t.Fatalf("dead-letters list after resend: exit %d:\n%s", code, list.out.String())
+	}
+}
+
+// Two subscribers on one durable: the consumer delivers to one (pinned),
+// the other stands by. The active one is killed with its sender (as a
+// container dies) ten times under a writer: the standby takes over within
+// seconds, the two never deliver at the same time (the order in which
+// lines were written switches subscriber once per kill), and every token
+// arrives.
+func TestStandbySubscribers(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, pgtest.Shared(t), 5, 50*time.Millisecond)
+	c.tailer()
+	w := c.startWriter(3, 30*time.Millisecond)
+	dir := t.TempDir()
+	out, who := filepath.Join(dir, "out"), filepath.Join(dir, "who")
+	for _, f := range []string{out, who} {
+		if err := os.WriteFile(f, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type sub struct {
+		p    *proc
+		addr string
+	}
+	subs := map[string]*sub{}
+	start := func(name string) {
+		port, _ := pgtest.FreePort()
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		sender := fmt.Sprintf(`echo $$ > %[1]s/%[2]s.pid; while IFS= read -r l; do printf '%%s\n' "$l" >> %[3]s; echo %[2]s >> %[4]s; done`, dir, name, out, who)
+		subs[name] = &sub{c.execSubscriber(t, "standby", sender, "--pinned-ttl", "2s", "--ack-wait", "3s", "--health-addr", addr), addr}
+	}
+	writers := func() []string {
+		data, _ := os.ReadFile(who)
+		return strings.Fields(string(data))
+	}
+	start("a")
+	tailertest.Eventually(t, 30*time.Second, func() error {
+		if len(writers()) == 0 {
+			return fmt.Errorf("nothing delivered:\n%s", subs["a"].p.out.String())
+		}
+		return nil
+	})
+	start("b")
+	tailertest.Eventually(t, 30*time.Second, func() error {
+		_, body := httpGet("http://" + subs["b"].addr + "/readyz")
+		if !strings.Contains(body, "standby") {
+			return fmt.Errorf("b: %s", body)
+		}
+		if _, body = httpGet("http://" + subs["a"].addr + "/readyz"); !strings.Contains(body, "active (pinned)") {
+			return fmt.Errorf("a: %s", body)
+		}
+		return nil
+	})
+	const kills = 10
+	var takeovers []time.Duration
+	for i := 0; i < kills; i++ {
+		ws := writers()
+		active := ws[len(ws)-1]
+		other := map[string]string{"a": "b", "b": "a"}[active]
+		data, _ := os.ReadFile(filepath.Join(dir, active+".pid"))
+		pgid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
+		killed := time.Now()
+		subs[active].p.cmd.Process.Kill()
+		if pgid > 0 {
+			syscall.Kill(-pgid, syscall.SIGKILL)
+		}
+		<-subs[active].p.done
+		n := len(ws)
+		tailertest.Eventually(t, 60*time.Second, func() error {
+			ws := writers()
+			if len(ws) > n && ws[len(ws)-1] == other {
+				return nil
+			}
+			return fmt.Errorf("%s did not take over:\n%s", other, tail(subs[other].p.out.String(), 10))
+		})
+		takeovers = append(takeovers, time.Since(killed))
+		start(active)
+		time.Sleep(500 * time.Millisecond)
+	}
+	w.halt()
+	c.expectExactlyOnce(time.Minute)
+	want := c.signedTokens()
+	tailertest.EventuallyProgressing(t, time.Minute, func() (int, error) {
+		if missing, _ := countOutput(t, out, want); missing > 0 {
+			return len(want) - missing, fmt.Errorf("%d of %d tokens never delivered", missing, len(want))
+		}
+		return len(want), nil
+	})
+	ws := writers()
+	switches := 0
+	for i := 1; i < len(ws); i++ {
+		if ws[i] != ws[i-1] {
+			switches++
+		}
+	}
+	_, repeats := countOutput(t, out, want)
+	slices.Sort(takeovers)
+	t.Logf("%d tokens, %d kills of the active subscriber: none lost, %d repeated; takeover in %s (median) to %s (max); the delivering subscriber switched %d times",
+		len(want), kills, repeats, takeovers[len(takeovers)/2].Round(10*time.Millisecond), takeovers[len(takeovers)-1].Round(10*time.Millisecond), switches)
+	if switches != kills {
+		t.Fatalf("the delivering subscriber switched %d times for %d kills: two delivered at once", switches, kills)
+	}
+}
+
+// The server loses the durable consumer (deleted, or dropped in a cluster
+// move) while the subscriber runs, and again while it is stopped: it is
+// made again where the durable's record says its subscribers got to, and
+// nothing is lost or written twice.
+func TestConsumerLost(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, pgtest.Shared(t), 5, 50*time.Millisecond)
+	c.tailer()
+	w := c.startWriter(3, 20*time.Millisecond)
+	out := filepath.Join(t.TempDir(), "out")
+	p := c.subscriber(out, "--durable", "lost", "--from-start")
+	waitMore := func(n int) {
+		t.Helper()
+		tailertest.Eventually(t, 30*time.Second, func() error {
+			if got, _ := outputTokens(t, out); len(got) < n {
+				return fmt.Errorf("%d tokens out, want %d", len(got), n)
+			}
+			return nil
+		})
+	}
+	waitMore(100)
+	s, done, err := c.stream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	if err := s.DeleteConsumer(c.ctx, "lost"); err != nil {
+		t.Fatal(err)
+	}
+	p.waitLog("made again where its subscribers had got to", 1, 30*time.Second)
+	got, _ := outputTokens(t, out)
+	waitMore(len(got) + 100)
+	if code := p.term(30 * time.Second); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, p.out.String())
+	}
+	if err := s.DeleteConsumer(c.ctx, "lost"); err != nil {
+		t.Fatal(err)
+	}
+	// Started without --from-start: made anew, it would deliver only what
+	// comes next.
+	p = c.subscriber(out, "--durable", "lost")
+	p.waitLog("made again where its subscribers had got to", 1, 30*time.Second)
+	w.halt()
+	c.expectExactlyOnce(time.Minute)
+	want := c.signedTokens()
+	tailertest.EventuallyProgressing(t, time.Minute, func() (int, error) {
+		if missing, _ := countOutput(t, out, want); missing > 0 {
+			return len(want) - missing, fmt.Errorf("%d of %d tokens never delivered", missing, len(want))
+		}
+		return len(want), nil
+	})
+	p.term(30 * time.Second)
+	missing, repeats := countOutput(t, out, want)
+	t.Logf("%d tokens, the consumer lost twice: %d lost, %d written twice", len(want), missing, repeats)
+	if repeats > 0 {
+		t.Fatalf("%d tokens written twice", repeats)
 	}
 }

@@ -87,9 +87,9 @@ type Subscriber struct {
 	consuming atomic.Bool
 	// handling: a message is being handed over.
 	handling atomic.Bool
-	cons      atomic.Pointer[jetstream.Consumer]
-	saveMu    sync.Mutex
-	kick      chan struct{}
+	cons     atomic.Pointer[jetstream.Consumer]
+	saveMu   sync.Mutex
+	kick     chan struct{}
 
 	mu sync.Mutex
 	// held are the messages delivered and not yet acknowledged, in

@@ -70,7 +70,7 @@ func Example_riverWorker() {
 func Example_ownTransaction() {
 	ctx := context.Background()
 	var (
-		pool *pgxpool.Pool  // the service's database, after inbox.Migrate
+		pool *pgxpool.Pool // the service's database, after inbox.Migrate
 		msg  jetstream.Msg // from the service's own durable consumer
 	)
 	b, err := consume.Decode(msg.Headers(), msg.Data())
