@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
@@ -50,7 +51,11 @@ func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate
 	if healthAddr != "" {
 		stats := func() consume.Stats {
 			n := int(c.Messages.Load())
-			return consume.Stats{Messages: n, Acked: n, Batches: n}
+			st := consume.Stats{Messages: n, Acked: n, Batches: n, Recreated: int(c.Recreated.Load())}
+			if ms := c.LastDelivery.Load(); ms > 0 {
+				st.LastDelivery = time.UnixMilli(ms)
+			}
+			return st
 		}
 		stop, err := subscriber.Serve(healthAddr, &subscriber.Probe{Stream: durable.Stream, Durable: durable.Name, JS: js, Consuming: c.Consuming, Stats: stats})
 		if err != nil {

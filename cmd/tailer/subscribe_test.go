@@ -853,3 +853,52 @@ func TestSubscribeInto(t *testing.T) {
 		}
 	}
 }
+
+// The database subscriber's consumer lost while it runs: made again after
+// the last message the database holds a token of, and the tokens after it
+// stored, once.
+func TestSubscribeIntoConsumerLost(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, pgtest.Shared(t), 5, 50*time.Millisecond)
+	c.tailer()
+	consumerURL := pgtest.Shared(t).CreateDB(t)
+	conn, err := pgx.Connect(c.ctx, consumerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	insert := func(prefix string) {
+		c.Exec(`INSERT INTO accounts (email, login) SELECT $1 || g || '@x', $1 || g FROM generate_series(1, 20) g`, prefix)
+	}
+	rows := func(n int) {
+		t.Helper()
+		tailertest.Eventually(t, 30*time.Second, func() error {
+			var rows, keys int
+			conn.QueryRow(c.ctx, `SELECT count(*), count(DISTINCT token_key) FROM mailroom_inbox`).Scan(&rows, &keys)
+			if rows != n || keys != n {
+				return fmt.Errorf("%d rows of %d keys, want %d", rows, keys, n)
+			}
+			return nil
+		})
+	}
+	insert("a")
+	p := c.command([]string{"subscribe", "--durable", "lost", "--into", "inbox", "--migrate", "--from-start"}, "MAILROOM_INBOX_URL="+consumerURL)
+	rows(20)
+	s, done, err := c.stream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	if err := s.DeleteConsumer(c.ctx, "lost"); err != nil {
+		t.Fatal(err)
+	}
+	p.waitLog("made again after the last message the database holds a token of", 1, 30*time.Second)
+	insert("b")
+	rows(40)
+	if code := p.term(30 * time.Second); code != exitOK {
+		t.Fatalf("exit %d:\n%s", code, p.out.String())
+	}
+	if strings.Contains(p.out.String(), "message stored before") {
+		t.Fatalf("made again at the start, not after what was stored:\n%s", p.out.String())
+	}
+}

@@ -402,17 +402,7 @@ func (s *Subscriber) consumer(ctx context.Context, js jetstream.JetStream, lost 
 	if s.Reports {
 		d.MaxAckPending = reportsAckPending
 	}
-	_, err := js.Consumer(ctx, s.Stream, s.Durable)
-	for waited := false; errors.Is(err, jetstream.ErrStreamNotFound); waited = true {
-		// Started before the tailer made its stream: wait for it.
-		if !waited && s.Log != nil {
-			s.Log.Warn("the stream is not there yet; waiting for it", "stream", s.Stream)
-		}
-		if !sleep(ctx, 2*time.Second) {
-			return nil, fmt.Errorf("consumer %s on stream %s: %w", s.Durable, s.Stream, err)
-		}
-		_, err = js.Consumer(ctx, s.Stream, s.Durable)
-	}
+	_, err := LookUp(ctx, js, s.Stream, s.Durable, s.Log)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		s.mu.Lock()
 		known, floor := !s.prog.empty(), s.prog.Floor
@@ -498,16 +488,13 @@ func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error
 			if runCtx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 				return nil
 			}
-			if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+			if Lost(runCtx, cons, err) {
 				return s.lost(err)
 			}
 			// The iterator asks again by itself: a consumer whose leader is
 			// being elected (a cluster losing a node) misses heartbeats for
-			// a while. A consumer the server dropped misses them for good.
+			// a while.
 			if errors.Is(err, jetstream.ErrNoHeartbeat) {
-				if _, ierr := cons.Info(runCtx); errors.Is(ierr, jetstream.ErrConsumerNotFound) {
-					return s.lost(ierr)
-				}
 				if s.Log != nil {
 					s.Log.Warn("no heartbeat from the consumer; asking again", "durable", s.Durable)
 				}
@@ -552,6 +539,37 @@ func (s *Subscriber) Unpin(ctx context.Context, js jetstream.JetStream) {
 			}
 		}
 	}
+}
+
+// LookUp looks the consumer up, waiting for the stream when it is not
+// there yet (a subscriber started before the tailer made it).
+func LookUp(ctx context.Context, js jetstream.JetStream, stream, durable string, log *slog.Logger) (jetstream.Consumer, error) {
+	cons, err := js.Consumer(ctx, stream, durable)
+	for waited := false; errors.Is(err, jetstream.ErrStreamNotFound); waited = true {
+		if !waited && log != nil {
+			log.Warn("the stream is not there yet; waiting for it", "stream", stream)
+		}
+		if !sleep(ctx, 2*time.Second) {
+			return nil, fmt.Errorf("consumer %s on stream %s: %w", durable, stream, err)
+		}
+		cons, err = js.Consumer(ctx, stream, durable)
+	}
+	return cons, err
+}
+
+// Lost reports whether err, from an iterator of cons's messages, means the
+// server no longer has the consumer: deleted, or its heartbeats missing
+// and the server saying it does not know it. A consumer whose leader is
+// being elected misses heartbeats for a while too, and is not lost.
+func Lost(ctx context.Context, cons jetstream.Consumer, err error) bool {
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound):
+		return true
+	case errors.Is(err, jetstream.ErrNoHeartbeat):
+		_, ierr := cons.Info(ctx)
+		return errors.Is(ierr, jetstream.ErrConsumerNotFound)
+	}
+	return false
 }
 
 func (s *Subscriber) lost(err error) error {

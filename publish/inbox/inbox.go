@@ -27,16 +27,21 @@ import (
 	"github.com/mailroom/tailer/publish/consume"
 )
 
-// Meta says where a message is on the stream.
+// Meta says where a message is on the stream, and which durable consumer
+// stores it ("" for a service's own).
 type Meta struct {
-	Stream string
-	Seq    uint64
+	Stream  string
+	Seq     uint64
+	Durable string
 }
 
 // Sink stores the tokens of a decoded message in tx, adding nothing for a
-// token it holds already; it reports how many it added.
+// token it holds already; it reports how many it added. Position says
+// where a durable consumer got to: the last stream sequence it stored a
+// token of; ok is false when it stored none.
 type Sink interface {
 	Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Batch) (added int, err error)
+	Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (seq uint64, ok bool, err error)
 }
 
 // Inbox stores tokens as rows of mailroom_inbox (Migrate makes it).
@@ -62,16 +67,33 @@ func (Inbox) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Batch) (in
 		}
 	}
 	tag, err := tx.Exec(ctx, `
-		INSERT INTO mailroom_inbox (token_key, token_id, action, email, login, token, code, expires_at, key_id, batch_id, line, stream, stream_seq)
-		SELECT t.key, t.id, t.action, t.email, t.login, t.token, t.code, t.expires_at, nullif($9, ''), $10, t.line, $11, $12
+		INSERT INTO mailroom_inbox (token_key, token_id, action, email, login, token, code, expires_at, key_id, batch_id, line, stream, stream_seq, durable)
+		SELECT t.key, t.id, t.action, t.email, t.login, t.token, t.code, t.expires_at, nullif($9, ''), $10, t.line, $11, $12, nullif($14, '')
 		FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[], $13::int[])
 			AS t(key, id, action, email, login, token, code, expires_at, line)
 		ON CONFLICT (token_key) DO NOTHING`,
-		keys, ids, actions, emails, logins, toks, codes, expires, b.KeyID, b.ID, m.Stream, int64(m.Seq), lines)
+		keys, ids, actions, emails, logins, toks, codes, expires, b.KeyID, b.ID, m.Stream, int64(m.Seq), lines, m.Durable)
 	if err != nil {
 		return 0, fmt.Errorf("insert into mailroom_inbox: %w", err)
 	}
 	return int(tag.RowsAffected()), nil
+}
+
+// Position is the last stream sequence of a token durable stored in
+// mailroom_inbox.
+func (Inbox) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (uint64, bool, error) {
+	return position(ctx, pool, `SELECT max(stream_seq) FROM mailroom_inbox WHERE stream = $1 AND durable = $2`, stream, durable)
+}
+
+func position(ctx context.Context, pool *pgxpool.Pool, query, stream, durable string) (uint64, bool, error) {
+	var seq *int64
+	if err := pool.QueryRow(ctx, query, stream, durable).Scan(&seq); err != nil {
+		return 0, false, fmt.Errorf("where the consumer got to: %w", err)
+	}
+	if seq == nil {
+		return 0, false, nil
+	}
+	return uint64(*seq), true, nil
 }
 
 //go:embed schema.sql
@@ -108,6 +130,9 @@ type Consumer struct {
 	// tokens they added, Again the messages that added nothing although
 	// they held tokens (stored before: their ack was lost, or never sent).
 	Messages, Added, Again atomic.Int64
+	// Recreated counts the times the consumer was found gone and made
+	// again; LastDelivery is when a message last came (Unix ms).
+	Recreated, LastDelivery atomic.Int64
 	// consuming: Run is bound to the consumer.
 	consuming atomic.Bool
 }
@@ -121,15 +146,50 @@ const pullBatch = 16
 
 // Run stores messages until ctx is done. A message the database cannot
 // take now (it is down, say) is tried again, kept from redelivery
-// meanwhile, and never acknowledged before it is stored.
+// meanwhile, and never acknowledged before it is stored. A consumer gone
+// from the server is made again after the last message the database
+// holds a token of.
 func (c *Consumer) Run(ctx context.Context, js jetstream.JetStream) error {
 	if c.Durable.MaxAckPending < pullBatch {
 		c.Durable.MaxAckPending = pullBatch
 	}
-	cons, err := c.Durable.Ensure(ctx, js)
-	if err != nil {
-		return err
+	for lost := false; ; lost = true {
+		cons, err := c.consumer(ctx, js, lost)
+		if err != nil {
+			return err
+		}
+		if err := c.consume(ctx, cons); !errors.Is(err, errLost) {
+			return err
+		}
+		c.Recreated.Add(1)
 	}
+}
+
+var errLost = errors.New("the consumer is gone from the server")
+
+// consumer looks the durable up, making it again after the last message
+// stored when it is missing and the database holds tokens it stored (lost:
+// Run was bound to it and saw it go).
+func (c *Consumer) consumer(ctx context.Context, js jetstream.JetStream, lost bool) (jetstream.Consumer, error) {
+	d := c.Durable
+	_, err := consume.LookUp(ctx, js, d.Stream, d.Name, c.Log)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		seq, ok, err := c.Sink.Position(ctx, c.Pool, d.Stream, d.Name)
+		switch {
+		case err != nil:
+			return nil, err
+		case ok:
+			d.StartSeq = seq + 1
+			c.Log.Warn("the consumer was not on the server: made again after the last message the database holds a token of",
+				"durable", d.Name, "start_seq", d.StartSeq)
+		case lost:
+			return nil, fmt.Errorf("consumer %s on stream %s: %w: the database holds none of its tokens; start the subscriber with --from-start to store what the stream holds (stored tokens add nothing), or make the consumer by hand", d.Name, d.Stream, consume.ErrPositionUnknown)
+		}
+	}
+	return d.Ensure(ctx, js)
+}
+
+func (c *Consumer) consume(ctx context.Context, cons jetstream.Consumer) error {
 	iter, err := cons.Messages(jetstream.PullMaxMessages(pullBatch), jetstream.PullExpiry(5*time.Second))
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", c.Durable.Name, err)
@@ -145,12 +205,17 @@ func (c *Consumer) Run(ctx context.Context, js jetstream.JetStream) error {
 			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 				return nil
 			}
+			if consume.Lost(ctx, cons, err) {
+				c.Log.Error("the consumer is gone from the server", "durable", c.Durable.Name, "err", err)
+				return errLost
+			}
 			if errors.Is(err, jetstream.ErrNoHeartbeat) {
 				c.Log.Warn("no heartbeat from the consumer; asking again", "durable", c.Durable.Name)
 				continue
 			}
 			return fmt.Errorf("consume %s: %w", c.Durable.Name, err)
 		}
+		c.LastDelivery.Store(time.Now().UnixMilli())
 		if err := c.handle(ctx, msg); err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -175,7 +240,7 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) error {
 	if c.Durable.Action != "" {
 		b = b.Only(c.Durable.Action)
 	}
-	m := Meta{Stream: meta.Stream, Seq: meta.Sequence.Stream}
+	m := Meta{Stream: meta.Stream, Seq: meta.Sequence.Stream, Durable: c.Durable.Name}
 	added := 0
 	for delay, failing := 250*time.Millisecond, false; len(b.Tokens) > 0; {
 		added, err = c.store(ctx, m, b)

@@ -32,6 +32,9 @@ type TokenArgs struct {
 	Line      int    `json:"line"`
 	Stream    string `json:"stream"`
 	StreamSeq uint64 `json:"stream_seq"`
+	// Durable names the consumer that stored it (empty from a service's
+	// own).
+	Durable string `json:"durable,omitempty"`
 }
 
 // Kind is the River job kind of a token.
@@ -61,6 +64,14 @@ func NewJobs() (*Jobs, error) {
 	return &Jobs{client: client}, nil
 }
 
+// Position is the last stream sequence of a token among durable's River
+// jobs of kind mailroom_token (completed jobs River has cleaned out do not
+// count).
+func (j *Jobs) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (uint64, bool, error) {
+	return position(ctx, pool, `SELECT max((args->>'stream_seq')::bigint) FROM river_job
+		WHERE kind = 'mailroom_token' AND args->>'stream' = $1 AND args->>'durable' = $2`, stream, durable)
+}
+
 // Store inserts a job for each of b's tokens, those whose job is there
 // already left alone.
 func (j *Jobs) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Batch) (int, error) {
@@ -69,7 +80,7 @@ func (j *Jobs) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Batch) (
 		for _, t := range batch {
 			params = append(params, river.InsertManyParams{Args: TokenArgs{
 				TokenKey: t.Key, TokenID: t.ID, Action: t.Action, Email: t.Email, Login: t.Login, Token: t.Token, Code: t.Code,
-				ExpiresAt: t.ExpiresAt, KeyID: b.KeyID, BatchID: b.ID, Line: line, Stream: m.Stream, StreamSeq: m.Seq,
+				ExpiresAt: t.ExpiresAt, KeyID: b.KeyID, BatchID: b.ID, Line: line, Stream: m.Stream, StreamSeq: m.Seq, Durable: m.Durable,
 			}})
 		}
 	}

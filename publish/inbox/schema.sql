@@ -34,3 +34,8 @@ CREATE TABLE IF NOT EXISTS mailroom_inbox (
 );
 
 CREATE INDEX IF NOT EXISTS mailroom_inbox_unprocessed ON mailroom_inbox (received_at) WHERE processed_at IS NULL;
+
+-- The durable consumer that stored the row (NULL: a service's own): where
+-- it got to, should the server lose it.
+ALTER TABLE mailroom_inbox ADD COLUMN IF NOT EXISTS durable text;
+CREATE INDEX IF NOT EXISTS mailroom_inbox_durable_seq ON mailroom_inbox (stream, durable, stream_seq);
