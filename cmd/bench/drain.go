@@ -94,7 +94,23 @@ func drainAll(ctx context.Context, o options, pg *pgtest.Server, res *Results) e
 		}
 		od := o
 		od.limit, od.natsReplicas, od.cpuProfile = 10, run.replicas, ""
-		d, err := drain(ctx, od, url, "v2-binary", slotName(run.label, o.tokens), o.tokens)
+		var after func(natsURL string) error
+		if run.replicas == 1 && o.subscribers {
+			// The stream the default drain filled, drained in turn by the
+			// database subscriber, into an inbox and into River jobs.
+			after = func(natsURL string) error {
+				for _, into := range []string{"inbox", "river"} {
+					sd, err := subscriberDrain(ctx, o, pg, natsURL, into, o.tokens)
+					if err != nil {
+						return fmt.Errorf("subscribe --into %s: %w", into, err)
+					}
+					res.Subscribers = append(res.Subscribers, sd)
+					printSubscriberDrain(sd)
+				}
+				return nil
+			}
+		}
+		d, err := drain(ctx, od, url, "v2-binary", slotName(run.label, o.tokens), o.tokens, after)
 		if err != nil {
 			return fmt.Errorf("drain %s: %w", run.label, err)
 		}
@@ -106,7 +122,7 @@ func drainAll(ctx context.Context, o options, pg *pgtest.Server, res *Results) e
 		if i > 0 {
 			o.cpuProfile = ""
 		}
-		d, err := drain(ctx, o, url, v, slotName(v, o.tokens), o.tokens)
+		d, err := drain(ctx, o, url, v, slotName(v, o.tokens), o.tokens, nil)
 		if err != nil {
 			return fmt.Errorf("drain %s: %w", v, err)
 		}
@@ -127,7 +143,7 @@ func drainAll(ctx context.Context, o options, pg *pgtest.Server, res *Results) e
 			label, url string
 			n          int
 		}{{before, url, o.tokens}, {best, bigURL, o.big}, {after, url, o.tokens}} {
-			d, err := drain(ctx, o, run.url, best, slotName(run.label, run.n), run.n)
+			d, err := drain(ctx, o, run.url, best, slotName(run.label, run.n), run.n, nil)
 			if err != nil {
 				return fmt.Errorf("drain %s, %d tokens: %w", run.label, run.n, err)
 			}
@@ -154,7 +170,7 @@ func drainAll(ctx context.Context, o options, pg *pgtest.Server, res *Results) e
 		if err := prepare(ctx, oneURL, []string{label}, o.oneTx, o.oneTx); err != nil {
 			return err
 		}
-		d, err := drain(ctx, o, oneURL, best, slotName(label, o.oneTx), o.oneTx)
+		d, err := drain(ctx, o, oneURL, best, slotName(label, o.oneTx), o.oneTx, nil)
 		if err != nil {
 			return fmt.Errorf("drain one transaction of %d tokens: %w", o.oneTx, err)
 		}
@@ -291,7 +307,9 @@ func variantEnv(v string) []string {
 	}
 }
 
-func drain(ctx context.Context, o options, url, variant, slot string, n int) (Drain, error) {
+// drain times the tailer draining the backlog behind slot; after, if set,
+// runs once it is drained, with the stream's server still up.
+func drain(ctx context.Context, o options, url, variant, slot string, n int, after func(natsURL string) error) (Drain, error) {
 	d := Drain{Variant: variant, Tokens: n}
 	natsURL, stopNATS, err := startNATS(o, slot)
 	if err != nil {
@@ -392,6 +410,12 @@ func drain(ctx context.Context, o options, url, variant, slot string, n int) (Dr
 	d.TailerMicrosPerTk = 1e6 * tailerCPU / float64(n)
 	d.CPUSecondsPer100k = tailerCPU * 100_000 / float64(n)
 	d.TailerPeakRSSMiB = peakRSS(t.cmd.Process.Pid)
+	if after != nil {
+		t.stop()
+		if err := after(natsURL); err != nil {
+			return d, err
+		}
+	}
 	return d, nil
 }
 

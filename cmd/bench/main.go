@@ -46,6 +46,7 @@ type options struct {
 	tailerEnv        string
 	natsSync         time.Duration
 	natsReplicas     int
+	subscribers      bool
 }
 
 // Results is the JSON document.
@@ -71,6 +72,9 @@ type Results struct {
 	Live    []*Live `json:"live"`
 	// Designs is -designs: the group-commit designs on the server alone.
 	Designs []Design `json:"designs,omitempty"`
+	// Subscribers are the database subscriber's drains of the stream the
+	// default drain filled.
+	Subscribers []SubscriberDrain `json:"subscriber_drains,omitempty"`
 	Targets Targets  `json:"targets"`
 }
 
@@ -88,6 +92,10 @@ type Targets struct {
 	// R3OverR1: at the defaults, drain rate to an R3 stream on three nodes
 	// over the rate to one server.
 	R3OverR1 float64 `json:"r3_drain_over_r1"`
+	// InboxOverDefault and RiverOverDefault: the database subscriber's
+	// drain rate of that stream over the default drain's rate.
+	InboxOverDefault float64 `json:"inbox_drain_over_default_drain"`
+	RiverOverDefault float64 `json:"river_drain_over_default_drain"`
 }
 
 func main() {
@@ -97,6 +105,7 @@ func main() {
 	flag.IntVar(&o.oneTx, "one-tx", 1_000_000, "tokens committed in a single transaction, drained with the default options (0 skips it)")
 	flag.IntVar(&o.limit, "batch-limit", 1000, "MAILROOM_BATCH_LIMIT for the drains")
 	flag.BoolVar(&o.designs, "designs", false, "also compare the group-commit designs on an embedded server alone: a message per batch, atomic batches, several batches a message")
+	flag.BoolVar(&o.subscribers, "subscribers", true, "after the default drain, drain the stream it filled with tailer subscribe --into inbox and --into river (with -defaults)")
 	flag.BoolVar(&o.defaults, "defaults", true, "drain the backlog with every setting at its default (batch limit 10), to one server and to an R3 stream")
 	flag.StringVar(&o.liveRates, "live-rates", "2000,5000", "single-row transactions per second of each live run, comma-separated (empty skips them)")
 	flag.BoolVar(&o.liveDiscard, "live-discard", true, "also time each live rate with a bare client of the slot instead of the tailer (the floor: commit to the insert's arrival)")
@@ -270,8 +279,8 @@ func printSummary(r Results) {
 			l.Tokens, l.WarmupTokens, l.AchievedPerSec, l.TargetPerSecond, l.BatchLimit, r.NATSSync, l.P50Millis, l.P99Millis, l.MaxMillis, l.StoredP50Millis, l.StoredP99Millis, l.StealPct)
 	}
 	t := r.Targets
-	fmt.Printf("targets: defaults over discard client %.3f (≥ 0.9); limit %d over discard client %.3f (≥ 0.9); tailer CPU over walsender's %.3f (≤ 0.35); R3 over R1 at the defaults %.3f (≥ 0.8)\n",
-		t.DefaultOverDiscard, r.BatchLimit, t.LimitOverDiscard, t.CPUOverWalsender, t.R3OverR1)
+	fmt.Printf("targets: defaults over discard client %.3f (≥ 0.9); limit %d over discard client %.3f (≥ 0.9); tailer CPU over walsender's %.3f (≤ 0.35); R3 over R1 at the defaults %.3f (≥ 0.8); subscribe --into inbox over the default drain %.3f, river %.3f (≥ 0.5)\n",
+		t.DefaultOverDiscard, r.BatchLimit, t.LimitOverDiscard, t.CPUOverWalsender, t.R3OverR1, t.InboxOverDefault, t.RiverOverDefault)
 }
 
 // targets computes the ratios from the drains of one run.
@@ -294,6 +303,14 @@ func targets(r Results, o options) Targets {
 	}
 	if def.TokensPerSecond > 0 {
 		t.R3OverR1 = r3.TokensPerSecond / def.TokensPerSecond
+		for _, s := range r.Subscribers {
+			switch s.Into {
+			case "inbox":
+				t.InboxOverDefault = s.TokensPerSecond / def.TokensPerSecond
+			case "river":
+				t.RiverOverDefault = s.TokensPerSecond / def.TokensPerSecond
+			}
+		}
 	}
 	return t
 }

@@ -827,6 +827,11 @@ func TestSubscribeInto(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
+	s, done, err := c.stream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
 	for _, tc := range []struct{ into, count string }{
 		{"inbox", `SELECT count(*), count(DISTINCT token_key) FROM mailroom_inbox`},
 		{"river", `SELECT count(*), count(DISTINCT args->>'token_key') FROM river_job WHERE kind = 'mailroom_token'`},
@@ -842,10 +847,27 @@ func TestSubscribeInto(t *testing.T) {
 				if !strings.Contains(p.out.String(), "consuming into PostgreSQL") {
 					return errors.New("not consuming yet")
 				}
+				// The rows of the first run are there already: a run is
+				// done when its consumer has every message acknowledged.
+				cons, err := s.Consumer(c.ctx, tc.into+strconv.Itoa(run))
+				if err != nil {
+					return err
+				}
+				info, err := cons.Info(c.ctx)
+				if err != nil {
+					return err
+				}
+				if info.NumPending != 0 || info.NumAckPending != 0 {
+					return fmt.Errorf("%s: %d pending, %d unacknowledged", tc.into, info.NumPending, info.NumAckPending)
+				}
 				return nil
 			})
 			if code := p.term(30 * time.Second); code != exitOK {
 				t.Fatalf("%s: SIGTERM: exit %d:\n%s", tc.into, code, p.out.String())
+			}
+			var rows, keys int
+			if err := conn.QueryRow(c.ctx, tc.count).Scan(&rows, &keys); err != nil || rows != len(want) || keys != len(want) {
+				t.Fatalf("%s after run %d: %d rows of %d keys (%v), want %d", tc.into, run, rows, keys, err, len(want))
 			}
 			if run == 1 && !strings.Contains(p.out.String(), "message stored before") {
 				t.Fatalf("%s: a second durable from the start stored nothing twice, and said so: %s", tc.into, p.out.String())
