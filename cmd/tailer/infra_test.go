@@ -26,6 +26,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/mailroom/tailer/cmd/internal/daemon"
+	"github.com/mailroom/tailer/cmd/internal/subscriber"
 	"github.com/mailroom/tailer/publish/embedded"
 	"github.com/mailroom/tailer/testutil/pgtest"
 	"github.com/mailroom/tailer/testutil/tailertest"
@@ -214,7 +215,7 @@ func TestComposeFile(t *testing.T) {
 }
 
 // The tailer's metric families, and postgres_exporter's.
-var metricRe = regexp.MustCompile(`\b(tailer|pg)_[a-z_]+`)
+var metricRe = regexp.MustCompile(`\b(tailer|pg|mailroom_subscriber)_[a-z_]+`)
 
 // referencedMetrics returns the tailer's and postgres_exporter's metric
 // families named in the alert rules and the dashboard.
@@ -344,6 +345,20 @@ func TestDashboardAndRulesUseExportedMetrics(t *testing.T) {
 	for _, name := range daemon.MetricNames {
 		if !exported[name] {
 			t.Errorf("%s is in MetricNames but not exported", name)
+		}
+	}
+	// A subscriber's endpoint: every family the dashboard row and the
+	// subscriber alerts use.
+	sport, _ := pgtest.FreePort()
+	saddr := fmt.Sprintf("127.0.0.1:%d", sport)
+	c.execSubscriber(t, "metrics", "cat > /dev/null", "--health-addr", saddr)
+	maps.Copy(exported, metricFamilies(awaitMetrics(t, "http://"+saddr+"/metrics", "mailroom_subscriber_up{")))
+	if n := check("mailroom_subscriber_"); n < 5 {
+		t.Errorf("only %d subscriber metrics referenced: the subscribers are not watched", n)
+	}
+	for _, name := range subscriber.MetricNames {
+		if !exported[name] {
+			t.Errorf("%s is in subscriber.MetricNames but not exported", name)
 		}
 	}
 	// The slot active (the tailer streams): every series is there.

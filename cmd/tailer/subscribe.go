@@ -114,8 +114,8 @@ func subscribeAs(ctx context.Context, command string, args []string, lookupEnv f
 		return bad("--reports: only with --exec (the sender gets the descriptor to report on)")
 	case *maxDeliveries < 0:
 		return bad("--max-deliveries: must be >= 0, got %d", *maxDeliveries)
-	case *stall < 0 || *stopTimeout < time.Second || *pinnedTTL < time.Second:
-		return bad("--stall-timeout must be >= 0, --stop-timeout and --pinned-ttl at least 1s")
+	case *stall < 0 || *stopTimeout < time.Second || *pinnedTTL < 2*time.Second:
+		return bad("--stall-timeout must be >= 0, --stop-timeout at least 1s and --pinned-ttl at least 2s")
 	}
 	done, err := exitCodes(*doneExit)
 	if err != nil {
@@ -276,6 +276,6 @@ func stopped(sub *consume.Subscriber, js jetstream.JetStream, log *slog.Logger) 
 	case err != nil:
 		log.Warn("stopping: cannot ask the server what is still unacknowledged; whatever is comes again", "durable", sub.Durable, "err", err)
 	case info.NumAckPending > 0:
-		log.Info("stopping: lines a sender may not have done with are delivered again", "durable", sub.Durable, "messages", info.NumAckPending)
+		log.Info("stopping: the server awaits acks for messages it will deliver to the next subscriber, without the batches recorded done", "durable", sub.Durable, "messages", info.NumAckPending)
 	}
 }

@@ -1,10 +1,11 @@
 // Package inbox takes the tailer's batches from the stream into a
 // PostgreSQL database of the consumer's, exactly once: each message's
-// tokens are stored in one transaction, as rows of an inbox table keyed by
-// token key (Inbox) or as River jobs unique by token key (Jobs), and the
-// message is acknowledged to JetStream (a double ack) only after the
-// commit. A crash between the commit and the ack, or an ack lost on its
-// way, delivers the message again, and storing it again adds nothing.
+// tokens are stored in one transaction (a large message's in parts, each
+// in its own), as rows of an inbox table keyed by token key (Inbox) or as
+// River jobs unique by token key (Jobs), and the message is acknowledged
+// to JetStream (a double ack) only after every commit. A crash before the
+// ack, or an ack lost on its way, delivers the message again, and storing
+// it again adds only what is not there.
 //
 // A service that consumes the stream itself does the same inside its own
 // transaction: decode with consume.Decode, Store in the transaction, commit,
@@ -17,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -118,8 +120,8 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 // Consumer copies messages from a durable consumer into the consumer's
-// database through Sink, a transaction a message, acknowledging each after
-// its commit.
+// database through Sink, a transaction a message (a large one in parts),
+// acknowledging each after its commit.
 type Consumer struct {
 	Durable consume.Durable
 	Pool    *pgxpool.Pool
@@ -147,8 +149,8 @@ const pullBatch = 16
 // Run stores messages until ctx is done. A message the database cannot
 // take now (it is down, say) is tried again, kept from redelivery
 // meanwhile, and never acknowledged before it is stored. A consumer gone
-// from the server is made again after the last message the database
-// holds a token of.
+// from the server is made again at the last message the database holds a
+// token of (storing it again adds only what it lacks).
 func (c *Consumer) Run(ctx context.Context, js jetstream.JetStream) error {
 	if c.Durable.MaxAckPending < pullBatch {
 		c.Durable.MaxAckPending = pullBatch
@@ -167,7 +169,7 @@ func (c *Consumer) Run(ctx context.Context, js jetstream.JetStream) error {
 
 var errLost = errors.New("the consumer is gone from the server")
 
-// consumer looks the durable up, making it again after the last message
+// consumer looks the durable up, making it again at the last message
 // stored when it is missing and the database holds tokens it stored (lost:
 // Run was bound to it and saw it go).
 func (c *Consumer) consumer(ctx context.Context, js jetstream.JetStream, lost bool) (jetstream.Consumer, error) {
@@ -179,8 +181,10 @@ func (c *Consumer) consumer(ctx context.Context, js jetstream.JetStream, lost bo
 		case err != nil:
 			return nil, err
 		case ok:
-			d.StartSeq = seq + 1
-			c.Log.Warn("the consumer was not on the server: made again after the last message the database holds a token of",
+			// At that message, not after it: a large message is stored in
+			// parts, and the rest of one cut short comes again.
+			d.StartSeq = seq
+			c.Log.Warn("the consumer was not on the server: made again at the last message the database holds a token of",
 				"durable", d.Name, "start_seq", d.StartSeq)
 		case lost:
 			return nil, fmt.Errorf("consumer %s on stream %s: %w: the database holds none of its tokens; start the subscriber with --from-start to store what the stream holds (stored tokens add nothing), or make the consumer by hand", d.Name, d.Stream, consume.ErrPositionUnknown)
@@ -280,8 +284,51 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) error {
 	return nil
 }
 
-// store runs Sink.Store in a transaction of its own and commits it.
+// partTokens and partsAtOnce: a message of more than partTokens tokens (a
+// backlog's, with group commit: up to thousands) is stored in parts of
+// about that many, partsAtOnce transactions at a time, so that the sink's
+// work (River's, above all) and the database's run side by side.
+const (
+	partTokens  = 1000
+	partsAtOnce = 4
+)
+
+// store stores b: in one transaction, or a large message in parts, each in
+// a transaction of its own. The message is acknowledged only once every
+// part committed; a crash between parts leaves some stored, and storing
+// the message again adds the rest.
 func (c *Consumer) store(ctx context.Context, m Meta, b *consume.Batch) (int, error) {
+	parts := split(b, partTokens)
+	if len(parts) == 1 {
+		return c.storePart(ctx, m, b)
+	}
+	var (
+		mu    sync.Mutex
+		added int
+		first error
+		wg    sync.WaitGroup
+	)
+	sem := make(chan struct{}, partsAtOnce)
+	for _, part := range parts {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			n, err := c.storePart(ctx, m, part)
+			mu.Lock()
+			defer mu.Unlock()
+			added += n
+			if err != nil && first == nil {
+				first = err
+			}
+		}()
+	}
+	wg.Wait()
+	return added, first
+}
+
+// storePart runs Sink.Store in a transaction of its own and commits it.
+func (c *Consumer) storePart(ctx context.Context, m Meta, b *consume.Batch) (int, error) {
 	var added int
 	err := pgx.BeginFunc(ctx, c.Pool, func(tx pgx.Tx) error {
 		var err error
@@ -289,4 +336,28 @@ func (c *Consumer) store(ctx context.Context, m Meta, b *consume.Batch) (int, er
 		return err
 	})
 	return added, err
+}
+
+// split cuts b at batch (line) boundaries into parts of about n tokens.
+// Each part keeps the lines before it as empty ones, so that Lines gives
+// every token the line number it has in b.
+func split(b *consume.Batch, n int) []*consume.Batch {
+	if len(b.Tokens) <= n {
+		return []*consume.Batch{b}
+	}
+	var parts []*consume.Batch
+	from, at, size := 0, 0, 0
+	for i, k := range b.Sizes {
+		size += k
+		if size < n && i < len(b.Sizes)-1 {
+			continue
+		}
+		if size > 0 {
+			sizes := make([]int, i+1)
+			copy(sizes[from:], b.Sizes[from:i+1])
+			parts = append(parts, &consume.Batch{ID: b.ID, KeyID: b.KeyID, Tokens: b.Tokens[at : at+size], Sizes: sizes})
+		}
+		from, at, size = i+1, at+size, 0
+	}
+	return parts
 }
