@@ -75,7 +75,7 @@ type Results struct {
 	// Subscribers are the database subscriber's drains of the stream the
 	// default drain filled.
 	Subscribers []SubscriberDrain `json:"subscriber_drains,omitempty"`
-	Targets Targets  `json:"targets"`
+	Targets     Targets           `json:"targets"`
 }
 
 // Targets are the ratios the tailer is judged by (see docs/performance.md).
