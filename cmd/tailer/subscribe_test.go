@@ -889,15 +889,17 @@ func TestSubscribeIntoConsumerLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	// 20 tokens in four transactions apart: several messages, so that a
-	// consumer made again too early shows as more than one come again.
-	insert := func(prefix string) {
+	var rows func(int)
+	// 20 tokens in four transactions, each stored before the next: four
+	// messages, so that a consumer made again too early shows as more
+	// than one coming again.
+	insert := func(prefix string, before int) {
 		for i := range 4 {
 			c.Exec(`INSERT INTO accounts (email, login) SELECT $1 || $2::int || '_' || g || '@x', $1 || $2::int || '_' || g FROM generate_series(1, 5) g`, prefix, i)
-			time.Sleep(200 * time.Millisecond)
+			rows(before + 5*(i+1))
 		}
 	}
-	rows := func(n int) {
+	rows = func(n int) {
 		t.Helper()
 		tailertest.Eventually(t, 30*time.Second, func() error {
 			var rows, keys int
@@ -908,9 +910,8 @@ func TestSubscribeIntoConsumerLost(t *testing.T) {
 			return nil
 		})
 	}
-	insert("a")
 	p := c.command([]string{"subscribe", "--durable", "lost", "--into", "inbox", "--migrate", "--from-start"}, "MAILROOM_INBOX_URL="+consumerURL)
-	rows(20)
+	insert("a", 0)
 	var seqs int
 	if err := conn.QueryRow(c.ctx, `SELECT count(DISTINCT stream_seq) FROM mailroom_inbox`).Scan(&seqs); err != nil || seqs < 2 {
 		t.Fatalf("the first 20 tokens came in %d messages (%v): want several", seqs, err)
@@ -924,8 +925,7 @@ func TestSubscribeIntoConsumerLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.waitLog("made again at the last message the database holds a token of", 1, 30*time.Second)
-	insert("b")
-	rows(40)
+	insert("b", 20)
 	if code := p.term(30 * time.Second); code != exitOK {
 		t.Fatalf("exit %d:\n%s", code, p.out.String())
 	}
