@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -34,7 +35,7 @@ func TestSubscribeIntoPostgres(t *testing.T) {
 	}
 	t.Cleanup(func() { consumerPG.Close() })
 	consumerURL := consumerPG.CreateDB(t)
-	link := lossyDelayProxy(t, fmt.Sprintf("127.0.0.1:%d", c.natsPort), 30*time.Millisecond)
+	link := lossyDelayProxy(t, fmt.Sprintf("127.0.0.1:%d", c.natsPort), 60*time.Millisecond)
 	link.Arm()
 	start := func(into string) *proc {
 		return c.command([]string{"subscribe", "--durable", into, "--into", into, "--migrate", "--from-start", "--ack-wait", "2s"},
@@ -43,11 +44,28 @@ func TestSubscribeIntoPostgres(t *testing.T) {
 	subs := map[string]*proc{"inbox": start("inbox"), "river": start("river")}
 	var exited []*proc
 
+	// A kill lands where it tests something once the subscriber stores:
+	// on a slow machine a fresh one may take longer than the pause to
+	// get there.
+	consuming := func(p *proc) {
+		tailertest.Eventually(t, time.Minute, func() error {
+			select {
+			case <-p.done:
+				return nil
+			default:
+			}
+			if !strings.Contains(p.out.String(), "consuming into PostgreSQL") {
+				return errors.New("not consuming yet")
+			}
+			return nil
+		})
+	}
 	w := c.startWriter(20, 5*time.Millisecond)
 	kills := 0
 	for kills < 50 {
-		time.Sleep(time.Duration(200+rand.IntN(600)) * time.Millisecond)
 		into := []string{"inbox", "river"}[kills%2]
+		consuming(subs[into])
+		time.Sleep(time.Duration(200+rand.IntN(600)) * time.Millisecond)
 		subs[into].kill()
 		exited = append(exited, subs[into])
 		subs[into] = start(into)

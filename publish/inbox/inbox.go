@@ -129,8 +129,9 @@ type Consumer struct {
 	Log     *slog.Logger
 
 	// Messages counts the messages stored and acknowledged, Added the
-	// tokens they added, Again the messages that added nothing although
-	// they held tokens (stored before: their ack was lost, or never sent).
+	// tokens they added, Again the messages with tokens stored before
+	// (all, or some when a delivery was cut short between parts): their
+	// ack was lost, or never sent.
 	Messages, Added, Again atomic.Int64
 	// Recreated counts the times the consumer was found gone and made
 	// again; LastDelivery is when a message last came (Unix ms).
@@ -270,9 +271,11 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) error {
 		}
 		delay = min(2*delay, 5*time.Second)
 	}
-	if added == 0 && len(b.Tokens) > 0 {
+	if added < len(b.Tokens) {
+		// All of it (or, cut short between parts, some) was stored by a
+		// delivery whose ack never came.
 		c.Again.Add(1)
-		c.Log.Info("message stored before: acknowledging it", "stream_seq", m.Seq, "deliveries", meta.NumDelivered)
+		c.Log.Info("message stored before: acknowledging it", "stream_seq", m.Seq, "deliveries", meta.NumDelivered, "tokens", len(b.Tokens), "added", added)
 	}
 	c.Added.Add(int64(added))
 	if err := msg.DoubleAck(ctx); err != nil {
