@@ -1,5 +1,3 @@
-// Package migrations holds the mailroom schema and the tailer's publication
-// as golang-migrate migrations embedded in the binary.
 package migrations
 
 import (

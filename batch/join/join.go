@@ -1,6 +1,3 @@
-// Package join is the stage between cutting batches and publishing them: it
-// joins a batch of tokens with the current state of their rows and
-// accounts, and decides which tokens are still to be mailed.
 package join
 
 import (

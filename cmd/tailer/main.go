@@ -1,6 +1,3 @@
-// Command tailer publishes mailroom tokens from PostgreSQL's WAL to NATS
-// JetStream. See the README for the commands and docs/configuration.md for
-// the settings.
 package main
 
 import (

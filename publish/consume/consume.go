@@ -1,11 +1,3 @@
-// Package consume is for programs that read the tailer's stream: it decodes
-// a published batch (line or json) into typed tokens with their ids, writes
-// collector-compatible lines, and keeps a bounded window of token ids seen,
-// so that a redelivered or re-published batch is processed once per token.
-//
-// The header names and formats are package wire's, which the tailer writes
-// with. It depends on nats.go for the header type and the stream reads; it
-// does not pull in the tailer's PostgreSQL or server code.
 package consume
 
 import (

@@ -1,5 +1,3 @@
-// Package embedded runs an in-process NATS server with JetStream, the
-// tailer's default when no NATS URL is configured.
 package embedded
 
 import (

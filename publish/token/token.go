@@ -1,14 +1,3 @@
-// Package token is mailroom's token as a backend sees it: the format, its
-// signing and verification with HMAC-SHA256, the keyring a tailer signs and
-// a backend verifies with, and the token key (the per-token idempotency
-// key consumers deduplicate on).
-//
-// A token is base64url(secret ‖ HMAC-SHA256(key, input)), 86 characters
-// without padding, where input is "/activate" ‖ secret, or "/recover" ‖
-// secret ‖ code: byte for byte what mailroom signs.
-//
-// It imports only the standard library, so that a backend verifying a
-// token from a link imports this and nothing else of the tailer.
 package token
 
 import (

@@ -1,10 +1,3 @@
-// Package wire is the tailer's message format as both ends see it: the
-// header names of a published batch and of a session marker, the body
-// formats and the rule for what may go into a collector line. The producer
-// (package publish) writes it and consumers (package consume) read it;
-// neither owns it. The token itself, and its key, are package token's.
-//
-// It depends on the standard library only.
 package wire
 
 import "fmt"

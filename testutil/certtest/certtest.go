@@ -1,6 +1,3 @@
-// Package certtest makes a throwaway certificate authority, a server
-// certificate for loopback and a client certificate, for tests of TLS
-// connections to real servers.
 package certtest
 
 import (

@@ -1,6 +1,3 @@
-// Package config reads the tailer's MAILROOM_* settings from the
-// environment and from the equivalent command-line flags (flags win), and
-// validates them before anything connects.
 package config
 
 import (

@@ -1,6 +1,3 @@
-// Package daemon wires the tailer's packages into the running service:
-// replication -> decoder -> batch -> join -> publish, with the embedded NATS
-// server, metrics and the retry loop around it.
 package daemon
 
 import (

@@ -1,6 +1,3 @@
-// Package subscriber runs what tailer subscribe drives: a sender command
-// fed the lines on its standard input (Sender), and the subscriber's
-// health and metrics endpoint (Serve).
 package subscriber
 
 import (
