@@ -8,14 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go"
 
-	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
 	"github.com/mailroom/tailer/migrations"
 	"github.com/mailroom/tailer/publish/resync"
@@ -175,53 +172,4 @@ func leaseRefusal(err error, cmd string) error {
 		return fmt.Errorf("%w. tailer %s changed nothing: stop that process first (a tailer run hands the slot over to a standby, or lets go of it when it cannot stream from it)", err, cmd)
 	}
 	return err
-}
-
-func resyncCmd(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) int {
-	cfg, _, code := loadKeyedConfig("resync", resyncVars, args, lookupEnv, stderr)
-	if cfg == nil {
-		return code
-	}
-	log := daemon.NewLogger(cfg.LogFormat, cfg.LogLevel, stderr)
-	lease, err := replication.AcquireLease(ctx, cfg.DatabaseURL, cfg.Slot, replication.LeaseOptions{Application: "tailer resync", Wait: leaseWait})
-	if err != nil {
-		return exitCode(stderr, "resync", log, leaseRefusal(err, "resync"))
-	}
-	defer lease.Release()
-	rep, err := runResync(ctx, cfg, log, lease, "tailer resync", nil)
-	if err != nil {
-		return exitCode(stderr, "resync", log, err)
-	}
-	daemon.LogResync(log, "slot resynced: start tailer run", rep)
-	return exitOK
-}
-
-// runResync recreates cfg's slot from a snapshot and publishes what the
-// stream lacks (see package resync), with the lease held.
-func runResync(ctx context.Context, cfg *config.Config, log *slog.Logger, lease *replication.Lease, by string, cutover *replication.Cutover) (resync.Report, error) {
-	opts, err := daemon.ResyncOptions(cfg, log, by)
-	if err != nil {
-		return resync.Report{}, err
-	}
-	opts.Cutover = cutover
-	nc, shutdown, err := daemon.ConnectNATS(cfg, log, nats.Name("tailer resync"))
-	if err != nil {
-		return resync.Report{}, err
-	}
-	defer shutdown()
-	return resync.Run(ctx, lease, nc, opts)
-}
-
-// wantFailover decides, for the server behind q, whether the slot is made
-// a failover slot (MAILROOM_SLOT_FAILOVER).
-func wantFailover(ctx context.Context, q replication.Querier, mode string) (bool, error) {
-	major, err := replication.ServerMajor(ctx, q)
-	if err != nil {
-		return false, err
-	}
-	failover, err := replication.WantFailover(mode, major)
-	if err != nil {
-		return false, daemon.FailoverSettingError(err)
-	}
-	return failover, nil
 }
