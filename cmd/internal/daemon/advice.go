@@ -17,11 +17,37 @@ import (
 const resyncWayOut = "To go on: run `tailer resync`, which recreates the slot and publishes, once, every still-eligible token the stream lacks " +
 	"(or set MAILROOM_AUTO_RESYNC=true to let tailer run do it)"
 
+// resyncOrStream is resyncWayOut for a slot whose stream may be another
+// database's.
+const resyncOrStream = "To go on: run `tailer resync`, which recreates the slot and publishes, once, every still-eligible token the stream lacks " +
+	"(or set MAILROOM_AUTO_RESYNC=true to let tailer run do it), or use a stream of this database's own (MAILROOM_NATS_STREAM)"
+
 // LostSlotMessage says what a lost slot means and how to recover, for
 // logs, /readyz and tailer status.
 func LostSlotMessage(s replication.SlotInfo) string {
 	return s.LostReason() + ". The tailer will not recreate it by itself. To go on: stop every tailer run and run `tailer resync`, which recreates the slot and publishes, once, every still-eligible token the stream lacks " +
 		"(or set MAILROOM_AUTO_RESYNC=true to let tailer run do it)"
+}
+
+// DroppedSlotMessage says that a slot this database recorded (made as
+// made says) is gone.
+func DroppedSlotMessage(slot, made string) string {
+	return fmt.Sprintf("slot %s does not exist, but this database recorded it (%s): it was dropped, or this database is a copy or a restore of the one it was made in, "+
+		"and the tokens committed since it was last read are in no slot. The tailer will not recreate it by itself. "+resyncOrStream, slot, made)
+}
+
+// UnrecordedSlotMessage says that the slot is missing while the stream
+// holds batches of a slot this database has no record of.
+func UnrecordedSlotMessage(slot, stream string, lastSeq uint64) string {
+	return fmt.Sprintf("slot %s does not exist, but stream %s holds batches (last seq %d) of a slot this database has no record of: it was dropped, or this database is a copy. "+
+		"The tailer will not recreate it by itself. "+resyncOrStream, slot, stream, lastSeq)
+}
+
+// EarlierBatchesMessage says that the stream holds batches the slot did
+// not publish (made says when the slot was made).
+func EarlierBatchesMessage(stream string, lastSeq uint64, slot, made string) string {
+	return fmt.Sprintf("stream %s holds batches (last seq %d) that slot %s did not publish: %s. "+
+		"They belong to an earlier slot, or to another copy of this database, and their positions would skip this slot's tokens. "+resyncOrStream, stream, lastSeq, slot, made)
 }
 
 // PublicationMessage says what is wrong with the publication and how to

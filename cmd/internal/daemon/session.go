@@ -385,11 +385,9 @@ func (d *Daemon) prepareSlot(ctx context.Context, q *pgx.Conn, nc *nats.Conn, de
 	}
 	switch {
 	case rec.Exists:
-		return rec, slot, &blockedError{reason: blockedResync, resync: true, msg: fmt.Sprintf("slot %s does not exist, but this database recorded it (%s): it was dropped, or this database is a copy or a restore of the one it was made in, "+
-			"and the tokens committed since it was last read are in no slot. The tailer will not recreate it by itself. "+resyncAdvice, cfg.Slot, rec.Describe())}
+		return rec, slot, &blockedError{reason: blockedResync, resync: true, msg: DroppedSlotMessage(cfg.Slot, rec.Describe())}
 	case pub.LastSeq() > 0:
-		return rec, slot, &blockedError{reason: blockedResync, resync: true, msg: fmt.Sprintf("slot %s does not exist, but stream %s holds batches (last seq %d) of a slot this database has no record of: it was dropped, or this database is a copy. "+
-			"The tailer will not recreate it by itself. "+resyncAdvice, cfg.Slot, cfg.Stream, pub.LastSeq())}
+		return rec, slot, &blockedError{reason: blockedResync, resync: true, msg: UnrecordedSlotMessage(cfg.Slot, cfg.Stream, pub.LastSeq())}
 	}
 	if rec, err = replication.CreateSlot(ctx, q, cfg.Slot, "tailer run", true, failover); err != nil {
 		return rec, slot, pgErr(err)
@@ -437,8 +435,7 @@ func (d *Daemon) claimStream(ctx context.Context, q *pgx.Conn, pub *publish.Publ
 		if rec.Exists {
 			made = "it was made after them (" + rec.Describe() + ")"
 		}
-		return &blockedError{reason: blockedResync, resync: true, msg: fmt.Sprintf("stream %s holds batches (last seq %d) that slot %s did not publish: %s. "+
-			"They belong to an earlier slot, or to another copy of this database, and their positions would skip this slot's tokens. "+resyncAdvice, cfg.Stream, pub.LastSeq(), cfg.Slot, made)}
+		return &blockedError{reason: blockedResync, resync: true, msg: EarlierBatchesMessage(cfg.Stream, pub.LastSeq(), cfg.Slot, made)}
 	}
 	if !rec.Exists {
 		r, err := replication.AdoptSlot(ctx, q, cfg.Slot)
@@ -494,10 +491,6 @@ func (d *Daemon) recheckStream(ctx context.Context, pub *publish.Publisher, rec 
 	}
 	return nil
 }
-
-// resyncAdvice is the way out of a slot the tailer must not stream from.
-const resyncAdvice = "To go on: run `tailer resync`, which recreates the slot and publishes, once, every still-eligible token the stream lacks " +
-	"(or set MAILROOM_AUTO_RESYNC=true to let tailer run do it), or use a stream of this database's own (MAILROOM_NATS_STREAM)"
 
 // unblock resyncs the slot, with the lease this session holds, when err
 // says a resync is the way out and MAILROOM_AUTO_RESYNC allows it;
