@@ -185,7 +185,7 @@ func (f *Feeder) Wait(ctx context.Context, until time.Time) (bool, error) {
 				return false, nil
 			}
 		}
-		if !f.dec.Handing() {
+		if !f.dec.PartlyHandedOver() {
 			return true, nil
 		}
 		if _, err := f.dec.Resume((*decoderSink)(f)); err != nil {

@@ -146,9 +146,9 @@ func (d *Decoder) Decode(msg []byte, sink Sink) error {
 // their Stream Commit or Stream Abort.
 func (d *Decoder) Pending() int { return len(d.streams) }
 
-// Handing reports whether a committed streamed transaction is only partly
-// handed over (see HandoverChunk); call Resume to go on.
-func (d *Decoder) Handing() bool { return d.handing != nil }
+// PartlyHandedOver reports whether a committed streamed transaction is
+// only partly handed over (see HandoverChunk); call Resume to go on.
+func (d *Decoder) PartlyHandedOver() bool { return d.handing != nil }
 
 // Resume hands the next HandoverChunk rows of a committed streamed
 // transaction to sink, and its commit after the last row. It reports whether

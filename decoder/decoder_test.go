@@ -392,7 +392,7 @@ func TestDecodeStreamedSpillsToDisk(t *testing.T) {
 			}
 			feed(newMsg('A').u32(xid).u32(sub).Bytes())
 			feed(newMsg('c').u32(xid).u8(0).u64(0x9000).u64(0x9010).u64(commitMicros).Bytes())
-			for d.Handing() {
+			for d.PartlyHandedOver() {
 				if len(rec.commits) != 0 {
 					t.Fatal("commit before the last row was handed over")
 				}

@@ -61,7 +61,7 @@ func FuzzDecode(f *testing.F) {
 		rec := &orderSink{t: t}
 		for _, m := range fuzzMessages(data) {
 			err := d.Decode(m, rec)
-			for err == nil && d.Handing() {
+			for err == nil && d.PartlyHandedOver() {
 				_, err = d.Resume(rec)
 			}
 			if err != nil {

@@ -79,13 +79,13 @@ type Pipeline struct {
 }
 
 // ready is a batch the pipeline took, waiting to go out; it is joined when
-// a place for a message frees. from is how many of its tokens earlier
+// a place for a message frees. encoded is how many of its tokens earlier
 // messages covered, published the tokens they carried, since when it was
 // taken.
 type ready struct {
 	b         *batch.Batch
 	rows      []join.TokenState
-	from      int
+	encoded   int
 	published int
 	// joined: rows hold the join's answer.
 	joined bool
@@ -129,24 +129,25 @@ func (p *Pipeline) Run(ctx context.Context, in <-chan *batch.Batch) error {
 	defer cancel(nil)
 
 	// Places for messages awaiting their PubAck: taken to publish, given
-	// back by awaitAcks.
-	places := make(chan struct{}, p.MaxInFlight)
+	// back by awaitAcks; and what awaitAcks hands back for reuse once a
+	// message is acknowledged: its body's buffer, its batches' ready.
+	inFlightSlots := make(chan struct{}, p.MaxInFlight)
 	for range p.MaxInFlight {
-		places <- struct{}{}
+		inFlightSlots <- struct{}{}
 	}
 	acks := make(chan inFlight, p.MaxInFlight)
-	bodies := make(chan []byte, p.MaxInFlight+1)
-	free := make(chan *ready, 256)
+	spareBodies := make(chan []byte, p.MaxInFlight+1)
+	spareReady := make(chan *ready, 256)
 	ackErr := make(chan error, 1)
 	go func() {
-		err := p.awaitAcks(ctx, acks, places, bodies, free)
+		err := p.awaitAcks(ctx, acks, inFlightSlots, spareBodies, spareReady)
 		if err != nil {
 			cancel(err)
 		}
 		ackErr <- err
 	}()
 
-	err := p.produce(ctx, in, acks, places, bodies, free)
+	err := p.produce(ctx, in, acks, inFlightSlots, spareBodies, spareReady)
 	close(acks)
 	if aerr := <-ackErr; aerr != nil {
 		return aerr
@@ -174,7 +175,7 @@ func InFlightFor(replicas int) int {
 	return DefaultMaxInFlight
 }
 
-func (p *Pipeline) produce(ctx context.Context, in <-chan *batch.Batch, acks chan<- inFlight, places <-chan struct{}, bodies chan []byte, free chan *ready) error {
+func (p *Pipeline) produce(ctx context.Context, in <-chan *batch.Batch, acks chan<- inFlight, inFlightSlots <-chan struct{}, spareBodies chan []byte, spareReady chan *ready) error {
 	var (
 		waiting []*ready
 		tokens  int
@@ -182,11 +183,11 @@ func (p *Pipeline) produce(ctx context.Context, in <-chan *batch.Batch, acks cha
 	take := func(b *batch.Batch) {
 		var r *ready
 		select {
-		case r = <-free:
+		case r = <-spareReady:
 		default:
 			r = new(ready)
 		}
-		r.b, r.from, r.published, r.joined, r.since = b, 0, 0, false, time.Now()
+		r.b, r.encoded, r.published, r.joined, r.since = b, 0, 0, false, time.Now()
 		waiting = append(waiting, r)
 		tokens += len(b.Tokens)
 	}
@@ -194,7 +195,7 @@ func (p *Pipeline) produce(ctx context.Context, in <-chan *batch.Batch, acks cha
 		// Batches are taken while fewer than maxReadyTokens wait; a place
 		// for a message is only waited for when there is something to
 		// put in it.
-		input, place := in, places
+		input, place := in, inFlightSlots
 		if tokens >= maxReadyTokens {
 			input = nil
 		}
@@ -233,7 +234,7 @@ func (p *Pipeline) produce(ctx context.Context, in <-chan *batch.Batch, acks cha
 			}
 			var body []byte
 			select {
-			case body = <-bodies:
+			case body = <-spareBodies:
 			default:
 			}
 			item, covered, err := p.publishNext(body, &waiting)
@@ -322,8 +323,8 @@ func (p *Pipeline) publishNext(body []byte, waiting *[]*ready) (inFlight, int, e
 		if batches++; batches == p.MaxBatches {
 			full = true
 		}
-		tokens := r.b.Tokens[r.from:]
-		n := p.Encoder.Add(tokens, r.rows[r.from:])
+		tokens := r.b.Tokens[r.encoded:]
+		n := p.Encoder.Add(tokens, r.rows[r.encoded:])
 		if n > 0 {
 			if covered == 0 {
 				first = tokens[0].Pos
@@ -331,12 +332,12 @@ func (p *Pipeline) publishNext(body []byte, waiting *[]*ready) (inFlight, int, e
 			last = tokens[n-1].Pos
 			covered += n
 			if p.Observer != nil {
-				p.countSkips(tokens[:n], r.rows[r.from:r.from+n])
+				p.countSkips(tokens[:n], r.rows[r.encoded:r.encoded+n])
 			}
-			r.published += countPublished(r.rows[r.from : r.from+n])
-			r.from += n
+			r.published += countPublished(r.rows[r.encoded : r.encoded+n])
+			r.encoded += n
 		}
-		if r.from < len(r.b.Tokens) {
+		if r.encoded < len(r.b.Tokens) {
 			full = true
 			rest = append(rest, r)
 			continue
@@ -407,7 +408,7 @@ func (p *Pipeline) countSkips(tokens []decoder.Token, rows []join.TokenState) {
 // resumes after whatever the stream holds then.
 var ErrStreamMoved = errors.New("the stream moved on without this session")
 
-func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, places chan<- struct{}, bodies chan<- []byte, free chan<- *ready) error {
+func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, inFlightSlots chan<- struct{}, spareBodies chan<- []byte, spareReady chan<- *ready) error {
 	for it := range acks {
 		if it.fut != nil {
 			select {
@@ -436,10 +437,10 @@ func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, places c
 			}
 		}
 		select {
-		case bodies <- it.body:
+		case spareBodies <- it.body:
 		default:
 		}
-		places <- struct{}{}
+		inFlightSlots <- struct{}{}
 		for _, r := range it.done {
 			if p.Observer != nil && r.published > 0 {
 				p.Observer.BatchPublished(r.b, r.published, time.Since(r.since))
@@ -448,7 +449,7 @@ func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, places c
 			p.Done(r.b)
 			r.b = nil
 			select {
-			case free <- r:
+			case spareReady <- r:
 			default:
 			}
 		}
