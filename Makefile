@@ -48,5 +48,5 @@ test-pg:
 CORE_TESTS = TestFailover|TestLatePublishOrderings|TestRestoredSnapshotWithItsSlot|TestStreamThatLostItsBatchesIsRefused|TestStrayMessageOnTheSubject|TestFrozenOwnerIsCutOff|TestCrashLoop|TestSIGTERMPublishesPendingBatch|TestStandbyTakesOver|TestIdleSlotAdvances|TestPostgresFaults|TestLostSlotIsReported|TestResync|TestVanishedSlot|TestRestoredCopyCannotSkip|TestConcurrentResyncs|TestRunsAsRestrictedRole|TestComposeRoles|TestSchemaChangeUnderTheTailer|TestPublicationChanges
 test-pg-core:
 	@test -n "$(VERSION)" || { echo "usage: make test-pg-core VERSION=16|17|18"; exit 2; }
-	TAILER_PG_VERSION=$(VERSION) $(GO_TEST) ./replication/... ./decoder/... ./batch/... ./publish/resync/... ./migrations/... ./cmd/internal/daemon/...
+	TAILER_PG_VERSION=$(VERSION) $(GO_TEST) ./replication/... ./decoder/... ./batch/... ./publish/join/... ./cmd/internal/resync/... ./migrations/... ./cmd/internal/daemon/...
 	TAILER_PG_VERSION=$(VERSION) $(GO_TEST) -run '$(CORE_TESTS)' ./cmd/tailer/

@@ -10,7 +10,7 @@ import (
 	"github.com/golang-migrate/migrate/v4"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/mailroom/tailer/testutil/pgtest"
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }

@@ -1,5 +1,5 @@
 // Package publish takes the batches batch cuts and puts them on NATS
-// JetStream exactly once: it joins each batch's accounts (batch/join),
+// JetStream exactly once: it joins each batch's accounts (publish/join),
 // signs its tokens (publish/token), encodes the message and its headers
 // (publish/wire), and publishes it chained to the stream's last sequence,
 // reporting a batch's positions as confirmable only once its PubAck came.

@@ -6,8 +6,8 @@ import (
 	"strconv"
 	"unicode/utf8"
 
-	"github.com/mailroom/tailer/batch/join"
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish/join"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )

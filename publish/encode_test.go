@@ -6,9 +6,9 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/mailroom/tailer/batch/join"
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/join"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )

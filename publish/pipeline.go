@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/batch"
-	"github.com/mailroom/tailer/batch/join"
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish/join"
 	"github.com/mailroom/tailer/publish/wire"
 )
 

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/mailroom/tailer/batch"
-	"github.com/mailroom/tailer/batch/join"
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish/join"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )

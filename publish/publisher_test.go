@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/decoder"
-	"github.com/mailroom/tailer/publish/embedded"
+	"github.com/mailroom/tailer/internal/embedded"
 )
 
 func TestSubjectMatches(t *testing.T) {

@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/mailroom/tailer/testutil/pgtest"
-	"github.com/mailroom/tailer/testutil/tailertest"
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
+	"github.com/mailroom/tailer/internal/testutil/tailertest"
 )
 
 func TestWantFailover(t *testing.T) {

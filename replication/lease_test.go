@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mailroom/tailer/testutil/pgtest"
-	"github.com/mailroom/tailer/testutil/tailertest"
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
+	"github.com/mailroom/tailer/internal/testutil/tailertest"
 )
 
 // One holder at a time, per slot; the others are told who holds it, can

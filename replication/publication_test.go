@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/mailroom/tailer/testutil/pgtest"
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
 )
 
 func TestCheckPublication(t *testing.T) {

@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/mailroom/tailer/publish/embedded"
+	"github.com/mailroom/tailer/internal/embedded"
 )
 
 // Design is one design at one group size.

@@ -19,10 +19,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/migrations"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
-	"github.com/mailroom/tailer/testutil/pgtest"
 )
 
 // Drain is one backlog drain.

@@ -19,8 +19,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mailroom/tailer/internal/embedded"
 	"github.com/mailroom/tailer/migrations"
-	"github.com/mailroom/tailer/publish/embedded"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 )

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/mailroom/tailer/testutil/pgtest"
-	"github.com/mailroom/tailer/testutil/tailertest"
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
+	"github.com/mailroom/tailer/internal/testutil/tailertest"
 )
 
 // failover is a primary with a streaming standby that the primary waits

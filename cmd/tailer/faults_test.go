@@ -18,11 +18,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
+	"github.com/mailroom/tailer/internal/testutil/tailertest"
 	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
-	"github.com/mailroom/tailer/testutil/pgtest"
-	"github.com/mailroom/tailer/testutil/tailertest"
 )
 
 func TestCrashLoop(t *testing.T) {

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mailroom/tailer/testutil/pgtest"
-	"github.com/mailroom/tailer/testutil/tailertest"
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
+	"github.com/mailroom/tailer/internal/testutil/tailertest"
 )
 
 // A frozen owner is cut off: once its lease is gone (the server ends a

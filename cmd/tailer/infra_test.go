@@ -27,9 +27,9 @@ import (
 
 	"github.com/mailroom/tailer/cmd/internal/daemon"
 	"github.com/mailroom/tailer/cmd/internal/subscriber"
-	"github.com/mailroom/tailer/publish/embedded"
-	"github.com/mailroom/tailer/testutil/pgtest"
-	"github.com/mailroom/tailer/testutil/tailertest"
+	"github.com/mailroom/tailer/internal/embedded"
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
+	"github.com/mailroom/tailer/internal/testutil/tailertest"
 )
 
 const infra = "../../infra/"

@@ -18,8 +18,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/mailroom/tailer/testutil/pgtest"
-	"github.com/mailroom/tailer/testutil/tailertest"
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
+	"github.com/mailroom/tailer/internal/testutil/tailertest"
 )
 
 // createR3 creates the stream as the tailer would, with three replicas,

@@ -19,7 +19,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
-	"github.com/mailroom/tailer/testutil/pgtest"
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
 )
 
 const goodKey = "cafebabecafebabecafebabecafebabecafebabecafebabecafebabecafebabe"

@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mailroom/tailer/cmd/internal/daemon"
+	"github.com/mailroom/tailer/cmd/internal/resync"
 	"github.com/mailroom/tailer/migrations"
-	"github.com/mailroom/tailer/publish/resync"
 	"github.com/mailroom/tailer/replication"
 )
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/mailroom/tailer/testutil/pgtest"
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
 )
 
 // A filesystem snapshot of the database put back with its slot: the data

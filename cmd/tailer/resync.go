@@ -9,7 +9,7 @@ import (
 
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
-	"github.com/mailroom/tailer/publish/resync"
+	"github.com/mailroom/tailer/cmd/internal/resync"
 	"github.com/mailroom/tailer/replication"
 )
 

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mailroom/tailer/testutil/pgtest"
-	"github.com/mailroom/tailer/testutil/tailertest"
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
+	"github.com/mailroom/tailer/internal/testutil/tailertest"
 )
 
 // watched is a tailer with its HTTP endpoints, sampling fast, and the

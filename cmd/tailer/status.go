@@ -15,9 +15,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/mailroom/tailer/batch/join"
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
+	"github.com/mailroom/tailer/publish/join"
 	"github.com/mailroom/tailer/replication"
 )
 

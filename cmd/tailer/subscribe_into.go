@@ -13,7 +13,7 @@ import (
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/subscriber"
 	"github.com/mailroom/tailer/publish/consume"
-	"github.com/mailroom/tailer/publish/inbox"
+	"github.com/mailroom/tailer/publish/consume/inbox"
 )
 
 // subscribeInto stores the tokens of durable's messages in the database at

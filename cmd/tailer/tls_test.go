@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
-	"github.com/mailroom/tailer/testutil/certtest"
-	"github.com/mailroom/tailer/testutil/pgtest"
+	"github.com/mailroom/tailer/internal/testutil/certtest"
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
 )
 
 // startNATSWith runs a NATS server with opts (plus JetStream on a

@@ -9,10 +9,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/mailroom/tailer/batch/join"
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/join"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )

@@ -9,8 +9,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mailroom/tailer/internal/embedded"
 	"github.com/mailroom/tailer/publish/consume"
-	"github.com/mailroom/tailer/publish/embedded"
 )
 
 func TestKVProgress(t *testing.T) {

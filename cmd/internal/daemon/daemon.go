@@ -16,9 +16,9 @@ import (
 
 	"github.com/mailroom/tailer/batch"
 	"github.com/mailroom/tailer/cmd/internal/config"
+	"github.com/mailroom/tailer/cmd/internal/resync"
+	"github.com/mailroom/tailer/internal/embedded"
 	"github.com/mailroom/tailer/publish"
-	"github.com/mailroom/tailer/publish/embedded"
-	"github.com/mailroom/tailer/publish/resync"
 	"github.com/mailroom/tailer/replication"
 )
 

@@ -28,13 +28,13 @@ import (
 
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/internal/embedded"
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
+	"github.com/mailroom/tailer/internal/testutil/tailertest"
 	"github.com/mailroom/tailer/publish/consume"
-	"github.com/mailroom/tailer/publish/embedded"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
-	"github.com/mailroom/tailer/testutil/pgtest"
-	"github.com/mailroom/tailer/testutil/tailertest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }

@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/mailroom/tailer/batch"
-	"github.com/mailroom/tailer/batch/join"
+	"github.com/mailroom/tailer/publish/join"
 	"github.com/mailroom/tailer/replication"
 )
 

@@ -12,10 +12,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/mailroom/tailer/batch"
-	"github.com/mailroom/tailer/batch/join"
+	"github.com/mailroom/tailer/cmd/internal/resync"
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
-	"github.com/mailroom/tailer/publish/resync"
+	"github.com/mailroom/tailer/publish/join"
 	"github.com/mailroom/tailer/replication"
 )
 

@@ -12,7 +12,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/mailroom/tailer/publish/consume"
-	"github.com/mailroom/tailer/publish/inbox"
+	"github.com/mailroom/tailer/publish/consume/inbox"
 )
 
 // Mailer is a mail provider's API that takes an idempotency key: a second

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/publish/consume"
-	"github.com/mailroom/tailer/testutil/pgtest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }

@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/migrations"
-	"github.com/mailroom/tailer/testutil/pgtest"
 )
 
 // DB is a migrated mailroom database of one test's own. Its methods fail the
