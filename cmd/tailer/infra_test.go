@@ -352,7 +352,7 @@ func TestDashboardAndRulesUseExportedMetrics(t *testing.T) {
 	sport, _ := pgtest.FreePort()
 	saddr := fmt.Sprintf("127.0.0.1:%d", sport)
 	c.execSubscriber(t, "metrics", "cat > /dev/null", "--health-addr", saddr)
-	maps.Copy(exported, metricFamilies(awaitMetrics(t, "http://"+saddr+"/metrics", "mailroom_subscriber_up{")))
+	maps.Copy(exported, metricFamilies(awaitMetrics(t, "http://"+saddr+"/metrics", "mailroom_subscriber_pending_messages{")))
 	if n := check("mailroom_subscriber_"); n < 5 {
 		t.Errorf("only %d subscriber metrics referenced: the subscribers are not watched", n)
 	}
