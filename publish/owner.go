@@ -75,17 +75,17 @@ type Owner struct {
 	InFlight int
 }
 
-// ErrForeignStream is a stream whose batches come from another database, or
+// ForeignStreamError is a stream whose batches come from another database, or
 // another incarnation of the slot. It says what was found; what to do
 // about it is the command layer's to say.
-type ErrForeignStream struct {
+type ForeignStreamError struct {
 	Stream string
 	Reason string
 	Stored string // what the stream says
 	Here   string // what the server says
 }
 
-func (e *ErrForeignStream) Error() string {
+func (e *ForeignStreamError) Error() string {
 	return fmt.Sprintf("stream %s holds batches %s (stream: %s; this server: %s): publishing would skip or repeat tokens",
 		e.Stream, e.Reason, e.Stored, e.Here)
 }
@@ -103,11 +103,11 @@ func (p *Publisher) checkOrigin(m stored, here Origin) error {
 	}
 	ok, past := here.continues(m.origin, m.pos.Commit)
 	if past {
-		return &ErrForeignStream{Stream: p.name, Reason: "published past the point where this server's timeline branched from theirs (a failover or restore that lost WAL the stream's batches came from)",
+		return &ForeignStreamError{Stream: p.name, Reason: "published past the point where this server's timeline branched from theirs (a failover or restore that lost WAL the stream's batches came from)",
 			Stored: "origin " + m.origin + ", position " + m.pos.String() + " at seq " + strconv.FormatUint(m.seq, 10), Here: "origin " + here.String() + ", timeline history " + fmt.Sprint(here.History)}
 	}
 	if !ok {
-		return &ErrForeignStream{Stream: p.name, Reason: "published from another database",
+		return &ForeignStreamError{Stream: p.name, Reason: "published from another database",
 			Stored: "origin " + m.origin + " at seq " + strconv.FormatUint(m.seq, 10), Here: "origin " + here.String()}
 	}
 	return nil
@@ -128,7 +128,7 @@ func (p *Publisher) checkOwner(m stored, o Owner) error {
 		if m.incarnation == "" {
 			stored = "no incarnation (an older tailer's, or of a slot this database has no record of)"
 		}
-		return &ErrForeignStream{Stream: p.name, Reason: "published from another incarnation of the slot (a copy or restore of the database, or the slot made again since)",
+		return &ForeignStreamError{Stream: p.name, Reason: "published from another incarnation of the slot (a copy or restore of the database, or the slot made again since)",
 			Stored: stored + " at seq " + strconv.FormatUint(m.seq, 10), Here: "incarnation " + o.Incarnation + ", stream taken over after seq " + strconv.FormatUint(o.Since, 10)}
 	}
 	return nil

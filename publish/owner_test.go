@@ -95,7 +95,7 @@ func TestResume(t *testing.T) {
 			}
 			defer p.Close()
 			err = p.Resume(ctx, tc.owner)
-			var foreign *ErrForeignStream
+			var foreign *ForeignStreamError
 			switch {
 			case tc.want == "" && err != nil:
 				t.Fatalf("Resume: %v", err)

@@ -57,6 +57,22 @@ func (e *StreamConfigError) Error() string {
 }
 func (e *StreamConfigError) Unwrap() error { return e.Err }
 
+// SubjectError is a subject the tailer publishes on (its subject is
+// Configured) that the stream does not take; Marker: the subject of the
+// session markers.
+type SubjectError struct {
+	Subject, Configured string
+	Subjects            []string
+	Marker              bool
+}
+
+func (e *SubjectError) Error() string {
+	if e.Marker {
+		return fmt.Sprintf("does not take subject %s, where every session starts with its markers (its subjects: %v)", e.Subject, e.Subjects)
+	}
+	return fmt.Sprintf("does not take subject %s (its subjects: %v)", e.Subject, e.Subjects)
+}
+
 // Publisher sends batches to one JetStream stream, chaining each message to
 // the one before with Nats-Expected-Last-Sequence: the n-th publish of a
 // session expects the stream's last sequence at the start plus n-1. A batch
@@ -203,11 +219,7 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Destination) (*Publish
 	marker := wire.MarkerSubject(cfg.Subject)
 	for _, subject := range append(subjects, marker) {
 		if !slices.ContainsFunc(info.Config.Subjects, func(pattern string) bool { return SubjectMatches(pattern, subject) }) {
-			what := "set MAILROOM_NATS_SUBJECT to one it takes, or add it to the stream"
-			if subject == marker {
-				what = "the tailer starts every session with markers on it: add " + cfg.Subject + ".> to the stream's subjects"
-			}
-			return nil, &StreamConfigError{cfg.Name, fmt.Errorf("does not take subject %s (its subjects: %v): %s", subject, info.Config.Subjects, what)}
+			return nil, &StreamConfigError{cfg.Name, &SubjectError{Subject: subject, Configured: cfg.Subject, Subjects: info.Config.Subjects, Marker: subject == marker}}
 		}
 	}
 	p := &Publisher{js: js, stream: stream, name: cfg.Name, subjects: subjects, marker: marker, replicas: max(info.Config.Replicas, 1),

@@ -2,6 +2,7 @@ package publish
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -227,7 +228,8 @@ func TestStraysAndMarkerSubject(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := NewPublisher(ctx, nc, Destination{Name: "NARROW", Subject: "narrow.batches"})
-	if err == nil || !strings.Contains(err.Error(), "narrow.batches._session") || !strings.Contains(err.Error(), "narrow.batches.>") {
+	var se *SubjectError
+	if !errors.As(err, &se) || !se.Marker || se.Subject != "narrow.batches._session" || se.Configured != "narrow.batches" {
 		t.Fatalf("a stream without the markers' subject: %v", err)
 	}
 }

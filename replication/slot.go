@@ -149,6 +149,16 @@ func Slot(ctx context.Context, q Querier, name string) (SlotInfo, error) {
 	return s, nil
 }
 
+// ForeignSlotError is a slot of the tailer's name that belongs to another
+// database of the server: slot names are global to a server.
+type ForeignSlotError struct {
+	Slot, Database, Here string
+}
+
+func (e *ForeignSlotError) Error() string {
+	return fmt.Sprintf("slot %s belongs to database %q, not %q: slot names are global to the server", e.Slot, e.Database, e.Here)
+}
+
 // CheckSlot verifies that an existing slot s is one the tailer can stream
 // from here. Slot names are global to the server: a slot of another
 // database, or with another plugin, is an error.
@@ -158,7 +168,7 @@ func CheckSlot(ctx context.Context, q Querier, s SlotInfo) error {
 		return fmt.Errorf("query current database: %w", err)
 	}
 	if s.Database != db {
-		return fmt.Errorf("slot %s belongs to database %q, not %q: slot names are global to the server, choose another (MAILROOM_SLOT)", s.Name, s.Database, db)
+		return &ForeignSlotError{Slot: s.Name, Database: s.Database, Here: db}
 	}
 	if s.Plugin != Plugin {
 		return fmt.Errorf("slot %s uses plugin %q, want %q", s.Name, s.Plugin, Plugin)

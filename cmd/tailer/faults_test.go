@@ -483,6 +483,9 @@ func TestForeignStreamRefused(t *testing.T) {
 			if strings.Contains(p.out.String(), "msg=streaming") {
 				t.Fatalf("streamed from a foreign stream:\n%s", p.out.String())
 			}
+			// Stopped: after the resync below, a tailer still waiting
+			// here would take the slot first.
+			p.kill()
 		})
 	}
 

@@ -5,8 +5,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"github.com/mailroom/tailer/cmd/internal/config"
-	"github.com/mailroom/tailer/publish/token"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +14,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mailroom/tailer/cmd/internal/config"
+	"github.com/mailroom/tailer/publish/token"
 
 	"github.com/nats-io/nats-server/v2/server"
 
@@ -132,6 +133,23 @@ func TestVerifyCommand(t *testing.T) {
 	}
 	if n := countKey(vectors, goodKey); n == 0 {
 		t.Fatal("no vectors for the test key")
+	}
+	// A token is base64url: one in 64 starts with '-', which is a token
+	// all the same, not a flag.
+	key, _ := hex.DecodeString(goodKey)
+	signer, err := token.NewSigner("k", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first six bits 62: base64url's '-'.
+	secret := [token.SecretSize]byte{0xF8}
+	dashed, err := signer.AppendToken(nil, token.Activation, &secret, nil)
+	if err != nil || dashed[0] != '-' {
+		t.Fatalf("a token starting with '-': %s, %v", dashed, err)
+	}
+	var out bytes.Buffer
+	if code := run([]string{"verify", string(dashed)}, lookup(env), &out, &out); code != exitOK || !strings.Contains(out.String(), "valid activation token") {
+		t.Fatalf("verify %s: exit %d: %s", dashed, code, out.String())
 	}
 }
 

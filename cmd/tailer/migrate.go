@@ -81,7 +81,7 @@ func migrate(ctx context.Context, args []string, lookupEnv func(string) (string,
 		rec, err := replication.LoadRecord(ctx, conn, cfg.Slot)
 		if err == nil && !rec.ResyncPending {
 			if err := replication.CheckSlot(ctx, conn, slot); err != nil {
-				log.Error("migrate", "err", err)
+				log.Error("migrate", "err", daemon.Advise(err))
 				return exitFailure
 			}
 			return done(false)

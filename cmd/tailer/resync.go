@@ -28,7 +28,7 @@ func resyncCmd(ctx context.Context, args []string, lookupEnv func(string) (strin
 	defer lease.Release()
 	rep, err := runResync(ctx, cfg, log, lease, "tailer resync", nil)
 	if err != nil {
-		return exitCode(stderr, "resync", log, err)
+		return exitCode(stderr, "resync", log, daemon.Advise(err))
 	}
 	daemon.LogResync(log, "slot resynced: start tailer run", rep)
 	return exitOK

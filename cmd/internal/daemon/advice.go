@@ -62,7 +62,7 @@ func PublicationMessage(e *replication.PublicationError) string {
 
 // ForeignStreamMessage says whose batches the stream holds and how to go
 // on.
-func ForeignStreamMessage(e *publish.ErrForeignStream) string {
+func ForeignStreamMessage(e *publish.ForeignStreamError) string {
 	return e.Error() + ", so the tailer does not stream. To go on from here, run `tailer resync`: it recreates the slot and publishes, once, every still-eligible token of this database that the stream lacks. " +
 		"Or use a stream of this database (MAILROOM_NATS_STREAM) once the consumers have drained the old one"
 }
@@ -99,6 +99,37 @@ func ResyncNeededMessage(slot, publication string) string {
 	return fmt.Sprintf("publication %s could not carry token inserts for a while, and slot %s's stream lacks the ones made then for good "+
 		"(PostgreSQL decodes each change with the catalog as it was then); streaming on would skip them. "+resyncWayOut, publication, slot)
 }
+
+// Advise returns err with the way out appended when it is a refusal the
+// operator resolves with a setting or a command (errors.As still finds
+// the fact); any other err as it is.
+func Advise(err error) error {
+	var (
+		fs  *replication.ForeignSlotError
+		se  *publish.SubjectError
+		way string
+	)
+	switch {
+	case errors.As(err, &fs):
+		way = "choose another slot name (MAILROOM_SLOT), or drop the other database's slot if it is no longer used"
+	case errors.As(err, &se) && se.Marker:
+		way = "add " + se.Configured + ".> to the stream's subjects"
+	case errors.As(err, &se):
+		way = "set MAILROOM_NATS_SUBJECT to a subject the stream takes, or add " + se.Subject + " to the stream's subjects"
+	default:
+		return err
+	}
+	return &advisedError{err: err, way: way}
+}
+
+// advisedError is a refusal with its way out.
+type advisedError struct {
+	err error
+	way string
+}
+
+func (e *advisedError) Error() string { return e.err.Error() + ". To go on: " + e.way }
+func (e *advisedError) Unwrap() error { return e.err }
 
 // FailoverSettingError is MAILROOM_SLOT_FAILOVER refused by the server,
 // with the way out.

@@ -6,16 +6,27 @@ import (
 	"testing"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
+	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/replication"
 )
 
-// The replication package says what happened; the way out, in the
-// commands' words, is added here.
+// Every refusal the operator resolves: the lower packages say what
+// happened; the way out, in the commands' words, is added here, and only
+// here.
 func TestAdvice(t *testing.T) {
 	slot := replication.SlotInfo{Name: "mailroom", WALStatus: "lost", InvalidationReason: "wal_removed"}
 	stale := &replication.PublicationError{Publication: "mailroom", Stale: true}
 	missing := &replication.PublicationError{Publication: "mailroom", Problem: "does not exist"}
 	_, ferr := replication.WantFailover(replication.FailoverOn, 16)
+	foreignSlot := &replication.ForeignSlotError{Slot: "mailroom", Database: "other", Here: "app"}
+	subject := &publish.StreamConfigError{Stream: "MAILROOM", Err: &publish.SubjectError{Subject: "mailroom.batches", Configured: "mailroom.batches", Subjects: []string{"x.>"}}}
+	markers := &publish.StreamConfigError{Stream: "MAILROOM", Err: &publish.SubjectError{Subject: "mailroom.batches._session", Configured: "mailroom.batches", Subjects: []string{"mailroom.batches"}, Marker: true}}
+	foreignStream := &publish.ForeignStreamError{Stream: "MAILROOM", Reason: "published from another database", Stored: "origin a", Here: "origin b"}
+	relation := &decoder.RelationError{Relation: "public.tokens", Missing: []string{"secret"}}
+	if !errors.As(Advise(foreignSlot), &foreignSlot) || Advise(errors.New("other")).Error() != "other" {
+		t.Fatal("Advise hides the fact, or advises what it does not know")
+	}
 	var cerr *config.Error
 	if !errors.As(FailoverSettingError(ferr), &cerr) || cerr.Var != "MAILROOM_SLOT_FAILOVER" {
 		t.Fatalf("FailoverSettingError = %v, want a config.Error of MAILROOM_SLOT_FAILOVER", FailoverSettingError(ferr))
@@ -28,6 +39,17 @@ func TestAdvice(t *testing.T) {
 		{stale.Error(), PublicationMessage(stale), []string{"tailer resync", "MAILROOM_AUTO_RESYNC"}},
 		{missing.Error(), PublicationMessage(missing), []string{"tailer migrate", "ALTER PUBLICATION mailroom", "tailer resync"}},
 		{ferr.Error(), FailoverSettingError(ferr).Error(), []string{"tailer resync", "auto or false"}},
+		{foreignSlot.Error(), Advise(foreignSlot).Error(), []string{"MAILROOM_SLOT"}},
+		{subject.Error(), Advise(subject).Error(), []string{"MAILROOM_NATS_SUBJECT"}},
+		{markers.Error(), Advise(markers).Error(), []string{"mailroom.batches.>"}},
+		{foreignStream.Error(), ForeignStreamMessage(foreignStream), []string{"tailer resync", "MAILROOM_NATS_STREAM"}},
+		{relation.Error(), RelationMessage(relation, "mailroom"), []string{"ALTER PUBLICATION mailroom SET TABLE tokens", "tailer resync"}},
+		{"stream MAILROOM was deleted and made again", StreamReplacedMessage(replication.StreamIdentity{Name: "MAILROOM", Created: "t2"}, "t1"), []string{"tailer resync"}},
+		{"stream MAILROOM no longer holds messages this slot published after sequence 7", StreamPurgedMessage("MAILROOM", 7), []string{"tailer resync"}},
+		{"publication mailroom could not carry token inserts", ResyncNeededMessage("mailroom", "mailroom"), []string{"tailer resync", "MAILROOM_AUTO_RESYNC"}},
+		{"slot mailroom does not exist, but this database recorded it", DroppedSlotMessage("mailroom", "made by tailer run"), []string{"tailer resync", "MAILROOM_AUTO_RESYNC", "MAILROOM_NATS_STREAM"}},
+		{"slot mailroom does not exist, but stream MAILROOM holds batches", UnrecordedSlotMessage("mailroom", "MAILROOM", 9), []string{"tailer resync", "MAILROOM_NATS_STREAM"}},
+		{"stream MAILROOM holds batches (last seq 9) that slot mailroom did not publish", EarlierBatchesMessage("MAILROOM", 9, "mailroom", "made by hand"), []string{"tailer resync", "MAILROOM_NATS_STREAM"}},
 	} {
 		if !strings.Contains(tc.advised, tc.fact) {
 			t.Errorf("%q does not say the fact %q", tc.advised, tc.fact)

@@ -117,7 +117,7 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	inFlight := cmp.Or(cfg.MaxInFlight, publish.InFlightFor(pub.Replicas()))
 	err = pub.Resume(ctx, publish.Owner{Origin: origin, Incarnation: rec.Incarnation, Since: rec.StreamSeq, Legacy: rec.Legacy,
 		After: slot.ConfirmedFlush, InFlight: inFlight})
-	var foreign *publish.ErrForeignStream
+	var foreign *publish.ForeignStreamError
 	if errors.As(err, &foreign) {
 		return d.block(ctx, q, lease, nc, err)
 	}
@@ -319,7 +319,7 @@ func (d *Daemon) sayGuard(ctx context.Context, q *pgx.Conn) {
 // MAILROOM_AUTO_RESYNC allows it; otherwise the reason is recorded with the
 // slot for tailer status, and returned.
 func (d *Daemon) block(ctx context.Context, q *pgx.Conn, lease *replication.Lease, nc *nats.Conn, err error) error {
-	var foreign *publish.ErrForeignStream
+	var foreign *publish.ForeignStreamError
 	if errors.As(err, &foreign) {
 		err = &blockedError{reason: blockedStream, msg: ForeignStreamMessage(foreign)}
 	}
@@ -362,7 +362,7 @@ func (d *Daemon) prepareSlot(ctx context.Context, q *pgx.Conn, nc *nats.Conn, de
 	slot, err := replication.Slot(ctx, q, cfg.Slot)
 	if err == nil {
 		if err := replication.CheckSlot(ctx, q, slot); err != nil {
-			return rec, slot, pgErr(err)
+			return rec, slot, pgErr(Advise(err))
 		}
 		if slot.Lost() {
 			return rec, slot, &slotLostError{slot: slot}
@@ -405,6 +405,7 @@ func (d *Daemon) prepareSlot(ctx context.Context, q *pgx.Conn, nc *nats.Conn, de
 // tailer status.
 func (d *Daemon) newPublisher(ctx context.Context, q *pgx.Conn, nc *nats.Conn, dest publish.Destination) (*publish.Publisher, error) {
 	pub, err := publish.NewPublisher(ctx, nc, dest)
+	err = Advise(err)
 	var streamCfg *publish.StreamConfigError
 	if errors.As(err, &streamCfg) {
 		if rerr := replication.SetBlocked(ctx, q, d.cfg.Slot, err.Error()); rerr != nil {
