@@ -134,7 +134,7 @@ func migrate(ctx context.Context, args []string, lookupEnv func(string) (string,
 		if err != nil {
 			return exitCode(stderr, "migrate", log, err)
 		}
-		daemon.LogResync(log, "slot created from a snapshot; its tokens are on the stream", rep)
+		rep.Log(log, "slot created from a snapshot; its tokens are on the stream")
 		return done(true)
 	case !missing:
 		return done(false)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
+	"github.com/mailroom/tailer/cmd/internal/natsconn"
 	"github.com/mailroom/tailer/cmd/internal/resync"
 	"github.com/mailroom/tailer/replication"
 )
@@ -30,19 +31,19 @@ func resyncCmd(ctx context.Context, args []string, lookupEnv func(string) (strin
 	if err != nil {
 		return exitCode(stderr, "resync", log, daemon.Advise(err))
 	}
-	daemon.LogResync(log, "slot resynced: start tailer run", rep)
+	rep.Log(log, "slot resynced: start tailer run")
 	return exitOK
 }
 
 // runResync recreates cfg's slot from a snapshot and publishes what the
 // stream lacks (see package resync), with the lease held.
 func runResync(ctx context.Context, cfg *config.Config, log *slog.Logger, lease *replication.Lease, by string, cutover *replication.Cutover) (resync.Report, error) {
-	opts, err := daemon.ResyncOptions(cfg, log, by)
+	opts, err := resync.OptionsFor(cfg, log, by)
 	if err != nil {
 		return resync.Report{}, err
 	}
 	opts.Cutover = cutover
-	nc, shutdown, err := daemon.ConnectNATS(cfg, log, nats.Name("tailer resync"))
+	nc, shutdown, err := natsconn.Connect(cfg, log, nats.Name("tailer resync"))
 	if err != nil {
 		return resync.Report{}, err
 	}

@@ -16,8 +16,7 @@ import (
 
 	"github.com/mailroom/tailer/batch"
 	"github.com/mailroom/tailer/cmd/internal/config"
-	"github.com/mailroom/tailer/cmd/internal/resync"
-	"github.com/mailroom/tailer/internal/embedded"
+	"github.com/mailroom/tailer/cmd/internal/natsconn"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/replication"
 )
@@ -106,76 +105,11 @@ func (d *Daemon) streamed() bool {
 	}
 }
 
-// ConnectNATS connects to MAILROOM_NATS_URL, or starts the embedded server
-// (on MAILROOM_DATA_DIR) when it is unset. shutdown closes the connection
-// and stops the embedded server.
-func ConnectNATS(cfg *config.Config, log *slog.Logger, opts ...nats.Option) (nc *nats.Conn, shutdown func(), err error) {
-	natsURL := cfg.NATSURL
-	stop := func() {}
-	if natsURL == "" {
-		srv, err := embedded.Start(cfg.DataDir, cfg.NATSListen, embedded.SyncInterval(cfg.NATSSync))
-		if err != nil {
-			return nil, nil, err
-		}
-		stop = srv.Shutdown
-		natsURL = srv.ClientURL()
-		log.Info("embedded NATS JetStream started", "url", natsURL, "store", cfg.DataDir)
-	}
-	all := []nats.Option{nats.Timeout(5 * time.Second)}
-	if cfg.NATSURL != "" {
-		all = append(all, cfg.NATSOptions()...)
-	}
-	nc, err = nats.Connect(natsURL, append(all, opts...)...)
-	if err != nil {
-		stop()
-		if cfg.NATSURL != "" {
-			// Only a configured URL (or its credentials) can be wrong; the
-			// tailer gives up at startup so that a typo does not look like
-			// an outage.
-			return nil, nil, &config.Error{Var: "MAILROOM_NATS_URL", Err: fmt.Errorf("cannot connect to %s: %w", config.RedactURL(cfg.NATSURL), err)}
-		}
-		return nil, nil, fmt.Errorf("connect to NATS: %w", err)
-	}
-	return nc, func() { nc.Close(); stop() }, nil
-}
-
-// ResyncOptions are the settings of a resync of cfg's slot; by names what
-// resyncs, for the slot's record.
-func ResyncOptions(cfg *config.Config, log *slog.Logger, by string) (resync.Options, error) {
-	if err := cfg.RequireKey(); err != nil {
-		return resync.Options{}, err
-	}
-	return resync.Options{
-		DatabaseURL: cfg.DatabaseURL,
-		Slot:        cfg.Slot,
-		Destination: publish.Destination{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction},
-		Signer:      cfg.Keys.Signer(),
-		Format:      cfg.Format,
-		BatchLimit:  cfg.BatchLimit,
-		MaxInFlight: cfg.MaxInFlight,
-		MaxBatches:  cfg.MaxBatches,
-		By:          by,
-		Failover:    cfg.SlotFailover,
-		Log:         log,
-	}, nil
-}
-
-// LogResync logs what a resync did.
-func LogResync(log *slog.Logger, msg string, r resync.Report) {
-	args := []any{"slot", r.Slot, "incarnation", r.Incarnation, "consistent_point", r.ConsistentPoint.String(), "eligible", r.Eligible,
-		"already_on_stream", r.OnStream, "published", r.Published, "messages", r.Messages,
-		"unsafe_field", r.Unsafe, "skipped", r.Skipped, "expired_unpublished", r.Expired, "set_aside", r.SetAside, "stream_seq", r.StreamSeq}
-	if r.Cutover != nil {
-		args = append(args, "collector_last_seq", r.Cutover.LastSeq)
-	}
-	log.Info(msg, args...)
-}
-
 // Run runs the tailer until ctx is done. Failures of PostgreSQL or NATS end
 // the current session; a new one starts after a capped backoff and resumes
 // from the slot. Run returns nil after a graceful stop.
 func (d *Daemon) Run(ctx context.Context) error {
-	nc, shutdown, err := ConnectNATS(d.cfg, d.log,
+	nc, shutdown, err := natsconn.Connect(d.cfg, d.log,
 		nats.Name("tailer"),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(500*time.Millisecond),

@@ -506,7 +506,7 @@ func (d *Daemon) unblock(ctx context.Context, lease *replication.Lease, nc *nats
 		return err
 	}
 	d.log.Warn("resyncing the slot (MAILROOM_AUTO_RESYNC)", "reason", err)
-	opts, oerr := ResyncOptions(d.cfg, d.log, "tailer run (MAILROOM_AUTO_RESYNC)")
+	opts, oerr := resync.OptionsFor(d.cfg, d.log, "tailer run (MAILROOM_AUTO_RESYNC)")
 	if oerr != nil {
 		return oerr
 	}
@@ -515,7 +515,7 @@ func (d *Daemon) unblock(ctx context.Context, lease *replication.Lease, nc *nats
 		return &resyncFailedError{rerr}
 	}
 	d.blocked.Store(nil)
-	LogResync(d.log, "slot resynced", rep)
+	rep.Log(d.log, "slot resynced")
 	return errResynced
 }
 
