@@ -82,17 +82,36 @@ func status(ctx context.Context, args []string, lookupEnv func(string) (string, 
 	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
+	rep, err := collectStatus(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "tailer status: %v\n", err)
+		return exitFailure
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(rep)
+	} else {
+		rep.writeText(stdout)
+	}
+	if !rep.OK {
+		return exitFailure
+	}
+	return exitOK
+}
+
+// collectStatus gathers what tailer status reports: the slot, its lease
+// and record, the schema and publication checks, and the stream.
+func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error) {
 	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
 	if err != nil {
-		fmt.Fprintf(stderr, "tailer status: connect to PostgreSQL: %v\n", err)
-		return exitFailure
+		return statusReport{}, fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	defer conn.Close(context.Background())
 	slot, err := replication.Slot(ctx, conn, cfg.Slot)
 	missing := errors.Is(err, replication.ErrNoSlot)
 	if err != nil && !missing {
-		fmt.Fprintf(stderr, "tailer status: %v\n", err)
-		return exitFailure
+		return statusReport{}, err
 	}
 	if missing {
 		// Said, and what the tailer recorded about it (the record outlives
@@ -112,15 +131,13 @@ func status(ctx context.Context, args []string, lookupEnv func(string) (string, 
 		rep.Lost = daemon.LostSlotMessage(slot)
 	}
 	if h, held, err := replication.LeaseHolder(ctx, conn, cfg.Slot); err != nil {
-		fmt.Fprintf(stderr, "tailer status: %v\n", err)
-		return exitFailure
+		return statusReport{}, err
 	} else if held {
 		rep.Owner = h.String()
 	}
 	rec, err := replication.LoadRecord(ctx, conn, cfg.Slot)
 	if err != nil {
-		fmt.Fprintf(stderr, "tailer status: %v\n", err)
-		return exitFailure
+		return statusReport{}, err
 	}
 	if rec.Exists {
 		rep.Incarnation, rep.CreatedBy, rep.ResyncPending = rec.Incarnation, rec.CreatedBy+" at "+rec.CreatedAt.UTC().Format(time.RFC3339), rec.ResyncPending
@@ -130,8 +147,7 @@ func status(ctx context.Context, args []string, lookupEnv func(string) (string, 
 		}
 	}
 	if rep.PublicationGuard, err = replication.GuardInstalled(ctx, conn); err != nil {
-		fmt.Fprintf(stderr, "tailer status: %v\n", err)
-		return exitFailure
+		return statusReport{}, err
 	}
 	for _, err := range []error{join.CheckSchema(ctx, conn), replication.CheckPublication(ctx, conn, cfg.Publication)} {
 		var pubErr *replication.PublicationError
@@ -152,61 +168,56 @@ func status(ctx context.Context, args []string, lookupEnv func(string) (string, 
 	} else {
 		rep.StreamError = "MAILROOM_NATS_URL not set (embedded server is only reachable while tailer run is up)"
 	}
-	if asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		enc.Encode(rep)
+	return rep, nil
+}
+
+// writeText writes the report as tailer status prints it.
+func (rep *statusReport) writeText(w io.Writer) {
+	if rep.Missing {
+		fmt.Fprintf(w, "slot            %s: MISSING, the replication slot does not exist\n", rep.Slot)
 	} else {
-		if missing {
-			fmt.Fprintf(stdout, "slot            %s: MISSING, the replication slot does not exist\n", rep.Slot)
-		} else {
-			fmt.Fprintf(stdout, "slot            %s (active=%v pid=%d failover=%v synced=%v)\n", rep.Slot, rep.Active, rep.ActivePID, rep.Failover, rep.Synced)
-		}
-		if rep.InactiveSince != nil {
-			fmt.Fprintf(stdout, "inactive since  %s (%s ago)\n", rep.InactiveSince.UTC().Format(time.RFC3339), time.Since(*rep.InactiveSince).Round(time.Second))
-		}
-		fmt.Fprintf(stdout, "confirmed LSN   %s\nrestart LSN     %s\ncurrent LSN     %s\n", rep.ConfirmedLSN, rep.RestartLSN, rep.CurrentLSN)
-		fmt.Fprintf(stdout, "lag             %d bytes (%s), max %s\n", rep.LagBytes, human(rep.LagBytes), human(cfg.MaxLag))
-		fmt.Fprintf(stdout, "retained WAL    %d bytes (%s), wal_status %s\n", rep.RetainedBytes, human(rep.RetainedBytes), rep.WALStatus)
-		if rep.Lost != "" {
-			fmt.Fprintf(stdout, "LOST            %s\n", rep.Lost)
-		}
-		owner := rep.Owner
-		if owner == "" {
-			owner = "none: no tailer holds the slot's lease"
-		}
-		fmt.Fprintf(stdout, "owner           %s\n", owner)
-		switch {
-		case rep.Incarnation == "":
-			fmt.Fprintf(stdout, "incarnation     none recorded (tailer run adopts the slot only beside an empty stream)\n")
-		case rep.ResyncPending:
-			fmt.Fprintf(stdout, "incarnation     %s, created by %s: RESYNC PENDING (run tailer resync)\n", rep.Incarnation, rep.CreatedBy)
-		case rep.ResyncNeeded:
-			fmt.Fprintf(stdout, "incarnation     %s, created by %s: RESYNC NEEDED, the stream lacks inserts the publication did not carry (run tailer resync)\n", rep.Incarnation, rep.CreatedBy)
-		default:
-			fmt.Fprintf(stdout, "incarnation     %s, created by %s\n", rep.Incarnation, rep.CreatedBy)
-		}
-		if rep.Blocked != "" {
-			fmt.Fprintf(stdout, "BLOCKED         %s\n", rep.Blocked)
-		}
-		for _, p := range rep.Problems {
-			fmt.Fprintf(stdout, "PROBLEM         %s\n", p)
-		}
-		if rep.PublicationGuard {
-			fmt.Fprintf(stdout, "publication     guarded: a change that stops it carrying token inserts marks the slot for a resync as it is made\n")
-		} else {
-			fmt.Fprintf(stdout, "publication     checked every MAILROOM_LAG_INTERVAL only: a change undone between two checks goes unseen (a superuser's `tailer migrate` installs the guard)\n")
-		}
-		if rep.StreamError != "" {
-			fmt.Fprintf(stdout, "stream          %s: %s\n", rep.Stream, rep.StreamError)
-		} else {
-			fmt.Fprintf(stdout, "stream          %s: %d messages, last seq %d, %d replicas\n", rep.Stream, *rep.StreamMessages, *rep.StreamLastSeq, *rep.StreamReplicas)
-		}
+		fmt.Fprintf(w, "slot            %s (active=%v pid=%d failover=%v synced=%v)\n", rep.Slot, rep.Active, rep.ActivePID, rep.Failover, rep.Synced)
 	}
-	if !rep.OK {
-		return exitFailure
+	if rep.InactiveSince != nil {
+		fmt.Fprintf(w, "inactive since  %s (%s ago)\n", rep.InactiveSince.UTC().Format(time.RFC3339), time.Since(*rep.InactiveSince).Round(time.Second))
 	}
-	return exitOK
+	fmt.Fprintf(w, "confirmed LSN   %s\nrestart LSN     %s\ncurrent LSN     %s\n", rep.ConfirmedLSN, rep.RestartLSN, rep.CurrentLSN)
+	fmt.Fprintf(w, "lag             %d bytes (%s), max %s\n", rep.LagBytes, human(rep.LagBytes), human(rep.MaxLagBytes))
+	fmt.Fprintf(w, "retained WAL    %d bytes (%s), wal_status %s\n", rep.RetainedBytes, human(rep.RetainedBytes), rep.WALStatus)
+	if rep.Lost != "" {
+		fmt.Fprintf(w, "LOST            %s\n", rep.Lost)
+	}
+	owner := rep.Owner
+	if owner == "" {
+		owner = "none: no tailer holds the slot's lease"
+	}
+	fmt.Fprintf(w, "owner           %s\n", owner)
+	switch {
+	case rep.Incarnation == "":
+		fmt.Fprintf(w, "incarnation     none recorded (tailer run adopts the slot only beside an empty stream)\n")
+	case rep.ResyncPending:
+		fmt.Fprintf(w, "incarnation     %s, created by %s: RESYNC PENDING (run tailer resync)\n", rep.Incarnation, rep.CreatedBy)
+	case rep.ResyncNeeded:
+		fmt.Fprintf(w, "incarnation     %s, created by %s: RESYNC NEEDED, the stream lacks inserts the publication did not carry (run tailer resync)\n", rep.Incarnation, rep.CreatedBy)
+	default:
+		fmt.Fprintf(w, "incarnation     %s, created by %s\n", rep.Incarnation, rep.CreatedBy)
+	}
+	if rep.Blocked != "" {
+		fmt.Fprintf(w, "BLOCKED         %s\n", rep.Blocked)
+	}
+	for _, p := range rep.Problems {
+		fmt.Fprintf(w, "PROBLEM         %s\n", p)
+	}
+	if rep.PublicationGuard {
+		fmt.Fprintf(w, "publication     guarded: a change that stops it carrying token inserts marks the slot for a resync as it is made\n")
+	} else {
+		fmt.Fprintf(w, "publication     checked every MAILROOM_LAG_INTERVAL only: a change undone between two checks goes unseen (a superuser's `tailer migrate` installs the guard)\n")
+	}
+	if rep.StreamError != "" {
+		fmt.Fprintf(w, "stream          %s: %s\n", rep.Stream, rep.StreamError)
+	} else {
+		fmt.Fprintf(w, "stream          %s: %d messages, last seq %d, %d replicas\n", rep.Stream, *rep.StreamMessages, *rep.StreamLastSeq, *rep.StreamReplicas)
+	}
 }
 
 func streamInfo(ctx context.Context, cfg *config.Config) (*jetstream.StreamInfo, error) {
