@@ -8,11 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
 	"github.com/mailroom/tailer/cmd/internal/resync"
 	"github.com/mailroom/tailer/migrations"
@@ -36,23 +38,7 @@ func migrate(ctx context.Context, args []string, lookupEnv func(string) (string,
 	}
 	defer conn.Close(context.Background())
 	if direction == "down" {
-		lease, err := replication.AcquireLease(ctx, cfg.DatabaseURL, cfg.Slot, replication.LeaseOptions{Application: "tailer migrate down", Wait: leaseWait})
-		if err != nil {
-			log.Error("migrate down", "err", leaseRefusal(err, "migrate down"))
-			return exitFailure
-		}
-		defer lease.Release()
-		// The slot goes first: left behind it would retain WAL forever.
-		if err := replication.DropSlot(ctx, conn, cfg.Slot); err != nil {
-			log.Error("migrate down", "err", err)
-			return exitFailure
-		}
-		if err := migrations.Down(ctx, cfg.DatabaseURL); err != nil {
-			log.Error("migrate down", "err", err)
-			return exitFailure
-		}
-		log.Info("schema, publication and slot removed", "slot", cfg.Slot)
-		return exitOK
+		return migrateDown(ctx, cfg, conn, log)
 	}
 	if err := migrations.Up(ctx, cfg.DatabaseURL); err != nil {
 		log.Error("migrate", "err", err)
@@ -69,50 +55,80 @@ func migrate(ctx context.Context, args []string, lookupEnv func(string) (string,
 			"(every MAILROOM_LAG_INTERVAL) leaves the token inserts of that time out of the slot's stream unseen. Have a superuser run `tailer migrate` again, or this in the database",
 			"sql", strings.Join(strings.Fields(migrations.GuardSQL), " "))
 	}
-	done := func(created bool) int {
-		if err := replication.SetPublication(ctx, conn, cfg.Slot, cfg.Publication); err != nil {
-			log.Error("migrate", "err", err)
-			return exitFailure
-		}
-		log.Info("schema up to date", "version", version, "publication", migrations.Publication, "slot", cfg.Slot, "slot_created", created, "publication_guard", guard)
-		return exitOK
+	created, code, ok := ensureSlot(ctx, cfg, conn, log, stderr)
+	if !ok {
+		return code
 	}
+	if err := replication.SetPublication(ctx, conn, cfg.Slot, cfg.Publication); err != nil {
+		log.Error("migrate", "err", err)
+		return exitFailure
+	}
+	log.Info("schema up to date", "version", version, "publication", migrations.Publication, "slot", cfg.Slot, "slot_created", created, "publication_guard", guard)
+	return exitOK
+}
+
+// migrateDown drops the slot, then the schema and publication, under the
+// slot's lease.
+func migrateDown(ctx context.Context, cfg *config.Config, conn *pgx.Conn, log *slog.Logger) int {
+	lease, err := replication.AcquireLease(ctx, cfg.DatabaseURL, cfg.Slot, replication.LeaseOptions{Application: "tailer migrate down", Wait: leaseWait})
+	if err != nil {
+		log.Error("migrate down", "err", leaseRefusal(err, "migrate down"))
+		return exitFailure
+	}
+	defer lease.Release()
+	// The slot goes first: left behind it would retain WAL forever.
+	if err := replication.DropSlot(ctx, conn, cfg.Slot); err != nil {
+		log.Error("migrate down", "err", err)
+		return exitFailure
+	}
+	if err := migrations.Down(ctx, cfg.DatabaseURL); err != nil {
+		log.Error("migrate down", "err", err)
+		return exitFailure
+	}
+	log.Info("schema, publication and slot removed", "slot", cfg.Slot)
+	return exitOK
+}
+
+// ensureSlot makes the slot if it is missing (from a snapshot when a
+// collector's database is adopted, or a resync is to be finished) and
+// checks the one there. ok false: the command ends with code.
+func ensureSlot(ctx context.Context, cfg *config.Config, conn *pgx.Conn, log *slog.Logger, stderr io.Writer) (created bool, code int, ok bool) {
 	if slot, err := replication.Slot(ctx, conn, cfg.Slot); err == nil {
 		rec, err := replication.LoadRecord(ctx, conn, cfg.Slot)
 		if err == nil && !rec.ResyncPending {
 			if err := replication.CheckSlot(ctx, conn, slot); err != nil {
 				log.Error("migrate", "err", daemon.Advise(err))
-				return exitFailure
+				return false, exitFailure, false
 			}
-			return done(false)
+			return false, 0, true
 		}
 	} else if !errors.Is(err, replication.ErrNoSlot) {
 		log.Error("migrate", "err", err)
-		return exitFailure
+		return false, exitFailure, false
 	}
 	// The slot is missing, or a resync of it did not finish: what to do
 	// depends on its record, which only the lease's holder may act on.
 	lease, err := replication.AcquireLease(ctx, cfg.DatabaseURL, cfg.Slot, replication.LeaseOptions{Application: "tailer migrate", Wait: leaseWait})
 	if err != nil {
 		log.Error("migrate", "err", leaseRefusal(err, "migrate"))
-		return exitFailure
+		return false, exitFailure, false
 	}
 	defer lease.Release()
 	rec, err := replication.LoadRecord(ctx, conn, cfg.Slot)
 	if err != nil {
 		log.Error("migrate", "err", err)
-		return exitFailure
+		return false, exitFailure, false
 	}
 	cutover, err := resync.CollectorCursor(ctx, conn)
 	if err != nil {
 		log.Error("migrate", "err", err)
-		return exitFailure
+		return false, exitFailure, false
 	}
 	_, err = replication.Slot(ctx, conn, cfg.Slot)
 	missing := errors.Is(err, replication.ErrNoSlot)
 	if err != nil && !missing {
 		log.Error("migrate", "err", err)
-		return exitFailure
+		return false, exitFailure, false
 	}
 	switch {
 	case rec.ResyncPending || (missing && !rec.Exists && cutover != nil):
@@ -121,7 +137,7 @@ func migrate(ctx context.Context, args []string, lookupEnv func(string) (string,
 		// snapshot. A resync left unfinished is finished.
 		if err := cfg.RequireKey(); err != nil {
 			fmt.Fprintf(stderr, "tailer migrate: adopting the collector's database, or finishing a resync, publishes tokens: %v\n", err)
-			return exitConfig
+			return false, exitConfig, false
 		}
 		by := "tailer migrate (finishing a resync)"
 		if !rec.ResyncPending {
@@ -132,12 +148,12 @@ func migrate(ctx context.Context, args []string, lookupEnv func(string) (string,
 		}
 		rep, err := runResync(ctx, cfg, log, lease, by, cutover)
 		if err != nil {
-			return exitCode(stderr, "migrate", log, err)
+			return false, exitCode(stderr, "migrate", log, err), false
 		}
 		rep.Log(log, "slot created from a snapshot; its tokens are on the stream")
-		return done(true)
+		return true, 0, true
 	case !missing:
-		return done(false)
+		return false, 0, true
 	case rec.Exists:
 		// A slot existed here: made anew, it would start after the tokens
 		// committed since the old one was last read, and in a copy or a
@@ -146,18 +162,18 @@ func migrate(ctx context.Context, args []string, lookupEnv func(string) (string,
 		log.Error("migrate", "err", fmt.Errorf("slot %s does not exist, but this database recorded it (%s): it was dropped, or this database is a copy or a restore of the one it was made in. "+
 			"tailer migrate does not make it again beside a stream that may hold its batches. To go on: run `tailer resync`, which recreates the slot and publishes, once, every still-eligible token the stream lacks",
 			cfg.Slot, rec.Describe()))
-		return exitFailure
+		return false, exitFailure, false
 	}
 	failover, err := wantFailover(ctx, conn, cfg.SlotFailover)
 	if err != nil {
 		fmt.Fprintf(stderr, "tailer migrate: %v\n", err)
-		return exitConfig
+		return false, exitConfig, false
 	}
 	if _, err := replication.CreateSlot(ctx, conn, cfg.Slot, "tailer migrate", false, failover); err != nil {
 		log.Error("migrate", "err", err)
-		return exitFailure
+		return false, exitFailure, false
 	}
-	return done(true)
+	return true, 0, true
 }
 
 // leaseWait is how long resync and migrate wait for a lease held by a
