@@ -137,7 +137,7 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 	// compares with is its latest.
 	s.saveMu.Lock()
 	defer s.saveMu.Unlock()
-	p, newRev, err := s.Progress.Load(ctx)
+	p, newRev, err := s.loadProgress(ctx, func() { msg.InProgress() })
 	if err != nil {
 		return err
 	}

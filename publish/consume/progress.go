@@ -286,6 +286,10 @@ func safeName(name string) string {
 	return name
 }
 
+// ErrUnreadableProgress is a record that does not parse: reading it again
+// does not help.
+var ErrUnreadableProgress = errors.New("the progress record cannot be read")
+
 // Load reads the record; revision 0 when there is none.
 func (s *KVProgress) Load(ctx context.Context) (Progress, uint64, error) {
 	e, err := s.kv.Get(ctx, s.key)
@@ -297,7 +301,7 @@ func (s *KVProgress) Load(ctx context.Context) (Progress, uint64, error) {
 	}
 	p, err := ParseProgress(e.Value())
 	if err != nil {
-		return Progress{}, 0, fmt.Errorf("read progress of %s (revision %d): %w", s.key, e.Revision(), err)
+		return Progress{}, 0, fmt.Errorf("read progress of %s (revision %d): %w: %w", s.key, e.Revision(), ErrUnreadableProgress, err)
 	}
 	return p, e.Revision(), nil
 }

@@ -354,6 +354,25 @@ func (s *Subscriber) Run(ctx context.Context, js jetstream.JetStream) error {
 	}
 }
 
+// loadProgress reads the record, trying again while the server cannot be
+// asked (a NATS node lost, a leader being elected), and calling wait
+// before each pause; a record that does not parse is an error at once.
+func (s *Subscriber) loadProgress(ctx context.Context, wait func()) (Progress, uint64, error) {
+	p, rev, err := s.Progress.Load(ctx)
+	for delay := 250 * time.Millisecond; err != nil && !errors.Is(err, ErrUnreadableProgress) && ctx.Err() == nil; delay = min(2*delay, 5*time.Second) {
+		if delay == 250*time.Millisecond && s.Log != nil {
+			s.Log.Warn("cannot read which batches are done; trying again", "durable", s.Durable, "err", err)
+		}
+		wait()
+		select {
+		case <-ctx.Done():
+		case <-time.After(delay):
+		}
+		p, rev, err = s.Progress.Load(ctx)
+	}
+	return p, rev, err
+}
+
 // load reads the record, unless there is no store or it is read already.
 func (s *Subscriber) load(ctx context.Context, js jetstream.JetStream) error {
 	if s.Progress == nil {
@@ -365,7 +384,7 @@ func (s *Subscriber) load(ctx context.Context, js jetstream.JetStream) error {
 	if loaded {
 		return nil
 	}
-	p, rev, err := s.Progress.Load(ctx)
+	p, rev, err := s.loadProgress(ctx, func() {})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,44 @@
+package consume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+)
+
+// flakyProgress fails its first loads with err.
+type flakyProgress struct {
+	fails int
+	err   error
+	loads int
+}
+
+func (f *flakyProgress) Load(context.Context) (Progress, uint64, error) {
+	if f.loads++; f.loads <= f.fails {
+		return Progress{}, 0, f.err
+	}
+	return Progress{Floor: 7}, 3, nil
+}
+
+func (f *flakyProgress) Save(context.Context, *Progress, uint64) (uint64, error) { return 0, nil }
+
+// A record the server cannot give now (a node lost, a leader being
+// elected) is asked for again; one that does not parse is an error at once.
+func TestLoadProgressRetries(t *testing.T) {
+	ctx := context.Background()
+	flaky := &flakyProgress{fails: 2, err: nats.ErrNoResponders}
+	s := &Subscriber{Progress: flaky}
+	waits := 0
+	p, rev, err := s.loadProgress(ctx, func() { waits++ })
+	if err != nil || p.Floor != 7 || rev != 3 || flaky.loads != 3 || waits != 2 {
+		t.Fatalf("after two failures: %+v rev %d err %v, %d loads, %d waits", p, rev, err, flaky.loads, waits)
+	}
+	bad := &flakyProgress{fails: 5, err: fmt.Errorf("read progress of d: %w", ErrUnreadableProgress)}
+	s = &Subscriber{Progress: bad}
+	if _, _, err := s.loadProgress(ctx, func() {}); !errors.Is(err, ErrUnreadableProgress) || bad.loads != 1 {
+		t.Fatalf("an unreadable record: %v after %d loads, want the error after one", err, bad.loads)
+	}
+}
