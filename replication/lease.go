@@ -76,6 +76,9 @@ type Holder struct {
 	Application string
 	Client      string
 	Since       time.Time
+	// exiting: pg_locks still lists the lock, pg_stat_activity no longer
+	// lists its session: the backend is on its way out.
+	exiting bool
 }
 
 func (h Holder) String() string {
@@ -166,10 +169,14 @@ func AcquireLease(ctx context.Context, url, slot string, opts LeaseOptions) (*Le
 				opts.beforeLookup()
 			}
 			holder, err := leaseHolder(ctx, conn, key)
-			if err == nil && holder.PID == 0 && vanished < 3 {
-				// The holder let go between the try and the lookup: the
-				// lease is free, and a refusal would name nobody.
+			if err == nil && (holder.PID == 0 || holder.exiting) && vanished < 10 {
+				// The holder let go between the try and the lookup, or
+				// its backend is exiting: the lease is free, or about to
+				// be, and a refusal would name nobody.
 				vanished++
+				if holder.exiting {
+					time.Sleep(100 * time.Millisecond)
+				}
 				continue
 			}
 			conn.Close(context.Background())
@@ -271,13 +278,13 @@ func leaseHolder(ctx context.Context, q Querier, key int64) (Holder, error) {
 	)
 	classid, objid := lockTag(key)
 	err := q.QueryRow(ctx, `
-		SELECT l.pid, a.application_name, host(a.client_addr), a.backend_start
+		SELECT l.pid, a.pid IS NULL, a.application_name, host(a.client_addr), a.backend_start
 		FROM pg_locks l
 		LEFT JOIN pg_stat_activity a ON a.pid = l.pid
 		WHERE l.locktype = 'advisory' AND l.granted
 		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 		  AND l.classid = $1::bigint::oid AND l.objid = $2::bigint::oid AND l.objsubid = 1
-		LIMIT 1`, classid, objid).Scan(&h.PID, &app, &client, &since)
+		LIMIT 1`, classid, objid).Scan(&h.PID, &h.exiting, &app, &client, &since)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Holder{}, nil
 	}
