@@ -19,8 +19,7 @@ const resyncWayOut = "To go on: run `tailer resync`, which recreates the slot an
 
 // resyncOrStream is resyncWayOut for a slot whose stream may be another
 // database's.
-const resyncOrStream = "To go on: run `tailer resync`, which recreates the slot and publishes, once, every still-eligible token the stream lacks " +
-	"(or set MAILROOM_AUTO_RESYNC=true to let tailer run do it), or use a stream of this database's own (MAILROOM_NATS_STREAM)"
+const resyncOrStream = resyncWayOut + ", or use a stream of this database's own (MAILROOM_NATS_STREAM)"
 
 // LostSlotMessage says what a lost slot means and how to recover, for
 // logs, /readyz and tailer status.
