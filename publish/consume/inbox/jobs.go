@@ -2,9 +2,12 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
@@ -74,6 +77,12 @@ func (j *Jobs) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable
 
 // Store inserts a job for each of b's tokens, those whose job is there
 // already left alone.
+//
+// It first tries River's COPY insert in a savepoint: in a drain it takes
+// about three quarters of the time of the insert that passes over jobs
+// already there, which COPY cannot do (a unique conflict fails it whole).
+// A message whose tokens are there in part or in full (delivered again)
+// is rolled back to the savepoint and takes that insert.
 func (j *Jobs) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Batch) (int, error) {
 	params := make([]river.InsertManyParams, 0, len(b.Tokens))
 	for line, batch := range b.Lines() {
@@ -83,6 +92,9 @@ func (j *Jobs) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Batch) (
 				ExpiresAt: t.ExpiresAt, KeyID: b.KeyID, BatchID: b.ID, Line: line, Stream: m.Stream, StreamSeq: m.Seq, Durable: m.Durable,
 			}})
 		}
+	}
+	if n, err := j.copyNew(ctx, tx, params); !errors.Is(err, errStoredBefore) {
+		return n, err
 	}
 	res, err := j.client.InsertManyTx(ctx, tx, params)
 	if err != nil {
@@ -95,6 +107,32 @@ func (j *Jobs) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Batch) (
 		}
 	}
 	return added, nil
+}
+
+// errStoredBefore: a job of the tokens copied is there already.
+var errStoredBefore = errors.New("a job of these tokens is stored already")
+
+// copyNew inserts params by COPY in a savepoint of tx, rolled back when a
+// job of theirs is there (errStoredBefore).
+func (j *Jobs) copyNew(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams) (int, error) {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("insert River jobs: savepoint: %w", err)
+	}
+	n, err := j.client.InsertManyFastTx(ctx, sp, params)
+	if err == nil {
+		if err := sp.Commit(ctx); err != nil {
+			return 0, fmt.Errorf("insert River jobs: release savepoint: %w", err)
+		}
+		return n, nil
+	}
+	if rerr := sp.Rollback(ctx); rerr != nil {
+		return 0, fmt.Errorf("insert River jobs: roll back to savepoint: %w (after %w)", rerr, err)
+	}
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UniqueViolation && pgErr.ConstraintName == "river_job_unique_idx" {
+		return 0, errStoredBefore
+	}
+	return 0, fmt.Errorf("insert River jobs: %w", err)
 }
 
 // MigrateRiver applies River's own migrations to the database of pool
