@@ -180,17 +180,24 @@ func (b *Batcher) Recycle(bt *Batch) {
 }
 
 // Tracker records WAL positions against token sequence numbers and answers
-// which position may be confirmed. It is owned by one goroutine; the done
-// sequence number it is given may come from another.
+// which position may be confirmed, and how recent the newest time known to
+// lie before it is. It is owned by one goroutine; the done sequence number
+// it is given may come from another.
 type Tracker struct {
 	confirmed pglogrepl.LSN
-	marks     []mark
-	head      int
+	// confirmedAt is the newest time (Unix ns) of a mark at or before
+	// confirmed: everything committed before it is confirmed.
+	confirmedAt int64
+	marks       []mark
+	head        int
 }
 
 type mark struct {
 	lsn pglogrepl.LSN
 	seq Seqs
+	// at is when the WAL before lsn was written, as far as known (a
+	// commit's or a heartbeat's time, Unix ns); 0 for a keepalive.
+	at int64
 }
 
 // NewTracker starts at the slot's confirmed position.
@@ -199,27 +206,35 @@ func NewTracker(start pglogrepl.LSN) *Tracker {
 }
 
 // Mark records that every row before lsn has been seen and that the newest
-// tokens among them have the sequence numbers seq. Marks must come in WAL
-// order; one at or below the newest is ignored.
-func (t *Tracker) Mark(lsn pglogrepl.LSN, seq Seqs) {
+// tokens among them have the sequence numbers seq; at, when not zero, is a
+// time everything committed before lies before lsn (a commit's, a
+// heartbeat's). Marks come in WAL order: one at or below the newest only
+// lends it its time.
+func (t *Tracker) Mark(lsn pglogrepl.LSN, seq Seqs, at time.Time) {
+	var ns int64
+	if !at.IsZero() {
+		ns = at.UnixNano()
+	}
 	if n := len(t.marks); n > t.head {
 		last := &t.marks[n-1]
 		if lsn <= last.lsn {
+			last.at = max(last.at, ns)
 			return
 		}
 		if last.seq == seq {
 			// Nothing new to wait for between the two marks: the later one
 			// supersedes the earlier.
-			last.lsn = lsn
+			last.lsn, last.at = lsn, max(last.at, ns)
 			return
 		}
 	} else if lsn <= t.confirmed {
+		t.confirmedAt = max(t.confirmedAt, ns)
 		return
 	}
 	if t.head > 0 && t.head == len(t.marks) {
 		t.marks, t.head = t.marks[:0], 0
 	}
-	t.marks = append(t.marks, mark{lsn: lsn, seq: seq})
+	t.marks = append(t.marks, mark{lsn: lsn, seq: seq, at: ns})
 }
 
 // Confirmable returns the newest position whose every token has a sequence
@@ -227,6 +242,7 @@ func (t *Tracker) Mark(lsn pglogrepl.LSN, seq Seqs) {
 func (t *Tracker) Confirmable(done Seqs) pglogrepl.LSN {
 	for t.head < len(t.marks) && t.marks[t.head].seq.doneBy(done) {
 		t.confirmed = t.marks[t.head].lsn
+		t.confirmedAt = max(t.confirmedAt, t.marks[t.head].at)
 		t.head++
 	}
 	if t.head > 1024 && t.head*2 > len(t.marks) {
@@ -234,6 +250,16 @@ func (t *Tracker) Confirmable(done Seqs) pglogrepl.LSN {
 		t.marks, t.head = t.marks[:n], 0
 	}
 	return t.confirmed
+}
+
+// ConfirmedAt is the newest time known to lie before the position
+// Confirmable last returned (zero when none is known): everything
+// committed before it may be confirmed.
+func (t *Tracker) ConfirmedAt() time.Time {
+	if t.confirmedAt == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, t.confirmedAt)
 }
 
 func (s Seqs) doneBy(done Seqs) bool {

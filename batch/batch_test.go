@@ -128,8 +128,14 @@ func TestTracker(t *testing.T) {
 		done    Seqs  // ask what is confirmable with these done sequences
 		want    pglogrepl.LSN
 		waiting int
+		// wantAt, when set, is ConfirmedAt after the step (Unix s).
+		wantAt int64
 	}
-	m := func(lsn pglogrepl.LSN, seq uint64) *mark { return &mark{lsn, Seqs{seq}} }
+	m := func(lsn pglogrepl.LSN, seq uint64) *mark { return &mark{lsn: lsn, seq: Seqs{seq}} }
+	// at is a commit or heartbeat at Unix second sec.
+	at := func(lsn pglogrepl.LSN, seq uint64, sec int64) *mark {
+		return &mark{lsn: lsn, seq: Seqs{seq}, at: sec * int64(time.Second)}
+	}
 	d := func(seq uint64) Seqs { return Seqs{seq} }
 	for _, tc := range []struct {
 		name  string
@@ -159,8 +165,8 @@ func TestTracker(t *testing.T) {
 			{done: d(2), want: 0x300},
 		}},
 		{"two lanes: a mark waits for both", []step{
-			{mark: &mark{0x200, Seqs{3, 0}}},
-			{mark: &mark{0x300, Seqs{3, 2}}},
+			{mark: &mark{lsn: 0x200, seq: Seqs{3, 0}}},
+			{mark: &mark{lsn: 0x300, seq: Seqs{3, 2}}},
 			{done: Seqs{3, 0}, want: 0x200, waiting: 1},
 			{done: Seqs{5, 1}, want: 0x200, waiting: 1},
 			{done: Seqs{3, 2}, want: 0x300},
@@ -171,12 +177,34 @@ func TestTracker(t *testing.T) {
 			{mark: m(0x300, 2)},
 			{done: d(2), want: 0x400},
 		}},
+		{"a time counts once its position is confirmable", []step{
+			{mark: at(0x200, 5, 100)},
+			{mark: at(0x300, 5, 103)}, // a heartbeat after the transaction
+			{mark: at(0x400, 9, 110)},
+			{done: d(4), want: 0x100, waiting: 2},
+			{done: d(5), want: 0x300, waiting: 1, wantAt: 103},
+			{mark: m(0x500, 9)}, // a keepalive lends no time
+			{done: d(9), want: 0x500, wantAt: 110},
+		}},
+		{"a time at or before the newest mark goes with it", []step{
+			{mark: at(0x200, 5, 100)},
+			{mark: at(0x180, 5, 105)},
+			{done: d(5), want: 0x200, wantAt: 105},
+			{mark: at(0x100, 5, 107)}, // already confirmed
+			{done: d(5), want: 0x200, wantAt: 107},
+			{mark: at(0x300, 5, 104)}, // older than known: known stays
+			{done: d(5), want: 0x300, wantAt: 107},
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tr := NewTracker(0x100)
 			for i, s := range tc.steps {
 				if s.mark != nil {
-					tr.Mark(s.mark.lsn, s.mark.seq)
+					var at time.Time
+					if s.mark.at != 0 {
+						at = time.Unix(0, s.mark.at)
+					}
+					tr.Mark(s.mark.lsn, s.mark.seq, at)
 					continue
 				}
 				if got := tr.Confirmable(s.done); got != s.want {
@@ -184,6 +212,9 @@ func TestTracker(t *testing.T) {
 				}
 				if got := tr.Waiting(); got != s.waiting {
 					t.Fatalf("step %d: Waiting = %d, want %d", i, got, s.waiting)
+				}
+				if got := tr.ConfirmedAt(); s.wantAt != 0 && !got.Equal(time.Unix(s.wantAt, 0)) {
+					t.Fatalf("step %d: ConfirmedAt = %v, want %v", i, got, time.Unix(s.wantAt, 0))
 				}
 			}
 		})
@@ -193,7 +224,7 @@ func TestTracker(t *testing.T) {
 func TestTrackerCompacts(t *testing.T) {
 	tr := NewTracker(1)
 	for i := uint64(1); i <= 100000; i++ {
-		tr.Mark(pglogrepl.LSN(i*16), Seqs{i})
+		tr.Mark(pglogrepl.LSN(i*16), Seqs{i}, time.Time{})
 		if i%3 == 0 {
 			if got := tr.Confirmable(Seqs{i - 1}); got != pglogrepl.LSN((i-1)*16) {
 				t.Fatalf("Confirmable(%d) = %v", i-1, got)

@@ -28,7 +28,10 @@ type Feeder struct {
 	stalled []*Batch
 	done    [MaxLanes]atomic.Uint64
 	read    [MaxLanes]atomic.Uint64
-	drained <-chan struct{}
+	// confirmedAt is Tracker.ConfirmedAt as of the last Confirmable (Unix
+	// ns), for other goroutines.
+	confirmedAt atomic.Int64
+	drained     <-chan struct{}
 
 	onBadRow    func(decoder.Position, error)
 	stopTimeout time.Duration
@@ -120,9 +123,14 @@ func (s *decoderSink) BadRow(pos decoder.Position, err error) {
 	}
 }
 
-func (s *decoderSink) Commit(_, end pglogrepl.LSN) {
+func (s *decoderSink) Commit(_, end pglogrepl.LSN, at time.Time) {
 	f := (*Feeder)(s)
-	f.tracker.Mark(end, f.batcher.LastSeqs())
+	f.tracker.Mark(end, f.batcher.LastSeqs(), at)
+}
+
+func (s *decoderSink) Heartbeat(lsn pglogrepl.LSN, at time.Time) {
+	f := (*Feeder)(s)
+	f.tracker.Mark(lsn, f.batcher.LastSeqs(), at)
 }
 
 // handoff passes b on, or queues it as stalled when the channel is full (or
@@ -142,7 +150,12 @@ func (f *Feeder) handoff(b *Batch) {
 func (f *Feeder) Data(data []byte) error { return f.dec.Decode(data, (*decoderSink)(f)) }
 
 // ServerPosition records a keepalive position.
-func (f *Feeder) ServerPosition(lsn pglogrepl.LSN) { f.tracker.Mark(lsn, f.batcher.LastSeqs()) }
+func (f *Feeder) ServerPosition(lsn pglogrepl.LSN) {
+	// A keepalive's time says nothing of when the WAL before its position
+	// was written: a walsender stuck in a large transaction sends old
+	// positions at new times.
+	f.tracker.Mark(lsn, f.batcher.LastSeqs(), time.Time{})
+}
 
 // Deadline is when the open batch times out.
 func (f *Feeder) Deadline() time.Time {
@@ -200,7 +213,21 @@ func (f *Feeder) Confirmable() pglogrepl.LSN {
 	for l := range done {
 		done[l] = f.done[l].Load()
 	}
-	return f.tracker.Confirmable(done)
+	c := f.tracker.Confirmable(done)
+	if at := f.tracker.ConfirmedAt(); !at.IsZero() {
+		f.confirmedAt.Store(at.UnixNano())
+	}
+	return c
+}
+
+// ConfirmedAt is the newest commit or heartbeat time known to lie before
+// the position Confirmable last returned (zero when none is known yet). It
+// is safe to call from any goroutine.
+func (f *Feeder) ConfirmedAt() time.Time {
+	if ns := f.confirmedAt.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
 }
 
 // Stop cuts the open batch, hands over what is left, closes Batches and

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -19,8 +20,12 @@ type Sink interface {
 	BadRow(pos Position, err error)
 	// Commit is called when a transaction that touched published tables
 	// ends; endLSN is the position the slot may be confirmed to once every
-	// row of the transaction has been handled.
-	Commit(commitLSN, endLSN pglogrepl.LSN)
+	// row of the transaction has been handled, at its commit time
+	// (PostgreSQL's clock).
+	Commit(commitLSN, endLSN pglogrepl.LSN, at time.Time)
+	// Heartbeat is called for a heartbeat in the WAL (see
+	// HeartbeatPrefix): everything committed before at lies before lsn.
+	Heartbeat(lsn pglogrepl.LSN, at time.Time)
 }
 
 // ErrProtocol marks a message that does not follow the pgoutput format. It is
@@ -134,9 +139,11 @@ func (d *Decoder) Decode(msg []byte, sink Sink) error {
 		return d.streamCommit(&r, sink)
 	case 'A':
 		return d.streamAbort(&r)
-	case 'O', 'Y', 'U', 'D', 'T', 'M':
-		// Origins, types, updates, deletes, truncates and logical messages
-		// carry no token inserts.
+	case 'M':
+		return d.message(&r, sink)
+	case 'O', 'Y', 'U', 'D', 'T':
+		// Origins, types, updates, deletes and truncates carry no token
+		// inserts.
 		return nil
 	}
 	return fmt.Errorf("%w: unexpected message type %q", ErrProtocol, msg[0])
@@ -203,7 +210,7 @@ func (d *Decoder) commit(r *reader, sink Sink) error {
 	r.u8() // flags
 	commitLSN := r.u64()
 	endLSN := r.u64()
-	r.u64() // commit timestamp
+	commitTime := int64(r.u64())
 	if r.err != nil {
 		return r.fail("commit")
 	}
@@ -212,7 +219,7 @@ func (d *Decoder) commit(r *reader, sink Sink) error {
 		return fmt.Errorf("%w: commit at %s does not end the transaction begun for %s", ErrProtocol, pglogrepl.LSN(commitLSN), d.txCommit)
 	}
 	d.inTx = false
-	sink.Commit(pglogrepl.LSN(commitLSN), pglogrepl.LSN(endLSN))
+	sink.Commit(pglogrepl.LSN(commitLSN), pglogrepl.LSN(endLSN), pgTime(commitTime))
 	return nil
 }
 

@@ -20,6 +20,12 @@ type recorder struct {
 	tokens  []Token
 	bad     []badRow
 	commits [][2]pglogrepl.LSN
+	beats   []beat
+}
+
+type beat struct {
+	lsn pglogrepl.LSN
+	at  time.Time
 }
 
 type badRow struct {
@@ -29,8 +35,11 @@ type badRow struct {
 
 func (r *recorder) Token(t *Token)               { r.tokens = append(r.tokens, *t) }
 func (r *recorder) BadRow(p Position, err error) { r.bad = append(r.bad, badRow{p, err}) }
-func (r *recorder) Commit(commit, end pglogrepl.LSN) {
+func (r *recorder) Commit(commit, end pglogrepl.LSN, _ time.Time) {
 	r.commits = append(r.commits, [2]pglogrepl.LSN{commit, end})
+}
+func (r *recorder) Heartbeat(lsn pglogrepl.LSN, at time.Time) {
+	r.beats = append(r.beats, beat{lsn, at})
 }
 
 // msg builds pgoutput messages the way the server encodes them.
@@ -581,6 +590,49 @@ func BenchmarkPglogreplParseV2(b *testing.B) {
 
 type countSink struct{ n int }
 
-func (c *countSink) Token(*Token)              { c.n++ }
-func (c *countSink) BadRow(Position, error)    {}
-func (c *countSink) Commit(_, _ pglogrepl.LSN) {}
+func (c *countSink) Token(*Token)                           { c.n++ }
+func (c *countSink) BadRow(Position, error)                 {}
+func (c *countSink) Commit(_, _ pglogrepl.LSN, _ time.Time) {}
+func (c *countSink) Heartbeat(pglogrepl.LSN, time.Time)     {}
+
+func message(transactional bool, lsn uint64, prefix, content string) []byte {
+	var flags byte
+	if transactional {
+		flags = 1
+	}
+	m := newMsg('M').u8(flags).u64(lsn).str(prefix).u32(uint32(len(content)))
+	m.WriteString(content)
+	return m.Bytes()
+}
+
+// Heartbeats are the tailer's non-transactional messages whose content is
+// a time; every other logical message is passed over, and one cut short
+// is a protocol error.
+func TestHeartbeat(t *testing.T) {
+	at := time.UnixMicro(1_700_000_000_123_456)
+	for _, tc := range []struct {
+		name  string
+		msg   []byte
+		beats []beat
+		err   bool
+	}{
+		{"heartbeat", message(false, 0x10, HeartbeatPrefix, HeartbeatContent(at)), []beat{{0x10, at}}, false},
+		{"transactional", message(true, 0x10, HeartbeatPrefix, HeartbeatContent(at)), nil, false},
+		{"other prefix", message(false, 0x10, "app", HeartbeatContent(at)), nil, false},
+		{"not a time", message(false, 0x10, HeartbeatPrefix, "soon"), nil, false},
+		{"negative", message(false, 0x10, HeartbeatPrefix, "-5"), nil, false},
+		{"cut short", message(false, 0x10, HeartbeatPrefix, "1700")[:30], nil, true},
+		{"no content length", newMsg('M').u8(0).u64(0x10).str(HeartbeatPrefix).Bytes(), nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var r recorder
+			err := New("public", "tokens").Decode(tc.msg, &r)
+			if (err != nil) != tc.err || (err != nil && !errors.Is(err, ErrProtocol)) {
+				t.Fatalf("err = %v, want a protocol error: %v", err, tc.err)
+			}
+			if !slices.EqualFunc(r.beats, tc.beats, func(a, b beat) bool { return a.lsn == b.lsn && a.at.Equal(b.at) }) {
+				t.Fatalf("heartbeats %v, want %v", r.beats, tc.beats)
+			}
+		})
+	}
+}

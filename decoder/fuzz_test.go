@@ -3,6 +3,7 @@ package decoder
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -54,6 +55,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add(joinMessages(start, srel, tok(xid, 1), stop, newMsg('A').u32(xid).u32(xid).Bytes(), start, tok(xid, 2)))
 	f.Add(joinMessages(rel, begin(1, 1), insertMsg(0, 1, textRow(1, "activation", secret(1), null(), 1)...), commit(1, 2)))
 	f.Add([]byte{3, 'B', 0, 0})
+	f.Add(joinMessages(message(false, 0x90, HeartbeatPrefix, "1700000000000000"), rel, begin(0x100, 5), tok(0, 1), commit(0x100, 0x108)))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		d := New("public", "tokens")
 		d.SpillDir, d.HandoverChunk, d.memRows = t.TempDir(), 2, 2
@@ -93,9 +95,11 @@ func (s *orderSink) row(p Position) {
 	s.commit.Index++
 }
 
-func (s *orderSink) Token(t *Token)             { s.row(t.Pos) }
-func (s *orderSink) BadRow(p Position, _ error) { s.row(p) }
-func (s *orderSink) Commit(commit, _ pglogrepl.LSN) {
+func (s *orderSink) Token(t *Token)                     { s.row(t.Pos) }
+func (s *orderSink) BadRow(p Position, _ error)         { s.row(p) }
+func (s *orderSink) Heartbeat(pglogrepl.LSN, time.Time) {}
+
+func (s *orderSink) Commit(commit, _ pglogrepl.LSN, _ time.Time) {
 	if s.open && s.commit.Commit != commit {
 		s.t.Fatalf("commit %v after rows of %v", commit, s.commit.Commit)
 	}

@@ -193,7 +193,7 @@ func (h *handover) step(sink Sink, max int) (bool, error) {
 			row = &h.row
 		default:
 			h.tx.close()
-			sink.Commit(h.commitLSN, h.endLSN)
+			sink.Commit(h.commitLSN, h.endLSN, pgTime(h.commitTime))
 			return true, nil
 		}
 		if _, gone := h.tx.aborted[row.subXid]; gone {

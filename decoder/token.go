@@ -138,8 +138,11 @@ var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // Committed returns when the token's transaction committed.
 func (t *Token) Committed() time.Time {
-	return pgEpoch.Add(time.Duration(t.CommitTime) * time.Microsecond)
+	return pgTime(t.CommitTime)
 }
 
 // CodeString returns the code as a string (allocates).
 func (t *Token) CodeString() string { return string(t.Code[:t.CodeLen]) }
+
+// pgTime is a PostgreSQL timestamp (microseconds since pgEpoch).
+func pgTime(us int64) time.Time { return pgEpoch.Add(time.Duration(us) * time.Microsecond) }

@@ -27,6 +27,9 @@ type Options struct {
 	// Binary asks for binary column values (PostgreSQL 14+), which the
 	// walsender produces more cheaply than text.
 	Binary bool
+	// Messages asks for logical messages (PostgreSQL 14+): the tailer's
+	// heartbeats come through them.
+	Messages bool
 	// StatusInterval is how often a standby status update is sent even when
 	// nothing changed; it must stay well below wal_sender_timeout.
 	StatusInterval time.Duration
@@ -52,6 +55,9 @@ func (o Options) pluginArgs() []string {
 	}
 	if o.Binary {
 		args = append(args, "binary 'true'")
+	}
+	if o.Messages {
+		args = append(args, "messages 'true'")
 	}
 	if o.ProtoVersion >= 2 {
 		args = append(args, "streaming 'on'")

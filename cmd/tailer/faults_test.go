@@ -132,7 +132,7 @@ func TestIdleSlotAdvances(t *testing.T) {
 	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
 	// Active accounts get no activation token.
 	c.Exec(`INSERT INTO accounts (email, login, status) SELECT 'i' || g || '@x', 'i' || g, 'active' FROM generate_series(1, 10000) g`)
-	p := c.tailer()
+	p, base := c.tailerWithHTTP("MAILROOM_HEARTBEAT_INTERVAL=200", "MAILROOM_LAG_INTERVAL=200")
 	p.waitLog("msg=streaming", 1, 30*time.Second)
 
 	other, err := pgx.Connect(c.ctx, pgtest.Shared(t).CreateDB(t))
@@ -169,13 +169,20 @@ func TestIdleSlotAdvances(t *testing.T) {
 		if written < 2<<20 {
 			t.Fatalf("%s: 10,000 updates wrote only %d bytes of WAL: a lag under 1 MiB would prove nothing", tc.name, written)
 		}
+		// A checkpoint logs the running transactions, which is what lets
+		// the walsender move the slot's restart position (every 15 s
+		// otherwise, on a server that writes).
+		c.Exec(`CHECKPOINT`)
 		tailertest.Eventually(t, 15*time.Second, func() error {
-			if s := c.slot(); s.LagBytes() >= 1<<20 {
-				return fmt.Errorf("%s: slot lag still %d bytes (confirmed %s, current %s)", tc.name, s.LagBytes(), s.ConfirmedFlush, s.CurrentLSN)
+			if s := c.slot(); s.LagBytes() >= 1<<20 || s.RetainedBytes() >= 1<<20 {
+				return fmt.Errorf("%s: slot lag still %d bytes, retained WAL %d bytes (confirmed %s, restart %s, current %s)", tc.name, s.LagBytes(), s.RetainedBytes(), s.ConfirmedFlush, s.RestartLSN, s.CurrentLSN)
+			}
+			if lag := lagOf(base); lag < 0 || lag >= 1 {
+				return fmt.Errorf("%s: tailer_lag_seconds %v", tc.name, lag)
 			}
 			return nil
 		})
-		t.Logf("%s: 10,000 updates wrote %d bytes of WAL; slot lag under 1 MiB", tc.name, written)
+		t.Logf("%s: 10,000 updates wrote %d bytes of WAL; slot lag and retained WAL under 1 MiB, lag under a second", tc.name, written)
 	}
 	if got := len(c.tokenCounts()); got != 0 {
 		t.Fatalf("%d tokens published", got)

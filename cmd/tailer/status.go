@@ -23,16 +23,21 @@ import (
 
 // statusReport is the --json output of tailer status.
 type statusReport struct {
-	Slot          string `json:"slot"`
-	Active        bool   `json:"active"`
-	ActivePID     int32  `json:"active_pid"`
-	ConfirmedLSN  string `json:"confirmed_flush_lsn"`
-	RestartLSN    string `json:"restart_lsn"`
-	CurrentLSN    string `json:"current_wal_lsn"`
-	LagBytes      int64  `json:"lag_bytes"`
-	RetainedBytes int64  `json:"retained_bytes"`
-	WALStatus     string `json:"wal_status"`
-	Lost          string `json:"lost,omitempty"`
+	Slot         string `json:"slot"`
+	Active       bool   `json:"active"`
+	ActivePID    int32  `json:"active_pid"`
+	ConfirmedLSN string `json:"confirmed_flush_lsn"`
+	RestartLSN   string `json:"restart_lsn"`
+	CurrentLSN   string `json:"current_wal_lsn"`
+	LagBytes     int64  `json:"lag_bytes"`
+	// LagSeconds is now minus ConfirmedThrough: how far behind in time
+	// the slot's confirmed position is, growing while no tailer moves it
+	// (null when no tailer recorded it).
+	LagSeconds       *float64   `json:"lag_seconds"`
+	ConfirmedThrough *time.Time `json:"confirmed_through"`
+	RetainedBytes    int64      `json:"retained_bytes"`
+	WALStatus        string     `json:"wal_status"`
+	Lost             string     `json:"lost,omitempty"`
 	// Missing: the slot does not exist.
 	Missing bool `json:"missing,omitempty"`
 	// InactiveSince, Failover and Synced come from PostgreSQL 17+:
@@ -124,6 +129,12 @@ func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error
 		LagBytes: slot.LagBytes(), RetainedBytes: slot.RetainedBytes(), Stream: cfg.Stream, MaxLagBytes: cfg.MaxLag,
 	}
 	rep.WALStatus, rep.Failover, rep.Synced = slot.WALStatus, slot.Failover, slot.Synced
+	if through, ok, err := replication.ConfirmedThrough(ctx, conn, cfg.Slot); err != nil {
+		return statusReport{}, err
+	} else if ok {
+		lag := max(time.Since(through), 0).Seconds()
+		rep.ConfirmedThrough, rep.LagSeconds = &through, &lag
+	}
 	if !slot.InactiveSince.IsZero() {
 		rep.InactiveSince = &slot.InactiveSince
 	}
@@ -183,6 +194,11 @@ func (rep *statusReport) writeText(w io.Writer) {
 	}
 	fmt.Fprintf(w, "confirmed LSN   %s\nrestart LSN     %s\ncurrent LSN     %s\n", rep.ConfirmedLSN, rep.RestartLSN, rep.CurrentLSN)
 	fmt.Fprintf(w, "lag             %d bytes (%s), max %s\n", rep.LagBytes, human(rep.LagBytes), human(rep.MaxLagBytes))
+	if rep.LagSeconds != nil {
+		fmt.Fprintf(w, "lag in time     %.1f s: every token committed before %s is confirmed\n", *rep.LagSeconds, rep.ConfirmedThrough.UTC().Format(time.RFC3339Nano))
+	} else {
+		fmt.Fprintf(w, "lag in time     unknown: no tailer has recorded how far the slot is confirmed (tailer migrate adds the record's column)\n")
+	}
 	fmt.Fprintf(w, "retained WAL    %d bytes (%s), wal_status %s\n", rep.RetainedBytes, human(rep.RetainedBytes), rep.WALStatus)
 	if rep.Lost != "" {
 		fmt.Fprintf(w, "LOST            %s\n", rep.Lost)

@@ -63,6 +63,9 @@ type Config struct {
 	MaxLag int64
 	// LagInterval is how often the slot's lag is sampled.
 	LagInterval time.Duration
+	// HeartbeatInterval is how often tailer run writes a heartbeat into
+	// the WAL while it streams; 0 writes none.
+	HeartbeatInterval time.Duration
 	// ReplicationTimeout is how long the replication connection may stay
 	// silent (no message, no keepalive) before it is given up as dead.
 	ReplicationTimeout time.Duration
@@ -378,6 +381,7 @@ var Vars = []Var{
 		return nil
 	}},
 	{Env: "MAILROOM_LAG_INTERVAL", Cmds: Run, Flag: "lag-interval", Default: "5000", Usage: "milliseconds between samples of the slot's lag for metrics and /readyz", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.LagInterval }, 1, 3_600_000)},
+	{Env: "MAILROOM_HEARTBEAT_INTERVAL", Cmds: Run, Flag: "heartbeat-interval", Default: "5000", Usage: "milliseconds between heartbeats written into the WAL (a logical message) while tailer run streams, so that the lag in seconds moves when no token is written; 0 writes none", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.HeartbeatInterval }, 0, 3_600_000)},
 	{Env: "MAILROOM_REPLICATION_TIMEOUT", Cmds: Run, Flag: "replication-timeout", Default: "60000", Usage: "milliseconds the replication connection may stay silent (no message, no keepalive) before it is reconnected", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.ReplicationTimeout }, 1000, 3_600_000)},
 	{Env: "MAILROOM_PPROF", Cmds: Run, Flag: "pprof", Default: "false", Usage: "serve /debug/pprof on the HTTP address (profiles show code paths; keep the address private)", Shown: true, set: boolVar(func(c *Config) *bool { return &c.Pprof })},
 	{Env: "MAILROOM_SLOT_FAILOVER", Cmds: Run | Resync, Flag: "slot-failover", Default: replication.FailoverAuto, Usage: "make the slot a failover slot, kept in step on standbys with sync_replication_slots (PostgreSQL 17+): auto (on 17+), true (refused on 16 and older) or false", Shown: true, set: func(c *Config, v string) error {

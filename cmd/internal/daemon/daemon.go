@@ -79,6 +79,10 @@ type Daemon struct {
 	// streamCheck, while a session streams, refuses a stream that lost
 	// what the session's slot published to it (the slot sampler runs it).
 	streamCheck atomic.Pointer[func(context.Context) error]
+	// clock measures the lag in seconds; throughSaid: a record that
+	// cannot keep it was said.
+	clock       lagClock
+	throughSaid atomic.Bool
 }
 
 // New returns a Daemon for cfg.
@@ -89,6 +93,14 @@ func New(cfg *config.Config, log *slog.Logger) *Daemon {
 			return float64(f.PendingTokens())
 		}
 		return 0
+	}, func() float64 {
+		if f := d.feeder.Load(); f != nil {
+			if at := f.ConfirmedAt(); !at.IsZero() {
+				d.clock.confirmedAt(at)
+			}
+		}
+		lag, _ := d.clock.lag(time.Now())
+		return lag.Seconds()
 	})
 	return d
 }
@@ -129,6 +141,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer shutdown()
 	d.nc.Store(nc)
 	go d.sampleSlot(ctx)
+	if d.cfg.HeartbeatInterval > 0 {
+		go d.heartbeat(ctx)
+	}
 
 	if d.cfg.HTTPAddr != "" {
 		stop, err := d.serveHTTP()

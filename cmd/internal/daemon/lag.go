@@ -5,7 +5,12 @@ import (
 	"errors"
 	"time"
 
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/mailroom/tailer/decoder"
 
 	"github.com/mailroom/tailer/replication"
 )
@@ -42,6 +47,9 @@ func (d *Daemon) sampleSlot(ctx context.Context) {
 			conn, err = connectQuery(ctx, d.cfg.DatabaseURL)
 		}
 		var s replication.SlotInfo
+		// Taken before the query: everything committed before it lies
+		// before the position the query reads.
+		at := time.Now()
 		if err == nil {
 			s, err = replication.Slot(ctx, conn, d.cfg.Slot)
 			if err != nil && !errors.Is(err, replication.ErrNoSlot) {
@@ -55,6 +63,11 @@ func (d *Daemon) sampleSlot(ctx context.Context) {
 		d.lag.Store(&lagSample{at: time.Now(), slot: s, err: err})
 		if err == nil {
 			d.metrics.slotSample(s)
+			d.clock.saw(s.CurrentLSN, at)
+			d.clock.confirmed(s.ConfirmedFlush)
+			if d.held.Load() {
+				d.recordConfirmedThrough(ctx, conn)
+			}
 			if stop := d.stopSession.Load(); stop != nil {
 				var blocked *blockedError
 				rerr := d.checkReadable(ctx, conn)
@@ -77,6 +90,79 @@ func (d *Daemon) sampleSlot(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
+		}
+	}
+}
+
+// recordConfirmedThrough keeps in the slot's record how far in time the
+// confirmed position reaches, for tailer status. A record table older
+// than the column is said once.
+func (d *Daemon) recordConfirmedThrough(ctx context.Context, conn *pgx.Conn) {
+	through := d.clock.confirmedThrough()
+	if through.IsZero() {
+		return
+	}
+	err := replication.SetConfirmedThrough(ctx, conn, d.cfg.Slot, through)
+	if err != nil && !d.throughSaid.Swap(true) && ctx.Err() == nil {
+		d.log.Warn("cannot record how far the slot is confirmed; tailer status will not show the lag in seconds (tailer migrate adds the column)", "err", err)
+	}
+}
+
+// streamConfirmed is told each position sent to the slot as flushed.
+func (d *Daemon) streamConfirmed(lsn pglogrepl.LSN) {
+	d.metrics.statusSent(lsn)
+	d.clock.confirmed(lsn)
+	if f := d.feeder.Load(); f != nil {
+		if at := f.ConfirmedAt(); !at.IsZero() {
+			d.clock.confirmedAt(at)
+		}
+	}
+}
+
+// heartbeat writes a heartbeat into the WAL every HeartbeatInterval while
+// this tailer streams (decoder.HeartbeatPrefix): with no token written
+// the slot's stream would otherwise say nothing of time, and the lag could
+// not be told from an idle database. Where the server refuses (the role
+// may not, or the server is a standby in recovery) it says so once and
+// stops: the lag then rests on commit times and the slot's samples.
+func (d *Daemon) heartbeat(ctx context.Context) {
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close(context.Background())
+		}
+	}()
+	ticker := time.NewTicker(d.cfg.HeartbeatInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		if !d.held.Load() {
+			continue
+		}
+		var err error
+		if conn == nil {
+			if conn, err = connectQuery(ctx, d.cfg.DatabaseURL); err != nil {
+				continue
+			}
+		}
+		at := time.Now()
+		lsn, err := replication.EmitMessage(ctx, conn, decoder.HeartbeatPrefix, decoder.HeartbeatContent(at))
+		var pgErr *pgconn.PgError
+		switch {
+		case err == nil:
+			d.clock.saw(lsn, at)
+			d.recordConfirmedThrough(ctx, conn)
+		case errors.Is(err, replication.ErrMessageDenied),
+			errors.As(err, &pgErr) && (pgErr.Code == pgerrcode.ReadOnlySQLTransaction || pgErr.Code == pgerrcode.ObjectNotInPrerequisiteState):
+			d.log.Warn("cannot write heartbeats into the WAL; the lag in seconds rests on commit times and the slot's samples every MAILROOM_LAG_INTERVAL (grant EXECUTE on pg_logical_emit_message, or set MAILROOM_HEARTBEAT_INTERVAL=0 to say so)", "err", err)
+			return
+		case ctx.Err() == nil:
+			conn.Close(context.Background())
+			conn = nil
 		}
 	}
 }

@@ -39,6 +39,7 @@ type Metrics struct {
 	ready          prometheus.Gauge
 	reconnects     *prometheus.CounterVec
 	pending        prometheus.GaugeFunc
+	lagSeconds     prometheus.GaugeFunc
 }
 
 // MetricNames lists the tailer's own metric families.
@@ -63,11 +64,12 @@ var MetricNames = []string{
 	"tailer_ready",
 	"tailer_reconnects_total",
 	"tailer_tokens_pending",
+	"tailer_lag_seconds",
 }
 
 // NewMetrics registers the metrics. pending reports the tokens read from the
-// WAL and not yet done.
-func NewMetrics(pending func() float64) *Metrics {
+// WAL and not yet done, lag the lag in seconds.
+func NewMetrics(pending, lag func() float64) *Metrics {
 	latency := prometheus.ExponentialBuckets(0.0001, 2, 18) // 100µs .. 13s
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
@@ -134,6 +136,9 @@ func NewMetrics(pending func() float64) *Metrics {
 	m.pending = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tailer_tokens_pending", Help: "Tokens read from the WAL and not yet published or skipped.",
 	}, pending)
+	m.lagSeconds = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tailer_lag_seconds", Help: "How far behind the slot's confirmed position is in time: now minus the newest commit, heartbeat or sampled WAL position known to be confirmed (after PubAck). It grows a second a second while nothing is confirmed (the walsender stuck, NATS away, the holder frozen, as a standby sees it), and stays under about MAILROOM_HEARTBEAT_INTERVAL while the tailer keeps up.",
+	}, lag)
 	for _, r := range join.Reasons {
 		m.skipped.WithLabelValues(r.String())
 	}
@@ -148,7 +153,7 @@ func NewMetrics(pending func() float64) *Metrics {
 	}
 	m.reg.MustRegister(m.published, m.skipped, m.batches, m.batchSize, m.publishLatency, m.messageBatches, m.messageLatency, m.commitToAck,
 		m.lastDone, m.confirmed, m.slotLag, m.slotRetained, m.slotConfirmed, m.slotSampled, m.slotHeld, m.slotLost, m.blocked, m.ready,
-		m.reconnects, m.pending,
+		m.reconnects, m.pending, m.lagSeconds,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

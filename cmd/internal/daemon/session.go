@@ -91,8 +91,8 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		d.log.Warn("took the slot over from a process that lost its lease: ended the walsender that still streamed it", "slot", cfg.Slot, "walsender_pid", pid)
 	}
 	receiver, err := replication.Start(ctx, rc, replication.Options{
-		Slot: cfg.Slot, Publication: cfg.Publication, ProtoVersion: cfg.ProtoVersion, Binary: cfg.Binary,
-		OnStatus: d.metrics.statusSent, Timeout: cfg.ReplicationTimeout,
+		Slot: cfg.Slot, Publication: cfg.Publication, ProtoVersion: cfg.ProtoVersion, Binary: cfg.Binary, Messages: cfg.HeartbeatInterval > 0,
+		OnStatus: d.streamConfirmed, Timeout: cfg.ReplicationTimeout,
 	})
 	if replication.IsSlotLost(err) {
 		return d.block(ctx, q, lease, nc, &slotLostError{slot: slot, cause: err})

@@ -1,0 +1,1 @@
+ALTER TABLE tailer_slot DROP COLUMN IF EXISTS confirmed_through;
