@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
 
 	"github.com/mailroom/tailer/batch"
@@ -24,60 +25,122 @@ import (
 // before the lease and the slot are held: a standby only learns that
 // another process owns them.
 func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
+	s, err := d.open(ctx, nc)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	c, err := d.claim(ctx, s)
+	if err != nil {
+		return err
+	}
+	defer c.pub.Close()
+	return d.stream(ctx, s, c)
+}
+
+// opened is a session's connections: the lease's, a query connection and
+// the replication connection, and what the server says it is.
+type opened struct {
+	nc     *nats.Conn
+	lease  *replication.Lease
+	q      *pgx.Conn
+	rc     *pgconn.PgConn
+	origin publish.Origin
+	major  int
+}
+
+func (s *opened) close() {
+	s.rc.Close(context.Background())
+	s.q.Close(context.Background())
+	s.lease.Release()
+}
+
+// blockOn is Daemon.block with the session's connections.
+func (d *Daemon) blockOn(ctx context.Context, s *opened, err error) error {
+	return d.block(ctx, s.q, s.lease, s.nc, err)
+}
+
+// open takes the slot's lease and opens the session's connections.
+func (d *Daemon) open(ctx context.Context, nc *nats.Conn) (*opened, error) {
 	cfg := d.cfg
 	lease, err := replication.AcquireLease(ctx, cfg.DatabaseURL, cfg.Slot, replication.LeaseOptions{Application: "tailer run"})
 	if err != nil {
-		return pgErr(err)
+		return nil, pgErr(err)
 	}
-	defer lease.Release()
-	q, err := connectQuery(ctx, cfg.DatabaseURL)
+	s := &opened{nc: nc, lease: lease}
+	fail := func(err error) (*opened, error) {
+		if s.rc != nil {
+			s.rc.Close(context.Background())
+		}
+		if s.q != nil {
+			s.q.Close(context.Background())
+		}
+		lease.Release()
+		return nil, err
+	}
+	if s.q, err = connectQuery(ctx, cfg.DatabaseURL); err != nil {
+		return fail(pgErr(err))
+	}
+	if s.rc, err = replication.Connect(ctx, cfg.DatabaseURL); err != nil {
+		return fail(pgErr(err))
+	}
+	ident, err := pglogrepl.IdentifySystem(ctx, s.rc)
 	if err != nil {
-		return pgErr(err)
+		return fail(pgErr(fmt.Errorf("identify system: %w", err)))
 	}
-	defer q.Close(context.Background())
-	rc, err := replication.Connect(ctx, cfg.DatabaseURL)
+	history, err := replication.TimelineBranches(ctx, s.rc, ident.Timeline)
 	if err != nil {
-		return pgErr(err)
+		return fail(pgErr(err))
 	}
-	defer rc.Close(context.Background())
-	ident, err := pglogrepl.IdentifySystem(ctx, rc)
-	if err != nil {
-		return pgErr(fmt.Errorf("identify system: %w", err))
+	s.origin = publish.Origin{SystemID: ident.SystemID, Timeline: ident.Timeline, Database: ident.DBName, History: history}
+	if s.major, err = replication.ServerMajor(ctx, s.q); err != nil {
+		return fail(pgErr(err))
 	}
-	history, err := replication.TimelineBranches(ctx, rc, ident.Timeline)
-	if err != nil {
-		return pgErr(err)
-	}
-	origin := publish.Origin{SystemID: ident.SystemID, Timeline: ident.Timeline, Database: ident.DBName, History: history}
-	major, err := replication.ServerMajor(ctx, q)
-	if err != nil {
-		return pgErr(err)
-	}
-	failover, err := replication.WantFailover(cfg.SlotFailover, major)
-	if err != nil {
-		return FailoverSettingError(err)
-	}
-	dest := publish.Destination{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction, Origin: origin}
+	return s, nil
+}
 
-	if err := d.checkReadable(ctx, q); err != nil {
-		return d.block(ctx, q, lease, nc, err)
-	}
-	rec, slot, err := d.prepareSlot(ctx, q, nc, dest, failover)
+// claimed is what a session streams with: the slot as it started, its
+// record, the receiver streaming it and the publisher resumed on the
+// stream.
+type claimed struct {
+	slot     replication.SlotInfo
+	rec      replication.Record
+	receiver *replication.Receiver
+	pub      *publish.Publisher
+	inFlight int
+	// window, tokens and fence: what Resume found (publish.Publisher.Window).
+	window, tokens, fence int
+}
+
+// claim checks that tokens can be read, makes the slot what the settings
+// ask, starts streaming it, and claims the stream: the publisher resumed
+// past what the stream holds of the slot.
+func (d *Daemon) claim(ctx context.Context, s *opened) (*claimed, error) {
+	cfg := d.cfg
+	failover, err := replication.WantFailover(cfg.SlotFailover, s.major)
 	if err != nil {
-		return d.block(ctx, q, lease, nc, err)
+		return nil, FailoverSettingError(err)
 	}
-	if err := replication.SetPublication(ctx, q, cfg.Slot, cfg.Publication); errors.Is(err, replication.ErrOldSchema) {
-		return d.block(ctx, q, lease, nc, &blockedError{reason: blockedSchema, msg: err.Error()})
+	dest := publish.Destination{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction, Origin: s.origin}
+	if err := d.checkReadable(ctx, s.q); err != nil {
+		return nil, d.blockOn(ctx, s, err)
+	}
+	rec, slot, err := d.prepareSlot(ctx, s.q, s.nc, dest, failover)
+	if err != nil {
+		return nil, d.blockOn(ctx, s, err)
+	}
+	if err := replication.SetPublication(ctx, s.q, cfg.Slot, cfg.Publication); errors.Is(err, replication.ErrOldSchema) {
+		return nil, d.blockOn(ctx, s, &blockedError{reason: blockedSchema, msg: err.Error()})
 	} else if err != nil {
-		return pgErr(err)
+		return nil, pgErr(err)
 	}
-	d.sayGuard(ctx, q)
+	d.sayGuard(ctx, s.q)
 	// With the lease held and nothing streaming yet, the slot is made what
 	// MAILROOM_SLOT_FAILOVER asks (a slot from before the upgrade to 17, or
 	// made by hand). A synced copy on a standby is the primary's to change.
-	if major >= replication.FailoverMinVersion && slot.Failover != failover && !slot.Synced && (failover || cfg.SlotFailover == replication.FailoverOff) {
-		if err := replication.SetFailover(ctx, rc, cfg.Slot, failover); err != nil {
-			return pgErr(err)
+	if s.major >= replication.FailoverMinVersion && slot.Failover != failover && !slot.Synced && (failover || cfg.SlotFailover == replication.FailoverOff) {
+		if err := replication.SetFailover(ctx, s.rc, cfg.Slot, failover); err != nil {
+			return nil, pgErr(err)
 		}
 		slot.Failover = failover
 		d.log.Info("slot failover changed", "slot", cfg.Slot, "failover", failover)
@@ -85,47 +148,60 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	// The lease is this session's: a walsender that still streams the slot
 	// serves a holder that lost it (frozen, or cut off), and would keep the
 	// slot until wal_sender_timeout notices.
-	if pid, err := replication.TakeOver(ctx, q, slot); err != nil {
+	if pid, err := replication.TakeOver(ctx, s.q, slot); err != nil {
 		d.log.Warn("cannot end the walsender of a process that lost the slot's lease; waiting for the server to end it", "slot", cfg.Slot, "err", err)
 	} else if pid != 0 {
 		d.log.Warn("took the slot over from a process that lost its lease: ended the walsender that still streamed it", "slot", cfg.Slot, "walsender_pid", pid)
 	}
-	receiver, err := replication.Start(ctx, rc, replication.Options{
+	receiver, err := replication.Start(ctx, s.rc, replication.Options{
 		Slot: cfg.Slot, Publication: cfg.Publication, ProtoVersion: cfg.ProtoVersion, Binary: cfg.Binary, Messages: cfg.HeartbeatInterval > 0,
 		OnStatus: d.streamConfirmed, Timeout: cfg.ReplicationTimeout,
 	})
 	if replication.IsSlotLost(err) {
-		return d.block(ctx, q, lease, nc, &slotLostError{slot: slot, cause: err})
+		return nil, d.blockOn(ctx, s, &slotLostError{slot: slot, cause: err})
 	}
 	if err != nil {
-		return pgErr(err)
+		return nil, pgErr(err)
 	}
 	// The slot is held: no other tailer publishes now, and the markers
 	// Resume starts the session with keep out what an earlier one may
 	// still have on its way (see publish.Publisher).
-	pub, err := d.newPublisher(ctx, q, nc, dest)
+	pub, err := d.newPublisher(ctx, s.q, s.nc, dest)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer pub.Close()
-	if err := d.claimStream(ctx, q, pub, &rec, origin); err != nil {
-		return d.block(ctx, q, lease, nc, err)
+	c := &claimed{slot: slot, rec: rec, receiver: receiver, pub: pub}
+	if err := d.resume(ctx, s, c); err != nil {
+		pub.Close()
+		return nil, err
 	}
-	if err := d.checkStream(ctx, q, pub, &rec); err != nil {
-		return d.block(ctx, q, lease, nc, err)
+	return c, nil
+}
+
+// resume claims the stream for the slot's incarnation and resumes the
+// publisher past what the stream holds of it.
+func (d *Daemon) resume(ctx context.Context, s *opened, c *claimed) error {
+	cfg := d.cfg
+	if err := d.claimStream(ctx, s.q, c.pub, &c.rec, s.origin); err != nil {
+		return d.blockOn(ctx, s, err)
 	}
-	inFlight := cmp.Or(cfg.MaxInFlight, publish.InFlightFor(pub.Replicas()))
-	err = pub.Resume(ctx, publish.Owner{Origin: origin, Incarnation: rec.Incarnation, Since: rec.StreamSeq, Legacy: rec.Legacy,
-		After: slot.ConfirmedFlush, InFlight: inFlight})
+	if err := d.checkStream(ctx, s.q, c.pub, &c.rec); err != nil {
+		return d.blockOn(ctx, s, err)
+	}
+	c.inFlight = cmp.Or(cfg.MaxInFlight, publish.InFlightFor(c.pub.Replicas()))
+	err := c.pub.Resume(ctx, publish.Owner{Origin: s.origin, Incarnation: c.rec.Incarnation, Since: c.rec.StreamSeq, Legacy: c.rec.Legacy,
+		After: c.slot.ConfirmedFlush, InFlight: c.inFlight})
 	var foreign *publish.ForeignStreamError
 	if errors.As(err, &foreign) {
-		return d.block(ctx, q, lease, nc, err)
+		return d.blockOn(ctx, s, err)
 	}
 	if err != nil {
 		return natsErr(err)
 	}
-	window, tokens, reach, strays, fence := pub.Window()
-	current, err := currentLSN(ctx, q)
+	var reach decoder.Position
+	var strays int
+	c.window, c.tokens, reach, strays, c.fence = c.pub.Window()
+	current, err := currentLSN(ctx, s.q)
 	if err != nil {
 		return pgErr(err)
 	}
@@ -133,7 +209,7 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 		// The database is behind what the stream holds of it (a restore):
 		// its new tokens can come at positions already published, and
 		// their batches must not carry those batches' ids.
-		pub.SetUniqueIDs()
+		c.pub.SetUniqueIDs()
 		d.log.Warn("the stream holds batches past this server's WAL, or of other tokens under the ids of this session's batches (a restored database): "+
 			"the tokens the stream holds are known by key and skipped, every other one is published; batch ids carry the session",
 			"stream_reaches", reach.String(), "wal", current.String())
@@ -141,66 +217,40 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	if strays > 0 {
 		d.log.Warn("the stream holds messages that are not the tailer's batches: passed over", "stream", cfg.Stream, "messages", strays)
 	}
-	if err := replication.SetBlocked(ctx, q, cfg.Slot, ""); err != nil {
+	if err := replication.SetBlocked(ctx, s.q, cfg.Slot, ""); err != nil {
 		return pgErr(err)
 	}
 	d.blocked.Store(nil)
 	d.metrics.setBlocked("")
+	return nil
+}
+
+// stream runs the data path, the receiver feeding the pipeline, until ctx
+// is done or something fails, and judges how the session ended.
+func (d *Daemon) stream(ctx context.Context, s *opened, c *claimed) error {
+	cfg := d.cfg
 	d.held.Store(true)
 	d.metrics.setHeld(true)
 	defer func() {
 		d.held.Store(false)
 		d.metrics.setHeld(false)
 	}()
-	d.log.Info("streaming", "slot", cfg.Slot, "incarnation", rec.Incarnation, "from", slot.ConfirmedFlush,
-		"on_stream_messages", window, "on_stream_tokens", tokens, "markers", fence,
-		"stream", cfg.Stream, "subject", cfg.Subject, "replicas", pub.Replicas(), "batch_limit", cfg.BatchLimit, "batch_timeout", cfg.BatchTimeout, "max_in_flight", inFlight)
+	d.log.Info("streaming", "slot", cfg.Slot, "incarnation", c.rec.Incarnation, "from", c.slot.ConfirmedFlush,
+		"on_stream_messages", c.window, "on_stream_tokens", c.tokens, "markers", c.fence,
+		"stream", cfg.Stream, "subject", cfg.Subject, "replicas", c.pub.Replicas(), "batch_limit", cfg.BatchLimit, "batch_timeout", cfg.BatchTimeout, "max_in_flight", c.inFlight)
 	select {
 	case <-d.ready:
 	default:
 		close(d.ready)
 	}
-
-	if err := cfg.RequireKey(); err != nil {
+	drained := make(chan struct{})
+	feeder, pipeline, err := d.pipeline(ctx, s, c, drained)
+	if err != nil {
 		return err
 	}
-	signer := cfg.Keys.Signer()
-	drained := make(chan struct{})
-	feeder := batch.NewFeeder(batch.FeederConfig{
-		Limit:    cfg.BatchLimit,
-		Timeout:  cfg.BatchTimeout,
-		ByAction: cfg.PerAction,
-		Start:    slot.ConfirmedFlush,
-		Drained:  drained,
-		OnBadRow: func(pos decoder.Position, err error) {
-			d.log.Warn("skipping a token row that cannot be decoded", "position", pos.String(), "err", err)
-			d.metrics.TokensSkipped(join.SkipMalformed, 1)
-		},
-	})
-	joiner := join.NewJoiner(q)
-	joiner.Log = d.log
-	if err := joiner.Prepare(ctx); err != nil {
-		return pgErr(err)
-	}
-	pipeline := &publish.Pipeline{
-		Publisher:   pub,
-		Joiner:      joiner,
-		Encoder:     publish.NewEncoder(signer, cfg.Format),
-		Format:      cfg.Format,
-		MaxInFlight: inFlight,
-		MaxBatches:  cfg.MaxBatches,
-		MaxBytes:    int(nc.MaxPayload()),
-		Done: func(b *batch.Batch) {
-			d.metrics.done(b)
-			feeder.MarkDone(b)
-		},
-		Observer: d.metrics,
-		Log:      d.log,
-	}
-
 	d.feeder.Store(feeder)
 	defer d.feeder.Store(nil)
-	recheck := func(ctx context.Context) error { return d.recheckStream(ctx, pub, &rec) }
+	recheck := func(ctx context.Context) error { return d.recheckStream(ctx, c.pub, &c.rec) }
 	d.streamCheck.Store(&recheck)
 	defer d.streamCheck.Store(nil)
 	runCtx, cancelRun := context.WithCancelCause(ctx)
@@ -220,23 +270,71 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	// longer be read (a schema or publication changed under it).
 	go func() {
 		select {
-		case <-lease.Lost():
-			cancelRun(lease.Err())
+		case <-s.lease.Lost():
+			cancelRun(s.lease.Err())
 		case <-runCtx.Done():
 		}
 	}()
 	d.stopSession.Store(&cancelRun)
 	defer d.stopSession.Store(nil)
 
-	err = receiver.Run(runCtx, feeder)
+	err = c.receiver.Run(runCtx, feeder)
 	// Read before the pipeline is stopped: afterwards it reports its own
 	// cancellation, which is not why the session ended.
 	pipelineFailed := context.Cause(runCtx) != nil && ctx.Err() == nil
 	cancelPipe()
 	<-drained
 	feeder.Close()
-	d.log.Info("session ended", "confirmed", receiver.Sent())
-	if lerr := lease.Err(); lerr != nil && ctx.Err() == nil {
+	d.log.Info("session ended", "confirmed", c.receiver.Sent())
+	return d.judgeEnd(ctx, s, err, pipeErr, context.Cause(runCtx), pipelineFailed)
+}
+
+// pipeline makes the session's feeder (it runs on the replication
+// goroutine) and the publishing pipeline it hands batches to; drained is
+// closed when the pipeline has stopped.
+func (d *Daemon) pipeline(ctx context.Context, s *opened, c *claimed, drained chan struct{}) (*batch.Feeder, *publish.Pipeline, error) {
+	cfg := d.cfg
+	if err := cfg.RequireKey(); err != nil {
+		return nil, nil, err
+	}
+	feeder := batch.NewFeeder(batch.FeederConfig{
+		Limit:    cfg.BatchLimit,
+		Timeout:  cfg.BatchTimeout,
+		ByAction: cfg.PerAction,
+		Start:    c.slot.ConfirmedFlush,
+		Drained:  drained,
+		OnBadRow: func(pos decoder.Position, err error) {
+			d.log.Warn("skipping a token row that cannot be decoded", "position", pos.String(), "err", err)
+			d.metrics.TokensSkipped(join.SkipMalformed, 1)
+		},
+	})
+	joiner := join.NewJoiner(s.q)
+	joiner.Log = d.log
+	if err := joiner.Prepare(ctx); err != nil {
+		return nil, nil, pgErr(err)
+	}
+	return feeder, &publish.Pipeline{
+		Publisher:   c.pub,
+		Joiner:      joiner,
+		Encoder:     publish.NewEncoder(cfg.Keys.Signer(), cfg.Format),
+		Format:      cfg.Format,
+		MaxInFlight: c.inFlight,
+		MaxBatches:  cfg.MaxBatches,
+		MaxBytes:    int(s.nc.MaxPayload()),
+		Done: func(b *batch.Batch) {
+			d.metrics.done(b)
+			feeder.MarkDone(b)
+		},
+		Observer: d.metrics,
+		Log:      d.log,
+	}, nil
+}
+
+// judgeEnd says what a session's end means: the operator to wait for (a
+// lost lease, a schema, relation or publication that cannot carry tokens),
+// or a failure to retry (sessionCause).
+func (d *Daemon) judgeEnd(ctx context.Context, s *opened, err, pipeErr, cause error, pipelineFailed bool) error {
+	if lerr := s.lease.Err(); lerr != nil && ctx.Err() == nil {
 		return pgErr(lerr)
 	}
 	var (
@@ -246,21 +344,21 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	)
 	switch {
 	case ctx.Err() != nil:
-	case errors.As(context.Cause(runCtx), &blocked):
-		return d.block(ctx, q, lease, nc, blocked)
+	case errors.As(cause, &blocked):
+		return d.blockOn(ctx, s, blocked)
 	case errors.As(pipeErr, &schema):
-		return d.block(ctx, q, lease, nc, &blockedError{reason: blockedSchema, msg: schema.Error()})
+		return d.blockOn(ctx, s, &blockedError{reason: blockedSchema, msg: schema.Error()})
 	case errors.As(err, &relation):
-		return d.block(ctx, q, lease, nc, &blockedError{reason: blockedPublication, msg: RelationMessage(relation, cfg.Publication)})
+		return d.blockOn(ctx, s, &blockedError{reason: blockedPublication, msg: RelationMessage(relation, d.cfg.Publication)})
 	case replication.IsPublicationGone(err):
 		// Gone for good, or made again after the changes the slot has
 		// still to decode: which one says what to do.
-		perr := replication.CheckPublication(ctx, q, cfg.Publication)
+		perr := replication.CheckPublication(ctx, s.q, d.cfg.Publication)
 		var pub *replication.PublicationError
 		if !errors.As(perr, &pub) {
-			pub = &replication.PublicationError{Publication: cfg.Publication, Stale: true}
+			pub = &replication.PublicationError{Publication: d.cfg.Publication, Stale: true}
 		}
-		return d.block(ctx, q, lease, nc, &blockedError{reason: blockedPublication, msg: PublicationMessage(pub), resync: pub.Stale})
+		return d.blockOn(ctx, s, &blockedError{reason: blockedPublication, msg: PublicationMessage(pub), resync: pub.Stale})
 	}
 	return sessionCause(ctx, err, pipeErr, pipelineFailed)
 }
