@@ -5,3 +5,8 @@
 -- stopped tailer), which is what an operator asking "how far behind"
 -- needs to see.
 ALTER TABLE tailer_slot ADD COLUMN IF NOT EXISTS confirmed_through timestamptz;
+
+-- For postgres_exporter (pg_monitor): the lag in seconds seen from
+-- PostgreSQL's side, which keeps growing while no tailer runs at all
+-- (infra/postgres-exporter/queries.yaml).
+GRANT SELECT (slot, confirmed_through) ON tailer_slot TO pg_monitor;

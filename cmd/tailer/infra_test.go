@@ -91,7 +91,7 @@ func TestComposeFile(t *testing.T) {
 	if got := c.Services["tailer"].Healthcheck.Test; !slices.Equal(got, []string{"CMD", "/usr/local/bin/tailer", "health"}) {
 		t.Errorf("tailer healthcheck %v, want tailer health", got)
 	}
-	if g := c.Services["grafana"].Environment; g["GF_AUTH_ANONYMOUS_ENABLED"] != "false" || !strings.HasPrefix(g["GF_SECURITY_ADMIN_PASSWORD"], "${GRAFANA_ADMIN_PASSWORD:?") {
+	if g := c.Services["grafana"].Environment; g["GF_AUTH_ANONYMOUS_ENABLED"] != "false" || g["GF_SECURITY_ADMIN_PASSWORD__FILE"] != "/run/secrets/grafana_admin_password" {
 		t.Errorf("grafana: anonymous access and an admin password: %v", g)
 	}
 	if got := c.Services["migrate"].Command; !slices.Equal(got, []string{"migrate"}) {
@@ -111,11 +111,11 @@ func TestComposeFile(t *testing.T) {
 		if u := env["MAILROOM_DATABASE_URL"]; !strings.HasPrefix(u, "postgres://"+role+"@") || strings.Contains(u, "$") {
 			t.Errorf("%s: MAILROOM_DATABASE_URL %q: want role %s and no password in it", name, u, role)
 		}
-		if !strings.HasPrefix(env["MAILROOM_DATABASE_PASSWORD"], "${") {
-			t.Errorf("%s: MAILROOM_DATABASE_PASSWORD must come from .env", name)
+		if !strings.HasPrefix(env["MAILROOM_DATABASE_PASSWORD_FILE"], "/run/secrets/") || env["MAILROOM_DATABASE_PASSWORD"] != "" {
+			t.Errorf("%s: the database password must come from a secret's file (MAILROOM_DATABASE_PASSWORD_FILE)", name)
 		}
 	}
-	if e := c.Services["postgres-exporter"].Environment; !strings.HasPrefix(e["DATA_SOURCE_NAME"], "postgresql://postgres_exporter@") || !strings.HasPrefix(e["EXPORTER_DB_PASSWORD"], "${EXPORTER_DB_PASSWORD:?") || e["DATA_SOURCE_PASS"] != "" {
+	if e := c.Services["postgres-exporter"].Environment; !strings.HasPrefix(e["DATA_SOURCE_NAME"], "postgresql://postgres_exporter@") || e["EXPORTER_DB_PASSWORD_FILE"] != "/run/secrets/exporter_db_password" || e["DATA_SOURCE_PASS"] != "" {
 		t.Errorf("postgres-exporter: its own role, the password apart from the URL: %v", e)
 	}
 	if tailer.Environment["MAILROOM_SECRET_KEY"] != "" || tailer.Environment["MAILROOM_SECRET_KEY_FILE"] != "" || tailer.Environment["MAILROOM_KEYRING_FILE"] != "/run/secrets/mailroom_keyring" {
@@ -126,7 +126,7 @@ func TestComposeFile(t *testing.T) {
 	}
 	sub := c.Services["subscriber"]
 	if !slices.Contains(sub.Profiles, "subscriber") || sub.Environment["MAILROOM_NATS_USER"] != "subscriber" ||
-		!strings.HasPrefix(sub.Environment["MAILROOM_NATS_PASSWORD"], "${NATS_SUBSCRIBER_PASSWORD:?") || !slices.Contains(sub.Command, "--exec") {
+		sub.Environment["MAILROOM_NATS_PASSWORD_FILE"] != "/run/secrets/nats_subscriber_password" || !slices.Contains(sub.Command, "--exec") {
 		t.Errorf("subscriber: behind a profile, as the subscriber user, feeding a sender: %+v", sub)
 	}
 	for _, arg := range sub.Command {
@@ -151,14 +151,16 @@ func TestComposeFile(t *testing.T) {
 			if strings.HasPrefix(s.Image, "nats:") && s.Image != "nats:"+server.VERSION+"-alpine" {
 				t.Errorf("%s: %s runs %s; the tests embed nats-server %s", path, name, s.Image, server.VERSION)
 			}
-			if strings.HasPrefix(s.Image, "nats:") && (!slices.Contains(s.Command, "--config") || !slices.Contains(s.Entrypoint, "/etc/nats/entrypoint.sh")) {
+			if strings.HasPrefix(s.Image, "nats:") && name != "nats-volume" && (!slices.Contains(s.Command, "--config") || !slices.Contains(s.Entrypoint, "/etc/nats/entrypoint.sh")) {
 				t.Errorf("%s: %s runs without nats/nats.conf and its entrypoint: anonymous access, or passwords read as configuration", path, name)
 			}
-			// Health where the image allows one; migrate runs once.
-			if name != "migrate" && len(s.Healthcheck.Test) == 0 {
+			// Health where the image allows one; migrate and nats-volume
+			// run once.
+			once := name == "migrate" || name == "nats-volume"
+			if !once && len(s.Healthcheck.Test) == 0 {
 				t.Errorf("%s: %s has no healthcheck", path, name)
 			}
-			if name != "migrate" && s.Restart != "unless-stopped" {
+			if !once && s.Restart != "unless-stopped" {
 				t.Errorf("%s: %s restart %q, want unless-stopped", path, name, s.Restart)
 			}
 		}
@@ -166,9 +168,11 @@ func TestComposeFile(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// ${VAR:-default} would start the stack with a password anyone can read here.
-		if m := regexp.MustCompile(`\$\{[A-Z_]*(PASSWORD|SECRET|KEY|TOKEN)[A-Z_]*:-[^}]*\}`).Find(raw); m != nil {
-			t.Errorf("%s: %s gives a secret a default", path, m)
+		// A password from the environment is in docker inspect for good;
+		// each comes from a secret's file (scripts/compose-config.sh checks
+		// the resolved stack).
+		if m := regexp.MustCompile(`\$\{[A-Z_]*(PASSWORD|SECRET|KEY|TOKEN)[A-Z_]*[:}]`).Find(raw); m != nil {
+			t.Errorf("%s: %s puts a secret in a container's environment", path, m)
 		}
 	}
 	conf, err := os.ReadFile(infra + "nats/nats.conf")
@@ -200,7 +204,7 @@ func TestComposeFile(t *testing.T) {
 	if env := cluster.Services["tailer"].Environment; env["MAILROOM_NATS_REPLICAS"] != "3" || strings.Count(env["MAILROOM_NATS_URL"], "nats://") != 3 {
 		t.Errorf("cluster file: the tailer must create an R3 stream and know every node: %v", env)
 	}
-	if len(cluster.Services) != 5 {
+	if len(cluster.Services) != 6 {
 		t.Errorf("cluster file has services %v", slices.Collect(maps.Keys(cluster.Services)))
 	}
 
@@ -325,7 +329,7 @@ func TestDashboardAndRulesUseExportedMetrics(t *testing.T) {
 	s := startComposeDB(t, "max_slot_wal_keep_size=1GB")
 	c := s.cluster(t)
 	port, _ := pgtest.FreePort()
-	p := c.tailer(append(s.tailerEnv(), "MAILROOM_HTTP_ADDR=127.0.0.1:"+strconv.Itoa(port), "MAILROOM_LAG_INTERVAL=100")...)
+	p := c.tailer(append(s.tailerEnv(t), "MAILROOM_HTTP_ADDR=127.0.0.1:"+strconv.Itoa(port), "MAILROOM_LAG_INTERVAL=100")...)
 	p.waitLog("msg=streaming", 1, 30*time.Second)
 	exported := metricFamilies(awaitMetrics(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", port), "tailer_slot_lag_bytes "))
 	check := func(prefix string) int {
@@ -363,7 +367,9 @@ func TestDashboardAndRulesUseExportedMetrics(t *testing.T) {
 	}
 	// The slot active (the tailer streams): every series is there.
 	exporter := s.exporter(t)
-	maps.Copy(exported, metricFamilies(awaitMetrics(t, exporter, `pg_replication_slot_slot_confirmed_flush_lsn{slot_name="mailroom"`)))
+	// The tailer has recorded how far its slot is confirmed: the lag in
+	// seconds from PostgreSQL's side (a custom query, pg_monitor's grant).
+	maps.Copy(exported, metricFamilies(awaitMetrics(t, exporter, `pg_replication_slot_slot_confirmed_flush_lsn{slot_name="mailroom"`, `pg_mailroom_slot_lag_seconds{`)))
 	if n := check("pg_"); n < 5 {
 		t.Errorf("only %d postgres_exporter metrics referenced: the PostgreSQL side is not watched", n)
 	}
@@ -578,12 +584,29 @@ func hostilePassword(rng *rand.Rand) string {
 	return string(b)
 }
 
+// secretFile is a compose secret holding content, as the stack mounts one
+// (infra/secrets.sh writes them without a final newline).
+func secretFile(t *testing.T, content string) string {
+	t.Helper()
+	f, err := os.CreateTemp(t.TempDir(), "secret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(content); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return f.Name()
+}
+
 // natsConfigEnv is the environment nats/nats.conf reads, as the compose
 // file's NATS services get it: through nats/entrypoint.sh.
 func natsConfigEnv(t *testing.T, tailerPW, subscriberPW string) map[string]string {
 	t.Helper()
 	cmd := exec.Command("sh", infra+"nats/entrypoint.sh", "env")
-	cmd.Env = append(os.Environ(), "NATS_TAILER_PASSWORD="+tailerPW, "NATS_SUBSCRIBER_PASSWORD="+subscriberPW)
+	cmd.Env = append(os.Environ(), "NATS_TAILER_PASSWORD_FILE="+secretFile(t, tailerPW), "NATS_SUBSCRIBER_PASSWORD_FILE="+secretFile(t, subscriberPW))
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("nats/entrypoint.sh: %v", err)
@@ -650,7 +673,7 @@ func startComposeDB(t *testing.T, settings ...string) *composeDB {
 		"POSTGRES_USER=postgres", "POSTGRES_DB=mailroom")
 	for role, env := range map[string]string{"mailroom_owner": "OWNER", "tailer": "TAILER", "mailroom_app": "APP", "postgres_exporter": "EXPORTER"} {
 		s.passwords[role] = hostilePassword(rng)
-		script.Env = append(script.Env, env+"_DB_PASSWORD="+s.passwords[role])
+		script.Env = append(script.Env, env+"_DB_PASSWORD_FILE="+secretFile(t, s.passwords[role]))
 	}
 	if out, err := script.CombinedOutput(); err != nil {
 		t.Fatalf("01-roles.sh: %v\n%s", err, out)
@@ -660,7 +683,7 @@ func startComposeDB(t *testing.T, settings ...string) *composeDB {
 		t.Fatalf("a service role is a superuser (%v)", err)
 	}
 	m := exec.Command(tailerBin, "migrate")
-	m.Env = append(os.Environ(), "MAILROOM_DATABASE_URL="+s.url("mailroom_owner"), "MAILROOM_DATABASE_PASSWORD="+s.passwords["mailroom_owner"])
+	m.Env = append(os.Environ(), "MAILROOM_DATABASE_URL="+s.url("mailroom_owner"), "MAILROOM_DATABASE_PASSWORD_FILE="+secretFile(t, s.passwords["mailroom_owner"]))
 	if out, err := m.CombinedOutput(); err != nil {
 		t.Fatalf("tailer migrate as mailroom_owner: %v\n%s", err, out)
 	}
@@ -682,8 +705,8 @@ func (s *composeDB) url(role string) string {
 }
 
 // tailerEnv is the tailer role's connection, as the compose file gives it.
-func (s *composeDB) tailerEnv() []string {
-	return []string{"MAILROOM_DATABASE_URL=" + s.url("tailer"), "MAILROOM_DATABASE_PASSWORD=" + s.passwords["tailer"]}
+func (s *composeDB) tailerEnv(t *testing.T) []string {
+	return []string{"MAILROOM_DATABASE_URL=" + s.url("tailer"), "MAILROOM_DATABASE_PASSWORD_FILE=" + secretFile(t, s.passwords["tailer"])}
 }
 
 // cluster is an embedded NATS server beside the database, whose tailer
@@ -720,9 +743,10 @@ func (s *composeDB) exporter(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("sh", infra+"postgres-exporter/entrypoint.sh", bin, "--web.listen-address=127.0.0.1:"+strconv.Itoa(port), "--log.level=info")
+	cmd := exec.Command("sh", infra+"postgres-exporter/entrypoint.sh", bin, "--extend.query-path", infra+"postgres-exporter/queries.yaml",
+		"--web.listen-address=127.0.0.1:"+strconv.Itoa(port), "--log.level=info")
 	cmd.Env = append(os.Environ(), fmt.Sprintf("DATA_SOURCE_NAME=postgresql://postgres_exporter@127.0.0.1:%d/mailroom?sslmode=disable", s.pg.Port),
-		"EXPORTER_DB_PASSWORD="+s.passwords["postgres_exporter"])
+		"EXPORTER_DB_PASSWORD_FILE="+secretFile(t, s.passwords["postgres_exporter"]))
 	var out tailertest.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -752,7 +776,7 @@ func TestComposeRoles(t *testing.T) {
 	t.Parallel()
 	s := startComposeDB(t, "max_slot_wal_keep_size=1GB")
 	c := s.cluster(t)
-	p := c.tailer(s.tailerEnv()...)
+	p := c.tailer(s.tailerEnv(t)...)
 	p.waitLog("msg=streaming", 1, 30*time.Second)
 	c.Exec(`INSERT INTO accounts (email, login) SELECT 'role' || g || '@x', 'role' || g FROM generate_series(1, 7) g`)
 	if n := c.expectExactlyOnce(30 * time.Second); n != 7 {
@@ -775,7 +799,7 @@ func TestComposeRoles(t *testing.T) {
 		// The tailer gone: the exporter still sees the slot, idle.
 		awaitMetrics(t, metrics, `pg_replication_slot_slot_is_active{slot_name="mailroom",slot_type="logical"} 0`)
 	}
-	r := c.command([]string{"resync"}, s.tailerEnv()...)
+	r := c.command([]string{"resync"}, s.tailerEnv(t)...)
 	if code := r.exit(30 * time.Second); code != exitOK || !strings.Contains(r.out.String(), "already_on_stream=7 published=0") {
 		t.Fatalf("tailer resync as the tailer role: exit %d:\n%s", code, r.out.String())
 	}

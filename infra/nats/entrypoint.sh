@@ -1,6 +1,8 @@
 #!/bin/sh
-# Starts nats-server (or any command given) with each password quoted for
-# nats.conf. The server parses a variable's value as configuration, so a
+# Starts nats-server (or any command given) with each password, read from
+# the file NATS_TAILER_PASSWORD_FILE (and so on) names (compose secrets;
+# the NATS_TAILER_PASSWORD variable itself where no file is named), quoted
+# for nats.conf. The server parses a variable's value as configuration, so a
 # bare password such as 12345, true, a{b} or one holding '#', ',' or a space
 # would become a number, a map or a parse error; nats.conf reads the
 # *_QUOTED forms, which are always strings.
@@ -9,9 +11,14 @@ quote() {
   printf '"%s"' "$(printf '%s' "$1" | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g')"
 }
 for v in NATS_TAILER_PASSWORD NATS_SUBSCRIBER_PASSWORD; do
-  eval "val=\${$v:-}"
+  eval "file=\${${v}_FILE:-}"
+  if [ -n "$file" ]; then
+    val=$(cat "$file")
+  else
+    eval "val=\${$v:-}"
+  fi
   if [ -z "$val" ]; then
-    echo "nats: $v is not set" >&2
+    echo "nats: neither ${v}_FILE nor $v is set" >&2
     exit 1
   fi
   export "${v}_QUOTED=$(quote "$val")"

@@ -5,9 +5,14 @@
 # space stops its pg_up and pg_settings metrics, and the error it logs
 # then shows the password. lib/pq reads the file (PGPASSFILE) when the
 # connection string has no password.
+# The password comes from the file EXPORTER_DB_PASSWORD_FILE names
+# (compose secrets), or the variable EXPORTER_DB_PASSWORD.
 set -eu
+if [ -n "${EXPORTER_DB_PASSWORD_FILE:-}" ]; then
+  EXPORTER_DB_PASSWORD=$(cat "$EXPORTER_DB_PASSWORD_FILE")
+fi
 if [ -z "${EXPORTER_DB_PASSWORD:-}" ]; then
-  echo "postgres_exporter: EXPORTER_DB_PASSWORD is not set" >&2
+  echo "postgres_exporter: neither EXPORTER_DB_PASSWORD_FILE nor EXPORTER_DB_PASSWORD is set" >&2
   exit 1
 fi
 umask 077

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs once, when the postgres container initialises its data directory, as
 # the superuser (which no service uses). Four roles, passwords from the
-# environment (psql quotes them: any characters work):
+# files OWNER_DB_PASSWORD_FILE and so on name (compose secrets; each
+# *_PASSWORD variable instead where no file is named), quoted by psql: any
+# characters work:
 #   mailroom_owner  owns the schema and runs `tailer migrate` (not a
 #                   superuser: CREATE on the database, the public schema,
 #                   and REPLICATION to create the slot);
@@ -11,6 +13,22 @@
 #   postgres_exporter   reads the server's statistics and the slot's
 #                   positions (pg_monitor), nothing of mailroom's tables.
 set -euo pipefail
+# secret NAME: the content of the file NAME_FILE names, or $NAME.
+secret() {
+  local file="${1}_FILE"
+  if [ -n "${!file:-}" ]; then
+    cat "${!file}"
+  elif [ -n "${!1:-}" ]; then
+    printf '%s' "${!1}"
+  else
+    echo "01-roles.sh: neither $file nor $1 is set" >&2
+    return 1
+  fi
+}
+OWNER_DB_PASSWORD=$(secret OWNER_DB_PASSWORD)
+TAILER_DB_PASSWORD=$(secret TAILER_DB_PASSWORD)
+APP_DB_PASSWORD=$(secret APP_DB_PASSWORD)
+EXPORTER_DB_PASSWORD=$(secret EXPORTER_DB_PASSWORD)
 psql -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname "$POSTGRES_DB" \
   -v owner_pw="$OWNER_DB_PASSWORD" -v tailer_pw="$TAILER_DB_PASSWORD" -v app_pw="$APP_DB_PASSWORD" \
   -v exporter_pw="$EXPORTER_DB_PASSWORD" <<'EOSQL'

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Stand-in for the postgres image's entrypoint, as far as the stack uses it:
-# on an empty volume, initdb with POSTGRES_USER/POSTGRES_PASSWORD, a server
+# on an empty volume, initdb with POSTGRES_USER and POSTGRES_PASSWORD (or
+# the file POSTGRES_PASSWORD_FILE names, as the image reads it), a server
 # on the Unix socket only that creates POSTGRES_DB and runs
 # /docker-entrypoint-initdb.d/*.sh, then the real server as postgres.
 set -eu
@@ -11,7 +12,12 @@ chmod 0700 "$PGDATA"
 as_postgres() { setpriv --reuid=postgres --regid=postgres --init-groups "$@"; }
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
   pwfile=$(mktemp)
-  printf '%s\n' "$POSTGRES_PASSWORD" >"$pwfile"
+  if [ -n "${POSTGRES_PASSWORD_FILE:-}" ]; then
+    cat "$POSTGRES_PASSWORD_FILE" >"$pwfile"
+    echo >>"$pwfile"
+  else
+    printf '%s\n' "$POSTGRES_PASSWORD" >"$pwfile"
+  fi
   chown postgres "$pwfile"
   as_postgres initdb -D "$PGDATA" -U "$POSTGRES_USER" --pwfile="$pwfile" --auth-local=trust --auth-host=scram-sha-256 >/dev/null
   rm -f "$pwfile"

@@ -111,7 +111,11 @@ type Var struct {
 	Flag    string
 	Default string
 	Usage   string
-	// Secret values are never echoed in errors or help.
+	// Secret values are never echoed in errors or help. Each may also
+	// come from the file named by <Env>_FILE (Docker and Kubernetes
+	// secrets), which keeps it out of the process's environment and the
+	// container's configuration; MAILROOM_SECRET_KEY has a setting of its
+	// own for that.
 	Secret bool
 	// Shown: a bad value may be echoed in the error, because a value of
 	// this setting cannot hold a secret (a number, a duration, a choice).
@@ -555,6 +559,9 @@ func Load(name string, use []string, args []string, lookupEnv func(string) (stri
 		// The flag's default is the static one: help and usage errors
 		// print defaults, and the environment may hold passwords and keys.
 		usage := v.Usage + " [" + v.Env + "]"
+		if v.fromFile(byEnv) {
+			usage += " (or the content of the file " + v.Env + "_FILE names)"
+		}
 		if v.Default != "" {
 			usage += " (default " + strconv.Quote(v.Default) + ")"
 		}
@@ -568,12 +575,23 @@ func Load(name string, use []string, args []string, lookupEnv func(string) (stri
 	c := &Config{}
 	for _, env := range use {
 		v := byEnv[env]
-		val := *values[env]
-		if !set[v.Flag] {
+		val, given := *values[env], set[v.Flag]
+		if !given {
 			val = v.Default
 			if e, ok := lookupEnv(v.Env); ok && (e != "" || v.EmptyIsValue) {
-				val = e
+				val, given = e, true
 			}
+		}
+		if path, ok := lookupEnv(v.Env + "_FILE"); ok && path != "" && v.fromFile(byEnv) {
+			if given {
+				return nil, nil, &Error{Var: env, Err: fmt.Errorf("set together with %s_FILE: use one of them", env)}
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return nil, nil, &Error{Var: env + "_FILE", Err: fmt.Errorf("cannot read %s: %v", path, pathErr(err))}
+			}
+			// Files end in a newline more often than passwords do.
+			val = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
 		}
 		if err := v.set(c, val); err != nil {
 			var bad *valueError
@@ -588,6 +606,12 @@ func Load(name string, use []string, args []string, lookupEnv func(string) (stri
 		}
 	}
 	return c, fs.Args(), nil
+}
+
+// fromFile: the setting may come from the file <Env>_FILE names.
+func (v Var) fromFile(byEnv map[string]Var) bool {
+	_, own := byEnv[v.Env+"_FILE"]
+	return v.Secret && !own
 }
 
 // readable checks that a configured file can be read, so that a wrong path

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -197,4 +199,71 @@ func FuzzDatabasePassword(f *testing.F) {
 			t.Fatalf("user %q, database %q, password %q; want owner, mailroom, %q", cfg.User, cfg.Database, cfg.Password, pw)
 		}
 	})
+}
+
+// Every secret setting may come from a file (<ENV>_FILE), read as written
+// but for one final newline; set both ways, or the file unreadable, is one
+// error that names the setting and never shows the secret.
+func TestSecretsFromFiles(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	pw := write("pw", "s3cr et#$'\"\n")
+	crlf := write("crlf", "tok\r\n")
+	url := write("url", "postgres://tailer@db:5432/mailroom\n")
+	use := []string{"MAILROOM_DATABASE_URL", "MAILROOM_DATABASE_PASSWORD", "MAILROOM_NATS_USER", "MAILROOM_NATS_PASSWORD", "MAILROOM_NATS_TOKEN"}
+	for _, tc := range []struct {
+		name    string
+		env     map[string]string
+		args    []string
+		check   func(*Config) bool
+		wantErr string
+	}{
+		{"files", map[string]string{"MAILROOM_NATS_USER": "u", "MAILROOM_DATABASE_URL_FILE": url, "MAILROOM_DATABASE_PASSWORD_FILE": pw, "MAILROOM_NATS_PASSWORD_FILE": pw, "MAILROOM_NATS_TOKEN_FILE": crlf},
+			nil, func(c *Config) bool {
+				return strings.Contains(c.DatabaseURL, "db:5432") && c.NATSPassword == "s3cr et#$'\"" && c.NATSToken == "tok"
+			}, ""},
+		{"both", map[string]string{"MAILROOM_DATABASE_URL": "postgres://x@y/z", "MAILROOM_NATS_PASSWORD": "a", "MAILROOM_NATS_PASSWORD_FILE": pw},
+			nil, nil, "MAILROOM_NATS_PASSWORD: set together with MAILROOM_NATS_PASSWORD_FILE: use one of them"},
+		{"both, by flag", map[string]string{"MAILROOM_DATABASE_URL": "postgres://x@y/z", "MAILROOM_NATS_PASSWORD_FILE": pw},
+			[]string{"--nats-password", "a"}, nil, "MAILROOM_NATS_PASSWORD: set together with MAILROOM_NATS_PASSWORD_FILE: use one of them"},
+		{"unreadable", map[string]string{"MAILROOM_DATABASE_URL": "postgres://x@y/z", "MAILROOM_DATABASE_PASSWORD_FILE": filepath.Join(dir, "none")},
+			nil, nil, "MAILROOM_DATABASE_PASSWORD_FILE: cannot read " + filepath.Join(dir, "none") + ": no such file or directory"},
+		{"empty name is unset", map[string]string{"MAILROOM_DATABASE_URL": "postgres://x@y/z", "MAILROOM_NATS_USER": "u", "MAILROOM_NATS_PASSWORD": "a", "MAILROOM_NATS_PASSWORD_FILE": ""},
+			nil, func(c *Config) bool { return c.NATSPassword == "a" }, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lookup := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
+			c, _, err := Load("test", use, tc.args, lookup, io.Discard)
+			if tc.wantErr != "" {
+				if err == nil || err.Error() != tc.wantErr {
+					t.Fatalf("err = %v, want %q", err, tc.wantErr)
+				}
+				if strings.Contains(err.Error(), "s3cr") {
+					t.Fatalf("the error shows the secret: %v", err)
+				}
+				return
+			}
+			if err != nil || !tc.check(c) {
+				t.Fatalf("err = %v, config %+v", err, c)
+			}
+		})
+	}
+	// MAILROOM_SECRET_KEY has its own file setting: no second one.
+	lookup := func(k string) (string, bool) {
+		v, ok := map[string]string{"MAILROOM_SECRET_KEY_FILE_FILE": pw}[k]
+		return v, ok
+	}
+	var help strings.Builder
+	if _, _, err := Load("test", []string{"MAILROOM_SECRET_KEY", "MAILROOM_SECRET_KEY_FILE", "MAILROOM_NATS_PASSWORD"}, []string{"-h"}, lookup, &help); err == nil {
+		t.Fatal("-h: no error")
+	}
+	if strings.Contains(help.String(), "MAILROOM_SECRET_KEY_FILE_FILE") || !strings.Contains(help.String(), "MAILROOM_NATS_PASSWORD_FILE") {
+		t.Fatalf("help:\n%s", help.String())
+	}
 }
