@@ -153,92 +153,33 @@ func (d *Daemon) Run(ctx context.Context) error {
 		defer stop()
 	}
 
+	return d.sessions(ctx, nc)
+}
+
+// retry is what the session loop remembers between sessions: whether it
+// said it stands by, and the refusal it said last, so that each is said
+// once.
+type retry struct {
+	standingBy  bool
+	blockedSaid string
+}
+
+// sessions runs one session after another, with a capped backoff between
+// them, until ctx is done or an error retrying cannot change.
+func (d *Daemon) sessions(ctx context.Context, nc *nats.Conn) error {
 	const minDelay, maxDelay = 250 * time.Millisecond, 30 * time.Second
 	delay := minDelay
-	standingBy, blockedSaid := false, ""
+	var r retry
 	for {
 		started := time.Now()
 		err := d.session(ctx, nc)
-		if ctx.Err() != nil {
-			var se *stopError
-			if errors.As(err, &se) {
-				return se
-			}
-			d.log.Info("stopped")
-			return nil
-		}
-		if cerr := startupConfigError(err); cerr != nil && !d.streamed() {
-			return cerr
-		}
-		// A setting the server cannot honour (MAILROOM_SLOT_FAILOVER=true
-		// before PostgreSQL 17) stays so.
-		var cfgErr *config.Error
-		if errors.As(err, &cfgErr) {
-			return err
-		}
-		// Retrying cannot change a stream's configuration. Only a tailer
-		// that holds the slot gets this: a standby judges nothing.
-		var streamCfg *publish.StreamConfigError
-		if errors.As(err, &streamCfg) {
-			return err
-		}
-		if errors.Is(err, publish.ErrReusedID) {
-			d.reusedIDs.Store(true)
+		if final, ferr := d.final(ctx, err); final {
+			return ferr
 		}
 		if time.Since(started) > time.Minute {
 			delay = minDelay
 		}
-		var (
-			se      *sessionError
-			held    *replication.LeaseHeldError
-			lost    *slotLostError
-			blocked *blockedError
-			failed  *resyncFailedError
-		)
-		inUse := errors.As(err, &held) || replication.IsSlotInUse(err)
-		if errors.As(err, &se) && !inUse {
-			d.metrics.reconnect(se.target)
-		}
-		if !inUse {
-			d.standby.Store(nil)
-		}
-		switch {
-		case errors.Is(err, errResynced):
-			delay = minDelay
-			standingBy, blockedSaid = false, ""
-		case errors.As(err, &failed):
-			d.log.Error("resync failed; retrying", "err", failed.err)
-			delay = 5 * time.Second
-		case errors.As(err, &lost), errors.As(err, &blocked):
-			// Said once; the tailer waits for the operator, checking
-			// every few seconds, and /readyz (and the metric, for a
-			// lost slot) say why.
-			if blocked != nil {
-				d.blocked.Store(&blocked.msg)
-				d.metrics.setBlocked(blocked.reason)
-			}
-			if msg := err.Error(); msg != blockedSaid {
-				d.log.Error("replication slot cannot be streamed from", "err", err)
-				blockedSaid = msg
-			}
-			delay = 5 * time.Second
-			standingBy = false
-		case inUse:
-			why := "slot " + d.cfg.Slot + " is in use by another process (pg_stat_replication)"
-			if held != nil {
-				why = held.Error()
-			}
-			why = "standing by: " + why
-			d.standby.Store(&why)
-			if !standingBy {
-				d.log.Info("standing by: another process owns the slot; taking over when it lets go", "slot", d.cfg.Slot, "owner", ownerOf(held))
-				standingBy = true
-			}
-			delay = time.Second
-		default:
-			standingBy, blockedSaid = false, ""
-			d.log.Error("session ended; retrying", "err", err, "retry_in", delay.Round(time.Millisecond))
-		}
+		delay = d.judgeRetry(err, delay, minDelay, &r)
 		// Full jitter keeps several tailers from retrying in lockstep.
 		sleep := delay/2 + rand.N(delay/2+1)
 		select {
@@ -248,6 +189,96 @@ func (d *Daemon) Run(ctx context.Context) error {
 		case <-time.After(sleep):
 		}
 		delay = min(delay*2, maxDelay)
+	}
+}
+
+// final reports whether a session's end ends Run, and with what: a stop
+// (ctx done), or an error no retry can change (a setting at startup the
+// server refuses, a stream configuration the tailer cannot publish to).
+func (d *Daemon) final(ctx context.Context, err error) (bool, error) {
+	if ctx.Err() != nil {
+		var se *stopError
+		if errors.As(err, &se) {
+			return true, se
+		}
+		d.log.Info("stopped")
+		return true, nil
+	}
+	if cerr := startupConfigError(err); cerr != nil && !d.streamed() {
+		return true, cerr
+	}
+	// A setting the server cannot honour (MAILROOM_SLOT_FAILOVER=true
+	// before PostgreSQL 17) stays so.
+	var cfgErr *config.Error
+	if errors.As(err, &cfgErr) {
+		return true, err
+	}
+	// Retrying cannot change a stream's configuration. Only a tailer that
+	// holds the slot gets this: a standby judges nothing.
+	var streamCfg *publish.StreamConfigError
+	if errors.As(err, &streamCfg) {
+		return true, err
+	}
+	return false, nil
+}
+
+// judgeRetry says (once) why the session ended, keeps what /readyz and the
+// metrics show up to date, and returns how long to wait before the next.
+func (d *Daemon) judgeRetry(err error, delay, minDelay time.Duration, r *retry) time.Duration {
+	if errors.Is(err, publish.ErrReusedID) {
+		d.reusedIDs.Store(true)
+	}
+	var (
+		se      *sessionError
+		held    *replication.LeaseHeldError
+		lost    *slotLostError
+		blocked *blockedError
+		failed  *resyncFailedError
+	)
+	inUse := errors.As(err, &held) || replication.IsSlotInUse(err)
+	if errors.As(err, &se) && !inUse {
+		d.metrics.reconnect(se.target)
+	}
+	if !inUse {
+		d.standby.Store(nil)
+	}
+	switch {
+	case errors.Is(err, errResynced):
+		r.standingBy, r.blockedSaid = false, ""
+		return minDelay
+	case errors.As(err, &failed):
+		d.log.Error("resync failed; retrying", "err", failed.err)
+		return 5 * time.Second
+	case errors.As(err, &lost), errors.As(err, &blocked):
+		// Said once; the tailer waits for the operator, checking every
+		// few seconds, and /readyz (and the metric, for a lost slot) say
+		// why.
+		if blocked != nil {
+			d.blocked.Store(&blocked.msg)
+			d.metrics.setBlocked(blocked.reason)
+		}
+		if msg := err.Error(); msg != r.blockedSaid {
+			d.log.Error("replication slot cannot be streamed from", "err", err)
+			r.blockedSaid = msg
+		}
+		r.standingBy = false
+		return 5 * time.Second
+	case inUse:
+		why := "slot " + d.cfg.Slot + " is in use by another process (pg_stat_replication)"
+		if held != nil {
+			why = held.Error()
+		}
+		why = "standing by: " + why
+		d.standby.Store(&why)
+		if !r.standingBy {
+			d.log.Info("standing by: another process owns the slot; taking over when it lets go", "slot", d.cfg.Slot, "owner", ownerOf(held))
+			r.standingBy = true
+		}
+		return time.Second
+	default:
+		r.standingBy, r.blockedSaid = false, ""
+		d.log.Error("session ended; retrying", "err", err, "retry_in", delay.Round(time.Millisecond))
+		return delay
 	}
 }
 
