@@ -107,87 +107,19 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 		return rep, err
 	}
 	defer q.Close(context.Background())
-	// Refused before anything changes.
-	major, err := replication.ServerMajor(ctx, q)
+	rec, failover, err := begin(ctx, q, opts, &rep)
 	if err != nil {
 		return rep, err
 	}
-	failover, err := replication.WantFailover(opts.Failover, major)
-	if err != nil {
-		return rep, fmt.Errorf("MAILROOM_SLOT_FAILOVER: %w", err)
-	}
-
-	old, err := replication.LoadRecord(ctx, q, opts.Slot)
+	s, err := openSnapshot(ctx, q, opts, failover)
 	if err != nil {
 		return rep, err
 	}
-	cutover := opts.Cutover
-	if cutover == nil {
-		cutover = old.Cutover
-	}
-	rep.Cutover = cutover
-	// Nothing changes before the slot is dropped, and PostgreSQL refuses
-	// to drop a slot that some process streams from.
-	slot, err := replication.Slot(ctx, q, opts.Slot)
-	switch {
-	case err == nil && slot.Active:
-		return rep, fmt.Errorf("slot %s is in use by process %d (pg_stat_replication), which does not hold the tailer's lease: stop it first", opts.Slot, slot.ActivePID)
-	case err == nil:
-		if err := replication.DropSlot(ctx, q, opts.Slot); err != nil {
-			return rep, err
-		}
-	case !errors.Is(err, replication.ErrNoSlot):
-		return rep, err
-	}
-	rec, err := replication.BeginResync(ctx, q, opts.Slot, opts.By, cutover)
-	if err != nil {
-		return rep, err
-	}
-	rep.Incarnation = rec.Incarnation
-
-	rc, err := replication.Connect(ctx, opts.DatabaseURL)
-	if err != nil {
-		return rep, err
-	}
-	defer rc.Close(context.Background())
-	ident, err := pglogrepl.IdentifySystem(ctx, rc)
-	if err != nil {
-		return rep, fmt.Errorf("identify system: %w", err)
-	}
-	// Before the slot: its exported snapshot lasts only while the
-	// connection runs no other command.
-	history, err := replication.TimelineBranches(ctx, rc, ident.Timeline)
-	if err != nil {
-		return rep, err
-	}
-	snap, err := replication.CreateSlotWithSnapshot(ctx, rc, opts.Slot, failover)
-	if err != nil {
-		return rep, err
-	}
-	rep.ConsistentPoint = snap.ConsistentPoint
-	// Two transactions share the snapshot: one reads the candidates, the
-	// other is the pipeline's join, which runs meanwhile.
-	tx, err := snapshotTx(ctx, q, snap)
-	if err != nil {
-		return rep, err
-	}
-	defer tx.Rollback(context.Background())
-	jq, err := connect(ctx, opts.DatabaseURL, join.SessionSettings())
-	if err != nil {
-		return rep, err
-	}
-	defer jq.Close(context.Background())
-	jtx, err := snapshotTx(ctx, jq, snap)
-	if err != nil {
-		return rep, err
-	}
-	defer jtx.Rollback(context.Background())
-	// The transactions hold the snapshot now; the replication connection
-	// is done.
-	rc.Close(context.Background())
+	defer s.close()
+	rep.ConsistentPoint = s.snap.ConsistentPoint
 
 	dest := opts.Destination
-	dest.Origin = publish.Origin{SystemID: ident.SystemID, Timeline: ident.Timeline, Database: ident.DBName, History: history}
+	dest.Origin = s.origin
 	pub, err := publish.NewPublisher(ctx, nc, dest)
 	if err != nil {
 		return rep, err
@@ -200,15 +132,139 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 	if err := pub.Resume(ctx, publish.Owner{Origin: dest.Origin, Incarnation: rec.Incarnation, Since: pub.LastSeq(), InFlight: inFlight}); err != nil {
 		return rep, err
 	}
-
 	var lastSeq, cutoverAt *int64
-	if cutover != nil {
-		lastSeq, cutoverAt = &cutover.LastSeq, &cutover.At
+	if rep.Cutover != nil {
+		lastSeq, cutoverAt = &rep.Cutover.LastSeq, &rep.Cutover.At
 	}
+	onStream, err := countTokens(ctx, s.tx, pub, opts, lastSeq, cutoverAt, &rep)
+	if err != nil {
+		return rep, err
+	}
+	if err := publishSnapshot(ctx, s.tx, s.jtx, pub, nc, opts, inFlight, s.snap, lastSeq, cutoverAt, onStream, &rep); err != nil {
+		return rep, err
+	}
+	s.close()
+	info, err := pub.Stream().Info(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("read stream %s's last sequence: %w", dest.Name, err)
+	}
+	rep.StreamSeq = info.State.LastSeq
+	if err := replication.FinishResync(ctx, q, &rec, s.snap.ConsistentPoint, replication.StreamIdentity{Name: dest.Name, Created: pub.Created()}, rep.StreamSeq); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+// begin refuses what the server cannot do before anything changes, then
+// drops the slot and records the new incarnation's resync as pending.
+func begin(ctx context.Context, q *pgx.Conn, opts Options, rep *Report) (replication.Record, bool, error) {
+	major, err := replication.ServerMajor(ctx, q)
+	if err != nil {
+		return replication.Record{}, false, err
+	}
+	failover, err := replication.WantFailover(opts.Failover, major)
+	if err != nil {
+		return replication.Record{}, false, fmt.Errorf("MAILROOM_SLOT_FAILOVER: %w", err)
+	}
+	old, err := replication.LoadRecord(ctx, q, opts.Slot)
+	if err != nil {
+		return replication.Record{}, false, err
+	}
+	rep.Cutover = opts.Cutover
+	if rep.Cutover == nil {
+		rep.Cutover = old.Cutover
+	}
+	// Nothing changes before the slot is dropped, and PostgreSQL refuses
+	// to drop a slot that some process streams from.
+	slot, err := replication.Slot(ctx, q, opts.Slot)
+	switch {
+	case err == nil && slot.Active:
+		return replication.Record{}, false, fmt.Errorf("slot %s is in use by process %d (pg_stat_replication), which does not hold the tailer's lease: stop it first", opts.Slot, slot.ActivePID)
+	case err == nil:
+		if err := replication.DropSlot(ctx, q, opts.Slot); err != nil {
+			return replication.Record{}, false, err
+		}
+	case !errors.Is(err, replication.ErrNoSlot):
+		return replication.Record{}, false, err
+	}
+	rec, err := replication.BeginResync(ctx, q, opts.Slot, opts.By, rep.Cutover)
+	if err != nil {
+		return replication.Record{}, false, err
+	}
+	rep.Incarnation = rec.Incarnation
+	return rec, failover, nil
+}
+
+// snapshotted is the new slot's snapshot, held by two transactions: tx
+// reads the candidates, jtx is the pipeline's join, which runs meanwhile.
+type snapshotted struct {
+	snap   replication.Snapshot
+	origin publish.Origin
+	tx     pgx.Tx
+	jq     *pgx.Conn
+	jtx    pgx.Tx
+}
+
+// close ends the transactions (the snapshot with them); it may be called
+// again.
+func (s *snapshotted) close() {
+	if s.tx != nil {
+		s.tx.Rollback(context.Background())
+	}
+	if s.jtx != nil {
+		s.jtx.Rollback(context.Background())
+	}
+	if s.jq != nil {
+		s.jq.Close(context.Background())
+	}
+}
+
+// openSnapshot makes the slot with a snapshot and opens the two
+// transactions that hold it.
+func openSnapshot(ctx context.Context, q *pgx.Conn, opts Options, failover bool) (*snapshotted, error) {
+	rc, err := replication.Connect(ctx, opts.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close(context.Background())
+	ident, err := pglogrepl.IdentifySystem(ctx, rc)
+	if err != nil {
+		return nil, fmt.Errorf("identify system: %w", err)
+	}
+	// Before the slot: its exported snapshot lasts only while the
+	// connection runs no other command.
+	history, err := replication.TimelineBranches(ctx, rc, ident.Timeline)
+	if err != nil {
+		return nil, err
+	}
+	s := &snapshotted{origin: publish.Origin{SystemID: ident.SystemID, Timeline: ident.Timeline, Database: ident.DBName, History: history}}
+	if s.snap, err = replication.CreateSlotWithSnapshot(ctx, rc, opts.Slot, failover); err != nil {
+		return nil, err
+	}
+	if s.tx, err = snapshotTx(ctx, q, s.snap); err != nil {
+		return nil, err
+	}
+	if s.jq, err = connect(ctx, opts.DatabaseURL, join.SessionSettings()); err != nil {
+		s.close()
+		return nil, err
+	}
+	if s.jtx, err = snapshotTx(ctx, s.jq, s.snap); err != nil {
+		s.close()
+		return nil, err
+	}
+	// The transactions hold the snapshot now; the replication connection
+	// is done (closed on return).
+	return s, nil
+}
+
+// countTokens counts the snapshot's eligible and expired tokens into rep
+// and returns the keys of the tokens the stream holds from the time of the
+// oldest eligible one.
+func countTokens(ctx context.Context, tx pgx.Tx, pub *publish.Publisher, opts Options, lastSeq, cutoverAt *int64, rep *Report) (map[string]struct{}, error) {
 	var oldest *int64
 	if err := tx.QueryRow(ctx, `SELECT min(t.created_at)::bigint, count(*) FROM tokens t JOIN accounts a ON a.id = t.account WHERE `+
 		join.Eligible+` AND `+notSent, lastSeq, cutoverAt).Scan(&oldest, &rep.Eligible); err != nil {
-		return rep, fmt.Errorf("count eligible tokens: %w", err)
+		return nil, fmt.Errorf("count eligible tokens: %w", err)
 	}
 	var since int64
 	if t := pub.LastTime(); !t.IsZero() {
@@ -216,28 +272,16 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 	}
 	if err := tx.QueryRow(ctx, `SELECT count(*) FROM tokens t WHERE `+notSent+` AND NOT (`+join.Consumed+`) AND `+join.Expired+
 		` AND t.created_at > $3`, lastSeq, cutoverAt, since).Scan(&rep.Expired); err != nil {
-		return rep, fmt.Errorf("count expired tokens: %w", err)
+		return nil, fmt.Errorf("count expired tokens: %w", err)
 	}
 	onStream := map[string]struct{}{}
 	if oldest != nil {
+		var err error
 		if onStream, rep.SetAside, err = consume.KeysSince(ctx, pub.Stream(), time.Unix(*oldest, 0).Add(-opts.ClockSkew), pub.LastSeq()); err != nil {
-			return rep, err
+			return nil, err
 		}
 	}
-	if err := publishSnapshot(ctx, tx, jtx, pub, nc, opts, inFlight, snap, lastSeq, cutoverAt, onStream, &rep); err != nil {
-		return rep, err
-	}
-	tx.Rollback(context.Background())
-	jtx.Rollback(context.Background())
-	info, err := pub.Stream().Info(ctx)
-	if err != nil {
-		return rep, fmt.Errorf("read stream %s's last sequence: %w", dest.Name, err)
-	}
-	rep.StreamSeq = info.State.LastSeq
-	if err := replication.FinishResync(ctx, q, &rec, snap.ConsistentPoint, replication.StreamIdentity{Name: dest.Name, Created: pub.Created()}, rep.StreamSeq); err != nil {
-		return rep, err
-	}
-	return rep, nil
+	return onStream, nil
 }
 
 // publishSnapshot feeds the snapshot's tokens that the stream lacks to a
