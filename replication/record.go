@@ -57,6 +57,11 @@ type Record struct {
 	// StreamCreated when the NATS server created it (SetStream); empty
 	// until a tailer recorded them.
 	StreamName, StreamCreated string
+	// StoppedSeq and StoppedMsgID are the stream's last sequence and that
+	// message's mark when tailer run last stopped cleanly (SetStopped);
+	// zero and empty once a session has started since.
+	StoppedSeq   uint64
+	StoppedMsgID string
 }
 
 // Cutover is where mailroom's collector stopped: it sent the tokens up to
@@ -88,20 +93,22 @@ func NewIncarnation() string {
 }
 
 const recordColumns = `incarnation, created_by, created_at, resync_pending, resync_needed, consistent_point::text, stream_seq, legacy, collector_last_seq, collector_cutover,
-	coalesce(blocked, ''), coalesce(blocked_at, 'epoch'), coalesce(stream_name, ''), coalesce(stream_created, '')`
+	coalesce(blocked, ''), coalesce(blocked_at, 'epoch'), coalesce(stream_name, ''), coalesce(stream_created, ''),
+	coalesce(stopped_seq, 0), coalesce(stopped_msg_id, '')`
 
 // LoadRecord reads slot's record; Exists is false when there is none.
 func LoadRecord(ctx context.Context, q Querier, slot string) (Record, error) {
 	r := Record{Slot: slot}
 	var (
-		cp        *string
-		seq       *int64
-		lastSeq   *int64
-		cutoverAt *int64
+		cp         *string
+		seq        *int64
+		lastSeq    *int64
+		cutoverAt  *int64
+		stoppedSeq int64
 	)
 	err := q.QueryRow(ctx, `SELECT `+recordColumns+` FROM tailer_slot WHERE slot = $1`, slot).
 		Scan(&r.Incarnation, &r.CreatedBy, &r.CreatedAt, &r.ResyncPending, &r.ResyncNeeded, &cp, &seq, &r.Legacy, &lastSeq, &cutoverAt, &r.Blocked, &r.BlockedAt,
-			&r.StreamName, &r.StreamCreated)
+			&r.StreamName, &r.StreamCreated, &stoppedSeq, &r.StoppedMsgID)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -114,6 +121,7 @@ func LoadRecord(ctx context.Context, q Querier, slot string) (Record, error) {
 		return r, fmt.Errorf("read the record of slot %s: %w", slot, err)
 	}
 	r.Exists = true
+	r.StoppedSeq = uint64(stoppedSeq)
 	if cp != nil {
 		if r.ConsistentPoint, err = pglogrepl.ParseLSN(*cp); err != nil {
 			return r, fmt.Errorf("record of slot %s: consistent point: %w", slot, err)
@@ -156,6 +164,7 @@ func saveRecord(ctx context.Context, q Querier, r *Record) error {
 		ON CONFLICT (slot) DO UPDATE SET incarnation = EXCLUDED.incarnation, created_by = EXCLUDED.created_by,
 			created_at = EXCLUDED.created_at, resync_pending = EXCLUDED.resync_pending, consistent_point = EXCLUDED.consistent_point,
 			stream_seq = EXCLUDED.stream_seq, legacy = false, resync_needed = false, blocked = NULL, blocked_at = NULL,
+			stopped_seq = NULL, stopped_msg_id = NULL,
 			collector_last_seq = coalesce(EXCLUDED.collector_last_seq, s.collector_last_seq),
 			collector_cutover = coalesce(EXCLUDED.collector_cutover, s.collector_cutover)
 		RETURNING created_at, collector_last_seq, collector_cutover`,
@@ -163,7 +172,7 @@ func saveRecord(ctx context.Context, q Querier, r *Record) error {
 	if err != nil {
 		return fmt.Errorf("record slot %s (has `tailer migrate` run?): %w", r.Slot, err)
 	}
-	r.Exists, r.Legacy = true, false
+	r.Exists, r.Legacy, r.StoppedSeq, r.StoppedMsgID = true, false, 0, ""
 	if lastSeq != nil && cutoverAt != nil {
 		r.Cutover = &Cutover{LastSeq: *lastSeq, At: *cutoverAt}
 	}
@@ -287,5 +296,23 @@ func SetBlocked(ctx context.Context, q Querier, slot, why string) error {
 	if err != nil {
 		return fmt.Errorf("record why slot %s waits: %w", slot, err)
 	}
+	return nil
+}
+
+// SetStopped records where the stream stood when tailer run stopped
+// cleanly: its last sequence and that message's mark (seq 0 clears it, as
+// every session does at its start). The caller holds the lease.
+func SetStopped(ctx context.Context, q Querier, r *Record, seq uint64, mark string) error {
+	var s *int64
+	var m *string
+	if seq != 0 {
+		v := int64(seq)
+		s, m = &v, &mark
+	}
+	if _, err := q.Exec(ctx, `UPDATE tailer_slot SET stopped_seq = $3, stopped_msg_id = $4 WHERE slot = $1 AND incarnation = $2`,
+		r.Slot, r.Incarnation, s, m); err != nil {
+		return fmt.Errorf("record where the stream stood for slot %s: %w", r.Slot, err)
+	}
+	r.StoppedSeq, r.StoppedMsgID = seq, mark
 	return nil
 }

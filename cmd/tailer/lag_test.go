@@ -170,7 +170,7 @@ func TestLagSeconds(t *testing.T) {
 		time.Sleep(250 * time.Millisecond)
 	}
 	// The rise: from the last scrape under a second before the peak to
-	// the peak, about a second a second.
+	// the peak.
 	peak := 0
 	for i, s := range scrapes {
 		if s.lag > scrapes[peak].lag {
@@ -186,8 +186,12 @@ func TestLagSeconds(t *testing.T) {
 		line = append(line, fmt.Sprintf("%.1f", s.lag))
 	}
 	t.Logf("large transaction: tailer_lag_seconds every 0.25 s: %s", strings.Join(line, " "))
+	// About a second a second while the walsender works through the
+	// transaction: on a loaded machine it still reaches some heartbeats
+	// meanwhile (0.78 s a second was seen in make test-soak), so at least
+	// half.
 	rise, took := scrapes[peak].lag-scrapes[from].lag, (scrapes[peak].at - scrapes[from].at).Seconds()
-	if scrapes[peak].lag < 2 || rise < 0.8*took {
+	if scrapes[peak].lag < 5 || rise < 0.5*took {
 		t.Fatalf("large transaction: the lag rose %.1f s in %.1f s to a peak of %.1f s: the walsender's hold did not show", rise, took, scrapes[peak].lag)
 	}
 	c.expectExactlyOnce(30 * time.Second)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -188,6 +189,13 @@ func (d *Daemon) resume(ctx context.Context, s *opened, c *claimed) error {
 	if err := d.checkStream(ctx, s.q, c.pub, &c.rec); err != nil {
 		return d.blockOn(ctx, s, err)
 	}
+	// This session publishes from now on: where the stream stood at the
+	// last clean stop says nothing once it has.
+	if c.rec.StoppedSeq != 0 {
+		if err := replication.SetStopped(ctx, s.q, &c.rec, 0, ""); err != nil {
+			return pgErr(err)
+		}
+	}
 	c.inFlight = cmp.Or(cfg.MaxInFlight, publish.InFlightFor(c.pub.Replicas()))
 	err := c.pub.Resume(ctx, publish.Owner{Origin: s.origin, Incarnation: c.rec.Incarnation, Since: c.rec.StreamSeq, Legacy: c.rec.Legacy,
 		After: c.slot.ConfirmedFlush, InFlight: c.inFlight})
@@ -286,7 +294,33 @@ func (d *Daemon) stream(ctx context.Context, s *opened, c *claimed) error {
 	<-drained
 	feeder.Close()
 	d.log.Info("session ended", "confirmed", c.receiver.Sent())
+	if ctx.Err() != nil && pipeErr == nil && s.lease.Err() == nil {
+		d.recordStop(s, c)
+	}
 	return d.judgeEnd(ctx, s, err, pipeErr, context.Cause(runCtx), pipelineFailed)
+}
+
+// recordStop keeps where the stream stands after a clean stop (every
+// publish of the session has its PubAck, and the lease keeps every other
+// tailer out), read from the stream: a stream made again from a backup
+// taken now is then known for the same (checkStream). Failing to is said,
+// and costs only that.
+func (d *Daemon) recordStop(s *opened, c *claimed) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	seq, mark, err := c.pub.LastMark(ctx)
+	if err == nil && seq != 0 {
+		// A connection of its own: the session's may have been cut by the
+		// cancellation of a query in flight.
+		var q *pgx.Conn
+		if q, err = connectQuery(ctx, d.cfg.DatabaseURL); err == nil {
+			err = replication.SetStopped(ctx, q, &c.rec, seq, mark)
+			q.Close(context.Background())
+		}
+	}
+	if err != nil {
+		d.log.Warn("cannot record where the stream stands at this stop; a stream restored from a backup taken now would be refused", "err", err)
+	}
 }
 
 // pipeline makes the session's feeder (it runs on the replication
@@ -560,7 +594,21 @@ func (d *Daemon) claimStream(ctx context.Context, q *pgx.Conn, pub *publish.Publ
 func (d *Daemon) checkStream(ctx context.Context, q *pgx.Conn, pub *publish.Publisher, rec *replication.Record) error {
 	here := replication.StreamIdentity{Name: d.cfg.Stream, Created: pub.Created()}
 	if rec.StreamName == here.Name && rec.StreamCreated != here.Created {
-		return &blockedError{reason: blockedStream, msg: StreamReplacedMessage(here, rec.StreamCreated)}
+		// Made again: with everything it held (restored from a backup
+		// taken after the last clean stop, as a move to a cluster does),
+		// or not. The stream's own messages say which.
+		restored := false
+		if rec.StoppedSeq != 0 {
+			var err error
+			if restored, err = pub.Holds(ctx, rec.StoppedSeq, rec.StoppedMsgID, rec.StreamSeq); err != nil {
+				return natsErr(err)
+			}
+		}
+		if !restored {
+			return &blockedError{reason: blockedStream, msg: StreamReplacedMessage(here, rec.StreamCreated)}
+		}
+		d.log.Warn("the stream was made again with every message the slot's incarnation published (restored): it holds, at the sequence where the last tailer stopped cleanly, the message that was last then; going on with it",
+			"stream", here.Name, "created", here.Created, "recorded_created", rec.StreamCreated, "stopped_seq", rec.StoppedSeq)
 	}
 	if err := d.recheckStream(ctx, pub, rec); err != nil {
 		return err

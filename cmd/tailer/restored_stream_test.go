@@ -1,0 +1,151 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
+)
+
+// restoreStream makes the stream again from its messages as a backup
+// restore does (nats stream restore: the same configuration, every
+// message at its sequence with its headers; another creation time), up to
+// sequence upTo (0: all of them; less: a backup older than the stream).
+func restoreStream(t *testing.T, c *cluster, upTo uint64) {
+	t.Helper()
+	nc, err := nats.Connect(c.natsURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(c.ctx, "MAILROOM")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(c.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.FirstSeq != 1 {
+		t.Fatalf("stream starts at %d: a restore by republishing needs every message", info.State.FirstSeq)
+	}
+	var msgs []*jetstream.RawStreamMsg
+	last := info.State.LastSeq
+	if upTo != 0 {
+		last = upTo
+	}
+	for seq := info.State.FirstSeq; seq <= last; seq++ {
+		m, err := s.GetMsg(c.ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, m)
+	}
+	if err := js.DeleteStream(c.ctx, "MAILROOM"); err != nil {
+		t.Fatal(err)
+	}
+	// A second later: another creation time, as a restore has.
+	time.Sleep(1100 * time.Millisecond)
+	if _, err := js.CreateStream(c.ctx, info.Config); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		ack, err := js.PublishMsg(c.ctx, &nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ack.Sequence != m.Sequence {
+			t.Fatalf("message %d restored at %d", m.Sequence, ack.Sequence)
+		}
+	}
+}
+
+// streamLastSeq is the stream's last sequence, markers included.
+func streamLastSeq(t *testing.T, c *cluster) uint64 {
+	t.Helper()
+	s, done, err := c.stream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	info, err := s.Info(c.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.LastSeq
+}
+
+// A stream made again from a backup taken after the tailer's clean stop
+// (the move of a stream from one NATS server to a cluster) is taken for
+// the same: it holds, where the tailer stopped, the message it last saw.
+// A backup older than the stop, or a stop that was a crash, is refused as
+// a stream deleted and made again, as before.
+func TestRestoredStream(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		// crash: the tailer is killed, not stopped; again: a clean stop,
+		// then a session that publishes more and is killed, the backup
+		// from the clean stop.
+		crash, again bool
+		// older: the backup lacks the stream's last message.
+		older bool
+		taken bool
+	}{
+		{name: "backup after a clean stop", taken: true},
+		{name: "backup older than the stop", older: true},
+		{name: "backup after a crash", crash: true},
+		{name: "backup of a clean stop before a session that crashed", again: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
+			p := c.tailer()
+			p.waitLog("msg=streaming", 1, 30*time.Second)
+			c.accounts("before", 25)
+			c.expectExactlyOnce(30 * time.Second)
+			if tc.crash {
+				p.kill()
+			} else if code := p.term(30 * time.Second); code != exitOK {
+				t.Fatalf("SIGTERM: exit %d", code)
+			}
+			var upTo uint64
+			if tc.older {
+				upTo = streamLastSeq(t, c) - 1
+			}
+			if tc.again {
+				upTo = streamLastSeq(t, c)
+				p := c.tailer()
+				p.waitLog("msg=streaming", 1, 30*time.Second)
+				c.accounts("between", 5)
+				c.expectExactlyOnce(30 * time.Second)
+				p.kill()
+			}
+			restoreStream(t, c, upTo)
+
+			w := c.watchedTailer()
+			c.accounts("after", 10)
+			if !tc.taken {
+				w.blocked(c, "stream", "was deleted and made again")
+				return
+			}
+			w.waitLog("restored", 1, 30*time.Second)
+			if n := c.expectExactlyOnce(30 * time.Second); n != 35 {
+				t.Fatalf("%d tokens on the stream, want 35", n)
+			}
+			// Streaming cleared the stop's record: only a clean stop after
+			// the last session leaves one.
+			var stopped *int64
+			if err := c.Conn.QueryRow(c.ctx, `SELECT stopped_seq FROM tailer_slot WHERE slot = 'mailroom'`).Scan(&stopped); err != nil || stopped != nil {
+				t.Fatalf("stopped_seq %v (%v) while a session streams", stopped, err)
+			}
+		})
+	}
+}

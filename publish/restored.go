@@ -1,0 +1,65 @@
+package publish
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// messageMark names a stored message by what it carries: its Nats-Msg-Id,
+// or for a message without one a digest of its subject and data. Restored
+// from a backup, a message keeps its sequence, subject, headers and data,
+// so the same mark at the same sequence is the same message.
+func messageMark(m *jetstream.RawStreamMsg) string {
+	if id := m.Header.Get(nats.MsgIdHdr); id != "" {
+		return "id:" + id
+	}
+	h := sha256.New()
+	h.Write([]byte(m.Subject))
+	h.Write([]byte{0})
+	h.Write(m.Data)
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+// LastMark is the stream's last sequence and its message's mark (0 for an
+// empty stream), read from the stream itself: where it stands once every
+// publish of the session has its PubAck.
+func (p *Publisher) LastMark(ctx context.Context) (uint64, string, error) {
+	info, err := p.stream.Info(ctx)
+	if err != nil {
+		return 0, "", fmt.Errorf("read stream %s: %w", p.name, err)
+	}
+	seq := info.State.LastSeq
+	if seq == 0 {
+		return 0, "", nil
+	}
+	msg, err := p.stream.GetMsg(ctx, seq)
+	if err != nil {
+		return 0, "", fmt.Errorf("read message %d of stream %s: %w", seq, p.name, err)
+	}
+	return seq, messageMark(msg), nil
+}
+
+// Holds reports whether the stream holds, at seq, the message of mark
+// (LastMark's), and every message since sequence since+1 that its
+// configuration keeps: a stream made again from a backup of the one that
+// had them.
+func (p *Publisher) Holds(ctx context.Context, seq uint64, mark string, since uint64) (bool, error) {
+	msg, err := p.stream.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read message %d of stream %s: %w", seq, p.name, err)
+	}
+	if messageMark(msg) != mark {
+		return false, nil
+	}
+	_, truncated, err := p.Lost(ctx, since)
+	return err == nil && !truncated, err
+}
