@@ -197,7 +197,7 @@ func (rep *statusReport) writeText(w io.Writer) {
 	if rep.LagSeconds != nil {
 		fmt.Fprintf(w, "lag in time     %.1f s: every token committed before %s is confirmed\n", *rep.LagSeconds, rep.ConfirmedThrough.UTC().Format(time.RFC3339Nano))
 	} else {
-		fmt.Fprintf(w, "lag in time     unknown: no tailer has recorded how far the slot is confirmed (tailer migrate adds the record's column)\n")
+		fmt.Fprintf(w, "lag in time     unknown yet: tailer run records how far the slot is confirmed every few seconds while it streams\n")
 	}
 	fmt.Fprintf(w, "retained WAL    %d bytes (%s), wal_status %s\n", rep.RetainedBytes, human(rep.RetainedBytes), rep.WALStatus)
 	if rep.Lost != "" {
