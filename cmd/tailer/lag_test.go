@@ -196,3 +196,38 @@ func TestLagSeconds(t *testing.T) {
 	}
 	c.expectExactlyOnce(30 * time.Second)
 }
+
+// Where the role may not write logical messages, the tailer says so once
+// and goes on: tokens exactly once, and the lag in seconds from commits
+// and the slot's samples.
+func TestHeartbeatsRefused(t *testing.T) {
+	t.Parallel()
+	pg := pgtest.Shared(t)
+	// The role first: the migrations grant it what it reads.
+	admin, err := pgx.Connect(t.Context(), pg.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(t.Context(), `DO $$ BEGIN CREATE ROLE tailer LOGIN REPLICATION; EXCEPTION WHEN duplicate_object THEN NULL; END $$`); err != nil {
+		t.Fatal(err)
+	}
+	c := newCluster(t, pg, 5, 50*time.Millisecond)
+	// Function privileges are the database's: other tests' are untouched.
+	c.Exec(`DO $$ DECLARE f regprocedure; BEGIN
+		FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname = 'pg_logical_emit_message' LOOP
+			EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+		END LOOP; END $$`)
+	restricted := strings.Replace(c.URL, "postgres://postgres@", "postgres://tailer@", 1)
+	p, base := c.tailerWithHTTP("MAILROOM_DATABASE_URL="+restricted, "MAILROOM_HEARTBEAT_INTERVAL=100", "MAILROOM_LAG_INTERVAL=200")
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	p.waitLog("cannot write heartbeats into the WAL", 1, 30*time.Second)
+	c.accounts("refused", 12)
+	if n := c.expectExactlyOnce(30 * time.Second); n != 12 {
+		t.Fatalf("%d tokens", n)
+	}
+	settled(t, "heartbeats refused", base, 2, 30*time.Second)
+	if n := strings.Count(p.out.String(), "cannot write heartbeats"); n != 1 {
+		t.Fatalf("said %d times:\n%s", n, p.out.String())
+	}
+}
