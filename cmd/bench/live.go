@@ -51,92 +51,159 @@ const insertToken = `INSERT INTO tokens (account, action) VALUES ($1, 'password_
 // from its commit to its arrival: at a subscriber of the stream the tailer
 // publishes to, or, with discard, at a bare client of the slot.
 func liveLatency(ctx context.Context, o options, url string, discard bool) (*Live, error) {
-	const accounts = 10_000
-	if err := migrations.Up(ctx, url); err != nil {
-		return nil, err
-	}
-	pool, err := pgxpool.New(ctx, url+"&pool_max_conns="+strconv.Itoa(o.liveConns+2))
+	pool, slot, err := liveSetup(ctx, o, url, discard)
 	if err != nil {
 		return nil, err
 	}
 	defer pool.Close()
+	// The first liveWarmup seconds are written at the same rate but not
+	// counted: the measure is the steady state, not the first moments of
+	// freshly started writers and a tailer that has been idle.
+	warm := o.liveRate * o.liveWarmup
+	total := warm + o.liveRate*o.liveSeconds
+	times := newLiveTimes(total)
+	cnt, stop, err := liveReceiver(ctx, o, url, slot, discard, total, times)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	writeSecs, stealPct, err := writeLive(ctx, o, pool, total, warm, times)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-cnt.done:
+	case <-time.After(60 * time.Second):
+		return nil, fmt.Errorf("%d of %d tokens arrived", cnt.n.Load(), total)
+	}
+	if o.keep && !discard {
+		// The tailer's own view of where the time went, beside its log.
+		if err := fetchProfile(filepath.Join(o.dir, slot+".metrics"), "http://127.0.0.1:19999/metrics"); err != nil {
+			fmt.Println("metrics:", err)
+		}
+	}
+	live, err := times.result(discard)
+	if err != nil {
+		return nil, err
+	}
+	live.TargetPerSecond, live.BatchLimit, live.WarmupTokens = o.liveRate, o.liveLimit, warm
+	live.AchievedPerSec, live.StealPct = float64(total)/writeSecs, stealPct
+	return live, nil
+}
+
+// liveAccounts is how many accounts the live run's tokens are spread over.
+const liveAccounts = 10_000
+
+// liveSetup makes the schema, the accounts and the run's slot.
+func liveSetup(ctx context.Context, o options, url string, discard bool) (*pgxpool.Pool, string, error) {
+	if err := migrations.Up(ctx, url); err != nil {
+		return nil, "", err
+	}
+	pool, err := pgxpool.New(ctx, url+"&pool_max_conns="+strconv.Itoa(o.liveConns+2))
+	if err != nil {
+		return nil, "", err
+	}
 	// The accounts go in before the slot is made: otherwise the walsender
 	// starts with their WAL to decode, and the first tokens wait behind
 	// it, which measures the start, not the steady state.
-	if _, err := pool.Exec(ctx, `INSERT INTO accounts (email, login, status) SELECT 'l' || g || '@x', 'l' || g, 'active' FROM generate_series(1, $1::int) g`, accounts); err != nil {
-		return nil, err
+	if _, err := pool.Exec(ctx, `INSERT INTO accounts (email, login, status) SELECT 'l' || g || '@x', 'l' || g, 'active' FROM generate_series(1, $1::int) g`, liveAccounts); err != nil {
+		pool.Close()
+		return nil, "", err
 	}
 	slot := "live_" + strconv.Itoa(o.liveRate)
 	if discard {
 		slot += "_discard"
 	}
 	if _, err := replication.CreateSlot(ctx, pool, slot, "tailer bench", false, false); err != nil {
-		return nil, err
+		pool.Close()
+		return nil, "", err
 	}
-	// The first liveWarmup seconds are written at the same rate but not
-	// counted: the measure is the steady state, not the first moments of
-	// freshly started writers and a tailer that has been idle.
-	warm := o.liveRate * o.liveWarmup
-	total := warm + o.liveRate*o.liveSeconds
-	var mu sync.Mutex
-	committed := make(map[int64]time.Time, total)
-	arrived := make(map[int64]time.Time, total)
-	stored := make(map[int64]time.Time, total)
-	var cnt *counter
+	return pool, slot, nil
+}
+
+// liveTimes are the run's times by token id: committed as the writer saw
+// it, arrived at the reader, stored as JetStream stamped it.
+type liveTimes struct {
+	mu                         sync.Mutex
+	committed, arrived, stored map[int64]time.Time
+}
+
+func newLiveTimes(n int) *liveTimes {
+	return &liveTimes{committed: make(map[int64]time.Time, n), arrived: make(map[int64]time.Time, n), stored: make(map[int64]time.Time, n)}
+}
+
+// liveReceiver starts what reads the tokens: a bare client of the slot
+// (discard), or the tailer and a subscriber of its stream. The counter
+// says when all total have arrived; stop ends them.
+func liveReceiver(ctx context.Context, o options, url, slot string, discard bool, total int, times *liveTimes) (*counter, func(), error) {
 	if discard {
 		// The floor: a bare client reading the same kind of slot, each
 		// token arriving when its insert does.
-		cnt = &counter{done: make(chan struct{}), want: int64(total)}
+		cnt := &counter{done: make(chan struct{}), want: int64(total)}
 		dctx, cancel := context.WithCancel(ctx)
-		defer cancel()
 		errc := make(chan error, 1)
 		go func() {
 			errc <- discardLive(dctx, url, slot, func(id int64) {
 				now := time.Now()
-				mu.Lock()
-				arrived[id] = now
-				mu.Unlock()
+				times.mu.Lock()
+				times.arrived[id] = now
+				times.mu.Unlock()
 				if cnt.n.Add(1) >= cnt.want {
 					cnt.close.Do(func() { close(cnt.done) })
 				}
 			})
 		}()
-		defer func() { cancel(); <-errc }()
-	} else {
-		srv, err := embedded.Start(filepath.Join(o.dir, "nats-"+slot), "127.0.0.1:0", embedded.SyncInterval(o.natsSync))
-		if err != nil {
-			return nil, err
-		}
-		defer srv.Shutdown()
-		nc, err := nats.Connect(srv.ClientURL())
-		if err != nil {
-			return nil, err
-		}
-		defer nc.Close()
-		t, err := startTailer(o, url, srv.ClientURL(), slot, "MAILROOM_BATCH_LIMIT="+strconv.Itoa(o.liveLimit), "MAILROOM_BATCH_TIMEOUT=1000")
-		if err != nil {
-			return nil, err
-		}
-		defer t.stop()
-		var stop func()
-		cnt, stop, err = subscribe(ctx, nc, "MAILROOM", total, func(m jetstream.Msg) {
-			now := time.Now()
-			var at time.Time
-			if meta, err := m.Metadata(); err == nil {
-				at = meta.Timestamp
-			}
-			mu.Lock()
-			for _, s := range strings.Split(m.Headers().Get(wire.HeaderTokenIDs), ",") {
-				id, _ := strconv.ParseInt(s, 10, 64)
-				arrived[id], stored[id] = now, at
-			}
-			mu.Unlock()
-		})
-		if err != nil {
-			return nil, err
-		}
-		defer stop()
+		return cnt, func() { cancel(); <-errc }, nil
 	}
+	var stops []func()
+	stopAll := func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	srv, err := embedded.Start(filepath.Join(o.dir, "nats-"+slot), "127.0.0.1:0", embedded.SyncInterval(o.natsSync))
+	if err != nil {
+		return nil, nil, err
+	}
+	stops = append(stops, srv.Shutdown)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		stopAll()
+		return nil, nil, err
+	}
+	stops = append(stops, nc.Close)
+	t, err := startTailer(o, url, srv.ClientURL(), slot, "MAILROOM_BATCH_LIMIT="+strconv.Itoa(o.liveLimit), "MAILROOM_BATCH_TIMEOUT=1000")
+	if err != nil {
+		stopAll()
+		return nil, nil, err
+	}
+	stops = append(stops, t.stop)
+	cnt, stop, err := subscribe(ctx, nc, "MAILROOM", total, func(m jetstream.Msg) {
+		now := time.Now()
+		var at time.Time
+		if meta, err := m.Metadata(); err == nil {
+			at = meta.Timestamp
+		}
+		times.mu.Lock()
+		for _, s := range strings.Split(m.Headers().Get(wire.HeaderTokenIDs), ",") {
+			id, _ := strconv.ParseInt(s, 10, 64)
+			times.arrived[id], times.stored[id] = now, at
+		}
+		times.mu.Unlock()
+	})
+	if err != nil {
+		stopAll()
+		return nil, nil, err
+	}
+	stops = append(stops, stop)
+	return cnt, stopAll, nil
+}
+
+// writeLive inserts total tokens, each in a transaction of its own, on
+// o.liveConns connections paced to o.liveRate, and records the commit
+// times of all but the first warm. It returns how long the writing took,
+// and the CPU time stolen from this machine meanwhile (percent).
+func writeLive(ctx context.Context, o options, pool *pgxpool.Pool, total, warm int, times *liveTimes) (float64, float64, error) {
 	// Open and prepare the writers' connections before the clock starts:
 	// eight backends starting at once would measure PostgreSQL's
 	// connection start-up, not the tailer.
@@ -151,7 +218,7 @@ func liveLatency(ctx context.Context, o options, url string, discard bool) (*Liv
 			for _, c := range conns {
 				c.Release()
 			}
-			return nil, err
+			return 0, 0, err
 		}
 	}
 	time.Sleep(500 * time.Millisecond)
@@ -176,7 +243,7 @@ func liveLatency(ctx context.Context, o options, url string, discard bool) (*Liv
 					time.Sleep(d)
 				}
 				var id int64
-				err := conn.QueryRow(ctx, insertToken, 1+i%accounts).Scan(&id)
+				err := conn.QueryRow(ctx, insertToken, 1+i%liveAccounts).Scan(&id)
 				if err != nil {
 					errc <- err
 					return
@@ -187,9 +254,9 @@ func liveLatency(ctx context.Context, o options, url string, discard bool) (*Liv
 				if i < int64(warm) {
 					continue
 				}
-				mu.Lock()
-				committed[id] = now
-				mu.Unlock()
+				times.mu.Lock()
+				times.committed[id] = now
+				times.mu.Unlock()
 			}
 		}()
 	}
@@ -198,28 +265,23 @@ func liveLatency(ctx context.Context, o options, url string, discard bool) (*Liv
 	stealPct := steal()
 	select {
 	case err := <-errc:
-		return nil, err
+		return 0, 0, err
 	default:
 	}
-	select {
-	case <-cnt.done:
-	case <-time.After(60 * time.Second):
-		return nil, fmt.Errorf("%d of %d tokens arrived", cnt.n.Load(), total)
-	}
-	if o.keep && !discard {
-		// The tailer's own view of where the time went, beside its log.
-		if err := fetchProfile(filepath.Join(o.dir, slot+".metrics"), "http://127.0.0.1:19999/metrics"); err != nil {
-			fmt.Println("metrics:", err)
-		}
-	}
-	mu.Lock()
-	defer mu.Unlock()
+	return writeSecs, stealPct, nil
+}
+
+// result is the run's latencies: commit to arrival, and (not for the bare
+// client) commit to stored.
+func (t *liveTimes) result(discard bool) (*Live, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	var lat, lstored []float64
-	for id, c := range committed {
-		if a, ok := arrived[id]; ok {
+	for id, c := range t.committed {
+		if a, ok := t.arrived[id]; ok {
 			lat = append(lat, float64(a.Sub(c).Microseconds())/1000)
 			if !discard {
-				lstored = append(lstored, float64(stored[id].Sub(c).Microseconds())/1000)
+				lstored = append(lstored, float64(t.stored[id].Sub(c).Microseconds())/1000)
 			}
 		}
 	}
@@ -239,10 +301,8 @@ func liveLatency(ctx context.Context, o options, url string, discard bool) (*Liv
 		client = "discard-client"
 	}
 	return &Live{
-		Client:          client,
-		TargetPerSecond: o.liveRate, BatchLimit: o.liveLimit, WarmupTokens: warm, Tokens: len(lat), AchievedPerSec: float64(total) / writeSecs,
+		Client: client, Tokens: len(lat),
 		P50Millis: pct(lat, 0.50), P99Millis: pct(lat, 0.99), MaxMillis: lat[len(lat)-1],
 		StoredP50Millis: pct(lstored, 0.50), StoredP99Millis: pct(lstored, 0.99),
-		StealPct: stealPct,
 	}, nil
 }
