@@ -68,36 +68,61 @@ func drainAll(ctx context.Context, o options, pg *pgtest.Server, res *Results) e
 	// just after the big one, and the growth ratio compares the big drain
 	// with the mean of those two: this machine's speed drifts by more than
 	// the 15% the ratio is judged by, and bracketing cancels a steady drift.
-	before, after := best+"-before", best+"-after"
-	slots := append([]string{"peek", before, after, "discard", "default", "default-r3"}, variants...)
+	slots := append([]string{"peek", best + "-before", best + "-after", "discard", "default", "default-r3"}, variants...)
 	if err := prepare(ctx, url, slots, o.tokens, 1000); err != nil {
 		return err
 	}
 	if res.ServerDecodeRate, err = peekRate(ctx, url, o.tokens); err != nil {
 		return err
 	}
-	// The ceiling, then every setting at its default (batch limit 10, the
-	// embedded server syncing before every PubAck), on one server and on
-	// an R3 stream of three.
+	// The ceiling, then every setting at its default, then each variant.
 	disc, err := discardDrain(ctx, url, slotName("discard", o.tokens), o.tokens)
 	if err != nil {
 		return err
 	}
 	res.Discard = &disc
 	printDrain(disc)
+	if o.defaults {
+		if err := drainDefaults(ctx, o, pg, url, res); err != nil {
+			return err
+		}
+	}
+	for i, v := range variants {
+		if i > 0 {
+			o.cpuProfile = ""
+		}
+		d, err := drain(ctx, o, url, v, slotName(v, o.tokens), o.tokens, nil)
+		if err != nil {
+			return fmt.Errorf("drain %s: %w", v, err)
+		}
+		res.Drains = append(res.Drains, d)
+		printDrain(d)
+	}
+	if o.big > 0 {
+		if err := drainGrowth(ctx, o, pg, url, best, res); err != nil {
+			return err
+		}
+	}
+	if o.oneTx > 0 {
+		return drainOneTx(ctx, o, pg, best, res)
+	}
+	return nil
+}
+
+// drainDefaults drains the small backlog with every setting at its default
+// (batch limit 10, the embedded server syncing before every PubAck), on
+// one server and on an R3 stream of three; after the first, the stream it
+// filled is drained in turn by the database subscriber (o.subscribers).
+func drainDefaults(ctx context.Context, o options, pg *pgtest.Server, url string, res *Results) error {
 	for _, run := range []struct {
 		label    string
 		replicas int
 	}{{"default", 1}, {"default-r3", 3}} {
-		if !o.defaults {
-			break
-		}
 		od := o
 		od.limit, od.natsReplicas, od.cpuProfile = 10, run.replicas, ""
 		var after func(natsURL string) error
 		if run.replicas == 1 && o.subscribers {
-			// The stream the default drain filled, drained in turn by the
-			// database subscriber, into an inbox and into River jobs.
+			// Into an inbox and into River jobs.
 			after = func(natsURL string) error {
 				for _, into := range []string{"inbox", "river"} {
 					sd, err := subscriberDrain(ctx, o, pg, natsURL, into, o.tokens)
@@ -118,77 +143,70 @@ func drainAll(ctx context.Context, o options, pg *pgtest.Server, res *Results) e
 		res.Drains = append(res.Drains, d)
 		printDrain(d)
 	}
-	for i, v := range variants {
-		if i > 0 {
-			o.cpuProfile = ""
-		}
-		d, err := drain(ctx, o, url, v, slotName(v, o.tokens), o.tokens, nil)
+	return nil
+}
+
+// drainGrowth drains the big backlog with the best variant, bracketed by
+// drains of the small one (see drainAll), and sets the growth ratio.
+func drainGrowth(ctx context.Context, o options, pg *pgtest.Server, url, best string, res *Results) error {
+	bigURL, err := createDB(ctx, pg, "bench_big")
+	if err != nil {
+		return err
+	}
+	if err := prepare(ctx, bigURL, []string{best}, o.big, 1000); err != nil {
+		return err
+	}
+	var rates [2]float64
+	for i, run := range []struct {
+		label, url string
+		n          int
+	}{{best + "-before", url, o.tokens}, {best, bigURL, o.big}, {best + "-after", url, o.tokens}} {
+		d, err := drain(ctx, o, run.url, best, slotName(run.label, run.n), run.n, nil)
 		if err != nil {
-			return fmt.Errorf("drain %s: %w", v, err)
+			return fmt.Errorf("drain %s, %d tokens: %w", run.label, run.n, err)
 		}
+		d.Variant = run.label
 		res.Drains = append(res.Drains, d)
 		printDrain(d)
+		if i == 1 {
+			rates[0] = d.TokensPerSecond
+		} else {
+			rates[1] += d.TokensPerSecond / 2
+		}
 	}
+	res.GrowthRatio = rates[0] / rates[1]
+	return nil
+}
 
-	if o.big > 0 {
-		bigURL, err := createDB(ctx, pg, "bench_big")
-		if err != nil {
-			return err
-		}
-		if err := prepare(ctx, bigURL, []string{best}, o.big, 1000); err != nil {
-			return err
-		}
-		var rates [2]float64
-		for i, run := range []struct {
-			label, url string
-			n          int
-		}{{before, url, o.tokens}, {best, bigURL, o.big}, {after, url, o.tokens}} {
-			d, err := drain(ctx, o, run.url, best, slotName(run.label, run.n), run.n, nil)
-			if err != nil {
-				return fmt.Errorf("drain %s, %d tokens: %w", run.label, run.n, err)
-			}
-			d.Variant = run.label
-			res.Drains = append(res.Drains, d)
-			printDrain(d)
-			if i == 1 {
-				rates[0] = d.TokensPerSecond
-			} else {
-				rates[1] += d.TokensPerSecond / 2
-			}
-		}
-		res.GrowthRatio = rates[0] / rates[1]
+// drainOneTx drains one INSERT of o.oneTx rows: the server streams it in
+// chunks (protocol v2) and the tailer buffers it until its commit.
+func drainOneTx(ctx context.Context, o options, pg *pgtest.Server, best string, res *Results) error {
+	oneURL, err := createDB(ctx, pg, "bench_one_tx")
+	if err != nil {
+		return err
 	}
-
-	if o.oneTx > 0 {
-		// One INSERT of o.oneTx rows: the server streams it in chunks
-		// (protocol v2) and the tailer buffers it until its commit.
-		oneURL, err := createDB(ctx, pg, "bench_one_tx")
-		if err != nil {
-			return err
+	label := best + "-one-tx"
+	if err := prepare(ctx, oneURL, []string{label}, o.oneTx, o.oneTx); err != nil {
+		return err
+	}
+	d, err := drain(ctx, o, oneURL, best, slotName(label, o.oneTx), o.oneTx, nil)
+	if err != nil {
+		return fmt.Errorf("drain one transaction of %d tokens: %w", o.oneTx, err)
+	}
+	d.Variant = label
+	res.Drains = append(res.Drains, d)
+	printDrain(d)
+	// The reference is the same number of tokens in 1,000-row
+	// transactions when the big backlog has that size, else the small
+	// backlog.
+	var ref Drain
+	for _, r := range res.Drains {
+		if r.Variant == best && (ref.Tokens == 0 || r.Tokens == o.oneTx) {
+			ref = r
 		}
-		label := best + "-one-tx"
-		if err := prepare(ctx, oneURL, []string{label}, o.oneTx, o.oneTx); err != nil {
-			return err
-		}
-		d, err := drain(ctx, o, oneURL, best, slotName(label, o.oneTx), o.oneTx, nil)
-		if err != nil {
-			return fmt.Errorf("drain one transaction of %d tokens: %w", o.oneTx, err)
-		}
-		d.Variant = label
-		res.Drains = append(res.Drains, d)
-		printDrain(d)
-		// The reference is the same number of tokens in 1,000-row
-		// transactions when the big backlog has that size, else the small
-		// backlog.
-		var ref Drain
-		for _, r := range res.Drains {
-			if r.Variant == best && (ref.Tokens == 0 || r.Tokens == o.oneTx) {
-				ref = r
-			}
-		}
-		if ref.TokensPerSecond > 0 {
-			res.OneTxRatio = d.TokensPerSecond / ref.TokensPerSecond
-		}
+	}
+	if ref.TokensPerSecond > 0 {
+		res.OneTxRatio = d.TokensPerSecond / ref.TokensPerSecond
 	}
 	return nil
 }
