@@ -94,11 +94,7 @@ func New(cfg *config.Config, log *slog.Logger) *Daemon {
 		}
 		return 0
 	}, func() float64 {
-		if f := d.feeder.Load(); f != nil {
-			if at := f.ConfirmedAt(); !at.IsZero() {
-				d.clock.confirmedAt(at)
-			}
-		}
+		d.takeStreamTime()
 		lag, _ := d.clock.lag(time.Now())
 		return lag.Seconds()
 	})

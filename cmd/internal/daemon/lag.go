@@ -112,10 +112,14 @@ func (d *Daemon) recordConfirmedThrough(ctx context.Context, conn *pgx.Conn) {
 func (d *Daemon) streamConfirmed(lsn pglogrepl.LSN) {
 	d.metrics.statusSent(lsn)
 	d.clock.confirmed(lsn)
+	d.takeStreamTime()
+}
+
+// takeStreamTime gives the lag clock the stream's own word: the newest
+// commit or heartbeat time before the position the session confirmed.
+func (d *Daemon) takeStreamTime() {
 	if f := d.feeder.Load(); f != nil {
-		if at := f.ConfirmedAt(); !at.IsZero() {
-			d.clock.confirmedAt(at)
-		}
+		d.clock.confirmedAt(f.ConfirmedAt())
 	}
 }
 
