@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks the compose stack, alone and with the cluster file added, with
+# Checks the compose stack, alone and with the cluster or the TLS file added, with
 # Docker Compose v2 (`docker compose config`; no Docker engine needed): it
 # resolves with nothing in the environment; no service has a password in
 # its environment or command (each reads its own from a compose secret,
@@ -19,9 +19,10 @@ resolved=$(mktemp)
 trap 'rm -f "$resolved"' EXIT
 single=(-f infra/docker-compose.yml)
 cluster=(-f infra/docker-compose.yml -f infra/docker-compose.cluster.yml)
-for files in "${single[*]}" "${cluster[*]}"; do
+tls=(-f infra/docker-compose.yml -f infra/docker-compose.tls.yml)
+for files in "${single[*]}" "${cluster[*]}" "${tls[*]}"; do
   read -ra f <<<"$files"
-  env -i PATH="$PATH" HOME="$HOME" "${compose[@]}" "${f[@]}" --profile subscriber config --format json >"$resolved"
+  env -i PATH="$PATH" HOME="$HOME" "${compose[@]}" "${f[@]}" --profile "*" config --format json >"$resolved"
   python3 - "$resolved" <<'PY'
 import json, re, sys
 c = json.load(open(sys.argv[1]))
@@ -29,7 +30,7 @@ bad = []
 # Root at the start, by design: PostgreSQL prepares its volume then runs
 # as postgres; nats-volume gives NATS its volume.
 root_ok = {"postgres", "nats-volume"}
-images_user = {"migrate", "tailer", "subscriber"}  # the image says nonroot
+images_user = {"migrate", "tailer", "subscriber", "nats-exporter"}  # the image says nonroot
 for name, s in c["services"].items():
     for k, v in (s.get("environment") or {}).items():
         if re.search(r"PASSWORD|SECRET|TOKEN", k) and not k.endswith("_FILE") and k != "GF_SECURITY_ADMIN_PASSWORD__FILE":
@@ -55,8 +56,13 @@ for name, s in c["services"].items():
     if name not in root_ok and s.get("cap_add"):
         bad.append(f"{name}: capabilities added back: {s['cap_add']}")
 for name, sec in (c.get("secrets") or {}).items():
-    if not sec.get("file", "").rstrip("/").split("/")[-2:-1] == ["secrets"]:
+    if "/infra/secrets/" not in sec.get("file", ""):
         bad.append(f"secret {name}: not a file under infra/secrets: {sec}")
+# With TLS, every client of PostgreSQL checks its certificate and name.
+for name, s in c["services"].items():
+    for k, v in (s.get("environment") or {}).items():
+        if "tls_ca" in str(c.get("secrets")) and re.match(r"postgres(ql)?://", str(v)) and "sslmode=verify-full" not in v:
+            bad.append(f"{name}: {k} does not verify PostgreSQL's certificate (sslmode=verify-full)")
 pg = c["services"]["postgres"]
 if pg.get("stop_signal") != "SIGINT" or not pg.get("stop_grace_period"):
     bad.append("postgres: stop_signal SIGINT and a grace period, for a clean shutdown")

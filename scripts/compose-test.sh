@@ -9,6 +9,18 @@
 #
 # CLUSTER=1 adds infra/docker-compose.cluster.yml (three NATS nodes) and
 # checks that the tailer made its stream there with three replicas.
+# Otherwise the single-node stack is then moved to the cluster by the steps
+# of docs/operations.md ("Moving a running stack to the cluster"), with 500
+# tokens on the stream that the subscriber has not read and a writer on:
+# every token delivered once, the subscriber's consumer kept (MOVE=0 skips
+# it). TLS=1 adds infra/docker-compose.tls.yml (infra/tls.sh makes the
+# CA and certificates) and checks that every connection of the tailer and
+# postgres_exporter to PostgreSQL and every NATS client is encrypted, and
+# that PostgreSQL refuses a plain login over the network.
+#
+# Grafana has no stand-in: scripts/dashboard-check.py loads every panel's
+# query of its dashboard from the stack's Prometheus instead, and every
+# panel must show data.
 #
 # Needs a Docker engine; without one it says so and exits 0. Where no
 # registry is reachable, scripts/standins/build.sh builds local stand-ins
@@ -39,6 +51,7 @@ bash scripts/standins/build.sh
 say "building the tailer's images from infra/Dockerfile"
 docker build -q --network host -f infra/Dockerfile -t mailroom/tailer:local . >/dev/null
 docker build -q --network host -f infra/Dockerfile --target subscriber -t mailroom/tailer-subscriber:local . >/dev/null
+docker build -q --network host -t mailroom/nats-cli:local infra/nats-cli >/dev/null
 
 work=$(mktemp -d)
 project="mailroom-test-$$"
@@ -54,6 +67,7 @@ sed -i -e "s/\"127.0.0.1:4223:/\"127.0.0.1:$((base + 8)):/" -e "s/\"127.0.0.1:42
   -e "s/\"127.0.0.1:8223:/\"127.0.0.1:$((base + 10)):/" -e "s/\"127.0.0.1:8224:/\"127.0.0.1:$((base + 11)):/" "$work/infra/docker-compose.cluster.yml"
 files=(-f "$work/infra/docker-compose.yml")
 [ "${CLUSTER:-}" = 1 ] && files+=(-f "$work/infra/docker-compose.cluster.yml")
+[ "${TLS:-}" = 1 ] && files+=(-f "$work/infra/docker-compose.tls.yml")
 sed -i 's/^\(  \(scrape\|evaluation\)_interval:\) 15s/\1 2s/' "$work/infra/prometheus/prometheus.yml"
 python3 - "$work/infra/prometheus/rules.yml" <<'EOF'
 import re, sys
@@ -93,15 +107,16 @@ password() {
 # They go into the secrets' files, as an operator's own would; the rest
 # (the keyring) infra/secrets.sh makes.
 secrets=(postgres_password owner_db_password tailer_db_password app_db_password exporter_db_password
-         nats_tailer_password nats_subscriber_password grafana_admin_password)
+         nats_tailer_password nats_subscriber_password nats_admin_password nats_system_password grafana_admin_password)
 for name in "${secrets[@]}"; do
   password >"$work/infra/secrets/$name"
   chmod 0444 "$work/infra/secrets/$name"
 done
 sh "$work/infra/secrets.sh" >/dev/null
+[ "${TLS:-}" = 1 ] && sh "$work/infra/tls.sh" >/dev/null
 APP_DB_PASSWORD=$(cat "$work/infra/secrets/app_db_password")
 
-services=(postgres nats migrate tailer postgres-exporter prometheus alertmanager subscriber)
+services=(postgres nats migrate tailer postgres-exporter nats-exporter prometheus alertmanager subscriber)
 [ "${CLUSTER:-}" = 1 ] && services+=(nats-2 nats-3)
 say "up -d --wait ${services[*]}"
 dc up -d --no-build --wait --wait-timeout 300 "${services[@]}" >/dev/null
@@ -147,6 +162,24 @@ for c in $(dc ps -q); do
   [ "${hc##* }" -gt 0 ] || fail "$svc: no memory limit"
 done
 say "no password in docker inspect or a command line; every process non-root, without capabilities; limits and log rotation set"
+
+if [ "${TLS:-}" = 1 ]; then
+  # Every connection of the tailer (replication and queries) and of
+  # postgres_exporter is encrypted; a plain login over the network is
+  # refused.
+  tls=$(dc exec -T postgres psql -qAt -U postgres -d mailroom -c "SELECT count(*) FILTER (WHERE s.ssl), count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) WHERE a.usename IN ('tailer', 'postgres_exporter')")
+  [ "${tls%|*}" = "${tls#*|}" ] && [ "${tls#*|}" -ge 2 ] || fail "PostgreSQL: ${tls%|*} of ${tls#*|} connections of the tailer and postgres_exporter use TLS"
+  if out=$(dc exec -T -e PGPASSWORD="$(cat "$work/infra/secrets/app_db_password")" postgres \
+      psql "host=postgres sslmode=disable user=mailroom_app dbname=mailroom" -c "SELECT 1" 2>&1); then
+    fail "PostgreSQL took a plain login over the network"
+  fi
+  case "$out" in *"no encryption"*) ;; *) fail "a plain login over the network: $out" ;; esac
+  # NATS: TLS required, and every client on it.
+  curl -fsS "http://127.0.0.1:$((base + 3))/varz" | grep -q '"tls_required": *true' || fail "NATS does not require TLS"
+  conns=$(curl -fsS "http://127.0.0.1:$((base + 3))/connz?auth=true" | python3 -c 'import json,sys; c=json.load(sys.stdin)["connections"]; print(sum(1 for x in c if x.get("tls_version")), len(c))')
+  [ "${conns% *}" = "${conns#* }" ] && [ "${conns#* }" -ge 2 ] || fail "NATS: ${conns% *} of ${conns#* } clients use TLS"
+  say "TLS: $tls connections to PostgreSQL encrypted of ${tls#*|}, ${conns% *} NATS clients of ${conns#* }; a plain login refused: ${out##*FATAL:  }"
+fi
 
 psql_app() { dc exec -T -e PGPASSWORD="$APP_DB_PASSWORD" postgres psql -qAt -h 127.0.0.1 -U mailroom_app -d mailroom -v ON_ERROR_STOP=1 "$@"; }
 inserted=0
@@ -245,6 +278,66 @@ say "starting the tailer again"
 dc start tailer >/dev/null
 await_delivery "after the tailer's stop"
 say "ok: the stack with URL-hostile passwords kept every token exactly once, and the PostgreSQL-side lag alert reached Alertmanager"
+
+# Grafana's dashboard, every panel's query from the stack's Prometheus.
+python3 scripts/dashboard-check.py "http://127.0.0.1:$((base + 5))" "$work/infra/grafana/dashboards/tailer.json" || fail "the dashboard"
+
+
+if [ "${CLUSTER:-}" != 1 ] && [ "${TLS:-}" != 1 ] && [ "${MOVE:-1}" = 1 ]; then
+  # The move, as docs/operations.md gives it. First 500 tokens on the
+  # stream that the subscriber has not read.
+  dc stop subscriber >/dev/null
+  insert 500 unread
+  lsn=$(dc exec -T postgres psql -qAt -U postgres -d mailroom -c "SELECT pg_current_wal_lsn()")
+  deadline=$(($(date +%s) + 60))
+  until [ "$(dc exec -T postgres psql -qAt -U postgres -d mailroom -c "SELECT bool_and(confirmed_flush_lsn >= '$lsn') FROM pg_replication_slots WHERE slot_name = 'mailroom'")" = t ]; do
+    [ "$(date +%s)" -lt "$deadline" ] || fail "the tailer did not publish the 500 tokens"
+    sleep 1
+  done
+  cli() { "${compose[@]}" -p "$project" "${files[@]}" run --rm -T nats-cli "$@"; }
+  consumer() { cli consumer info MAILROOM sender --json 2>/dev/null | python3 -c 'import json,sys; c=json.load(sys.stdin); print(c["config"]["durable_name"], c["ack_floor"]["stream_seq"], c["num_pending"] + c["num_ack_pending"])'; }
+  before=$(consumer)
+  say "500 tokens on the stream unread by the subscriber: consumer (durable, ack floor, messages not acknowledged) $before"
+  rm -f "$writer_stop" "$work/written"
+  (
+    i=0
+    while [ ! -e "$writer_stop" ]; do
+      i=$((i + 1))
+      psql_app -c "INSERT INTO accounts (email, login) SELECT 'm${i}x' || g || '@example.com', 'm${i}x' || g FROM generate_series(1, 5) g" >/dev/null
+      echo 5 >>"$work/written"
+      sleep 0.2
+    done
+  ) &
+  writer=$!
+  # 1. Stop the tailer (cleanly: it records the stream's last message)
+  #    and the subscribers.
+  dc stop tailer subscriber >/dev/null
+  # 2. Back up every stream of the account, with its consumers.
+  cli backup account /backup --consumers -f >"$work/backup.log" 2>&1 || { cat "$work/backup.log"; fail "nats backup account"; }
+  streams=$("${compose[@]}" -p "$project" "${files[@]}" run --rm -T --entrypoint /busybox/ls nats-cli /backup | tr -d '\r')
+  say "backed up: $(echo $streams)"
+  # 3. The cluster on its own volumes.
+  files+=(-f "$work/infra/docker-compose.cluster.yml")
+  dc up -d --no-build --wait --wait-timeout 300 nats nats-2 nats-3 >/dev/null
+  # 4. Each stream restored with three replicas.
+  for s in $streams; do
+    cli backup restore stream "/backup/$s" --replicas 3 --no-progress >"$work/restore.log" 2>&1 || { cat "$work/restore.log"; fail "nats backup restore stream $s"; }
+  done
+  # 5. Everything up again.
+  dc up -d --no-build --wait --wait-timeout 300 "${services[@]}" nats-2 nats-3 >/dev/null
+  say "moved: $(dc ps --format '{{.Service}}={{.Health}}' | tr '\n' ' ')"
+  after=$(consumer)
+  read -r durable floor _ <<<"$before"
+  read -r durable2 floor2 _ <<<"$after"
+  [ "$durable2" = "$durable" ] && [ "$floor2" -ge "$floor" ] || fail "the subscriber's consumer after the move: $after, before: $before"
+  replicas=$(cli stream info MAILROOM --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["config"]["num_replicas"])')
+  [ "$replicas" = 3 ] || fail "the stream has $replicas replicas after the move, want 3"
+  touch "$writer_stop"
+  wait "$writer"
+  inserted=$((inserted + $(awk '{ s += $1 } END { print s + 0 }' "$work/written")))
+  await_delivery "after the move to three nodes"
+  say "ok: moved to three nodes (stream R3, consumer $durable kept at ack floor $floor2), every token once"
+fi
 
 # The teardown as documented (every file and profile the stack ran with)
 # leaves nothing of the stack: no container, volume or network.

@@ -19,7 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/mailroom/tailer/internal/testutil/pgtest"
+	"github.com/mailroom/tailer/internal/pgserver"
 	"github.com/mailroom/tailer/migrations"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
@@ -55,7 +55,7 @@ type Drain struct {
 
 // drainAll runs the drains: the small backlog once per pgoutput variant,
 // then (when asked) the growth run and the one-transaction run.
-func drainAll(ctx context.Context, o options, pg *pgtest.Server, res *Results) error {
+func drainAll(ctx context.Context, o options, pg *pgserver.Server, res *Results) error {
 	// The small backlog, drained once per pgoutput variant, each on a slot
 	// of its own made before the inserts.
 	variants := strings.Split(o.variants, ",")
@@ -113,7 +113,7 @@ func drainAll(ctx context.Context, o options, pg *pgtest.Server, res *Results) e
 // (batch limit 10, the embedded server syncing before every PubAck), on
 // one server and on an R3 stream of three; after the first, the stream it
 // filled is drained in turn by the database subscriber (o.subscribers).
-func drainDefaults(ctx context.Context, o options, pg *pgtest.Server, url string, res *Results) error {
+func drainDefaults(ctx context.Context, o options, pg *pgserver.Server, url string, res *Results) error {
 	for _, run := range []struct {
 		label    string
 		replicas int
@@ -148,7 +148,7 @@ func drainDefaults(ctx context.Context, o options, pg *pgtest.Server, url string
 
 // drainGrowth drains the big backlog with the best variant, bracketed by
 // drains of the small one (see drainAll), and sets the growth ratio.
-func drainGrowth(ctx context.Context, o options, pg *pgtest.Server, url, best string, res *Results) error {
+func drainGrowth(ctx context.Context, o options, pg *pgserver.Server, url, best string, res *Results) error {
 	bigURL, err := createDB(ctx, pg, "bench_big")
 	if err != nil {
 		return err
@@ -180,7 +180,7 @@ func drainGrowth(ctx context.Context, o options, pg *pgtest.Server, url, best st
 
 // drainOneTx drains one INSERT of o.oneTx rows: the server streams it in
 // chunks (protocol v2) and the tailer buffers it until its commit.
-func drainOneTx(ctx context.Context, o options, pg *pgtest.Server, best string, res *Results) error {
+func drainOneTx(ctx context.Context, o options, pg *pgserver.Server, best string, res *Results) error {
 	oneURL, err := createDB(ctx, pg, "bench_one_tx")
 	if err != nil {
 		return err

@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/mailroom/tailer/internal/testutil/pgtest"
+	"github.com/mailroom/tailer/internal/pgserver"
 )
 
 const key = "cafebabecafebabecafebabecafebabecafebabecafebabecafebabecafebabe"
@@ -150,7 +150,7 @@ func run(o options) error {
 		}
 	}
 	fmt.Println("starting PostgreSQL ...")
-	pg, err := pgtest.Start(pgtest.Options{Settings: []string{"shared_buffers=512MB", "max_wal_size=8GB", "checkpoint_timeout=30min"}})
+	pg, err := pgserver.Start(pgserver.Options{Settings: []string{"shared_buffers=512MB", "max_wal_size=8GB", "checkpoint_timeout=30min"}})
 	if err != nil {
 		return err
 	}
@@ -217,7 +217,7 @@ func run(o options) error {
 // settle vacuums the drains' databases and checkpoints, so that the live
 // runs measure the tailer in the steady state, not beside autovacuum
 // working through the backlogs just drained.
-func settle(ctx context.Context, pg *pgtest.Server) error {
+func settle(ctx context.Context, pg *pgserver.Server) error {
 	for _, db := range []string{"bench_small", "bench_big"} {
 		conn, err := pgx.Connect(ctx, pg.URL(db))
 		if err != nil {
@@ -238,7 +238,7 @@ func settle(ctx context.Context, pg *pgtest.Server) error {
 	return err
 }
 
-func createDB(ctx context.Context, pg *pgtest.Server, name string) (string, error) {
+func createDB(ctx context.Context, pg *pgserver.Server, name string) (string, error) {
 	conn, err := pgx.Connect(ctx, pg.URL("postgres"))
 	if err != nil {
 		return "", err

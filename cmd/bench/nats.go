@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/internal/embedded"
-	"github.com/mailroom/tailer/internal/testutil/pgtest"
+	"github.com/mailroom/tailer/internal/pgserver"
 )
 
 // startNATS runs the JetStream the tailer publishes to: one embedded
@@ -29,10 +29,10 @@ func startNATS(o options, name string) (urls string, stop func(), err error) {
 	}
 	var client, cluster [3]int
 	for i := range 3 {
-		if client[i], err = pgtest.FreePort(); err != nil {
+		if client[i], err = pgserver.FreePort(); err != nil {
 			return "", nil, err
 		}
-		if cluster[i], err = pgtest.FreePort(); err != nil {
+		if cluster[i], err = pgserver.FreePort(); err != nil {
 			return "", nil, err
 		}
 	}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/mailroom/tailer/internal/testutil/pgtest"
+	"github.com/mailroom/tailer/internal/pgserver"
 )
 
 // SubscriberDrain is one database subscriber's drain of the stream.
@@ -31,7 +31,7 @@ type SubscriberDrain struct {
 
 // subscriberDrain runs tailer subscribe --into into from the start of the
 // stream at natsURL, which holds n tokens, into a database of its own.
-func subscriberDrain(ctx context.Context, o options, pg *pgtest.Server, natsURL, into string, n int) (SubscriberDrain, error) {
+func subscriberDrain(ctx context.Context, o options, pg *pgserver.Server, natsURL, into string, n int) (SubscriberDrain, error) {
 	d := SubscriberDrain{Into: into, Tokens: n}
 	url, err := createDB(ctx, pg, "bench_into_"+into)
 	if err != nil {

@@ -26,6 +26,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/mailroom/tailer/cmd/internal/daemon"
+	"github.com/mailroom/tailer/cmd/internal/natsmetrics"
 	"github.com/mailroom/tailer/cmd/internal/subscriber"
 	"github.com/mailroom/tailer/internal/embedded"
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
@@ -68,7 +69,7 @@ func readCompose(t *testing.T, path string) composeFile {
 
 func TestComposeFile(t *testing.T) {
 	c := readCompose(t, infra+"docker-compose.yml")
-	for _, name := range []string{"postgres", "nats", "migrate", "tailer", "postgres-exporter", "prometheus", "alertmanager", "grafana", "subscriber"} {
+	for _, name := range []string{"postgres", "nats", "migrate", "tailer", "postgres-exporter", "nats-exporter", "prometheus", "alertmanager", "grafana", "subscriber", "nats-cli"} {
 		if _, ok := c.Services[name]; !ok {
 			t.Errorf("service %s missing", name)
 		}
@@ -100,6 +101,11 @@ func TestComposeFile(t *testing.T) {
 	tailer := c.Services["tailer"]
 	if tailer.DependsOn["migrate"].Condition != "service_completed_successfully" || tailer.DependsOn["nats"].Condition != "service_healthy" {
 		t.Errorf("tailer must start after migrate completes and NATS is healthy: %+v", tailer.DependsOn)
+	}
+	// The operator's CLI logs in as admin or system from their secrets,
+	// and is never started by up.
+	if cli := c.Services["nats-cli"]; !slices.Contains(cli.Profiles, "tools") || cli.Environment["NATS_URL"] == "" {
+		t.Errorf("nats-cli: behind the tools profile, pointed at nats: %+v", cli)
 	}
 	if _, ok := c.Services["prometheus"].DependsOn["tailer"]; ok {
 		t.Error("prometheus waits for the tailer: it must run to report that the tailer does not")
@@ -155,8 +161,8 @@ func TestComposeFile(t *testing.T) {
 				t.Errorf("%s: %s runs without nats/nats.conf and its entrypoint: anonymous access, or passwords read as configuration", path, name)
 			}
 			// Health where the image allows one; migrate and nats-volume
-			// run once.
-			once := name == "migrate" || name == "nats-volume"
+			// run once, nats-cli once per command.
+			once := name == "migrate" || name == "nats-volume" || name == "nats-cli"
 			if !once && len(s.Healthcheck.Test) == 0 {
 				t.Errorf("%s: %s has no healthcheck", path, name)
 			}
@@ -204,8 +210,34 @@ func TestComposeFile(t *testing.T) {
 	if env := cluster.Services["tailer"].Environment; env["MAILROOM_NATS_REPLICAS"] != "3" || strings.Count(env["MAILROOM_NATS_URL"], "nats://") != 3 {
 		t.Errorf("cluster file: the tailer must create an R3 stream and know every node: %v", env)
 	}
-	if len(cluster.Services) != 6 {
+	// nats-1 must not see the single server's JetStream: it would delete
+	// its streams as orphans.
+	if v := cluster.Services["nats"].Volumes; !slices.Equal(v, []string{"nats1:/data"}) {
+		t.Errorf("cluster file: nats-1's JetStream on %v, want a volume of its own (nats1:/data)", v)
+	}
+	if len(cluster.Services) != 8 {
 		t.Errorf("cluster file has services %v", slices.Collect(maps.Keys(cluster.Services)))
+	}
+
+	// The TLS file: every PostgreSQL client verifies the server's name
+	// against the stack's CA, every NATS client has the CA, and NATS
+	// takes clients over TLS only.
+	tls := readCompose(t, infra+"docker-compose.tls.yml")
+	for _, name := range []string{"migrate", "tailer"} {
+		if u := tls.Services[name].Environment["MAILROOM_DATABASE_URL"]; !strings.Contains(u, "sslmode=verify-full") || !strings.Contains(u, "sslrootcert=/run/secrets/tls_ca") {
+			t.Errorf("TLS file: %s connects with %q, want sslmode=verify-full against the stack's CA", name, u)
+		}
+	}
+	if u := tls.Services["postgres-exporter"].Environment["DATA_SOURCE_NAME"]; !strings.Contains(u, "sslmode=verify-full") {
+		t.Errorf("TLS file: postgres-exporter connects with %q", u)
+	}
+	for _, name := range []string{"tailer", "subscriber"} {
+		if tls.Services[name].Environment["MAILROOM_NATS_TLS_CA"] != "/run/secrets/tls_ca" {
+			t.Errorf("TLS file: %s does not check NATS's certificate", name)
+		}
+	}
+	if tls.Services["nats"].Environment["NATS_TLS_CERT_FILE"] == "" {
+		t.Error("TLS file: NATS without its certificate")
 	}
 
 	docker, err := os.ReadFile(infra + "Dockerfile")
@@ -219,7 +251,7 @@ func TestComposeFile(t *testing.T) {
 }
 
 // The tailer's metric families, and postgres_exporter's.
-var metricRe = regexp.MustCompile(`\b(tailer|pg|mailroom_subscriber)_[a-z_]+`)
+var metricRe = regexp.MustCompile(`\b(tailer|pg|mailroom_subscriber|nats)_[a-z_]+`)
 
 // referencedMetrics returns the tailer's and postgres_exporter's metric
 // families named in the alert rules and the dashboard.
@@ -365,6 +397,14 @@ func TestDashboardAndRulesUseExportedMetrics(t *testing.T) {
 			t.Errorf("%s is in subscriber.MetricNames but not exported", name)
 		}
 	}
+	// tailer nats-metrics: its families (package natsmetrics's tests
+	// scrape each from real servers).
+	for _, name := range natsmetrics.MetricNames {
+		exported[name] = true
+	}
+	if n := check("nats_"); n < 5 {
+		t.Errorf("only %d NATS metrics referenced: the servers are not watched", n)
+	}
 	// The slot active (the tailer streams): every series is there.
 	exporter := s.exporter(t)
 	// The tailer has recorded how far its slot is confirmed: the lag in
@@ -475,8 +515,8 @@ func (c *cluster) startNATSConfig(path string, env map[string]string) {
 func TestComposeNATSAccounts(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(20, uint64(time.Now().UnixNano())))
-	tailerPW, subscriberPW := hostilePassword(rng), hostilePassword(rng)
-	env := natsConfigEnv(t, tailerPW, subscriberPW)
+	tailerPW, subscriberPW, adminPW, systemPW := hostilePassword(rng), hostilePassword(rng), hostilePassword(rng), hostilePassword(rng)
+	env := natsConfigEnv(t, map[string]string{"TAILER": tailerPW, "SUBSCRIBER": subscriberPW, "ADMIN": adminPW, "SYSTEM": systemPW})
 	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
 	c.startNATSConfig(infra+"nats/nats.conf", env)
 	if nc, err := nats.Connect(c.natsURL()); err == nil {
@@ -537,6 +577,7 @@ func TestComposeNATSAccounts(t *testing.T) {
 		}
 		cancel()
 	}
+	checkOperatorUsers(t, c, tailerPW, adminPW, systemPW)
 
 	if code := p.term(15 * time.Second); code != 0 {
 		t.Fatalf("tailer exit %d", code)
@@ -601,12 +642,56 @@ func secretFile(t *testing.T, content string) string {
 	return f.Name()
 }
 
+// checkOperatorUsers checks nats.conf's users for the operator: admin may
+// edit the stream (what a scale-up or a restore needs), the tailer's user
+// may not; system reaches the servers' reports, admin does not.
+func checkOperatorUsers(t *testing.T, c *cluster, tailerPW, adminPW, systemPW string) {
+	t.Helper()
+	connect := func(user, pw string) *nats.Conn {
+		nc, err := nats.Connect(c.natsURL(), nats.UserInfo(user, pw), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+		if err != nil {
+			t.Fatalf("%s: %v", user, err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
+	defer cancel()
+	edit := func(nc *nats.Conn) error {
+		js, _ := jetstream.New(nc)
+		s, err := js.Stream(ctx, "MAILROOM")
+		if err != nil {
+			return err
+		}
+		cfg := s.CachedInfo().Config
+		cfg.Description += " (edited)"
+		_, err = js.UpdateStream(ctx, cfg)
+		return err
+	}
+	if err := edit(connect("admin", adminPW)); err != nil {
+		t.Errorf("admin cannot edit the stream: %v", err)
+	}
+	if err := edit(connect("tailer", tailerPW)); err == nil {
+		t.Error("the tailer's user may edit the stream")
+	}
+	if _, err := connect("system", systemPW).Request("$SYS.REQ.SERVER.PING.VARZ", nil, 2*time.Second); err != nil {
+		t.Errorf("system has no server report: %v", err)
+	}
+	if _, err := connect("admin", adminPW).Request("$SYS.REQ.SERVER.PING.VARZ", nil, 500*time.Millisecond); err == nil {
+		t.Error("admin reaches the system account's reports")
+	}
+}
+
 // natsConfigEnv is the environment nats/nats.conf reads, as the compose
-// file's NATS services get it: through nats/entrypoint.sh.
-func natsConfigEnv(t *testing.T, tailerPW, subscriberPW string) map[string]string {
+// file's NATS services get it: through nats/entrypoint.sh. passwords are
+// the users' by the variable's infix: TAILER, SUBSCRIBER, ADMIN, SYSTEM.
+func natsConfigEnv(t *testing.T, passwords map[string]string) map[string]string {
 	t.Helper()
 	cmd := exec.Command("sh", infra+"nats/entrypoint.sh", "env")
-	cmd.Env = append(os.Environ(), "NATS_TAILER_PASSWORD_FILE="+secretFile(t, tailerPW), "NATS_SUBSCRIBER_PASSWORD_FILE="+secretFile(t, subscriberPW))
+	cmd.Env = os.Environ()
+	for user, pw := range passwords {
+		cmd.Env = append(cmd.Env, "NATS_"+user+"_PASSWORD_FILE="+secretFile(t, pw))
+	}
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("nats/entrypoint.sh: %v", err)
@@ -617,7 +702,7 @@ func natsConfigEnv(t *testing.T, tailerPW, subscriberPW string) map[string]strin
 			env[k] = v
 		}
 	}
-	if len(env) != 2 {
+	if len(env) != len(passwords) {
 		t.Fatalf("nats/entrypoint.sh exported %d quoted passwords:\n%s", len(env), out)
 	}
 	return env
@@ -810,6 +895,32 @@ func TestComposeRoles(t *testing.T) {
 	for role, pw := range s.passwords {
 		if strings.Contains(out, pw) {
 			t.Fatalf("the %s password in the output:\n%s", role, out)
+		}
+	}
+}
+
+// nats/entrypoint.sh adds the TLS flags exactly when the TLS file sets
+// NATS_TLS_CERT_FILE, and refuses a certificate without its key.
+func TestNATSEntrypointTLS(t *testing.T) {
+	t.Parallel()
+	pw := secretFile(t, "pw")
+	base := append(os.Environ(), "NATS_TAILER_PASSWORD_FILE="+pw, "NATS_SUBSCRIBER_PASSWORD_FILE="+pw,
+		"NATS_ADMIN_PASSWORD_FILE="+pw, "NATS_SYSTEM_PASSWORD_FILE="+pw)
+	for _, tc := range []struct {
+		env  []string
+		want string
+		ok   bool
+	}{
+		{nil, "nats-server --config c", true},
+		{[]string{"NATS_TLS_CERT_FILE=/run/secrets/cert", "NATS_TLS_KEY_FILE=/run/secrets/key"},
+			"nats-server --config c --tls --tlscert /run/secrets/cert --tlskey /run/secrets/key", true},
+		{[]string{"NATS_TLS_CERT_FILE=/run/secrets/cert"}, "", false},
+	} {
+		cmd := exec.Command("sh", infra+"nats/entrypoint.sh", "echo", "nats-server", "--config", "c")
+		cmd.Env = append(slices.Clone(base), tc.env...)
+		out, err := cmd.Output()
+		if (err == nil) != tc.ok || (tc.ok && strings.TrimSpace(string(out)) != tc.want) {
+			t.Errorf("env %v: %q (%v), want %q (ok %v)", tc.env, out, err, tc.want, tc.ok)
 		}
 	}
 }

@@ -29,6 +29,7 @@ Usage:
   tailer verify     check a token with the signing key
   tailer subscribe  print published batches, one line each, or feed them to a sender
   tailer dead-letters  list or re-send the batches a durable's senders kept failing on
+  tailer nats-metrics  export the NATS servers' view of the stream, consumers and cluster to Prometheus
 
 Every setting is a MAILROOM_* environment variable and the matching flag;
 run "tailer COMMAND --help" for those of a command.
@@ -110,6 +111,8 @@ func run(args []string, lookupEnv func(string) (string, bool), stdout, stderr io
 		return subscribe(ctx, rest, lookupEnv, stdout, stderr)
 	case "dead-letters":
 		return deadLetters(ctx, rest, lookupEnv, stdout, stderr)
+	case "nats-metrics":
+		return natsMetrics(ctx, rest, stderr)
 	}
 	fmt.Fprintf(stderr, "tailer: unknown command %q\n\n%s", cmd, usage)
 	return exitConfig

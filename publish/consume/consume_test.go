@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
@@ -188,4 +189,28 @@ func TestDedupWindow(t *testing.T) {
 	if d.Seen(1) {
 		t.Fatal("an evicted key is reported seen")
 	}
+}
+
+// A consumer's loop body: decode a message, send each token once, then
+// acknowledge (docs/wire-format.md, "Consuming"). Compiled, not run: it
+// needs a stream.
+func Example_decodeAndDedup() {
+	send := func(email, login, tok, code string) {}
+	dedup := consume.NewDedup[string](100_000)
+	handle := func(msg jetstream.Msg) {
+		batch, err := consume.Decode(msg.Headers(), msg.Data())
+		if err != nil {
+			// Log it with the field it names, and set the message aside.
+			msg.Term()
+			return
+		}
+		for _, t := range batch.Tokens {
+			if dedup.Seen(t.Key) {
+				continue // redelivered: already handled
+			}
+			send(t.Email, t.Login, t.Token, t.Code)
+		}
+		msg.Ack()
+	}
+	_ = handle
 }

@@ -99,6 +99,13 @@ func ResyncNeededMessage(slot, publication string) string {
 		"(PostgreSQL decodes each change with the catalog as it was then); streaming on would skip them. "+resyncWayOut, publication, slot)
 }
 
+// PendingResyncMessage says what a resync started and not finished means,
+// for logs and /readyz.
+func PendingResyncMessage(slot string) string {
+	return fmt.Sprintf("a resync of slot %s was started and did not finish: the tokens of its snapshot are not all on the stream. "+
+		"Run `tailer resync` again (or `tailer migrate`, when it was adopting a collector's database); tailer run waits until then", slot)
+}
+
 // Advise returns err with the way out appended when it is a refusal the
 // operator resolves with a setting or a command (errors.As still finds
 // the fact); any other err as it is.
@@ -106,9 +113,12 @@ func Advise(err error) error {
 	var (
 		fs  *replication.ForeignSlotError
 		se  *publish.SubjectError
+		fe  *replication.FailoverError
 		way string
 	)
 	switch {
+	case errors.As(err, &fe):
+		return FailoverSettingError(err)
 	case errors.As(err, &fs):
 		way = "choose another slot name (MAILROOM_SLOT), or drop the other database's slot if it is no longer used"
 	case errors.As(err, &se) && se.Marker:

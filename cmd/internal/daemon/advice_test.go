@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -31,6 +32,10 @@ func TestAdvice(t *testing.T) {
 	if !errors.As(FailoverSettingError(ferr), &cerr) || cerr.Var != "MAILROOM_SLOT_FAILOVER" {
 		t.Fatalf("FailoverSettingError = %v, want a config.Error of MAILROOM_SLOT_FAILOVER", FailoverSettingError(ferr))
 	}
+	// As tailer resync meets it, wrapped: the same setting's error.
+	if !errors.As(Advise(fmt.Errorf("slot failover: %w", ferr)), &cerr) || cerr.Var != "MAILROOM_SLOT_FAILOVER" {
+		t.Fatalf("Advise(a failover refusal) = %v, want a config.Error of MAILROOM_SLOT_FAILOVER", Advise(ferr))
+	}
 	for _, tc := range []struct {
 		fact, advised string
 		want          []string
@@ -49,6 +54,7 @@ func TestAdvice(t *testing.T) {
 		{"publication mailroom could not carry token inserts", ResyncNeededMessage("mailroom", "mailroom"), []string{"tailer resync", "MAILROOM_AUTO_RESYNC"}},
 		{"slot mailroom does not exist, but this database recorded it", DroppedSlotMessage("mailroom", "made by tailer run"), []string{"tailer resync", "MAILROOM_AUTO_RESYNC", "MAILROOM_NATS_STREAM"}},
 		{"slot mailroom does not exist, but stream MAILROOM holds batches", UnrecordedSlotMessage("mailroom", "MAILROOM", 9), []string{"tailer resync", "MAILROOM_NATS_STREAM"}},
+		{"a resync of slot mailroom was started and did not finish", PendingResyncMessage("mailroom"), []string{"tailer resync", "tailer migrate"}},
 		{"stream MAILROOM holds batches (last seq 9) that slot mailroom did not publish", EarlierBatchesMessage("MAILROOM", 9, "mailroom", "made by hand"), []string{"tailer resync", "MAILROOM_NATS_STREAM"}},
 	} {
 		if !strings.Contains(tc.advised, tc.fact) {

@@ -486,7 +486,7 @@ func (d *Daemon) prepareSlot(ctx context.Context, q *pgx.Conn, nc *nats.Conn, de
 		return rec, replication.SlotInfo{}, pgErr(err)
 	}
 	if rec.ResyncPending {
-		return rec, replication.SlotInfo{}, &blockedError{reason: blockedResync, msg: resync.PendingMessage(cfg.Slot), resync: true}
+		return rec, replication.SlotInfo{}, &blockedError{reason: blockedResync, msg: PendingResyncMessage(cfg.Slot), resync: true}
 	}
 	if rec.ResyncNeeded {
 		return rec, replication.SlotInfo{}, &blockedError{reason: blockedResync, msg: ResyncNeededMessage(cfg.Slot, cfg.Publication), resync: true}

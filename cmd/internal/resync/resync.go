@@ -164,7 +164,7 @@ func begin(ctx context.Context, q *pgx.Conn, opts Options, rep *Report) (replica
 	}
 	failover, err := replication.WantFailover(opts.Failover, major)
 	if err != nil {
-		return replication.Record{}, false, fmt.Errorf("MAILROOM_SLOT_FAILOVER: %w", err)
+		return replication.Record{}, false, fmt.Errorf("slot failover: %w", err)
 	}
 	old, err := replication.LoadRecord(ctx, q, opts.Slot)
 	if err != nil {
@@ -465,10 +465,4 @@ func CollectorCursor(ctx context.Context, q replication.Querier) (*replication.C
 		c.LastSeq = *seq
 	}
 	return c, nil
-}
-
-// PendingMessage says what a pending resync means, for logs and /readyz.
-func PendingMessage(slot string) string {
-	return fmt.Sprintf("a resync of slot %s was started and did not finish: the tokens of its snapshot are not all on the stream. "+
-		"Run `tailer resync` again (or `tailer migrate`, when it was adopting a collector's database); tailer run waits until then", slot)
 }
