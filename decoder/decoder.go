@@ -46,6 +46,8 @@ type Decoder struct {
 	txXid    uint32
 	txTime   int64
 	txIndex  uint32
+	// txTrace is the traceparent the transaction's next rows carry.
+	txTrace string
 
 	// inStream is set between Stream Start and Stream Stop; streamXid is the
 	// top-level transaction the chunk belongs to.
@@ -202,7 +204,7 @@ func (d *Decoder) begin(r *reader) error {
 	if d.inTx || d.inStream {
 		return fmt.Errorf("%w: begin inside a transaction or a streamed chunk", ErrProtocol)
 	}
-	d.inTx, d.txCommit, d.txXid, d.txTime, d.txIndex = true, pglogrepl.LSN(finalLSN), xid, commitTime, 0
+	d.inTx, d.txCommit, d.txXid, d.txTime, d.txIndex, d.txTrace = true, pglogrepl.LSN(finalLSN), xid, commitTime, 0, ""
 	return nil
 }
 
@@ -384,7 +386,7 @@ func (d *Decoder) insert(r *reader, sink Sink) error {
 		sink.BadRow(pos, rowErr)
 		return nil
 	}
-	tok.Pos, tok.Xid, tok.CommitTime = pos, d.txXid, d.txTime
+	tok.Pos, tok.Xid, tok.CommitTime, tok.Trace = pos, d.txXid, d.txTime, d.txTrace
 	sink.Token(tok)
 	return nil
 }

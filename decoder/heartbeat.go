@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/mailroom/tailer/publish/wire"
 )
 
 // HeartbeatPrefix is the prefix of the logical messages the tailer writes
@@ -25,13 +27,15 @@ func parseHeartbeat(content []byte) (time.Time, bool) {
 	return time.UnixMicro(us), true
 }
 
-// message reads a logical message. Only heartbeats mean anything to the
-// tailer: other prefixes, transactional messages and a heartbeat whose
-// content is not a time (someone else's message under the prefix) are
+// message reads a logical message. The tailer's heartbeats (not
+// transactional) and the applications' traceparents (transactional, see
+// TraceparentPrefix) mean something to it: other prefixes, a heartbeat
+// whose content is not a time and a traceparent that is not one are
 // passed over, as a row of an unpublished table would be.
 func (d *Decoder) message(r *reader, sink Sink) error {
+	var xid uint32
 	if d.inStream {
-		r.u32() // xid
+		xid = r.u32()
 	}
 	flags := r.u8()
 	lsn := pglogrepl.LSN(r.u64())
@@ -40,11 +44,26 @@ func (d *Decoder) message(r *reader, sink Sink) error {
 	if r.err != nil {
 		return r.fail("message")
 	}
-	if flags&1 != 0 || string(prefix) != HeartbeatPrefix {
-		return nil
-	}
-	if at, ok := parseHeartbeat(content); ok {
-		sink.Heartbeat(lsn, at)
+	transactional := flags&1 != 0
+	switch {
+	case transactional && string(prefix) == TraceparentPrefix && wire.ValidTraceparent(content):
+		d.trace(xid, string(content))
+	case !transactional && string(prefix) == HeartbeatPrefix:
+		if at, ok := parseHeartbeat(content); ok {
+			sink.Heartbeat(lsn, at)
+		}
 	}
 	return nil
+}
+
+// trace makes t the trace of the rows the transaction inserts from now on.
+func (d *Decoder) trace(subXid uint32, t string) {
+	switch {
+	case d.inStream:
+		if st := d.streams[d.streamXid]; st != nil {
+			st.marks = append(st.marks, traceMark{at: len(st.rows) + st.spilled, subXid: subXid, trace: t})
+		}
+	case d.inTx:
+		d.txTrace = t
+	}
 }

@@ -29,6 +29,8 @@ type streamedTx struct {
 	// aborted holds the subtransactions rolled back so far; their rows are
 	// dropped when the transaction is handed over.
 	aborted map[uint32]struct{}
+	// marks are the traceparents written into the transaction, in order.
+	marks []traceMark
 }
 
 type streamedRow struct {
@@ -156,6 +158,11 @@ type handover struct {
 	// next is the next in-memory row; index the next position's index.
 	next  int
 	index uint32
+	// added counts the rows read so far, aborted ones included; trace is
+	// the traceparent the next row carries, mark the next traceMark.
+	added int
+	trace string
+	mark  int
 	r     *bufio.Reader
 	left  int // spilled rows not read yet
 	row   streamedRow
@@ -196,6 +203,12 @@ func (h *handover) step(sink Sink, max int) (bool, error) {
 			sink.Commit(h.commitLSN, h.endLSN, pgTime(h.commitTime))
 			return true, nil
 		}
+		for ; h.mark < len(h.tx.marks) && h.tx.marks[h.mark].at <= h.added; h.mark++ {
+			if _, gone := h.tx.aborted[h.tx.marks[h.mark].subXid]; !gone {
+				h.trace = h.tx.marks[h.mark].trace
+			}
+		}
+		h.added++
 		if _, gone := h.tx.aborted[row.subXid]; gone {
 			continue
 		}
@@ -205,7 +218,7 @@ func (h *handover) step(sink Sink, max int) (bool, error) {
 			sink.BadRow(pos, row.err)
 			continue
 		}
-		row.tok.Pos, row.tok.Xid, row.tok.CommitTime = pos, h.xid, h.commitTime
+		row.tok.Pos, row.tok.Xid, row.tok.CommitTime, row.tok.Trace = pos, h.xid, h.commitTime, h.trace
 		sink.Token(&row.tok)
 	}
 	return false, nil

@@ -131,6 +131,9 @@ type Token struct {
 	CodeLen uint8
 	// CodeNull is set when the code column was NULL.
 	CodeNull bool
+	// Trace is the W3C traceparent the application wrote into the
+	// transaction before the row (see TraceparentPrefix), or empty.
+	Trace string
 }
 
 // pgEpoch is PostgreSQL's timestamp epoch.

@@ -3,6 +3,7 @@ package publish
 import (
 	"errors"
 	"math"
+	"slices"
 	"strconv"
 	"unicode/utf8"
 
@@ -39,6 +40,14 @@ type Encoder struct {
 	keys     []byte
 	sizes    []byte
 	lines    int
+	// The traceparents of the tokens so far, in order of their first
+	// token, with the tokens of each (wire.HeaderTraceTokens).
+	traces     []string
+	traceToks  [][]byte
+	traceLast  []int
+	traceCount []int
+	traceIdx   map[string]int
+	traceBytes int
 }
 
 // NewEncoder returns an Encoder signing with signer.
@@ -57,6 +66,11 @@ type Encoded struct {
 	// N is the number of tokens in Body, Batches the number of its batches
 	// (lines).
 	N, Batches int
+	// Traces are the distinct traceparents of the tokens' transactions,
+	// TraceTokens the tokens of each (see wire.HeaderTraceTokens) and
+	// TraceCounts how many they are.
+	Traces, TraceTokens []string
+	TraceCounts         []int
 }
 
 // Bytes a message needs besides its tokens: the other headers and the json
@@ -75,6 +89,8 @@ const headerBudget = math.MaxUint16 - messageOverhead
 func (e *Encoder) Begin(dst []byte, maxBytes int) {
 	e.dst, e.n, e.lines = dst[:0], 0, 0
 	e.ids, e.keys, e.sizes = e.ids[:0], e.keys[:0], e.sizes[:0]
+	e.traces, e.traceToks, e.traceLast, e.traceCount, e.traceBytes = e.traces[:0], e.traceToks[:0], e.traceLast[:0], e.traceCount[:0], 0
+	clear(e.traceIdx)
 	e.out = e.dst
 	if e.format == wire.FormatJSON {
 		// Json entries are built apart: Finish wraps them in the envelope
@@ -132,6 +148,10 @@ func (e *Encoder) Add(tokens []decoder.Token, rows []join.TokenState) (covered i
 		e.ids = strconv.AppendInt(e.ids, t.ID, 10)
 		e.keys = token.AppendKey(e.keys, &t.Secret)
 		headers := len(e.ids) + len(e.keys) + len(e.sizes) + 8
+		if t.Trace != "" {
+			// At most: a new traceparent, and its token's index.
+			headers += e.traceBytes + len(t.Trace) + 16
+		}
 		if e.n > 0 && (headers > headerBudget || e.limited && len(e.out)-e.base+headers > e.budget) {
 			// This token goes into the next message.
 			e.out, e.ids, e.keys, e.sizes = e.out[:start], e.ids[:idsLen], e.keys[:keysLen], e.sizes[:sizesLen]
@@ -139,6 +159,9 @@ func (e *Encoder) Add(tokens []decoder.Token, rows []join.TokenState) (covered i
 		}
 		if line == 0 {
 			e.lines++
+		}
+		if t.Trace != "" {
+			e.addTrace(t.Trace)
 		}
 		line++
 		e.n++
@@ -165,7 +188,41 @@ func (e *Encoder) Finish(id string) Encoded {
 		out = append(out, e.sizes...)
 		out = append(out, "]}"...)
 	}
-	return Encoded{Body: out, KeyID: e.signer.ID(), IDs: string(e.ids), Keys: string(e.keys), Sizes: string(e.sizes), N: e.n, Batches: e.lines}
+	enc := Encoded{Body: out, KeyID: e.signer.ID(), IDs: string(e.ids), Keys: string(e.keys), Sizes: string(e.sizes), N: e.n, Batches: e.lines}
+	if len(e.traces) > 0 {
+		enc.Traces, enc.TraceCounts = slices.Clone(e.traces), slices.Clone(e.traceCount)
+		for _, toks := range e.traceToks {
+			enc.TraceTokens = append(enc.TraceTokens, string(toks))
+		}
+	}
+	return enc
+}
+
+// addTrace records that the message's next token (index e.n) carries the
+// traceparent trace.
+func (e *Encoder) addTrace(trace string) {
+	if e.traceIdx == nil {
+		e.traceIdx = map[string]int{}
+	}
+	i, ok := e.traceIdx[trace]
+	if !ok {
+		i = len(e.traces)
+		e.traceIdx[trace] = i
+		e.traces, e.traceLast, e.traceCount = append(e.traces, trace), append(e.traceLast, -1), append(e.traceCount, 0)
+		if i < cap(e.traceToks) {
+			// A buffer of an earlier message, reused.
+			e.traceToks = e.traceToks[:i+1]
+			e.traceToks[i] = e.traceToks[i][:0]
+		} else {
+			e.traceToks = append(e.traceToks, nil)
+		}
+		e.traceBytes += len(trace) + 2
+	}
+	before := len(e.traceToks[i])
+	e.traceToks[i] = wire.AppendTokenIndex(e.traceToks[i], e.traceLast[i], e.n)
+	e.traceLast[i] = e.n
+	e.traceCount[i]++
+	e.traceBytes += len(e.traceToks[i]) - before
 }
 
 // errUnsafeField is a token whose email or login cannot go into a line.

@@ -1,6 +1,7 @@
 package publish
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -150,5 +151,55 @@ func TestEncodeSplitsByHeaderSize(t *testing.T) {
 	}
 	if published != 6000 || messages < 3 {
 		t.Fatalf("%d tokens in %d messages, want 6000 in at least 3", published, messages)
+	}
+}
+
+// The tokens' traceparents go into the message as one value per distinct
+// traceparent, with the tokens of each; a consumer reads them back onto
+// its tokens. Skipped and untraced tokens carry none.
+func TestEncodeTraces(t *testing.T) {
+	const (
+		a = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+		b = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+	)
+	tokens := testTokens(6)
+	for i, tr := range []string{a, "", a, b, b, a} {
+		tokens[i].Trace = tr
+	}
+	rows := make([]join.TokenState, 6)
+	for i := range rows {
+		rows[i] = join.TokenState{Email: []byte("x@example.com"), Login: []byte("x")}
+	}
+	rows[2].Email = []byte("bad,comma@example.com") // skipped in a line
+	e := testEncoder(t, wire.FormatLine)
+	for round := range 2 { // the second reuses the encoder's buffers
+		e.Begin(nil, 0)
+		e.Add(tokens[:4], rows[:4])
+		e.Add(tokens[4:], rows[4:])
+		enc := e.Finish("m")
+		if !slices.Equal(enc.Traces, []string{a, b}) || !slices.Equal(enc.TraceTokens, []string{"0,4", "2-3"}) {
+			t.Fatalf("round %d: traces %q tokens %q, want [a b] [0,4 2-3]", round, enc.Traces, enc.TraceTokens)
+		}
+		batch, err := consume.Decode(map[string][]string{wire.HeaderTokenIDs: {enc.IDs}, wire.HeaderTokenKeys: {enc.Keys}, wire.HeaderBatchSizes: {enc.Sizes},
+			wire.HeaderTraceparent: enc.Traces, wire.HeaderTraceTokens: enc.TraceTokens}, enc.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, tok := range batch.Tokens {
+			got = append(got, tok.Traceparent)
+		}
+		if !slices.Equal(got, []string{a, "", b, b, a}) {
+			t.Fatalf("round %d: the consumer reads %q", round, got)
+		}
+		for i := range rows {
+			rows[i].Skip = join.Publish
+		}
+	}
+	// A message without traced tokens has no trace headers.
+	e.Begin(nil, 0)
+	e.Add(testTokens(3), rows[:3])
+	if enc := e.Finish("m"); enc.Traces != nil || enc.TraceTokens != nil {
+		t.Fatalf("untraced: %q %q", enc.Traces, enc.TraceTokens)
 	}
 }

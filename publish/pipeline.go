@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mailroom/tailer/batch"
 	"github.com/mailroom/tailer/decoder"
@@ -71,6 +73,9 @@ type Pipeline struct {
 	// from the slot: their tokens have no WAL positions, so each message
 	// is named resync-<Snapshot>-<n> and carries Mailroom-Resync instead.
 	Snapshot string
+	// Tracer, when set, records the spans of tokens whose transactions
+	// carried a traceparent (see tracing.go); nil records none.
+	Tracer trace.Tracer
 
 	messages int
 	// Scratch of the join, reused.
@@ -104,6 +109,8 @@ type inFlight struct {
 	started time.Time
 	// done are the batches whose last tokens this message covers.
 	done []*ready
+	// spans are the message's publish spans (traced tokens only).
+	spans []trace.Span
 }
 
 // Bounds of one coalesced join, and of the tokens joined and waiting for a
@@ -296,10 +303,14 @@ func (p *Pipeline) join(ctx context.Context, group []*ready) error {
 		p.joinTokens = append(p.joinTokens, b.Tokens)
 		p.joinRows = append(p.joinRows, r.rows)
 	}
+	end := p.traceDecodeAndJoin(ctx, p.joinTokens)
 	if toJoin == 0 {
+		end(nil)
 		return nil
 	}
-	return p.Joiner.JoinMany(ctx, p.joinTokens, p.joinRows)
+	err := p.Joiner.JoinMany(ctx, p.joinTokens, p.joinRows)
+	end(err)
+	return err
 }
 
 // publishNext encodes the next message and publishes it without waiting for
@@ -357,14 +368,17 @@ func (p *Pipeline) publishNext(body []byte, waiting *[]*ready) (inFlight, int, e
 	if enc.N == 0 {
 		return item, covered, nil
 	}
-	m := &Message{Lane: lane, Count: enc.N, TokenIDs: enc.IDs, TokenKeys: enc.Keys, BatchSizes: enc.Sizes, KeyID: enc.KeyID, Format: p.Format, Body: enc.Body}
+	m := &Message{Lane: lane, Count: enc.N, TokenIDs: enc.IDs, TokenKeys: enc.Keys, BatchSizes: enc.Sizes, KeyID: enc.KeyID, Format: p.Format, Body: enc.Body,
+		Traces: enc.Traces, TraceTokens: enc.TraceTokens}
 	if p.Snapshot != "" {
 		m.ID, m.Resync = item.id, p.Snapshot
 	} else {
 		m.First, m.Last = first, last
 	}
+	item.spans = p.tracePublish(enc.Traces, enc.TraceCounts, p.Publisher.subjects[lane])
 	fut, err := p.Publisher.PublishAsync(m)
 	if err != nil {
+		endSpans(item.spans, err)
 		return item, covered, err
 	}
 	p.messages++
@@ -416,6 +430,7 @@ func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, inFlight
 				if p.Log != nil {
 					p.Log.Debug("message acknowledged", "message", it.id, "batches", it.batches, "tokens", it.n, "seq", ack.Sequence, "duplicate", ack.Duplicate)
 				}
+				endSpans(it.spans, nil, attribute.Int64("messaging.nats.stream_sequence", int64(ack.Sequence)), attribute.Bool("mailroom.duplicate", ack.Duplicate))
 				if ack.Duplicate {
 					if err := p.Publisher.CheckDuplicate(ctx, it.id, it.keys, ack.Sequence); err != nil {
 						return err
@@ -425,6 +440,7 @@ func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, inFlight
 					}
 				}
 			case err := <-it.fut.Err():
+				endSpans(it.spans, err)
 				if isWrongLastSequence(err) {
 					return fmt.Errorf("publish message %s: %w: %w", it.id, ErrStreamMoved, err)
 				}

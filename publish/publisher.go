@@ -391,6 +391,9 @@ type Message struct {
 	KeyID  string
 	Format wire.Format
 	Body   []byte
+	// Traces and TraceTokens become the message's traceparent and
+	// Mailroom-Trace-Tokens headers (see wire.HeaderTraceparent).
+	Traces, TraceTokens []string
 }
 
 // PublishAsync sends m and returns the future of its PubAck. Futures
@@ -422,6 +425,9 @@ func (p *Publisher) PublishAsync(m *Message) (jetstream.PubAckFuture, error) {
 	}
 	if p.incarnation != "" {
 		msg.Header[wire.HeaderIncarnation] = []string{p.incarnation}
+	}
+	if len(m.Traces) > 0 {
+		msg.Header[wire.HeaderTraceparent], msg.Header[wire.HeaderTraceTokens] = m.Traces, m.TraceTokens
 	}
 	fut, err := p.js.PublishMsgAsync(msg, jetstream.WithMsgID(id), jetstream.WithExpectLastSequence(p.next))
 	if err != nil {

@@ -178,7 +178,7 @@ if [ "${TLS:-}" = 1 ]; then
   curl -fsS "http://127.0.0.1:$((base + 3))/varz" | grep -q '"tls_required": *true' || fail "NATS does not require TLS"
   conns=$(curl -fsS "http://127.0.0.1:$((base + 3))/connz?auth=true" | python3 -c 'import json,sys; c=json.load(sys.stdin)["connections"]; print(sum(1 for x in c if x.get("tls_version")), len(c))')
   [ "${conns% *}" = "${conns#* }" ] && [ "${conns#* }" -ge 2 ] || fail "NATS: ${conns% *} of ${conns#* } clients use TLS"
-  say "TLS: $tls connections to PostgreSQL encrypted of ${tls#*|}, ${conns% *} NATS clients of ${conns#* }; a plain login refused: ${out##*FATAL:  }"
+  say "TLS: ${tls%|*} of ${tls#*|} connections to PostgreSQL encrypted, ${conns% *} of ${conns#* } NATS clients; a plain login refused: ${out##*FATAL:  }"
 fi
 
 psql_app() { dc exec -T -e PGPASSWORD="$APP_DB_PASSWORD" postgres psql -qAt -h 127.0.0.1 -U mailroom_app -d mailroom -v ON_ERROR_STOP=1 "$@"; }
@@ -186,6 +186,28 @@ inserted=0
 insert() { # n, prefix
   psql_app -c "INSERT INTO accounts (email, login) SELECT '$2' || g || '@example.com', '$2' || g FROM generate_series(1, $1) g" >/dev/null
   inserted=$((inserted + $1))
+}
+# start_writer PREFIX ROWS PAUSE: the application inserts ROWS accounts
+# every PAUSE seconds, in the background, until stop_writer, which counts
+# them in.
+writer_stop="$work/writer.stop"
+start_writer() {
+  rm -f "$writer_stop" "$work/written"
+  (
+    i=0
+    while [ ! -e "$writer_stop" ]; do
+      i=$((i + 1))
+      psql_app -c "INSERT INTO accounts (email, login) SELECT '$1${i}x' || g || '@example.com', '$1${i}x' || g FROM generate_series(1, $2) g" >/dev/null
+      echo "$2" >>"$work/written"
+      sleep "$3"
+    done
+  ) &
+  writer=$!
+}
+stop_writer() {
+  touch "$writer_stop"
+  wait "$writer"
+  inserted=$((inserted + $(awk '{ s += $1 } END { print s + 0 }' "$work/written")))
 }
 # The signed tokens in the subscriber's collector lines (five fields a
 # token: action,email,login,token,code).
@@ -235,18 +257,8 @@ fi
 say "stopping the tailer while the application writes"
 dc stop tailer >/dev/null
 stopped=$(date +%s)
-writer_stop="$work/writer.stop"
-(
-  i=0
-  while [ ! -e "$writer_stop" ]; do
-    i=$((i + 1))
-    psql_app -c "INSERT INTO accounts (email, login) SELECT 'w${i}x' || g || '@example.com', 'w${i}x' || g FROM generate_series(1, 20) g" >/dev/null
-    echo 20 >>"$work/written"
-    # About 64 tokens a second, as the lag issue measured it.
-    sleep 0.3
-  done
-) &
-writer=$!
+# About 64 tokens a second, as the lag issue measured it.
+start_writer w 20 0.3
 # More WAL for the lag alert to see, in a table outside the publication
 # (so that the mail stays few), made by the operator.
 dc exec -T postgres psql -qAt -U postgres -d mailroom -c "CREATE TABLE filler AS SELECT g, md5(g::text) AS m FROM generate_series(1, 60000) g" >/dev/null
@@ -271,9 +283,7 @@ took=$(($(date +%s) - stopped))
 say "Alertmanager has PostgresSlotLagSecondsHigh ${took}s after the tailer stopped: $(curl -fsS "$alertmanager" | grep -o '"summary":"slot mailroom: tokens[^"]*"' | head -1)"
 [ "$took" -le 120 ] || fail "PostgresSlotLagSecondsHigh took ${took}s, more than two minutes"
 
-touch "$writer_stop"
-wait "$writer"
-inserted=$((inserted + $(awk '{ s += $1 } END { print s + 0 }' "$work/written")))
+stop_writer
 say "starting the tailer again"
 dc start tailer >/dev/null
 await_delivery "after the tailer's stop"
@@ -298,17 +308,7 @@ if [ "${CLUSTER:-}" != 1 ] && [ "${TLS:-}" != 1 ] && [ "${MOVE:-1}" = 1 ]; then
   consumer() { cli consumer info MAILROOM sender --json 2>/dev/null | python3 -c 'import json,sys; c=json.load(sys.stdin); print(c["config"]["durable_name"], c["ack_floor"]["stream_seq"], c["num_pending"] + c["num_ack_pending"])'; }
   before=$(consumer)
   say "500 tokens on the stream unread by the subscriber: consumer (durable, ack floor, messages not acknowledged) $before"
-  rm -f "$writer_stop" "$work/written"
-  (
-    i=0
-    while [ ! -e "$writer_stop" ]; do
-      i=$((i + 1))
-      psql_app -c "INSERT INTO accounts (email, login) SELECT 'm${i}x' || g || '@example.com', 'm${i}x' || g FROM generate_series(1, 5) g" >/dev/null
-      echo 5 >>"$work/written"
-      sleep 0.2
-    done
-  ) &
-  writer=$!
+  start_writer m 5 0.2
   # 1. Stop the tailer (cleanly: it records the stream's last message)
   #    and the subscribers.
   dc stop tailer subscriber >/dev/null
@@ -332,9 +332,7 @@ if [ "${CLUSTER:-}" != 1 ] && [ "${TLS:-}" != 1 ] && [ "${MOVE:-1}" = 1 ]; then
   [ "$durable2" = "$durable" ] && [ "$floor2" -ge "$floor" ] || fail "the subscriber's consumer after the move: $after, before: $before"
   replicas=$(cli stream info MAILROOM --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["config"]["num_replicas"])')
   [ "$replicas" = 3 ] || fail "the stream has $replicas replicas after the move, want 3"
-  touch "$writer_stop"
-  wait "$writer"
-  inserted=$((inserted + $(awk '{ s += $1 } END { print s + 0 }' "$work/written")))
+  stop_writer
   await_delivery "after the move to three nodes"
   say "ok: moved to three nodes (stream R3, consumer $durable kept at ack floor $floor2), every token once"
 fi

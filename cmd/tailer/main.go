@@ -87,7 +87,15 @@ func run(args []string, lookupEnv func(string) (string, bool), stdout, stderr io
 			log.Warn("second signal: exiting at once")
 			os.Exit(exitFailure)
 		}()
-		if err := daemon.New(cfg, log).Run(ctx); err != nil {
+		tracing, err := daemon.NewTracing(ctx, lookupEnv)
+		if err != nil {
+			fmt.Fprintf(stderr, "tailer run: %v\n", err)
+			return exitConfig
+		}
+		defer tracing.Shutdown()
+		d := daemon.New(cfg, log)
+		d.Tracer = tracing.Tracer
+		if err := d.Run(ctx); err != nil {
 			var cfgErr *config.Error
 			if errors.As(err, &cfgErr) {
 				fmt.Fprintf(stderr, "tailer run: %v\n", cfgErr)

@@ -27,6 +27,10 @@ type Token struct {
 	Code string `json:"code"`
 	// ExpiresAt is only carried by the json format (0 in line batches).
 	ExpiresAt int64 `json:"expires_at"`
+	// Traceparent is the W3C traceparent the token's transaction carried
+	// (the message's traceparent headers, see wire.HeaderTraceparent), or
+	// empty.
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // Batch is a decoded message: one batch, or several consecutive batches
@@ -133,7 +137,39 @@ func Decode(h nats.Header, body []byte) (*Batch, error) {
 	if err := b.checkSizes(h.Get(wire.HeaderBatchSizes)); err != nil {
 		return nil, err
 	}
+	b.fillTraces(h)
 	return b, nil
+}
+
+// fillTraces sets each token's Traceparent from the message's trace
+// headers. Headers that do not agree (unequal counts, a value that is not
+// a traceparent, an index past the tokens) are passed over: tracing is
+// never a reason to refuse a batch, and no token gets a trace it may not
+// have had.
+func (b *Batch) fillTraces(h nats.Header) {
+	for i := range b.Tokens {
+		b.Tokens[i].Traceparent = ""
+	}
+	traces, tokens := h[wire.HeaderTraceparent], h[wire.HeaderTraceTokens]
+	if len(traces) == 0 || len(traces) != len(tokens) {
+		return
+	}
+	at := make([]string, len(b.Tokens))
+	for i, tp := range traces {
+		if !wire.ValidTraceparent(tp) {
+			return
+		}
+		twice := false
+		if err := wire.TraceTokens(tokens[i], len(b.Tokens), func(j int) {
+			twice = twice || at[j] != ""
+			at[j] = tp
+		}); err != nil || twice {
+			return
+		}
+	}
+	for i, tp := range at {
+		b.Tokens[i].Traceparent = tp
+	}
 }
 
 // checkSizes sets b.Sizes from the header when the body did not give them,

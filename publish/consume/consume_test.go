@@ -214,3 +214,44 @@ func Example_decodeAndDedup() {
 	}
 	_ = handle
 }
+
+// Trace headers that do not agree with the message are passed over: the
+// batch decodes, and no token gets a trace.
+func TestDecodeTraceHeaders(t *testing.T) {
+	const (
+		a = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+		b = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+	)
+	for _, tc := range []struct {
+		name           string
+		traces, tokens []string
+		want           []string
+	}{
+		{"none", nil, nil, []string{"", "", ""}},
+		{"two", []string{a, b}, []string{"0,2", "1"}, []string{a, b, a}},
+		{"one token untraced", []string{b}, []string{"1-2"}, []string{"", b, b}},
+		{"counts differ", []string{a, b}, []string{"0"}, []string{"", "", ""}},
+		{"not a traceparent", []string{a, "00-xyz"}, []string{"0", "1"}, []string{"", "", ""}},
+		{"past the tokens", []string{a}, []string{"0-3"}, []string{"", "", ""}},
+		{"a token twice", []string{a, b}, []string{"0-1", "1"}, []string{"", "", ""}},
+		{"garbage", []string{a}, []string{"0,,x"}, []string{"", "", ""}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, body, _, _ := encoded(t, wire.FormatLine)
+			if tc.traces != nil {
+				h[wire.HeaderTraceparent], h[wire.HeaderTraceTokens] = tc.traces, tc.tokens
+			}
+			batch, err := consume.Decode(h, body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, tok := range batch.Tokens {
+				got = append(got, tok.Traceparent)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("traces %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -239,6 +239,7 @@ type ProgressStore interface {
 // shared by the standby subscribers of a durable.
 type KVProgress struct {
 	kv  jetstream.KeyValue
+	js  jetstream.JetStream
 	key string
 	// unsure are the records written since the last confirmed write whose
 	// outcome is not known.
@@ -272,7 +273,7 @@ func OpenProgress(ctx context.Context, js jetstream.JetStream, stream, durable s
 	if err != nil {
 		return nil, fmt.Errorf("open key-value bucket %s (subscriber progress): %w", bucket, err)
 	}
-	return &KVProgress{kv: kv, key: safeName(durable)}, nil
+	return &KVProgress{kv: kv, js: js, key: safeName(durable)}, nil
 }
 
 // safeName is name where it is a valid subject token and bucket name, its
@@ -292,18 +293,66 @@ var ErrUnreadableProgress = errors.New("the progress record cannot be read")
 
 // Load reads the record; revision 0 when there is none.
 func (s *KVProgress) Load(ctx context.Context) (Progress, uint64, error) {
-	e, err := s.kv.Get(ctx, s.key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return Progress{}, 0, nil
-	}
+	value, rev, err := s.get(ctx)
 	if err != nil {
 		return Progress{}, 0, fmt.Errorf("read progress of %s: %w", s.key, err)
 	}
-	p, err := ParseProgress(e.Value())
-	if err != nil {
-		return Progress{}, 0, fmt.Errorf("read progress of %s (revision %d): %w: %w", s.key, e.Revision(), ErrUnreadableProgress, err)
+	if value == nil {
+		// None, or deleted at revision rev (the next save updates that).
+		return Progress{}, rev, nil
 	}
-	return p, e.Revision(), nil
+	p, err := ParseProgress(value)
+	if err != nil {
+		return Progress{}, 0, fmt.Errorf("read progress of %s (revision %d): %w: %w", s.key, rev, ErrUnreadableProgress, err)
+	}
+	return p, rev, nil
+}
+
+// get reads the record from the bucket's leader: no value and revision 0
+// when there is none, no value and the marker's revision when it was
+// deleted or purged. Not the key-value Get: a bucket of several
+// replicas lets its followers answer that (direct get), and a follower
+// behind its leader answers with an older record. Under load on a
+// three-node cluster that made a subscriber take its own last write for
+// another subscriber's, stop, and write a message's tokens again.
+func (s *KVProgress) get(ctx context.Context) ([]byte, uint64, error) {
+	subject := "$KV." + s.kv.Bucket() + "." + s.key
+	req, _ := json.Marshal(map[string]string{"last_by_subj": subject})
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	msg, err := s.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+s.kv.Bucket(), req)
+	if err != nil {
+		return nil, 0, err
+	}
+	var resp struct {
+		Message *struct {
+			Seq  uint64 `json:"seq"`
+			Hdrs []byte `json:"hdrs"`
+			Data []byte `json:"data"`
+		} `json:"message"`
+		Error *struct {
+			ErrCode     jetstream.ErrorCode `json:"err_code"`
+			Description string              `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return nil, 0, fmt.Errorf("the server's answer: %w", err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, 0, nil
+	case resp.Error != nil:
+		return nil, 0, fmt.Errorf("%s (error %d)", resp.Error.Description, resp.Error.ErrCode)
+	case resp.Message == nil:
+		return nil, 0, errors.New("the server's answer holds no message")
+	case bytes.Contains(resp.Message.Hdrs, []byte("KV-Operation")):
+		return nil, resp.Message.Seq, nil
+	}
+	if resp.Message.Data == nil {
+		// An empty record is a record.
+		resp.Message.Data = []byte{}
+	}
+	return resp.Message.Data, resp.Message.Seq, nil
 }
 
 // Save writes the record if it is still at revision (0: there is none),
@@ -329,18 +378,22 @@ func (s *KVProgress) Save(ctx context.Context, p *Progress, revision uint64) (ui
 		}
 		// The record moved on. If to something this subscriber wrote
 		// without hearing back, it is still this subscriber's.
-		e, gerr := s.kv.Get(ctx, s.key)
-		if gerr != nil || try >= maxUnsure {
+		value, rev, gerr := s.get(ctx)
+		if gerr != nil {
+			// Not known either way: the next write finds out.
+			return 0, fmt.Errorf("save progress of %s: read it back: %w", s.key, gerr)
+		}
+		if try >= maxUnsure {
 			return 0, fmt.Errorf("save progress of %s at revision %d: %w", s.key, revision, ErrTakenOver)
 		}
-		if bytes.Equal(e.Value(), data) {
+		if bytes.Equal(value, data) {
 			s.unsure = nil
-			return e.Revision(), nil
+			return rev, nil
 		}
-		if !slices.ContainsFunc(s.unsure, func(u []byte) bool { return bytes.Equal(e.Value(), u) }) {
+		if !slices.ContainsFunc(s.unsure, func(u []byte) bool { return bytes.Equal(value, u) }) {
 			return 0, fmt.Errorf("save progress of %s at revision %d: %w", s.key, revision, ErrTakenOver)
 		}
-		revision = e.Revision()
+		revision = rev
 	}
 }
 

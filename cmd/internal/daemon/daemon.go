@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/mailroom/tailer/batch"
@@ -57,6 +59,8 @@ type Daemon struct {
 	cfg     *config.Config
 	log     *slog.Logger
 	metrics *Metrics
+	// Tracer, when set, records the spans of traced tokens (NewTracing).
+	Tracer trace.Tracer
 	// ready is closed once the first session streams (tests wait for it).
 	ready chan struct{}
 

@@ -361,6 +361,7 @@ func (d *Daemon) pipeline(ctx context.Context, s *opened, c *claimed, drained ch
 		},
 		Observer: d.metrics,
 		Log:      d.log,
+		Tracer:   d.Tracer,
 	}, nil
 }
 

@@ -42,13 +42,14 @@ func (Inbox) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Batch) (in
 	n := len(b.Tokens)
 	var (
 		keys, actions, emails, logins, toks, codes = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		traces                                     = make([]string, n)
 		ids, expires                               = make([]int64, n), make([]*int64, n)
 		lines                                      = make([]int32, n)
 	)
 	i := 0
 	for line, batch := range b.Lines() {
 		for _, t := range batch {
-			keys[i], ids[i], actions[i], emails[i], logins[i], toks[i], codes[i] = t.Key, t.ID, t.Action, t.Email, t.Login, t.Token, t.Code
+			keys[i], ids[i], actions[i], emails[i], logins[i], toks[i], codes[i], traces[i] = t.Key, t.ID, t.Action, t.Email, t.Login, t.Token, t.Code, t.Traceparent
 			if t.ExpiresAt != 0 {
 				expires[i] = &t.ExpiresAt
 			}
@@ -57,12 +58,12 @@ func (Inbox) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Batch) (in
 		}
 	}
 	tag, err := tx.Exec(ctx, `
-		INSERT INTO mailroom_inbox (token_key, token_id, action, email, login, token, code, expires_at, key_id, batch_id, line, stream, stream_seq, durable)
-		SELECT t.key, t.id, t.action, t.email, t.login, t.token, t.code, t.expires_at, nullif($9, ''), $10, t.line, $11, $12, nullif($14, '')
-		FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[], $13::int[])
-			AS t(key, id, action, email, login, token, code, expires_at, line)
+		INSERT INTO mailroom_inbox (token_key, token_id, action, email, login, token, code, expires_at, key_id, batch_id, line, stream, stream_seq, durable, traceparent)
+		SELECT t.key, t.id, t.action, t.email, t.login, t.token, t.code, t.expires_at, nullif($9, ''), $10, t.line, $11, $12, nullif($14, ''), nullif(t.trace, '')
+		FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[], $13::int[], $15::text[])
+			AS t(key, id, action, email, login, token, code, expires_at, line, trace)
 		ON CONFLICT (token_key) DO NOTHING`,
-		keys, ids, actions, emails, logins, toks, codes, expires, b.KeyID, b.ID, m.Stream, int64(m.Seq), lines, m.Durable)
+		keys, ids, actions, emails, logins, toks, codes, expires, b.KeyID, b.ID, m.Stream, int64(m.Seq), lines, m.Durable, traces)
 	if err != nil {
 		return 0, fmt.Errorf("insert into mailroom_inbox: %w", err)
 	}

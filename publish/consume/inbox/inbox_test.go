@@ -16,12 +16,19 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
-// testBatch is a message of two lines holding tokens first..first+n-1.
+// testTrace is the traceparent of every third test token.
+const testTrace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+// testBatch is a message of two lines holding tokens first..first+n-1,
+// every third traced.
 func testBatch(first, n int) *consume.Batch {
 	b := &consume.Batch{ID: fmt.Sprintf("0/%X:0-0/%X:9", first, first), KeyID: "k1"}
 	for i := first; i < first+n; i++ {
 		b.Tokens = append(b.Tokens, consume.Token{ID: int64(i), Action: "activation", Email: fmt.Sprintf("u%d@x", i), Login: fmt.Sprintf("u%d", i),
 			Token: fmt.Sprintf("tok%d", i), Key: fmt.Sprintf("key%d", i)})
+		if i%3 == 0 {
+			b.Tokens[len(b.Tokens)-1].Traceparent = testTrace
+		}
 	}
 	b.Sizes = []int{n / 2, n - n/2}
 	return b
@@ -92,4 +99,22 @@ func TestStoreOnce(t *testing.T) {
 		line != 1 || seq != 6 || keyID != "k1" || batch != "0/6:0-0/6:9" {
 		t.Fatalf("token 13: line %d, seq %d, key %q, batch %q (%v)", line, seq, keyID, batch, err)
 	}
+	// The trace goes on in the inbox row and the job's metadata.
+	for key, want := range map[string]string{"key3": testTrace, "key15": testTrace, "key4": ""} {
+		var row, job *string
+		if err := pool.QueryRow(ctx, `SELECT (SELECT traceparent FROM mailroom_inbox WHERE token_key = $1),
+			(SELECT metadata->>'traceparent' FROM river_job WHERE args->>'token_key' = $1)`, key).Scan(&row, &job); err != nil {
+			t.Fatal(err)
+		}
+		if deref(row) != want || deref(job) != want {
+			t.Errorf("%s: inbox traceparent %q, River metadata %q, want %q", key, deref(row), deref(job), want)
+		}
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }

@@ -87,10 +87,11 @@ func (j *Jobs) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Batch) (
 	params := make([]river.InsertManyParams, 0, len(b.Tokens))
 	for line, batch := range b.Lines() {
 		for _, t := range batch {
-			params = append(params, river.InsertManyParams{Args: TokenArgs{
+			args := TokenArgs{
 				TokenKey: t.Key, TokenID: t.ID, Action: t.Action, Email: t.Email, Login: t.Login, Token: t.Token, Code: t.Code,
 				ExpiresAt: t.ExpiresAt, KeyID: b.KeyID, BatchID: b.ID, Line: line, Stream: m.Stream, StreamSeq: m.Seq, Durable: m.Durable,
-			}})
+			}
+			params = append(params, river.InsertManyParams{Args: args, InsertOpts: traceOpts(args, t.Traceparent)})
 		}
 	}
 	if n, err := j.copyNew(ctx, tx, params); !errors.Is(err, errStoredBefore) {
@@ -107,6 +108,19 @@ func (j *Jobs) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Batch) (
 		}
 	}
 	return added, nil
+}
+
+// traceOpts gives a traced token's job its traceparent in River's job
+// metadata ({"traceparent": ...}), where the worker continues the trace;
+// untraced tokens keep the args' own options. The traceparent is one a
+// consumer validated (consume.Decode), so it needs no escaping.
+func traceOpts(args TokenArgs, traceparent string) *river.InsertOpts {
+	if traceparent == "" {
+		return nil
+	}
+	opts := args.InsertOpts()
+	opts.Metadata = []byte(`{"traceparent":"` + traceparent + `"}`)
+	return &opts
 }
 
 // errStoredBefore: a job of the tokens copied is there already.

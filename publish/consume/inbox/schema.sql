@@ -39,3 +39,8 @@ CREATE INDEX IF NOT EXISTS mailroom_inbox_unprocessed ON mailroom_inbox (receive
 -- it got to, should the server lose it.
 ALTER TABLE mailroom_inbox ADD COLUMN IF NOT EXISTS durable text;
 CREATE INDEX IF NOT EXISTS mailroom_inbox_durable_seq ON mailroom_inbox (stream, durable, stream_seq);
+
+-- The W3C traceparent the token's transaction carried (the message's
+-- traceparent headers), for the service to continue the trace: NULL when
+-- it carried none.
+ALTER TABLE mailroom_inbox ADD COLUMN IF NOT EXISTS traceparent text;
