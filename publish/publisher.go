@@ -246,7 +246,7 @@ func (p *Publisher) readLast(ctx context.Context) error {
 	if info.State.LastSeq == 0 {
 		return nil
 	}
-	msg, err := p.stream.GetMsg(ctx, info.State.LastSeq)
+	msg, err := p.getMsg(ctx, info.State.LastSeq)
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		// Removed by retention: nothing to chain to.
@@ -308,7 +308,7 @@ func (p *Publisher) CheckDuplicate(ctx context.Context, id, keys string, seq uin
 	if seq == 0 {
 		return fmt.Errorf("batch %s: duplicate PubAck without a stream sequence: the stream does not show it holds the batch", id)
 	}
-	msg, err := p.stream.GetMsg(ctx, seq)
+	msg, err := p.getMsg(ctx, seq)
 	if err != nil {
 		return fmt.Errorf("batch %s: duplicate PubAck names sequence %d, which cannot be read: %w", id, seq, err)
 	}

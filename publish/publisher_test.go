@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -191,5 +192,64 @@ func TestStreamConfigurationsThatForget(t *testing.T) {
 		if p != nil {
 			p.Close()
 		}
+	}
+}
+
+// On a stream that allows direct gets, what the tailer reads back comes
+// from the stream's leader all the same: a follower behind it would answer
+// a direct get with what it has. A user that may not direct-get still
+// opens the stream, reads its last message and the one at a sequence.
+func TestReadsAskTheLeader(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	srv, err := embedded.Start(t.TempDir(), "127.0.0.1:0", func(o *server.Options) {
+		o.Users = []*server.User{{Username: "tailer", Password: "pw", Permissions: &server.Permissions{
+			Publish: &server.SubjectPermission{Allow: []string{">"}, Deny: []string{"$JS.API.DIRECT.GET.>"}},
+		}}}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo("tailer", "pw"), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DIRECT", Subjects: []string{"mailroom.batches", "mailroom.batches.>"}, AllowDirect: true}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Destination{Name: "DIRECT", Subject: "mailroom.batches"}
+	a, err := NewPublisher(ctx, nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range uint64(2) {
+		fut, err := a.PublishAsync(testMessage(i + 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-fut.Ok():
+		case err := <-fut.Err():
+			t.Fatal(err)
+		}
+	}
+	a.Close()
+	b, err := NewPublisher(ctx, nc, cfg)
+	if err != nil {
+		t.Fatalf("open a stream that allows direct gets: %v", err)
+	}
+	defer b.Close()
+	if b.lastSeq != 2 || b.last.keys != "k2" {
+		t.Fatalf("last message read back: seq %d, keys %q; want 2, k2", b.lastSeq, b.last.keys)
+	}
+	s, ok, err := b.read(ctx, 1)
+	if err != nil || !ok || s.keys != "k1" {
+		t.Fatalf("message 1 read back: %+v, %v, %v", s, ok, err)
+	}
+	if _, ok, err := b.read(ctx, 9); err != nil || ok {
+		t.Fatalf("message 9: found %v, %v; want none", ok, err)
 	}
 }

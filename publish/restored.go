@@ -38,7 +38,7 @@ func (p *Publisher) LastMark(ctx context.Context) (uint64, string, error) {
 	if seq == 0 {
 		return 0, "", nil
 	}
-	msg, err := p.stream.GetMsg(ctx, seq)
+	msg, err := p.getMsg(ctx, seq)
 	if err != nil {
 		return 0, "", fmt.Errorf("read message %d of stream %s: %w", seq, p.name, err)
 	}
@@ -50,7 +50,7 @@ func (p *Publisher) LastMark(ctx context.Context) (uint64, string, error) {
 // configuration keeps: a stream made again from a backup of the one that
 // had them.
 func (p *Publisher) Holds(ctx context.Context, seq uint64, mark string, since uint64) (bool, error) {
-	msg, err := p.stream.GetMsg(ctx, seq)
+	msg, err := p.getMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return false, nil
 	}

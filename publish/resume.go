@@ -119,7 +119,7 @@ func (p *Publisher) OnStream(t *decoder.Token) bool {
 // read returns the message at seq; false when the stream no longer holds
 // it (removed by its limits, or deleted).
 func (p *Publisher) read(ctx context.Context, seq uint64) (stored, bool, error) {
-	msg, err := p.stream.GetMsg(ctx, seq)
+	msg, err := p.getMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return stored{}, false, nil
 	}
@@ -131,7 +131,7 @@ func (p *Publisher) read(ctx context.Context, seq uint64) (stored, bool, error) 
 
 // lastOn returns the last message on subject; false when there is none.
 func (p *Publisher) lastOn(ctx context.Context, subject string) (stored, bool, error) {
-	msg, err := p.stream.GetLastMsgForSubject(ctx, subject)
+	msg, err := p.getLastMsgForSubject(ctx, subject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return stored{}, false, nil
 	}

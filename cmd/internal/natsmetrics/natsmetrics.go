@@ -260,18 +260,18 @@ func (c *Collector) collectServer(ctx context.Context, base string, ch chan<- pr
 	}
 	for _, a := range j.Accounts {
 		for _, st := range a.Streams {
-			if !leads(st.Cluster, s) {
-				continue
+			if leads(st.Cluster, s) {
+				gauge(streamMsgsDesc, st.State.Msgs, s, a.Name, st.Name)
+				gauge(streamBytesDesc, st.State.Bytes, s, a.Name, st.Name)
+				gauge(streamLastDesc, st.State.LastSeq, s, a.Name, st.Name)
+				gauge(streamRepsDesc, max(st.Config.Replicas, 1), s, a.Name, st.Name)
+				behind := 0.0
+				if st.Cluster != nil {
+					behind = st.Cluster.behind()
+				}
+				gauge(streamBehindDesc, behind, s, a.Name, st.Name)
 			}
-			gauge(streamMsgsDesc, st.State.Msgs, s, a.Name, st.Name)
-			gauge(streamBytesDesc, st.State.Bytes, s, a.Name, st.Name)
-			gauge(streamLastDesc, st.State.LastSeq, s, a.Name, st.Name)
-			gauge(streamRepsDesc, max(st.Config.Replicas, 1), s, a.Name, st.Name)
-			behind := 0.0
-			if st.Cluster != nil {
-				behind = st.Cluster.behind()
-			}
-			gauge(streamBehindDesc, behind, s, a.Name, st.Name)
+			// A consumer's leader need not be its stream's.
 			for _, cons := range st.Consumers {
 				if !leads(cons.Cluster, s) {
 					continue

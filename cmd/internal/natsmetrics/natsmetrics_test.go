@@ -214,9 +214,23 @@ func TestClusterOneSeriesPerStream(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	tailertest.Eventually(t, 30*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err := js.CreateOrUpdateConsumer(ctx, "MAILROOM", jetstream.ConsumerConfig{Durable: "sender", AckPolicy: jetstream.AckExplicitPolicy})
+		return err
+	})
 	var leader string
 	tailertest.Eventually(t, 30*time.Second, func() error {
 		got := scrape(t, c)
+		if len(got["nats_consumer_pending_messages"]) != 1 {
+			return fmt.Errorf("consumer series %v, want one (its leader's)", got["nats_consumer_pending_messages"])
+		}
+		for labels, v := range got["nats_consumer_pending_messages"] {
+			if v != 4 || !strings.HasSuffix(labels, ",MAILROOM,sender") {
+				return fmt.Errorf("consumer %s: %v pending, want 4", labels, v)
+			}
+		}
 		if len(got["nats_stream_messages"]) != 1 {
 			return fmt.Errorf("stream series %v, want one (its leader's)", got["nats_stream_messages"])
 		}
