@@ -87,7 +87,7 @@ func run(args []string, lookupEnv func(string) (string, bool), stdout, stderr io
 			log.Warn("second signal: exiting at once")
 			os.Exit(exitFailure)
 		}()
-		tracing, err := daemon.NewTracing(ctx, lookupEnv)
+		tracing, err := daemon.NewTracing(lookupEnv)
 		if err != nil {
 			fmt.Fprintf(stderr, "tailer run: %v\n", err)
 			return exitConfig

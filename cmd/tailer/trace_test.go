@@ -1,20 +1,16 @@
 package main
 
 import (
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
-	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
-	"google.golang.org/protobuf/proto"
+	"go.opentelemetry.io/collector/pdata/ptrace"
 
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
@@ -23,32 +19,37 @@ import (
 )
 
 // otlpReceiver is an OTLP/HTTP endpoint in the test's process: the spans
-// the tailer exports, as a collector would receive them.
+// the tailer exports, decoded by the OpenTelemetry Collector's own OTLP
+// JSON decoder (pdata), as a collector would receive them.
 type otlpReceiver struct {
 	srv   *httptest.Server
 	mu    sync.Mutex
-	spans []*tracepb.Span
+	spans []ptrace.Span
 }
 
 func newOTLPReceiver(t *testing.T) *otlpReceiver {
 	r := &otlpReceiver{}
 	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		body, _ := io.ReadAll(req.Body)
-		var export coltracepb.ExportTraceServiceRequest
-		if req.URL.Path != "/v1/traces" || proto.Unmarshal(body, &export) != nil {
-			http.Error(w, "not an OTLP trace export", http.StatusBadRequest)
+		traces, err := (&ptrace.JSONUnmarshaler{}).UnmarshalTraces(body)
+		if req.URL.Path != "/v1/traces" || req.Header.Get("Content-Type") != "application/json" || err != nil {
+			http.Error(w, fmt.Sprintf("not an OTLP/JSON trace export: %v", err), http.StatusBadRequest)
 			return
 		}
 		r.mu.Lock()
-		for _, rs := range export.ResourceSpans {
-			for _, ss := range rs.ScopeSpans {
-				r.spans = append(r.spans, ss.Spans...)
+		for _, rs := range traces.ResourceSpans().All() {
+			if name, _ := rs.Resource().Attributes().Get("service.name"); name.Str() != "tailer" {
+				t.Errorf("spans of service %q", name.Str())
+			}
+			for _, ss := range rs.ScopeSpans().All() {
+				for _, s := range ss.Spans().All() {
+					r.spans = append(r.spans, s)
+				}
 			}
 		}
 		r.mu.Unlock()
-		w.Header().Set("Content-Type", "application/x-protobuf")
-		out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
-		w.Write(out)
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte("{}"))
 	}))
 	t.Cleanup(r.srv.Close)
 	return r
@@ -56,13 +57,13 @@ func newOTLPReceiver(t *testing.T) *otlpReceiver {
 
 // children returns the spans received whose parent is the span parent of
 // trace traceID, by name.
-func (r *otlpReceiver) children(traceID, parent string) map[string][]*tracepb.Span {
+func (r *otlpReceiver) children(traceID, parent string) map[string][]ptrace.Span {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := map[string][]*tracepb.Span{}
+	out := map[string][]ptrace.Span{}
 	for _, s := range r.spans {
-		if hex.EncodeToString(s.TraceId) == traceID && hex.EncodeToString(s.ParentSpanId) == parent {
-			out[s.Name] = append(out[s.Name], s)
+		if s.TraceID().String() == traceID && s.ParentSpanID().String() == parent {
+			out[s.Name()] = append(out[s.Name()], s)
 		}
 	}
 	return out
@@ -134,12 +135,10 @@ func TestTraceparent(t *testing.T) {
 		return nil
 	})
 	for _, s := range recv.children(traceID, parent)["mailroom.publish"] {
-		attrs := map[string]string{}
-		for _, a := range s.Attributes {
-			attrs[a.Key] = a.Value.String()
-		}
-		if !strings.Contains(attrs["messaging.nats.stream_sequence"], "int_value") || !strings.Contains(attrs["mailroom.tokens"], "int_value:2") {
-			t.Errorf("publish span attributes %v: want the stream sequence and the trace's 2 tokens", attrs)
+		seq, _ := s.Attributes().Get("messaging.nats.stream_sequence")
+		tokens, _ := s.Attributes().Get("mailroom.tokens")
+		if seq.Int() <= 0 || tokens.Int() != 2 || s.Kind() != ptrace.SpanKindProducer || s.EndTimestamp() < s.StartTimestamp() {
+			t.Errorf("publish span: stream sequence %d, tokens %d, kind %v; want a sequence, the trace's 2 tokens, producer", seq.Int(), tokens.Int(), s.Kind())
 		}
 	}
 	if n := recv.count(); n != 3 {

@@ -1,8 +1,8 @@
 package daemon
 
 import (
-	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
@@ -23,16 +23,22 @@ func TestNewTracing(t *testing.T) {
 		{"traces endpoint", map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"}, true, ""},
 		{"disabled", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_SDK_DISABLED": "true"}, false, ""},
 		{"exporter none", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_TRACES_EXPORTER": "none"}, false, ""},
+		{"http/json", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json", "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip", "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20secret-token"}, true, ""},
 		{"grpc", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, false, "OTEL_EXPORTER_OTLP_PROTOCOL"},
+		{"http/protobuf", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}, false, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"},
+		{"endpoint not a URL", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "secret-token@host"}, false, "OTEL_EXPORTER_OTLP_ENDPOINT"},
+		{"headers", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_EXPORTER_OTLP_HEADERS": "secret-token"}, false, "OTEL_EXPORTER_OTLP_HEADERS"},
+		{"timeout", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_EXPORTER_OTLP_TIMEOUT": "soon"}, false, "OTEL_EXPORTER_OTLP_TIMEOUT"},
+		{"compression", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"}, false, "OTEL_EXPORTER_OTLP_COMPRESSION"},
 		{"zipkin", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_TRACES_EXPORTER": "zipkin"}, false, "OTEL_TRACES_EXPORTER"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tr, err := NewTracing(context.Background(), func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok })
+			tr, err := NewTracing(func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok })
 			var cerr *config.Error
 			switch {
 			case tc.badVar != "":
-				if !errors.As(err, &cerr) || cerr.Var != tc.badVar {
-					t.Fatalf("err = %v, want a configuration error of %s", err, tc.badVar)
+				if !errors.As(err, &cerr) || cerr.Var != tc.badVar || strings.Contains(err.Error(), "secret-token") {
+					t.Fatalf("err = %v, want a configuration error of %s that shows no secret", err, tc.badVar)
 				}
 			case err != nil:
 				t.Fatal(err)
