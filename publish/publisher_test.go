@@ -225,17 +225,8 @@ func TestReadsAskTheLeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range uint64(2) {
-		fut, err := a.PublishAsync(testMessage(i + 1))
-		if err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-fut.Ok():
-		case err := <-fut.Err():
-			t.Fatal(err)
-		}
-	}
+	publishWait(t, a, testMessage(1))
+	publishWait(t, a, testMessage(2))
 	a.Close()
 	b, err := NewPublisher(ctx, nc, cfg)
 	if err != nil {
