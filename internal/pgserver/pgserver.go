@@ -151,7 +151,8 @@ func versionBinDir(version string) (string, error) {
 		return d, nil
 	}
 	_, file, _, _ := runtime.Caller(0)
-	script := filepath.Join(filepath.Dir(file), "..", "..", "..", "scripts", "pg-install.sh")
+	// internal/pgserver: the repository is two levels up.
+	script := filepath.Join(filepath.Dir(file), "..", "..", "scripts", "pg-install.sh")
 	var stderr strings.Builder
 	cmd := exec.Command("bash", script, version)
 	cmd.Stderr = &stderr
