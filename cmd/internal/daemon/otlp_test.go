@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"go.opentelemetry.io/collector/pdata/ptrace"
@@ -74,5 +75,25 @@ func TestOTLPExporter(t *testing.T) {
 	srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.Error(w, "no", http.StatusServiceUnavailable) })
 	if err := exp.ExportSpans(context.Background(), []sdktrace.ReadOnlySpan{span.(sdktrace.ReadOnlySpan)}); err == nil || errors.Is(err, context.Canceled) {
 		t.Errorf("export to a refusing receiver: %v", err)
+	}
+}
+
+// An export that fails says so without the endpoint's user information
+// (net/http's errors mask a URL's password; the exporter adds none).
+func TestOTLPExportErrorShowsNoCredentials(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	addr := srv.Listener.Addr().String()
+	srv.Close() // nothing listens there now
+	env := map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://user:s3cret-pw@" + addr}
+	exp, err := newOTLPExporter(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := sdktrace.NewTracerProvider()
+	_, span := tp.Tracer("test").Start(context.Background(), "x")
+	span.End()
+	err = exp.ExportSpans(context.Background(), []sdktrace.ReadOnlySpan{span.(sdktrace.ReadOnlySpan)})
+	if err == nil || strings.Contains(err.Error(), "s3cret-pw") {
+		t.Fatalf("export to nothing: %v", err)
 	}
 }
