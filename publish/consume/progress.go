@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mailroom/tailer/publish/wire"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -308,51 +309,26 @@ func (s *KVProgress) Load(ctx context.Context) (Progress, uint64, error) {
 	return p, rev, nil
 }
 
-// get reads the record from the bucket's leader: no value and revision 0
-// when there is none, no value and the marker's revision when it was
-// deleted or purged. Not the key-value Get: a bucket of several
-// replicas lets its followers answer that (direct get), and a follower
-// behind its leader answers with an older record. Under load on a
-// three-node cluster that made a subscriber take its own last write for
-// another subscriber's, stop, and write a message's tokens again.
+// get reads the record from the bucket's leader (wire.GetMsg: not the
+// key-value Get, which a follower behind its leader may answer; under load
+// on a three-node cluster that made a subscriber take its own last write
+// for another subscriber's, stop, and write a message's tokens again): no
+// value and revision 0 when there is none, no value and the marker's
+// revision when it was deleted or purged.
 func (s *KVProgress) get(ctx context.Context) ([]byte, uint64, error) {
-	subject := "$KV." + s.kv.Bucket() + "." + s.key
-	req, _ := json.Marshal(map[string]string{"last_by_subj": subject})
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	msg, err := s.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+s.kv.Bucket(), req)
-	if err != nil {
-		return nil, 0, err
-	}
-	var resp struct {
-		Message *struct {
-			Seq  uint64 `json:"seq"`
-			Hdrs []byte `json:"hdrs"`
-			Data []byte `json:"data"`
-		} `json:"message"`
-		Error *struct {
-			ErrCode     jetstream.ErrorCode `json:"err_code"`
-			Description string              `json:"description"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return nil, 0, fmt.Errorf("the server's answer: %w", err)
-	}
+	m, err := wire.GetMsg(ctx, s.js.Conn(), "KV_"+s.kv.Bucket(), 0, "$KV."+s.kv.Bucket()+"."+s.key)
 	switch {
-	case resp.Error != nil && resp.Error.ErrCode == jetstream.JSErrCodeMessageNotFound:
+	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return nil, 0, nil
-	case resp.Error != nil:
-		return nil, 0, fmt.Errorf("%s (error %d)", resp.Error.Description, resp.Error.ErrCode)
-	case resp.Message == nil:
-		return nil, 0, errors.New("the server's answer holds no message")
-	case bytes.Contains(resp.Message.Hdrs, []byte("KV-Operation")):
-		return nil, resp.Message.Seq, nil
-	}
-	if resp.Message.Data == nil {
+	case err != nil:
+		return nil, 0, err
+	case m.Header.Get("KV-Operation") != "":
+		return nil, m.Sequence, nil
+	case m.Data == nil:
 		// An empty record is a record.
-		resp.Message.Data = []byte{}
+		return []byte{}, m.Sequence, nil
 	}
-	return resp.Message.Data, resp.Message.Seq, nil
+	return m.Data, m.Sequence, nil
 }
 
 // Save writes the record if it is still at revision (0: there is none),

@@ -3,8 +3,9 @@
 // formats and the rule for what may go into a collector line. The producer
 // (package publish) writes it and consumers (package consume) read it;
 // neither owns it. The token itself, and its key, are package token's.
+// GetMsg is how both ends read a message back: from the stream's leader.
 //
-// It depends on the standard library only.
+// It depends on the standard library and nats.go only.
 //
 // A leaf both ends share: what publish writes and publish/consume reads.
 package wire

@@ -1,0 +1,70 @@
+package wire
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// GetMsg reads one message of stream from the stream's leader: the one at
+// seq, or (seq 0) the last on lastBySubject. jetstream.ErrMsgNotFound when
+// there is none.
+//
+// Not jetstream's Stream.GetMsg: on a stream that allows direct gets
+// (allow_direct, which `nats stream add` sets by default and every
+// key-value bucket has), that asks any replica, and a follower behind its
+// leader answers with what it has. Both ends read back what decides what
+// is published or written again (the tailer its stream, a subscriber its
+// progress record), so a stale answer would repeat tokens without a word.
+func GetMsg(ctx context.Context, nc *nats.Conn, stream string, seq uint64, lastBySubject string) (*jetstream.RawStreamMsg, error) {
+	req := map[string]any{"seq": seq}
+	if seq == 0 {
+		req = map[string]any{"last_by_subj": lastBySubject}
+	}
+	body, _ := json.Marshal(req)
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
+	reply, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, body)
+	if err != nil {
+		return nil, err
+	}
+	var resp struct {
+		Message *struct {
+			Subject string    `json:"subject"`
+			Seq     uint64    `json:"seq"`
+			Hdrs    []byte    `json:"hdrs"`
+			Data    []byte    `json:"data"`
+			Time    time.Time `json:"time"`
+		} `json:"message"`
+		Error *struct {
+			ErrCode     jetstream.ErrorCode `json:"err_code"`
+			Description string              `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(reply.Data, &resp); err != nil {
+		return nil, fmt.Errorf("the server's answer to a message get: %w", err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, jetstream.ErrMsgNotFound
+	case resp.Error != nil:
+		return nil, fmt.Errorf("%s (error %d)", resp.Error.Description, resp.Error.ErrCode)
+	case resp.Message == nil:
+		return nil, errors.New("the server's answer to a message get holds no message")
+	}
+	m := &jetstream.RawStreamMsg{Subject: resp.Message.Subject, Sequence: resp.Message.Seq, Data: resp.Message.Data, Time: resp.Message.Time}
+	if len(resp.Message.Hdrs) > 0 {
+		if m.Header, err = nats.DecodeHeadersMsg(resp.Message.Hdrs); err != nil {
+			return nil, fmt.Errorf("the headers of message %d: %w", m.Sequence, err)
+		}
+	}
+	return m, nil
+}
