@@ -43,6 +43,8 @@ type Live struct {
 	StoredP50Millis float64 `json:"commit_to_stored_p50_ms"`
 	StoredP99Millis float64 `json:"commit_to_stored_p99_ms"`
 	StealPct        float64 `json:"steal_percent"`
+	// Load is where the CPU went while the writers wrote.
+	Load Load `json:"load"`
 }
 
 const insertToken = `INSERT INTO tokens (account, action) VALUES ($1, 'password_recovery') RETURNING id`
@@ -62,12 +64,14 @@ func liveLatency(ctx context.Context, o options, url string, discard bool) (*Liv
 	warm := o.liveRate * o.liveWarmup
 	total := warm + o.liveRate*o.liveSeconds
 	times := newLiveTimes(total)
-	cnt, stop, err := liveReceiver(ctx, o, url, slot, discard, total, times)
+	cnt, tailerPID, stop, err := liveReceiver(ctx, o, url, slot, discard, total, times)
 	if err != nil {
 		return nil, err
 	}
 	defer stop()
+	load := loadMeter(tailerPID)
 	writeSecs, stealPct, err := writeLive(ctx, o, pool, total, warm, times)
+	loaded := load()
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +91,7 @@ func liveLatency(ctx context.Context, o options, url string, discard bool) (*Liv
 		return nil, err
 	}
 	live.TargetPerSecond, live.BatchLimit, live.WarmupTokens = o.liveRate, o.liveLimit, warm
-	live.AchievedPerSec, live.StealPct = float64(total)/writeSecs, stealPct
+	live.AchievedPerSec, live.StealPct, live.Load = float64(total)/writeSecs, stealPct, loaded
 	return live, nil
 }
 
@@ -133,9 +137,9 @@ func newLiveTimes(n int) *liveTimes {
 }
 
 // liveReceiver starts what reads the tokens: a bare client of the slot
-// (discard), or the tailer and a subscriber of its stream. The counter
-// says when all total have arrived; stop ends them.
-func liveReceiver(ctx context.Context, o options, url, slot string, discard bool, total int, times *liveTimes) (*counter, func(), error) {
+// (discard), or the tailer (whose pid it returns) and a subscriber of its
+// stream. The counter says when all total have arrived; stop ends them.
+func liveReceiver(ctx context.Context, o options, url, slot string, discard bool, total int, times *liveTimes) (*counter, int, func(), error) {
 	if discard {
 		// The floor: a bare client reading the same kind of slot, each
 		// token arriving when its insert does.
@@ -153,7 +157,7 @@ func liveReceiver(ctx context.Context, o options, url, slot string, discard bool
 				}
 			})
 		}()
-		return cnt, func() { cancel(); <-errc }, nil
+		return cnt, 0, func() { cancel(); <-errc }, nil
 	}
 	var stops []func()
 	stopAll := func() {
@@ -163,19 +167,19 @@ func liveReceiver(ctx context.Context, o options, url, slot string, discard bool
 	}
 	srv, err := embedded.Start(filepath.Join(o.dir, "nats-"+slot), "127.0.0.1:0", embedded.SyncInterval(o.natsSync))
 	if err != nil {
-		return nil, nil, err
+		return nil, 0, nil, err
 	}
 	stops = append(stops, srv.Shutdown)
 	nc, err := nats.Connect(srv.ClientURL())
 	if err != nil {
 		stopAll()
-		return nil, nil, err
+		return nil, 0, nil, err
 	}
 	stops = append(stops, nc.Close)
 	t, err := startTailer(o, url, srv.ClientURL(), slot, "MAILROOM_BATCH_LIMIT="+strconv.Itoa(o.liveLimit), "MAILROOM_BATCH_TIMEOUT=1000")
 	if err != nil {
 		stopAll()
-		return nil, nil, err
+		return nil, 0, nil, err
 	}
 	stops = append(stops, t.stop)
 	cnt, stop, err := subscribe(ctx, nc, "MAILROOM", total, func(m jetstream.Msg) {
@@ -193,10 +197,10 @@ func liveReceiver(ctx context.Context, o options, url, slot string, discard bool
 	})
 	if err != nil {
 		stopAll()
-		return nil, nil, err
+		return nil, 0, nil, err
 	}
 	stops = append(stops, stop)
-	return cnt, stopAll, nil
+	return cnt, t.cmd.Process.Pid, stopAll, nil
 }
 
 // writeLive inserts total tokens, each in a transaction of its own, on

@@ -264,12 +264,15 @@ func printSummary(r Results) {
 	}
 	for _, l := range r.Live {
 		if l.Client == "discard-client" {
-			fmt.Printf("live, discard client: %d tokens (after %d not counted) at %.0f/s: commit to arrival p50 %.2f ms, p99 %.2f ms, max %.2f ms; steal %.1f%%\n",
-				l.Tokens, l.WarmupTokens, l.AchievedPerSec, l.P50Millis, l.P99Millis, l.MaxMillis, l.StealPct)
+			fmt.Printf("live, discard client: %d tokens (after %d not counted) at %.0f/s: commit to arrival p50 %.2f ms, p99 %.2f ms, max %.2f ms; steal %.1f%%; machine %.0f%% busy\n",
+				l.Tokens, l.WarmupTokens, l.AchievedPerSec, l.P50Millis, l.P99Millis, l.MaxMillis, l.StealPct, l.Load.BusyPct)
 			continue
 		}
 		fmt.Printf("live: %d tokens (after %d not counted) at %.0f/s (target %d/s), batch limit %d, NATS sync %s: commit to arrival p50 %.2f ms, p99 %.2f ms, max %.2f ms; commit to stored (PubAck) p50 %.2f ms, p99 %.2f ms; steal %.1f%%\n",
 			l.Tokens, l.WarmupTokens, l.AchievedPerSec, l.TargetPerSecond, l.BatchLimit, r.NATSSync, l.P50Millis, l.P99Millis, l.MaxMillis, l.StoredP50Millis, l.StoredP99Millis, l.StealPct)
+		ld := l.Load
+		fmt.Printf("      machine %.0f%% busy; CPU cores, run-queue wait s/s, timeslices/s: tailer %.2f, %.2f, %.0f; NATS+writers+subscriber %.2f, %.2f, %.0f; PostgreSQL %.2f, %.2f, %.0f\n",
+			ld.BusyPct, ld.Tailer.Cores, ld.Tailer.Wait, ld.Tailer.Slices, ld.Bench.Cores, ld.Bench.Wait, ld.Bench.Slices, ld.Postgres.Cores, ld.Postgres.Wait, ld.Postgres.Slices)
 	}
 	t := r.Targets
 	fmt.Printf("targets: defaults over discard client %.3f (≥ 0.9); limit %d over discard client %.3f (≥ 0.9); tailer CPU over walsender's %.3f (≤ 0.35); R3 over R1 at the defaults %.3f (≥ 0.8); subscribe --into inbox over the default drain %.3f, river %.3f (≥ 0.5)\n",
