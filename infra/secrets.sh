@@ -14,7 +14,7 @@ set -eu
 cd "$(dirname "$0")/secrets"
 umask 077
 for name in postgres_password owner_db_password tailer_db_password app_db_password exporter_db_password \
-            nats_tailer_password nats_subscriber_password nats_admin_password nats_system_password \
+            nats_tailer_password nats_subscriber_password nats_admin_password nats_system_password nats_route_password \
             grafana_admin_password; do
   [ -s "$name" ] && continue
   head -c 24 /dev/urandom | base64 | tr -d '\n' >"$name"

@@ -1,8 +1,9 @@
 #!/bin/sh
 # Makes what infra/docker-compose.tls.yml needs that infra/secrets/tls/
 # lacks: a CA of the stack's own (ten years), and certificates it signs
-# for PostgreSQL (DNS name postgres) and NATS (nats, nats-2, nats-3), each
-# also valid for localhost and 127.0.0.1 (one year; delete a pair and run
+# for PostgreSQL (DNS name postgres) and NATS (nats, nats-2, nats-3, for
+# the nodes' routes too), each also valid for localhost and 127.0.0.1
+# (one year; delete a pair and run
 # this again to renew it, then restart its service). Certificates are
 # mode 0444; each private key 0400, owned by the uid of the service that
 # reads it when run as root (NATS 1000; PostgreSQL's entrypoint copies its
@@ -20,10 +21,10 @@ if [ ! -s ca.crt ]; then
   chmod 0444 ca.crt
   echo "made infra/secrets/tls/ca.crt"
 fi
-cert() { # name, uid that reads the key, subjectAltName
+cert() { # name, uid that reads the key, subjectAltName, extendedKeyUsage
   [ -s "$1.crt" ] && return 0
   openssl req -newkey rsa:3072 -nodes -subj "/CN=$1" -keyout "$1.key" -out "$1.csr" 2>/dev/null
-  printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth\n' "$3" >"$1.ext"
+  printf 'subjectAltName=%s\nextendedKeyUsage=%s\n' "$3" "$4" >"$1.ext"
   openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 365 -extfile "$1.ext" -out "$1.crt" 2>/dev/null
   rm -f "$1.csr" "$1.ext"
   chmod 0444 "$1.crt"
@@ -34,6 +35,13 @@ cert() { # name, uid that reads the key, subjectAltName
   fi
   echo "made infra/secrets/tls/$1.crt"
 }
-cert postgres - "DNS:postgres,DNS:localhost,IP:127.0.0.1"
-cert nats 1000 "DNS:nats,DNS:nats-2,DNS:nats-3,DNS:localhost,IP:127.0.0.1"
+cert postgres - "DNS:postgres,DNS:localhost,IP:127.0.0.1" serverAuth
+# A cluster node dials the other nodes' routes with its certificate, and
+# they require one (cluster-tls.conf): clientAuth too. One made before
+# it was is made again; restart the NATS services to load it.
+if [ -s nats.crt ] && ! openssl x509 -in nats.crt -noout -text | grep -q 'TLS Web Client Authentication'; then
+  rm -f nats.crt nats.key
+  echo "infra/tls.sh: nats.crt lacked clientAuth, which the cluster's routes need: making it again" >&2
+fi
+cert nats 1000 "DNS:nats,DNS:nats-2,DNS:nats-3,DNS:localhost,IP:127.0.0.1" serverAuth,clientAuth
 chmod 0700 .

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Checks the compose stack, alone and with the cluster or the TLS file added, with
+# Checks the compose stack, alone and with the cluster or the TLS file added
+# (or both, with the cluster-TLS file), with
 # Docker Compose v2 (`docker compose config`; no Docker engine needed): it
 # resolves with nothing in the environment; no service has a password in
 # its environment or command (each reads its own from a compose secret,
@@ -20,7 +21,8 @@ trap 'rm -f "$resolved"' EXIT
 single=(-f infra/docker-compose.yml)
 cluster=(-f infra/docker-compose.yml -f infra/docker-compose.cluster.yml)
 tls=(-f infra/docker-compose.yml -f infra/docker-compose.tls.yml)
-for files in "${single[*]}" "${cluster[*]}" "${tls[*]}"; do
+clustertls=("${cluster[@]}" -f infra/docker-compose.tls.yml -f infra/docker-compose.cluster-tls.yml)
+for files in "${single[*]}" "${cluster[*]}" "${tls[*]}" "${clustertls[*]}"; do
   read -ra f <<<"$files"
   env -i PATH="$PATH" HOME="$HOME" "${compose[@]}" "${f[@]}" --profile "*" config --format json >"$resolved"
   python3 - "$resolved" <<'PY'
@@ -63,6 +65,21 @@ for name, s in c["services"].items():
     for k, v in (s.get("environment") or {}).items():
         if "tls_ca" in str(c.get("secrets")) and re.match(r"postgres(ql)?://", str(v)) and "sslmode=verify-full" not in v:
             bad.append(f"{name}: {k} does not verify PostgreSQL's certificate (sslmode=verify-full)")
+# A cluster's nodes route with the route password, and with TLS, over TLS
+# with clients over TLS too.
+tls = "tls_ca" in str(c.get("secrets"))
+nodes = [n for n in ("nats", "nats-2", "nats-3") if n in c["services"]]
+if len(nodes) == 3:
+    for name in nodes:
+        s = c["services"][name]
+        env, cmd = s.get("environment") or {}, " ".join(s.get("command") or [])
+        conf = "/etc/nats/cluster-tls.conf" if tls else "/etc/nats/cluster.conf"
+        if f"--config {conf}" not in cmd:
+            bad.append(f"{name}: runs {cmd!r}, want --config {conf}")
+        if not env.get("NATS_ROUTE_PASSWORD_FILE") or not env.get("NATS_ROUTE_HOSTS"):
+            bad.append(f"{name}: routes without the route password")
+        if tls and not env.get("NATS_TLS_CERT_FILE"):
+            bad.append(f"{name}: clients in the clear")
 pg = c["services"]["postgres"]
 if pg.get("stop_signal") != "SIGINT" or not pg.get("stop_grace_period"):
     bad.append("postgres: stop_signal SIGINT and a grace period, for a clean shutdown")

@@ -8,7 +8,9 @@
 # started again and every token still delivered exactly once.
 #
 # CLUSTER=1 adds infra/docker-compose.cluster.yml (three NATS nodes) and
-# checks that the tailer made its stream there with three replicas.
+# checks that the tailer made its stream there with three replicas and
+# that the nodes routed (with the route password; with TLS=1 as well, the
+# cluster-TLS file, and routes over TLS).
 # Otherwise the single-node stack is then moved to the cluster by the steps
 # of docs/operations.md ("Moving a running stack to the cluster"), with 500
 # tokens on the stream that the subscriber has not read and a writer on:
@@ -68,6 +70,7 @@ sed -i -e "s/\"127.0.0.1:4223:/\"127.0.0.1:$((base + 8)):/" -e "s/\"127.0.0.1:42
 files=(-f "$work/infra/docker-compose.yml")
 [ "${CLUSTER:-}" = 1 ] && files+=(-f "$work/infra/docker-compose.cluster.yml")
 [ "${TLS:-}" = 1 ] && files+=(-f "$work/infra/docker-compose.tls.yml")
+[ "${CLUSTER:-}" = 1 ] && [ "${TLS:-}" = 1 ] && files+=(-f "$work/infra/docker-compose.cluster-tls.yml")
 sed -i 's/^\(  \(scrape\|evaluation\)_interval:\) 15s/\1 2s/' "$work/infra/prometheus/prometheus.yml"
 python3 - "$work/infra/prometheus/rules.yml" <<'EOF'
 import re, sys
@@ -107,7 +110,7 @@ password() {
 # They go into the secrets' files, as an operator's own would; the rest
 # (the keyring) infra/secrets.sh makes.
 secrets=(postgres_password owner_db_password tailer_db_password app_db_password exporter_db_password
-         nats_tailer_password nats_subscriber_password nats_admin_password nats_system_password grafana_admin_password)
+         nats_tailer_password nats_subscriber_password nats_admin_password nats_system_password nats_route_password grafana_admin_password)
 for name in "${secrets[@]}"; do
   password >"$work/infra/secrets/$name"
   chmod 0444 "$work/infra/secrets/$name"
@@ -251,7 +254,17 @@ await_delivery "after PostgreSQL's restart"
 if [ "${CLUSTER:-}" = 1 ]; then
   replicas=$(curl -fsS "http://127.0.0.1:$((base + 3))/jsz?acc=MAILROOM&streams=true&config=true" | grep -o '"num_replicas": *[0-9]*' | head -1 | grep -o '[0-9]*$')
   [ "$replicas" = 3 ] || fail "the tailer's stream has ${replicas:-no} replicas on the cluster, want 3"
-  say "the stream MAILROOM has 3 replicas"
+  # Every node routed to the two others with the route password (and,
+  # with TLS, routes over TLS and clients on TLS only).
+  for port in $((base + 3)) $((base + 10)) $((base + 11)); do
+    peers=$(curl -fsS "http://127.0.0.1:$port/routez" | python3 -c 'import json,sys; print(len({r["remote_name"] for r in json.load(sys.stdin)["routes"]}))')
+    [ "$peers" = 2 ] || fail "the node on :$port is routed to $peers others, want 2"
+    if [ "${TLS:-}" = 1 ]; then
+      curl -fsS "http://127.0.0.1:$port/varz" | python3 -c 'import json,sys; v=json.load(sys.stdin); sys.exit(0 if v.get("tls_required") and v["cluster"].get("tls_required") else 1)' ||
+        fail "the node on :$port takes clients or routes in the clear"
+    fi
+  done
+  say "the stream MAILROOM has 3 replicas; every node routed to the two others$([ "${TLS:-}" = 1 ] && echo ", routes and clients over TLS")"
 fi
 
 say "stopping the tailer while the application writes"

@@ -200,11 +200,20 @@ func TestComposeFile(t *testing.T) {
 		}
 	}
 	// The cluster file turns the stack's nats into the first of three
-	// nodes on the stack's network, and the tailer's stream into R3.
+	// nodes on the stack's network, routed with the route password
+	// (TestNATSClusterRoutes runs cluster.conf), and the tailer's stream
+	// into R3. The cluster-TLS file puts the nodes' routes and clients on
+	// TLS.
+	clusterTLS := readCompose(t, infra+"docker-compose.cluster-tls.yml")
 	for _, name := range []string{"nats", "nats-2", "nats-3"} {
-		cmd := strings.Join(cluster.Services[name].Command, " ")
-		if !strings.Contains(cmd, "--routes") || !strings.Contains(cmd, "--cluster_name mailroom") {
-			t.Errorf("cluster node %s: %s", name, cmd)
+		s := cluster.Services[name]
+		if cmd := strings.Join(s.Command, " "); !strings.HasPrefix(cmd, "nats-server --config /etc/nats/cluster.conf --server_name ") ||
+			s.Environment["NATS_ROUTE_PASSWORD_FILE"] != "/run/secrets/nats_route_password" || s.Environment["NATS_ROUTE_HOSTS"] != "nats nats-2 nats-3" {
+			t.Errorf("cluster node %s: %s, environment %v", name, cmd, s.Environment)
+		}
+		s = clusterTLS.Services[name]
+		if cmd := strings.Join(s.Command, " "); !strings.HasPrefix(cmd, "nats-server --config /etc/nats/cluster-tls.conf --server_name ") || s.Environment["NATS_TLS_CERT_FILE"] == "" {
+			t.Errorf("cluster-TLS node %s: %s, environment %v", name, cmd, s.Environment)
 		}
 	}
 	if env := cluster.Services["tailer"].Environment; env["MAILROOM_NATS_REPLICAS"] != "3" || strings.Count(env["MAILROOM_NATS_URL"], "nats://") != 3 {
@@ -212,7 +221,7 @@ func TestComposeFile(t *testing.T) {
 	}
 	// nats-1 must not see the single server's JetStream: it would delete
 	// its streams as orphans.
-	if v := cluster.Services["nats"].Volumes; !slices.Equal(v, []string{"nats1:/data"}) {
+	if v := cluster.Services["nats"].Volumes; !slices.Contains(v, "nats1:/data") || slices.ContainsFunc(v, func(m string) bool { return strings.HasPrefix(m, "natsdata:") }) {
 		t.Errorf("cluster file: nats-1's JetStream on %v, want a volume of its own (nats1:/data)", v)
 	}
 	if len(cluster.Services) != 8 {
@@ -684,11 +693,13 @@ func checkOperatorUsers(t *testing.T, c *cluster, tailerPW, adminPW, systemPW st
 
 // natsConfigEnv is the environment nats/nats.conf reads, as the compose
 // file's NATS services get it: through nats/entrypoint.sh. passwords are
-// the users' by the variable's infix: TAILER, SUBSCRIBER, ADMIN, SYSTEM.
-func natsConfigEnv(t *testing.T, passwords map[string]string) map[string]string {
+// the users' by the variable's infix: TAILER, SUBSCRIBER, ADMIN, SYSTEM
+// (and ROUTE, with NATS_ROUTE_HOSTS in extra, for cluster.conf's routes).
+// extra is more of the service's environment (NAME=value).
+func natsConfigEnv(t *testing.T, passwords map[string]string, extra ...string) map[string]string {
 	t.Helper()
 	cmd := exec.Command("sh", infra+"nats/entrypoint.sh", "env")
-	cmd.Env = os.Environ()
+	cmd.Env = append(os.Environ(), extra...)
 	for user, pw := range passwords {
 		cmd.Env = append(cmd.Env, "NATS_"+user+"_PASSWORD_FILE="+secretFile(t, pw))
 	}
@@ -696,13 +707,17 @@ func natsConfigEnv(t *testing.T, passwords map[string]string) map[string]string 
 	if err != nil {
 		t.Fatalf("nats/entrypoint.sh: %v", err)
 	}
-	env := map[string]string{}
+	env, quoted := map[string]string{}, 0
 	for _, line := range strings.Split(string(out), "\n") {
-		if k, v, ok := strings.Cut(line, "="); ok && strings.HasSuffix(k, "_PASSWORD_QUOTED") {
+		k, v, _ := strings.Cut(line, "=")
+		if strings.HasSuffix(k, "_PASSWORD_QUOTED") {
+			env[k] = v
+			quoted++
+		} else if k == "NATS_ROUTES" {
 			env[k] = v
 		}
 	}
-	if len(env) != len(passwords) {
+	if quoted != len(passwords) {
 		t.Fatalf("nats/entrypoint.sh exported %d quoted passwords:\n%s", len(env), out)
 	}
 	return env

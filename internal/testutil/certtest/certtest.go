@@ -24,7 +24,8 @@ type Files struct {
 
 // Write creates a CA named name, a server certificate for localhost and
 // 127.0.0.1 and a client certificate (common name client) signed by it,
-// in dir.
+// in dir. The server certificate is good for client authentication too,
+// as a NATS route's must be: a node dials the others with it.
 func Write(tb testing.TB, dir, name string) Files {
 	tb.Helper()
 	f := Files{
@@ -48,7 +49,7 @@ func Write(tb testing.TB, dir, name string) Files {
 		tmpl      x509.Certificate
 	}{
 		{f.ServerCert, f.ServerKey, x509.Certificate{Subject: pkix.Name{CommonName: "localhost"}, DNSNames: []string{"localhost"},
-			IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}},
+			IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}},
 		{f.ClientCert, f.ClientKey, x509.Certificate{Subject: pkix.Name{CommonName: "client"}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}},
 	} {
 		key := newKey(tb)
