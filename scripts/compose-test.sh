@@ -177,9 +177,17 @@ if [ "${TLS:-}" = 1 ]; then
     fail "PostgreSQL took a plain login over the network"
   fi
   case "$out" in *"no encryption"*) ;; *) fail "a plain login over the network: $out" ;; esac
-  # NATS: TLS required, and every client on it.
-  curl -fsS "http://127.0.0.1:$((base + 3))/varz" | grep -q '"tls_required": *true' || fail "NATS does not require TLS"
-  conns=$(curl -fsS "http://127.0.0.1:$((base + 3))/connz?auth=true" | python3 -c 'import json,sys; c=json.load(sys.stdin)["connections"]; print(sum(1 for x in c if x.get("tls_version")), len(c))')
+  # NATS: TLS required, and every client on it, on every node (a
+  # cluster's clients connect to any of the three).
+  nodes=($((base + 3)))
+  [ "${CLUSTER:-}" = 1 ] && nodes+=($((base + 10)) $((base + 11)))
+  tlsc=0 allc=0
+  for port in "${nodes[@]}"; do
+    curl -fsS "http://127.0.0.1:$port/varz" | grep -q '"tls_required": *true' || fail "NATS on :$port does not require TLS"
+    c=$(curl -fsS "http://127.0.0.1:$port/connz?auth=true" | python3 -c 'import json,sys; c=json.load(sys.stdin)["connections"]; print(sum(1 for x in c if x.get("tls_version")), len(c))')
+    tlsc=$((tlsc + ${c% *})) allc=$((allc + ${c#* }))
+  done
+  conns="$tlsc $allc"
   [ "${conns% *}" = "${conns#* }" ] && [ "${conns#* }" -ge 2 ] || fail "NATS: ${conns% *} of ${conns#* } clients use TLS"
   say "TLS: ${tls%|*} of ${tls#*|} connections to PostgreSQL encrypted, ${conns% *} of ${conns#* } NATS clients; a plain login refused: ${out##*FATAL:  }"
 fi
