@@ -31,6 +31,8 @@ func TestNATSClusterRoutes(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(38, uint64(time.Now().UnixNano())))
 	for _, conf := range []string{"cluster.conf", "cluster-tls.conf"} {
+		// Drawn here: the subtests run at once, and rng is not safe for that.
+		pw := hostilePassword(rng)
 		t.Run(conf, func(t *testing.T) {
 			t.Parallel()
 			path := infra + "nats/" + conf
@@ -39,7 +41,7 @@ func TestNATSClusterRoutes(t *testing.T) {
 			if tls {
 				path, routeTLS = withTestCerts(t, path)
 			}
-			pw, users := hostilePassword(rng), map[string]string{"TAILER": "t", "SUBSCRIBER": "s", "ADMIN": "a", "SYSTEM": "y"}
+			users := map[string]string{"TAILER": "t", "SUBSCRIBER": "s", "ADMIN": "a", "SYSTEM": "y"}
 			hosts := []string{"node-1", "node-2", "node-3"}
 			routePorts := map[string]int{}
 			for _, h := range append(hosts, "intruder") {
