@@ -69,9 +69,7 @@ func liveLatency(ctx context.Context, o options, url string, discard bool) (*Liv
 		return nil, err
 	}
 	defer stop()
-	load := loadMeter(tailerPID)
-	writeSecs, stealPct, err := writeLive(ctx, o, pool, total, warm, times)
-	loaded := load()
+	writeSecs, stealPct, loaded, err := writeLive(ctx, o, pool, total, warm, times, tailerPID)
 	if err != nil {
 		return nil, err
 	}
@@ -206,8 +204,9 @@ func liveReceiver(ctx context.Context, o options, url, slot string, discard bool
 // writeLive inserts total tokens, each in a transaction of its own, on
 // o.liveConns connections paced to o.liveRate, and records the commit
 // times of all but the first warm. It returns how long the writing took,
-// and the CPU time stolen from this machine meanwhile (percent).
-func writeLive(ctx context.Context, o options, pool *pgxpool.Pool, total, warm int, times *liveTimes) (float64, float64, error) {
+// the CPU time stolen from this machine meanwhile (percent), and where the
+// CPU went meanwhile (tailerPID: the tailer's process, or 0).
+func writeLive(ctx context.Context, o options, pool *pgxpool.Pool, total, warm int, times *liveTimes, tailerPID int) (float64, float64, Load, error) {
 	// Open and prepare the writers' connections before the clock starts:
 	// eight backends starting at once would measure PostgreSQL's
 	// connection start-up, not the tailer.
@@ -222,12 +221,12 @@ func writeLive(ctx context.Context, o options, pool *pgxpool.Pool, total, warm i
 			for _, c := range conns {
 				c.Release()
 			}
-			return 0, 0, err
+			return 0, 0, Load{}, err
 		}
 	}
 	time.Sleep(500 * time.Millisecond)
 
-	steal := stealMeter()
+	steal, load := stealMeter(), loadMeter(tailerPID)
 	// Writers share a paced schedule: token i is due at start + i/rate.
 	var next atomic.Int64
 	start := time.Now()
@@ -266,13 +265,13 @@ func writeLive(ctx context.Context, o options, pool *pgxpool.Pool, total, warm i
 	}
 	wg.Wait()
 	writeSecs := time.Since(start).Seconds()
-	stealPct := steal()
+	stealPct, loaded := steal(), load()
 	select {
 	case err := <-errc:
-		return 0, 0, err
+		return 0, 0, Load{}, err
 	default:
 	}
-	return writeSecs, stealPct, nil
+	return writeSecs, stealPct, loaded, nil
 }
 
 // result is the run's latencies: commit to arrival, and (not for the bare
