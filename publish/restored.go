@@ -2,29 +2,16 @@ package publish
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mailroom/tailer/publish/wire"
 )
 
-// messageMark names a stored message by what it carries: its Nats-Msg-Id,
-// or for a message without one a digest of its subject and data. Restored
-// from a backup, a message keeps its sequence, subject, headers and data,
-// so the same mark at the same sequence is the same message.
-func messageMark(m *jetstream.RawStreamMsg) string {
-	if id := m.Header.Get(nats.MsgIdHdr); id != "" {
-		return "id:" + id
-	}
-	h := sha256.New()
-	h.Write([]byte(m.Subject))
-	h.Write([]byte{0})
-	h.Write(m.Data)
-	return "sha256:" + hex.EncodeToString(h.Sum(nil))
-}
+// messageMark is wire.Mark of a message read back.
+func messageMark(m *jetstream.RawStreamMsg) string { return wire.Mark(m.Subject, m.Header, m.Data) }
 
 // LastMark is the stream's last sequence and its message's mark (0 for an
 // empty stream), read from the stream itself: where it stands once every

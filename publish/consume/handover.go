@@ -49,10 +49,14 @@ func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg) error {
 		return fmt.Errorf("message metadata: %w", err)
 	}
 	seq := meta.Sequence.Stream
+	mark := wire.Mark(msg.Subject(), msg.Headers(), msg.Data())
 	if err := s.refresh(ctx, msg); err != nil {
 		return err
 	}
 	s.mu.Lock()
+	if s.prog.saw(seq, mark) {
+		s.dirty = true
+	}
 	s.stats.Messages++
 	s.stats.LastDelivery = time.Now()
 	if meta.NumDelivered > 1 {
@@ -72,7 +76,7 @@ func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg) error {
 		return nil
 	}
 	s.mu.Lock()
-	rec := s.prog.message(seq, len(b.Sizes))
+	rec := s.prog.message(seq, mark, len(b.Sizes))
 	if seq <= s.prog.Floor || rec.Acked || rec.Done.Len() == rec.Batches {
 		s.stats.Skipped += rec.Batches
 		s.mu.Unlock()
@@ -151,7 +155,6 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 		// them now.
 		return fmt.Errorf("consume %s: %w", s.Durable, ErrTakenOver)
 	}
-	p.StreamCreated = s.prog.StreamCreated
 	s.prog, s.rev, s.dirty = p, newRev, false
 	return nil
 }

@@ -133,9 +133,15 @@ func ParseBatches(s string) (Batches, error) {
 // reader that dies would cost every batch of the messages it held, and a
 // consumer lost with its server would start again from nowhere.
 type Progress struct {
-	// StreamCreated is the stream's creation time: a record of an earlier
-	// stream of the same name does not apply.
-	StreamCreated time.Time `json:"stream_created"`
+	// Last is the newest message the durable's subscribers were given, by
+	// its place and its content: the record is of the stream that holds
+	// that message there, not of any stream of the name (see Subscriber's
+	// consumer).
+	Last Anchor `json:"last,omitzero"`
+	// StreamCreated is read from records written before Last and not
+	// used: a server's creation time differs between the replicas of a
+	// restored stream, and names no content.
+	StreamCreated time.Time `json:"stream_created,omitzero"`
 	// Floor is the consumer's acknowledgement floor as last read from the
 	// server (a stream sequence): every message up to it is done.
 	Floor uint64 `json:"floor"`
@@ -144,8 +150,17 @@ type Progress struct {
 	Messages map[uint64]*MessageProgress `json:"messages,omitempty"`
 }
 
+// Anchor is a message by its place and its content (wire.Mark).
+type Anchor struct {
+	Seq  uint64 `json:"seq"`
+	Mark string `json:"mark"`
+}
+
 // MessageProgress is what is known about one message.
 type MessageProgress struct {
+	// Mark is the message's wire.Mark: the record of another message at
+	// the same sequence (of a stream made again) does not apply to it.
+	Mark string `json:"mark,omitempty"`
 	// Batches is how many batches the message holds.
 	Batches int `json:"batches"`
 	// Done are the batches its readers finished (or set aside as dead
@@ -158,20 +173,32 @@ type MessageProgress struct {
 	Attempts map[int]int `json:"attempts,omitempty"`
 }
 
-// message returns the record of seq, made for a message of n batches if
-// there is none.
-func (p *Progress) message(seq uint64, n int) *MessageProgress {
+// message returns the record of the message of mark at seq, made for a
+// message of n batches if there is none.
+func (p *Progress) message(seq uint64, mark string, n int) *MessageProgress {
 	if p.Messages == nil {
 		p.Messages = make(map[uint64]*MessageProgress)
 	}
 	m := p.Messages[seq]
-	if m == nil || m.Batches != n {
-		// A record that disagrees on the batch count is not this
-		// message's: start over rather than skip batches on its word.
-		m = &MessageProgress{Batches: n}
+	if m == nil || m.Batches != n || m.Mark != "" && m.Mark != mark {
+		// A record that disagrees on the content or the batch count is
+		// not this message's: start over rather than skip batches on its
+		// word.
+		m = &MessageProgress{Mark: mark, Batches: n}
 		p.Messages[seq] = m
 	}
+	m.Mark = mark
 	return m
+}
+
+// saw notes the message of mark at seq as the newest one given to the
+// durable's subscribers, if it is.
+func (p *Progress) saw(seq uint64, mark string) bool {
+	if seq < p.Last.Seq {
+		return false
+	}
+	p.Last = Anchor{Seq: seq, Mark: mark}
+	return true
 }
 
 // prune forgets the messages at or below the floor.

@@ -318,7 +318,7 @@ func (s *Subscriber) Run(ctx context.Context, js jetstream.JetStream) error {
 	if s.kick == nil {
 		s.kick = make(chan struct{}, 1)
 	}
-	if err := s.load(ctx, js); err != nil {
+	if err := s.load(ctx); err != nil {
 		return err
 	}
 	cons, err := s.consumer(ctx, js, false)
@@ -374,7 +374,7 @@ func (s *Subscriber) loadProgress(ctx context.Context, wait func()) (Progress, u
 }
 
 // load reads the record, unless there is no store or it is read already.
-func (s *Subscriber) load(ctx context.Context, js jetstream.JetStream) error {
+func (s *Subscriber) load(ctx context.Context) error {
 	if s.Progress == nil {
 		return nil
 	}
@@ -388,18 +388,6 @@ func (s *Subscriber) load(ctx context.Context, js jetstream.JetStream) error {
 	if err != nil {
 		return err
 	}
-	created := time.Time{}
-	if st, err := js.Stream(ctx, s.Stream); err == nil {
-		created = st.CachedInfo().Created
-	}
-	if !p.StreamCreated.IsZero() && !created.IsZero() && !p.StreamCreated.Equal(created) {
-		if s.Log != nil {
-			s.Log.Warn("the progress record is of an earlier stream of this name: not used", "durable", s.Durable,
-				"record_stream_created", p.StreamCreated, "stream_created", created)
-		}
-		p = Progress{}
-	}
-	p.StreamCreated = created
 	s.mu.Lock()
 	s.prog, s.rev, s.loaded = p, rev, true
 	s.mu.Unlock()
@@ -422,7 +410,11 @@ func (s *Subscriber) consumer(ctx context.Context, js jetstream.JetStream, lost 
 		d.MaxAckPending = reportsAckPending
 	}
 	_, err := LookUp(ctx, js, s.Stream, s.Durable, s.Log)
-	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+	missing := errors.Is(err, jetstream.ErrConsumerNotFound)
+	if err := s.checkRecord(ctx, js, missing); err != nil {
+		return nil, err
+	}
+	if missing {
 		s.mu.Lock()
 		known, floor := !s.prog.empty(), s.prog.Floor
 		s.mu.Unlock()
@@ -433,7 +425,7 @@ func (s *Subscriber) consumer(ctx context.Context, js jetstream.JetStream, lost 
 				s.Log.Warn("the consumer was not on the server: made again where its subscribers had got to, after the last message acknowledged",
 					"durable", s.Durable, "start_seq", d.StartSeq)
 			}
-		case lost:
+		case lost && !s.FromStart:
 			return nil, fmt.Errorf("consumer %s on stream %s: %w: start a subscriber with --from-start to deliver what the stream holds again (with repeats), or make the consumer by hand at the position you know", s.Durable, s.Stream, ErrPositionUnknown)
 		}
 	}

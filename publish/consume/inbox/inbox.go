@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/publish/consume"
@@ -27,11 +28,24 @@ type Meta struct {
 
 // Sink stores the tokens of a decoded message in tx, adding nothing for a
 // token it holds already; it reports how many it added. Position says
-// where a durable consumer got to: the last stream sequence it stored a
-// token of; ok is false when it stored none.
+// where a durable consumer got to: the last message it stored a token of;
+// ok is false when it stored none.
 type Sink interface {
 	Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Batch) (added int, err error)
-	Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (seq uint64, ok bool, err error)
+	Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (at Stored, ok bool, err error)
+}
+
+// Stored is a message a durable stored a token of, by its place on the
+// stream and by its content: the message's id and one token's key. The
+// place counts only where the stream still holds that content there.
+type Stored struct {
+	Seq          uint64
+	BatchID, Key string
+}
+
+// holds matches the message at.Seq of a stream against at's content.
+func (at Stored) holds(m *jetstream.RawStreamMsg) bool {
+	return m.Header.Get(nats.MsgIdHdr) == at.BatchID && consume.HoldsKey(at.Key)(m)
 }
 
 // Inbox stores tokens as rows of mailroom_inbox (Migrate makes it).
@@ -70,21 +84,27 @@ func (Inbox) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Batch) (in
 	return int(tag.RowsAffected()), nil
 }
 
-// Position is the last stream sequence of a token durable stored in
-// mailroom_inbox.
-func (Inbox) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (uint64, bool, error) {
-	return position(ctx, pool, `SELECT max(stream_seq) FROM mailroom_inbox WHERE stream = $1 AND durable = $2`, stream, durable)
+// Position is the message of the highest stream sequence a token of
+// which durable stored in mailroom_inbox.
+func (Inbox) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (Stored, bool, error) {
+	return position(ctx, pool, `SELECT stream_seq, batch_id, token_key FROM mailroom_inbox
+		WHERE stream = $1 AND durable = $2 ORDER BY stream_seq DESC LIMIT 1`, stream, durable)
 }
 
-func position(ctx context.Context, pool *pgxpool.Pool, query, stream, durable string) (uint64, bool, error) {
-	var seq *int64
-	if err := pool.QueryRow(ctx, query, stream, durable).Scan(&seq); err != nil {
-		return 0, false, fmt.Errorf("where the consumer got to: %w", err)
+func position(ctx context.Context, pool *pgxpool.Pool, query, stream, durable string) (Stored, bool, error) {
+	var (
+		seq int64
+		at  Stored
+	)
+	err := pool.QueryRow(ctx, query, stream, durable).Scan(&seq, &at.BatchID, &at.Key)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return Stored{}, false, nil
+	case err != nil:
+		return Stored{}, false, fmt.Errorf("where the consumer got to: %w", err)
 	}
-	if seq == nil {
-		return 0, false, nil
-	}
-	return uint64(*seq), true, nil
+	at.Seq = uint64(seq)
+	return at, true, nil
 }
 
 //go:embed schema.sql
@@ -166,21 +186,44 @@ func (c *Consumer) consumer(ctx context.Context, js jetstream.JetStream, lost bo
 	d := c.Durable
 	_, err := consume.LookUp(ctx, js, d.Stream, d.Name, c.Log)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		seq, ok, err := c.Sink.Position(ctx, c.Pool, d.Stream, d.Name)
-		switch {
-		case err != nil:
+		at, ok, err := c.Sink.Position(ctx, c.Pool, d.Stream, d.Name)
+		if err != nil {
 			return nil, err
+		}
+		if ok {
+			if ok, err = c.stillThere(ctx, js, at); err != nil {
+				return nil, err
+			}
+			d.FromStart = d.FromStart || !ok
+		}
+		switch {
 		case ok:
 			// At that message, not after it: a large message is stored in
 			// parts, and the rest of one cut short comes again.
-			d.StartSeq = seq
+			d.StartSeq = at.Seq
 			c.Log.Warn("the consumer was not on the server: made again at the last message the database holds a token of",
 				"durable", d.Name, "start_seq", d.StartSeq)
+		case d.FromStart:
 		case lost:
 			return nil, fmt.Errorf("consumer %s on stream %s: %w: the database holds none of its tokens; start the subscriber with --from-start to store what the stream holds (stored tokens add nothing), or make the consumer by hand", d.Name, d.Stream, consume.ErrPositionUnknown)
 		}
 	}
 	return d.Ensure(ctx, js)
+}
+
+// stillThere reports whether the stream holds at at.Seq the message the
+// durable stored there. When it does not (the stream was deleted and made
+// again, restored from an older backup, or purged), that sequence names
+// nothing of this stream, and the consumer reads it from its first
+// message: the token key decides what is stored, and what is there adds
+// nothing.
+func (c *Consumer) stillThere(ctx context.Context, js jetstream.JetStream, at Stored) (bool, error) {
+	ok, err := consume.StreamHolds(ctx, js, c.Durable.Stream, at.Seq, at.holds, c.Log)
+	if err == nil && !ok {
+		c.Log.Warn("the stream does not hold what the durable stored from it (deleted and made again, restored or purged): reading it from its first message; the tokens stored before add nothing",
+			"durable", c.Durable.Name, "stored_seq", at.Seq, "batch_id", at.BatchID)
+	}
+	return ok, err
 }
 
 func (c *Consumer) consume(ctx context.Context, cons jetstream.Consumer) error {

@@ -70,9 +70,10 @@ func NewJobs() (*Jobs, error) {
 // Position is the last stream sequence of a token among durable's River
 // jobs of kind mailroom_token (completed jobs River has cleaned out do not
 // count).
-func (j *Jobs) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (uint64, bool, error) {
-	return position(ctx, pool, `SELECT max((args->>'stream_seq')::bigint) FROM river_job
-		WHERE kind = 'mailroom_token' AND args->>'stream' = $1 AND args->>'durable' = $2`, stream, durable)
+func (j *Jobs) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (Stored, bool, error) {
+	return position(ctx, pool, `SELECT (args->>'stream_seq')::bigint, args->>'batch_id', args->>'token_key' FROM river_job
+		WHERE kind = 'mailroom_token' AND args->>'stream' = $1 AND args->>'durable' = $2
+		ORDER BY (args->>'stream_seq')::bigint DESC LIMIT 1`, stream, durable)
 }
 
 // Store inserts a job for each of b's tokens, those whose job is there

@@ -1,0 +1,96 @@
+package consume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mailroom/tailer/publish/wire"
+)
+
+// ErrStreamChanged: the stream does not hold, at a sequence a reader
+// recorded, what the reader read there. A sequence number names a place
+// only in the stream it came from: the stream was deleted and made again,
+// restored from an older backup, or purged.
+var ErrStreamChanged = errors.New("the stream does not hold the message read there")
+
+// StreamHolds reports whether stream holds at seq a message for which
+// match is true, read from the stream's leader (wire.GetMsg). A message
+// gone is false; a server that cannot answer now (a leader being
+// elected, a node away) is asked again until ctx ends.
+func StreamHolds(ctx context.Context, js jetstream.JetStream, stream string, seq uint64, match func(*jetstream.RawStreamMsg) bool, log *slog.Logger) (bool, error) {
+	for delay := 250 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
+		msg, err := wire.GetMsg(ctx, js.Conn(), stream, seq, "")
+		switch {
+		case err == nil:
+			return match(msg), nil
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			return false, nil
+		case ctx.Err() != nil:
+			return false, fmt.Errorf("read message %d of stream %s: %w", seq, stream, err)
+		}
+		if delay == 250*time.Millisecond && log != nil {
+			log.Warn("cannot read back the message a reader recorded; trying again", "stream", stream, "stream_seq", seq, "err", err)
+		}
+		if !sleep(ctx, delay) {
+			return false, fmt.Errorf("read message %d of stream %s: %w", seq, stream, err)
+		}
+	}
+}
+
+// HoldsMark is a match for StreamHolds: the message of mark (wire.Mark).
+func HoldsMark(mark string) func(*jetstream.RawStreamMsg) bool {
+	return func(m *jetstream.RawStreamMsg) bool { return wire.Mark(m.Subject, m.Header, m.Data) == mark }
+}
+
+// HoldsKey is a match for StreamHolds: a message that carries the token
+// of key.
+func HoldsKey(key string) func(*jetstream.RawStreamMsg) bool {
+	return func(m *jetstream.RawStreamMsg) bool {
+		return slices.Contains(strings.Split(m.Header.Get(wire.HeaderTokenKeys), ","), key)
+	}
+}
+
+// checkRecord holds the durable's record against the stream: a record is
+// of the stream that holds, at the sequence the record saw last, the
+// message it saw there, whichever replica answers and whatever the
+// stream's creation time says. A record of another stream is dropped when
+// the consumer is on the server (its own position is this stream's) or
+// FromStart asks for this stream from its first message; with the
+// consumer to be made and no FromStart it is refused, naming the ways on:
+// its sequences would skip this stream's messages.
+func (s *Subscriber) checkRecord(ctx context.Context, js jetstream.JetStream, missing bool) error {
+	s.mu.Lock()
+	last := s.prog.Last
+	s.mu.Unlock()
+	if last.Seq == 0 {
+		return nil
+	}
+	same, err := StreamHolds(ctx, js, s.Stream, last.Seq, HoldsMark(last.Mark), s.Log)
+	if err != nil || same {
+		return err
+	}
+	if missing && !s.FromStart {
+		return fmt.Errorf("consumer %s on stream %s: %w: the durable's subscribers last read sequence %d, which now holds another message or none (the stream was deleted and made again, restored from an older backup, or purged); "+
+			"start the subscriber with --from-start to deliver this stream from its first message (tokens a resync published again come again, but for those in --dedup-window), or make the consumer by hand at the sequence you know",
+			s.Durable, s.Stream, ErrStreamChanged, last.Seq)
+	}
+	if s.Log != nil {
+		how := "the consumer on the server goes on from its own position"
+		if missing {
+			how = "the consumer is made at the stream's first message (--from-start)"
+		}
+		s.Log.Warn("the durable's record is of another stream (deleted and made again, restored or purged): dropped; "+how,
+			"durable", s.Durable, "record_last_seq", last.Seq)
+	}
+	s.mu.Lock()
+	s.prog, s.dirty = Progress{}, true
+	s.mu.Unlock()
+	return nil
+}

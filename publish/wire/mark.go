@@ -1,0 +1,27 @@
+package wire
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Mark names a stored message by what it carries: its Nats-Msg-Id, or for
+// a message without one a digest of its subject and data. A sequence
+// number names a place only in the stream it came from; the same mark at
+// the same sequence is the same message, whichever replica answers, and
+// whether the stream was restored from a backup (which keeps a message's
+// sequence, subject, headers and data) or not. A stream deleted and made
+// again, or restored from an older backup, holds another mark there, or
+// nothing.
+func Mark(subject string, h nats.Header, data []byte) string {
+	if id := h.Get(nats.MsgIdHdr); id != "" {
+		return "id:" + id
+	}
+	d := sha256.New()
+	d.Write([]byte(subject))
+	d.Write([]byte{0})
+	d.Write(data)
+	return "sha256:" + hex.EncodeToString(d.Sum(nil))
+}
