@@ -439,6 +439,7 @@ func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, inFlight
 						p.Log.Info("message was already on the stream", "message", it.id, "seq", ack.Sequence)
 					}
 				}
+				p.Publisher.stored(ack.Sequence, it.fut.Msg(), true)
 			case err := <-it.fut.Err():
 				endSpans(it.spans, err)
 				if isWrongLastSequence(err) {

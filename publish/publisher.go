@@ -115,10 +115,18 @@ type Publisher struct {
 	// max_msgs_per_subject).
 	lastSeq, next uint64
 	limited       bool
+	// deleted is how many messages within the stream were gone when the
+	// publisher started (a stream's NumDeleted): one more since, on a
+	// stream whose configuration removes none, was deleted or purged by
+	// subject, the batches' subject alone leaving the first sequence (a
+	// marker) where it was.
+	deleted int
 	// window is what Resume found on the stream of the tokens the session
 	// replays; keyBuf is OnStream's scratch.
 	window window
 	keyBuf []byte
+	// anchors: see Anchors.
+	anchors anchors
 }
 
 // Message kinds on the stream's subjects.
@@ -224,7 +232,8 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Destination) (*Publish
 	}
 	p := &Publisher{js: js, stream: stream, name: cfg.Name, subjects: subjects, marker: marker, replicas: max(info.Config.Replicas, 1),
 		created: info.Created.UTC().Format(time.RFC3339Nano),
-		limited: info.Config.MaxMsgs > 0 || info.Config.MaxBytes > 0 || info.Config.MaxMsgsPerSubject > 0}
+		limited: info.Config.MaxMsgs > 0 || info.Config.MaxBytes > 0 || info.Config.MaxMsgsPerSubject > 0,
+		deleted: info.State.NumDeleted}
 	if cfg.Origin.SystemID != "" {
 		p.origin = cfg.Origin.String()
 	}
@@ -342,7 +351,9 @@ func (p *Publisher) Created() string { return p.created }
 // Lost reports whether the stream lost messages published after sequence
 // since: it is another stream under its name (created, as it returns, at
 // another time than Created), or its first message is past since+1 although
-// its configuration removes none (it was purged, or messages deleted).
+// its configuration removes none (it was purged, or messages deleted), or
+// messages within it were since the publisher started (purged by
+// subject).
 // JetStream acknowledged those messages, whether or not a consumer had
 // read them. It may run beside the publishing goroutine.
 func (p *Publisher) Lost(ctx context.Context, since uint64) (created string, truncated bool, err error) {
@@ -351,7 +362,7 @@ func (p *Publisher) Lost(ctx context.Context, since uint64) (created string, tru
 		return "", false, fmt.Errorf("stream %s: %w", p.name, err)
 	}
 	info := s.CachedInfo()
-	truncated = !p.limited && info.State.FirstSeq > since+1 && info.State.LastSeq > since
+	truncated = !p.limited && (info.State.FirstSeq > since+1 && info.State.LastSeq > since || info.State.NumDeleted > p.deleted)
 	return info.Created.UTC().Format(time.RFC3339Nano), truncated, nil
 }
 

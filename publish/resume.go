@@ -2,6 +2,7 @@ package publish
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"strconv"
@@ -298,9 +299,14 @@ func (p *Publisher) publishMarkers(ctx context.Context, o Owner, w *window, prev
 	if floor == 0 {
 		floor = p.lastSeq + 1
 	}
+	// Each marker has an id of its own, so that it names its place by
+	// content (Anchors); the duplicate window never matches it.
+	var nonce [8]byte
+	rand.Read(nonce[:])
 	futs := make([]jetstream.PubAckFuture, 0, k)
 	for i := 1; i <= k; i++ {
 		msg := nats.NewMsg(p.marker)
+		msg.Header.Set(nats.MsgIdHdr, fmt.Sprintf("marker-%x-%d/%d", nonce, i, k))
 		msg.Header.Set(wire.HeaderFence, strconv.Itoa(i)+"/"+strconv.Itoa(k))
 		msg.Header.Set(wire.HeaderInFlight, strconv.Itoa(max(o.InFlight, 1)))
 		msg.Header.Set(wire.HeaderWindowAfter, o.After.String())
@@ -320,7 +326,8 @@ func (p *Publisher) publishMarkers(ctx context.Context, o Owner, w *window, prev
 	}
 	for i, fut := range futs {
 		select {
-		case <-fut.Ok():
+		case ack := <-fut.Ok():
+			p.stored(ack.Sequence, fut.Msg(), false)
 		case err := <-fut.Err():
 			if isWrongLastSequence(err) {
 				return fmt.Errorf("session marker %d of %d: %w: %w", i+1, k, ErrStreamMoved, err)

@@ -764,21 +764,38 @@ func TestStreamThatLostItsBatchesIsRefused(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name, want string
-		lose       func(c *cluster, js jetstream.JetStream) error
+		lose       func(c *cluster, js jetstream.JetStream, p *watched) error
 	}{
-		{"deleted and made again", "was deleted and made again", func(c *cluster, js jetstream.JetStream) error {
+		{"deleted and made again", "was deleted and made again", func(c *cluster, js jetstream.JetStream, _ *watched) error {
 			if err := js.DeleteStream(c.ctx, "MAILROOM"); err != nil {
 				return err
 			}
 			_, err := js.CreateStream(c.ctx, jetstream.StreamConfig{Name: "MAILROOM", Subjects: []string{"mailroom.batches", "mailroom.batches.>"}, Storage: jetstream.FileStorage})
 			return err
 		}},
-		{"purged", "it was purged", func(c *cluster, js jetstream.JetStream) error {
+		{"purged", "it was purged", func(c *cluster, js jetstream.JetStream, _ *watched) error {
 			s, err := js.Stream(c.ctx, "MAILROOM")
 			if err != nil {
 				return err
 			}
 			return s.Purge(c.ctx)
+		}},
+		// The markers kept: the stream's first sequence stays where it was
+		// (issue 45: not seen, before and after a restart).
+		{"purged of the batches' subject", "no longer holds", func(c *cluster, js jetstream.JetStream, _ *watched) error {
+			s, err := js.Stream(c.ctx, "MAILROOM")
+			if err != nil {
+				return err
+			}
+			return s.Purge(c.ctx, jetstream.WithPurgeSubject("mailroom.batches"))
+		}},
+		// Frozen meanwhile, so that it publishes nothing into the stream
+		// as it is made again.
+		{"restored from an older backup", "no longer holds message", func(c *cluster, js jetstream.JetStream, p *watched) error {
+			p.freeze()
+			defer p.thaw()
+			restoreStream(c.t, c, streamLastSeq(c.t, c)-1)
+			return nil
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -803,7 +820,7 @@ func TestStreamThatLostItsBatchesIsRefused(t *testing.T) {
 			}
 			defer nc.Close()
 			js, _ := jetstream.New(nc)
-			if err := tc.lose(c, js); err != nil {
+			if err := tc.lose(c, js, p); err != nil {
 				t.Fatal(err)
 			}
 			c.accounts("during", 5)

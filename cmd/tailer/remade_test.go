@@ -25,7 +25,7 @@ import (
 //   - the inbox and River (running, and one started after the new stream
 //     was made, without --from-start) read the new stream from its first
 //     message: every token once, by key;
-//   - a file subscriber started with --from-start reads the new stream from
+//   - a file or --exec subscriber started with --from-start reads the new stream from
 //     its first message, its dedup window taking out what it wrote before;
 //     one started before the new stream was made waits for it and does the
 //     same;
@@ -61,6 +61,7 @@ func TestStreamMadeAgainUnderSubscribers(t *testing.T) {
 	fromStart := c.subscriber(out("from-start"), append([]string{"--durable", "from-start", "--from-start"}, window...)...)
 	next := c.subscriber(out("next"), append([]string{"--durable", "next"}, window...)...)
 	waiting := c.subscriber(out("waiting"), append([]string{"--durable", "waiting", "--from-start"}, window...)...)
+	c.execSubscriber(t, "exec", "cat >> "+out("exec"), window...)
 	into("inbox", "inbox", "--from-start")
 	into("river", "river", "--from-start")
 	later := into("later", "inbox", "--from-start")
@@ -74,7 +75,7 @@ func TestStreamMadeAgainUnderSubscribers(t *testing.T) {
 		time.Sleep(80 * time.Millisecond)
 	}
 	c.expectExactlyOnce(30 * time.Second)
-	for _, name := range []string{"from-start", "next", "waiting"} {
+	for _, name := range []string{"from-start", "next", "waiting", "exec"} {
 		waitOutput(t, out(name), 50)
 	}
 	intoCounts := map[string]string{
@@ -144,15 +145,22 @@ func TestStreamMadeAgainUnderSubscribers(t *testing.T) {
 		t.Fatalf("the subscriber without --from-start: exit %d, want %d naming --from-start:\n%s", code, exitFailure, next.out.String())
 	}
 	c.subscriber(out("next"), append([]string{"--durable", "next", "--from-start"}, window...)...)
-	for _, name := range []string{"from-start", "next", "waiting"} {
+	for _, name := range []string{"from-start", "next", "waiting", "exec"} {
 		tailertest.EventuallyProgressing(t, 60*time.Second, func() (int, error) {
 			if missing, _ := countOutput(t, out(name), want); missing > 0 {
 				return len(want) - missing, fmt.Errorf("%s: %d of %d tokens never written", name, missing, len(want))
 			}
 			return len(want), nil
 		})
-		if missing, repeats := countOutput(t, out(name), want); missing != 0 || repeats != 0 {
-			t.Fatalf("%s: %d tokens missing, %d written twice", name, missing, repeats)
+		// Into a file a batch is done once written, and the dedup window
+		// knows it; through a pipe the batches in doubt when the consumer
+		// went (the last two) may come again.
+		inDoubt := 0
+		if name == "exec" {
+			inDoubt = 2 * 10
+		}
+		if missing, repeats := countOutput(t, out(name), want); missing != 0 || repeats > inDoubt {
+			t.Fatalf("%s: %d tokens missing, %d written twice (at most %d may be)", name, missing, repeats, inDoubt)
 		}
 	}
 }

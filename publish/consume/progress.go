@@ -137,7 +137,7 @@ type Progress struct {
 	// its place and its content: the record is of the stream that holds
 	// that message there, not of any stream of the name (see Subscriber's
 	// consumer).
-	Last Anchor `json:"last,omitzero"`
+	Last wire.Anchor `json:"last,omitzero"`
 	// StreamCreated is read from records written before Last and not
 	// used: a server's creation time differs between the replicas of a
 	// restored stream, and names no content.
@@ -148,12 +148,6 @@ type Progress struct {
 	// Messages are the messages above Floor the subscriber worked on, by
 	// stream sequence.
 	Messages map[uint64]*MessageProgress `json:"messages,omitempty"`
-}
-
-// Anchor is a message by its place and its content (wire.Mark).
-type Anchor struct {
-	Seq  uint64 `json:"seq"`
-	Mark string `json:"mark"`
 }
 
 // MessageProgress is what is known about one message.
@@ -197,7 +191,7 @@ func (p *Progress) saw(seq uint64, mark string) bool {
 	if seq < p.Last.Seq {
 		return false
 	}
-	p.Last = Anchor{Seq: seq, Mark: mark}
+	p.Last = wire.Anchor{Seq: seq, Mark: mark}
 	return true
 }
 

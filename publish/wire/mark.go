@@ -25,3 +25,10 @@ func Mark(subject string, h nats.Header, data []byte) string {
 	d.Write(data)
 	return "sha256:" + hex.EncodeToString(d.Sum(nil))
 }
+
+// Anchor is a message by its place and its content (Mark): what a reader
+// or the tailer recorded of a message, to find the same message again.
+type Anchor struct {
+	Seq  uint64 `json:"seq"`
+	Mark string `json:"mark"`
+}

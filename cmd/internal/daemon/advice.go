@@ -7,6 +7,7 @@ import (
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
+	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -83,6 +84,13 @@ const lostStreamWayOut = "To go on: run `tailer resync` while the tokens are sti
 func StreamReplacedMessage(s replication.StreamIdentity, recorded string) string {
 	return fmt.Sprintf("stream %s was deleted and made again (the server created it at %s; this slot published to one created at %s): the batches the old one held are gone, "+
 		"acknowledged by JetStream whether or not a consumer had read them, and the tailer does not go on as if they were there. "+lostStreamWayOut, s.Name, s.Created, recorded)
+}
+
+// StreamLostAnchorMessage says that the stream no longer holds, at its
+// sequence, a message this process had acknowledged on it.
+func StreamLostAnchorMessage(stream string, a wire.Anchor) string {
+	return fmt.Sprintf("stream %s no longer holds message %d that this tailer stored on it (%s): it was deleted and made again, restored from an older backup, or purged (of the batches' subject alone too), and the batches it held are gone, "+
+		"acknowledged by JetStream whether or not a consumer had read them. "+lostStreamWayOut, stream, a.Seq, a.Mark)
 }
 
 // StreamPurgedMessage says that the stream was purged of messages the

@@ -9,6 +9,7 @@ import (
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
+	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -50,6 +51,7 @@ func TestAdvice(t *testing.T) {
 		{foreignStream.Error(), ForeignStreamMessage(foreignStream), []string{"tailer resync", "MAILROOM_NATS_STREAM"}},
 		{relation.Error(), RelationMessage(relation, "mailroom"), []string{"ALTER PUBLICATION mailroom SET TABLE tokens", "tailer resync"}},
 		{"stream MAILROOM was deleted and made again", StreamReplacedMessage(replication.StreamIdentity{Name: "MAILROOM", Created: "t2"}, "t1"), []string{"tailer resync"}},
+		{"stream MAILROOM no longer holds message 7 that this tailer stored on it", StreamLostAnchorMessage("MAILROOM", wire.Anchor{Seq: 7, Mark: "id:a"}), []string{"tailer resync"}},
 		{"stream MAILROOM no longer holds messages this slot published after sequence 7", StreamPurgedMessage("MAILROOM", 7), []string{"tailer resync"}},
 		{"publication mailroom could not carry token inserts", ResyncNeededMessage("mailroom", "mailroom"), []string{"tailer resync", "MAILROOM_AUTO_RESYNC"}},
 		{"slot mailroom does not exist, but this database recorded it", DroppedSlotMessage("mailroom", "made by tailer run"), []string{"tailer resync", "MAILROOM_AUTO_RESYNC", "MAILROOM_NATS_STREAM"}},

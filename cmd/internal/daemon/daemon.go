@@ -87,6 +87,17 @@ type Daemon struct {
 	// cannot keep it was said.
 	clock       lagClock
 	throughSaid atomic.Bool
+	// anchored is what the last session acknowledged on the stream, for
+	// the next session of the same incarnation and stream to judge the
+	// stream by (publish.Anchors). Sessions run one after the other.
+	anchored anchored
+}
+
+// anchored is a session's publish.Anchors, with the slot incarnation and
+// stream they were stored on.
+type anchored struct {
+	incarnation, stream string
+	anchors             publish.Anchors
 }
 
 // New returns a Daemon for cfg.

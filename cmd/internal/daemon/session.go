@@ -294,6 +294,7 @@ func (d *Daemon) stream(ctx context.Context, s *opened, c *claimed) error {
 	<-drained
 	feeder.Close()
 	d.log.Info("session ended", "confirmed", c.receiver.Sent())
+	d.anchored = anchored{incarnation: c.rec.Incarnation, stream: cfg.Stream, anchors: c.pub.Anchors()}
 	if ctx.Err() != nil && pipeErr == nil && s.lease.Err() == nil {
 		d.recordStop(s, c)
 	}
@@ -594,22 +595,13 @@ func (d *Daemon) claimStream(ctx context.Context, q *pgx.Conn, pub *publish.Publ
 // it is recorded.
 func (d *Daemon) checkStream(ctx context.Context, q *pgx.Conn, pub *publish.Publisher, rec *replication.Record) error {
 	here := replication.StreamIdentity{Name: d.cfg.Stream, Created: pub.Created()}
+	if d.anchored.incarnation == rec.Incarnation && d.anchored.stream == here.Name {
+		pub.KeepAnchors(d.anchored.anchors)
+	}
 	if rec.StreamName == here.Name && rec.StreamCreated != here.Created {
-		// Made again: with everything it held (restored from a backup
-		// taken after the last clean stop, as a move to a cluster does),
-		// or not. The stream's own messages say which.
-		restored := false
-		if rec.StoppedSeq != 0 {
-			var err error
-			if restored, err = pub.Holds(ctx, rec.StoppedSeq, rec.StoppedMsgID, rec.StreamSeq); err != nil {
-				return natsErr(err)
-			}
+		if err := d.sameContent(ctx, pub, rec, here); err != nil {
+			return err
 		}
-		if !restored {
-			return &blockedError{reason: blockedStream, msg: StreamReplacedMessage(here, rec.StreamCreated)}
-		}
-		d.log.Warn("the stream was made again with every message the slot's incarnation published (restored): it holds, at the sequence where the last tailer stopped cleanly, the message that was last then; going on with it",
-			"stream", here.Name, "created", here.Created, "recorded_created", rec.StreamCreated, "stopped_seq", rec.StoppedSeq)
 	}
 	if err := d.recheckStream(ctx, pub, rec); err != nil {
 		return err
@@ -622,6 +614,36 @@ func (d *Daemon) checkStream(ctx context.Context, q *pgx.Conn, pub *publish.Publ
 	return nil
 }
 
+// sameContent judges a stream whose server reports another creation time
+// than the one recorded, by what it holds. The replicas of a stream
+// restored from a backup each report their own time, so a leader change
+// alone shows another: what this process acknowledged last on the stream
+// (its anchors, checked by recheckStream) says it is the same. Without
+// anchors (a tailer started since), the message last on the stream at
+// the last clean stop says it was made again with everything it held
+// (restored from a backup taken after that stop, as a move to a cluster
+// does); otherwise it is another stream.
+func (d *Daemon) sameContent(ctx context.Context, pub *publish.Publisher, rec *replication.Record, here replication.StreamIdentity) error {
+	if !pub.Anchors().Unanchored() {
+		d.log.Info("the stream's server reports another creation time than recorded (another replica answers, or it was restored); it is judged by the messages this tailer stored last",
+			"stream", here.Name, "created", here.Created, "recorded_created", rec.StreamCreated)
+		return nil
+	}
+	restored := false
+	if rec.StoppedSeq != 0 {
+		var err error
+		if restored, err = pub.Holds(ctx, rec.StoppedSeq, rec.StoppedMsgID, rec.StreamSeq); err != nil {
+			return natsErr(err)
+		}
+	}
+	if !restored {
+		return &blockedError{reason: blockedStream, msg: StreamReplacedMessage(here, rec.StreamCreated)}
+	}
+	d.log.Warn("the stream was made again with every message the slot's incarnation published (restored): it holds, at the sequence where the last tailer stopped cleanly, the message that was last then; going on with it",
+		"stream", here.Name, "created", here.Created, "recorded_created", rec.StreamCreated, "stopped_seq", rec.StoppedSeq)
+	return nil
+}
+
 // recheckStream refuses the stream when it lost messages since the slot's
 // incarnation took it over: made again under its name since pub opened it,
 // or purged. The session runs it at its start and every
@@ -629,10 +651,16 @@ func (d *Daemon) checkStream(ctx context.Context, q *pgx.Conn, pub *publish.Publ
 // and the session's chain of publishes goes on over it.
 func (d *Daemon) recheckStream(ctx context.Context, pub *publish.Publisher, rec *replication.Record) error {
 	created, truncated, err := pub.Lost(ctx, rec.StreamSeq)
+	if err != nil {
+		return natsErr(err)
+	}
+	missing, err := pub.MissingAnchor(ctx)
 	switch {
 	case err != nil:
 		return natsErr(err)
-	case created != pub.Created():
+	case missing.Seq != 0:
+		return &blockedError{reason: blockedStream, msg: StreamLostAnchorMessage(d.cfg.Stream, missing)}
+	case created != pub.Created() && pub.Anchors().Unanchored():
 		return &blockedError{reason: blockedStream, msg: StreamReplacedMessage(replication.StreamIdentity{Name: d.cfg.Stream, Created: created}, pub.Created())}
 	case truncated:
 		return &blockedError{reason: blockedStream, msg: StreamPurgedMessage(d.cfg.Stream, rec.StreamSeq)}

@@ -2,6 +2,7 @@ package tailertest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -28,6 +29,7 @@ func StoredMessages(ctx context.Context, s jetstream.Stream) ([]*jetstream.RawSt
 type StreamCache struct {
 	mu      sync.Mutex
 	created time.Time
+	deleted int
 	msgs    map[uint64]*jetstream.RawStreamMsg
 }
 
@@ -41,15 +43,20 @@ func (c *StreamCache) Messages(ctx context.Context, s jetstream.Stream) ([]*jets
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.msgs == nil || !info.Created.Equal(c.created) {
-		// A stream deleted and made again numbers from 1 anew.
-		c.created, c.msgs = info.Created, map[uint64]*jetstream.RawStreamMsg{}
+	if c.msgs == nil || !info.Created.Equal(c.created) || info.State.NumDeleted != c.deleted {
+		// A stream deleted and made again numbers from 1 anew; one purged
+		// by subject has gaps where messages were.
+		c.created, c.deleted, c.msgs = info.Created, info.State.NumDeleted, map[uint64]*jetstream.RawStreamMsg{}
 	}
 	var msgs []*jetstream.RawStreamMsg
 	for seq := info.State.FirstSeq; info.State.LastSeq > 0 && seq <= info.State.LastSeq; seq++ {
 		m := c.msgs[seq]
 		if m == nil {
-			if m, err = s.GetMsg(ctx, seq); err != nil {
+			m, err = s.GetMsg(ctx, seq)
+			if errors.Is(err, jetstream.ErrMsgNotFound) && info.State.NumDeleted > 0 {
+				continue
+			}
+			if err != nil {
 				return nil, fmt.Errorf("message %d: %w", seq, err)
 			}
 			c.msgs[seq] = m
