@@ -422,11 +422,17 @@ func TestPoisonBatch(t *testing.T) {
 		t.Fatalf("dead-letters list: exit %d:\n%s", code, list.out.String())
 	}
 	t.Logf("dead-letters list:\n%s", list.out.String())
-	// The sender is fixed: resend delivers the batch, once, and removes it.
+	// The sender is fixed: resend delivers the batch, once, and removes
+	// it, also run twice at once (issue 45: both wrote it), and again.
 	for run := 0; run < 2; run++ {
-		r := c.command([]string{"dead-letters", "resend", "--durable", "poison", "--exec", "cat >> " + out})
-		if code := r.exit(30 * time.Second); code != 0 {
-			t.Fatalf("dead-letters resend (run %d): exit %d:\n%s", run, code, r.out.String())
+		var rs []*proc
+		for range 2 {
+			rs = append(rs, c.command([]string{"dead-letters", "resend", "--durable", "poison", "--exec", "cat >> " + out}))
+		}
+		for _, r := range rs {
+			if code := r.exit(60 * time.Second); code != 0 {
+				t.Fatalf("dead-letters resend (run %d): exit %d:\n%s", run, code, r.out.String())
+			}
 		}
 	}
 	missing, repeats := countOutput(t, out, want)
@@ -597,5 +603,92 @@ func TestConsumerLost(t *testing.T) {
 	t.Logf("%d tokens, the consumer lost twice: %d lost, %d written twice", len(want), missing, repeats)
 	if repeats > 0 {
 		t.Fatalf("%d tokens written twice", repeats)
+	}
+}
+
+// The mailroom-style sender SIGKILLed ten times on an idle stream (an OOM
+// kill, a redeploy), each time after it took the last batch and waits
+// for more: waiting, it said it finished that batch, which is then done;
+// and a kill by a signal counts against no batch (issue 45: the same batch
+// was mailed once a kill, then set aside as a dead letter and mailed once
+// more by dead-letters resend).
+func TestSenderKilledOnIdleStream(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
+	c.accounts("idle", 20)
+	c.tailer()
+	c.expectExactlyOnce(30 * time.Second)
+	want := c.signedTokens()
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out")
+	if err := os.WriteFile(out, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := c.execSubscriber(t, "idle", readerCommand(t, dir, "mailroom"), "--done-exit", "0,1", "--max-deliveries", "3")
+	waitOutput(t, out, len(want))
+	pidfile := filepath.Join(dir, "pid")
+	last := 0
+	for kill := range 10 {
+		var pid int
+		tailertest.Eventually(t, 30*time.Second, func() error {
+			data, _ := os.ReadFile(pidfile)
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(data)))
+			if pid == 0 || pid == last {
+				return fmt.Errorf("kill %d: no new sender yet", kill)
+			}
+			return nil
+		})
+		// It has taken what was delivered again, if anything, and waits.
+		time.Sleep(time.Second)
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		last = pid
+	}
+	if code := p.term(30 * time.Second); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, p.out.String())
+	}
+	missing, repeats := countOutput(t, out, want)
+	t.Logf("%d tokens, the idle sender SIGKILLed 10 times: %d missing, %d mailed twice", len(want), missing, repeats)
+	if missing != 0 || repeats != 0 || strings.Contains(p.out.String(), "dead letter") {
+		t.Fatalf("%d missing, %d mailed twice:\n%s", missing, repeats, p.out.String())
+	}
+	list := c.command([]string{"dead-letters", "list", "--durable", "idle"})
+	if code := list.exit(30 * time.Second); code != 0 || !strings.Contains(list.out.String(), "0 dead letters") {
+		t.Fatalf("dead-letters list: exit %d:\n%s", code, list.out.String())
+	}
+
+	// Killed in the middle of a batch, more often than --max-deliveries:
+	// it comes again each time, and is never set aside.
+	busy := filepath.Join(dir, "busy")
+	if err := os.WriteFile(busy, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p = c.execSubscriber(t, "busy", fmt.Sprintf(`echo $$ > %s; while IFS= read -r l; do sleep 2; printf '%%s\n' "$l" >> %s; done`, pidfile, busy),
+		"--max-deliveries", "2")
+	for kill := range 4 {
+		var pid int
+		tailertest.Eventually(t, 30*time.Second, func() error {
+			data, _ := os.ReadFile(pidfile)
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(data)))
+			if pid == 0 || pid == last {
+				return fmt.Errorf("busy kill %d: no new sender yet", kill)
+			}
+			return nil
+		})
+		time.Sleep(time.Second)
+		if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		last = pid
+	}
+	tailertest.EventuallyProgressing(t, time.Minute, func() (int, error) {
+		if missing, _ := countOutput(t, busy, want); missing > 0 {
+			return len(want) - missing, fmt.Errorf("%d of %d tokens not mailed by the busy sender", missing, len(want))
+		}
+		return len(want), nil
+	})
+	if code := p.term(30 * time.Second); code != 0 || strings.Contains(p.out.String(), "dead letter") {
+		t.Fatalf("busy: exit %d:\n%s", code, p.out.String())
 	}
 }

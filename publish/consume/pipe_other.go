@@ -26,3 +26,6 @@ func (*Pipe) Gone() bool { return false }
 
 // Unread is never called: see Pipe.
 func (*Pipe) Unread() int { return 0 }
+
+// ReaderWaits is never true: see Pipe.
+func (*Pipe) ReaderWaits() bool { return false }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -473,15 +474,18 @@ func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error
 	go func() { defer wg.Done(); s.heartbeat(runCtx) }()
 	// A reader that goes while no message comes is noticed all the same:
 	// what it had in doubt is handed back at once, not at the next message.
+	// One that waits for more has finished what it had (settleIdle).
 	if pipe := s.Pipe; pipe != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			waited := false
 			for runCtx.Err() == nil {
 				if pipe.Gone() {
 					cancel(ErrReaderGone)
 					return
 				}
+				waited = s.settleIdle(runCtx, pipe, waited)
 				sleep(runCtx, 200*time.Millisecond)
 			}
 		}()
@@ -526,6 +530,29 @@ func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error
 			return err
 		}
 	}
+}
+
+// settleIdle settles the batches in doubt on a pipe while no message is
+// being handed over, once the reader says, by waiting for more
+// (Pipe.ReaderWaits), that it finished them: on a stream that goes quiet
+// the last batch taken would stay in doubt until the next one, and a
+// healthy reader killed meanwhile (a redeploy, an OOM kill) would have it
+// again. It takes two looks a tick apart (waited: the first was seen), so
+// that a reader between two reads is not taken for one that waits; it
+// returns what the next call gets as waited.
+func (s *Subscriber) settleIdle(ctx context.Context, pipe *Pipe, waited bool) bool {
+	s.mu.Lock()
+	idle := !s.Reports && !s.handling.Load() && len(s.handed) > 0
+	handed := slices.Clone(s.handed)
+	s.mu.Unlock()
+	switch {
+	case !idle || !pipe.ReaderWaits():
+		return false
+	case !waited:
+		return true
+	}
+	s.done(ctx, handed)
+	return false
 }
 
 // Unpin lets the server pin another subscriber of the durable at once,

@@ -79,10 +79,16 @@ func (x *Sender) Run(ctx context.Context, sub *consume.Subscriber, js jetstream.
 		p.killGroup()
 		p.endReports()
 		outcome := consume.ReaderFailed
-		if code == 0 || slices.Contains(x.TransientExit, code) {
+		switch sig := p.signal(); {
+		case code == 0 || slices.Contains(x.TransientExit, code):
 			// It chose to stop, or could not work for a reason of its own:
 			// not the batch's fault.
 			outcome = consume.ReaderStopped
+		case killedFromOutside(sig):
+			// An OOM kill, a redeploy, an operator: said nothing of the
+			// batch. What it held comes again, counted against none.
+			outcome = consume.ReaderStopped
+			x.Log.Warn("the sender was killed by a signal: what it held comes again, counted against no batch", "signal", sig.String())
 		}
 		// Settled with its pipe still open: what it left unread there
 		// tells which batches it took.
@@ -110,6 +116,7 @@ type proc struct {
 	in      *os.File
 	exited  chan struct{}
 	code    int
+	sig     syscall.Signal
 	reports *os.File
 	read    chan struct{}
 }
@@ -152,6 +159,9 @@ func (x *Sender) start(ctx context.Context, sub *consume.Subscriber) (*proc, err
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
 			p.code = ee.ExitCode()
+			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+				p.sig = ws.Signal()
+			}
 		} else if err != nil {
 			p.code = -1
 		}
@@ -203,6 +213,31 @@ func (x *Sender) stop(sub *consume.Subscriber, p *proc) {
 	if n := sub.Settle(context.Background(), outcome); n > 0 {
 		x.Log.Info("stopping: lines a sender may not have finished are delivered again", "messages", n)
 	}
+}
+
+// killedFromOutside reports whether sig ends a process from outside
+// (SIGKILL of the OOM killer or a redeploy, SIGTERM, SIGINT, SIGHUP) rather
+// than by its own fault (SIGSEGV, SIGABRT, ...: a crash counts against the
+// batch it held, like an exit code that is not done or transient).
+func killedFromOutside(sig syscall.Signal) bool {
+	switch sig {
+	case syscall.SIGKILL, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP:
+		return true
+	}
+	return false
+}
+
+// signal is the signal that ended the command: its own death by one, or,
+// when sh ran it as a child and exited after it, sh's 128+N; 0 for none.
+func (p *proc) signal() syscall.Signal {
+	<-p.exited
+	switch {
+	case p.sig != 0:
+		return p.sig
+	case p.code > 128 && p.code <= 128+64:
+		return syscall.Signal(p.code - 128)
+	}
+	return 0
 }
 
 // wait waits for the command's exit and returns its code (-1: killed by a
