@@ -110,6 +110,17 @@ func (e *RelationError) Error() string {
 		e.Relation, strings.Join(e.Missing, ", "))
 }
 
+// ActionError is a token whose action is none the tailer knows (a value
+// added to the token_action type). It is not a bad row: every token of
+// that action would be one, so the stream stops at the first, unconfirmed.
+type ActionError struct {
+	Label string
+}
+
+func (e *ActionError) Error() string {
+	return fmt.Sprintf("a token's action %q is no token action this tailer knows (%s, %s)", e.Label, ActionActivation, ActionPasswordRecovery)
+}
+
 // Decode handles one pgoutput message (the payload of an XLogData message).
 func (d *Decoder) Decode(msg []byte, sink Sink) error {
 	if len(msg) == 0 {
@@ -428,8 +439,9 @@ func (rel *relation) decodeTuple(r *reader, tok *Token) (rowErr, err error) {
 			seen[1] = true
 			if null {
 				rowErr = errors.New("action is NULL")
-			} else if tok.Action, rowErr = actionValue(val); rowErr != nil {
-				rowErr = fmt.Errorf("action: %w", rowErr)
+			} else if tok.Action, err = ParseAction(string(val)); err != nil {
+				// No row to skip: every token of the action would be.
+				return nil, &ActionError{Label: string(val)}
 			}
 		case rel.colSecret:
 			seen[2] = true
@@ -487,16 +499,6 @@ func intValue(col string, val []byte, null, binaryFmt bool) (int64, error) {
 		return 0, fmt.Errorf("%s: %q is not an integer", col, val)
 	}
 	return v, nil
-}
-
-func actionValue(val []byte) (Action, error) {
-	switch string(val) {
-	case "activation":
-		return ActionActivation, nil
-	case "password_recovery":
-		return ActionPasswordRecovery, nil
-	}
-	return ActionUnknown, fmt.Errorf("unknown value %q", val)
 }
 
 func secretValue(dst *[32]byte, val []byte, null, binaryFmt bool) error {

@@ -224,3 +224,24 @@ func TestPublicationChanges(t *testing.T) {
 		})
 	}
 }
+
+// A value added to the token_action type stops the tailer, said
+// everywhere with the fix, before a token of it can be skipped (issue 45:
+// each was skipped as malformed with /readyz 200); the value taken out
+// again, it goes on by itself.
+func TestUnknownActionStopsTheTailer(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
+	p := c.watchedTailer()
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	c.accounts("before", 5)
+	c.expectExactlyOnce(30 * time.Second)
+	c.Exec(`ALTER TYPE token_action ADD VALUE 'magic_link'`)
+	p.blocked(c, "schema", `type token_action of tokens.action has value(s) magic_link that are no token action this tailer knows`)
+	c.Exec(`DELETE FROM pg_enum WHERE enumtypid = 'token_action'::regtype AND enumlabel = 'magic_link'`)
+	p.ready(c)
+	c.accounts("after", 5)
+	if n := c.expectExactlyOnce(30 * time.Second); n != 10 {
+		t.Fatalf("%d tokens", n)
+	}
+}

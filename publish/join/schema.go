@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/mailroom/tailer/decoder"
 )
 
 // kind is what the tailer needs a column to be.
@@ -132,10 +134,49 @@ func CheckSchema(ctx context.Context, conn Conn) error {
 			problems = append(problems, fmt.Sprintf("table %s, column %s is %s, the tailer reads %s", want.table, want.column, c.typ, want.kind))
 		}
 	}
+	if c, ok := have["tokens.action"]; ok && c.typtype == "e" {
+		p, err := unknownActions(ctx, conn)
+		if err != nil {
+			return err
+		}
+		problems = append(problems, p...)
+	}
 	if problems != nil {
 		return &SchemaError{Problems: problems}
 	}
 	return nil
+}
+
+// unknownActions names the labels of tokens.action's enum type that are no
+// token action the tailer knows: a token of one could be neither signed
+// nor handed to a sender, and is no row to skip one by one.
+func unknownActions(ctx context.Context, conn Conn) ([]string, error) {
+	rows, err := conn.Query(ctx, `
+		SELECT format_type(e.enumtypid, NULL), e.enumlabel
+		FROM pg_attribute a JOIN pg_enum e ON e.enumtypid = a.atttypid
+		WHERE a.attrelid = to_regclass('tokens') AND a.attname = 'action' ORDER BY e.enumsortorder`)
+	if err != nil {
+		return nil, fmt.Errorf("read the labels of tokens.action: %w", err)
+	}
+	var typ string
+	var unknown []string
+	for rows.Next() {
+		var label string
+		if err := rows.Scan(&typ, &label); err != nil {
+			return nil, fmt.Errorf("read the labels of tokens.action: %w", err)
+		}
+		if _, err := decoder.ParseAction(label); err != nil {
+			unknown = append(unknown, label)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the labels of tokens.action: %w", err)
+	}
+	if unknown == nil {
+		return nil, nil
+	}
+	return []string{fmt.Sprintf("type %s of tokens.action has value(s) %s that are no token action this tailer knows (%s, %s): run a tailer that knows them, or take them out of the type (a token of one could be neither signed nor mailed)",
+		typ, strings.Join(unknown, ", "), decoder.ActionActivation, decoder.ActionPasswordRecovery)}, nil
 }
 
 // explain turns a failed join into a *SchemaError when the schema is what

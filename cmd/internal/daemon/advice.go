@@ -86,6 +86,13 @@ func StreamReplacedMessage(s replication.StreamIdentity, recorded string) string
 		"acknowledged by JetStream whether or not a consumer had read them, and the tailer does not go on as if they were there. "+lostStreamWayOut, s.Name, s.Created, recorded)
 }
 
+// ActionMessage says why the tailer stops at a token of an action it does
+// not know, and what to do.
+func ActionMessage(e *decoder.ActionError) string {
+	return e.Error() + ": nothing from it on is published or confirmed, so no token of it is skipped; run a tailer that knows the action (the token is then published where it stands), " +
+		"or delete the token and take the value out of the type. The tailer checks again every few seconds and goes on by itself"
+}
+
 // StreamLostAnchorMessage says that the stream no longer holds, at its
 // sequence, a message this process had acknowledged on it.
 func StreamLostAnchorMessage(stream string, a wire.Anchor) string {

@@ -377,6 +377,7 @@ func (d *Daemon) judgeEnd(ctx context.Context, s *opened, err, pipeErr, cause er
 		blocked  *blockedError
 		schema   *join.SchemaError
 		relation *decoder.RelationError
+		action   *decoder.ActionError
 	)
 	switch {
 	case ctx.Err() != nil:
@@ -384,6 +385,8 @@ func (d *Daemon) judgeEnd(ctx context.Context, s *opened, err, pipeErr, cause er
 		return d.blockOn(ctx, s, blocked)
 	case errors.As(pipeErr, &schema):
 		return d.blockOn(ctx, s, &blockedError{reason: blockedSchema, msg: schema.Error()})
+	case errors.As(err, &action):
+		return d.blockOn(ctx, s, &blockedError{reason: blockedSchema, msg: ActionMessage(action)})
 	case errors.As(err, &relation):
 		return d.blockOn(ctx, s, &blockedError{reason: blockedPublication, msg: RelationMessage(relation, d.cfg.Publication)})
 	case replication.IsPublicationGone(err):
