@@ -115,6 +115,8 @@ type Publisher struct {
 	// max_msgs_per_subject).
 	lastSeq, next uint64
 	limited       bool
+	// limits says them, for the operator ("" when limited is false).
+	limits string
 	// deleted is how many messages within the stream were gone when the
 	// publisher started (a stream's NumDeleted): one more since, on a
 	// stream whose configuration removes none, was deleted or purged by
@@ -169,6 +171,23 @@ func resumable(c jetstream.StreamConfig) error {
 	}
 	return nil
 }
+
+// limitsOf says which of c's limits remove old messages ("" for none).
+func limitsOf(c jetstream.StreamConfig) string {
+	var l []string
+	for _, v := range []struct {
+		name string
+		n    int64
+	}{{"max_msgs", c.MaxMsgs}, {"max_bytes", c.MaxBytes}, {"max_msgs_per_subject", c.MaxMsgsPerSubject}} {
+		if v.n > 0 {
+			l = append(l, v.name+"="+strconv.FormatInt(v.n, 10))
+		}
+	}
+	return strings.Join(l, ", ")
+}
+
+// Limits says the stream's limits that remove old messages ("" for none).
+func (p *Publisher) Limits() string { return p.limits }
 
 // SubjectMatches reports whether subject is matched by pattern under NATS
 // rules: tokens separated by '.', '*' matching one token, '>' as the last
@@ -233,7 +252,7 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Destination) (*Publish
 	p := &Publisher{js: js, stream: stream, name: cfg.Name, subjects: subjects, marker: marker, replicas: max(info.Config.Replicas, 1),
 		created: info.Created.UTC().Format(time.RFC3339Nano),
 		limited: info.Config.MaxMsgs > 0 || info.Config.MaxBytes > 0 || info.Config.MaxMsgsPerSubject > 0,
-		deleted: info.State.NumDeleted}
+		limits:  limitsOf(info.Config), deleted: info.State.NumDeleted}
 	if cfg.Origin.SystemID != "" {
 		p.origin = cfg.Origin.String()
 	}

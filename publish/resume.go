@@ -215,6 +215,11 @@ func (p *Publisher) scan(ctx context.Context, o Owner) (*window, *stored, error)
 		if err != nil {
 			return nil, nil, err
 		}
+		if !ok && p.limited {
+			// The last session's messages not yet past the slot's
+			// confirmed position: its tokens would go out again.
+			return nil, nil, &WindowTrimmedError{Stream: p.name, Seq: seq, Limits: p.limits}
+		}
 		if !ok {
 			continue
 		}
@@ -251,6 +256,11 @@ func (p *Publisher) scan(ctx context.Context, o Owner) (*window, *stored, error)
 			s, ok, err := p.read(ctx, seq)
 			if err != nil {
 				return nil, nil, err
+			}
+			if !ok && p.limited {
+				// Published past where the slot is confirmed, before
+				// that session's markers.
+				return nil, nil, &WindowTrimmedError{Stream: p.name, Seq: seq, Limits: p.limits}
 			}
 			if !ok {
 				continue
@@ -339,6 +349,21 @@ func (p *Publisher) publishMarkers(ctx context.Context, o Owner, w *window, prev
 	}
 	w.fence = k
 	return nil
+}
+
+// WindowTrimmedError is a stream whose limits removed a message the
+// session replays the tokens of (published, not yet confirmed to the
+// slot): which of those tokens the stream had is gone with it, and
+// publishing them again would repeat them.
+type WindowTrimmedError struct {
+	Stream string
+	Seq    uint64
+	Limits string
+}
+
+func (e *WindowTrimmedError) Error() string {
+	return fmt.Sprintf("stream %s's limits (%s) removed message %d, which holds tokens the slot replays: publishing them again would repeat the ones it had, and a consumer that had not read them lost them",
+		e.Stream, e.Limits, e.Seq)
 }
 
 // isWrongLastSequence reports whether err is a publish refused because the

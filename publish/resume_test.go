@@ -263,3 +263,42 @@ func FuzzReadStored(f *testing.F) {
 		}
 	})
 }
+
+// A stream whose limits removed a message the session replays the tokens
+// of (published, never confirmed to the slot) is refused at resume: which
+// of them the stream had is gone, and publishing them again would repeat
+// them (issue 45: max_msgs=5 and a tailer killed again and again). A
+// replay whose messages are all there goes on.
+func TestResumeRefusesATrimmedWindow(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, js := testJetStream(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "R", Subjects: []string{"mailroom.batches", "mailroom.batches.>"}, MaxMsgs: 4}); err != nil {
+		t.Fatal(err)
+	}
+	s1 := session(t, ctx, nc, 0, 1)
+	for i := 1; i <= 6; i++ {
+		publishWait(t, s1, batchOf(2*i-1, 2*i))
+	}
+	// Confirmed up to token 2: tokens 3-6 were in messages gone, after
+	// the last session's markers (gone too) and before them.
+	resume := func(after int) error {
+		t.Helper()
+		p, err := NewPublisher(ctx, nc, Destination{Name: "R", Subject: "mailroom.batches", Origin: resumeOrigin})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		return p.Resume(ctx, Owner{Origin: resumeOrigin, Incarnation: "i", InFlight: 1, After: tokenAt(after).Pos.Commit + 1})
+	}
+	var trimmed *WindowTrimmedError
+	if err := resume(2); !errors.As(err, &trimmed) || trimmed.Limits != "max_msgs=4" || trimmed.Seq != 3 {
+		t.Fatalf("Resume = %v, want a WindowTrimmedError at message 3 naming max_msgs=4", err)
+	}
+	// Confirmed up to token 10: the window is the last message, there.
+	s2 := session(t, ctx, nc, 10, 1)
+	onStream(t, s2, 11, 12, func(int) bool { return true })
+	if err := resume(2); !errors.As(err, &trimmed) {
+		t.Fatalf("Resume before the markers = %v, want a WindowTrimmedError", err)
+	}
+}

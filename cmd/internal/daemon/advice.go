@@ -93,6 +93,12 @@ func ActionMessage(e *decoder.ActionError) string {
 		"or delete the token and take the value out of the type. The tailer checks again every few seconds and goes on by itself"
 }
 
+// WindowTrimmedMessage says why the tailer does not publish a replay whose
+// messages the stream's limits removed, and the way out.
+func WindowTrimmedMessage(e *publish.WindowTrimmedError) string {
+	return e.Error() + ". Raise the stream's limits (or remove them: the tailer's own stream has none) so that they keep what the slot may replay and what consumers have yet to read. " + resyncWayOut
+}
+
 // StreamLostAnchorMessage says that the stream no longer holds, at its
 // sequence, a message this process had acknowledged on it.
 func StreamLostAnchorMessage(stream string, a wire.Anchor) string {

@@ -52,6 +52,7 @@ func TestAdvice(t *testing.T) {
 		{relation.Error(), RelationMessage(relation, "mailroom"), []string{"ALTER PUBLICATION mailroom SET TABLE tokens", "tailer resync"}},
 		{"stream MAILROOM was deleted and made again", StreamReplacedMessage(replication.StreamIdentity{Name: "MAILROOM", Created: "t2"}, "t1"), []string{"tailer resync"}},
 		{`a token's action "magic_link" is no token action this tailer knows`, ActionMessage(&decoder.ActionError{Label: "magic_link"}), []string{"run a tailer that knows the action"}},
+		{"stream MAILROOM's limits (max_msgs=5) removed message 7", WindowTrimmedMessage(&publish.WindowTrimmedError{Stream: "MAILROOM", Seq: 7, Limits: "max_msgs=5"}), []string{"tailer resync", "Raise the stream's limits"}},
 		{"stream MAILROOM no longer holds message 7 that this tailer stored on it", StreamLostAnchorMessage("MAILROOM", wire.Anchor{Seq: 7, Mark: "id:a"}), []string{"tailer resync"}},
 		{"stream MAILROOM no longer holds messages this slot published after sequence 7", StreamPurgedMessage("MAILROOM", 7), []string{"tailer resync"}},
 		{"publication mailroom could not carry token inserts", ResyncNeededMessage("mailroom", "mailroom"), []string{"tailer resync", "MAILROOM_AUTO_RESYNC"}},

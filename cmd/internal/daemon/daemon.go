@@ -78,8 +78,9 @@ type Daemon struct {
 	// reusedIDs: a session met publish.ErrReusedID, so the next ones
 	// name their batches apart (publish.Publisher.SetUniqueIDs).
 	reusedIDs atomic.Bool
-	// guardSaid: whether the publication guard is missing was looked at.
-	guardSaid atomic.Bool
+	// guardSaid: whether the publication guard is missing was looked at;
+	// limitsSaid: the stream's limits were warned of.
+	guardSaid, limitsSaid atomic.Bool
 	// streamCheck, while a session streams, refuses a stream that lost
 	// what the session's slot published to it (the slot sampler runs it).
 	streamCheck atomic.Pointer[func(context.Context) error]

@@ -199,12 +199,21 @@ func (d *Daemon) resume(ctx context.Context, s *opened, c *claimed) error {
 	c.inFlight = cmp.Or(cfg.MaxInFlight, publish.InFlightFor(c.pub.Replicas()))
 	err := c.pub.Resume(ctx, publish.Owner{Origin: s.origin, Incarnation: c.rec.Incarnation, Since: c.rec.StreamSeq, Legacy: c.rec.Legacy,
 		After: c.slot.ConfirmedFlush, InFlight: c.inFlight})
-	var foreign *publish.ForeignStreamError
-	if errors.As(err, &foreign) {
+	var (
+		foreign *publish.ForeignStreamError
+		trimmed *publish.WindowTrimmedError
+	)
+	switch {
+	case errors.As(err, &foreign):
 		return d.blockOn(ctx, s, err)
-	}
-	if err != nil {
+	case errors.As(err, &trimmed):
+		return d.blockOn(ctx, s, &blockedError{reason: blockedStream, msg: WindowTrimmedMessage(trimmed), resync: true})
+	case err != nil:
 		return natsErr(err)
+	}
+	if l := c.pub.Limits(); l != "" && !d.limitsSaid.Swap(true) {
+		d.log.Warn("the stream's limits remove its oldest messages, read or not: a consumer further behind loses them, and a restart whose replayed tokens they removed is refused",
+			"stream", cfg.Stream, "limits", l)
 	}
 	var reach decoder.Position
 	var strays int
