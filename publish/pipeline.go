@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -78,6 +79,9 @@ type Pipeline struct {
 	Tracer trace.Tracer
 
 	messages int
+	// waiting is when the oldest message awaiting its PubAck was
+	// published (Unix ns; 0: none awaits one), for PubAckWait.
+	waiting atomic.Int64
 	// Scratch of the join, reused.
 	joinTokens [][]decoder.Token
 	joinRows   [][]join.TokenState
@@ -415,6 +419,16 @@ func (p *Pipeline) countSkips(tokens []decoder.Token, rows []join.TokenState) {
 	}
 }
 
+// PubAckWait is how long the oldest message awaiting its PubAck has waited
+// (0: none awaits one). A stream leader partitioned or frozen keeps it
+// growing until MAILROOM_PUBACK_TIMEOUT ends the session.
+func (p *Pipeline) PubAckWait() time.Duration {
+	if t := p.waiting.Load(); t != 0 {
+		return time.Since(time.Unix(0, t))
+	}
+	return 0
+}
+
 // ErrStreamMoved is a message refused because the stream's last sequence
 // is not the one this session chained it to: another writer (a standby
 // that took over, a resync) extended the stream, or an earlier message of
@@ -425,6 +439,7 @@ var ErrStreamMoved = errors.New("the stream moved on without this session")
 func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, inFlightSlots chan<- struct{}, spareBodies chan<- []byte, spareReady chan<- *ready) error {
 	for it := range acks {
 		if it.fut != nil {
+			p.waiting.Store(it.started.UnixNano())
 			select {
 			case ack := <-it.fut.Ok():
 				if p.Log != nil {
@@ -449,6 +464,7 @@ func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, inFlight
 			case <-ctx.Done():
 				return errors.Join(errors.New("waiting for PubAck"), context.Cause(ctx))
 			}
+			p.waiting.Store(0)
 			if p.Observer != nil {
 				p.Observer.MessagePublished(it.batches, it.n, time.Since(it.started))
 			}

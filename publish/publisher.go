@@ -1,12 +1,14 @@
 package publish
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -33,6 +35,9 @@ type Destination struct {
 	// Subject.activation and Subject.password_recovery (lanes 0 and 1 of
 	// batch.ByAction).
 	PerAction bool
+	// PubAckTimeout is how long a publish waits for its PubAck (default
+	// 5 s): past it the publish fails, and the session with it.
+	PubAckTimeout time.Duration
 }
 
 // LaneSubjects returns the subject of each lane.
@@ -129,6 +134,8 @@ type Publisher struct {
 	keyBuf []byte
 	// anchors: see Anchors.
 	anchors anchors
+	// leader is the server that led the stream when it was last looked at.
+	leader atomic.Pointer[string]
 }
 
 // Message kinds on the stream's subjects.
@@ -217,7 +224,7 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Destination) (*Publish
 	}
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(1024),
-		jetstream.WithPublishAsyncTimeout(30*time.Second))
+		jetstream.WithPublishAsyncTimeout(cmp.Or(cfg.PubAckTimeout, 5*time.Second)))
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
@@ -253,6 +260,7 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Destination) (*Publish
 		created: info.Created.UTC().Format(time.RFC3339Nano),
 		limited: info.Config.MaxMsgs > 0 || info.Config.MaxBytes > 0 || info.Config.MaxMsgsPerSubject > 0,
 		limits:  limitsOf(info.Config), deleted: info.State.NumDeleted}
+	p.sawLeader(info)
 	if cfg.Origin.SystemID != "" {
 		p.origin = cfg.Origin.String()
 	}
@@ -381,8 +389,26 @@ func (p *Publisher) Lost(ctx context.Context, since uint64) (created string, tru
 		return "", false, fmt.Errorf("stream %s: %w", p.name, err)
 	}
 	info := s.CachedInfo()
+	p.sawLeader(info)
 	truncated = !p.limited && (info.State.FirstSeq > since+1 && info.State.LastSeq > since || info.State.NumDeleted > p.deleted)
 	return info.Created.UTC().Format(time.RFC3339Nano), truncated, nil
+}
+
+// sawLeader notes which server leads the stream, as info says.
+func (p *Publisher) sawLeader(info *jetstream.StreamInfo) {
+	if info.Cluster != nil && info.Cluster.Leader != "" {
+		p.leader.Store(&info.Cluster.Leader)
+	}
+}
+
+// Leader is the server that led the stream when it was last looked at
+// (at the start of the session, and at every stream check since); "" for
+// a server outside a cluster.
+func (p *Publisher) Leader() string {
+	if l := p.leader.Load(); l != nil {
+		return *l
+	}
+	return ""
 }
 
 // Replicas is the stream's number of copies.

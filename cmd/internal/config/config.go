@@ -69,6 +69,9 @@ type Config struct {
 	// ReplicationTimeout is how long the replication connection may stay
 	// silent (no message, no keepalive) before it is given up as dead.
 	ReplicationTimeout time.Duration
+	// PubAckTimeout is how long a publish waits for its PubAck before the
+	// session gives up on the stream's leader and starts again.
+	PubAckTimeout time.Duration
 	// Pprof serves /debug/pprof on the HTTP address.
 	Pprof bool
 	// AutoResync lets tailer run resync a lost or vanished slot by itself.
@@ -386,6 +389,7 @@ var Vars = []Var{
 	}},
 	{Env: "MAILROOM_LAG_INTERVAL", Cmds: Run, Flag: "lag-interval", Default: "5000", Usage: "milliseconds between samples of the slot's lag for metrics and /readyz", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.LagInterval }, 1, 3_600_000)},
 	{Env: "MAILROOM_HEARTBEAT_INTERVAL", Cmds: Run, Flag: "heartbeat-interval", Default: "5000", Usage: "milliseconds between heartbeats written into the WAL (a logical message) while tailer run streams, so that the lag in seconds moves when no token is written; 0 writes none", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.HeartbeatInterval }, 0, 3_600_000)},
+	{Env: "MAILROOM_PUBACK_TIMEOUT", Cmds: Run | Resync, Flag: "puback-timeout", Default: "5000", Usage: "milliseconds a publish waits for its PubAck before the session starts again, on whichever server then leads the stream (a node partitioned or frozen: a cluster elects another leader within seconds); /readyz says a wait past a second", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.PubAckTimeout }, 500, 600_000)},
 	{Env: "MAILROOM_REPLICATION_TIMEOUT", Cmds: Run, Flag: "replication-timeout", Default: "60000", Usage: "milliseconds the replication connection may stay silent (no message, no keepalive) before it is reconnected", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.ReplicationTimeout }, 1000, 3_600_000)},
 	{Env: "MAILROOM_PPROF", Cmds: Run, Flag: "pprof", Default: "false", Usage: "serve /debug/pprof on the HTTP address (profiles show code paths; keep the address private)", Shown: true, set: boolVar(func(c *Config) *bool { return &c.Pprof })},
 	{Env: "MAILROOM_SLOT_FAILOVER", Cmds: Run | Resync, Flag: "slot-failover", Default: replication.FailoverAuto, Usage: "make the slot a failover slot, kept in step on standbys with sync_replication_slots (PostgreSQL 17+): auto (on 17+), true (refused on 16 and older) or false", Shown: true, set: func(c *Config, v string) error {
@@ -639,7 +643,10 @@ func pathErr(err error) error {
 // NATSOptions are the connection options for the configured credentials
 // and TLS.
 func (c *Config) NATSOptions() []nats.Option {
-	var opts []nats.Option
+	// A server frozen or cut off keeps its connection open and silent:
+	// pings every 3 s, two unanswered, find it in 6-9 s (the default, 2
+	// minutes each, in 4-6 minutes), and the client moves to another node.
+	opts := []nats.Option{nats.PingInterval(3 * time.Second), nats.MaxPingsOutstanding(2)}
 	if c.NATSUser != "" {
 		opts = append(opts, nats.UserInfo(c.NATSUser, c.NATSPassword))
 	}

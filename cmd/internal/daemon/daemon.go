@@ -65,7 +65,9 @@ type Daemon struct {
 	ready chan struct{}
 
 	feeder atomic.Pointer[batch.Feeder]
-	held   atomic.Bool
+	// publishing is the streaming session's pipeline and publisher.
+	publishing atomic.Pointer[publishing]
+	held       atomic.Bool
 	// blocked says why the slot may not be streamed from, until it is;
 	// standby, that another process owns it.
 	blocked atomic.Pointer[string]
@@ -94,6 +96,13 @@ type Daemon struct {
 	anchored anchored
 }
 
+// publishing is what /readyz and the metrics read of a streaming
+// session's publishing.
+type publishing struct {
+	pipe *publish.Pipeline
+	pub  *publish.Publisher
+}
+
 // anchored is a session's publish.Anchors, with the slot incarnation and
 // stream they were stored on.
 type anchored struct {
@@ -113,6 +122,11 @@ func New(cfg *config.Config, log *slog.Logger) *Daemon {
 		d.takeStreamTime()
 		lag, _ := d.clock.lag(time.Now())
 		return lag.Seconds()
+	}, func() float64 {
+		if p := d.publishing.Load(); p != nil {
+			return p.pipe.PubAckWait().Seconds()
+		}
+		return 0
 	})
 	return d
 }
@@ -179,7 +193,7 @@ type retry struct {
 // sessions runs one session after another, with a capped backoff between
 // them, until ctx is done or an error retrying cannot change.
 func (d *Daemon) sessions(ctx context.Context, nc *nats.Conn) error {
-	const minDelay, maxDelay = 250 * time.Millisecond, 30 * time.Second
+	const minDelay, maxDelay, natsMaxDelay = 250 * time.Millisecond, 30 * time.Second, 2 * time.Second
 	delay := minDelay
 	var r retry
 	for {
@@ -190,6 +204,13 @@ func (d *Daemon) sessions(ctx context.Context, nc *nats.Conn) error {
 		}
 		if time.Since(started) > time.Minute {
 			delay = minDelay
+		}
+		var se *sessionError
+		if errors.As(err, &se) && se.target == targetNATS {
+			// A cluster heals a lost node or leader by itself within
+			// seconds: a wait grown over consecutive faults would outlast
+			// the fault.
+			delay = min(delay, natsMaxDelay)
 		}
 		delay = d.judgeRetry(err, delay, minDelay, &r)
 		// Full jitter keeps several tailers from retrying in lockstep.

@@ -36,6 +36,9 @@ func (d *Daemon) readiness() Readiness {
 	if !r.NATSConnected {
 		r.Reasons = append(r.Reasons, "not connected to NATS")
 	}
+	if reason := d.pubAckWaitReason(); reason != "" {
+		r.Reasons = append(r.Reasons, reason)
+	}
 	switch s := d.lag.Load(); {
 	case s == nil:
 		r.Reasons = append(r.Reasons, "slot lag not sampled yet")
@@ -52,6 +55,30 @@ func (d *Daemon) readiness() Readiness {
 	}
 	r.Ready = len(r.Reasons) == 0
 	return r
+}
+
+// pubAckSaid is how long a publish may await its PubAck before /readyz
+// says so: a stream's sync to disk takes milliseconds, a leader elected
+// after a node's loss seconds.
+const pubAckSaid = time.Second
+
+// pubAckWaitReason says, once a publish has awaited its PubAck longer than
+// pubAckSaid, how long, from which stream and leader, and what ends it.
+func (d *Daemon) pubAckWaitReason() string {
+	p := d.publishing.Load()
+	if p == nil {
+		return ""
+	}
+	w := p.pipe.PubAckWait()
+	if w <= pubAckSaid {
+		return ""
+	}
+	leader := ""
+	if l := p.pub.Leader(); l != "" {
+		leader = " (led by " + l + " when last looked at)"
+	}
+	return fmt.Sprintf("a publish has awaited its PubAck from stream %s%s for %.1f s: the session starts again, on whichever server leads the stream then, at MAILROOM_PUBACK_TIMEOUT (%s)",
+		d.cfg.Stream, leader, w.Seconds(), d.cfg.PubAckTimeout)
 }
 
 func (d *Daemon) serveHTTP() (stop func(), err error) {

@@ -40,6 +40,7 @@ type Metrics struct {
 	reconnects     *prometheus.CounterVec
 	pending        prometheus.GaugeFunc
 	lagSeconds     prometheus.GaugeFunc
+	pubAckWait     prometheus.GaugeFunc
 }
 
 // MetricNames lists the tailer's own metric families.
@@ -65,11 +66,13 @@ var MetricNames = []string{
 	"tailer_reconnects_total",
 	"tailer_tokens_pending",
 	"tailer_lag_seconds",
+	"tailer_puback_wait_seconds",
 }
 
 // NewMetrics registers the metrics. pending reports the tokens read from the
-// WAL and not yet done, lag the lag in seconds.
-func NewMetrics(pending, lag func() float64) *Metrics {
+// WAL and not yet done, lag the lag in seconds, pubAckWait how long the
+// oldest publish has awaited its PubAck.
+func NewMetrics(pending, lag, pubAckWait func() float64) *Metrics {
 	latency := prometheus.ExponentialBuckets(0.0001, 2, 18) // 100µs .. 13s
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
@@ -139,6 +142,9 @@ func NewMetrics(pending, lag func() float64) *Metrics {
 	m.lagSeconds = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tailer_lag_seconds", Help: "How far behind the slot's confirmed position is in time: now minus the newest commit, heartbeat or sampled WAL position known to be confirmed (after PubAck). It grows a second a second while nothing is confirmed (the walsender stuck, NATS away, the holder frozen, as a standby sees it), and stays under about MAILROOM_HEARTBEAT_INTERVAL while the tailer keeps up.",
 	}, lag)
+	m.pubAckWait = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tailer_puback_wait_seconds", Help: "How long the oldest message published has awaited its PubAck (0: none awaits one). It grows while the stream's leader is partitioned or frozen, until MAILROOM_PUBACK_TIMEOUT starts the session again.",
+	}, pubAckWait)
 	for _, r := range join.Reasons {
 		m.skipped.WithLabelValues(r.String())
 	}
@@ -153,7 +159,7 @@ func NewMetrics(pending, lag func() float64) *Metrics {
 	}
 	m.reg.MustRegister(m.published, m.skipped, m.batches, m.batchSize, m.publishLatency, m.messageBatches, m.messageLatency, m.commitToAck,
 		m.lastDone, m.confirmed, m.slotLag, m.slotRetained, m.slotConfirmed, m.slotSampled, m.slotHeld, m.slotLost, m.blocked, m.ready,
-		m.reconnects, m.pending, m.lagSeconds,
+		m.reconnects, m.pending, m.lagSeconds, m.pubAckWait,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

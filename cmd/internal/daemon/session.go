@@ -122,7 +122,7 @@ func (d *Daemon) claim(ctx context.Context, s *opened) (*claimed, error) {
 	if err != nil {
 		return nil, FailoverSettingError(err)
 	}
-	dest := publish.Destination{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction, Origin: s.origin}
+	dest := publish.Destination{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction, PubAckTimeout: cfg.PubAckTimeout, Origin: s.origin}
 	if err := d.checkReadable(ctx, s.q); err != nil {
 		return nil, d.blockOn(ctx, s, err)
 	}
@@ -267,6 +267,8 @@ func (d *Daemon) stream(ctx context.Context, s *opened, c *claimed) error {
 	}
 	d.feeder.Store(feeder)
 	defer d.feeder.Store(nil)
+	d.publishing.Store(&publishing{pipe: pipeline, pub: c.pub})
+	defer d.publishing.Store(nil)
 	recheck := func(ctx context.Context) error { return d.recheckStream(ctx, c.pub, &c.rec) }
 	d.streamCheck.Store(&recheck)
 	defer d.streamCheck.Store(nil)

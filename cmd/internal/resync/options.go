@@ -16,7 +16,7 @@ func OptionsFor(cfg *config.Config, log *slog.Logger, by string) (Options, error
 	return Options{
 		DatabaseURL: cfg.DatabaseURL,
 		Slot:        cfg.Slot,
-		Destination: publish.Destination{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction},
+		Destination: publish.Destination{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction, PubAckTimeout: cfg.PubAckTimeout},
 		Signer:      cfg.Keys.Signer(),
 		Format:      cfg.Format,
 		BatchLimit:  cfg.BatchLimit,

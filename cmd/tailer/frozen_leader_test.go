@@ -1,0 +1,195 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
+	"github.com/mailroom/tailer/internal/testutil/tailertest"
+)
+
+var (
+	natsServerOnce sync.Once
+	natsServerBin  string
+	natsServerErr  error
+)
+
+// natsServerBinary builds nats-server, at the version go.mod requires, as
+// a binary of its own: a process can be frozen (SIGSTOP) with its
+// connections open, as a node of a cluster can be.
+func natsServerBinary(t *testing.T) string {
+	t.Helper()
+	natsServerOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "nats-server")
+		if err != nil {
+			natsServerErr = err
+			return
+		}
+		natsServerBin = filepath.Join(dir, "nats-server")
+		out, err := exec.Command("go", "build", "-o", natsServerBin, "github.com/nats-io/nats-server/v2").CombinedOutput()
+		if err != nil {
+			natsServerErr = fmt.Errorf("go build nats-server: %v\n%s", err, out)
+		}
+	})
+	if natsServerErr != nil {
+		t.Fatal(natsServerErr)
+	}
+	return natsServerBin
+}
+
+// natsProcs is three nats-server processes clustered on loopback.
+type natsProcs struct {
+	client [3]int
+	procs  [3]*exec.Cmd
+}
+
+func startNATSProcs(t *testing.T) *natsProcs {
+	t.Helper()
+	bin := natsServerBinary(t)
+	np := &natsProcs{}
+	var cl [3]int
+	for i := range 3 {
+		var err error
+		if np.client[i], err = pgtest.FreePort(); err != nil {
+			t.Fatal(err)
+		}
+		if cl[i], err = pgtest.FreePort(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	for i := range 3 {
+		var routes []string
+		for j := range 3 {
+			if j != i {
+				routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", cl[j]))
+			}
+		}
+		cmd := exec.Command(bin, "-a", "127.0.0.1", "-p", fmt.Sprint(np.client[i]), "-n", fmt.Sprintf("n%d", i+1), "-js", "-sd", filepath.Join(dir, fmt.Sprint(i)),
+			"--cluster_name", "mailroom", "--cluster", fmt.Sprintf("nats://127.0.0.1:%d", cl[i]), "--routes", strings.Join(routes, ","))
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		np.procs[i] = cmd
+		t.Cleanup(func() { cmd.Process.Signal(syscall.SIGCONT); cmd.Process.Kill(); cmd.Wait() })
+	}
+	return np
+}
+
+func (np *natsProcs) urls(except int) string {
+	var u []string
+	for i, p := range np.client {
+		if i != except {
+			u = append(u, fmt.Sprintf("nats://127.0.0.1:%d", p))
+		}
+	}
+	return strings.Join(u, ",")
+}
+
+// leaderInfo reads the stream through the nodes but except (-1: all).
+func leaderInfo(ctx context.Context, urls string) (*jetstream.StreamInfo, error) {
+	conn, err := nats.Connect(urls, nats.Timeout(time.Second))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	js, _ := jetstream.New(conn)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, "MAILROOM")
+	if err != nil {
+		return nil, err
+	}
+	return s.CachedInfo(), nil
+}
+
+// The R3 stream's leader frozen (SIGSTOP: its connections open and
+// silent, as a partition leaves them) under a writer, for 20 s (issue 49:
+// the tailer published nothing for 25-30 s, ready all along, until a fixed
+// 30 s PubAck wait ran out, and a client on the frozen node waited on its
+// two-minute pings). /readyz and tailer_puback_wait_seconds say the wait
+// within 5 s; the tailer streams again within 10 s of the new leader's
+// election; every token once.
+func TestFrozenStreamLeader(t *testing.T) {
+	t.Parallel()
+	np := startNATSProcs(t)
+	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
+	c.stopNATS()
+	c.natsURLs = np.urls(-1)
+	tailertest.Eventually(t, 60*time.Second, func() error {
+		conn, err := nats.Connect(c.natsURL())
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		js, _ := jetstream.New(conn)
+		ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
+		defer cancel()
+		_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "MAILROOM", Subjects: []string{"mailroom.batches", "mailroom.batches.>"}, Storage: jetstream.FileStorage, Replicas: 3})
+		return err
+	})
+	p := c.watchedTailer("MAILROOM_NATS_REPLICAS=3")
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	w := c.startWriter(3, 20*time.Millisecond)
+	time.Sleep(2 * time.Second)
+	info, err := leaderInfo(c.ctx, c.natsURL())
+	if err != nil || info.Cluster == nil {
+		t.Fatalf("stream info: %v", err)
+	}
+	l := int(info.Cluster.Leader[1] - '1')
+	np.procs[l].Process.Signal(syscall.SIGSTOP)
+	frozen := time.Now()
+	var said, metric, elected, streaming time.Duration
+	before := uint64(0)
+	for time.Since(frozen) < 20*time.Second {
+		now := time.Since(frozen)
+		if said == 0 {
+			if _, body := httpGet(p.base + "/readyz"); strings.Contains(body, "awaited its PubAck") {
+				said = now
+			}
+		}
+		if metric == 0 {
+			_, page := httpGet(p.base + "/metrics")
+			if v, ok := metricValue(page, "tailer_puback_wait_seconds"); ok && v >= 1 {
+				metric = now
+			}
+		}
+		if info, err := leaderInfo(c.ctx, np.urls(l)); err == nil && info.Cluster != nil && info.Cluster.Leader != "" && info.Cluster.Leader != fmt.Sprintf("n%d", l+1) {
+			switch {
+			case elected == 0:
+				elected, before = now, info.State.LastSeq
+			case streaming == 0 && info.State.LastSeq > before+2:
+				streaming = now
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	np.procs[l].Process.Signal(syscall.SIGCONT)
+	w.halt()
+	if w.err != nil {
+		t.Fatal(w.err)
+	}
+	n := c.expectExactlyOnce(90 * time.Second)
+	t.Logf("%d tokens; leader n%d frozen 20 s: PubAck wait said on /readyz at %s, in the metric at %s; new leader at %s; streaming again at %s",
+		n, l+1, said.Round(100*time.Millisecond), metric.Round(100*time.Millisecond), elected.Round(100*time.Millisecond), streaming.Round(100*time.Millisecond))
+	switch {
+	case said == 0 || said > 5*time.Second || metric == 0 || metric > 5*time.Second:
+		t.Fatalf("the PubAck wait was said at %s on /readyz and %s in the metric, want within 5 s:\n%s", said, metric, tail(p.out.String(), 30))
+	case elected == 0:
+		t.Fatal(errors.New("no new leader was elected within 20 s"))
+	case streaming == 0 || streaming-elected > 10*time.Second:
+		t.Fatalf("streaming again %s after the new leader's election, want within 10 s:\n%s", streaming-elected, tail(p.out.String(), 30))
+	}
+}
