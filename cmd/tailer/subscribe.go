@@ -118,9 +118,6 @@ func subscribeAs(ctx context.Context, command string, args []string, lookupEnv f
 	case errors.Is(err, consume.ErrReaderGone):
 		log.Error("the reader of the lines is gone", "err", err)
 		return exitFailure
-	case errors.Is(err, consume.ErrTakenOver):
-		log.Error("another subscriber of the durable delivers now; this one stops (start it again to stand by)", "err", err)
-		return exitFailure
 	case err != nil:
 		log.Error("subscribe failed", "err", err)
 		return exitFailure

@@ -51,6 +51,8 @@ func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg) error {
 	seq := meta.Sequence.Stream
 	mark := wire.Mark(msg.Subject(), msg.Headers(), msg.Data())
 	if err := s.refresh(ctx, msg); err != nil {
+		// Back to the server at once, with what this subscriber held.
+		msg.Nak()
 		return err
 	}
 	s.mu.Lock()

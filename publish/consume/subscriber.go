@@ -168,6 +168,9 @@ type Stats struct {
 	// Recreated counts the times the consumer was found missing and made
 	// again.
 	Recreated int
+	// StoodBy counts the times this subscriber let go of what it held and
+	// stood by: another one took the durable over, or its pin was lost.
+	StoodBy int
 	// InDoubt is the batches handed to the reader and not done.
 	InDoubt int
 	// LastDelivery is when the last message came; LastDone when a batch
@@ -310,11 +313,12 @@ var errConsumerLost = errors.New("the consumer is gone from the server")
 var ErrPositionUnknown = errors.New("the consumer is gone and no record says where it was")
 
 // Run copies messages until ctx is done (or, UntilDrained, nothing is left
-// to deliver; it returns nil then), the reader is gone (an error
-// wrapping ErrReaderGone), or another subscriber took the durable over
-// (ErrTakenOver). Batches in doubt stay pending, kept from redelivery,
-// until Settle. A consumer that vanishes from the server is made again
-// where the record (Progress) says it was.
+// to deliver; it returns nil then), or the reader is gone (an error
+// wrapping ErrReaderGone). Batches in doubt stay pending, kept from
+// redelivery, until Settle. A consumer that vanishes from the server is
+// made again where the record (Progress) says it was. A subscriber that
+// another one of the durable took over from, or that lost its pin, lets
+// what it held go at once and stands by (standBy).
 func (s *Subscriber) Run(ctx context.Context, js jetstream.JetStream) error {
 	if s.kick == nil {
 		s.kick = make(chan struct{}, 1)
@@ -326,17 +330,32 @@ func (s *Subscriber) Run(ctx context.Context, js jetstream.JetStream) error {
 	if err != nil {
 		return err
 	}
+	for {
+		err := s.term(ctx, js, &cons)
+		if ctx.Err() != nil || !errors.Is(err, ErrTakenOver) && !errors.Is(err, errPinLost) {
+			return err
+		}
+		if err := s.standBy(ctx, err); err != nil {
+			return err
+		}
+	}
+}
+
+// term is one stretch of Run, with a saver of its own: until ctx is done,
+// Run must end, or this subscriber no longer delivers (ErrTakenOver,
+// errPinLost). A consumer lost on the way is made again.
+func (s *Subscriber) term(ctx context.Context, js jetstream.JetStream, cons *jetstream.Consumer) error {
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	saved := make(chan struct{})
 	go func() { defer close(saved); s.saver(runCtx, cancel) }()
 	defer func() { cancel(nil); <-saved }()
 	for {
-		err := s.consume(runCtx, cons)
+		err := s.consume(runCtx, *cons)
+		if cause := context.Cause(runCtx); errors.Is(cause, ErrTakenOver) {
+			return fmt.Errorf("consume %s: %w", s.Durable, cause)
+		}
 		if !errors.Is(err, errConsumerLost) {
-			if cause := context.Cause(runCtx); errors.Is(cause, ErrTakenOver) {
-				return fmt.Errorf("consume %s: %w", s.Durable, cause)
-			}
 			return err
 		}
 		s.mu.Lock()
@@ -349,10 +368,40 @@ func (s *Subscriber) Run(ctx context.Context, js jetstream.JetStream) error {
 		if err := s.save(ctx); err != nil && s.Log != nil {
 			s.Log.Warn("cannot save progress before making the consumer again", "durable", s.Durable, "err", err)
 		}
-		if cons, err = s.consumer(runCtx, js, true); err != nil {
+		if *cons, err = s.consumer(runCtx, js, true); err != nil {
 			return err
 		}
 	}
+}
+
+// errPinLost: the server pins another subscriber of the durable, or none,
+// while this one holds messages (see watchPin).
+var errPinLost = errors.New("the server no longer pins this subscriber")
+
+// standBy lets go of what a subscriber that no longer delivers held: its
+// messages handed back at once (not kept alive by in-progress acks, which
+// would leave the durable's other subscribers nothing to deliver while
+// they wait on them), the batches its reader may have had delivered again
+// by the one that delivers now; then it reads the durable's record again
+// and goes on as a standby, delivering once the server pins it again.
+func (s *Subscriber) standBy(ctx context.Context, why error) error {
+	s.mu.Lock()
+	taken := s.takenOver
+	if taken {
+		// The record moved on without this subscriber: what it would
+		// save of the messages it lets go is not its to say.
+		s.dirty = false
+	}
+	s.stats.StoodBy++
+	s.mu.Unlock()
+	n := s.Settle(ctx, ReaderStopped)
+	if s.Log != nil {
+		s.Log.Warn("this subscriber no longer delivers: what it held goes to the one that does; standing by", "durable", s.Durable, "messages_let_go", n, "why", why)
+	}
+	s.mu.Lock()
+	s.loaded, s.takenOver, s.pinID = false, false, ""
+	s.mu.Unlock()
+	return s.load(ctx)
 }
 
 // loadProgress reads the record, trying again while the server cannot be
@@ -494,11 +543,17 @@ func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error
 		wg.Add(1)
 		go func() { defer wg.Done(); s.untilDrained(runCtx, cons, cancel) }()
 	}
+	if cons.CachedInfo().Config.PriorityPolicy == jetstream.PriorityPolicyPinned {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.watchPin(runCtx, cons, cancel) }()
+	}
 	for {
 		msg, err := iter.Next()
 		if err != nil {
 			if cause := context.Cause(runCtx); errors.Is(cause, ErrReaderGone) {
 				return fmt.Errorf("write lines: %w", cause)
+			} else if errors.Is(cause, errPinLost) {
+				return cause
 			}
 			if runCtx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 				return nil
@@ -523,11 +578,51 @@ func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error
 		if err != nil {
 			if cause := context.Cause(runCtx); errors.Is(cause, ErrReaderGone) {
 				return fmt.Errorf("write lines: %w", cause)
+			} else if errors.Is(cause, errPinLost) {
+				return cause
 			}
 			if runCtx.Err() != nil && ctx.Err() != nil {
 				return nil
 			}
 			return err
+		}
+	}
+}
+
+// watchPin ends the consume with errPinLost once the server pins another
+// subscriber of the durable, or none, while this one holds messages: seen
+// twice a second apart, since a consumer's new leader may not know its pin
+// at once. Held messages kept alive by in-progress acks meanwhile would
+// leave nothing for the server to deliver (the durable's max ack pending
+// is this subscriber's), and so nobody to pin: the pair stuck, both
+// standing by.
+func (s *Subscriber) watchPin(ctx context.Context, cons jetstream.Consumer, cancel context.CancelCauseFunc) {
+	missed := 0
+	for sleep(ctx, time.Second) {
+		s.mu.Lock()
+		pin, holding := s.pinID, len(s.held) > 0
+		s.mu.Unlock()
+		if !holding || pin == "" {
+			missed = 0
+			continue
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			continue
+		}
+		pinned := ""
+		for _, g := range info.PriorityGroups {
+			if g.Group == PriorityGroup {
+				pinned = g.PinnedClientID
+			}
+		}
+		if pinned == pin {
+			missed = 0
+			continue
+		}
+		if missed++; missed == 2 {
+			cancel(errPinLost)
+			return
 		}
 	}
 }
