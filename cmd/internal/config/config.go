@@ -146,6 +146,9 @@ var Vars = []Var{
 		if v == "" {
 			return errors.New("is required")
 		}
+		if err := misread(v, "MAILROOM_DATABASE_PASSWORD"); err != nil {
+			return err
+		}
 		if _, err := pgconn.ParseConfig(v); err != nil {
 			return invalid("cannot be parsed as a postgres:// URL or a key=value connection string (%s)", parseFailure(err))
 		}
@@ -166,6 +169,9 @@ var Vars = []Var{
 	{Env: "MAILROOM_INBOX_URL", Cmds: Subscribe, Flag: "inbox-url", Usage: "PostgreSQL URL of the consumer's database, for tailer subscribe --into inbox or river", Secret: true, set: func(c *Config, v string) error {
 		if v == "" {
 			return nil
+		}
+		if err := misread(v, "MAILROOM_INBOX_PASSWORD"); err != nil {
+			return err
 		}
 		if _, err := pgconn.ParseConfig(v); err != nil {
 			return invalid("cannot be parsed as a postgres:// URL or a key=value connection string (%s)", parseFailure(err))
@@ -248,6 +254,9 @@ var Vars = []Var{
 		for i, part := range parts {
 			if v == "" {
 				break
+			}
+			if err := misread(strings.TrimSpace(part), "MAILROOM_NATS_PASSWORD (with MAILROOM_NATS_USER)"); err != nil {
+				return err
 			}
 			u, err := url.Parse(strings.TrimSpace(part))
 			if err != nil || u.Host == "" || (u.Scheme != "nats" && u.Scheme != "tls" && u.Scheme != "ws" && u.Scheme != "wss") {
@@ -495,6 +504,33 @@ func validName(v string) error {
 // parseFailure says why a connection string did not parse without showing
 // any of it: the parser's own messages quote the string, or the part of it
 // that broke the parse, which is often a piece of the password.
+// misread refuses a URL that parses, but not as it was meant: two '@'
+// in its host part, or one after its end (a password holding an unencoded '/',
+// '?' or '#' ends the host part early, the rest of the password becomes
+// the host, a name looked up on the network, and the path a database name
+// printed in logs), or a '#' at all (a fragment means nothing to a server).
+// The error names no part of the URL: it may hold a password. passwordVar
+// is the setting that takes the password as it is.
+func misread(raw, passwordVar string) error {
+	i := strings.Index(raw, "://")
+	if i < 0 {
+		// key=value form: no URL syntax to misread.
+		return nil
+	}
+	rest := raw[i+3:]
+	end := strings.IndexAny(rest, "/?#")
+	if end < 0 {
+		end = len(rest)
+	}
+	// Two '@' in the host part: clients split it at the first or the last
+	// (pgx takes the rest of the password for a host).
+	if strings.Count(rest[:end], "@") < 2 && !strings.Contains(rest[end:], "@") && !strings.Contains(rest, "#") {
+		return nil
+	}
+	return invalid("does not parse as it was surely meant: it holds two '@' in its host part, an '@' after it, or a '#', as a password with an unencoded '/', '?', '#' or '@' makes it; "+
+		"nothing was connected to. Percent-encode the password (/ as %%2F, ? as %%3F, # as %%23, @ as %%40), or leave it out of the URL and give it in %s", passwordVar)
+}
+
 func parseFailure(err error) string {
 	var urlErr *url.Error
 	switch {

@@ -267,3 +267,54 @@ func TestSecretsFromFiles(t *testing.T) {
 		t.Fatalf("help:\n%s", help.String())
 	}
 }
+
+// A password with any printable byte, unencoded, in MAILROOM_DATABASE_URL,
+// MAILROOM_INBOX_URL or MAILROOM_NATS_URL: the setting is refused (exit 2)
+// with a message that holds no piece of the password, or it parses as
+// meant: the host is the host and the password whole, so no piece of the
+// password is ever a host name to look up (issue 46: with p@ss/w0rd the
+// tailer printed database=w0rd@... and looked up "ss").
+func TestHostileURLPasswords(t *testing.T) {
+	for c := byte(' '); c <= '~'; c++ {
+		pw := "Ab" + string(c) + "Secr3tTail"
+		for _, tc := range []struct{ env, url string }{
+			{"MAILROOM_DATABASE_URL", "postgres://owner:" + pw + "@127.0.0.1:31432/mailroom"},
+			{"MAILROOM_INBOX_URL", "postgresql://owner:" + pw + "@127.0.0.1:31432/inbox"},
+			{"MAILROOM_NATS_URL", "nats://tailer:" + pw + "@127.0.0.1:4222"},
+		} {
+			env := map[string]string{"MAILROOM_DATABASE_URL": "postgres://u@h/db", tc.env: tc.url}
+			var out strings.Builder
+			use := []string{"MAILROOM_DATABASE_URL", "MAILROOM_INBOX_URL", "MAILROOM_NATS_URL"}
+			cfg, _, err := Load("hostile", use, nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, &out)
+			if err != nil {
+				if msg := out.String() + err.Error(); strings.Contains(msg, "Secr3t") || strings.Contains(msg, "3tTail") {
+					t.Errorf("%s with %q in the password: a piece of it shows: %s", tc.env, c, msg)
+				}
+				continue
+			}
+			host, user, got := "", "", ""
+			switch tc.env {
+			case "MAILROOM_NATS_URL":
+				u, err := url.Parse(cfg.NATSURL)
+				if err != nil {
+					t.Fatalf("%s accepted and does not parse: %v", tc.env, err)
+				}
+				host, user = u.Host, u.User.Username()
+				got, _ = u.User.Password()
+			default:
+				dsn := cfg.DatabaseURL
+				if tc.env == "MAILROOM_INBOX_URL" {
+					dsn = cfg.InboxURL
+				}
+				pc, err := pgconn.ParseConfig(dsn)
+				if err != nil {
+					t.Fatalf("%s accepted and does not parse: %v", tc.env, err)
+				}
+				host, user, got = fmt.Sprintf("%s:%d", pc.Host, pc.Port), pc.User, pc.Password
+			}
+			if want := map[string]string{"MAILROOM_NATS_URL": "127.0.0.1:4222"}[tc.env]; want == "" && host != "127.0.0.1:31432" || want != "" && host != want || got != pw || user == "" {
+				t.Errorf("%s with %q in the password accepted as host %q, user %q, password %q: not as meant", tc.env, c, host, user, got)
+			}
+		}
+	}
+}
