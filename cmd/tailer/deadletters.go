@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
+	"github.com/mailroom/tailer/cmd/internal/natsconn"
 	"github.com/mailroom/tailer/publish/consume"
 )
 
@@ -61,10 +62,7 @@ func deadLetters(ctx context.Context, args []string, lookupEnv func(string) (str
 		fmt.Fprintln(stderr, "tailer dead-letters list: --durable: the consumer whose dead letters to list is required")
 		return exitConfig
 	}
-	url := cfg.NATSURL
-	if url == "" {
-		url = nats.DefaultURL
-	}
+	url := natsconn.URL(cfg)
 	nc, err := nats.Connect(url, append(cfg.NATSOptions(), nats.Name("tailer dead-letters"))...)
 	if err != nil {
 		fmt.Fprintf(stderr, "tailer dead-letters list: MAILROOM_NATS_URL: cannot connect to %s: %v\n", config.RedactURL(url), err)

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
+	"github.com/mailroom/tailer/cmd/internal/natsconn"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
 	"github.com/mailroom/tailer/publish/join"
 	"github.com/mailroom/tailer/replication"
@@ -170,14 +171,13 @@ func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error
 		}
 	}
 	rep.OK = !missing && rep.LagBytes <= cfg.MaxLag && !slot.Lost() && !rec.ResyncPending && !rec.ResyncNeeded && rep.Blocked == "" && len(rep.Problems) == 0
-	if cfg.NATSURL != "" {
-		if info, err := streamInfo(ctx, cfg); err != nil {
-			rep.StreamError = err.Error()
-		} else {
-			rep.StreamMessages, rep.StreamLastSeq, rep.StreamReplicas = &info.State.Msgs, &info.State.LastSeq, &info.Config.Replicas
+	if info, err := streamInfo(ctx, cfg); err != nil {
+		rep.StreamError = err.Error()
+		if cfg.NATSURL == "" {
+			rep.StreamError += " (MAILROOM_NATS_URL unset: no tailer run on MAILROOM_DATA_DIR says where its embedded server listens, and none answers at MAILROOM_NATS_LISTEN)"
 		}
 	} else {
-		rep.StreamError = "MAILROOM_NATS_URL not set (embedded server is only reachable while tailer run is up)"
+		rep.StreamMessages, rep.StreamLastSeq, rep.StreamReplicas = &info.State.Msgs, &info.State.LastSeq, &info.Config.Replicas
 	}
 	return rep, nil
 }
@@ -237,7 +237,7 @@ func (rep *statusReport) writeText(w io.Writer) {
 }
 
 func streamInfo(ctx context.Context, cfg *config.Config) (*jetstream.StreamInfo, error) {
-	nc, err := nats.Connect(cfg.NATSURL, append(cfg.NATSOptions(), nats.Name("tailer status"), nats.Timeout(5*time.Second))...)
+	nc, err := nats.Connect(natsconn.URL(cfg), append(cfg.NATSOptions(), nats.Name("tailer status"), nats.Timeout(5*time.Second))...)
 	if err != nil {
 		return nil, err
 	}

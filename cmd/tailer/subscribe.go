@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
+	"github.com/mailroom/tailer/cmd/internal/natsconn"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
 	"github.com/mailroom/tailer/cmd/internal/subscriber"
 	"github.com/mailroom/tailer/publish/consume"
@@ -52,10 +53,7 @@ func subscribeAs(ctx context.Context, command string, args []string, lookupEnv f
 		return bad("--transient-exit: %v", err)
 	}
 	log := daemon.NewLogger("text", "info", stderr)
-	url := cfg.NATSURL
-	if url == "" {
-		url = nats.DefaultURL
-	}
+	url := natsconn.URL(cfg)
 	nc, err := nats.Connect(url, append(cfg.NATSOptions(), nats.Name("tailer subscribe"), nats.MaxReconnects(-1))...)
 	if err != nil {
 		fmt.Fprintf(stderr, "tailer %s: MAILROOM_NATS_URL: cannot connect to %s: %v\n", command, config.RedactURL(url), err)

@@ -249,7 +249,7 @@ var Vars = []Var{
 		return err
 	}},
 	{Env: "MAILROOM_BATCH_TIMEOUT", Cmds: Run, Flag: "batch-timeout", Default: "5000", Usage: "milliseconds after a batch's first token when it is cut at the latest", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.BatchTimeout }, 0, 86_400_000)},
-	{Env: "MAILROOM_NATS_URL", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-url", Usage: "NATS server URL(s), comma-separated; unset: tailer run starts an embedded JetStream server, tailer subscribe connects to nats://127.0.0.1:4222", Secret: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_URL", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-url", Usage: "NATS server URL(s), comma-separated; unset: tailer run starts an embedded JetStream server on MAILROOM_DATA_DIR, and the other commands use the one of the tailer run holding that directory", Secret: true, set: func(c *Config, v string) error {
 		parts := strings.Split(v, ",")
 		for i, part := range parts {
 			if v == "" {
@@ -291,7 +291,7 @@ var Vars = []Var{
 		}
 		return fileVar(func(c *Config) *string { return &c.NATSTLSKey })(c, v)
 	}},
-	{Env: "MAILROOM_NATS_LISTEN", Cmds: Run | Resync, Flag: "nats-listen", Default: "127.0.0.1:4222", Usage: "client address of the embedded NATS server", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_LISTEN", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-listen", Default: "127.0.0.1:4222", Usage: "client address of the embedded NATS server (where status, subscribe and dead-letters look for it when no tailer run on MAILROOM_DATA_DIR says where it listens)", set: func(c *Config, v string) error {
 		if _, _, err := net.SplitHostPort(v); err != nil {
 			return invalid("must be host:port")
 		}
@@ -310,7 +310,7 @@ var Vars = []Var{
 		c.NATSSync = d
 		return nil
 	}},
-	{Env: "MAILROOM_DATA_DIR", Cmds: Run | Resync, Flag: "data-dir", Default: "tailer-data", Usage: "directory of the embedded NATS server's JetStream store", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_DATA_DIR", Cmds: Run | Resync | Status | Subscribe, Flag: "data-dir", Default: "tailer-data", Usage: "directory of the embedded NATS server's JetStream store, held by one tailer run at a time; resync, status, subscribe and dead-letters with MAILROOM_NATS_URL unset use the server of the tailer run that holds it", set: func(c *Config, v string) error {
 		if v == "" {
 			return errors.New("must not be empty")
 		}

@@ -147,7 +147,7 @@ func (d *Daemon) streamed() bool {
 // the current session; a new one starts after a capped backoff and resumes
 // from the slot. Run returns nil after a graceful stop.
 func (d *Daemon) Run(ctx context.Context) error {
-	nc, shutdown, err := natsconn.Connect(d.cfg, d.log,
+	nc, shutdown, err := natsconn.Connect(d.cfg, d.log, natsconn.Own,
 		nats.Name("tailer"),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(500*time.Millisecond),

@@ -1,8 +1,10 @@
 package natsconn
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -11,20 +13,33 @@ import (
 	"github.com/mailroom/tailer/internal/embedded"
 )
 
-// Connect connects to MAILROOM_NATS_URL, or starts the embedded server
-// (on MAILROOM_DATA_DIR) when it is unset. shutdown closes the connection
-// and stops the embedded server.
-func Connect(cfg *config.Config, log *slog.Logger, opts ...nats.Option) (nc *nats.Conn, shutdown func(), err error) {
+// Mode says what a command does with the embedded server when
+// MAILROOM_NATS_URL is unset.
+type Mode int
+
+const (
+	// Own runs the embedded server on MAILROOM_DATA_DIR, and refuses a
+	// data directory another tailer holds (tailer run).
+	Own Mode = iota
+	// Share uses the embedded server of the tailer that holds
+	// MAILROOM_DATA_DIR, or runs one (tailer resync beside tailer run, as
+	// the runbooks say).
+	Share
+)
+
+// Connect connects to MAILROOM_NATS_URL, or to the embedded server (on
+// MAILROOM_DATA_DIR) when it is unset, as mode says. shutdown closes the
+// connection and stops the embedded server, if this process started it.
+func Connect(cfg *config.Config, log *slog.Logger, mode Mode, opts ...nats.Option) (nc *nats.Conn, shutdown func(), err error) {
 	natsURL := cfg.NATSURL
 	stop := func() {}
 	if natsURL == "" {
-		srv, err := embedded.Start(cfg.DataDir, cfg.NATSListen, embedded.SyncInterval(cfg.NATSSync))
-		if err != nil {
+		if url, ok := embedded.Running(cfg.DataDir); ok && mode == Share {
+			natsURL = url
+			log.Info("using the embedded NATS server of the tailer running on MAILROOM_DATA_DIR", "url", url, "data_dir", cfg.DataDir)
+		} else if natsURL, stop, err = startEmbedded(cfg, log); err != nil {
 			return nil, nil, err
 		}
-		stop = srv.Shutdown
-		natsURL = srv.ClientURL()
-		log.Info("embedded NATS JetStream started", "url", natsURL, "store", cfg.DataDir)
 	}
 	all := []nats.Option{nats.Timeout(5 * time.Second)}
 	if cfg.NATSURL != "" {
@@ -42,4 +57,49 @@ func Connect(cfg *config.Config, log *slog.Logger, opts ...nats.Option) (nc *nat
 		return nil, nil, fmt.Errorf("connect to NATS: %w", err)
 	}
 	return nc, func() { nc.Close(); stop() }, nil
+}
+
+// startEmbedded claims MAILROOM_DATA_DIR, checks that MAILROOM_NATS_LISTEN
+// is free (a port in use is said at once, not after the server's wait for
+// readiness), starts the server and says where it listens in the claim.
+func startEmbedded(cfg *config.Config, log *slog.Logger) (string, func(), error) {
+	claim, err := embedded.ClaimDir(cfg.DataDir)
+	var inUse *embedded.InUseError
+	if errors.As(err, &inUse) {
+		return "", nil, &config.Error{Var: "MAILROOM_DATA_DIR", Err: fmt.Errorf("%w; stop that one, or give this one a directory of its own", err)}
+	}
+	if err != nil {
+		return "", nil, &config.Error{Var: "MAILROOM_DATA_DIR", Err: err}
+	}
+	ln, err := net.Listen("tcp", cfg.NATSListen)
+	if err != nil {
+		claim.Release()
+		return "", nil, &config.Error{Var: "MAILROOM_NATS_LISTEN", Err: fmt.Errorf("%s cannot be listened on (%v): set a free address, or MAILROOM_NATS_URL to a running server", cfg.NATSListen, err)}
+	}
+	ln.Close()
+	srv, err := embedded.Start(cfg.DataDir, cfg.NATSListen, embedded.SyncInterval(cfg.NATSSync))
+	if err != nil {
+		claim.Release()
+		return "", nil, err
+	}
+	url := srv.ClientURL()
+	if err := claim.Announce(url); err != nil {
+		log.Warn("cannot say in the data directory where the embedded server listens: tailer status, subscribe and resync will not find it", "data_dir", cfg.DataDir, "err", err)
+	}
+	log.Info("embedded NATS JetStream started", "url", url, "store", cfg.DataDir)
+	return url, func() { srv.Shutdown(); srv.WaitForShutdown(); claim.Release() }, nil
+}
+
+// URL is where a command that only connects (status, subscribe,
+// dead-letters) finds NATS: MAILROOM_NATS_URL; else the embedded server of
+// the tailer running on MAILROOM_DATA_DIR; else MAILROOM_NATS_LISTEN, where
+// one would listen.
+func URL(cfg *config.Config) string {
+	if cfg.NATSURL != "" {
+		return cfg.NATSURL
+	}
+	if url, ok := embedded.Running(cfg.DataDir); ok {
+		return url
+	}
+	return "nats://" + cfg.NATSListen
 }
