@@ -16,8 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
-	"github.com/mailroom/tailer/cmd/internal/natsconn"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
+	"github.com/mailroom/tailer/cmd/internal/natsconn"
 	"github.com/mailroom/tailer/publish/join"
 	"github.com/mailroom/tailer/replication"
 )

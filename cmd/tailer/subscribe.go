@@ -19,8 +19,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
-	"github.com/mailroom/tailer/cmd/internal/natsconn"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
+	"github.com/mailroom/tailer/cmd/internal/natsconn"
 	"github.com/mailroom/tailer/cmd/internal/subscriber"
 	"github.com/mailroom/tailer/publish/consume"
 )
