@@ -89,9 +89,12 @@ func TestLagSeconds(t *testing.T) {
 	// The holder samples the slot once, at its start: its lag rests on
 	// what it reads back from the slot (heartbeats, commits) and confirms.
 	// The standby, which reads nothing, samples the slot.
-	p, base := c.tailerWithHTTP("MAILROOM_HEARTBEAT_INTERVAL=200", "MAILROOM_LAG_INTERVAL=3600000")
+	// A PubAck wait that outlasts the NATS outage below: the holder's
+	// session lives through it, and the standby stays one (with the
+	// default 5 s the standby may take the slot over meanwhile).
+	p, base := c.tailerWithHTTP("MAILROOM_HEARTBEAT_INTERVAL=200", "MAILROOM_LAG_INTERVAL=3600000", "MAILROOM_PUBACK_TIMEOUT=60000")
 	p.waitLog("msg=streaming", 1, 30*time.Second)
-	standby, sbase := c.tailerWithHTTP("MAILROOM_HEARTBEAT_INTERVAL=200", "MAILROOM_LAG_INTERVAL=200")
+	standby, sbase := c.tailerWithHTTP("MAILROOM_HEARTBEAT_INTERVAL=200", "MAILROOM_LAG_INTERVAL=200", "MAILROOM_PUBACK_TIMEOUT=60000")
 	standby.waitLog("standing by", 1, 30*time.Second)
 	// Nothing written: the heartbeats alone keep the lag down.
 	settled(t, "idle, holder", base, 1, 30*time.Second)

@@ -91,6 +91,9 @@ func status(ctx context.Context, args []string, lookupEnv func(string) (string, 
 	rep, err := collectStatus(ctx, cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "tailer status: %v\n", err)
+		if asJSON {
+			json.NewEncoder(stdout).Encode(map[string]any{"ok": false, "error": err.Error()})
+		}
 		return exitFailure
 	}
 	if asJSON {
@@ -170,6 +173,7 @@ func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error
 			rep.Problems = append(rep.Problems, err.Error())
 		}
 	}
+	rep.judgeStreaming(cfg, rec)
 	rep.OK = !missing && rep.LagBytes <= cfg.MaxLag && !slot.Lost() && !rec.ResyncPending && !rec.ResyncNeeded && rep.Blocked == "" && len(rep.Problems) == 0
 	if info, err := streamInfo(ctx, cfg); err != nil {
 		rep.StreamError = err.Error()
@@ -180,6 +184,36 @@ func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error
 		rep.StreamMessages, rep.StreamLastSeq, rep.StreamReplicas = &info.State.Msgs, &info.State.LastSeq, &info.Config.Replicas
 	}
 	return rep, nil
+}
+
+// judgeStreaming adds to the problems what says nothing streams: a
+// missing slot (naming the way out), no tailer holding the slot for longer
+// than MAILROOM_MAX_UNHELD_SECONDS (or ever), a lag in time past
+// MAILROOM_MAX_LAG_SECONDS.
+func (rep *statusReport) judgeStreaming(cfg *config.Config, rec replication.Record) {
+	switch {
+	case rep.Missing && rec.Exists:
+		rep.Problems = append(rep.Problems, daemon.DroppedSlotMessage(rep.Slot, rec.CreatedBy))
+		// The record's time is the lost slot's: no lag to tell.
+		rep.LagSeconds, rep.ConfirmedThrough = nil, nil
+		return
+	case rep.Missing:
+		rep.Problems = append(rep.Problems, fmt.Sprintf("slot %s does not exist: tailer migrate makes it (or tailer run, on a first start)", rep.Slot))
+		return
+	}
+	if rep.Owner == "" {
+		switch {
+		case rep.LagSeconds == nil:
+			rep.Problems = append(rep.Problems, fmt.Sprintf("no tailer holds slot %s, and none has recorded streaming from it: start tailer run", rep.Slot))
+		case *rep.LagSeconds > cfg.MaxUnheld.Seconds():
+			rep.Problems = append(rep.Problems, fmt.Sprintf("no tailer holds slot %s, and none has confirmed anything for %.0f s (MAILROOM_MAX_UNHELD_SECONDS %.0f): start tailer run, or see why it stopped",
+				rep.Slot, *rep.LagSeconds, cfg.MaxUnheld.Seconds()))
+		}
+	}
+	if rep.LagSeconds != nil && *rep.LagSeconds > cfg.MaxLagSeconds.Seconds() {
+		rep.Problems = append(rep.Problems, fmt.Sprintf("the lag in time is %.0f s, more than MAILROOM_MAX_LAG_SECONDS %.0f: see docs/operations.md, 'When the lag in seconds grows'",
+			*rep.LagSeconds, cfg.MaxLagSeconds.Seconds()))
+	}
 }
 
 // writeText writes the report as tailer status prints it.

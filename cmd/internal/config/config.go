@@ -61,6 +61,9 @@ type Config struct {
 	LogLevel    string
 	// MaxLag is the slot lag in bytes above which the tailer is not ready.
 	MaxLag int64
+	// MaxLagSeconds is the lag in time past which tailer status exits 1;
+	// MaxUnheld how long the slot may go without a tailer holding it.
+	MaxLagSeconds, MaxUnheld time.Duration
 	// LagInterval is how often the slot's lag is sampled.
 	LagInterval time.Duration
 	// HeartbeatInterval is how often tailer run writes a heartbeat into
@@ -396,6 +399,8 @@ var Vars = []Var{
 		c.MaxLag = n
 		return nil
 	}},
+	{Env: "MAILROOM_MAX_LAG_SECONDS", Cmds: Status, Flag: "max-lag-seconds", Default: "60", Usage: "lag in time (seconds since the newest commit or heartbeat confirmed) past which tailer status exits 1; tailer run's heartbeats keep it under MAILROOM_HEARTBEAT_INTERVAL while it keeps up", Shown: true, set: secondsVar(func(c *Config) *time.Duration { return &c.MaxLagSeconds })},
+	{Env: "MAILROOM_MAX_UNHELD_SECONDS", Cmds: Status, Flag: "max-unheld-seconds", Default: "70", Usage: "seconds the slot may go without a tailer holding it before tailer status exits 1 (a restart, a standby taking over, take seconds)", Shown: true, set: secondsVar(func(c *Config) *time.Duration { return &c.MaxUnheld })},
 	{Env: "MAILROOM_LAG_INTERVAL", Cmds: Run, Flag: "lag-interval", Default: "5000", Usage: "milliseconds between samples of the slot's lag for metrics and /readyz", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.LagInterval }, 1, 3_600_000)},
 	{Env: "MAILROOM_HEARTBEAT_INTERVAL", Cmds: Run, Flag: "heartbeat-interval", Default: "5000", Usage: "milliseconds between heartbeats written into the WAL (a logical message) while tailer run streams, so that the lag in seconds moves when no token is written; 0 writes none", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.HeartbeatInterval }, 0, 3_600_000)},
 	{Env: "MAILROOM_PUBACK_TIMEOUT", Cmds: Run | Resync, Flag: "puback-timeout", Default: "5000", Usage: "milliseconds a publish waits for its PubAck before the session starts again, on whichever server then leads the stream (a node partitioned or frozen: a cluster elects another leader within seconds); /readyz says a wait past a second", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.PubAckTimeout }, 500, 600_000)},
@@ -471,6 +476,15 @@ func boolVar(field func(*Config) *bool) func(*Config, string) error {
 }
 
 // millisVar sets a duration given in whole milliseconds from min to max.
+// secondsVar sets a duration given in whole seconds, from 1 to a day.
+func secondsVar(field func(*Config) *time.Duration) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		n, err := positiveInt(v, 86_400)
+		*field(c) = time.Duration(n) * time.Second
+		return err
+	}
+}
+
 func millisVar(field func(*Config) *time.Duration, min, max int) func(*Config, string) error {
 	return func(c *Config, v string) error {
 		n, err := strconv.Atoi(v)
@@ -528,7 +542,7 @@ func misread(raw, passwordVar string) error {
 		return nil
 	}
 	return invalid("does not parse as it was surely meant: it holds two '@' in its host part, an '@' after it, or a '#', as a password with an unencoded '/', '?', '#' or '@' makes it; "+
-		"nothing was connected to. Percent-encode the password (/ as %%2F, ? as %%3F, # as %%23, @ as %%40), or leave it out of the URL and give it in %s", passwordVar)
+		"nothing was connected to: percent-encode the password (/ as %%2F, ? as %%3F, # as %%23, @ as %%40), or leave it out of the URL and give it in %s", passwordVar)
 }
 
 func parseFailure(err error) string {
