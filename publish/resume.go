@@ -287,7 +287,7 @@ func (p *Publisher) dataSubjects() []string {
 	if len(p.subjects) > 1 {
 		base = base[:len(base)-len(".activation")]
 	}
-	return []string{base, base + ".activation", base + ".password_recovery"}
+	return wire.DataSubjects(base)
 }
 
 // publishMarkers publishes the session's markers, chained to the stream's

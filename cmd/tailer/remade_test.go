@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
+	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
 )
 
@@ -162,5 +163,43 @@ func TestStreamMadeAgainUnderSubscribers(t *testing.T) {
 		if missing, repeats := countOutput(t, out(name), want); missing != 0 || repeats > inDoubt {
 			t.Fatalf("%s: %d tokens missing, %d written twice (at most %d may be)", name, missing, repeats, inDoubt)
 		}
+	}
+}
+
+// A subscriber's consumer counts the batches alone as pending, never the
+// session markers every tailer session starts with (issue 45: they
+// counted in every consumer's pending, and showed as empty messages).
+func TestMarkersNotPending(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
+	for i := range 3 {
+		p := c.tailer()
+		p.waitLog("msg=streaming", 1, 30*time.Second)
+		c.accounts(fmt.Sprintf("s%d_", i), 5)
+		c.expectExactlyOnce(30 * time.Second)
+		if code := p.term(30 * time.Second); code != exitOK {
+			t.Fatalf("SIGTERM: exit %d", code)
+		}
+	}
+	nc, err := nats.Connect(c.natsURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	cons, err := consume.Durable{Stream: "MAILROOM", Subject: "mailroom.batches", Name: "count", FromStart: true}.Ensure(c.ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := cons.Info(c.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batches := len(c.messages())
+	if s, err := js.Stream(c.ctx, "MAILROOM"); err != nil || s.CachedInfo().State.Msgs <= uint64(batches) {
+		t.Fatalf("the stream holds no markers beside its %d batches (%v)", batches, err)
+	}
+	if info.NumPending != uint64(batches) {
+		t.Fatalf("a new consumer has %d messages pending, want the %d batches alone", info.NumPending, batches)
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mailroom/tailer/publish/wire"
 )
 
 // Subscriber copies batches from a durable JetStream consumer to a reader
@@ -251,7 +253,9 @@ func (d Durable) Ensure(ctx context.Context, js jetstream.JetStream) (jetstream.
 	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil, fmt.Errorf("consumer %s on stream %s: %w", d.Name, d.Stream, err)
 	}
-	filters := []string{d.Subject, d.Subject + ".>"}
+	// The batches' subjects only: the session markers never count as
+	// messages pending for a consumer made now.
+	filters := wire.DataSubjects(d.Subject)
 	if d.Action != "" {
 		// Batches on the base subject mix actions (filtered by the reader,
 		// token by token); with a subject per action only the wanted one

@@ -62,6 +62,15 @@ const (
 // sees them.
 func MarkerSubject(subject string) string { return subject + "._session" }
 
+// DataSubjects are the subjects batches of subject can be on: subject
+// itself, and its per-action lanes (MAILROOM_SUBJECT_PER_ACTION), whichever
+// way it was set when they were published; never the markers' subject
+// (MarkerSubject), which a consumer filtering on these never sees, nor
+// counts as pending.
+func DataSubjects(subject string) []string {
+	return []string{subject, subject + ".activation", subject + ".password_recovery"}
+}
+
 // Header is what the helpers below read of a message's headers (a
 // nats.Header satisfies it).
 type Header interface {
