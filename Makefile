@@ -1,7 +1,7 @@
 .PHONY: build test test-soak test-pg test-pg-core demo bench
 
 build:
-	go build -o bin/tailer ./cmd/tailer
+	go build -ldflags "-X main.commit=$$(git rev-parse --short HEAD 2>/dev/null)" -o bin/tailer ./cmd/tailer
 
 # How the tests run: files in memory where there is room
 # (scripts/test-tmpdir.sh); four packages and up to six tests in a package

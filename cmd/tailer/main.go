@@ -30,6 +30,7 @@ Usage:
   tailer subscribe  print published batches, one line each, or feed them to a sender
   tailer dead-letters  list or re-send the batches a durable's senders kept failing on
   tailer nats-metrics  export the NATS servers' view of the stream, consumers and cluster to Prometheus
+  tailer version    print the version and commit (also --version)
 
 Every setting is a MAILROOM_* environment variable and the matching flag;
 run "tailer COMMAND --help" for those of a command.
@@ -65,6 +66,9 @@ func run(args []string, lookupEnv func(string) (string, bool), stdout, stderr io
 			return exitConfig
 		}
 		return exitOK
+	}
+	if args[0] == "version" || args[0] == "--version" || args[0] == "-version" {
+		return printVersion(stdout)
 	}
 	cmd, rest := args[0], args[1:]
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -129,7 +133,11 @@ func run(args []string, lookupEnv func(string) (string, bool), stdout, stderr io
 // loadKeyedConfig is loadConfig for a command that signs or verifies: a
 // missing signing key is its configuration error.
 func loadKeyedConfig(usage string, vars, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (*config.Config, []string, int) {
-	cfg, rest, code := loadConfig(usage, vars, args, lookupEnv, stderr)
+	load := loadConfig
+	if strings.HasSuffix(usage, " TOKEN") {
+		load = loadConfigArgs
+	}
+	cfg, rest, code := load(usage, vars, args, lookupEnv, stderr)
 	if cfg == nil {
 		return nil, nil, code
 	}
@@ -141,10 +149,24 @@ func loadKeyedConfig(usage string, vars, args []string, lookupEnv func(string) (
 	return cfg, rest, exitOK
 }
 
-// loadConfig reads the settings of a command. It returns a nil Config with
-// the exit code when the command must not go on: after --help (0), or after
-// printing the one-line configuration error (2).
+// loadConfig reads the settings of a command that takes no arguments but
+// its flags: one left over (a typo, a word meant for another command) is
+// the one-line configuration error, exit 2, naming it. It returns a nil
+// Config with the exit code when the command must not go on: after --help
+// (0), or after printing the one-line configuration error (2).
 func loadConfig(usage string, vars, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (*config.Config, []string, int) {
+	cfg, rest, code := loadConfigArgs(usage, vars, args, lookupEnv, stderr)
+	if cfg != nil && len(rest) > 0 {
+		name, _, _ := strings.Cut(usage, " ")
+		fmt.Fprintf(stderr, "tailer %s: unexpected argument %q: usage: tailer %s (tailer %s --help lists the flags)\n", name, rest[0], usage, name)
+		return nil, nil, exitConfig
+	}
+	return cfg, rest, code
+}
+
+// loadConfigArgs is loadConfig for a command that takes arguments: it
+// returns them.
+func loadConfigArgs(usage string, vars, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (*config.Config, []string, int) {
 	cfg, rest, err := config.Load("tailer "+usage, vars, args, lookupEnv, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil, nil, exitOK

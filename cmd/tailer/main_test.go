@@ -400,3 +400,38 @@ func lookup(getenv func(string) string) func(string) (string, bool) {
 		return v, v != ""
 	}
 }
+
+// Arguments nobody checked (issue 46: migrate sideways and migrate DOWN
+// ran up, status bogus and run extra were accepted): each is exit 2 with
+// one line naming it, before anything is done; version and --version
+// print the version.
+func TestStrictArguments(t *testing.T) {
+	env := map[string]string{"MAILROOM_DATABASE_URL": "postgres://u@127.0.0.1:1/db", "MAILROOM_SECRET_KEY": goodKey}
+	get := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"migrate", "sideways"}, exitConfig, `unexpected argument "sideways": migrate takes up (the default) or down`},
+		{[]string{"migrate", "DOWN"}, exitConfig, `unexpected argument "DOWN"`},
+		{[]string{"status", "bogus"}, exitConfig, `tailer status: unexpected argument "bogus"`},
+		{[]string{"run", "extra"}, exitConfig, `tailer run: unexpected argument "extra"`},
+		{[]string{"resync", "now"}, exitConfig, `tailer resync: unexpected argument "now"`},
+		{[]string{"subscribe", "--durable", "d", "more"}, exitConfig, `unexpected argument "more"`},
+		{[]string{"dead-letters", "list", "--durable", "d", "more"}, exitConfig, `unexpected argument "more"`},
+		{[]string{"nosuch"}, exitConfig, `unknown command "nosuch"`},
+		{[]string{"version"}, exitOK, "tailer "},
+		{[]string{"--version"}, exitOK, "tailer "},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(tc.args, get, &stdout, &stderr)
+		out := stdout.String() + stderr.String()
+		if code != tc.code || !strings.Contains(out, tc.want) {
+			t.Errorf("tailer %s: exit %d, want %d with %q:\n%s", strings.Join(tc.args, " "), code, tc.code, tc.want, out)
+		}
+		if code == exitConfig && !strings.Contains(tc.want, "unknown command") && strings.Count(strings.TrimSpace(stderr.String()), "\n") != 0 {
+			t.Errorf("tailer %s: more than one line:\n%s", strings.Join(tc.args, " "), stderr.String())
+		}
+	}
+}

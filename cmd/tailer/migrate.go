@@ -23,7 +23,11 @@ import (
 
 func migrate(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
 	direction := "up"
-	if len(args) > 0 && (args[0] == "up" || args[0] == "down") {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		if args[0] != "up" && args[0] != "down" {
+			fmt.Fprintf(stderr, "tailer migrate: unexpected argument %q: migrate takes up (the default) or down\n", args[0])
+			return exitConfig
+		}
 		direction, args = args[0], args[1:]
 	}
 	cfg, _, code := loadConfig("migrate [up|down]", migrateVars, args, lookupEnv, stderr)
