@@ -44,6 +44,13 @@ func migrate(ctx context.Context, args []string, lookupEnv func(string) (string,
 	if direction == "down" {
 		return migrateDown(ctx, cfg, conn, log)
 	}
+	if problems, err := preflight(ctx, conn, cfg.Slot); err != nil {
+		log.Error("migrate", "err", err)
+		return exitFailure
+	} else if len(problems) > 0 {
+		fmt.Fprintf(stderr, "tailer migrate: nothing was changed: %s\n", strings.Join(problems, "; "))
+		return exitConfig
+	}
 	if err := migrations.Up(ctx, cfg.DatabaseURL); err != nil {
 		log.Error("migrate", "err", err)
 		return exitFailure
@@ -192,4 +199,34 @@ func leaseRefusal(err error, cmd string) error {
 		return fmt.Errorf("%w. tailer %s changed nothing: stop that process first (a tailer run hands the slot over to a standby, or lets go of it when it cannot stream from it)", err, cmd)
 	}
 	return err
+}
+
+// preflight names what would stop migrate half way, before it writes
+// anything: a server that cannot decode logically (wal_level), and, when
+// the slot is still to be made, a user who may not make it or no slot free
+// for it. Each names its fix.
+func preflight(ctx context.Context, conn *pgx.Conn, slot string) ([]string, error) {
+	var (
+		walLevel            string
+		replicate           bool
+		freeSlots, haveSlot int
+	)
+	err := conn.QueryRow(ctx, `SELECT current_setting('wal_level'),
+		(SELECT rolsuper OR rolreplication FROM pg_roles WHERE rolname = current_user),
+		current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_replication_slots),
+		(SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1)`, slot).Scan(&walLevel, &replicate, &freeSlots, &haveSlot)
+	if err != nil {
+		return nil, fmt.Errorf("check the server before migrating: %w", err)
+	}
+	var problems []string
+	if walLevel != "logical" {
+		problems = append(problems, fmt.Sprintf("wal_level is %s, and logical decoding needs logical: ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL", walLevel))
+	}
+	if haveSlot == 0 && !replicate {
+		problems = append(problems, "the user may not make the replication slot: ALTER ROLE <user> REPLICATION (or run migrate as a user who may, as the compose stack's roles do)")
+	}
+	if haveSlot == 0 && freeSlots < 1 {
+		problems = append(problems, "max_replication_slots leaves no slot free for the tailer's: raise it (ALTER SYSTEM SET max_replication_slots = ..., then restart), or drop a slot nobody reads")
+	}
+	return problems, nil
 }

@@ -1,0 +1,41 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
+)
+
+// tailer migrate on a server at wal_level=replica changes nothing and
+// names the fix (issue 46: it made the tables and the publication, then
+// failed at the slot with PostgreSQL's words).
+func TestMigratePreflight(t *testing.T) {
+	t.Parallel()
+	pg, err := pgtest.Start(pgtest.Options{Settings: []string{"wal_level=replica"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Close() })
+	url := pg.CreateDB(t)
+	cmd := exec.Command(tailerBin, "migrate")
+	cmd.Env = append(os.Environ(), "MAILROOM_DATABASE_URL="+url, "MAILROOM_NATS_URL=nats://127.0.0.1:1")
+	out, _ := cmd.CombinedOutput()
+	if code := cmd.ProcessState.ExitCode(); code != exitConfig || !strings.Contains(string(out), "nothing was changed: wal_level is replica") || !strings.Contains(string(out), "ALTER SYSTEM SET wal_level = logical") {
+		t.Fatalf("migrate at wal_level=replica: exit %d:\n%s", code, out)
+	}
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var tables int
+	if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_tables WHERE schemaname = 'public'`).Scan(&tables); err != nil || tables != 0 {
+		t.Fatalf("%d tables after a refused migrate (%v)", tables, err)
+	}
+}
