@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -37,5 +38,20 @@ func TestMigratePreflight(t *testing.T) {
 	var tables int
 	if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_tables WHERE schemaname = 'public'`).Scan(&tables); err != nil || tables != 0 {
 		t.Fatalf("%d tables after a refused migrate (%v)", tables, err)
+	}
+}
+
+// tailer subscribe --into without --migrate on a database without the
+// table: exit 2 naming --migrate (issue 46: "relation mailroom_inbox does
+// not exist", retried forever).
+func TestSubscribeIntoNeedsTheTable(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
+	url := pgtest.Shared(t).CreateDB(t)
+	for _, into := range []string{"inbox", "river"} {
+		p := c.command([]string{"subscribe", "--durable", "d", "--into", into}, "MAILROOM_INBOX_URL="+url)
+		if code := p.exit(30 * time.Second); code != exitConfig || !strings.Contains(p.out.String(), "start the subscriber once with --migrate") {
+			t.Fatalf("--into %s without its table: exit %d:\n%s", into, code, p.out.String())
+		}
 	}
 }
