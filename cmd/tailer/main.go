@@ -179,6 +179,17 @@ func loadConfigArgs(usage string, vars, args []string, lookupEnv func(string) (s
 	return cfg, rest, exitOK
 }
 
+// connectError is err of a connection to MAILROOM_DATABASE_URL, as a
+// configuration error (exit 2, one line) when only the operator can fix it:
+// a password or user refused, a database that does not exist, a TLS
+// certificate not accepted.
+func connectError(err error) error {
+	if cerr := daemon.StartupConfigError(err); cerr != nil {
+		return cerr
+	}
+	return fmt.Errorf("connect to PostgreSQL: %w", err)
+}
+
 // exitCode reports a command's failure: a configuration error as one line
 // (exit 2), anything else logged (exit 1).
 func exitCode(stderr io.Writer, cmd string, log *slog.Logger, err error) int {

@@ -37,8 +37,7 @@ func migrate(ctx context.Context, args []string, lookupEnv func(string) (string,
 	log := daemon.NewLogger(cfg.LogFormat, cfg.LogLevel, stderr)
 	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
 	if err != nil {
-		log.Error("connect to PostgreSQL", "err", err)
-		return exitFailure
+		return exitCode(stderr, "migrate", log, connectError(err))
 	}
 	defer conn.Close(context.Background())
 	if direction == "down" {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -52,6 +53,33 @@ func TestSubscribeIntoNeedsTheTable(t *testing.T) {
 		p := c.command([]string{"subscribe", "--durable", "d", "--into", into}, "MAILROOM_INBOX_URL="+url)
 		if code := p.exit(30 * time.Second); code != exitConfig || !strings.Contains(p.out.String(), "start the subscriber once with --migrate") {
 			t.Fatalf("--into %s without its table: exit %d:\n%s", into, code, p.out.String())
+		}
+	}
+}
+
+// A wrong password is the operator's to fix: migrate and status exit 2
+// with one line, as run does (issue 46: exit 1 with the driver's raw error
+// and TLS noise); status --json is JSON.
+func TestWrongPasswordIsConfiguration(t *testing.T) {
+	t.Parallel()
+	pg, err := pgtest.Start(pgtest.Options{Password: "right-one"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Close() })
+	url := fmt.Sprintf("postgres://postgres:wrong-one@127.0.0.1:%d/postgres?sslmode=disable", pg.Port)
+	for _, args := range [][]string{{"migrate"}, {"status"}, {"status", "--json"}} {
+		cmd := exec.Command(tailerBin, args...)
+		cmd.Env = append(os.Environ(), "MAILROOM_DATABASE_URL="+url)
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		cmd.Run()
+		msg := strings.TrimSpace(stderr.String())
+		if code := cmd.ProcessState.ExitCode(); code != exitConfig || strings.Count(msg, "\n") != 0 || !strings.Contains(msg, "MAILROOM_DATABASE_URL: authentication failed") || strings.Contains(msg, "wrong-one") {
+			t.Errorf("tailer %s with a wrong password: exit %d:\n%s", strings.Join(args, " "), code, msg)
+		}
+		if len(args) == 2 && !strings.Contains(stdout.String(), `"ok":false`) {
+			t.Errorf("status --json with a wrong password: %q", stdout.String())
 		}
 	}
 }

@@ -94,6 +94,10 @@ func status(ctx context.Context, args []string, lookupEnv func(string) (string, 
 		if asJSON {
 			json.NewEncoder(stdout).Encode(map[string]any{"ok": false, "error": err.Error()})
 		}
+		var cfgErr *config.Error
+		if errors.As(err, &cfgErr) {
+			return exitConfig
+		}
 		return exitFailure
 	}
 	if asJSON {
@@ -114,7 +118,7 @@ func status(ctx context.Context, args []string, lookupEnv func(string) (string, 
 func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error) {
 	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
 	if err != nil {
-		return statusReport{}, fmt.Errorf("connect to PostgreSQL: %w", err)
+		return statusReport{}, connectError(err)
 	}
 	defer conn.Close(context.Background())
 	slot, err := replication.Slot(ctx, conn, cfg.Slot)

@@ -237,7 +237,7 @@ func (d *Daemon) final(ctx context.Context, err error) (bool, error) {
 		d.log.Info("stopped")
 		return true, nil
 	}
-	if cerr := startupConfigError(err); cerr != nil && !d.streamed() {
+	if cerr := StartupConfigError(err); cerr != nil && !d.streamed() {
 		return true, cerr
 	}
 	// A setting the server cannot honour (MAILROOM_SLOT_FAILOVER=true

@@ -98,12 +98,12 @@ func natsErr(err error) error {
 	return &sessionError{targetNATS, err}
 }
 
-// startupConfigError turns errors that only the operator can fix (a wrong
+// StartupConfigError turns errors that only the operator can fix (a wrong
 // password or user, a database that does not exist) into a configuration
 // error, so that the first start fails with exit code 2 instead of retrying
 // forever. Later, the same errors are retried: a password may be rotated
 // while the tailer runs.
-func startupConfigError(err error) error {
+func StartupConfigError(err error) error {
 	var (
 		unknownCA x509.UnknownAuthorityError
 		hostname  x509.HostnameError
