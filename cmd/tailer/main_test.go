@@ -126,8 +126,12 @@ func TestVerifyCommand(t *testing.T) {
 		}
 		if v.Action == "password_recovery" {
 			var bad bytes.Buffer
-			if code := run([]string{"verify", "--code", "00000", v.Token}, lookup(env), &bad, &bad); code != exitFailure || !strings.Contains(bad.String(), "invalid") {
+			if code := run([]string{"verify", "--code", "00000", v.Token}, lookup(env), &bad, &bad); code != exitFailure || !strings.Contains(bad.String(), `together with code "00000": the code, or the key, is not the one it was issued with`) {
 				t.Fatalf("wrong code: exit %d: %s", code, bad.String())
+			}
+			bad.Reset()
+			if code := run([]string{"verify", v.Token}, lookup(env), &bad, &bad); code != exitFailure || !strings.Contains(bad.String(), "give it with --code CODE") {
+				t.Fatalf("a recovery token without --code: exit %d: %s", code, bad.String())
 			}
 		}
 	}

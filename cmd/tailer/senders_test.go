@@ -444,6 +444,11 @@ func TestPoisonBatch(t *testing.T) {
 	if code := list.exit(30 * time.Second); code != 0 || !strings.Contains(list.out.String(), "0 dead letters") {
 		t.Fatalf("dead-letters list after resend: exit %d:\n%s", code, list.out.String())
 	}
+	// A durable mistyped is said, not "0 dead letters".
+	list = c.command([]string{"dead-letters", "list", "--durable", "poisn"})
+	if code := list.exit(30 * time.Second); code != exitConfig || !strings.Contains(list.out.String(), "stream MAILROOM has no consumer poisn and no dead letters of it (its consumers: ") {
+		t.Fatalf("dead-letters list of a durable that is not there: exit %d:\n%s", code, list.out.String())
+	}
 }
 
 // Two subscribers on one durable: the consumer delivers to one (pinned),

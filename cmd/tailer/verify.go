@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 
@@ -43,7 +44,11 @@ func verify(args []string, lookupEnv func(string) (string, bool), stdout, stderr
 	}
 	id, secret, err := cfg.Keys.Verify(rest[0], action, code)
 	if err != nil {
-		fmt.Fprintf(stdout, "invalid %s token: %v\n", action, err)
+		hint := ""
+		if code == "" && errors.Is(err, token.ErrInvalidToken) {
+			hint = " (a password recovery token is signed with its code: give it with --code CODE)"
+		}
+		fmt.Fprintf(stdout, "invalid %s token: %v%s\n", action, err, hint)
 		return exitFailure
 	}
 	fmt.Fprintf(stdout, "valid %s token, signed with key %s; secret %x\n", action, id, secret)
