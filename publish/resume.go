@@ -239,6 +239,12 @@ func (p *Publisher) scan(ctx context.Context, o Owner) (*window, *stored, error)
 				if err != nil {
 					return nil, nil, err
 				}
+				if !ok && p.limited {
+					// Its tokens may be past the slot's confirmed position
+					// (a session killed before it confirmed what it found
+					// there): which of them the stream had is gone.
+					return nil, nil, &WindowTrimmedError{Stream: p.name, Seq: seq, Limits: p.limits}
+				}
 				if ok {
 					if err := visit(s); err != nil {
 						return nil, nil, err
