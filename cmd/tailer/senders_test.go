@@ -351,6 +351,23 @@ func TestHungSender(t *testing.T) {
 		return nil
 	})
 	t.Logf("/readyz failed %s after the subscriber started (stall timeout 2s): %s", time.Since(start).Round(100*time.Millisecond), strings.TrimSpace(body))
+	// A standby of the durable says it too: messages wait, and nobody
+	// delivers (issue 49: both of a stuck pair answered ready). Should it
+	// not, the hung sender's group goes with the test.
+	if data, err := os.ReadFile(pidfile); err == nil {
+		if pgid, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil {
+			t.Cleanup(func() { syscall.Kill(-pgid, syscall.SIGKILL) })
+		}
+	}
+	port2, _ := pgtest.FreePort()
+	addr2 := fmt.Sprintf("127.0.0.1:%d", port2)
+	c.execSubscriber(t, "hung", "cat > /dev/null", "--stall-timeout", "2s", "--health-addr", addr2)
+	tailertest.Eventually(t, 30*time.Second, func() error {
+		if code, body := httpGet("http://" + addr2 + "/readyz"); code != 503 || !strings.Contains(body, "no subscriber of it has had one delivered or acknowledged for") {
+			return fmt.Errorf("the standby's /readyz: %d %s", code, body)
+		}
+		return nil
+	})
 	h := c.command([]string{"health", "--http-addr", addr})
 	if code := h.exit(10 * time.Second); code == 0 {
 		t.Fatalf("tailer health exit 0 with the sender hung:\n%s", h.out.String())

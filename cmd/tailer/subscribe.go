@@ -78,7 +78,7 @@ func subscribeAs(ctx context.Context, command string, args []string, lookupEnv f
 	// a signal that ends the process before it can.
 	signal.Ignore(syscall.SIGPIPE)
 	if f.healthAddr != "" {
-		probe := &subscriber.Probe{Stream: cfg.Stream, Durable: f.durable, JS: js, Consuming: sub.Consuming, Stats: sub.Stats}
+		probe := &subscriber.Probe{Stream: cfg.Stream, Durable: f.durable, JS: js, Consuming: sub.Consuming, Stats: sub.Stats, GroupStall: f.stall}
 		if f.stall > 0 {
 			probe.Stalled = func() bool { return sub.Stalled(f.stall) }
 		}
@@ -149,7 +149,7 @@ func parseSubscribe(command string, args []string, lookupEnv func(string) (strin
 	fs.StringVar(&f.doneExit, "done-exit", "0", "with --exec: exit codes that mean the sender finished what it was given, when it exits after the end of its input (the mailroom sender: 0,1)")
 	fs.StringVar(&f.transientExit, "transient-exit", "75", "with --exec: exit codes that mean the sender could not work for a reason not the batch's (75: EX_TEMPFAIL); they count no delivery against it")
 	fs.IntVar(&f.maxDeliveries, "max-deliveries", 5, "set a batch aside on the dead-letter stream once this many senders failed with it taken and not finished (0: never)")
-	fs.DurationVar(&f.stall, "stall-timeout", 2*time.Minute, "/readyz fails once the sender has had lines waiting this long without taking or finishing any (0: never)")
+	fs.DurationVar(&f.stall, "stall-timeout", 2*time.Minute, "/readyz fails once the sender has had lines waiting this long without taking or finishing any, or the durable messages waiting this long with no subscriber of it delivering (0: never)")
 	fs.DurationVar(&f.stopTimeout, "stop-timeout", 30*time.Second, "with --exec: how long a stopping subscriber waits for the sender to finish its input before stopping its process group")
 	fs.DurationVar(&f.pinnedTTL, "pinned-ttl", 10*time.Second, "for a new consumer: the subscriber it delivers to (one at a time) hands over to a standby once it has not asked for messages this long")
 	fs.StringVar(&f.healthAddr, "health-addr", "", "serve /healthz, /readyz (consuming, the server answers for the consumer, the sender not stalled; says active or standby) and /metrics on this address, for tailer health --http-addr; empty: none")

@@ -27,6 +27,11 @@ type Probe struct {
 	// Stalled, if set, reports whether the reader has had work waiting
 	// for longer than the stall timeout without taking or finishing any.
 	Stalled func() bool
+	// GroupStall, when not 0, fails /readyz once the durable has messages
+	// waiting and no subscriber of it (this one or another) has had one
+	// delivered or acknowledged for that long: the pair stuck, both
+	// standing by, is said by both.
+	GroupStall time.Duration
 }
 
 // MetricNames lists the subscriber's metric families, which the infra
@@ -74,6 +79,9 @@ func Serve(addr string, p *Probe) (stop func(), err error) {
 			http.Error(w, "not ready: consumer "+p.Durable+": "+st.err.Error(), http.StatusServiceUnavailable)
 		case st.stalled:
 			http.Error(w, "not ready: the sender has had lines waiting, and taken or finished none, for longer than the stall timeout", http.StatusServiceUnavailable)
+		case st.groupIdle > 0:
+			http.Error(w, fmt.Sprintf("not ready: consumer %s has %d messages waiting (%d awaiting ack), and no subscriber of it has had one delivered or acknowledged for %s",
+				p.Durable, st.info.NumPending, st.info.NumAckPending, st.groupIdle.Round(time.Second)), http.StatusServiceUnavailable)
 		default:
 			fmt.Fprintf(w, "ready: %s, consumer %s, %d pending, %d awaiting ack, %d batches in doubt\n",
 				st.role(), p.Durable, st.info.NumPending, st.info.NumAckPending, st.stats.InDoubt)
@@ -93,6 +101,9 @@ type state struct {
 	err                error
 	// pinned: the consumer pins one subscriber; active: this one.
 	pinned, active bool
+	// groupIdle is how long the durable has had messages waiting with no
+	// delivery and no ack, past Probe.GroupStall (0: not so).
+	groupIdle time.Duration
 }
 
 func (st state) role() string {
@@ -115,6 +126,19 @@ func (p *Probe) state(ctx context.Context) state {
 		st.info, err = c.Info(ctx)
 	}
 	st.err = err
+	if st.info != nil && p.GroupStall > 0 && (st.info.NumPending > 0 || st.info.NumAckPending > 0) {
+		// The newest of a delivery and an ack, by any subscriber; a
+		// consumer that never delivered counts from its creation.
+		last := st.info.Created
+		for _, t := range []*time.Time{st.info.Delivered.Last, st.info.AckFloor.Last} {
+			if t != nil && t.After(last) {
+				last = *t
+			}
+		}
+		if idle := time.Since(last); idle > p.GroupStall {
+			st.groupIdle = idle
+		}
+	}
 	if st.info != nil && st.info.Config.PriorityPolicy == jetstream.PriorityPolicyPinned {
 		st.pinned = true
 		for _, g := range st.info.PriorityGroups {
