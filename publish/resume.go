@@ -211,14 +211,9 @@ func (p *Publisher) scan(ctx context.Context, o Owner) (*window, *stored, error)
 		}
 	}
 	for seq := p.lastSeq; seq > regionStart && (whole || len(pending) > 0); seq-- {
-		m, ok, err := p.read(ctx, seq)
+		m, ok, err := p.readWindow(ctx, seq)
 		if err != nil {
 			return nil, nil, err
-		}
-		if !ok && p.limited {
-			// The last session's messages not yet past the slot's
-			// confirmed position: its tokens would go out again.
-			return nil, nil, &WindowTrimmedError{Stream: p.name, Seq: seq, Limits: p.limits}
 		}
 		if !ok {
 			continue
@@ -232,58 +227,69 @@ func (p *Publisher) scan(ctx context.Context, o Owner) (*window, *stored, error)
 	}
 
 	// Before the last session's markers.
+	if err := p.scanBeforeMarkers(ctx, o, mine, visit); err != nil {
+		return nil, nil, err
+	}
+	return w, prev, nil
+}
+
+// scanBeforeMarkers visits the messages before the last session's markers
+// (mine) that the markers say the window may hold, and, for a slot
+// confirmed less far than when that session started, further back, marker
+// by marker, to one of a session that started from there or before.
+func (p *Publisher) scanBeforeMarkers(ctx context.Context, o Owner, mine *stored, visit func(stored) error) error {
 	for m := mine; m != nil; {
 		if m.after <= o.After {
 			for seq := max(m.floor, o.Since+1); seq < m.seq; seq++ {
-				s, ok, err := p.read(ctx, seq)
+				s, ok, err := p.readWindow(ctx, seq)
 				if err != nil {
-					return nil, nil, err
-				}
-				if !ok && p.limited {
-					// Its tokens may be past the slot's confirmed position
-					// (a session killed before it confirmed what it found
-					// there): which of them the stream had is gone.
-					return nil, nil, &WindowTrimmedError{Stream: p.name, Seq: seq, Limits: p.limits}
+					return err
 				}
 				if ok {
 					if err := visit(s); err != nil {
-						return nil, nil, err
+						return err
 					}
 				}
 			}
-			break
+			return nil
 		}
-		// The slot is confirmed less far than when that session started:
-		// read back to the marker of a session that started from here or
-		// before.
 		next := m
 		m = nil
 		for seq := next.seq - 1; seq > o.Since; seq-- {
-			s, ok, err := p.read(ctx, seq)
+			s, ok, err := p.readWindow(ctx, seq)
 			if err != nil {
-				return nil, nil, err
-			}
-			if !ok && p.limited {
-				// Published past where the slot is confirmed, before
-				// that session's markers.
-				return nil, nil, &WindowTrimmedError{Stream: p.name, Seq: seq, Limits: p.limits}
+				return err
 			}
 			if !ok {
 				continue
 			}
 			if s.kind == kindMarker {
 				if err := p.checkOwner(s, o); err != nil {
-					return nil, nil, err
+					return err
 				}
 				m = &s
 				break
 			}
 			if err := visit(s); err != nil {
-				return nil, nil, err
+				return err
 			}
 		}
 	}
-	return w, prev, nil
+	return nil
+}
+
+// readWindow is read for the scan of a session's window: a message gone
+// from a stream whose limits remove messages is a *WindowTrimmedError (its
+// tokens may be past the slot's confirmed position, a session killed
+// before it confirmed them, and which of them the stream had is gone
+// with it); gone from one without limits, passed over (purges are the
+// stream checks' to find).
+func (p *Publisher) readWindow(ctx context.Context, seq uint64) (stored, bool, error) {
+	m, ok, err := p.read(ctx, seq)
+	if err == nil && !ok && p.limited {
+		return stored{}, false, &WindowTrimmedError{Stream: p.name, Seq: seq, Limits: p.limits}
+	}
+	return m, ok, err
 }
 
 // dataSubjects are the subjects batches can be on, whichever way

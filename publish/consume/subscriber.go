@@ -523,34 +523,7 @@ func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error
 	}
 	var wg sync.WaitGroup
 	defer func() { cancel(nil); wg.Wait() }()
-	wg.Add(1)
-	go func() { defer wg.Done(); s.heartbeat(runCtx) }()
-	// A reader that goes while no message comes is noticed all the same:
-	// what it had in doubt is handed back at once, not at the next message.
-	// One that waits for more has finished what it had (settleIdle).
-	if pipe := s.Pipe; pipe != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			waited := false
-			for runCtx.Err() == nil {
-				if pipe.Gone() {
-					cancel(ErrReaderGone)
-					return
-				}
-				waited = s.settleIdle(runCtx, pipe, waited)
-				sleep(runCtx, 200*time.Millisecond)
-			}
-		}()
-	}
-	if s.UntilDrained {
-		wg.Add(1)
-		go func() { defer wg.Done(); s.untilDrained(runCtx, cons, cancel) }()
-	}
-	if cons.CachedInfo().Config.PriorityPolicy == jetstream.PriorityPolicyPinned {
-		wg.Add(1)
-		go func() { defer wg.Done(); s.watchPin(runCtx, cons, cancel) }()
-	}
+	s.watch(runCtx, cons, cancel, &wg)
 	for {
 		msg, err := iter.Next()
 		if err != nil {
@@ -590,6 +563,40 @@ func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error
 			}
 			return err
 		}
+	}
+}
+
+// watch starts, on wg, what looks after a consume beside its messages:
+// the heartbeat of the messages in hand, the pipe's reader, the end of a
+// drain, the pin.
+func (s *Subscriber) watch(ctx context.Context, cons jetstream.Consumer, cancel context.CancelCauseFunc, wg *sync.WaitGroup) {
+	wg.Add(1)
+	go func() { defer wg.Done(); s.heartbeat(ctx) }()
+	// A reader that goes while no message comes is noticed all the same:
+	// what it had in doubt is handed back at once, not at the next message.
+	// One that waits for more has finished what it had (settleIdle).
+	if pipe := s.Pipe; pipe != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			waited := false
+			for ctx.Err() == nil {
+				if pipe.Gone() {
+					cancel(ErrReaderGone)
+					return
+				}
+				waited = s.settleIdle(ctx, pipe, waited)
+				sleep(ctx, 200*time.Millisecond)
+			}
+		}()
+	}
+	if s.UntilDrained {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.untilDrained(ctx, cons, cancel) }()
+	}
+	if cons.CachedInfo().Config.PriorityPolicy == jetstream.PriorityPolicyPinned {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.watchPin(ctx, cons, cancel) }()
 	}
 }
 
