@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"slices"
 	"strings"
 	"time"
 
@@ -82,11 +81,9 @@ func deadLetters(ctx context.Context, args []string, lookupEnv func(string) (str
 		fmt.Fprintf(stderr, "tailer dead-letters list: %v\n", err)
 		return exitFailure
 	}
-	if len(list) == 0 {
-		if names, known := consumerNames(ctx, js, cfg.Stream, *durable); !known {
-			fmt.Fprintf(stderr, "tailer dead-letters list: stream %s has no consumer %s and no dead letters of it (its consumers: %s): check --durable\n", cfg.Stream, *durable, names)
-			return exitConfig
-		}
+	if len(list) == 0 && noSuchConsumer(ctx, js, cfg.Stream, *durable) {
+		fmt.Fprintf(stderr, "tailer dead-letters list: stream %s has no consumer %s and no dead letters of it: check --durable (nats consumer ls %s lists them)\n", cfg.Stream, *durable, cfg.Stream)
+		return exitConfig
 	}
 	for _, l := range list {
 		fmt.Fprintf(stdout, "%d\t%s\t%s seq %d batch %d\t%d tokens\t%d deliveries\t%s\n",
@@ -117,26 +114,9 @@ func purgeResent(ctx context.Context, js jetstream.JetStream, stream, durable st
 	return nil
 }
 
-// consumerNames lists stream's consumers, and reports whether durable is
-// among them (true when they cannot be listed: no word, no refusal).
-func consumerNames(ctx context.Context, js jetstream.JetStream, stream, durable string) (string, bool) {
-	st, err := js.Stream(ctx, stream)
-	if err != nil {
-		return "", true
-	}
-	var names []string
-	lister := st.ConsumerNames(ctx)
-	for name := range lister.Name() {
-		names = append(names, name)
-	}
-	if lister.Err() != nil {
-		return "", true
-	}
-	if slices.Contains(names, durable) {
-		return "", true
-	}
-	if len(names) == 0 {
-		return "none", false
-	}
-	return strings.Join(names, ", "), false
+// noSuchConsumer reports whether the server says stream has no consumer
+// durable (an error that is not that says nothing).
+func noSuchConsumer(ctx context.Context, js jetstream.JetStream, stream, durable string) bool {
+	_, err := js.Consumer(ctx, stream, durable)
+	return errors.Is(err, jetstream.ErrConsumerNotFound)
 }

@@ -463,7 +463,7 @@ func TestPoisonBatch(t *testing.T) {
 	}
 	// A durable mistyped is said, not "0 dead letters".
 	list = c.command([]string{"dead-letters", "list", "--durable", "poisn"})
-	if code := list.exit(30 * time.Second); code != exitConfig || !strings.Contains(list.out.String(), "stream MAILROOM has no consumer poisn and no dead letters of it (its consumers: ") {
+	if code := list.exit(30 * time.Second); code != exitConfig || !strings.Contains(list.out.String(), "stream MAILROOM has no consumer poisn and no dead letters of it: check --durable") {
 		t.Fatalf("dead-letters list of a durable that is not there: exit %d:\n%s", code, list.out.String())
 	}
 }
