@@ -20,11 +20,15 @@ SOAK_TESTS = TestReadersKilled|TestShortReadersGroupCommit|TestMailroomSenderSto
 # starts packages in the order given: the longest first, then the two whose
 # longest tests wait out timeouts and so overlap best with the rest.
 test:
+	@echo "== gofmt"
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	@echo "== go vet (builds every package first: a few minutes on a cold build cache)"
 	go vet ./...
+	@echo "== go test -race: every package but the soak tests, a line as each package ends (cmd/tailer, the longest, first)"
 	$(GO_TEST) -skip '^($(SOAK_TESTS))$$' ./cmd/tailer/ ./replication/ ./cmd/internal/daemon/ ./...
 
 test-soak:
+	@echo "== go test -race: the soak tests (SOAK_TESTS), the tailer they start built with the race detector"
 	TAILER_CHILD_RACE=1 $(GO_TEST) -run '^($(SOAK_TESTS))$$' ./cmd/tailer/
 
 # Runs the whole thing end to end on a throwaway PostgreSQL.
