@@ -23,9 +23,9 @@ import (
 // stream, and the inbox, the exactly-once mode, lost every token written
 // after). A sequence names a place only in its own stream; each reader
 // checks what its record says it read against what the stream holds there:
-//   - the inbox and River (running, and one started after the new stream
-//     was made, without --from-start) read the new stream from its first
-//     message: every token once, by key;
+//   - the inbox and River (running, and inboxes started after the new
+//     stream was made, with and without --from-start) read the new stream
+//     from its first message: every token once, by key;
 //   - a file or --exec subscriber started with --from-start reads the new stream from
 //     its first message, its dedup window taking out what it wrote before;
 //     one started before the new stream was made waits for it and does the
@@ -38,7 +38,7 @@ func TestStreamMadeAgainUnderSubscribers(t *testing.T) {
 	p := c.watchedTailer()
 	p.waitLog("msg=streaming", 1, 30*time.Second)
 	// The second inbox in a database of its own: rows are keyed by token.
-	dbURL, laterURL := pgtest.Shared(t).CreateDB(t), pgtest.Shared(t).CreateDB(t)
+	dbURL, laterURL, fromURL := pgtest.Shared(t).CreateDB(t), pgtest.Shared(t).CreateDB(t), pgtest.Shared(t).CreateDB(t)
 	conn, err := pgx.Connect(c.ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
@@ -49,13 +49,18 @@ func TestStreamMadeAgainUnderSubscribers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer laterConn.Close(context.Background())
+	fromConn, err := pgx.Connect(c.ctx, fromURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fromConn.Close(context.Background())
 	dir := t.TempDir()
 	out := func(name string) string { return filepath.Join(dir, name) }
 	window := []string{"--dedup-window", "1000"}
 	into := func(durable, sink string, args ...string) *proc {
-		url := dbURL
-		if durable == "later" {
-			url = laterURL
+		url := map[string]string{"later": laterURL, "later-from-start": fromURL}[durable]
+		if url == "" {
+			url = dbURL
 		}
 		return c.command(append([]string{"subscribe", "--durable", durable, "--into", sink, "--migrate"}, args...), "MAILROOM_INBOX_URL="+url)
 	}
@@ -66,6 +71,7 @@ func TestStreamMadeAgainUnderSubscribers(t *testing.T) {
 	into("inbox", "inbox", "--from-start")
 	into("river", "river", "--from-start")
 	later := into("later", "inbox", "--from-start")
+	laterFrom := into("later-from-start", "inbox", "--from-start")
 	for _, s := range []*proc{fromStart, next, waiting} {
 		s.waitLog("consuming", 1, 30*time.Second)
 	}
@@ -82,15 +88,16 @@ func TestStreamMadeAgainUnderSubscribers(t *testing.T) {
 	intoCounts := map[string]string{
 		"inbox": `SELECT count(*), count(DISTINCT token_key) FROM mailroom_inbox WHERE durable = 'inbox'`,
 		"later": `SELECT count(*), count(DISTINCT token_key) FROM mailroom_inbox WHERE durable = 'later'`,
+		"later-from-start": `SELECT count(*), count(DISTINCT token_key) FROM mailroom_inbox WHERE durable = 'later-from-start'`,
 		"river": `SELECT count(*), count(DISTINCT args->>'token_key') FROM river_job WHERE kind = 'mailroom_token'`,
 	}
 	expectRows := func(durable string, n int) {
 		t.Helper()
 		tailertest.Eventually(t, 60*time.Second, func() error {
 			var rows, keys int
-			db := conn
-			if durable == "later" {
-				db = laterConn
+			db := map[string]*pgx.Conn{"later": laterConn, "later-from-start": fromConn}[durable]
+			if db == nil {
+				db = conn
 			}
 			db.QueryRow(c.ctx, intoCounts[durable]).Scan(&rows, &keys)
 			if rows != n || keys != n {
@@ -99,14 +106,16 @@ func TestStreamMadeAgainUnderSubscribers(t *testing.T) {
 			return nil
 		})
 	}
-	for _, d := range []string{"inbox", "later", "river"} {
+	for _, d := range []string{"inbox", "later", "later-from-start", "river"} {
 		expectRows(d, 50)
 	}
 	if code := waiting.term(30 * time.Second); code != exitOK {
 		t.Fatalf("subscriber SIGTERM: exit %d", code)
 	}
-	if code := later.term(30 * time.Second); code != exitOK {
-		t.Fatalf("inbox subscriber SIGTERM: exit %d", code)
+	for _, p := range []*proc{later, laterFrom} {
+		if code := p.term(30 * time.Second); code != exitOK {
+			t.Fatalf("inbox subscriber SIGTERM: exit %d", code)
+		}
 	}
 
 	nc, err := nats.Connect(c.natsURL())
@@ -132,13 +141,14 @@ func TestStreamMadeAgainUnderSubscribers(t *testing.T) {
 	}
 	p.ready(c)
 	into("later", "inbox")
+	into("later-from-start", "inbox", "--from-start")
 	c.accounts("after", 5)
 	want := c.signedTokens()
 	if len(want) != 60 {
 		t.Fatalf("%d tokens in the database, want 60", len(want))
 	}
 
-	for _, d := range []string{"inbox", "later", "river"} {
+	for _, d := range []string{"inbox", "later", "later-from-start", "river"} {
 		expectRows(d, len(want))
 	}
 	// Without --from-start: refused, naming it; then the step it names.
