@@ -86,10 +86,10 @@ func TestStreamMadeAgainUnderSubscribers(t *testing.T) {
 		waitOutput(t, out(name), 50)
 	}
 	intoCounts := map[string]string{
-		"inbox": `SELECT count(*), count(DISTINCT token_key) FROM mailroom_inbox WHERE durable = 'inbox'`,
-		"later": `SELECT count(*), count(DISTINCT token_key) FROM mailroom_inbox WHERE durable = 'later'`,
+		"inbox":            `SELECT count(*), count(DISTINCT token_key) FROM mailroom_inbox WHERE durable = 'inbox'`,
+		"later":            `SELECT count(*), count(DISTINCT token_key) FROM mailroom_inbox WHERE durable = 'later'`,
 		"later-from-start": `SELECT count(*), count(DISTINCT token_key) FROM mailroom_inbox WHERE durable = 'later-from-start'`,
-		"river": `SELECT count(*), count(DISTINCT args->>'token_key') FROM river_job WHERE kind = 'mailroom_token'`,
+		"river":            `SELECT count(*), count(DISTINCT args->>'token_key') FROM river_job WHERE kind = 'mailroom_token'`,
 	}
 	expectRows := func(durable string, n int) {
 		t.Helper()
