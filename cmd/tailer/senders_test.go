@@ -468,6 +468,32 @@ func TestPoisonBatch(t *testing.T) {
 	}
 }
 
+// pairFiles makes the files two subscribers of one durable write to: out,
+// the lines; who, the name of the sender that wrote each.
+func pairFiles(t *testing.T) (dir, out, who string) {
+	t.Helper()
+	dir = t.TempDir()
+	out, who = filepath.Join(dir, "out"), filepath.Join(dir, "who")
+	for _, f := range []string{out, who} {
+		if err := os.WriteFile(f, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir, out, who
+}
+
+// pairSender is the sender of subscriber name: it writes its pid to
+// dir/name.pid, each line to out and its name to who.
+func pairSender(dir, name, out, who string) string {
+	return fmt.Sprintf(`echo $$ > %[1]s/%[2]s.pid; while IFS= read -r l; do printf '%%s\n' "$l" >> %[3]s; echo %[2]s >> %[4]s; done`, dir, name, out, who)
+}
+
+// writersOf lists, in order, the names of the senders that wrote lines.
+func writersOf(who string) []string {
+	data, _ := os.ReadFile(who)
+	return strings.Fields(string(data))
+}
+
 // Two subscribers on one durable: the consumer delivers to one (pinned),
 // the other stands by. The active one is killed with its sender (as a
 // container dies) ten times under a writer: the standby takes over within
@@ -479,13 +505,7 @@ func TestStandbySubscribers(t *testing.T) {
 	c := newCluster(t, pgtest.Shared(t), 5, 50*time.Millisecond)
 	c.tailer()
 	w := c.startWriter(3, 30*time.Millisecond)
-	dir := t.TempDir()
-	out, who := filepath.Join(dir, "out"), filepath.Join(dir, "who")
-	for _, f := range []string{out, who} {
-		if err := os.WriteFile(f, nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir, out, who := pairFiles(t)
 	type sub struct {
 		p    *proc
 		addr string
@@ -494,13 +514,9 @@ func TestStandbySubscribers(t *testing.T) {
 	start := func(name string) {
 		port, _ := pgtest.FreePort()
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		sender := fmt.Sprintf(`echo $$ > %[1]s/%[2]s.pid; while IFS= read -r l; do printf '%%s\n' "$l" >> %[3]s; echo %[2]s >> %[4]s; done`, dir, name, out, who)
-		subs[name] = &sub{c.execSubscriber(t, "standby", sender, "--pinned-ttl", "2s", "--ack-wait", "3s", "--health-addr", addr), addr}
+		subs[name] = &sub{c.execSubscriber(t, "standby", pairSender(dir, name, out, who), "--pinned-ttl", "2s", "--ack-wait", "3s", "--health-addr", addr), addr}
 	}
-	writers := func() []string {
-		data, _ := os.ReadFile(who)
-		return strings.Fields(string(data))
-	}
+	writers := func() []string { return writersOf(who) }
 	start("a")
 	tailertest.Eventually(t, 30*time.Second, func() error {
 		if len(writers()) == 0 {
@@ -728,23 +744,13 @@ func TestFrozenSubscriberStandsBy(t *testing.T) {
 	c := newCluster(t, pgtest.Shared(t), 5, 50*time.Millisecond)
 	c.tailer()
 	w := c.startWriter(3, 30*time.Millisecond)
-	dir := t.TempDir()
-	out, who := filepath.Join(dir, "out"), filepath.Join(dir, "who")
-	for _, f := range []string{out, who} {
-		if err := os.WriteFile(f, nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir, out, who := pairFiles(t)
 	subs := map[string]*proc{}
 	for _, name := range []string{"a", "b"} {
-		sender := fmt.Sprintf(`echo $$ > %[1]s/%[2]s.pid; while IFS= read -r l; do printf '%%s\n' "$l" >> %[3]s; echo %[2]s >> %[4]s; done`, dir, name, out, who)
-		subs[name] = c.execSubscriber(t, "pair", sender, "--pinned-ttl", "2s", "--ack-wait", "3s")
+		subs[name] = c.execSubscriber(t, "pair", pairSender(dir, name, out, who), "--pinned-ttl", "2s", "--ack-wait", "3s")
 		time.Sleep(time.Second)
 	}
-	writers := func() []string {
-		data, _ := os.ReadFile(who)
-		return strings.Fields(string(data))
-	}
+	writers := func() []string { return writersOf(who) }
 	takesOver := func(name string, since int) {
 		t.Helper()
 		tailertest.Eventually(t, 30*time.Second, func() error {
