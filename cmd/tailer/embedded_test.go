@@ -44,6 +44,15 @@ func TestEmbeddedServerFoundByOtherCommands(t *testing.T) {
 		t.Fatalf("second run on the data directory: exit %d after %s:\n%s", code, took, second.out.String())
 	}
 
+	// Another data directory, the same port: said at once.
+	started = time.Now()
+	busy := c.tailer("MAILROOM_NATS_URL=", "MAILROOM_DATA_DIR="+t.TempDir(), fmt.Sprintf("MAILROOM_NATS_LISTEN=127.0.0.1:%d", port))
+	code = busy.exit(10 * time.Second)
+	if took = time.Since(started); code != exitConfig || !strings.Contains(busy.out.String(), fmt.Sprintf("MAILROOM_NATS_LISTEN: 127.0.0.1:%d cannot be listened on", port)) || took > 3*time.Second {
+		t.Fatalf("a run on a port in use: exit %d after %s:\n%s", code, took, busy.out.String())
+	}
+	t.Logf("a tailer run on a port in use refused in %s", took.Round(10*time.Millisecond))
+
 	st := c.command([]string{"status"}, env...)
 	if code := st.exit(30 * time.Second); code != exitOK || !strings.Contains(st.out.String(), "stream          MAILROOM: ") || strings.Contains(st.out.String(), "MAILROOM_NATS_URL unset") {
 		t.Fatalf("tailer status: exit %d:\n%s", code, st.out.String())
