@@ -666,24 +666,9 @@ func TestSenderKilledOnIdleStream(t *testing.T) {
 	p := c.execSubscriber(t, "idle", readerCommand(t, dir, "mailroom"), "--done-exit", "0,1", "--max-deliveries", "3")
 	waitOutput(t, out, len(want))
 	pidfile := filepath.Join(dir, "pid")
-	last := 0
-	for kill := range 10 {
-		var pid int
-		tailertest.Eventually(t, 30*time.Second, func() error {
-			data, _ := os.ReadFile(pidfile)
-			pid, _ = strconv.Atoi(strings.TrimSpace(string(data)))
-			if pid == 0 || pid == last {
-				return fmt.Errorf("kill %d: no new sender yet", kill)
-			}
-			return nil
-		})
-		// It has taken what was delivered again, if anything, and waits.
-		time.Sleep(time.Second)
-		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		last = pid
-	}
+	// Each a second after it started: it has taken what was delivered
+	// again, if anything, and waits.
+	last := killSenders(t, pidfile, 0, 10, false)
 	if code := p.term(30 * time.Second); code != 0 {
 		t.Fatalf("exit %d:\n%s", code, p.out.String())
 	}
@@ -705,22 +690,7 @@ func TestSenderKilledOnIdleStream(t *testing.T) {
 	}
 	p = c.execSubscriber(t, "busy", fmt.Sprintf(`echo $$ > %s; while IFS= read -r l; do sleep 2; printf '%%s\n' "$l" >> %s; done`, pidfile, busy),
 		"--max-deliveries", "2")
-	for kill := range 4 {
-		var pid int
-		tailertest.Eventually(t, 30*time.Second, func() error {
-			data, _ := os.ReadFile(pidfile)
-			pid, _ = strconv.Atoi(strings.TrimSpace(string(data)))
-			if pid == 0 || pid == last {
-				return fmt.Errorf("busy kill %d: no new sender yet", kill)
-			}
-			return nil
-		})
-		time.Sleep(time.Second)
-		if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		last = pid
-	}
+	killSenders(t, pidfile, last, 4, true)
 	tailertest.EventuallyProgressing(t, time.Minute, func() (int, error) {
 		if missing, _ := countOutput(t, busy, want); missing > 0 {
 			return len(want) - missing, fmt.Errorf("%d of %d tokens not mailed by the busy sender", missing, len(want))
@@ -799,4 +769,32 @@ func TestFrozenSubscriberStandsBy(t *testing.T) {
 	if repeats > 2*2*5+10 {
 		t.Fatalf("%d tokens repeated", repeats)
 	}
+}
+
+// killSenders SIGKILLs n senders in turn, each (its process group, with
+// group) a second after it wrote its pid to pidfile; last is the pid
+// killed before, and the last one killed is returned.
+func killSenders(t *testing.T, pidfile string, last, n int, group bool) int {
+	t.Helper()
+	for kill := range n {
+		var pid int
+		tailertest.Eventually(t, 30*time.Second, func() error {
+			data, _ := os.ReadFile(pidfile)
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(data)))
+			if pid == 0 || pid == last {
+				return fmt.Errorf("kill %d: no new sender yet", kill)
+			}
+			return nil
+		})
+		time.Sleep(time.Second)
+		target := pid
+		if group {
+			target = -pid
+		}
+		if err := syscall.Kill(target, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		last = pid
+	}
+	return last
 }
