@@ -564,12 +564,7 @@ func TestStandbySubscribers(t *testing.T) {
 	w.halt()
 	c.expectExactlyOnce(time.Minute)
 	want := c.signedTokens()
-	tailertest.EventuallyProgressing(t, time.Minute, func() (int, error) {
-		if missing, _ := countOutput(t, out, want); missing > 0 {
-			return len(want) - missing, fmt.Errorf("%d of %d tokens never delivered", missing, len(want))
-		}
-		return len(want), nil
-	})
+	awaitOutput(t, out, want)
 	ws := writers()
 	switches := 0
 	for i := 1; i < len(ws); i++ {
@@ -631,12 +626,7 @@ func TestConsumerLost(t *testing.T) {
 	w.halt()
 	c.expectExactlyOnce(time.Minute)
 	want := c.signedTokens()
-	tailertest.EventuallyProgressing(t, time.Minute, func() (int, error) {
-		if missing, _ := countOutput(t, out, want); missing > 0 {
-			return len(want) - missing, fmt.Errorf("%d of %d tokens never delivered", missing, len(want))
-		}
-		return len(want), nil
-	})
+	awaitOutput(t, out, want)
 	p.term(30 * time.Second)
 	missing, repeats := countOutput(t, out, want)
 	t.Logf("%d tokens, the consumer lost twice: %d lost, %d written twice", len(want), missing, repeats)
@@ -755,12 +745,7 @@ func TestFrozenSubscriberStandsBy(t *testing.T) {
 	w.halt()
 	c.expectExactlyOnce(time.Minute)
 	want := c.signedTokens()
-	tailertest.EventuallyProgressing(t, time.Minute, func() (int, error) {
-		if missing, _ := countOutput(t, out, want); missing > 0 {
-			return len(want) - missing, fmt.Errorf("%d of %d tokens never delivered", missing, len(want))
-		}
-		return len(want), nil
-	})
+	awaitOutput(t, out, want)
 	subs[a].term(30 * time.Second)
 	_, repeats := countOutput(t, out, want)
 	t.Logf("%d tokens, the active subscriber frozen, thawed and the other killed: %d repeated", len(want), repeats)

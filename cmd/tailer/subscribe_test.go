@@ -52,6 +52,18 @@ func (c *cluster) subscriber(out string, args ...string) *proc {
 	return p
 }
 
+// awaitOutput waits until the file out holds every token of want; it
+// fails when none is added for a minute.
+func awaitOutput(t *testing.T, out string, want map[int64]string) {
+	t.Helper()
+	tailertest.EventuallyProgressing(t, time.Minute, func() (int, error) {
+		if missing, _ := countOutput(t, out, want); missing > 0 {
+			return len(want) - missing, fmt.Errorf("%d of %d tokens never delivered", missing, len(want))
+		}
+		return len(want), nil
+	})
+}
+
 // waitOutput waits until the file out holds at least n tokens, and returns
 // them; it fails when no token has been added for 30 s.
 func waitOutput(t *testing.T, out string, n int) []consume.Token {
