@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -118,10 +119,12 @@ func newGroupedMessages(t *testing.T, n, limit int) (*cluster, map[int64]string)
 	return c, want
 }
 
-// killReaders SIGKILLs the reader whose pid is in pidfile n times, each a
-// random 20-120 ms after a new reader wrote its pid, and returns how many
-// times it did.
-func killReaders(t *testing.T, pidfile string, n int, rng *rand.Rand, alive func() bool) int {
+// killReaders SIGKILLs the reader whose pid is in pidfile n times, each
+// once the output out has grown by a random 0-150 lines since that reader
+// wrote its pid, and returns how many times it did. Paced by the readers'
+// own progress, not the clock: a fast machine finishes the tokens no
+// sooner in kills than a slow one.
+func killReaders(t *testing.T, pidfile, out string, n int, rng *rand.Rand, alive func() bool) int {
 	t.Helper()
 	last, kills := 0, 0
 	deadline := time.Now().Add(2 * time.Minute)
@@ -129,16 +132,28 @@ func killReaders(t *testing.T, pidfile string, n int, rng *rand.Rand, alive func
 		data, _ := os.ReadFile(pidfile)
 		pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
 		if err != nil || pid == last {
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond)
 			continue
 		}
-		time.Sleep(time.Duration(20+rng.IntN(100)) * time.Millisecond)
+		last = pid
+		target := lines(out) + rng.IntN(151)
+		for i := 1; lines(out) < target && time.Now().Before(deadline); i++ {
+			if i%50 == 0 && !alive() {
+				return kills
+			}
+			time.Sleep(time.Millisecond)
+		}
 		if syscall.Kill(pid, syscall.SIGKILL) == nil {
 			kills++
 		}
-		last = pid
 	}
 	return kills
+}
+
+// lines is how many lines the file at path holds.
+func lines(path string) int {
+	data, _ := os.ReadFile(path)
+	return bytes.Count(data, []byte("\n"))
 }
 
 // Readers of every kind SIGKILLed again and again under each mode that is
@@ -179,7 +194,7 @@ func TestReadersKilled(t *testing.T) {
 			args := append([]string{"--max-tokens-per-line", "1", "--ack-wait", "5s", "--done-exit", "0,1", "--max-deliveries", "0"}, tc.args...)
 			p := c.execSubscriber(t, durable, readerCommand(t, dir, tc.reader), args...)
 			rng := rand.New(rand.NewPCG(uint64(len(name)), 7))
-			n := killReaders(t, pidfile, kills, rng, func() bool { m, _ := countOutput(t, out, want); return m > 0 })
+			n := killReaders(t, pidfile, out, kills, rng, func() bool { m, _ := countOutput(t, out, want); return m > 0 })
 			tailertest.EventuallyProgressing(t, time.Minute, func() (int, error) {
 				missing, _ := countOutput(t, out, want)
 				if missing > 0 {
