@@ -173,6 +173,11 @@ type Stats struct {
 	// StoodBy counts the times this subscriber let go of what it held and
 	// stood by: another one took the durable over, or its pin was lost.
 	StoodBy int
+	// Gaps counts the places where the stream lacked messages this
+	// durable had not read (wire.Gap); OpenGap says the newest that no
+	// resync's message has followed yet ("": none).
+	Gaps    int
+	OpenGap string
 	// InDoubt is the batches handed to the reader and not done.
 	InDoubt int
 	// LastDelivery is when the last message came; LastDone when a batch
@@ -724,8 +729,9 @@ func (s *Subscriber) lost(err error) error {
 }
 
 // untilDrained stops consuming once the consumer has delivered everything
-// and every batch in hand was handed over: what is still in doubt is
-// settled as the subscriber stops (a sender gets the end of its input).
+// and every batch in hand was handed over, and a pipe's reader settled
+// what it was handed by waiting for more: what is still in doubt then (a
+// reader that reports) is settled as the subscriber stops.
 func (s *Subscriber) untilDrained(ctx context.Context, cons jetstream.Consumer, cancel context.CancelCauseFunc) {
 	for sleep(ctx, 250*time.Millisecond) {
 		info, err := cons.Info(ctx)
@@ -733,9 +739,12 @@ func (s *Subscriber) untilDrained(ctx context.Context, cons jetstream.Consumer, 
 			continue
 		}
 		s.mu.Lock()
-		held := len(s.held)
+		// A pipe's reader has the last batches in doubt until it waits
+		// for more (settleIdle): ended before, it would have them
+		// delivered again.
+		held, inDoubt := len(s.held), s.Pipe != nil && !s.Reports && len(s.handed) > 0
 		s.mu.Unlock()
-		if !s.handling.Load() && info.NumPending == 0 && info.NumAckPending == held {
+		if !s.handling.Load() && !inDoubt && info.NumPending == 0 && info.NumAckPending == held {
 			cancel(nil)
 			return
 		}
