@@ -134,6 +134,11 @@ type Publisher struct {
 	keyBuf []byte
 	// anchors: see Anchors.
 	anchors anchors
+	// prev is, by lane, the last batch message on its subject
+	// (wire.HeaderPrev of the next), read once the session's markers are
+	// on the stream and moved by each publish (zero before Resume: none
+	// said).
+	prev []wire.Anchor
 	// leader is the server that led the stream when it was last looked at.
 	leader atomic.Pointer[string]
 }
@@ -259,7 +264,7 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Destination) (*Publish
 	p := &Publisher{js: js, stream: stream, name: cfg.Name, subjects: subjects, marker: marker, replicas: max(info.Config.Replicas, 1),
 		created: info.Created.UTC().Format(time.RFC3339Nano),
 		limited: info.Config.MaxMsgs > 0 || info.Config.MaxBytes > 0 || info.Config.MaxMsgsPerSubject > 0,
-		limits:  limitsOf(info.Config), deleted: info.State.NumDeleted}
+		limits:  limitsOf(info.Config), deleted: info.State.NumDeleted, prev: make([]wire.Anchor, len(subjects))}
 	p.sawLeader(info)
 	if cfg.Origin.SystemID != "" {
 		p.origin = cfg.Origin.String()
@@ -485,10 +490,16 @@ func (p *Publisher) PublishAsync(m *Message) (jetstream.PubAckFuture, error) {
 	if len(m.Traces) > 0 {
 		msg.Header[wire.HeaderTraceparent], msg.Header[wire.HeaderTraceTokens] = m.Traces, m.TraceTokens
 	}
+	if prev := p.prev[m.Lane]; prev.Mark != "" {
+		msg.Header[wire.HeaderPrev] = []string{prev.Mark}
+		msg.Header[wire.HeaderPrevSeq] = []string{strconv.FormatUint(prev.Seq, 10)}
+	}
 	fut, err := p.js.PublishMsgAsync(msg, jetstream.WithMsgID(id), jetstream.WithExpectLastSequence(p.next))
 	if err != nil {
 		return nil, fmt.Errorf("publish batch %s: %w", id, err)
 	}
 	p.next++
+	// Stored, it is at the sequence it expects after.
+	p.prev[m.Lane] = wire.Anchor{Seq: p.next, Mark: wire.IDMark(id)}
 	return fut, nil
 }

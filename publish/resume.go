@@ -85,7 +85,7 @@ func (p *Publisher) Resume(ctx context.Context, o Owner) error {
 		err = p.publishMarkers(ctx, o, w, prev)
 		if err == nil {
 			p.window = *w
-			return nil
+			return p.readChain(ctx)
 		}
 		if !errors.Is(err, ErrStreamMoved) || attempt == 3 {
 			return err
@@ -383,4 +383,24 @@ func (e *WindowTrimmedError) Error() string {
 func isWrongLastSequence(err error) bool {
 	var apiErr *jetstream.APIError
 	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// readChain reads, for each subject the session publishes on, the last
+// batch message there: the next one's predecessor (wire.HeaderPrev). Read
+// after the markers, every message before them is seen; one after them
+// makes the session's first publish fail, whatever it names.
+func (p *Publisher) readChain(ctx context.Context) error {
+	p.prev = make([]wire.Anchor, len(p.subjects))
+	for i, subject := range p.subjects {
+		msg, err := p.getLastMsgForSubject(ctx, subject)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			p.prev[i] = wire.Anchor{Mark: wire.ChainStart}
+		case err != nil:
+			return fmt.Errorf("read the last message on %s of stream %s: %w", subject, p.name, err)
+		default:
+			p.prev[i] = wire.Anchor{Seq: msg.Sequence, Mark: wire.Mark(msg.Subject, msg.Header, msg.Data)}
+		}
+	}
+	return nil
 }

@@ -302,3 +302,41 @@ func TestResumeRefusesATrimmedWindow(t *testing.T) {
 		t.Fatalf("Resume before the markers = %v, want a WindowTrimmedError", err)
 	}
 }
+
+// Each batch message names the one before it on its subject, across
+// sessions and their markers; the first names none.
+func TestBatchesChained(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, _ := testJetStream(t)
+	p := session(t, ctx, nc, 0, 1)
+	publishWait(t, p, batchOf(1, 3))
+	publishWait(t, p, batchOf(4, 6))
+	p = session(t, ctx, nc, 6, 2)
+	publishWait(t, p, batchOf(7, 9))
+	want, wantSeq := wire.ChainStart, "0"
+	n := 0
+	for seq := uint64(1); seq <= p.next; seq++ {
+		msg, err := p.getMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if wire.IsMarker(msg.Header) {
+			if msg.Header.Get(wire.HeaderPrev) != "" {
+				t.Fatalf("marker %d names a predecessor", seq)
+			}
+			continue
+		}
+		if got := msg.Header.Get(wire.HeaderPrev); got != want {
+			t.Fatalf("message %d follows %q, want %q", seq, got, want)
+		}
+		if got := msg.Header.Get(wire.HeaderPrevSeq); got != wantSeq {
+			t.Fatalf("message %d follows sequence %q, want %q", seq, got, wantSeq)
+		}
+		want, wantSeq = wire.Mark(msg.Subject, msg.Header, msg.Data), strconv.FormatUint(seq, 10)
+		n++
+	}
+	if n != 3 {
+		t.Fatalf("%d batch messages, want 3", n)
+	}
+}

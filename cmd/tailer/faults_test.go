@@ -835,10 +835,16 @@ func TestStreamThatLostItsBatchesIsRefused(t *testing.T) {
 			if n := c.expectExactlyOnce(60 * time.Second); n != 30 {
 				t.Fatalf("%d tokens", n)
 			}
-			c.subscriber(out, sub...)
+			again := c.subscriber(out, sub...)
 			waitOutput(t, out, 30)
 			if missing, repeats := countOutput(t, out, c.signedTokens()); missing != 0 || repeats != 0 {
 				t.Fatalf("the subscriber wrote %d tokens twice and missed %d", repeats, missing)
+			}
+			if tc.name == "purged of the batches' subject" {
+				// Its consumer and record are of this stream: it sees the
+				// unread batches gone (wire.Chain), before a message of the
+				// tailer's or of the resync's.
+				again.waitLog("messages missing", 1, 10*time.Second)
 			}
 		})
 	}

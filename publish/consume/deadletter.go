@@ -100,7 +100,7 @@ type DeadLetter struct {
 func (d *DeadLetters) Put(ctx context.Context, dl DeadLetter) error {
 	h := nats.Header{}
 	for k, v := range dl.Header {
-		if k != wire.HeaderMsgID {
+		if k != wire.HeaderMsgID && k != wire.HeaderPrev {
 			h[k] = v
 		}
 	}

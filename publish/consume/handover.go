@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -59,6 +60,18 @@ func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg) error {
 	if s.prog.saw(seq, mark) {
 		s.dirty = true
 	}
+	var gap *wire.Gap
+	if !wire.IsMarker(msg.Headers()) {
+		gap = s.prog.Chain.Follow(msg.Subject(), seq, msg.Headers(), mark, meta.NumDelivered > 1)
+	}
+	healed := s.stats.OpenGap != "" && msg.Headers().Get(wire.HeaderResync) != ""
+	switch {
+	case gap != nil && !gap.Resynced:
+		s.stats.Gaps++
+		s.stats.OpenGap = gap.Error()
+	case healed:
+		s.stats.OpenGap = ""
+	}
 	s.stats.Messages++
 	s.stats.LastDelivery = time.Now()
 	if meta.NumDelivered > 1 {
@@ -67,6 +80,9 @@ func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg) error {
 	s.mu.Unlock()
 	if meta.NumDelivered > 1 && s.Log != nil {
 		s.Log.Info("delivered again: a reader may have had its tokens before", "stream_seq", seq, "deliveries", meta.NumDelivered)
+	}
+	if s.Log != nil {
+		LogGap(s.Log, s.Durable, gap, healed)
 	}
 	b, err := Decode(msg.Headers(), msg.Data())
 	if err != nil {
@@ -636,4 +652,20 @@ func (p *Progress) clone() Progress {
 		c.Messages[seq] = &mc
 	}
 	return c
+}
+
+// LogGap says gap, found by durable: an error naming tailer resync, or,
+// after a resync's message, a warning (the resync publishes the tokens
+// removed again); healed: a resync's message came after an open gap.
+func LogGap(log *slog.Logger, durable string, gap *wire.Gap, healed bool) {
+	switch {
+	case gap != nil && gap.Resynced:
+		log.Warn("messages missing before a resync's: removed from the stream before this durable read them; the resync publishes their tokens again",
+			"durable", durable, "gap", gap.Error())
+	case gap != nil:
+		log.Error("messages missing: removed from the stream before this durable read them; run tailer resync to publish their tokens again (they reach no reader otherwise)",
+			"durable", durable, "gap", gap.Error())
+	case healed:
+		log.Info("a resync's message follows the gap: the resync publishes the tokens removed again", "durable", durable)
+	}
 }

@@ -76,6 +76,12 @@ func (s *Subscriber) checkRecord(ctx context.Context, js jetstream.JetStream, mi
 	if err != nil || same {
 		return err
 	}
+	if gone, err := removed(ctx, js, s.Stream, last.Seq); err != nil || gone {
+		// A limit's trim, or a purge, behind which the stream goes on:
+		// the chain says at the next message whether what was removed
+		// had been read (wire.Chain).
+		return err
+	}
 	if missing && !s.FromStart {
 		return fmt.Errorf("consumer %s on stream %s: %w: the durable's subscribers last read sequence %d, which now holds another message or none (the stream was deleted and made again, restored from an older backup, or purged); "+
 			"start the subscriber with --from-start to deliver this stream from its first message (tokens a resync published again come again, but for those in --dedup-window), or make the consumer by hand at the sequence you know",
@@ -93,4 +99,21 @@ func (s *Subscriber) checkRecord(ctx context.Context, js jetstream.JetStream, mi
 	s.prog, s.dirty = Progress{}, true
 	s.mu.Unlock()
 	return nil
+}
+
+// removed reports whether stream no longer holds a message at seq and
+// goes on beyond it: the message there was removed (by a limit, a purge,
+// of its subject too, or a delete) and no other took its place, as a
+// stream made again would have; the chain of the messages after it
+// tells whether what was removed had been read.
+func removed(ctx context.Context, js jetstream.JetStream, stream string, seq uint64) (bool, error) {
+	_, err := wire.GetMsg(ctx, js.Conn(), stream, seq, "")
+	if !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return false, fmt.Errorf("stream %s: %w", stream, err)
+	}
+	return st.CachedInfo().State.LastSeq > seq, nil
 }

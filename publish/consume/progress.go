@@ -138,6 +138,9 @@ type Progress struct {
 	// that message there, not of any stream of the name (see Subscriber's
 	// consumer).
 	Last wire.Anchor `json:"last,omitzero"`
+	// Chain is the newest batch message given on each subject, which the
+	// next one there must follow (wire.HeaderPrev).
+	Chain wire.Chain `json:"chain,omitempty"`
 	// StreamCreated is read from records written before Last and not
 	// used: a server's creation time differs between the replicas of a
 	// restored stream, and names no content.

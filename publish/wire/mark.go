@@ -17,7 +17,7 @@ import (
 // nothing.
 func Mark(subject string, h nats.Header, data []byte) string {
 	if id := h.Get(nats.MsgIdHdr); id != "" {
-		return "id:" + id
+		return IDMark(id)
 	}
 	d := sha256.New()
 	d.Write([]byte(subject))

@@ -37,6 +37,18 @@ const (
 	// body. Messages of tailers before group commit lack it: one batch.
 	HeaderBatchSizes = "Mailroom-Batch-Sizes"
 
+	// HeaderPrev is the mark (Mark) of the batch message before this one
+	// on its subject, ChainStart on the first: each subject's batches form
+	// a chain that a reader follows by content (Chain), so that messages
+	// removed before it read them (a purge of the subject, a delete, a
+	// limit) are seen where they were, in whatever stream it reads.
+	// HeaderPrevSeq is that message's stream sequence (0 with
+	// ChainStart), known as the message is published since every publish
+	// expects the stream's last sequence. Messages of tailers before the
+	// chain lack both.
+	HeaderPrev    = "Mailroom-Prev"
+	HeaderPrevSeq = "Mailroom-Prev-Seq"
+
 	// HeaderFence is on a session marker (MarkerSubject), never on a
 	// batch: "N/K", the marker's place among the K a streaming session
 	// published before its first batch. See MarkerSubject.

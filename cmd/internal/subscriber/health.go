@@ -45,6 +45,8 @@ var MetricNames = []string{
 	"mailroom_subscriber_dead_letters_total",
 	"mailroom_subscriber_reader_failures_total",
 	"mailroom_subscriber_consumer_recreated_total",
+	"mailroom_subscriber_stream_gaps_total",
+	"mailroom_subscriber_stream_gap_open",
 	"mailroom_subscriber_in_doubt_batches",
 	"mailroom_subscriber_last_delivery_timestamp_seconds",
 	"mailroom_subscriber_pending_messages",
@@ -77,6 +79,8 @@ func Serve(addr string, p *Probe) (stop func(), err error) {
 			http.Error(w, "not ready: not consuming", http.StatusServiceUnavailable)
 		case st.err != nil:
 			http.Error(w, "not ready: consumer "+p.Durable+": "+st.err.Error(), http.StatusServiceUnavailable)
+		case st.stats.OpenGap != "":
+			http.Error(w, fmt.Sprintf("not ready: a gap in the stream, messages removed before this durable read them (%s): run tailer resync to publish their tokens again; ready once its first message arrives", st.stats.OpenGap), http.StatusServiceUnavailable)
 		case st.stalled:
 			http.Error(w, "not ready: the sender has had lines waiting, and taken or finished none, for longer than the stall timeout", http.StatusServiceUnavailable)
 		case st.groupIdle > 0:
@@ -168,6 +172,8 @@ func (c *collector) desc(name string) *prometheus.Desc {
 			"mailroom_subscriber_dead_letters_total":              "Batches, and unreadable messages, set aside on the dead-letter stream by this process.",
 			"mailroom_subscriber_reader_failures_total":           "Readers (senders) that failed with batches in hand.",
 			"mailroom_subscriber_consumer_recreated_total":        "Times the consumer was found gone from the server and made again.",
+			"mailroom_subscriber_stream_gaps_total":               "Places where the stream lacked messages the durable had not read (removed before it read them): their tokens reach no reader until tailer resync.",
+			"mailroom_subscriber_stream_gap_open":                 "1 while a gap in the stream has been found and no resync's message has followed it.",
 			"mailroom_subscriber_in_doubt_batches":                "Batches handed to the reader and not known finished.",
 			"mailroom_subscriber_last_delivery_timestamp_seconds": "When the last message was delivered (Unix time; 0: none yet).",
 			"mailroom_subscriber_pending_messages":                "Messages on the stream the consumer has yet to deliver.",
@@ -216,6 +222,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter("mailroom_subscriber_dead_letters_total", s.DeadLetters)
 	counter("mailroom_subscriber_reader_failures_total", s.ReaderFailures)
 	counter("mailroom_subscriber_consumer_recreated_total", s.Recreated)
+	counter("mailroom_subscriber_stream_gaps_total", s.Gaps)
+	gauge("mailroom_subscriber_stream_gap_open", b(s.OpenGap != ""))
 	gauge("mailroom_subscriber_in_doubt_batches", float64(s.InDoubt))
 	last := 0.0
 	if !s.LastDelivery.IsZero() {

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/wire"
 )
 
 // Meta says where a message is on the stream, and which durable consumer
@@ -145,8 +146,15 @@ type Consumer struct {
 	// Recreated counts the times the consumer was found gone and made
 	// again; LastDelivery is when a message last came (Unix ms).
 	Recreated, LastDelivery atomic.Int64
+	// Gaps counts the places where the stream lacked messages the durable
+	// had not stored (wire.Gap); OpenGap says the newest that no resync's
+	// message has followed yet (nil: none).
+	Gaps    atomic.Int64
+	OpenGap atomic.Pointer[string]
 	// consuming: Run is bound to the consumer.
 	consuming atomic.Bool
+	// chain is followed by the one goroutine that handles messages.
+	chain wire.Chain
 }
 
 // Consuming reports whether Run is bound to its consumer.
@@ -164,6 +172,13 @@ const pullBatch = 16
 func (c *Consumer) Run(ctx context.Context, js jetstream.JetStream) error {
 	if c.Durable.MaxAckPending < pullBatch {
 		c.Durable.MaxAckPending = pullBatch
+	}
+	at, ok, err := c.Sink.Position(ctx, c.Pool, c.Durable.Stream, c.Durable.Name)
+	if err != nil {
+		return err
+	}
+	if ok {
+		c.seed(at)
 	}
 	for lost := false; ; lost = true {
 		cons, err := c.consumer(ctx, js, lost)
@@ -186,6 +201,8 @@ func (c *Consumer) consumer(ctx context.Context, js jetstream.JetStream, lost bo
 	d := c.Durable
 	_, err := consume.LookUp(ctx, js, d.Stream, d.Name, c.Log)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		// Of a stream that may be another now: followed afresh.
+		c.chain = wire.Chain{}
 		at, ok, err := c.Sink.Position(ctx, c.Pool, d.Stream, d.Name)
 		if err != nil {
 			return nil, err
@@ -195,6 +212,9 @@ func (c *Consumer) consumer(ctx context.Context, js jetstream.JetStream, lost bo
 				return nil, err
 			}
 			d.FromStart = d.FromStart || !ok
+		}
+		if ok {
+			c.seed(at)
 		}
 		switch {
 		case ok:
@@ -274,6 +294,7 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) error {
 		c.Log.Error("skipping a malformed message", "subject", msg.Subject(), "stream_seq", meta.Sequence.Stream, "err", err)
 		return msg.Term()
 	}
+	c.follow(msg, meta)
 	if c.Durable.Action != "" {
 		b = b.Only(c.Durable.Action)
 	}
@@ -317,6 +338,36 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) error {
 	}
 	c.Messages.Add(1)
 	return nil
+}
+
+// seed starts the chain at at, the last message the durable stored; not
+// with an action (Durable.Action): messages without its tokens store
+// nothing, and the last one stored says nothing of those after it.
+func (c *Consumer) seed(at Stored) {
+	if c.Durable.Action == "" {
+		c.chain.Seed = wire.Anchor{Seq: at.Seq, Mark: wire.IDMark(at.BatchID)}
+	}
+}
+
+// follow checks that msg follows the last message stored from its
+// subject: what a purge or a limit removed before the durable read it
+// is said, and counted; the rest is stored all the same.
+func (c *Consumer) follow(msg jetstream.Msg, meta *jetstream.MsgMetadata) {
+	h := msg.Headers()
+	if wire.IsMarker(h) {
+		return
+	}
+	gap := c.chain.Follow(msg.Subject(), meta.Sequence.Stream, h, wire.Mark(msg.Subject(), h, msg.Data()), meta.NumDelivered > 1)
+	healed := c.OpenGap.Load() != nil && h.Get(wire.HeaderResync) != ""
+	consume.LogGap(c.Log, c.Durable.Name, gap, healed)
+	switch {
+	case gap != nil && !gap.Resynced:
+		c.Gaps.Add(1)
+		text := gap.Error()
+		c.OpenGap.Store(&text)
+	case healed:
+		c.OpenGap.Store(nil)
+	}
 }
 
 // partTokens and partsAtOnce: a message of more than partTokens tokens (a
