@@ -651,6 +651,7 @@ func (p *Progress) clone() Progress {
 		mc.Attempts = maps.Clone(m.Attempts)
 		c.Messages[seq] = &mc
 	}
+	c.Chain.Subjects = maps.Clone(p.Chain.Subjects)
 	return c
 }
 
