@@ -61,10 +61,8 @@ func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate
 	if healthAddr != "" {
 		stats := func() consume.Stats {
 			n := int(c.Messages.Load())
-			st := consume.Stats{Messages: n, Acked: n, Batches: n, Recreated: int(c.Recreated.Load()), Gaps: int(c.Gaps.Load())}
-			if gap := c.OpenGap.Load(); gap != nil {
-				st.OpenGap = *gap
-			}
+			st := consume.Stats{Messages: n, Acked: n, Batches: n, Recreated: int(c.Recreated.Load())}
+			st.Gaps, st.OpenGap = c.Gaps.State()
 			if ms := c.LastDelivery.Load(); ms > 0 {
 				st.LastDelivery = time.UnixMilli(ms)
 			}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -64,14 +63,6 @@ func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg) error {
 	if !wire.IsMarker(msg.Headers()) {
 		gap = s.prog.Chain.Follow(msg.Subject(), seq, msg.Headers(), mark, meta.NumDelivered > 1)
 	}
-	healed := s.stats.OpenGap != "" && msg.Headers().Get(wire.HeaderResync) != ""
-	switch {
-	case gap != nil && !gap.Resynced:
-		s.stats.Gaps++
-		s.stats.OpenGap = gap.Error()
-	case healed:
-		s.stats.OpenGap = ""
-	}
 	s.stats.Messages++
 	s.stats.LastDelivery = time.Now()
 	if meta.NumDelivered > 1 {
@@ -81,9 +72,7 @@ func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg) error {
 	if meta.NumDelivered > 1 && s.Log != nil {
 		s.Log.Info("delivered again: a reader may have had its tokens before", "stream_seq", seq, "deliveries", meta.NumDelivered)
 	}
-	if s.Log != nil {
-		LogGap(s.Log, s.Durable, gap, healed)
-	}
+	s.gaps.Note(ctx, s.js, s.Stream, s.Durable, s.Log, msg.Headers(), gap)
 	b, err := Decode(msg.Headers(), msg.Data())
 	if err != nil {
 		return s.unreadable(ctx, msg, seq, err)
@@ -653,20 +642,4 @@ func (p *Progress) clone() Progress {
 	}
 	c.Chain.Subjects = maps.Clone(p.Chain.Subjects)
 	return c
-}
-
-// LogGap says gap, found by durable: an error naming tailer resync, or,
-// after a resync's message, a warning (the resync publishes the tokens
-// removed again); healed: a resync's message came after an open gap.
-func LogGap(log *slog.Logger, durable string, gap *wire.Gap, healed bool) {
-	switch {
-	case gap != nil && gap.Resynced:
-		log.Warn("messages missing before a resync's: removed from the stream before this durable read them; the resync publishes their tokens again",
-			"durable", durable, "gap", gap.Error())
-	case gap != nil:
-		log.Error("messages missing: removed from the stream before this durable read them; run tailer resync to publish their tokens again (they reach no reader otherwise)",
-			"durable", durable, "gap", gap.Error())
-	case healed:
-		log.Info("a resync's message follows the gap: the resync publishes the tokens removed again", "durable", durable)
-	}
 }

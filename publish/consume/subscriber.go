@@ -93,6 +93,9 @@ type Subscriber struct {
 	cons     atomic.Pointer[jetstream.Consumer]
 	saveMu   sync.Mutex
 	kick     chan struct{}
+	// js is Run's, set before anything reads it.
+	js   jetstream.JetStream
+	gaps Gaps
 
 	mu sync.Mutex
 	// held are the messages delivered and not yet acknowledged, in
@@ -195,6 +198,7 @@ func (s *Subscriber) Stats() Stats {
 	defer s.mu.Unlock()
 	st := s.stats
 	st.InDoubt = len(s.handed)
+	st.Gaps, st.OpenGap = s.gaps.State()
 	st.PinID = s.pinID
 	return st
 }
@@ -329,6 +333,7 @@ var ErrPositionUnknown = errors.New("the consumer is gone and no record says whe
 // another one of the durable took over from, or that lost its pin, lets
 // what it held go at once and stands by (standBy).
 func (s *Subscriber) Run(ctx context.Context, js jetstream.JetStream) error {
+	s.js = js
 	if s.kick == nil {
 		s.kick = make(chan struct{}, 1)
 	}

@@ -146,15 +146,15 @@ type Consumer struct {
 	// Recreated counts the times the consumer was found gone and made
 	// again; LastDelivery is when a message last came (Unix ms).
 	Recreated, LastDelivery atomic.Int64
-	// Gaps counts the places where the stream lacked messages the durable
-	// had not stored (wire.Gap); OpenGap says the newest that no resync's
-	// message has followed yet (nil: none).
-	Gaps    atomic.Int64
-	OpenGap atomic.Pointer[string]
+	// Gaps are the places where the stream lacked messages the durable
+	// had not stored.
+	Gaps consume.Gaps
 	// consuming: Run is bound to the consumer.
 	consuming atomic.Bool
-	// chain is followed by the one goroutine that handles messages.
+	// chain is followed by the one goroutine that handles messages; js is
+	// Run's.
 	chain wire.Chain
+	js    jetstream.JetStream
 }
 
 // Consuming reports whether Run is bound to its consumer.
@@ -170,6 +170,7 @@ const pullBatch = 16
 // from the server is made again at the last message the database holds a
 // token of (storing it again adds only what it lacks).
 func (c *Consumer) Run(ctx context.Context, js jetstream.JetStream) error {
+	c.js = js
 	if c.Durable.MaxAckPending < pullBatch {
 		c.Durable.MaxAckPending = pullBatch
 	}
@@ -294,7 +295,7 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) error {
 		c.Log.Error("skipping a malformed message", "subject", msg.Subject(), "stream_seq", meta.Sequence.Stream, "err", err)
 		return msg.Term()
 	}
-	c.follow(msg, meta)
+	c.follow(ctx, msg, meta)
 	if c.Durable.Action != "" {
 		b = b.Only(c.Durable.Action)
 	}
@@ -352,22 +353,13 @@ func (c *Consumer) seed(at Stored) {
 // follow checks that msg follows the last message stored from its
 // subject: what a purge or a limit removed before the durable read it
 // is said, and counted; the rest is stored all the same.
-func (c *Consumer) follow(msg jetstream.Msg, meta *jetstream.MsgMetadata) {
+func (c *Consumer) follow(ctx context.Context, msg jetstream.Msg, meta *jetstream.MsgMetadata) {
 	h := msg.Headers()
 	if wire.IsMarker(h) {
 		return
 	}
 	gap := c.chain.Follow(msg.Subject(), meta.Sequence.Stream, h, wire.Mark(msg.Subject(), h, msg.Data()), meta.NumDelivered > 1)
-	healed := c.OpenGap.Load() != nil && h.Get(wire.HeaderResync) != ""
-	consume.LogGap(c.Log, c.Durable.Name, gap, healed)
-	switch {
-	case gap != nil && !gap.Resynced:
-		c.Gaps.Add(1)
-		text := gap.Error()
-		c.OpenGap.Store(&text)
-	case healed:
-		c.OpenGap.Store(nil)
-	}
+	c.Gaps.Note(ctx, c.js, c.Durable.Stream, c.Durable.Name, c.Log, h, gap)
 }
 
 // partTokens and partsAtOnce: a message of more than partTokens tokens (a
