@@ -356,6 +356,32 @@ if [ "${CLUSTER:-}" != 1 ] && [ "${TLS:-}" != 1 ] && [ "${MOVE:-1}" = 1 ]; then
   stop_writer
   await_delivery "after the move to three nodes"
   say "ok: moved to three nodes (stream R3, consumer $durable kept at ack floor $floor2), every token once"
+
+  # Any one node can fail without stopping the tailer: the stream's
+  # leader SIGKILLed 5 times under a writer, each time started again once
+  # another leads. The replicas of a restored stream each report their own
+  # creation time; a leader change is never a refusal (issue 45).
+  leader() { cli stream info MAILROOM --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["cluster"].get("leader",""))' || true; }
+  service_of() { case "$1" in nats-1) echo nats ;; *) echo "$1" ;; esac; }
+  refusals() { dc logs --no-color tailer 2>&1 | grep -cE "cannot be streamed from|deleted and made again" || true; }
+  refused=$(refusals)
+  start_writer k 5 0.2
+  for i in 1 2 3 4 5; do
+    l=$(leader)
+    [ -n "$l" ] || fail "kill $i: the stream has no leader"
+    docker kill -s KILL "$(dc ps -q "$(service_of "$l")")" >/dev/null
+    deadline=$(($(date +%s) + 60))
+    until n=$(leader) && [ -n "$n" ] && [ "$n" != "$l" ]; do
+      [ "$(date +%s)" -lt "$deadline" ] || fail "kill $i: no new leader a minute after $l was killed"
+      sleep 1
+    done
+    dc up -d --no-build --wait --wait-timeout 120 "$(service_of "$l")" >/dev/null
+    say "kill $i: the stream's leader $l SIGKILLed; $n leads; $l back"
+  done
+  stop_writer
+  await_delivery "after 5 SIGKILLs of the stream's leader"
+  [ "$(refusals)" = "$refused" ] || fail "the tailer refused the stream after a leader's kill: $(dc logs --no-color tailer 2>&1 | grep -E "cannot be streamed from|deleted and made again" | tail -2)"
+  say "ok: the stream's leader SIGKILLed 5 times under a writer: no refusal, every token once"
 fi
 
 # The teardown as documented (every file and profile the stack ran with)

@@ -53,6 +53,16 @@ type DeadLetters struct {
 // dead-letter stream of stream's consumers, for durable's dead letters.
 func OpenDeadLetters(ctx context.Context, js jetstream.JetStream, stream, durable string) (*DeadLetters, error) {
 	name := DeadStream(stream)
+	_, err := untilAnswered(ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, openDeadStream(ctx, js, stream, name) })
+	if err != nil {
+		return nil, fmt.Errorf("open dead-letter stream %s: %w", name, err)
+	}
+	return &DeadLetters{js: js, stream: name, subject: DeadSubject(stream, durable)}, nil
+}
+
+// openDeadStream makes the dead-letter stream name of stream's consumers
+// if missing.
+func openDeadStream(ctx context.Context, js jetstream.JetStream, stream, name string) error {
 	_, err := js.Stream(ctx, name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		replicas := 1
@@ -72,10 +82,7 @@ func OpenDeadLetters(ctx context.Context, js jetstream.JetStream, stream, durabl
 			_, err = js.Stream(ctx, name)
 		}
 	}
-	if err != nil {
-		return nil, fmt.Errorf("open dead-letter stream %s: %w", name, err)
-	}
-	return &DeadLetters{js: js, stream: name, subject: DeadSubject(stream, durable)}, nil
+	return err
 }
 
 // DeadLetter is a batch set aside.

@@ -22,9 +22,10 @@ type Gaps struct {
 // Note takes what wire.Chain.Follow said (nil: no gap) of a message with
 // headers h, read by durable from stream: a gap is counted and said, unless
 // the stream still holds its predecessor; a resync's message closes the
-// open gap (it publishes every token the stream lacks again).
-func (g *Gaps) Note(ctx context.Context, js jetstream.JetStream, stream, durable string, log *slog.Logger, h wire.Header, gap *wire.Gap) {
-	if gap != nil && !gap.Resynced && PredecessorThere(ctx, js, stream, gap) {
+// open gap (it publishes every token the stream lacks again). keep (nil:
+// none) keeps the message held while the stream is asked.
+func (g *Gaps) Note(ctx context.Context, js jetstream.JetStream, stream, durable string, log *slog.Logger, h wire.Header, gap *wire.Gap, keep func()) {
+	if gap != nil && !gap.Resynced && PredecessorThere(ctx, js, stream, gap, keep) {
 		gap = nil
 	}
 	g.mu.Lock()
@@ -59,18 +60,34 @@ func (g *Gaps) State() (count int, open string) {
 	return g.count, g.open
 }
 
+// predecessorPatience is how long PredecessorThere asks a stream that
+// cannot answer (a leader being elected, a node away or partitioned: a
+// cluster heals those in seconds) before it says the gap: a gap said
+// because the stream was slow to answer would send an operator to run a
+// resync for nothing.
+const predecessorPatience = 2 * time.Minute
+
 // PredecessorThere reports whether stream holds gap's predecessor where
 // the message after it says: then nothing was removed, and the durable's
 // consumer went past it, delivering it to a subscriber of the durable
 // whose record this one had not seen (one that took over from a subscriber
-// that died before saving it). A stream that cannot say now counts as not
-// holding it: the gap is said.
-func PredecessorThere(ctx context.Context, js jetstream.JetStream, stream string, gap *wire.Gap) bool {
+// whose last saves had not landed). A stream that cannot answer is asked
+// again, keep called between tries, for predecessorPatience; after that
+// it counts as not holding it: the gap is said.
+func PredecessorThere(ctx context.Context, js jetstream.JetStream, stream string, gap *wire.Gap, keep func()) bool {
 	if gap.Prev.Seq == 0 || js == nil {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	there, err := StreamHolds(ctx, js, stream, gap.Prev.Seq, HoldsMark(gap.Prev.Mark), nil)
-	return err == nil && there
+	give := time.Now().Add(predecessorPatience)
+	for {
+		try, cancel := context.WithTimeout(ctx, 2*time.Second)
+		there, err := StreamHolds(try, js, stream, gap.Prev.Seq, HoldsMark(gap.Prev.Mark), nil)
+		cancel()
+		if err == nil || ctx.Err() != nil || time.Now().After(give) {
+			return err == nil && there
+		}
+		if keep != nil {
+			keep()
+		}
+	}
 }

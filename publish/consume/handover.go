@@ -72,7 +72,7 @@ func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg) error {
 	if meta.NumDelivered > 1 && s.Log != nil {
 		s.Log.Info("delivered again: a reader may have had its tokens before", "stream_seq", seq, "deliveries", meta.NumDelivered)
 	}
-	s.gaps.Note(ctx, s.js, s.Stream, s.Durable, s.Log, msg.Headers(), gap)
+	s.gaps.Note(ctx, s.js, s.Stream, s.Durable, s.Log, msg.Headers(), gap, func() { msg.InProgress() })
 	b, err := Decode(msg.Headers(), msg.Data())
 	if err != nil {
 		return s.unreadable(ctx, msg, seq, err)

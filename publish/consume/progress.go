@@ -278,6 +278,16 @@ func ProgressBucket(stream string) string { return safeName(stream) + "_subscrib
 // the bucket of stream's subscriber records, for durable's record.
 func OpenProgress(ctx context.Context, js jetstream.JetStream, stream, durable string) (*KVProgress, error) {
 	bucket := ProgressBucket(stream)
+	kv, err := untilAnswered(ctx, func(ctx context.Context) (jetstream.KeyValue, error) { return openBucket(ctx, js, stream, bucket) })
+	if err != nil {
+		return nil, fmt.Errorf("open key-value bucket %s (subscriber progress): %w", bucket, err)
+	}
+	return &KVProgress{kv: kv, js: js, key: safeName(durable)}, nil
+}
+
+// openBucket opens the bucket of stream's subscriber records, making it
+// if missing.
+func openBucket(ctx context.Context, js jetstream.JetStream, stream, bucket string) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		replicas := 1
@@ -295,10 +305,7 @@ func OpenProgress(ctx context.Context, js jetstream.JetStream, stream, durable s
 			kv, err = js.KeyValue(ctx, bucket)
 		}
 	}
-	if err != nil {
-		return nil, fmt.Errorf("open key-value bucket %s (subscriber progress): %w", bucket, err)
-	}
-	return &KVProgress{kv: kv, js: js, key: safeName(durable)}, nil
+	return kv, err
 }
 
 // safeName is name where it is a valid subject token and bucket name, its

@@ -359,7 +359,7 @@ func (c *Consumer) follow(ctx context.Context, msg jetstream.Msg, meta *jetstrea
 		return
 	}
 	gap := c.chain.Follow(msg.Subject(), meta.Sequence.Stream, h, wire.Mark(msg.Subject(), h, msg.Data()), meta.NumDelivered > 1)
-	c.Gaps.Note(ctx, c.js, c.Durable.Stream, c.Durable.Name, c.Log, h, gap)
+	c.Gaps.Note(ctx, c.js, c.Durable.Stream, c.Durable.Name, c.Log, h, gap, func() { msg.InProgress() })
 }
 
 // partTokens and partsAtOnce: a message of more than partTokens tokens (a

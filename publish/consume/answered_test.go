@@ -1,0 +1,35 @@
+package consume
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// A cluster that cannot answer now is asked again until it does; a
+// refusal ends the wait at once (issue 49's fault runs: a subscriber
+// started while the bucket's leader was away exited, four times).
+func TestUntilAnswered(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	away := []error{context.DeadlineExceeded, nats.ErrNoResponders, &jetstream.APIError{ErrorCode: jsTemporarilyUnavailable}, nats.ErrTimeout}
+	tries := 0
+	v, err := untilAnswered(ctx, func(context.Context) (int, error) {
+		if tries++; tries <= len(away) {
+			return 0, away[tries-1]
+		}
+		return 7, nil
+	})
+	if v != 7 || err != nil || tries != len(away)+1 {
+		t.Fatalf("got %d, %v after %d tries", v, err, tries)
+	}
+	refused := errors.New("permissions violation")
+	tries = 0
+	if _, err := untilAnswered(ctx, func(context.Context) (int, error) { tries++; return 0, refused }); !errors.Is(err, refused) || tries != 1 {
+		t.Fatalf("a refusal: %v after %d tries", err, tries)
+	}
+}
