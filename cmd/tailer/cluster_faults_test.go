@@ -226,15 +226,15 @@ func leaderOf(ctx context.Context, js jetstream.JetStream, stream, consumer stri
 // longest stretch with messages pending on the durable and no line
 // written, and by fault the lines written again (a line is a batch).
 type deliveryWatch struct {
-	mu         sync.Mutex
-	fault      int
-	maxGap     time.Duration
-	gapAt      string
-	repeats    map[int]int
-	lines      int
+	mu      sync.Mutex
+	fault   int
+	maxGap  time.Duration
+	gapAt   string
+	repeats map[int]int
+	lines   int
 	// bySelf counts the lines written again by the subscriber that wrote
 	// them first (the rest: by the other of the pair).
-	bySelf int
+	bySelf     int
 	lastSeqs   []uint64
 	streamGrew time.Time
 }
