@@ -232,6 +232,8 @@ type deliveryWatch struct {
 	gapAt   string
 	repeats map[int]int
 	lines   int
+	// events says each line written again, when and by whom.
+	events []string
 	// bySelf counts the lines written again by the subscriber that wrote
 	// them first (the rest: by the other of the pair).
 	bySelf     int
@@ -278,6 +280,7 @@ func (dw *deliveryWatch) run(ctx context.Context, t *testing.T, js jetstream.Jet
 			}
 			if again {
 				dw.mu.Lock()
+				dw.events = append(dw.events, fmt.Sprintf("%s line %d written again by %s, first by %s (token %d)", time.Now().UTC().Format("15:04:05.000"), lines, writer, first, toks[0].ID))
 				dw.repeats[dw.fault]++
 				if first == writer {
 					dw.bySelf++
@@ -525,6 +528,16 @@ func TestNATSClusterFaults(t *testing.T) {
 		n, faults, dw.lines, repeats, worst, at, dw.bySelf, dw.maxGap.Round(100*time.Millisecond), dw.gapAt, maxDuration(recoveries).Round(100*time.Millisecond),
 		len(pair[0].exits), len(pair[1].exits), len(inbox.exits))
 	t.Cleanup(func() {
+		// TAILER_FAULT_LOGS=dir keeps every subscriber's log there.
+		if dir := os.Getenv("TAILER_FAULT_LOGS"); dir != "" {
+			for k, s := range []*supervised{pair[0], pair[1], inbox} {
+				os.WriteFile(filepath.Join(dir, fmt.Sprintf("subscriber-%d.log", k)), []byte(s.output()), 0o644)
+			}
+			os.WriteFile(filepath.Join(dir, "tailer.log"), []byte(tailer.out.String()), 0o644)
+			dw.mu.Lock()
+			os.WriteFile(filepath.Join(dir, "repeats.log"), []byte(strings.Join(dw.events, "\n")), 0o644)
+			dw.mu.Unlock()
+		}
 		if t.Failed() {
 			for k, s := range []*supervised{pair[0], pair[1], inbox} {
 				t.Logf("subscriber %d, its warnings and errors:\n%s", k, grepLines(s.output(), "level=WARN")+"\n"+grepLines(s.output(), "level=ERROR"))

@@ -551,6 +551,20 @@ func TestComposeNATSAccounts(t *testing.T) {
 	if code, body := subscriberHealth(healthAddr); code != exitOK || !strings.Contains(body, "ready: active (pinned), consumer sender") {
 		t.Fatalf("tailer health of the subscriber: exit %d: %s", code, body)
 	}
+	// Started again, it reads back from the stream the message its record
+	// saw last (the compose stack's subscriber lacked the right: it
+	// waited on a request the server dropped).
+	if code := sub.term(30 * time.Second); code != exitOK {
+		t.Fatalf("subscriber exit %d:\n%s", code, sub.out.String())
+	}
+	sub = c.subscriber(out, "--durable", "sender", "--health-addr", healthAddr, "--nats-user", "subscriber", "--nats-password", subscriberPW)
+	c.Exec(`INSERT INTO accounts (email, login) SELECT 'acl2_' || g || '@x', 'acl2_' || g FROM generate_series(1, 5) g`)
+	tailertest.Eventually(t, 20*time.Second, func() error {
+		if tokens, _ := outputTokens(t, out); len(tokens) != 25 {
+			return fmt.Errorf("subscriber started again wrote %d of 25 tokens:\n%s", len(tokens), sub.out.String())
+		}
+		return nil
+	})
 	// The dead-letter commands, as the subscriber's user.
 	asSubscriber := []string{"MAILROOM_NATS_USER=subscriber", "MAILROOM_NATS_PASSWORD=" + subscriberPW}
 	for _, args := range [][]string{{"dead-letters", "list", "--durable", "sender"}, {"dead-letters", "resend", "--durable", "sender"}} {
@@ -592,7 +606,7 @@ func TestComposeNATSAccounts(t *testing.T) {
 		t.Fatalf("tailer exit %d", code)
 	}
 	r := c.command([]string{"resync"}, asTailer...)
-	if code := r.exit(30 * time.Second); code != exitOK || !strings.Contains(r.out.String(), "already_on_stream=20 published=0") {
+	if code := r.exit(30 * time.Second); code != exitOK || !strings.Contains(r.out.String(), "already_on_stream=25 published=0") {
 		t.Fatalf("resync as the tailer's user: exit %d:\n%s", code, r.out.String())
 	}
 	for _, bad := range [][]string{nil, {"MAILROOM_NATS_USER=tailer", "MAILROOM_NATS_PASSWORD=wrong-pw"}} {

@@ -2,6 +2,7 @@ package consume_test
 
 import (
 	"context"
+	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mailroom/tailer/internal/embedded"
 	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/wire"
 )
@@ -64,25 +66,53 @@ func TestGapsCheckTheStream(t *testing.T) {
 // leader being elected, a node partitioned) is asked again, the message
 // kept, until it does: a gap is not said on a slow answer (issue 49's
 // fault runs: one said during a node's SIGSTOP, sending the operator to
-// resync for nothing).
+// resync for nothing). Here the server holding the stream is down for
+// its first 6 s.
 func TestGapsWaitForTheStream(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	js := progressServer(t, ctx, nil)
-	gap := &wire.Gap{Subject: "late", Seq: 3, Prev: wire.Anchor{Seq: 2, Mark: wire.IDMark("m2")}, Given: wire.Anchor{Seq: 1, Mark: wire.IDMark("m1")}}
+	dir := t.TempDir()
+	srv, err := embedded.Start(dir, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "LATE", Subjects: []string{"late"}, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"m1", "m2"} {
+		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: "late", Header: nats.Header{wire.HeaderMsgID: {id}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nc.Close()
+	srv.Shutdown()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	nc, err = nats.Connect("nats://"+addr, nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ = jetstream.New(nc)
 	go func() {
-		// The stream answers only after 6 s.
 		time.Sleep(6 * time.Second)
-		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "LATE", Subjects: []string{"late"}}); err != nil {
+		srv, err := embedded.Start(dir, addr)
+		if err != nil {
 			t.Error(err)
 			return
 		}
-		for _, id := range []string{"m1", "m2"} {
-			if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: "late", Header: nats.Header{wire.HeaderMsgID: {id}}}); err != nil {
-				t.Error(err)
-			}
-		}
+		t.Cleanup(srv.Shutdown)
 	}()
+	gap := &wire.Gap{Subject: "late", Seq: 3, Prev: wire.Anchor{Seq: 2, Mark: wire.IDMark("m2")}, Given: wire.Anchor{Seq: 1, Mark: wire.IDMark("m1")}}
 	var gaps consume.Gaps
 	var kept atomic.Int32
 	gaps.Note(ctx, js, "LATE", "d", nil, nats.Header{}, gap, func() { kept.Add(1) })

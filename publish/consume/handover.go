@@ -162,7 +162,9 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 		// them now.
 		return fmt.Errorf("consume %s: %w", s.Durable, ErrTakenOver)
 	}
-	s.prog, s.rev, s.dirty = p, newRev, false
+	// What this subscriber finished and had not saved yet stays known.
+	s.dirty = p.absorb(&s.prog)
+	s.prog, s.rev = p, newRev
 	return nil
 }
 
@@ -238,6 +240,15 @@ func (s *Subscriber) hand(ctx context.Context, units []*unit) error {
 	case s.Pipe != nil:
 		for _, u := range units {
 			s.mu.Lock()
+			behind := s.doneUnsaved >= maxDoneUnsaved
+			s.mu.Unlock()
+			if behind {
+				// A message of many batches (a backlog's): what the
+				// reader finished is saved before it gets more, so that
+				// a subscriber that takes the message over skips it.
+				s.saveNow(ctx, u.h.msg)
+			}
+			s.mu.Lock()
 			s.written += int64(len(u.data))
 			u.end = s.written
 			s.handed = append(s.handed, u)
@@ -305,6 +316,7 @@ func (s *Subscriber) done(ctx context.Context, units []*unit) {
 		s.stats.Batches++
 		s.stats.LastDone = time.Now()
 		s.dirty = true
+		s.doneUnsaved++
 		if u.h.pending--; u.h.pending == 0 {
 			complete = append(complete, u.h)
 		}
@@ -324,6 +336,7 @@ func (s *Subscriber) finish(ctx context.Context, hs ...*held) {
 		}
 		h.acking = true
 		s.mu.Unlock()
+		s.saveNow(ctx, h.msg)
 		err := h.msg.DoubleAck(ctx)
 		s.mu.Lock()
 		if i := slices.Index(s.held, h); i >= 0 {
@@ -512,6 +525,38 @@ func (s *Subscriber) deadLetter(ctx context.Context, h *held, b *Batch, i int) e
 	return nil
 }
 
+// maxDoneUnsaved is how many batches a reader may finish before the
+// record that says so is saved, within a message of many.
+const maxDoneUnsaved = 4
+
+// saveNow saves the record before msg is acknowledged or the reader given
+// more of it. An ack the server confirmed is one replica's word: a
+// consumer leader killed or cut off before it replicated it loses it, and
+// the new leader delivers the message again, maybe to the other
+// subscriber of a pinned pair, which skips the batches the durable's
+// record says are done (issue 49's fault runs: messages of 126 and 178
+// batches written again whole, the record's save waiting on a partitioned
+// node). While the bucket cannot take the save, msg is kept and the save
+// tried again; a save refused because another subscriber delivers now
+// (this one's record merged into its) ends the wait.
+func (s *Subscriber) saveNow(ctx context.Context, msg jetstream.Msg) {
+	if s.Progress == nil {
+		return
+	}
+	for {
+		try, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := s.save(try)
+		cancel()
+		if err == nil || errors.Is(err, ErrTakenOver) || ctx.Err() != nil {
+			return
+		}
+		msg.InProgress()
+		if !sleep(ctx, 250*time.Millisecond) {
+			return
+		}
+	}
+}
+
 // signal tells the saver there is something to save.
 func (s *Subscriber) signal() {
 	if s.Progress == nil || s.kick == nil {
@@ -543,7 +588,7 @@ func (s *Subscriber) saver(ctx context.Context, cancel context.CancelCauseFunc) 
 		}
 		// A save under way completes as Run ends: one cut off may land
 		// unheard, and the next must find it this subscriber's.
-		saveCtx, cancelSave := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		saveCtx, cancelSave := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		s.readFloor(saveCtx)
 		err := s.save(saveCtx)
 		cancelSave()
@@ -612,8 +657,17 @@ func (s *Subscriber) save(ctx context.Context) error {
 	p := s.prog.clone()
 	rev := s.rev
 	s.dirty = false
+	saving := s.doneUnsaved
 	s.mu.Unlock()
 	newRev, err := s.Progress.Save(ctx, &p, rev)
+	if errors.Is(err, ErrTakenOver) {
+		// Another subscriber delivers now: what this one finished goes
+		// into its record all the same, so that it skips those batches
+		// when they come again.
+		if mrev, merr := s.mergeSave(ctx, &p); merr == nil {
+			newRev = mrev
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
@@ -621,13 +675,42 @@ func (s *Subscriber) save(ctx context.Context) error {
 		if len(s.held) > 0 {
 			s.takenOver = true
 		}
+		if newRev == 0 {
+			// Not merged yet: the next save tries again.
+			s.dirty = true
+		} else {
+			s.doneUnsaved -= saving
+		}
+		s.rev = max(s.rev, newRev)
 		return err
 	case err != nil:
 		s.dirty = true
 		return err
 	}
 	s.rev = newRev
+	s.doneUnsaved -= saving
 	return nil
+}
+
+// mergeSave writes p's knowledge into the durable's record as another
+// subscriber left it, a few times over should it move meanwhile; it
+// returns the revision written.
+func (s *Subscriber) mergeSave(ctx context.Context, p *Progress) (uint64, error) {
+	var err error
+	for range 3 {
+		var cur Progress
+		var rev uint64
+		if cur, rev, err = s.Progress.Load(ctx); err != nil {
+			return 0, err
+		}
+		if !cur.absorb(p) {
+			return rev, nil
+		}
+		if rev, err = s.Progress.Save(ctx, &cur, rev); err == nil {
+			return rev, nil
+		}
+	}
+	return 0, err
 }
 
 // clone copies p deeply.

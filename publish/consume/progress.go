@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -206,6 +207,60 @@ func (p *Progress) prune(floor uint64) {
 			delete(p.Messages, seq)
 		}
 	}
+}
+
+// absorb adds to p what q knows and p does not: a batch done, a message
+// acknowledged, a reader's failure, the newest message given. Each is a
+// fact that stays true, so two subscribers' records of one durable
+// merge without either losing what it finished. A message q records with
+// other content (mark) or batches than p is left as p has it. It
+// reports whether p changed.
+func (p *Progress) absorb(q *Progress) bool {
+	changed := false
+	if q.Floor > p.Floor {
+		p.prune(q.Floor)
+		changed = true
+	}
+	if q.Last.Seq > p.Last.Seq {
+		p.Last, changed = q.Last, true
+	}
+	changed = p.Chain.Absorb(q.Chain) || changed
+	for seq, qm := range q.Messages {
+		if seq <= p.Floor {
+			continue
+		}
+		pm := p.Messages[seq]
+		if pm == nil {
+			mc := *qm
+			mc.Done, mc.Attempts = slices.Clone(qm.Done), maps.Clone(qm.Attempts)
+			if p.Messages == nil {
+				p.Messages = make(map[uint64]*MessageProgress)
+			}
+			p.Messages[seq], changed = &mc, true
+			continue
+		}
+		if pm.Batches != qm.Batches || pm.Mark != "" && qm.Mark != "" && pm.Mark != qm.Mark {
+			continue
+		}
+		for i := range qm.Batches {
+			if qm.Done.Has(i) && !pm.Done.Has(i) {
+				pm.Done.Add(i)
+				changed = true
+			}
+		}
+		if qm.Acked && !pm.Acked {
+			pm.Acked, changed = true, true
+		}
+		for i, n := range qm.Attempts {
+			if n > pm.Attempts[i] {
+				if pm.Attempts == nil {
+					pm.Attempts = make(map[int]int)
+				}
+				pm.Attempts[i], changed = n, true
+			}
+		}
+	}
+	return changed
 }
 
 // empty reports whether the record says nothing of the consumer.

@@ -115,6 +115,8 @@ type Subscriber struct {
 	// floorRead is when the consumer's ack floor was last read.
 	floorRead time.Time
 	takenOver bool
+	// doneUnsaved counts the batches finished since the record last saved.
+	doneUnsaved int
 	// pinID is the pin of the last message delivered (pinned consumers).
 	pinID string
 	stats Stats

@@ -83,3 +83,21 @@ func (c *Chain) Follow(subject string, seq uint64, h Header, mark string, again 
 	}
 	return &Gap{Subject: subject, Seq: seq, Prev: prev, Given: given, Resynced: h.Get(HeaderResync) != ""}
 }
+
+// Absorb takes, subject by subject and for the seed, the newer of c's and
+// o's anchors; it reports whether c changed.
+func (c *Chain) Absorb(o Chain) bool {
+	changed := false
+	for subject, a := range o.Subjects {
+		if a.Seq > c.Subjects[subject].Seq {
+			if c.Subjects == nil {
+				c.Subjects = map[string]Anchor{}
+			}
+			c.Subjects[subject], changed = a, true
+		}
+	}
+	if o.Seed.Seq > c.Seed.Seq {
+		c.Seed, changed = o.Seed, true
+	}
+	return changed
+}
