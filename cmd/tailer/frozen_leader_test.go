@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -65,10 +66,12 @@ func leaderInfo(ctx context.Context, urls string) (*jetstream.StreamInfo, error)
 	return s.CachedInfo(), nil
 }
 
-// The R3 stream's leader frozen (SIGSTOP: its connections open and
-// silent) for 20 s, or partitioned from the other two nodes for 60 s (its
-// clients still connected to it, what its routes carried held), under a
-// writer (issue 49: the tailer published nothing for 25-30 s, ready all
+// The R3 stream's leader, the node the tailer is connected to, frozen
+// (SIGSTOP: its connections open and silent) for 20 s, or partitioned from
+// the other two nodes for 60 s (its clients still connected to it, what
+// its routes carried held; the tailer's sessions failed there with
+// "JetStream system temporarily unavailable" for the whole minute), under
+// a writer (issue 49: the tailer published nothing for 25-30 s, ready all
 // along, until a fixed 30 s PubAck wait ran out, and a client on the
 // frozen node waited on its two-minute pings). /readyz and
 // tailer_puback_wait_seconds say the wait within 5 s; the tailer streams
@@ -109,15 +112,20 @@ func leaderFault(t *testing.T, hold time.Duration, fault func(fn *faultNodes, n 
 		_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "MAILROOM", Subjects: []string{"mailroom.batches", "mailroom.batches.>"}, Storage: jetstream.FileStorage, Replicas: 3})
 		return err
 	})
-	p := c.watchedTailer("MAILROOM_NATS_REPLICAS=3")
-	p.waitLog("msg=streaming", 1, 30*time.Second)
-	w := c.startWriter(3, 20*time.Millisecond)
-	time.Sleep(2 * time.Second)
 	info, err := leaderInfo(c.ctx, c.natsURL())
-	if err != nil || info.Cluster == nil {
+	if err != nil || info.Cluster == nil || len(info.Cluster.Leader) != 2 {
 		t.Fatalf("stream info: %v", err)
 	}
 	l := int(info.Cluster.Leader[1] - '1')
+	// The tailer connected to the leader's node (it learns the others from
+	// it): the worst case, where its own server goes silent or cut off.
+	p := c.watchedTailer("MAILROOM_NATS_REPLICAS=3", "MAILROOM_NATS_URL=nats://127.0.0.1:"+strconv.Itoa(fn.client[l]))
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	w := c.startWriter(3, 20*time.Millisecond)
+	time.Sleep(2 * time.Second)
+	if info, err = leaderInfo(c.ctx, c.natsURL()); err != nil || info.Cluster == nil || info.Cluster.Leader != fmt.Sprintf("n%d", l+1) {
+		t.Fatalf("the stream's leader moved before the fault: %v %v", info, err)
+	}
 	fault(fn, l, true)
 	frozen := time.Now()
 	var said, metric, elected, streaming time.Duration

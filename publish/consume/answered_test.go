@@ -16,7 +16,7 @@ import (
 func TestUntilAnswered(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	away := []error{context.DeadlineExceeded, nats.ErrNoResponders, &jetstream.APIError{ErrorCode: jsTemporarilyUnavailable}, nats.ErrTimeout}
+	away := []error{context.DeadlineExceeded, nats.ErrNoResponders, &jetstream.APIError{ErrorCode: 10008}, nats.ErrTimeout}
 	tries := 0
 	v, err := untilAnswered(ctx, func(context.Context) (int, error) {
 		if tries++; tries <= len(away) {

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/publish/wire"
@@ -119,20 +118,6 @@ func removed(ctx context.Context, js jetstream.JetStream, stream string, seq uin
 	return st.CachedInfo().State.LastSeq > seq, nil
 }
 
-// unavailable reports whether err is a cluster's that cannot answer now
-// (a request timed out or found no responder, JetStream temporarily
-// unavailable while a leader is elected), as opposed to a refusal: asked
-// again, it answers once the cluster has healed.
-func unavailable(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
-		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.As(err, &apiErr) && apiErr.ErrorCode == jsTemporarilyUnavailable
-}
-
-// jsTemporarilyUnavailable is the API error code of "JetStream system
-// temporarily unavailable" (no constant in nats.go's jetstream).
-const jsTemporarilyUnavailable jetstream.ErrorCode = 10008
-
 // untilAnswered calls open, each try given a few seconds, until it returns
 // anything but an error of a cluster that cannot answer now, or ctx ends:
 // a subscriber started (or started again by its supervisor) while a node
@@ -142,7 +127,7 @@ func untilAnswered[T any](ctx context.Context, open func(context.Context) (T, er
 		try, cancel := context.WithTimeout(ctx, 5*time.Second)
 		v, err := open(try)
 		cancel()
-		if err == nil || !unavailable(err) || ctx.Err() != nil || !sleep(ctx, delay) {
+		if err == nil || !wire.Unanswered(err) || ctx.Err() != nil || !sleep(ctx, delay) {
 			return v, err
 		}
 	}

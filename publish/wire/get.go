@@ -45,6 +45,7 @@ func GetMsg(ctx context.Context, nc *nats.Conn, stream string, seq uint64, lastB
 			Time    time.Time `json:"time"`
 		} `json:"message"`
 		Error *struct {
+			Code        int                 `json:"code"`
 			ErrCode     jetstream.ErrorCode `json:"err_code"`
 			Description string              `json:"description"`
 		} `json:"error"`
@@ -56,7 +57,9 @@ func GetMsg(ctx context.Context, nc *nats.Conn, stream string, seq uint64, lastB
 	case resp.Error != nil && resp.Error.ErrCode == jetstream.JSErrCodeMessageNotFound:
 		return nil, jetstream.ErrMsgNotFound
 	case resp.Error != nil:
-		return nil, fmt.Errorf("%s (error %d)", resp.Error.Description, resp.Error.ErrCode)
+		// Typed, so that callers can tell a cluster that cannot answer now
+		// (10008: a leader being elected) from a refusal.
+		return nil, &jetstream.APIError{Code: resp.Error.Code, ErrorCode: resp.Error.ErrCode, Description: resp.Error.Description}
 	case resp.Message == nil:
 		return nil, errors.New("the server's answer to a message get holds no message")
 	}
@@ -67,4 +70,20 @@ func GetMsg(ctx context.Context, nc *nats.Conn, stream string, seq uint64, lastB
 		}
 	}
 	return m, nil
+}
+
+// jsTemporarilyUnavailable is the API error code of "JetStream system
+// temporarily unavailable" (no constant in nats.go's jetstream).
+const jsTemporarilyUnavailable jetstream.ErrorCode = 10008
+
+// Unanswered reports whether err says the server could not answer for a
+// stream now (a request or a PubAck timed out or found no responder,
+// JetStream temporarily unavailable while a leader is elected or the
+// server is cut off from its cluster), as opposed to a refusal: asked
+// again, maybe of another server, it answers once the cluster heals.
+func Unanswered(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, jetstream.ErrAsyncPublishTimeout) ||
+		errors.As(err, &apiErr) && apiErr.ErrorCode == jsTemporarilyUnavailable
 }
