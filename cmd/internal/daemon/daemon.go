@@ -20,7 +20,6 @@ import (
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/natsconn"
 	"github.com/mailroom/tailer/publish"
-	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -197,14 +196,14 @@ func (d *Daemon) sessions(ctx context.Context, nc *nats.Conn) error {
 	const minDelay, maxDelay, natsMaxDelay = 250 * time.Millisecond, 30 * time.Second, 2 * time.Second
 	delay := minDelay
 	var r retry
-	unanswered := 0
+	natsFailed := 0
 	for {
 		started := time.Now()
 		err := d.session(ctx, nc)
 		if final, ferr := d.final(ctx, err); final {
 			return ferr
 		}
-		unanswered = d.elsewhere(nc, err, unanswered)
+		natsFailed = d.elsewhere(nc, err, natsFailed)
 		if time.Since(started) > time.Minute {
 			delay = minDelay
 		}
@@ -229,22 +228,23 @@ func (d *Daemon) sessions(ctx context.Context, nc *nats.Conn) error {
 }
 
 // elsewhere moves the NATS connection to another server of the URL list
-// once two sessions in a row ended on a server that could not answer for
-// the stream: one cut off from its cluster still answers pings, so the
-// client stays with it, and every session would fail there until the
-// partition heals (issue 49: 60 s of "JetStream system temporarily
-// unavailable" while the other two nodes had elected a new leader). It
-// returns how many such sessions there were in a row since.
-func (d *Daemon) elsewhere(nc *nats.Conn, err error, unanswered int) int {
+// once two sessions in a row ended on a NATS error: a node cut off from
+// its cluster still answers pings, so the client stays with it, and every
+// session would fail there until the partition heals (issue 49: 60 s of
+// "JetStream system temporarily unavailable", and before that of "wrong
+// last sequence" from the old leader, while the other two nodes had
+// elected a new one). Another node of the same cluster costs nothing to
+// try. It returns how many such sessions there were in a row since.
+func (d *Daemon) elsewhere(nc *nats.Conn, err error, failed int) int {
 	var se *sessionError
-	if !errors.As(err, &se) || se.target != targetNATS || !wire.Unanswered(err) {
+	if !errors.As(err, &se) || se.target != targetNATS {
 		return 0
 	}
-	if unanswered++; unanswered < 2 || len(nc.Servers()) < 2 {
-		return unanswered
+	if failed++; failed < 2 || len(nc.Servers()) < 2 {
+		return failed
 	}
-	d.log.Warn("the NATS server this tailer is connected to cannot answer for the stream (cut off from its cluster, or its leader away): connecting to another",
-		"server", nc.ConnectedServerName())
+	d.log.Warn("two sessions in a row ended on the NATS server this tailer is connected to (cut off from its cluster, or the stream's leader away): connecting to another",
+		"server", nc.ConnectedServerName(), "err", err)
 	if ferr := nc.ForceReconnect(); ferr != nil {
 		d.log.Warn("cannot reconnect to another NATS server", "err", ferr)
 	}
