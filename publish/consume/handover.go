@@ -538,7 +538,7 @@ const maxDoneUnsaved = 4
 // batches written again whole, the record's save waiting on a partitioned
 // node). While the bucket cannot take the save, msg is kept and the save
 // tried again; a save refused because another subscriber delivers now
-// (this one's record merged into its) ends the wait.
+// ends the wait.
 func (s *Subscriber) saveNow(ctx context.Context, msg jetstream.Msg) {
 	if s.Progress == nil {
 		return
@@ -660,28 +660,17 @@ func (s *Subscriber) save(ctx context.Context) error {
 	saving := s.doneUnsaved
 	s.mu.Unlock()
 	newRev, err := s.Progress.Save(ctx, &p, rev)
-	if errors.Is(err, ErrTakenOver) {
-		// Another subscriber delivers now: what this one finished goes
-		// into its record all the same, so that it skips those batches
-		// when they come again.
-		if mrev, merr := s.mergeSave(ctx, &p); merr == nil {
-			newRev = mrev
-		}
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
 	case errors.Is(err, ErrTakenOver):
+		// Another subscriber delivers now. This one writes nothing more
+		// into the record (each write would refuse the other's next save
+		// and stop it delivering); what it finished and did not save is
+		// what a fault costs.
 		if len(s.held) > 0 {
 			s.takenOver = true
 		}
-		if newRev == 0 {
-			// Not merged yet: the next save tries again.
-			s.dirty = true
-		} else {
-			s.doneUnsaved -= saving
-		}
-		s.rev = max(s.rev, newRev)
 		return err
 	case err != nil:
 		s.dirty = true
@@ -690,27 +679,6 @@ func (s *Subscriber) save(ctx context.Context) error {
 	s.rev = newRev
 	s.doneUnsaved -= saving
 	return nil
-}
-
-// mergeSave writes p's knowledge into the durable's record as another
-// subscriber left it, a few times over should it move meanwhile; it
-// returns the revision written.
-func (s *Subscriber) mergeSave(ctx context.Context, p *Progress) (uint64, error) {
-	var err error
-	for range 3 {
-		var cur Progress
-		var rev uint64
-		if cur, rev, err = s.Progress.Load(ctx); err != nil {
-			return 0, err
-		}
-		if !cur.absorb(p) {
-			return rev, nil
-		}
-		if rev, err = s.Progress.Save(ctx, &cur, rev); err == nil {
-			return rev, nil
-		}
-	}
-	return 0, err
 }
 
 // clone copies p deeply.
