@@ -459,8 +459,12 @@ func (s *KVProgress) Save(ctx context.Context, p *Progress, revision uint64) (ui
 	}
 }
 
-// maxUnsure bounds the writes remembered whose outcome is not known.
-const maxUnsure = 8
+// maxUnsure bounds the writes remembered whose outcome is not known. A
+// bucket away for a while sees a save tried every second and before each
+// ack: with 8 remembered, one that landed unheard was forgotten and taken
+// for another subscriber's (issue 49's fault runs: a subscriber let go of
+// a message of 142 batches and wrote it again).
+const maxUnsure = 64
 
 func (s *KVProgress) put(ctx context.Context, data []byte, revision uint64) (uint64, error) {
 	if revision == 0 {
