@@ -62,6 +62,12 @@ type Record struct {
 	// zero and empty once a session has started since.
 	StoppedSeq   uint64
 	StoppedMsgID string
+	// AnchorSeq and AnchorMark are the newest batch of the incarnation a
+	// tailer found on the stream StreamName, at its sequence (SetAnchor):
+	// what a tailer started after another was killed checks the stream
+	// by. Zero and empty until one is recorded, and after a resync.
+	AnchorSeq  uint64
+	AnchorMark string
 }
 
 // Cutover is where mailroom's collector stopped: it sent the tokens up to
@@ -94,7 +100,7 @@ func NewIncarnation() string {
 
 const recordColumns = `incarnation, created_by, created_at, resync_pending, resync_needed, consistent_point::text, stream_seq, legacy, collector_last_seq, collector_cutover,
 	coalesce(blocked, ''), coalesce(blocked_at, 'epoch'), coalesce(stream_name, ''), coalesce(stream_created, ''),
-	coalesce(stopped_seq, 0), coalesce(stopped_msg_id, '')`
+	coalesce(stopped_seq, 0), coalesce(stopped_msg_id, ''), coalesce(anchor_seq, 0), coalesce(anchor_mark, '')`
 
 // LoadRecord reads slot's record; Exists is false when there is none.
 func LoadRecord(ctx context.Context, q Querier, slot string) (Record, error) {
@@ -105,10 +111,11 @@ func LoadRecord(ctx context.Context, q Querier, slot string) (Record, error) {
 		lastSeq    *int64
 		cutoverAt  *int64
 		stoppedSeq int64
+		anchorSeq  int64
 	)
 	err := q.QueryRow(ctx, `SELECT `+recordColumns+` FROM tailer_slot WHERE slot = $1`, slot).
 		Scan(&r.Incarnation, &r.CreatedBy, &r.CreatedAt, &r.ResyncPending, &r.ResyncNeeded, &cp, &seq, &r.Legacy, &lastSeq, &cutoverAt, &r.Blocked, &r.BlockedAt,
-			&r.StreamName, &r.StreamCreated, &stoppedSeq, &r.StoppedMsgID)
+			&r.StreamName, &r.StreamCreated, &stoppedSeq, &r.StoppedMsgID, &anchorSeq, &r.AnchorMark)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -121,7 +128,7 @@ func LoadRecord(ctx context.Context, q Querier, slot string) (Record, error) {
 		return r, fmt.Errorf("read the record of slot %s: %w", slot, err)
 	}
 	r.Exists = true
-	r.StoppedSeq = uint64(stoppedSeq)
+	r.StoppedSeq, r.AnchorSeq = uint64(stoppedSeq), uint64(anchorSeq)
 	if cp != nil {
 		if r.ConsistentPoint, err = pglogrepl.ParseLSN(*cp); err != nil {
 			return r, fmt.Errorf("record of slot %s: consistent point: %w", slot, err)
@@ -164,7 +171,7 @@ func saveRecord(ctx context.Context, q Querier, r *Record) error {
 		ON CONFLICT (slot) DO UPDATE SET incarnation = EXCLUDED.incarnation, created_by = EXCLUDED.created_by,
 			created_at = EXCLUDED.created_at, resync_pending = EXCLUDED.resync_pending, consistent_point = EXCLUDED.consistent_point,
 			stream_seq = EXCLUDED.stream_seq, legacy = false, resync_needed = false, blocked = NULL, blocked_at = NULL,
-			stopped_seq = NULL, stopped_msg_id = NULL,
+			stopped_seq = NULL, stopped_msg_id = NULL, anchor_seq = NULL, anchor_mark = NULL,
 			collector_last_seq = coalesce(EXCLUDED.collector_last_seq, s.collector_last_seq),
 			collector_cutover = coalesce(EXCLUDED.collector_cutover, s.collector_cutover)
 		RETURNING created_at, collector_last_seq, collector_cutover`,
@@ -173,6 +180,7 @@ func saveRecord(ctx context.Context, q Querier, r *Record) error {
 		return fmt.Errorf("record slot %s (has `tailer migrate` run?): %w", r.Slot, err)
 	}
 	r.Exists, r.Legacy, r.StoppedSeq, r.StoppedMsgID = true, false, 0, ""
+	r.AnchorSeq, r.AnchorMark = 0, ""
 	if lastSeq != nil && cutoverAt != nil {
 		r.Cutover = &Cutover{LastSeq: *lastSeq, At: *cutoverAt}
 	}
@@ -244,12 +252,30 @@ type StreamIdentity struct {
 // SetStream records the stream r's incarnation publishes to. The caller
 // holds the lease.
 func SetStream(ctx context.Context, q Querier, r *Record, stream StreamIdentity) error {
-	_, err := q.Exec(ctx, `UPDATE tailer_slot SET stream_name = $3, stream_created = $4 WHERE slot = $1 AND incarnation = $2`,
+	// An anchor names a message of the stream it was found on.
+	_, err := q.Exec(ctx, `UPDATE tailer_slot SET stream_name = $3, stream_created = $4,
+			anchor_seq = CASE WHEN stream_name = $3 THEN anchor_seq END, anchor_mark = CASE WHEN stream_name = $3 THEN anchor_mark END
+		WHERE slot = $1 AND incarnation = $2`,
 		r.Slot, r.Incarnation, stream.Name, stream.Created)
 	if err != nil {
 		return fmt.Errorf("record slot %s's stream: %w", r.Slot, err)
 	}
+	if r.StreamName != stream.Name {
+		r.AnchorSeq, r.AnchorMark = 0, ""
+	}
 	r.StreamName, r.StreamCreated = stream.Name, stream.Created
+	return nil
+}
+
+// SetAnchor records, for slot's incarnation, the newest batch it found on
+// its stream: at seq, with mark. A resync since (another incarnation)
+// leaves the record as it is; an older anchor never replaces a newer one.
+func SetAnchor(ctx context.Context, q Querier, slot, incarnation string, seq uint64, mark string) error {
+	_, err := q.Exec(ctx, `UPDATE tailer_slot SET anchor_seq = $3, anchor_mark = $4
+		WHERE slot = $1 AND incarnation = $2 AND coalesce(anchor_seq, 0) < $3`, slot, incarnation, int64(seq), mark)
+	if err != nil {
+		return fmt.Errorf("record the newest batch slot %s found on its stream: %w", slot, err)
+	}
 	return nil
 }
 

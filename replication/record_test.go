@@ -104,3 +104,53 @@ func TestRecord(t *testing.T) {
 		t.Fatalf("after SetStream: %+v, %v", r, err)
 	}
 }
+
+// The anchor a running tailer keeps in the record: newer ones only, of
+// its own incarnation, of the stream it names, gone with a resync.
+func TestRecordAnchor(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := tailertest.NewDB(t, pgtest.Shared(t))
+	r, err := CreateSlot(ctx, db.Conn, "s", "tailer migrate", false, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := SetStream(ctx, db.Conn, &r, StreamIdentity{Name: "S", Created: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	anchor := func(want uint64, mark string) {
+		t.Helper()
+		got, err := LoadRecord(ctx, db.Conn, "s")
+		if err != nil || got.AnchorSeq != want || got.AnchorMark != mark {
+			t.Fatalf("anchor %d %q (%v), want %d %q", got.AnchorSeq, got.AnchorMark, err, want, mark)
+		}
+	}
+	anchor(0, "")
+	for _, a := range []struct {
+		incarnation string
+		seq         uint64
+		mark        string
+	}{{r.Incarnation, 10, "id:a"}, {r.Incarnation, 5, "id:older"}, {"another", 20, "id:another"}} {
+		if err := SetAnchor(ctx, db.Conn, "s", a.incarnation, a.seq, a.mark); err != nil {
+			t.Fatal(err)
+		}
+	}
+	anchor(10, "id:a")
+	if err := SetStream(ctx, db.Conn, &r, StreamIdentity{Name: "S", Created: "another replica's time"}); err != nil {
+		t.Fatal(err)
+	}
+	anchor(10, "id:a")
+	if err := SetStream(ctx, db.Conn, &r, StreamIdentity{Name: "OTHER", Created: "t"}); err != nil || r.AnchorSeq != 0 {
+		t.Fatalf("SetStream of another name kept the anchor %d (%v)", r.AnchorSeq, err)
+	}
+	anchor(0, "")
+	if err := SetAnchor(ctx, db.Conn, "s", r.Incarnation, 12, "id:b"); err != nil {
+		t.Fatal(err)
+	}
+	anchor(12, "id:b")
+	if _, err := BeginResync(ctx, db.Conn, "s", "tailer resync", nil); err != nil {
+		t.Fatal(err)
+	}
+	anchor(0, "")
+}

@@ -760,11 +760,64 @@ func TestStrayMessageOnTheSubject(t *testing.T) {
 // it was, and the session's publishes go on over it: the tailer finds it
 // within a sample); after tailer resync every token reaches the subscriber
 // once (issue 34: it went on, 500 tokens gone).
+// anchorRecorded waits until the slot's record names, as its anchor, the
+// stream's last batch.
+func (c *cluster) anchorRecorded() {
+	c.t.Helper()
+	tailertest.Eventually(c.t, 30*time.Second, func() error {
+		last, err := c.lastBatchSeq()
+		if err != nil {
+			return err
+		}
+		if anchor := c.recordedAnchor(); anchor != last {
+			return fmt.Errorf("anchor_seq %d, the stream's last batch at %d", anchor, last)
+		}
+		return nil
+	})
+}
+
+// recordedAnchor is the slot record's anchor_seq (0: none).
+func (c *cluster) recordedAnchor() uint64 {
+	c.t.Helper()
+	var anchor *int64
+	if err := c.Conn.QueryRow(c.ctx, `SELECT anchor_seq FROM tailer_slot WHERE slot = 'mailroom'`).Scan(&anchor); err != nil {
+		c.t.Fatal(err)
+	}
+	if anchor == nil {
+		return 0
+	}
+	return uint64(*anchor)
+}
+
+// lastBatchSeq is the sequence of the stream's last batch.
+func (c *cluster) lastBatchSeq() (uint64, error) {
+	s, done, err := c.stream()
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	msg, err := s.GetLastMsgForSubject(c.ctx, "mailroom.batches")
+	if err != nil {
+		return 0, err
+	}
+	return msg.Sequence, nil
+}
+
 func TestStreamThatLostItsBatchesIsRefused(t *testing.T) {
 	t.Parallel()
+	purgeBatches := func(c *cluster, js jetstream.JetStream, _ *watched) error {
+		s, err := js.Stream(c.ctx, "MAILROOM")
+		if err != nil {
+			return err
+		}
+		return s.Purge(c.ctx, jetstream.WithPurgeSubject("mailroom.batches"))
+	}
 	for _, tc := range []struct {
 		name, want string
 		lose       func(c *cluster, js jetstream.JetStream, p *watched) error
+		// killed: the tailer SIGKILLed before the loss and started again
+		// after it, with no anchors of its own but the slot's record's.
+		killed bool
 	}{
 		{"deleted and made again", "was deleted and made again", func(c *cluster, js jetstream.JetStream, _ *watched) error {
 			if err := js.DeleteStream(c.ctx, "MAILROOM"); err != nil {
@@ -772,7 +825,7 @@ func TestStreamThatLostItsBatchesIsRefused(t *testing.T) {
 			}
 			_, err := js.CreateStream(c.ctx, jetstream.StreamConfig{Name: "MAILROOM", Subjects: []string{"mailroom.batches", "mailroom.batches.>"}, Storage: jetstream.FileStorage})
 			return err
-		}},
+		}, false},
 		// Said by whichever check sees it first: the stream's sequences
 		// ("it was purged") or the messages this process stored there
 		// ("no longer holds message ..., or purged").
@@ -782,16 +835,11 @@ func TestStreamThatLostItsBatchesIsRefused(t *testing.T) {
 				return err
 			}
 			return s.Purge(c.ctx)
-		}},
+		}, false},
 		// The markers kept: the stream's first sequence stays where it was
 		// (issue 45: not seen, before and after a restart).
-		{"purged of the batches' subject", "no longer holds", func(c *cluster, js jetstream.JetStream, _ *watched) error {
-			s, err := js.Stream(c.ctx, "MAILROOM")
-			if err != nil {
-				return err
-			}
-			return s.Purge(c.ctx, jetstream.WithPurgeSubject("mailroom.batches"))
-		}},
+		{"purged of the batches' subject", "no longer holds", purgeBatches, false},
+		{"purged of the batches' subject while the tailer was killed", "no longer holds", purgeBatches, true},
 		// Frozen meanwhile, so that it publishes nothing into the stream
 		// as it is made again.
 		{"restored from an older backup", "no longer holds message", func(c *cluster, js jetstream.JetStream, p *watched) error {
@@ -799,7 +847,7 @@ func TestStreamThatLostItsBatchesIsRefused(t *testing.T) {
 			defer p.thaw()
 			restoreStream(c.t, c, streamLastSeq(c.t, c)-1)
 			return nil
-		}},
+		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -823,8 +871,15 @@ func TestStreamThatLostItsBatchesIsRefused(t *testing.T) {
 			}
 			defer nc.Close()
 			js, _ := jetstream.New(nc)
+			if tc.killed {
+				c.anchorRecorded()
+				p.kill()
+			}
 			if err := tc.lose(c, js, p); err != nil {
 				t.Fatal(err)
+			}
+			if tc.killed {
+				p = c.watchedTailer()
 			}
 			c.accounts("during", 5)
 			p.blocked(c, "stream", tc.want)
@@ -843,7 +898,7 @@ func TestStreamThatLostItsBatchesIsRefused(t *testing.T) {
 			if missing, repeats := countOutput(t, out, c.signedTokens()); missing != 0 || repeats != 0 {
 				t.Fatalf("the subscriber wrote %d tokens twice and missed %d", repeats, missing)
 			}
-			if tc.name == "purged of the batches' subject" {
+			if strings.HasPrefix(tc.name, "purged of the batches' subject") {
 				// Its consumer and record are of this stream: it sees the
 				// unread batches gone (wire.Chain), before a message of the
 				// tailer's or of the resync's.

@@ -86,44 +86,64 @@ func streamLastSeq(t *testing.T, c *cluster) uint64 {
 // A stream made again from a backup taken after the tailer's clean stop
 // (the move of a stream from one NATS server to a cluster) is taken for
 // the same: it holds, where the tailer stopped, the message it last saw.
-// A backup older than the stop, or a stop that was a crash, is refused as
-// a stream deleted and made again, as before.
+// After a crash the newest batch a running tailer found on the stream (the
+// slot record's anchor) decides the same way. A backup older than the
+// stop or the anchor, or a crash before any anchor was recorded, is
+// refused as a stream deleted and made again, or one that lost a message.
 func TestRestoredStream(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name string
-		// crash: the tailer is killed, not stopped; again: a clean stop,
-		// then a session that publishes more and is killed, the backup
-		// from the clean stop.
-		crash, again bool
-		// older: the backup lacks the stream's last message.
+		// crash: the tailer is killed, not stopped; anchored: after its
+		// record names an anchor (else it never checks the stream while
+		// it runs); again: a clean stop, then a session that publishes
+		// more and is killed, the backup from the clean stop.
+		crash, anchored, again bool
+		// older: the backup lacks the stream's last message, or with
+		// anchored the anchor's.
 		older bool
-		taken bool
+		// taken: the tailer logs this and streams; refused: it waits,
+		// naming this.
+		taken, refused string
 	}{
-		{name: "backup after a clean stop", taken: true},
-		{name: "backup older than the stop", older: true},
-		{name: "backup after a crash", crash: true},
-		{name: "backup of a clean stop before a session that crashed", again: true},
+		{name: "backup after a clean stop", taken: "restored"},
+		{name: "backup older than the stop", older: true, refused: "was deleted and made again"},
+		{name: "backup after a crash before any anchor", crash: true, refused: "was deleted and made again"},
+		{name: "backup after a crash", crash: true, anchored: true, taken: "judged by the messages this tailer stored last"},
+		{name: "backup older than the anchor after a crash", crash: true, anchored: true, older: true, refused: "no longer holds message"},
+		{name: "backup of a clean stop before a session that crashed", again: true, refused: "was deleted and made again"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
-			p := c.tailer()
+			// The stream is checked, and its anchor recorded, every
+			// MAILROOM_LAG_INTERVAL; never, within the test, without one.
+			interval := "MAILROOM_LAG_INTERVAL=3600000"
+			if tc.anchored {
+				interval = "MAILROOM_LAG_INTERVAL=200"
+			}
+			p := c.tailer(interval)
 			p.waitLog("msg=streaming", 1, 30*time.Second)
 			c.accounts("before", 25)
 			c.expectExactlyOnce(30 * time.Second)
+			if tc.anchored {
+				c.anchorRecorded()
+			}
 			if tc.crash {
 				p.kill()
 			} else if code := p.term(30 * time.Second); code != exitOK {
 				t.Fatalf("SIGTERM: exit %d", code)
 			}
 			var upTo uint64
-			if tc.older {
+			switch {
+			case tc.older && tc.anchored:
+				upTo = c.recordedAnchor() - 1
+			case tc.older:
 				upTo = streamLastSeq(t, c) - 1
 			}
 			if tc.again {
 				upTo = streamLastSeq(t, c)
-				p := c.tailer()
+				p := c.tailer("MAILROOM_LAG_INTERVAL=3600000")
 				p.waitLog("msg=streaming", 1, 30*time.Second)
 				c.accounts("between", 5)
 				c.expectExactlyOnce(30 * time.Second)
@@ -133,11 +153,11 @@ func TestRestoredStream(t *testing.T) {
 
 			w := c.watchedTailer()
 			c.accounts("after", 10)
-			if !tc.taken {
-				w.blocked(c, "stream", "was deleted and made again")
+			if tc.refused != "" {
+				w.blocked(c, "stream", tc.refused)
 				return
 			}
-			w.waitLog("restored", 1, 30*time.Second)
+			w.waitLog(tc.taken, 1, 30*time.Second)
 			if n := c.expectExactlyOnce(30 * time.Second); n != 35 {
 				t.Fatalf("%d tokens on the stream, want 35", n)
 			}

@@ -14,6 +14,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
 	"github.com/mailroom/tailer/batch"
@@ -85,11 +86,15 @@ type Daemon struct {
 	guardSaid, limitsSaid atomic.Bool
 	// streamCheck, while a session streams, refuses a stream that lost
 	// what the session's slot published to it (the slot sampler runs it).
-	streamCheck atomic.Pointer[func(context.Context) error]
+	streamCheck atomic.Pointer[func(context.Context, *pgx.Conn) error]
 	// clock measures the lag in seconds; throughSaid: a record that
 	// cannot keep it was said.
 	clock       lagClock
 	throughSaid atomic.Bool
+	// anchorRecorded is the batch sequence last kept in the slot's record
+	// (recordAnchor); anchorSaid: a failure to keep it was said.
+	anchorRecorded atomic.Uint64
+	anchorSaid     atomic.Bool
 	// anchored is what the last session acknowledged on the stream, for
 	// the next session of the same incarnation and stream to judge the
 	// stream by (publish.Anchors). Sessions run one after the other.

@@ -72,7 +72,7 @@ func (d *Daemon) sampleSlot(ctx context.Context) {
 				var blocked *blockedError
 				rerr := d.checkReadable(ctx, conn)
 				if check := d.streamCheck.Load(); rerr == nil && check != nil {
-					rerr = (*check)(ctx)
+					rerr = (*check)(ctx, conn)
 				}
 				if errors.As(rerr, &blocked) {
 					(*stop)(blocked)

@@ -18,6 +18,7 @@ import (
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/join"
+	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -269,7 +270,14 @@ func (d *Daemon) stream(ctx context.Context, s *opened, c *claimed) error {
 	defer d.feeder.Store(nil)
 	d.publishing.Store(&publishing{pipe: pipeline, pub: c.pub})
 	defer d.publishing.Store(nil)
-	recheck := func(ctx context.Context) error { return d.recheckStream(ctx, c.pub, &c.rec) }
+	inc := c.rec.Incarnation
+	recheck := func(ctx context.Context, q *pgx.Conn) error {
+		if err := d.recheckStream(ctx, c.pub, &c.rec); err != nil {
+			return err
+		}
+		d.recordAnchor(ctx, q, inc, c.pub.Anchors().Batch)
+		return nil
+	}
 	d.streamCheck.Store(&recheck)
 	defer d.streamCheck.Store(nil)
 	runCtx, cancelRun := context.WithCancelCause(ctx)
@@ -612,6 +620,11 @@ func (d *Daemon) checkStream(ctx context.Context, q *pgx.Conn, pub *publish.Publ
 	if d.anchored.incarnation == rec.Incarnation && d.anchored.stream == here.Name {
 		pub.KeepAnchors(d.anchored.anchors)
 	}
+	// A tailer killed before (this process or another) left the newest
+	// batch it found on the stream.
+	if rec.AnchorSeq != 0 && rec.StreamName == here.Name {
+		pub.KeepAnchors(publish.Anchors{Batch: wire.Anchor{Seq: rec.AnchorSeq, Mark: rec.AnchorMark}})
+	}
 	if rec.StreamName == here.Name && rec.StreamCreated != here.Created {
 		if err := d.sameContent(ctx, pub, rec, here); err != nil {
 			return err
@@ -628,15 +641,33 @@ func (d *Daemon) checkStream(ctx context.Context, q *pgx.Conn, pub *publish.Publ
 	return nil
 }
 
+// recordAnchor keeps in the slot's record the newest batch the session
+// found on the stream (a check just read it there), for a tailer started
+// after this one is killed: it has no anchors of its own to know the
+// stream by. A failure is said once; the next check writes it again.
+func (d *Daemon) recordAnchor(ctx context.Context, q *pgx.Conn, incarnation string, a wire.Anchor) {
+	if a.Seq == 0 || a.Seq == d.anchorRecorded.Load() {
+		return
+	}
+	err := replication.SetAnchor(ctx, q, d.cfg.Slot, incarnation, a.Seq, a.Mark)
+	switch {
+	case err == nil:
+		d.anchorRecorded.Store(a.Seq)
+	case ctx.Err() == nil && !d.anchorSaid.Swap(true):
+		d.log.Warn("cannot record the newest batch found on the stream; a tailer started after this one is killed checks the stream by an older one", "err", err)
+	}
+}
+
 // sameContent judges a stream whose server reports another creation time
 // than the one recorded, by what it holds. The replicas of a stream
 // restored from a backup each report their own time, so a leader change
 // alone shows another: what this process acknowledged last on the stream
-// (its anchors, checked by recheckStream) says it is the same. Without
-// anchors (a tailer started since), the message last on the stream at
-// the last clean stop says it was made again with everything it held
-// (restored from a backup taken after that stop, as a move to a cluster
-// does); otherwise it is another stream.
+// (its anchors, or the one a killed tailer left in the slot's record,
+// checked by recheckStream) says it is the same. Without any (no session
+// of the incarnation lived to a stream check), the message last on the
+// stream at the last clean stop says it was made again with everything it
+// held (restored from a backup taken after that stop, as a move to a
+// cluster does); otherwise it is another stream.
 func (d *Daemon) sameContent(ctx context.Context, pub *publish.Publisher, rec *replication.Record, here replication.StreamIdentity) error {
 	if !pub.Anchors().Unanchored() {
 		d.log.Info("the stream's server reports another creation time than recorded (another replica answers, or it was restored); it is judged by the messages this tailer stored last",
