@@ -18,8 +18,8 @@ import (
 
 // Messages removed from the stream before a durable read them (a limit
 // trimmed them while its subscribers were down; a purge of the subject is
-// the same to a reader): a subscriber into a file and one into the inbox
-// say so as they read past the place, on /readyz, their metric and the
+// the same to a reader): a subscriber into a file, one into the inbox and
+// one into an inbox of one action only say so as they read past the place, on /readyz, their metric and the
 // log, naming tailer resync, and deliver what the stream still holds.
 // tailer resync, as the runbook says, publishes the tokens again: each
 // subscriber has every token once, and is ready again.
@@ -37,25 +37,35 @@ func TestSubscribersSeeAGap(t *testing.T) {
 		t.Fatal(err)
 	}
 	tailer := c.tailer()
-	dbURL := pgtest.Shared(t).CreateDB(t)
-	conn, err := pgx.Connect(c.ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
+	// Two inboxes: one of every token, one of the activation tokens only
+	// (--filter-action: the database's last token is no place in the
+	// stream, the consumer's ack floor is).
+	var dbURLs [2]string
+	var conns [2]*pgx.Conn
+	for k := range dbURLs {
+		dbURLs[k] = pgtest.Shared(t).CreateDB(t)
+		conn, err := pgx.Connect(c.ctx, dbURLs[k])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(context.Background())
+		conns[k] = conn
 	}
-	defer conn.Close(context.Background())
 	inboxRows := func(n int) {
 		t.Helper()
-		tailertest.Eventually(t, 30*time.Second, func() error {
-			var rows int
-			conn.QueryRow(c.ctx, `SELECT count(*) FROM mailroom_inbox`).Scan(&rows)
-			if rows != n {
-				return fmt.Errorf("%d rows in the inbox, want %d", rows, n)
-			}
-			return nil
-		})
+		for _, conn := range conns {
+			tailertest.Eventually(t, 30*time.Second, func() error {
+				var rows int
+				conn.QueryRow(c.ctx, `SELECT count(*) FROM mailroom_inbox`).Scan(&rows)
+				if rows != n {
+					return fmt.Errorf("%d rows in the inbox, want %d", rows, n)
+				}
+				return nil
+			})
+		}
 	}
 	out := filepath.Join(t.TempDir(), "lines")
-	var addrs [2]string
+	var addrs [3]string
 	for k := range addrs {
 		port, err := pgtest.FreePort()
 		if err != nil {
@@ -66,7 +76,9 @@ func TestSubscribersSeeAGap(t *testing.T) {
 	start := func() []*proc {
 		return []*proc{
 			c.subscriber(out, "--durable", "file", "--from-start", "--dedup-window", "1000", "--health-addr", addrs[0]),
-			c.command([]string{"subscribe", "--durable", "inbox", "--into", "inbox", "--migrate", "--from-start", "--health-addr", addrs[1]}, "MAILROOM_INBOX_URL="+dbURL),
+			c.command([]string{"subscribe", "--durable", "inbox", "--into", "inbox", "--migrate", "--from-start", "--health-addr", addrs[1]}, "MAILROOM_INBOX_URL="+dbURLs[0]),
+			c.command([]string{"subscribe", "--durable", "activations", "--into", "inbox", "--filter-action", "activation", "--migrate", "--from-start", "--health-addr", addrs[2]},
+				"MAILROOM_INBOX_URL="+dbURLs[1]),
 		}
 	}
 	c.accounts("a", 5)

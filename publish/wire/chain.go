@@ -20,7 +20,9 @@ type Chain struct {
 	// not know (the inbox keeps the last message it stored, not its
 	// subject). Until a subject's newest is known, a message there that
 	// names a predecessor past the seed, or another at its sequence,
-	// follows one the reader never had.
+	// follows one the reader never had. A seed without a Mark names a
+	// place only (a consumer's ack floor: every message up to it was
+	// handled, whatever stands there now).
 	Seed Anchor `json:"seed,omitzero"`
 }
 
@@ -76,7 +78,7 @@ func (c *Chain) Follow(subject string, seq uint64, h Header, mark string, again 
 		return nil
 	case !known:
 		seed := c.Seed
-		if seed.Seq == 0 || seq <= seed.Seq || prev.Seq < seed.Seq || prev == seed {
+		if seed.Seq == 0 || seq <= seed.Seq || prev.Seq < seed.Seq || prev == seed || prev.Seq == seed.Seq && seed.Mark == "" {
 			return nil
 		}
 		given = seed

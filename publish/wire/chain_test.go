@@ -89,3 +89,23 @@ func TestChainSeed(t *testing.T) {
 		}
 	}
 }
+
+// A seed of a place only (a consumer's ack floor) knows no mark: whatever
+// stands at it was handled; only a predecessor past it was never had.
+func TestChainSeedPlaceOnly(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		seq     uint64
+		prevSeq uint64
+		gap     bool
+	}{
+		{"follows the message at the floor", 11, 10, false},
+		{"follows one before the floor", 12, 7, false},
+		{"follows a message after the floor, never had", 14, 12, true},
+	} {
+		c := Chain{Seed: Anchor{Seq: 10}}
+		if gap := c.Follow("b", tc.seq, header("id:p", tc.prevSeq), "id:m", false); (gap != nil) != tc.gap {
+			t.Errorf("%s: gap %v, want one: %v", tc.name, gap, tc.gap)
+		}
+	}
+}

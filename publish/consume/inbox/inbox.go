@@ -186,6 +186,7 @@ func (c *Consumer) Run(ctx context.Context, js jetstream.JetStream) error {
 		if err != nil {
 			return err
 		}
+		c.seedAtFloor(cons)
 		if err := c.consume(ctx, cons); !errors.Is(err, errLost) {
 			return err
 		}
@@ -348,6 +349,16 @@ func (c *Consumer) seed(at Stored) {
 	if c.Durable.Action == "" {
 		c.chain.Seed = wire.Anchor{Seq: at.Seq, Mark: wire.IDMark(at.BatchID)}
 	}
+}
+
+// seedAtFloor starts the chain, with an action, at the consumer's ack
+// floor: every message up to it was handled, stored or holding none of the
+// action's tokens, which the database cannot say (seed).
+func (c *Consumer) seedAtFloor(cons jetstream.Consumer) {
+	if c.Durable.Action == "" || c.chain.Seed.Seq != 0 {
+		return
+	}
+	c.chain.Seed = wire.Anchor{Seq: cons.CachedInfo().AckFloor.Stream}
 }
 
 // follow checks that msg follows the last message stored from its
