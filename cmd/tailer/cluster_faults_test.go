@@ -222,15 +222,53 @@ func leaderOf(ctx context.Context, js jetstream.JetStream, stream, consumer stri
 	return -1
 }
 
+// whole waits until the stream, the pair's consumer and the subscribers'
+// bucket each have a leader and every replica current (a node killed and
+// back has caught up): one fault at a time, so that what each costs is
+// its own. It returns how long that took.
+func whole(ctx context.Context, js jetstream.JetStream, within time.Duration) time.Duration {
+	start := time.Now()
+	current := func(ci *jetstream.ClusterInfo) bool {
+		if ci == nil || ci.Leader == "" || len(ci.Replicas) != 2 {
+			return false
+		}
+		for _, r := range ci.Replicas {
+			if !r.Current || r.Offline {
+				return false
+			}
+		}
+		return true
+	}
+	for time.Since(start) < within {
+		qctx, cancel := context.WithTimeout(ctx, time.Second)
+		ok := true
+		for _, name := range []string{"MAILROOM", "KV_" + consume.ProgressBucket("MAILROOM")} {
+			s, err := js.Stream(qctx, name)
+			ok = ok && err == nil && current(s.CachedInfo().Cluster)
+			if ok && name == "MAILROOM" {
+				c, err := s.Consumer(qctx, "pair")
+				ok = err == nil && current(c.CachedInfo().Cluster)
+			}
+		}
+		cancel()
+		if ok {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
 // deliveryWatch follows the pinned pair's output as faults go on: the
 // longest stretch with messages pending on the durable and no line
-// written, and by fault the lines written again (a line is a batch).
+// written, and by fault and subscriber the lines written again (a line is
+// a batch).
 type deliveryWatch struct {
 	mu      sync.Mutex
 	fault   int
 	maxGap  time.Duration
 	gapAt   string
-	repeats map[int]int
+	repeats map[faultBy]int
 	lines   int
 	// events says each line written again, when and by whom.
 	events []string
@@ -239,6 +277,13 @@ type deliveryWatch struct {
 	bySelf     int
 	lastSeqs   []uint64
 	streamGrew time.Time
+}
+
+// faultBy is a fault and the subscriber that wrote lines again during or
+// after it.
+type faultBy struct {
+	fault  int
+	writer string
 }
 
 func (dw *deliveryWatch) run(ctx context.Context, t *testing.T, js jetstream.JetStream, out, who string) {
@@ -281,7 +326,7 @@ func (dw *deliveryWatch) run(ctx context.Context, t *testing.T, js jetstream.Jet
 			if again {
 				dw.mu.Lock()
 				dw.events = append(dw.events, fmt.Sprintf("%s line %d written again by %s, first by %s (token %d)", time.Now().UTC().Format("15:04:05.000"), lines, writer, first, toks[0].ID))
-				dw.repeats[dw.fault]++
+				dw.repeats[faultBy{dw.fault, writer}]++
 				if first == writer {
 					dw.bySelf++
 				}
@@ -433,7 +478,7 @@ func TestNATSClusterFaults(t *testing.T) {
 		return c.command([]string{"subscribe", "--durable", "inbox", "--into", "inbox", "--migrate", "--from-start"}, "MAILROOM_INBOX_URL="+dbURL)
 	})
 	w := c.startWriter(3, 20*time.Millisecond)
-	dw := &deliveryWatch{repeats: map[int]int{}}
+	dw := &deliveryWatch{repeats: map[faultBy]int{}}
 	go dw.run(ctx, t, js, out, who)
 	tailertest.Eventually(t, 60*time.Second, func() error {
 		if len(writersOf(who)) == 0 {
@@ -487,8 +532,10 @@ func TestNATSClusterFaults(t *testing.T) {
 		healed := time.Now()
 		took := dw.streamingSince(healed, 30*time.Second)
 		recoveries = append(recoveries, took)
-		said = append(said, fmt.Sprintf("fault %d (%s): %s; streaming %s after; stream led by n%d, the pair's consumer by n%d",
-			i, start.UTC().Format("15:04:05"), what, took.Round(100*time.Millisecond), leaderOf(c.ctx, js, "MAILROOM", "")+1, leaderOf(c.ctx, js, "MAILROOM", "pair")+1))
+		caughtUp := whole(c.ctx, js, 30*time.Second)
+		said = append(said, fmt.Sprintf("fault %d (%s): %s; streaming %s after; every replica current %s after; stream led by n%d, the pair's consumer by n%d",
+			i, start.UTC().Format("15:04:05"), what, took.Round(100*time.Millisecond), caughtUp.Round(100*time.Millisecond),
+			leaderOf(c.ctx, js, "MAILROOM", "")+1, leaderOf(c.ctx, js, "MAILROOM", "pair")+1))
 		time.Sleep(time.Until(healed.Add(2 * time.Second)))
 	}
 	w.halt()
@@ -518,14 +565,14 @@ func TestNATSClusterFaults(t *testing.T) {
 	_, repeats := countOutput(t, out, want)
 	dw.mu.Lock()
 	defer dw.mu.Unlock()
-	worst, at := 0, -1
+	worst, at := 0, faultBy{fault: -1}
 	for f, r := range dw.repeats {
 		if r > worst {
 			worst, at = r, f
 		}
 	}
-	t.Logf("%d tokens through %d faults: stream and inbox once each; the pair wrote %d lines, %d tokens again, at most %d lines again at one fault (%d), %d lines again in all by the subscriber that wrote them first; longest stretch without a line while messages waited %s (%s); tailer streaming again at most %s after a heal; subscriber exits: pair %d+%d, inbox %d",
-		n, faults, dw.lines, repeats, worst, at, dw.bySelf, dw.maxGap.Round(100*time.Millisecond), dw.gapAt, maxDuration(recoveries).Round(100*time.Millisecond),
+	t.Logf("%d tokens through %d faults: stream and inbox once each; the pair wrote %d lines, %d tokens again, at most %d lines again by one subscriber at one fault (%d, %s), %d lines again in all by the subscriber that wrote them first; longest stretch without a line while messages waited %s (%s); tailer streaming again at most %s after a heal; subscriber exits: pair %d+%d, inbox %d",
+		n, faults, dw.lines, repeats, worst, at.fault, at.writer, dw.bySelf, dw.maxGap.Round(100*time.Millisecond), dw.gapAt, maxDuration(recoveries).Round(100*time.Millisecond),
 		len(pair[0].exits), len(pair[1].exits), len(inbox.exits))
 	t.Cleanup(func() {
 		// TAILER_FAULT_LOGS=dir keeps every subscriber's log there.

@@ -119,19 +119,32 @@ func leaderFault(t *testing.T, hold time.Duration, fault func(fn *faultNodes, n 
 	l := int(info.Cluster.Leader[1] - '1')
 	// The tailer connected to the leader's node (it learns the others from
 	// it): the worst case, where its own server goes silent or cut off.
-	p := c.watchedTailer("MAILROOM_NATS_REPLICAS=3", "MAILROOM_NATS_URL=nats://127.0.0.1:"+strconv.Itoa(fn.client[l]))
+	onLeader := "MAILROOM_NATS_URL=nats://127.0.0.1:" + strconv.Itoa(fn.client[l])
+	p := c.watchedTailer("MAILROOM_NATS_REPLICAS=3", onLeader)
 	p.waitLog("msg=streaming", 1, 30*time.Second)
+	// A pinned subscriber on the same node: it must leave it too.
+	out := filepath.Join(t.TempDir(), "lines")
+	if err := os.WriteFile(out, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sub := c.command([]string{"subscribe", "--durable", "d", "--from-start", "--pinned-ttl", "2s", "--exec", "cat >> " + out}, onLeader)
 	w := c.startWriter(3, 20*time.Millisecond)
+	waitOutput(t, out, 1)
 	time.Sleep(2 * time.Second)
 	if info, err = leaderInfo(c.ctx, c.natsURL()); err != nil || info.Cluster == nil || info.Cluster.Leader != fmt.Sprintf("n%d", l+1) {
 		t.Fatalf("the stream's leader moved before the fault: %v %v", info, err)
 	}
 	fault(fn, l, true)
 	frozen := time.Now()
-	var said, metric, elected, streaming time.Duration
-	before := uint64(0)
+	var said, metric, elected, streaming, delivering time.Duration
+	before, tokensBefore := uint64(0), 0
 	for time.Since(frozen) < hold {
 		now := time.Since(frozen)
+		if got, _ := outputTokens(t, out); elected != 0 && tokensBefore == 0 {
+			tokensBefore = len(got)
+		} else if elected != 0 && delivering == 0 && len(got) > tokensBefore+2 {
+			delivering = now
+		}
 		if said == 0 {
 			if _, body := httpGet(p.base + "/readyz"); strings.Contains(body, "awaited its PubAck") {
 				said = now
@@ -159,8 +172,10 @@ func leaderFault(t *testing.T, hold time.Duration, fault func(fn *faultNodes, n 
 		t.Fatal(w.err)
 	}
 	n := c.expectExactlyOnce(90 * time.Second)
-	t.Logf("%d tokens; leader n%d out for %s: PubAck wait said on /readyz at %s, in the metric at %s; new leader at %s; streaming again at %s",
-		n, l+1, hold, said.Round(100*time.Millisecond), metric.Round(100*time.Millisecond), elected.Round(100*time.Millisecond), streaming.Round(100*time.Millisecond))
+	awaitOutput(t, out, c.signedTokens())
+	t.Logf("%d tokens; leader n%d out for %s: PubAck wait said on /readyz at %s, in the metric at %s; new leader at %s; streaming again at %s; the subscriber delivering again at %s",
+		n, l+1, hold, said.Round(100*time.Millisecond), metric.Round(100*time.Millisecond), elected.Round(100*time.Millisecond), streaming.Round(100*time.Millisecond),
+		delivering.Round(100*time.Millisecond))
 	switch {
 	case said == 0 || said > 5*time.Second || metric == 0 || metric > 5*time.Second:
 		t.Fatalf("the PubAck wait was said at %s on /readyz and %s in the metric, want within 5 s:\n%s", said, metric, tail(p.out.String(), 30))
@@ -168,5 +183,8 @@ func leaderFault(t *testing.T, hold time.Duration, fault func(fn *faultNodes, n 
 		t.Fatalf("no new leader was elected within %s", hold)
 	case streaming == 0 || streaming-elected > 10*time.Second:
 		t.Fatalf("streaming again %s after the new leader's election, want within 10 s:\n%s", streaming-elected, tail(p.out.String(), 30))
+	case delivering == 0:
+		// Cut off on its node, it would wait for the partition to heal.
+		t.Fatalf("the subscriber on n%d delivered nothing after the new leader's election while the fault lasted:\n%s", l+1, tail(sub.out.String(), 30))
 	}
 }

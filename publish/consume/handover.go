@@ -70,7 +70,13 @@ func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg) error {
 	}
 	s.mu.Unlock()
 	if meta.NumDelivered > 1 && s.Log != nil {
-		s.Log.Info("delivered again: a reader may have had its tokens before", "stream_seq", seq, "deliveries", meta.NumDelivered)
+		s.mu.Lock()
+		done := 0
+		if m := s.prog.Messages[seq]; m != nil && m.Mark == mark {
+			done = m.Done.Len()
+		}
+		s.mu.Unlock()
+		s.Log.Info("delivered again: a reader may have had its tokens before", "stream_seq", seq, "deliveries", meta.NumDelivered, "batches_done_before", done)
 	}
 	s.gaps.Note(ctx, s.js, s.Stream, s.Durable, s.Log, msg.Headers(), gap, func() { msg.InProgress() })
 	b, err := Decode(msg.Headers(), msg.Data())
@@ -246,7 +252,10 @@ func (s *Subscriber) hand(ctx context.Context, units []*unit) error {
 				// A message of many batches (a backlog's): what the
 				// reader finished is saved before it gets more, so that
 				// a subscriber that takes the message over skips it.
-				s.saveNow(ctx, u.h.msg)
+				// Taken over, this one gives its reader nothing more.
+				if err := s.saveNow(ctx, u.h.msg); errors.Is(err, ErrTakenOver) {
+					return fmt.Errorf("consume %s: %w", s.Durable, err)
+				}
 			}
 			s.mu.Lock()
 			s.written += int64(len(u.data))
@@ -336,6 +345,7 @@ func (s *Subscriber) finish(ctx context.Context, hs ...*held) {
 		}
 		h.acking = true
 		s.mu.Unlock()
+		// Every batch of it is done: acknowledged even when taken over.
 		s.saveNow(ctx, h.msg)
 		err := h.msg.DoubleAck(ctx)
 		s.mu.Lock()
@@ -538,21 +548,23 @@ const maxDoneUnsaved = 4
 // batches written again whole, the record's save waiting on a partitioned
 // node). While the bucket cannot take the save, msg is kept and the save
 // tried again; a save refused because another subscriber delivers now
-// ends the wait.
-func (s *Subscriber) saveNow(ctx context.Context, msg jetstream.Msg) {
+// ends the wait, with ErrTakenOver (issue 49: a subscriber went on
+// handing its reader a message's batches, 97 and 218 of them, for the
+// second the saver took to notice, and the other wrote them again).
+func (s *Subscriber) saveNow(ctx context.Context, msg jetstream.Msg) error {
 	if s.Progress == nil {
-		return
+		return nil
 	}
 	for {
 		try, cancel := context.WithTimeout(ctx, 2*time.Second)
 		err := s.save(try)
 		cancel()
 		if err == nil || errors.Is(err, ErrTakenOver) || ctx.Err() != nil {
-			return
+			return err
 		}
 		msg.InProgress()
 		if !sleep(ctx, 250*time.Millisecond) {
-			return
+			return ctx.Err()
 		}
 	}
 }

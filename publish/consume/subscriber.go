@@ -409,10 +409,12 @@ func (s *Subscriber) standBy(ctx context.Context, why error) error {
 		s.dirty = false
 	}
 	s.stats.StoodBy++
+	unsaved := s.doneUnsaved
 	s.mu.Unlock()
 	n := s.Settle(ctx, ReaderStopped)
 	if s.Log != nil {
-		s.Log.Warn("this subscriber no longer delivers: what it held goes to the one that does; standing by", "durable", s.Durable, "messages_let_go", n, "why", why)
+		s.Log.Warn("this subscriber no longer delivers: what it held goes to the one that does; standing by", "durable", s.Durable, "messages_let_go", n,
+			"batches_done_unsaved", unsaved, "why", why)
 	}
 	s.mu.Lock()
 	s.loaded, s.takenOver, s.pinID = false, false, ""
@@ -536,6 +538,7 @@ func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error
 	var wg sync.WaitGroup
 	defer func() { cancel(nil); wg.Wait() }()
 	s.watch(runCtx, cons, cancel, &wg)
+	var stranded Stranded
 	for {
 		msg, err := iter.Next()
 		if err != nil {
@@ -555,12 +558,13 @@ func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error
 			// a while.
 			if errors.Is(err, jetstream.ErrNoHeartbeat) {
 				if s.Log != nil {
-					s.Log.Warn("no heartbeat from the consumer; asking again", "durable", s.Durable)
+					stranded.Missed(s.js.Conn(), s.Log, s.Durable)
 				}
 				continue
 			}
 			return fmt.Errorf("consume %s: %w", s.Durable, err)
 		}
+		stranded.Heard()
 		s.handling.Store(true)
 		err = s.handle(runCtx, msg)
 		s.handling.Store(false)

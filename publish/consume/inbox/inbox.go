@@ -248,8 +248,11 @@ func (c *Consumer) stillThere(ctx context.Context, js jetstream.JetStream, at St
 	return ok, err
 }
 
+// pullExpiry bounds how long a pull request waits on the server.
+const pullExpiry = 5 * time.Second
+
 func (c *Consumer) consume(ctx context.Context, cons jetstream.Consumer) error {
-	iter, err := cons.Messages(jetstream.PullMaxMessages(pullBatch), jetstream.PullExpiry(5*time.Second))
+	iter, err := cons.Messages(jetstream.PullMaxMessages(pullBatch), jetstream.PullExpiry(pullExpiry))
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", c.Durable.Name, err)
 	}
@@ -258,6 +261,7 @@ func (c *Consumer) consume(ctx context.Context, cons jetstream.Consumer) error {
 	c.consuming.Store(true)
 	defer c.consuming.Store(false)
 	c.Log.Info("consuming into PostgreSQL", "stream", c.Durable.Stream, "durable", c.Durable.Name, "sink", fmt.Sprintf("%T", c.Sink))
+	var stranded consume.Stranded
 	for {
 		msg, err := iter.Next()
 		if err != nil {
@@ -269,11 +273,12 @@ func (c *Consumer) consume(ctx context.Context, cons jetstream.Consumer) error {
 				return errLost
 			}
 			if errors.Is(err, jetstream.ErrNoHeartbeat) {
-				c.Log.Warn("no heartbeat from the consumer; asking again", "durable", c.Durable.Name)
+				stranded.Missed(c.js.Conn(), c.Log, c.Durable.Name)
 				continue
 			}
 			return fmt.Errorf("consume %s: %w", c.Durable.Name, err)
 		}
+		stranded.Heard()
 		c.LastDelivery.Store(time.Now().UnixMilli())
 		if err := c.handle(ctx, msg); err != nil {
 			if ctx.Err() != nil {
