@@ -435,10 +435,12 @@ func supervise(ctx context.Context, start func() *proc) *supervised {
 // started while the bucket's leader was away did, 4 times in a run) or
 // says a gap where nothing was removed (one did while a node was frozen).
 // It logs the longest stretch without a line while messages waited, the
-// lines written again at the worst fault, and how soon the tailer
-// streamed after each heal.
+// lines one subscriber wrote again at the worst fault, and how soon the
+// tailer streamed after each heal.
 //
-// TAILER_CLUSTER_FAULTS sets how many faults (10 by default, 10 s apart).
+// TAILER_CLUSTER_FAULTS sets how many faults (10 by default): each 2 s
+// after the last healed and every replica is current again, about 10 s
+// apart.
 func TestNATSClusterFaults(t *testing.T) {
 	t.Parallel()
 	faults := 10
