@@ -387,6 +387,12 @@ if [ "${CLUSTER:-}" != 1 ] && [ "${TLS:-}" != 1 ] && [ "${MOVE:-1}" = 1 ]; then
   service_of() { case "$1" in nats-1) echo nats ;; *) echo "$1" ;; esac; }
   refusals() { dc logs --no-color tailer 2>&1 | grep -cE "cannot be streamed from|deleted and made again" || true; }
   refused=$(refusals)
+  # The stream's part, read back from it: the batches published from now
+  # on hold every token once.
+  batches_on_stream() { cli stream subjects MAILROOM --json | python3 -c 'import json,sys; print(json.load(sys.stdin).get("mailroom.batches", 0))'; }
+  from_seq=$(cli stream info MAILROOM --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["state"]["last_seq"] + 1)')
+  from_batches=$(batches_on_stream)
+  from_inserted=$inserted
   start_writer k 5 0.2
   for i in 1 2 3 4 5; do
     l=$(leader)
@@ -407,6 +413,14 @@ if [ "${CLUSTER:-}" != 1 ] && [ "${TLS:-}" != 1 ] && [ "${MOVE:-1}" = 1 ]; then
   # sender's at-least-once: at most two batches of 10 a kill).
   await_all "after 5 SIGKILLs of the stream's leader" 100
   on_stream=$(cli stream info MAILROOM --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["state"]["messages"])')
+  published=$(($(batches_on_stream) - from_batches))
+  ids=$(timeout 120 "${compose[@]}" -p "$project" "${files[@]}" run --rm -T nats-cli sub mailroom.batches --stream MAILROOM \
+    --start-sequence "$from_seq" --count "$published" --headers-only 2>/dev/null | tr -d '\r' | sed -n 's/^ *Mailroom-Token-Ids: //p' | tr ',' '\n' | grep . || true)
+  on_stream_tokens=$(printf '%s\n' "$ids" | grep -c . || true)
+  on_stream_unique=$(printf '%s\n' "$ids" | sort -u | grep -c . || true)
+  [ "$on_stream_tokens" = "$on_stream_unique" ] && [ "$on_stream_unique" = $((inserted - from_inserted)) ] ||
+    fail "the stream after the kills: $on_stream_tokens tokens in $published batch messages, $on_stream_unique distinct, $((inserted - from_inserted)) inserted"
+  say "the stream after the kills: $on_stream_unique tokens in $published batch messages, each once"
   [ "$(refusals)" = "$refused" ] || fail "the tailer refused the stream after a leader's kill: $(dc logs --no-color tailer 2>&1 | grep -E "cannot be streamed from|deleted and made again" | tail -2)"
   say "ok: the stream's leader SIGKILLed 5 times under a writer: no refusal, every token delivered ($on_stream messages on the stream)"
 fi
