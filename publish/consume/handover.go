@@ -657,7 +657,8 @@ func (s *Subscriber) readFloor(ctx context.Context) {
 }
 
 // save writes the record if it changed. It returns ErrTakenOver when
-// another subscriber wrote it since this one read or wrote it.
+// another subscriber wrote it since this one read or wrote it, and the
+// server no longer pins this one (saveOver).
 func (s *Subscriber) save(ctx context.Context) error {
 	if s.Progress == nil {
 		return nil
@@ -679,6 +680,9 @@ func (s *Subscriber) save(ctx context.Context) error {
 	saving := s.doneUnsaved
 	s.mu.Unlock()
 	newRev, err := s.Progress.Save(ctx, &p, rev)
+	if errors.Is(err, ErrTakenOver) && s.pinnedHere(ctx) {
+		newRev, err = s.saveOver(ctx)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
@@ -698,6 +702,27 @@ func (s *Subscriber) save(ctx context.Context) error {
 	s.rev = newRev
 	s.doneUnsaved -= saving
 	return nil
+}
+
+// saveOver saves the record over another subscriber's write while the
+// server still pins this one: that write was the other's, landed late (a
+// save it never heard back from, before it lost the pin), and the
+// batches it says are done are done. So this subscriber takes them beside
+// its own and goes on delivering, instead of standing by and having the
+// batches it held written again (issue 49: most of what a cluster fault
+// still cost). The one the server pins is the one that merges; the other
+// writes nothing more once refused. The caller holds saveMu.
+func (s *Subscriber) saveOver(ctx context.Context) (uint64, error) {
+	cur, rev, err := s.Progress.Load(ctx)
+	if err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	// In place: the messages in hand keep their records.
+	s.prog.absorb(&cur)
+	p := s.prog.clone()
+	s.mu.Unlock()
+	return s.Progress.Save(ctx, &p, rev)
 }
 
 // clone copies p deeply.

@@ -681,24 +681,34 @@ func (s *Subscriber) settleIdle(ctx context.Context, pipe *Pipe, waited bool) bo
 // rather than after PinnedTTL, when this one is the pinned one: for a
 // subscriber that stops.
 func (s *Subscriber) Unpin(ctx context.Context, js jetstream.JetStream) {
+	if !s.pinnedHere(ctx) {
+		return
+	}
+	if st, err := js.Stream(ctx, s.Stream); err == nil {
+		st.UnpinConsumer(ctx, s.Durable, PriorityGroup)
+	}
+}
+
+// pinnedHere reports whether the server, asked now, pins this subscriber
+// (the pin of the last message it was given).
+func (s *Subscriber) pinnedHere(ctx context.Context) bool {
 	s.mu.Lock()
 	pin := s.pinID
 	s.mu.Unlock()
 	cons := s.Consumer()
 	if pin == "" || cons == nil {
-		return
+		return false
 	}
 	info, err := cons.Info(ctx)
 	if err != nil {
-		return
+		return false
 	}
 	for _, g := range info.PriorityGroups {
 		if g.Group == PriorityGroup && g.PinnedClientID == pin {
-			if st, err := js.Stream(ctx, s.Stream); err == nil {
-				st.UnpinConsumer(ctx, s.Durable, PriorityGroup)
-			}
+			return true
 		}
 	}
+	return false
 }
 
 // LookUp looks the consumer up, waiting for the stream when it is not

@@ -144,3 +144,109 @@ func TestSubscriberPipe(t *testing.T) {
 		t.Fatalf("redelivered %d, batches skipped %d: want the message in doubt, less its batch done", st.Redelivered, st.Skipped)
 	}
 }
+
+// A pinned subscriber whose save of the record is refused because the
+// record moved on under it (the other subscriber's save, one it never
+// heard back from, landed late): the server still pins this one, so it
+// keeps what that write says beside its own and goes on delivering
+// (issue 49: it stood by, and the batches it held were written again by
+// the other).
+func TestSaveOverALateWrite(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := embedded.Start(t.TempDir(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"b", "b.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	h, body, _, _ := encoded(t, wire.FormatLine)
+	for i := range 3 {
+		hi := nats.Header{}
+		for k, v := range h {
+			hi[k] = v
+		}
+		hi.Set(wire.HeaderMsgID, "batch-"+string(rune('a'+i)))
+		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: "b", Header: hi, Data: body}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	pipe, _ := consume.OpenPipe(w)
+	store, err := consume.OpenProgress(ctx, js, "S", "d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := &consume.Subscriber{Stream: "S", Subject: "b", Durable: "d", FromStart: true, Out: w, Pipe: pipe, AckWait: 5 * time.Second,
+		Progress: store, Pinned: true, PinnedTTL: 10 * time.Second}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- sub.Run(runCtx, js) }()
+	lines := bufio.NewReader(r)
+	read := func(n int) {
+		t.Helper()
+		for range n {
+			if _, err := lines.ReadString('\n'); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Message 1's two batches taken, the first done.
+	read(2)
+	// The other subscriber's late write: a batch of a message it had.
+	other, err := consume.OpenProgress(ctx, js, "S", "d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for saved := false; !saved; {
+		p, rev, err := other.Load(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		late := &consume.MessageProgress{Batches: 2}
+		late.Done.Add(1)
+		if p.Messages == nil {
+			p.Messages = map[uint64]*consume.MessageProgress{}
+		}
+		p.Messages[99] = late
+		// The subscriber may save between the read and the write.
+		_, err = other.Save(ctx, &p, rev)
+		if saved = err == nil; !saved && !errors.Is(err, consume.ErrTakenOver) {
+			t.Fatal(err)
+		}
+	}
+	read(4)
+	deadline := time.Now().Add(10 * time.Second)
+	// The last batch taken stays in doubt: this reader does not wait on
+	// the pipe for more.
+	for sub.Stats().Messages < 3 || sub.Stats().Batches < 5 {
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v: want the 3 messages delivered, every batch done but the last", sub.Stats())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	stop()
+	<-done
+	if n := sub.Stats().StoodBy; n != 0 {
+		t.Fatalf("the subscriber stood by %d times while the server pinned it", n)
+	}
+	got, _, err := other.Load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := got.Messages[99]; m == nil || !m.Done.Has(1) {
+		t.Fatalf("the late write's batch is gone from the record: %+v", got.Messages)
+	}
+}
