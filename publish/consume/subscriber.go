@@ -249,7 +249,7 @@ const PriorityGroup = "mailroom"
 // Ensure creates the consumer (explicit ack) if it is missing, and returns
 // it.
 func (d Durable) Ensure(ctx context.Context, js jetstream.JetStream) (jetstream.Consumer, error) {
-	cons, err := js.Consumer(ctx, d.Stream, d.Name)
+	cons, err := lookUpAnswered(ctx, js, d.Stream, d.Name)
 	if err == nil {
 		// A consumer made by an earlier subscriber may allow fewer
 		// messages in flight than this one needs.
@@ -714,7 +714,7 @@ func (s *Subscriber) pinnedHere(ctx context.Context) bool {
 // LookUp looks the consumer up, waiting for the stream when it is not
 // there yet (a subscriber started before the tailer made it).
 func LookUp(ctx context.Context, js jetstream.JetStream, stream, durable string, log *slog.Logger) (jetstream.Consumer, error) {
-	cons, err := js.Consumer(ctx, stream, durable)
+	cons, err := lookUpAnswered(ctx, js, stream, durable)
 	for waited := false; errors.Is(err, jetstream.ErrStreamNotFound); waited = true {
 		if !waited && log != nil {
 			log.Warn("the stream is not there yet; waiting for it", "stream", stream)
@@ -722,9 +722,17 @@ func LookUp(ctx context.Context, js jetstream.JetStream, stream, durable string,
 		if !sleep(ctx, 2*time.Second) {
 			return nil, fmt.Errorf("consumer %s on stream %s: %w", durable, stream, err)
 		}
-		cons, err = js.Consumer(ctx, stream, durable)
+		cons, err = lookUpAnswered(ctx, js, stream, durable)
 	}
 	return cons, err
+}
+
+// lookUpAnswered looks the consumer up, asking again while the cluster
+// cannot answer (a leader being elected, a node frozen): a subscriber
+// that asks then waits instead of exiting (issue 49: "consumer pair on
+// stream MAILROOM: context deadline exceeded" while a node was frozen).
+func lookUpAnswered(ctx context.Context, js jetstream.JetStream, stream, durable string) (jetstream.Consumer, error) {
+	return untilAnswered(ctx, func(ctx context.Context) (jetstream.Consumer, error) { return js.Consumer(ctx, stream, durable) })
 }
 
 // Lost reports whether err, from an iterator of cons's messages, means the
