@@ -191,10 +191,11 @@ func TestLagSeconds(t *testing.T) {
 	t.Logf("large transaction: tailer_lag_seconds every 0.25 s: %s", strings.Join(line, " "))
 	// About a second a second while the walsender works through the
 	// transaction: on a loaded machine it still reaches some heartbeats
-	// meanwhile (0.78 s a second was seen in make test-soak), so at least
-	// half.
+	// meanwhile (0.78 s a second was seen in make test-soak, 0.497 in a
+	// clean-clone CI run's soak phase), so at least 0.4; a lag held down
+	// by heartbeats stays near 0.
 	rise, took := scrapes[peak].lag-scrapes[from].lag, (scrapes[peak].at - scrapes[from].at).Seconds()
-	if scrapes[peak].lag < 5 || rise < 0.5*took {
+	if scrapes[peak].lag < 5 || rise < 0.4*took {
 		t.Fatalf("large transaction: the lag rose %.1f s in %.1f s to a peak of %.1f s: the walsender's hold did not show", rise, took, scrapes[peak].lag)
 	}
 	c.expectExactlyOnce(30 * time.Second)
