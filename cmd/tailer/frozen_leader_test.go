@@ -176,6 +176,9 @@ func leaderFault(t *testing.T, hold time.Duration, fault func(fn *faultNodes, n 
 	t.Logf("%d tokens; leader n%d out for %s: PubAck wait said on /readyz at %s, in the metric at %s; new leader at %s; streaming again at %s; the subscriber delivering again at %s",
 		n, l+1, hold, said.Round(100*time.Millisecond), metric.Round(100*time.Millisecond), elected.Round(100*time.Millisecond), streaming.Round(100*time.Millisecond),
 		delivering.Round(100*time.Millisecond))
+	if moved := grepLines(sub.out.String(), "twice in a row"); moved != "" {
+		t.Logf("the subscriber moved:\n%s", moved)
+	}
 	switch {
 	case said == 0 || said > 5*time.Second || metric == 0 || metric > 5*time.Second:
 		t.Fatalf("the PubAck wait was said at %s on /readyz and %s in the metric, want within 5 s:\n%s", said, metric, tail(p.out.String(), 30))

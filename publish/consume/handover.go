@@ -562,12 +562,18 @@ func (s *Subscriber) saveNow(ctx context.Context, msg jetstream.Msg) error {
 	if s.Progress == nil {
 		return nil
 	}
+	// Waiting here, the consume loop hears no heartbeat: a server cut off
+	// from the bucket is left as the loop would leave it.
+	var stranded Stranded
 	for {
 		try, cancel := context.WithTimeout(ctx, 2*time.Second)
 		err := s.save(try)
 		cancel()
 		if err == nil || errors.Is(err, ErrTakenOver) || ctx.Err() != nil {
 			return err
+		}
+		if wire.Unanswered(err) && s.js != nil {
+			stranded.Missed(s.js.Conn(), s.Log, s.Durable, "no answer to the save of which batches are done")
 		}
 		msg.InProgress()
 		if !sleep(ctx, 250*time.Millisecond) {

@@ -8,7 +8,8 @@ import (
 )
 
 // Stranded moves a reader's connection to another server of its pool once
-// its consumer's heartbeats failed to come twice in a row. A node cut off
+// its consumer's heartbeats, or the saves of its record, went unanswered
+// twice in a row. A node cut off
 // from its cluster (partitioned, or with the others frozen) still answers
 // pings, so the client stays with it; the consumer's leader is on the
 // other side, and nothing of the durable reaches the reader until the
@@ -29,23 +30,25 @@ type Stranded struct {
 
 const strandedWithin = 30 * time.Second
 
-// Missed notes a missed heartbeat on nc, says it, and moves nc to another
-// server after the second in a row.
-func (s *Stranded) Missed(nc *nats.Conn, log *slog.Logger, durable string) {
+// Missed notes what went unanswered on nc (a heartbeat of the consumer, a
+// save of the durable's record), and moves nc to another server after the
+// second in a row.
+func (s *Stranded) Missed(nc *nats.Conn, log *slog.Logger, durable, what string) {
 	now := time.Now()
 	if now.Sub(s.last) > strandedWithin {
 		s.missed = 0
 	}
 	s.last = now
 	s.missed++
-	log.Warn("no heartbeat from the consumer; asking again", "durable", durable, "server", nc.ConnectedServerName())
 	if s.missed < 2 || len(nc.Servers()) < 2 {
 		return
 	}
 	s.missed = 0
-	log.Warn("no heartbeat from the consumer twice in a row: connecting to another NATS server (this one may be cut off from its cluster)",
-		"durable", durable, "server", nc.ConnectedServerName())
-	if err := nc.ForceReconnect(); err != nil {
+	if log != nil {
+		log.Warn(what+" twice in a row: connecting to another NATS server (this one may be cut off from its cluster)",
+			"durable", durable, "server", nc.ConnectedServerName())
+	}
+	if err := nc.ForceReconnect(); err != nil && log != nil {
 		log.Warn("cannot reconnect to another NATS server", "err", err)
 	}
 }

@@ -558,8 +558,9 @@ func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error
 			// a while.
 			if errors.Is(err, jetstream.ErrNoHeartbeat) {
 				if s.Log != nil {
-					stranded.Missed(s.js.Conn(), s.Log, s.Durable)
+					s.Log.Warn("no heartbeat from the consumer; asking again", "durable", s.Durable, "server", s.js.Conn().ConnectedServerName())
 				}
+				stranded.Missed(s.js.Conn(), s.Log, s.Durable, "no heartbeat from the consumer")
 				continue
 			}
 			return fmt.Errorf("consume %s: %w", s.Durable, err)

@@ -273,7 +273,8 @@ func (c *Consumer) consume(ctx context.Context, cons jetstream.Consumer) error {
 				return errLost
 			}
 			if errors.Is(err, jetstream.ErrNoHeartbeat) {
-				stranded.Missed(c.js.Conn(), c.Log, c.Durable.Name)
+				c.Log.Warn("no heartbeat from the consumer; asking again", "durable", c.Durable.Name, "server", c.js.Conn().ConnectedServerName())
+				stranded.Missed(c.js.Conn(), c.Log, c.Durable.Name, "no heartbeat from the consumer")
 				continue
 			}
 			return fmt.Errorf("consume %s: %w", c.Durable.Name, err)
