@@ -17,6 +17,38 @@ import (
 	"github.com/mailroom/tailer/publish/wire"
 )
 
+// threeMessages starts a JetStream server for t with the stream S (subject
+// b) holding three messages of two batches each (batch-a to batch-c).
+func threeMessages(ctx context.Context, t *testing.T) jetstream.JetStream {
+	t.Helper()
+	srv, err := embedded.Start(t.TempDir(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"b", "b.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	h, body, _, _ := encoded(t, wire.FormatLine)
+	for i := range 3 {
+		hi := nats.Header{}
+		for k, v := range h {
+			hi[k] = v
+		}
+		hi.Set(wire.HeaderMsgID, "batch-"+string(rune('a'+i)))
+		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: "b", Header: hi, Data: body}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return js
+}
+
 // Into a pipe, a batch is done only once the reader has taken the next
 // one, and a message is acknowledged once all its batches are done; the
 // batch it took last is in doubt, and its message handed back for
@@ -26,32 +58,7 @@ import (
 func TestSubscriberPipe(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	srv, err := embedded.Start(t.TempDir(), "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"b", "b.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	h, body, _, _ := encoded(t, wire.FormatLine)
-	for i := 0; i < 3; i++ {
-		hi := nats.Header{}
-		for k, v := range h {
-			hi[k] = v
-		}
-		hi.Set(wire.HeaderMsgID, "batch-"+string(rune('a'+i)))
-		m := &nats.Msg{Subject: "b", Header: hi, Data: body}
-		if _, err := js.PublishMsg(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-	}
+	js := threeMessages(ctx, t)
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -154,31 +161,7 @@ func TestSubscriberPipe(t *testing.T) {
 func TestSaveOverALateWrite(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	srv, err := embedded.Start(t.TempDir(), "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"b", "b.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	h, body, _, _ := encoded(t, wire.FormatLine)
-	for i := range 3 {
-		hi := nats.Header{}
-		for k, v := range h {
-			hi[k] = v
-		}
-		hi.Set(wire.HeaderMsgID, "batch-"+string(rune('a'+i)))
-		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: "b", Header: hi, Data: body}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	js := threeMessages(ctx, t)
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
