@@ -541,9 +541,9 @@ func (s *Subscriber) deadLetter(ctx context.Context, h *held, b *Batch, i int) e
 // holds (issue 49's bound). With 4, a pinned pair under cluster faults
 // wrote up to 6-9 batches again at one fault. The price, a save per
 // batch of a backlog's many-batch messages: a reader that takes lines as
-// fast as they come got 720-750 batches a second here against 3,100-3,800
-// (an embedded server syncing every write); a sender that mails each line
-// spends longer on it than the save.
+// fast as they come gets 680-700 batches a second against 3,400-3,700
+// with 4 (BenchmarkSubscriberPipeBacklog, docs/bench); a sender that
+// mails each line spends longer on it than the save.
 const maxDoneUnsaved = 1
 
 // saveNow saves the record before msg is acknowledged or the reader given
