@@ -537,8 +537,8 @@ func (s *Subscriber) deadLetter(ctx context.Context, h *held, b *Batch, i int) e
 
 // maxDoneUnsaved is how many batches a reader may finish before the
 // record that says so is saved, within a message of many: one, so that a
-// fault costs a subscriber at most that batch and the one its reader
-// holds (issue 49's bound). With 4, a pinned pair under cluster faults
+// fault costs a subscriber at most that batch, the one its reader holds
+// and the one in its pipe (issue 49 asks for two). With 4, a pinned pair under cluster faults
 // wrote up to 6-9 batches again at one fault. The price, a save per
 // batch of a backlog's many-batch messages: a reader that takes lines as
 // fast as they come gets 680-700 batches a second against 3,400-3,700

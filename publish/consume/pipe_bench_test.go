@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -52,11 +51,7 @@ func BenchmarkSubscriberPipeBacklog(b *testing.B) {
 	b.ResetTimer()
 	start := time.Now()
 	for i := range b.N {
-		r, w, err := os.Pipe()
-		if err != nil {
-			b.Fatal(err)
-		}
-		pipe, _ := consume.OpenPipe(w)
+		r, w, pipe := readerPipe(b)
 		durable := fmt.Sprintf("d%d", i)
 		store, err := consume.OpenProgress(ctx, js, "S", durable)
 		if err != nil {

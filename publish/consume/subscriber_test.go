@@ -49,6 +49,22 @@ func threeMessages(ctx context.Context, t *testing.T) jetstream.JetStream {
 	return js
 }
 
+// readerPipe is a pipe for a subscriber to write into and the test to read
+// from, as a sender's stdin; the read end is closed when tb ends.
+func readerPipe(tb testing.TB) (r, w *os.File, pipe *consume.Pipe) {
+	tb.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { r.Close() })
+	pipe, ok := consume.OpenPipe(w)
+	if !ok {
+		tb.Fatal("an os.Pipe is not taken for a pipe")
+	}
+	return r, w, pipe
+}
+
 // Into a pipe, a batch is done only once the reader has taken the next
 // one, and a message is acknowledged once all its batches are done; the
 // batch it took last is in doubt, and its message handed back for
@@ -59,15 +75,7 @@ func TestSubscriberPipe(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	js := threeMessages(ctx, t)
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	pipe, ok := consume.OpenPipe(w)
-	if !ok {
-		t.Fatal("an os.Pipe is not taken for a pipe")
-	}
+	r, w, pipe := readerPipe(t)
 	store, err := consume.OpenProgress(ctx, js, "S", "d")
 	if err != nil {
 		t.Fatal(err)
@@ -125,9 +133,7 @@ func TestSubscriberPipe(t *testing.T) {
 	if n := sub.Settle(ctx, consume.ReaderFailed); n != 1 {
 		t.Fatalf("%d messages handed back, want 1", n)
 	}
-	r2, w2, _ := os.Pipe()
-	defer r2.Close()
-	pipe2, _ := consume.OpenPipe(w2)
+	r2, w2, pipe2 := readerPipe(t)
 	store2, err := consume.OpenProgress(ctx, js, "S", "d")
 	if err != nil {
 		t.Fatal(err)
@@ -162,12 +168,7 @@ func TestSaveOverALateWrite(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	js := threeMessages(ctx, t)
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	pipe, _ := consume.OpenPipe(w)
+	r, w, pipe := readerPipe(t)
 	store, err := consume.OpenProgress(ctx, js, "S", "d")
 	if err != nil {
 		t.Fatal(err)
