@@ -275,7 +275,7 @@ func (d Durable) Ensure(ctx context.Context, js jetstream.JetStream) (jetstream.
 	}
 	ackWait := d.AckWait
 	if ackWait <= 0 {
-		ackWait = 30 * time.Second
+		ackWait = DefaultAckWait
 	}
 	cfg := jetstream.ConsumerConfig{
 		Durable:        d.Name,
@@ -392,6 +392,15 @@ func (s *Subscriber) term(ctx context.Context, js jetstream.JetStream, cons *jet
 
 // errPinLost: the server pins another subscriber of the durable, or none,
 // while this one holds messages (see watchPin).
+// DefaultAckWait is a new consumer's redelivery delay. Messages sent to a
+// subscriber as its node froze or was cut off are lost on the way, and
+// with a pipe's two messages awaiting an ack the durable delivers nothing
+// more until the server redelivers them (issue 49: 30 s without a line
+// after a 20 s freeze of the stream's leader). A subscriber acks the
+// messages it holds as in progress every third of the wait, so a short
+// one redelivers only what nobody holds.
+const DefaultAckWait = 10 * time.Second
+
 var errPinLost = errors.New("the server no longer pins this subscriber")
 
 // standBy lets go of what a subscriber that no longer delivers held: its
@@ -786,7 +795,7 @@ func (s *Subscriber) untilDrained(ctx context.Context, cons jetstream.Consumer, 
 func (s *Subscriber) heartbeat(ctx context.Context) {
 	every := s.AckWait / 3
 	if every <= 0 {
-		every = 10 * time.Second
+		every = DefaultAckWait / 3
 	}
 	for sleep(ctx, every) {
 		s.mu.Lock()
