@@ -3,62 +3,66 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/natsconn"
 	"github.com/mailroom/tailer/publish/consume"
 )
 
-const deadLettersUsage = `Usage:
-  tailer dead-letters list --durable NAME
-      the batches set aside for durable NAME: where they came from, how
-      many senders failed on them, and why
-  tailer dead-letters resend --durable NAME [tailer subscribe options]
-      deliver them again, once each, as tailer subscribe would (to the
-      standard output, or --exec a sender), and remove each once done
-`
-
-// deadLetters lists or re-sends a durable's dead letters.
-func deadLetters(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
-	if len(args) == 0 || (args[0] != "list" && args[0] != "resend") {
-		fmt.Fprint(stderr, deadLettersUsage)
-		return exitConfig
-	}
-	if args[0] == "resend" {
-		return subscribeAs(ctx, "dead-letters resend", args[1:], lookupEnv, stdout, stderr)
-	}
-	fs := flag.NewFlagSet("tailer dead-letters list", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	durable := fs.String("durable", "", "the durable consumer whose dead letters to list; required")
-	var own, shared []string
-	for i := 1; i < len(args); i++ {
-		if name := strings.TrimLeft(strings.SplitN(args[i], "=", 2)[0], "-"); name == "durable" && strings.HasPrefix(args[i], "-") {
-			own = append(own, args[i])
-			if !strings.Contains(args[i], "=") && i+1 < len(args) {
-				i++
-				own = append(own, args[i])
+func (x *cli) deadLettersCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "dead-letters",
+		Short: "list or re-send the batches a durable's senders kept failing on",
+		Long: `The batches set aside for a durable once --max-deliveries senders failed
+with them: list them, or deliver them again, once each.`,
+		Args: func(c *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("unknown command %q for %q: give list or resend", args[0], c.CommandPath())
 			}
-			continue
+			return nil
+		},
+		RunE: func(c *cobra.Command, _ []string) error {
+			return usagef("give list or resend (tailer dead-letters --help)")
+		},
+	}
+	list := &cobra.Command{
+		Use:   "list --durable NAME",
+		Short: "the batches set aside for durable NAME: where they came from, how many senders failed on them, and why",
+	}
+	durable := list.Flags().String("durable", "", "the durable consumer whose dead letters to list; required")
+	load := x.settings(list, subVars, false)
+	resend := &cobra.Command{
+		Use:   "resend --durable NAME",
+		Short: "deliver them again, once each, as tailer subscribe would (to the standard output, or --exec a sender), and remove each once done",
+	}
+	f, loadResend := x.bindSubscribe(resend)
+	c.AddCommand(x.leaf(list, func(c *cobra.Command, _ []string) int {
+		cfg, err := load()
+		if err != nil {
+			return exitConfig
 		}
-		shared = append(shared, args[i])
-	}
-	if err := fs.Parse(own); err != nil {
-		return exitConfig
-	}
-	cfg, _, code := loadConfig("dead-letters list --durable NAME", subVars, shared, lookupEnv, stderr)
-	if cfg == nil {
-		return code
-	}
-	if *durable == "" {
+		return listDeadLetters(c.Context(), cfg, *durable, x.stdout, x.stderr)
+	}), x.leaf(resend, func(c *cobra.Command, _ []string) int {
+		cfg, err := loadResend()
+		if err != nil {
+			return exitConfig
+		}
+		return subscribeAs(c.Context(), c.CommandPath(), f, cfg, x.stdout, x.stderr)
+	}))
+	return c
+}
+
+// listDeadLetters prints the dead letters of durable.
+func listDeadLetters(ctx context.Context, cfg *config.Config, durable string, stdout, stderr io.Writer) int {
+	if durable == "" {
 		fmt.Fprintln(stderr, "tailer dead-letters list: --durable: the consumer whose dead letters to list is required")
 		return exitConfig
 	}
@@ -76,20 +80,20 @@ func deadLetters(ctx context.Context, args []string, lookupEnv func(string) (str
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	list, err := consume.ListDeadLetters(ctx, js, cfg.Stream, *durable)
+	list, err := consume.ListDeadLetters(ctx, js, cfg.Stream, durable)
 	if err != nil {
 		fmt.Fprintf(stderr, "tailer dead-letters list: %v\n", err)
 		return exitFailure
 	}
-	if len(list) == 0 && noSuchConsumer(ctx, js, cfg.Stream, *durable) {
-		fmt.Fprintf(stderr, "tailer dead-letters list: stream %s has no consumer %s and no dead letters of it: check --durable (nats consumer ls %s lists them)\n", cfg.Stream, *durable, cfg.Stream)
+	if len(list) == 0 && noSuchConsumer(ctx, js, cfg.Stream, durable) {
+		fmt.Fprintf(stderr, "tailer dead-letters list: stream %s has no consumer %s and no dead letters of it: check --durable (nats consumer ls %s lists them)\n", cfg.Stream, durable, cfg.Stream)
 		return exitConfig
 	}
 	for _, l := range list {
 		fmt.Fprintf(stdout, "%d\t%s\t%s seq %d batch %d\t%d tokens\t%d deliveries\t%s\n",
 			l.At, l.Time.UTC().Format(time.RFC3339), l.Stream, l.Seq, l.Batch, l.Tokens, l.Deliveries, l.Reason)
 	}
-	fmt.Fprintf(stderr, "%d dead letters of durable %s on stream %s\n", len(list), *durable, consume.DeadStream(cfg.Stream))
+	fmt.Fprintf(stderr, "%d dead letters of durable %s on stream %s\n", len(list), durable, consume.DeadStream(cfg.Stream))
 	return exitOK
 }
 

@@ -7,15 +7,33 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/mailroom/tailer/cmd/internal/config"
 )
 
-// health asks the tailer at MAILROOM_HTTP_ADDR whether it is ready: the
-// container healthcheck of an image without curl.
-func health(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
-	cfg, _, code := loadConfig("health", healthVars, args, lookupEnv, stderr)
-	if cfg == nil {
-		return code
+func (x *cli) healthCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "health",
+		Short: "exit 0 when the running tailer's /readyz says ready (for container healthchecks)",
+		Long: `Ask the tailer (or, with --http-addr, a subscriber) serving /readyz on
+MAILROOM_HTTP_ADDR whether it is ready, and print its answer: exit 0 when
+it is, 1 when it is not or does not answer. The container healthcheck of
+an image without curl.`,
 	}
+	load := x.settings(c, healthVars, false)
+	return x.leaf(c, func(c *cobra.Command, _ []string) int {
+		cfg, err := load()
+		if err != nil {
+			return exitConfig
+		}
+		return health(c.Context(), cfg, x.stdout, x.stderr)
+	})
+}
+
+// health asks the tailer at MAILROOM_HTTP_ADDR whether it is ready.
+func health(ctx context.Context, cfg *config.Config, stdout, stderr io.Writer) int {
 	if cfg.HTTPAddr == "" {
 		fmt.Fprintln(stderr, "tailer health: MAILROOM_HTTP_ADDR is empty: the tailer serves no /readyz")
 		return exitConfig

@@ -343,7 +343,7 @@ func TestWrongCredentialsAtStartup(t *testing.T) {
 // command's list (by its flag, the whole name: -format is not found inside
 // -log-format), and the subscriber's own options.
 func TestHelpListsEveryFlag(t *testing.T) {
-	declared := regexp.MustCompile(`(?m)^  -([a-z0-9-]+)`)
+	declared := regexp.MustCompile(`(?m)^ +(?:-[a-z], )?--([a-z0-9-]+)`)
 	flagsOf := func(vars []string) []string {
 		var flags []string
 		for _, v := range config.Vars {
@@ -373,7 +373,7 @@ func TestHelpListsEveryFlag(t *testing.T) {
 		}
 		for _, f := range flags {
 			if !listed[f] {
-				t.Errorf("%s --help does not list -%s:\n%s", cmd, f, stderr.String())
+				t.Errorf("%s --help does not list --%s:\n%s", cmd, f, stdout.String())
 			}
 		}
 	}

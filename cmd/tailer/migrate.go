@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
@@ -21,19 +23,48 @@ import (
 	"github.com/mailroom/tailer/replication"
 )
 
-func migrate(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
-	direction := "up"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		if args[0] != "up" && args[0] != "down" {
-			fmt.Fprintf(stderr, "tailer migrate: unexpected argument %q: migrate takes up (the default) or down\n", args[0])
+func (x *cli) migrateCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "migrate [up|down]",
+		Short: "apply the schema and publication, create the slot (down reverts)",
+		Long: `Apply the schema and the publication and create the replication slot,
+checking first that PostgreSQL can (wal_level, the user's rights, a slot
+free). "migrate down" drops the slot, then the schema. On a database the
+mailroom collector ran on, it also publishes, once, the tokens after
+jobs.last_seq: the cutover, the only use of the signing, batch and NATS
+settings here.`,
+		Args: func(c *cobra.Command, args []string) error {
+			for i, a := range args {
+				if i > 0 || (a != "up" && a != "down") {
+					return usagef("unexpected argument %q: migrate takes up (the default) or down", a)
+				}
+			}
+			return nil
+		},
+		ValidArgs: []string{"up", "down"},
+	}
+	load := x.settings(c, migrateVars, false)
+	// Only the cutover publishes: its settings under headings of their own.
+	c.Flags().VisitAll(func(f *pflag.Flag) {
+		if g := f.Annotations[config.GroupAnnotation]; len(g) > 0 && g[0] != config.GroupPostgreSQL && g[0] != config.GroupOperations {
+			f.Annotations[config.GroupAnnotation] = []string{g[0] + ", for the cutover from the collector only"}
+		}
+	})
+	return x.leaf(c, func(c *cobra.Command, args []string) int {
+		cfg, err := load()
+		if err != nil {
 			return exitConfig
 		}
-		direction, args = args[0], args[1:]
-	}
-	cfg, _, code := loadConfig("migrate [up|down]", migrateVars, args, lookupEnv, stderr)
-	if cfg == nil {
-		return code
-	}
+		direction := "up"
+		if len(args) == 1 {
+			direction = args[0]
+		}
+		return migrate(c.Context(), cfg, direction, x.stderr)
+	})
+}
+
+// migrate is tailer migrate with its settings.
+func migrate(ctx context.Context, cfg *config.Config, direction string, stderr io.Writer) int {
 	log := daemon.NewLogger(cfg.LogFormat, cfg.LogLevel, stderr)
 	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
 	if err != nil {

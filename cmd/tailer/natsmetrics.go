@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -13,33 +12,34 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
 
 	"github.com/mailroom/tailer/cmd/internal/natsmetrics"
 )
 
+func (x *cli) natsMetricsCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "nats-metrics",
+		Short: "export the NATS servers' view of the stream, consumers and cluster to Prometheus",
+		Long: `Serve the NATS servers' own view (the stream, its consumers, storage, the
+cluster) as Prometheus metrics, read from their monitoring ports.`,
+	}
+	urls := c.Flags().String("monitor-url", "http://127.0.0.1:8222", "the NATS servers' monitoring ports (their http setting), comma-separated")
+	addr := c.Flags().String("http-addr", "127.0.0.1:7777", "serve /metrics, /healthz and /readyz (a server answered at the last scrape) on this address")
+	timeout := c.Flags().Duration("timeout", 5*time.Second, "how long a scrape waits for the servers")
+	return x.leaf(c, func(c *cobra.Command, _ []string) int {
+		m, err := natsmetrics.New(strings.Split(*urls, ","), *timeout)
+		if err != nil {
+			fmt.Fprintf(x.stderr, "tailer nats-metrics: --monitor-url: %v\n", err)
+			return exitConfig
+		}
+		return natsMetrics(c.Context(), m, *addr, x.stderr)
+	})
+}
+
 // natsMetrics serves the NATS servers' own view (stream, consumers,
 // storage, cluster) as Prometheus metrics, from their monitoring ports.
-func natsMetrics(ctx context.Context, args []string, stderr io.Writer) int {
-	fs := flag.NewFlagSet("tailer nats-metrics", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	urls := fs.String("monitor-url", "http://127.0.0.1:8222", "the NATS servers' monitoring ports (their http setting), comma-separated")
-	addr := fs.String("http-addr", "127.0.0.1:7777", "serve /metrics, /healthz and /readyz (a server answered at the last scrape) on this address")
-	timeout := fs.Duration("timeout", 5*time.Second, "how long a scrape waits for the servers")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitConfig
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "tailer nats-metrics: unexpected argument %q\n", fs.Arg(0))
-		return exitConfig
-	}
-	c, err := natsmetrics.New(strings.Split(*urls, ","), *timeout)
-	if err != nil {
-		fmt.Fprintf(stderr, "tailer nats-metrics: --monitor-url: %v\n", err)
-		return exitConfig
-	}
+func natsMetrics(ctx context.Context, c *natsmetrics.Collector, addr string, stderr io.Writer) int {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c)
 	mux := http.NewServeMux()
@@ -55,7 +55,7 @@ func natsMetrics(ctx context.Context, args []string, stderr io.Writer) int {
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	ln, err := net.Listen("tcp", *addr)
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		fmt.Fprintf(stderr, "tailer nats-metrics: --http-addr: %v\n", err)
 		return exitConfig

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 
 	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
@@ -14,13 +15,29 @@ import (
 	"github.com/mailroom/tailer/replication"
 )
 
-// resyncCmd is tailer resync: under the slot's lease, the slot made again
-// from a snapshot and the tokens the stream lacks published once.
-func resyncCmd(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) int {
-	cfg, _, code := loadKeyedConfig("resync", resyncVars, args, lookupEnv, stderr)
-	if cfg == nil {
-		return code
+func (x *cli) resyncCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "resync",
+		Short: "recreate a lost or dropped slot and publish, once, every still-eligible token the stream lacks",
+		Long: `Recreate a lost or dropped replication slot from a snapshot, and publish,
+once, every still-eligible token the stream lacks (compared by key with
+what is on the stream). Run it with the same settings as tailer run; with
+MAILROOM_NATS_URL unset it uses the embedded server of the tailer run on
+MAILROOM_DATA_DIR.`,
 	}
+	load := x.settings(c, resyncVars, true)
+	return x.leaf(c, func(c *cobra.Command, _ []string) int {
+		cfg, err := load()
+		if err != nil {
+			return exitConfig
+		}
+		return resyncSlot(c.Context(), cfg, x.stderr)
+	})
+}
+
+// resyncSlot is tailer resync: under the slot's lease, the slot made again
+// from a snapshot and the tokens the stream lacks published once.
+func resyncSlot(ctx context.Context, cfg *config.Config, stderr io.Writer) int {
 	log := daemon.NewLogger(cfg.LogFormat, cfg.LogLevel, stderr)
 	lease, err := replication.AcquireLease(ctx, cfg.DatabaseURL, cfg.Slot, replication.LeaseOptions{Application: "tailer resync", Wait: leaseWait})
 	if err != nil {

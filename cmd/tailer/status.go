@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
@@ -71,21 +72,31 @@ type statusReport struct {
 	OK               bool     `json:"ok"`
 }
 
-func status(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
-	// --json is status's own flag; the rest are shared settings.
-	var asJSON bool
-	var shared []string
-	for _, a := range args {
-		if a == "--json" || a == "-json" {
-			asJSON = true
-			continue
+func (x *cli) statusCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "status",
+		Short: "show the slot, its lag and the stream; exit 1 when nothing streams or the lag passes its limits",
+		Long: `Show the replication slot, who holds it, its lag in bytes and in time, the
+schema and publication checks, and the stream. Exit 1 when a problem is
+found: no tailer has held the slot for MAILROOM_MAX_UNHELD_SECONDS, the lag
+passes MAILROOM_MAX_LAG or MAILROOM_MAX_LAG_SECONDS, the slot is missing.`,
+	}
+	asJSON := c.Flags().Bool("json", false, "print the report as JSON (also on every error: {\"ok\": false, \"error\": ...})")
+	load := x.settings(c, statusVars, false)
+	return x.leaf(c, func(c *cobra.Command, _ []string) int {
+		cfg, err := load()
+		if err != nil {
+			if *asJSON {
+				json.NewEncoder(x.stdout).Encode(map[string]any{"ok": false, "error": err.Error()})
+			}
+			return exitConfig
 		}
-		shared = append(shared, a)
-	}
-	cfg, _, code := loadConfig("status [--json]", statusVars, shared, lookupEnv, stderr)
-	if cfg == nil {
-		return code
-	}
+		return status(c.Context(), cfg, *asJSON, x.stdout, x.stderr)
+	})
+}
+
+// status is tailer status with its settings.
+func status(ctx context.Context, cfg *config.Config, asJSON bool, stdout, stderr io.Writer) int {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	rep, err := collectStatus(ctx, cfg)

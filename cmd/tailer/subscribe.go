@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
@@ -25,20 +25,34 @@ import (
 	"github.com/mailroom/tailer/publish/consume"
 )
 
-func subscribe(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
-	return subscribeAs(ctx, "subscribe", args, lookupEnv, stdout, stderr)
+func (x *cli) subscribeCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "subscribe --durable NAME",
+		Short: "print published batches, one line each, feed them to a sender, or store them in a database",
+		Long: `Read the stream through the durable consumer NAME and hand each batch on
+once: as collector lines (or JSON) on the standard output, to a sender
+it runs (--exec), or into a table of MAILROOM_INBOX_URL (--into). Several
+subscribers on one durable stand by for each other: one delivers at a
+time.`,
+		Example: `  tailer subscribe --durable mailer --exec 'mailroom-sender' --reports --health-addr :9189
+  tailer subscribe --durable inbox --into inbox --migrate`,
+	}
+	f, load := x.bindSubscribe(c)
+	return x.leaf(c, func(c *cobra.Command, _ []string) int {
+		cfg, err := load()
+		if err != nil {
+			return exitConfig
+		}
+		return subscribeAs(c.Context(), c.CommandPath(), f, cfg, x.stdout, x.stderr)
+	})
 }
 
-// subscribeAs is tailer subscribe, or, as "dead-letters resend", the same
-// on a durable's dead letters until none is left.
-func subscribeAs(ctx context.Context, command string, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
-	resend := command == "dead-letters resend"
-	f, cfg, code := parseSubscribe(command, args, lookupEnv, stderr)
-	if f == nil {
-		return code
-	}
+// subscribeAs is tailer subscribe, or, as "tailer dead-letters resend",
+// the same on a durable's dead letters until none is left.
+func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *config.Config, stdout, stderr io.Writer) int {
+	resend := command == "tailer dead-letters resend"
 	bad := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "tailer "+command+": "+format+"\n", a...)
+		fmt.Fprintf(stderr, command+": "+format+"\n", a...)
 		return exitConfig
 	}
 	if msg := f.check(cfg, resend); msg != "" {
@@ -56,13 +70,13 @@ func subscribeAs(ctx context.Context, command string, args []string, lookupEnv f
 	url := natsconn.URL(cfg)
 	nc, err := nats.Connect(url, append(cfg.NATSOptions(), nats.Name("tailer subscribe"), nats.MaxReconnects(-1))...)
 	if err != nil {
-		fmt.Fprintf(stderr, "tailer %s: MAILROOM_NATS_URL: cannot connect to %s: %v\n", command, config.RedactURL(url), err)
+		fmt.Fprintf(stderr, "%s: MAILROOM_NATS_URL: cannot connect to %s: %v\n", command, config.RedactURL(url), err)
 		return exitConfig
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
-		fmt.Fprintf(stderr, "tailer %s: %v\n", command, err)
+		fmt.Fprintf(stderr, "%s: %v\n", command, err)
 		return exitFailure
 	}
 	if f.into != "" {
@@ -131,62 +145,29 @@ type subscribeFlags struct {
 	ackWait, stall, stopTimeout, pinnedTTL                                   time.Duration
 }
 
-// parseSubscribe reads the subscriber's own flags and the shared settings
-// from args; a nil result ends the command with code.
-func parseSubscribe(command string, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (*subscribeFlags, *config.Config, int) {
+// bindSubscribe adds the subscriber's own flags and its settings to c.
+func (x *cli) bindSubscribe(c *cobra.Command) (*subscribeFlags, func() (*config.Config, error)) {
 	var f subscribeFlags
-	fs := flag.NewFlagSet("tailer "+command, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&f.durable, "durable", "", "durable consumer name (created if missing); required")
-	fs.StringVar(&f.format, "format", "line", "output: line (collector lines) or json")
+	fs := c.Flags()
+	fs.StringVar(&f.durable, "durable", "", "`name` of the durable consumer (made if missing); required")
+	fs.StringVar(&f.format, "format", "line", "output: `line|json`, collector lines or a JSON object a batch")
 	fs.IntVar(&f.perLine, "max-tokens-per-line", 0, "split a batch into lines of at most N tokens (the mailroom sender holds 10); 0 keeps one line per batch")
 	fs.BoolVar(&f.fromStart, "from-start", false, "a new consumer starts at the stream's first message instead of the next one")
-	fs.StringVar(&f.action, "filter-action", "", "only tokens of this action: activation or password_recovery")
+	fs.StringVar(&f.action, "filter-action", "", "only tokens of this `action`: activation or password_recovery")
 	fs.IntVar(&f.window, "dedup-window", 0, "drop tokens whose key (a hash of the secret, never reused) was among the last N written (0: off); with stdout a file, also those at its end")
-	fs.DurationVar(&f.ackWait, "ack-wait", 30*time.Second, "how long the server waits for an ack before redelivering, for a new consumer")
-	fs.StringVar(&f.exec, "exec", "", "start this command (sh -c) as the sender, its standard input the lines; start it again when it exits, giving it what it had not finished; on SIGTERM close its input once it has taken all of it")
+	fs.DurationVar(&f.ackWait, "ack-wait", consume.DefaultAckWait, "how long the server waits for an ack before redelivering, for a new consumer")
+	fs.StringVar(&f.exec, "exec", "", "start this `command` (sh -c) as the sender, its standard input the lines; start it again when it exits, giving it what it had not finished; on SIGTERM close its input once it has taken all of it")
 	fs.BoolVar(&f.reports, "reports", false, "with --exec: the sender writes each line it finished, as it was given, to file descriptor 3 (MAILROOM_REPORT_FD); only reported lines are done, so it may read ahead as far as it likes")
-	fs.StringVar(&f.doneExit, "done-exit", "0", "with --exec: exit codes that mean the sender finished what it was given, when it exits after the end of its input (the mailroom sender: 0,1)")
-	fs.StringVar(&f.transientExit, "transient-exit", "75", "with --exec: exit codes that mean the sender could not work for a reason not the batch's (75: EX_TEMPFAIL); they count no delivery against it")
+	fs.StringVar(&f.doneExit, "done-exit", "0", "with --exec: exit `codes` that mean the sender finished what it was given, when it exits after the end of its input (the mailroom sender: 0,1)")
+	fs.StringVar(&f.transientExit, "transient-exit", "75", "with --exec: exit `codes` that mean the sender could not work for a reason not the batch's (75: EX_TEMPFAIL); they count no delivery against it")
 	fs.IntVar(&f.maxDeliveries, "max-deliveries", 5, "set a batch aside on the dead-letter stream once this many senders failed with it taken and not finished (0: never)")
 	fs.DurationVar(&f.stall, "stall-timeout", 2*time.Minute, "/readyz fails once the sender has had lines waiting this long without taking or finishing any, or the durable messages waiting this long with no subscriber of it delivering (0: never)")
 	fs.DurationVar(&f.stopTimeout, "stop-timeout", 30*time.Second, "with --exec: how long a stopping subscriber waits for the sender to finish its input before stopping its process group")
 	fs.DurationVar(&f.pinnedTTL, "pinned-ttl", 10*time.Second, "for a new consumer: the subscriber it delivers to (one at a time) hands over to a standby once it has not asked for messages this long")
-	fs.StringVar(&f.healthAddr, "health-addr", "", "serve /healthz, /readyz (consuming, the server answers for the consumer, the sender not stalled; says active or standby) and /metrics on this address, for tailer health --http-addr; empty: none")
-	fs.StringVar(&f.into, "into", "", "store the tokens in the database at MAILROOM_INBOX_URL, exactly once, instead of writing lines: inbox (table mailroom_inbox) or river (River jobs of kind mailroom_token)")
+	fs.StringVar(&f.healthAddr, "health-addr", "", "serve /healthz, /readyz (consuming, the server answers for the consumer, the sender not stalled; says active or standby) and /metrics on this `host:port`, for tailer health --http-addr; empty: none")
+	fs.StringVar(&f.into, "into", "", "store the tokens in the database at MAILROOM_INBOX_URL, exactly once, instead of writing lines, as `inbox|river`: rows of the table mailroom_inbox, or River jobs of kind mailroom_token")
 	fs.BoolVar(&f.migrate, "migrate", false, "with --into: first make the inbox table (inbox), or apply River's migrations (river)")
-	// The shared settings come after the subscriber's own flags.
-	var own, shared []string
-	for i := 0; i < len(args); i++ {
-		if args[i] == "-h" || args[i] == "--help" || args[i] == "-help" {
-			// Both sets of flags: the subscriber's own, then the shared
-			// settings it reads.
-			own = []string{"-h"}
-			break
-		}
-		name := strings.TrimLeft(strings.SplitN(args[i], "=", 2)[0], "-")
-		if fl := fs.Lookup(name); fl != nil && strings.HasPrefix(args[i], "-") {
-			own = append(own, args[i])
-			if _, isBool := fl.Value.(interface{ IsBoolFlag() bool }); !strings.Contains(args[i], "=") && !isBool && i+1 < len(args) {
-				i++
-				own = append(own, args[i])
-			}
-			continue
-		}
-		shared = append(shared, args[i])
-	}
-	if err := fs.Parse(own); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			config.Load("tailer "+command+" --durable NAME [options]", subVars, []string{"-h"}, lookupEnv, stderr)
-			return nil, nil, exitOK
-		}
-		return nil, nil, exitConfig
-	}
-	cfg, _, code := loadConfig(command+" --durable NAME [options]", subVars, shared, lookupEnv, stderr)
-	if cfg == nil {
-		return nil, nil, code
-	}
-	return &f, cfg, 0
+	return &f, x.settings(c, subVars, false)
 }
 
 // check says what is wrong with the flags, or "".

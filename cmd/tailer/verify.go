@@ -5,44 +5,45 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/spf13/cobra"
+
+	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/publish/token"
 )
 
-func verify(args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
-	var code string
-	var shared, tokens []string
-	for i := 0; i < len(args); i++ {
-		// A token may start with '-' (base64url): taken as it is, not as
-		// a flag.
-		if looksLikeToken(args[i]) {
-			tokens = append(tokens, args[i])
-			continue
-		}
-		if args[i] == "--code" || args[i] == "-code" {
-			if i+1 >= len(args) {
-				fmt.Fprintln(stderr, "tailer verify: --code needs the 5-character code")
-				return exitConfig
+func (x *cli) verifyCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "verify [--code CODE] TOKEN",
+		Short: "check a token with the signing key",
+		Long: `Check a token's signature with the signing key (or the keyring) and print
+the secret it carries: exit 0 when it is valid, 1 when it is not. A
+password recovery token is signed with its code: give it with --code.`,
+		Args: func(c *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usagef("give exactly one token (and --code CODE for a password recovery token), got %d arguments", len(args))
 			}
-			i++
-			code = args[i]
-			continue
+			return nil
+		},
+	}
+	code := c.Flags().String("code", "", "the 5-character code a password recovery token was mailed with")
+	load := x.settings(c, verifyVars, true)
+	return x.leaf(c, func(_ *cobra.Command, args []string) int {
+		cfg, err := load()
+		if err != nil {
+			return exitConfig
 		}
-		shared = append(shared, args[i])
-	}
-	cfg, rest, exit := loadKeyedConfig("verify [--code CODE] TOKEN", verifyVars, shared, lookupEnv, stderr)
-	if cfg == nil {
-		return exit
-	}
-	rest = append(tokens, rest...)
-	if len(rest) != 1 {
-		fmt.Fprintln(stderr, "tailer verify: give exactly one token (and --code CODE for a password recovery token)")
-		return exitConfig
-	}
+		return verify(cfg, args[0], *code, x.stdout)
+	})
+}
+
+// verify checks tok, signed with code when it is a password recovery
+// token's.
+func verify(cfg *config.Config, tok, code string, stdout io.Writer) int {
 	action := token.Activation
 	if code != "" {
 		action = token.PasswordRecovery
 	}
-	id, secret, err := cfg.Keys.Verify(rest[0], action, code)
+	id, secret, err := cfg.Keys.Verify(tok, action, code)
 	if err != nil {
 		hint := ""
 		if code == "" && errors.Is(err, token.ErrInvalidToken) {

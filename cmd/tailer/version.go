@@ -2,9 +2,10 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"runtime"
 	"runtime/debug"
+
+	"github.com/spf13/cobra"
 )
 
 // commit is the source's commit, set at build time by make build
@@ -29,7 +30,9 @@ func versionLine() string {
 	return fmt.Sprintf("tailer %s (%s, %s)", version, rev, runtime.Version())
 }
 
-func printVersion(w io.Writer) int {
-	fmt.Fprintln(w, versionLine())
-	return exitOK
+func (x *cli) versionCmd() *cobra.Command {
+	return x.leaf(&cobra.Command{Use: "version", Short: "print the version and commit (also --version)"}, func(*cobra.Command, []string) int {
+		fmt.Fprintln(x.stdout, versionLine())
+		return exitOK
+	})
 }

@@ -2,9 +2,7 @@ package config
 
 import (
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
 	"net/url"
@@ -13,7 +11,6 @@ import (
 	"strings"
 	"time"
 	"unicode"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
@@ -117,6 +114,11 @@ type Var struct {
 	Flag    string
 	Default string
 	Usage   string
+	// Type names the kind of value in help ("int", "ms", "url", a choice
+	// such as "line|json"); "bool" flags may be given without a value.
+	Type string
+	// Group is the heading the flag is listed under in help.
+	Group string
 	// Secret values are never echoed in errors or help. Each may also
 	// come from the file named by <Env>_FILE (Docker and Kubernetes
 	// secrets), which keeps it out of the process's environment and the
@@ -145,7 +147,7 @@ func invalid(format string, a ...any) error { return &valueError{fmt.Sprintf(for
 
 // Vars lists every setting, in help order.
 var Vars = []Var{
-	{Env: "MAILROOM_DATABASE_URL", Cmds: Run | Resync | Status, Flag: "database-url", Usage: "PostgreSQL URL (required), e.g. postgres://user@host:5432/mailroom", Secret: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_DATABASE_URL", Cmds: Run | Resync | Status, Flag: "database-url", Type: "url", Group: GroupPostgreSQL, Usage: "PostgreSQL URL (required), e.g. postgres://user@host:5432/mailroom", Secret: true, set: func(c *Config, v string) error {
 		if v == "" {
 			return errors.New("is required")
 		}
@@ -158,7 +160,7 @@ var Vars = []Var{
 		c.DatabaseURL = v
 		return nil
 	}},
-	{Env: "MAILROOM_DATABASE_PASSWORD", Cmds: Run | Resync | Status, Flag: "database-password", Usage: "password of MAILROOM_DATABASE_URL's user, any characters, no percent-encoding (replaces a password in the URL)", Secret: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_DATABASE_PASSWORD", Cmds: Run | Resync | Status, Flag: "database-password", Type: "string", Group: GroupPostgreSQL, Usage: "password of MAILROOM_DATABASE_URL's user, any characters, no percent-encoding (replaces a password in the URL)", Secret: true, set: func(c *Config, v string) error {
 		if v == "" {
 			return nil
 		}
@@ -169,7 +171,7 @@ var Vars = []Var{
 		c.DatabaseURL = u
 		return nil
 	}},
-	{Env: "MAILROOM_INBOX_URL", Cmds: Subscribe, Flag: "inbox-url", Usage: "PostgreSQL URL of the consumer's database, for tailer subscribe --into inbox or river", Secret: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_INBOX_URL", Cmds: Subscribe, Flag: "inbox-url", Type: "url", Group: GroupPostgreSQL, Usage: "PostgreSQL URL of the consumer's database, for tailer subscribe --into inbox or river", Secret: true, set: func(c *Config, v string) error {
 		if v == "" {
 			return nil
 		}
@@ -182,7 +184,7 @@ var Vars = []Var{
 		c.InboxURL = v
 		return nil
 	}},
-	{Env: "MAILROOM_INBOX_PASSWORD", Cmds: Subscribe, Flag: "inbox-password", Usage: "password of MAILROOM_INBOX_URL's user, any characters, no percent-encoding", Secret: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_INBOX_PASSWORD", Cmds: Subscribe, Flag: "inbox-password", Type: "string", Group: GroupPostgreSQL, Usage: "password of MAILROOM_INBOX_URL's user, any characters, no percent-encoding", Secret: true, set: func(c *Config, v string) error {
 		if v == "" {
 			return nil
 		}
@@ -196,7 +198,7 @@ var Vars = []Var{
 		c.InboxURL = u
 		return nil
 	}},
-	{Env: "MAILROOM_SECRET_KEY", Cmds: Run | Resync | Verify, Flag: "secret-key", Usage: "HMAC signing key: exactly 64 hex characters (or use MAILROOM_SECRET_KEY_FILE)", Secret: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_SECRET_KEY", Cmds: Run | Resync | Verify, Flag: "secret-key", Type: "hex", Group: GroupSigning, Usage: "HMAC signing key: exactly 64 hex characters (or use MAILROOM_SECRET_KEY_FILE)", Secret: true, set: func(c *Config, v string) error {
 		// Trimmed like the file form: a key pasted with its newline is the
 		// same key.
 		v = strings.TrimSpace(v)
@@ -210,7 +212,7 @@ var Vars = []Var{
 		c.Keys, err = token.SingleKey(key)
 		return err
 	}},
-	{Env: "MAILROOM_SECRET_KEY_FILE", Cmds: Run | Resync | Verify, Flag: "secret-key-file", Usage: "file holding the signing key as 64 hex characters", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_SECRET_KEY_FILE", Cmds: Run | Resync | Verify, Flag: "secret-key-file", Type: "file", Group: GroupSigning, Usage: "file holding the signing key as 64 hex characters", set: func(c *Config, v string) error {
 		if v == "" {
 			return nil
 		}
@@ -228,7 +230,7 @@ var Vars = []Var{
 		c.Keys, err = token.SingleKey(key)
 		return err
 	}},
-	{Env: "MAILROOM_KEYRING_FILE", Cmds: Run | Resync | Verify, Flag: "keyring-file", Usage: "keyring file: a signing key a line, its id and its 64 hex characters, the key that signs marked primary (instead of MAILROOM_SECRET_KEY)", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_KEYRING_FILE", Cmds: Run | Resync | Verify, Flag: "keyring-file", Type: "file", Group: GroupSigning, Usage: "keyring file: a signing key a line, its id and its 64 hex characters, the key that signs marked primary (instead of MAILROOM_SECRET_KEY)", set: func(c *Config, v string) error {
 		if v == "" {
 			return nil
 		}
@@ -246,13 +248,13 @@ var Vars = []Var{
 		c.Keys = ring
 		return nil
 	}},
-	{Env: "MAILROOM_BATCH_LIMIT", Cmds: Run | Resync, Flag: "batch-limit", Default: "10", Usage: "most tokens in one batch", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_BATCH_LIMIT", Cmds: Run | Resync, Flag: "batch-limit", Type: "int", Group: GroupBatches, Default: "10", Usage: "most tokens in one batch", Shown: true, set: func(c *Config, v string) error {
 		n, err := positiveInt(v, 1_000_000)
 		c.BatchLimit = n
 		return err
 	}},
-	{Env: "MAILROOM_BATCH_TIMEOUT", Cmds: Run, Flag: "batch-timeout", Default: "5000", Usage: "milliseconds after a batch's first token when it is cut at the latest", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.BatchTimeout }, 0, 86_400_000)},
-	{Env: "MAILROOM_NATS_URL", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-url", Usage: "NATS server URL(s), comma-separated; unset: tailer run starts an embedded JetStream server on MAILROOM_DATA_DIR, and the other commands use the one of the tailer run holding that directory", Secret: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_BATCH_TIMEOUT", Cmds: Run, Flag: "batch-timeout", Type: "ms", Group: GroupBatches, Default: "5000", Usage: "milliseconds after a batch's first token when it is cut at the latest", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.BatchTimeout }, 0, 86_400_000)},
+	{Env: "MAILROOM_NATS_URL", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-url", Type: "urls", Group: GroupNATS, Usage: "NATS server URL(s), comma-separated; unset: tailer run starts an embedded JetStream server on MAILROOM_DATA_DIR, and the other commands use the one of the tailer run holding that directory", Secret: true, set: func(c *Config, v string) error {
 		parts := strings.Split(v, ",")
 		for i, part := range parts {
 			if v == "" {
@@ -269,39 +271,39 @@ var Vars = []Var{
 		c.NATSURL = v
 		return nil
 	}},
-	{Env: "MAILROOM_NATS_USER", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-user", Usage: "NATS user name (with MAILROOM_NATS_PASSWORD)", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_USER", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-user", Type: "string", Group: GroupNATS, Usage: "NATS user name (with MAILROOM_NATS_PASSWORD)", set: func(c *Config, v string) error {
 		c.NATSUser = v
 		return nil
 	}},
-	{Env: "MAILROOM_NATS_PASSWORD", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-password", Usage: "NATS password of MAILROOM_NATS_USER", Secret: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_PASSWORD", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-password", Type: "string", Group: GroupNATS, Usage: "NATS password of MAILROOM_NATS_USER", Secret: true, set: func(c *Config, v string) error {
 		if v != "" && c.NATSUser == "" {
 			return errors.New("is set without MAILROOM_NATS_USER")
 		}
 		c.NATSPassword = v
 		return nil
 	}},
-	{Env: "MAILROOM_NATS_TOKEN", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-token", Usage: "NATS authentication token", Secret: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_TOKEN", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-token", Type: "string", Group: GroupNATS, Usage: "NATS authentication token", Secret: true, set: func(c *Config, v string) error {
 		c.NATSToken = v
 		return nil
 	}},
-	{Env: "MAILROOM_NATS_CREDS", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-creds", Usage: "NATS credentials file (JWT and nkey seed, as nsc writes it)", set: fileVar(func(c *Config) *string { return &c.NATSCreds })},
-	{Env: "MAILROOM_NATS_NKEY", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-nkey", Usage: "file holding a NATS nkey seed (SU...)", set: fileVar(func(c *Config) *string { return &c.NATSNkey })},
-	{Env: "MAILROOM_NATS_TLS_CA", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-tls-ca", Usage: "PEM file of the CA that signed the NATS server's certificate (enables TLS)", set: fileVar(func(c *Config) *string { return &c.NATSTLSCA })},
-	{Env: "MAILROOM_NATS_TLS_CERT", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-tls-cert", Usage: "PEM client certificate for NATS (with MAILROOM_NATS_TLS_KEY)", set: fileVar(func(c *Config) *string { return &c.NATSTLSCert })},
-	{Env: "MAILROOM_NATS_TLS_KEY", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-tls-key", Usage: "PEM private key of MAILROOM_NATS_TLS_CERT", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_CREDS", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-creds", Type: "file", Group: GroupNATS, Usage: "NATS credentials file (JWT and nkey seed, as nsc writes it)", set: fileVar(func(c *Config) *string { return &c.NATSCreds })},
+	{Env: "MAILROOM_NATS_NKEY", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-nkey", Type: "file", Group: GroupNATS, Usage: "file holding a NATS nkey seed (SU...)", set: fileVar(func(c *Config) *string { return &c.NATSNkey })},
+	{Env: "MAILROOM_NATS_TLS_CA", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-tls-ca", Type: "file", Group: GroupNATS, Usage: "PEM file of the CA that signed the NATS server's certificate (enables TLS)", set: fileVar(func(c *Config) *string { return &c.NATSTLSCA })},
+	{Env: "MAILROOM_NATS_TLS_CERT", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-tls-cert", Type: "file", Group: GroupNATS, Usage: "PEM client certificate for NATS (with MAILROOM_NATS_TLS_KEY)", set: fileVar(func(c *Config) *string { return &c.NATSTLSCert })},
+	{Env: "MAILROOM_NATS_TLS_KEY", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-tls-key", Type: "file", Group: GroupNATS, Usage: "PEM private key of MAILROOM_NATS_TLS_CERT", set: func(c *Config, v string) error {
 		if (v == "") != (c.NATSTLSCert == "") {
 			return errors.New("must be set together with MAILROOM_NATS_TLS_CERT")
 		}
 		return fileVar(func(c *Config) *string { return &c.NATSTLSKey })(c, v)
 	}},
-	{Env: "MAILROOM_NATS_LISTEN", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-listen", Default: "127.0.0.1:4222", Usage: "client address of the embedded NATS server (where status, subscribe and dead-letters look for it when no tailer run on MAILROOM_DATA_DIR says where it listens)", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_LISTEN", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-listen", Type: "host:port", Group: GroupNATS, Default: "127.0.0.1:4222", Usage: "client address of the embedded NATS server (where status, subscribe and dead-letters look for it when no tailer run on MAILROOM_DATA_DIR says where it listens)", set: func(c *Config, v string) error {
 		if _, _, err := net.SplitHostPort(v); err != nil {
 			return invalid("must be host:port")
 		}
 		c.NATSListen = v
 		return nil
 	}},
-	{Env: "MAILROOM_NATS_SYNC", Cmds: Run | Resync, Flag: "nats-sync", Default: "always", Usage: "when the embedded NATS server syncs its store to disk: always (before every acknowledgement) or an interval such as 1s (faster for many small batches; a host crash loses up to that much)", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_SYNC", Cmds: Run | Resync, Flag: "nats-sync", Type: "always|duration", Group: GroupNATS, Default: "always", Usage: "when the embedded NATS server syncs its store to disk: always (before every acknowledgement) or an interval such as 1s (faster for many small batches; a host crash loses up to that much)", Shown: true, set: func(c *Config, v string) error {
 		if v == "always" {
 			c.NATSSync = 0
 			return nil
@@ -313,34 +315,34 @@ var Vars = []Var{
 		c.NATSSync = d
 		return nil
 	}},
-	{Env: "MAILROOM_DATA_DIR", Cmds: Run | Resync | Status | Subscribe, Flag: "data-dir", Default: "tailer-data", Usage: "directory of the embedded NATS server's JetStream store, held by one tailer run at a time; resync, status, subscribe and dead-letters with MAILROOM_NATS_URL unset use the server of the tailer run that holds it", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_DATA_DIR", Cmds: Run | Resync | Status | Subscribe, Flag: "data-dir", Type: "dir", Group: GroupNATS, Default: "tailer-data", Usage: "directory of the embedded NATS server's JetStream store, held by one tailer run at a time; resync, status, subscribe and dead-letters with MAILROOM_NATS_URL unset use the server of the tailer run that holds it", set: func(c *Config, v string) error {
 		if v == "" {
 			return errors.New("must not be empty")
 		}
 		c.DataDir = v
 		return nil
 	}},
-	{Env: "MAILROOM_NATS_STREAM", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-stream", Default: "MAILROOM", Usage: "JetStream stream name (created if missing)", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_STREAM", Cmds: Run | Resync | Status | Subscribe, Flag: "nats-stream", Type: "name", Group: GroupNATS, Default: "MAILROOM", Usage: "JetStream stream name (created if missing)", set: func(c *Config, v string) error {
 		if v == "" || strings.ContainsAny(v, ".*>/\\") || strings.ContainsFunc(v, notPrintable) {
 			return invalid("must be a stream name of printable characters without spaces, '.', '*', '>', '/' or '\\'")
 		}
 		c.Stream = v
 		return nil
 	}},
-	{Env: "MAILROOM_NATS_SUBJECT", Cmds: Run | Resync | Subscribe, Flag: "nats-subject", Default: "mailroom.batches", Usage: "subject batches are published on", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_SUBJECT", Cmds: Run | Resync | Subscribe, Flag: "nats-subject", Type: "subject", Group: GroupNATS, Default: "mailroom.batches", Usage: "subject batches are published on", set: func(c *Config, v string) error {
 		if v == "" || strings.ContainsAny(v, "*>") || strings.ContainsFunc(v, notPrintable) || strings.HasPrefix(v, ".") || strings.HasSuffix(v, ".") || strings.Contains(v, "..") {
 			return invalid("must be a literal subject such as mailroom.batches")
 		}
 		c.Subject = v
 		return nil
 	}},
-	{Env: "MAILROOM_NATS_REPLICAS", Cmds: Run | Resync, Flag: "nats-replicas", Default: "1", Usage: "replicas of the stream when the tailer creates it (3 on a three-node cluster)", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_NATS_REPLICAS", Cmds: Run | Resync, Flag: "nats-replicas", Type: "int", Group: GroupNATS, Default: "1", Usage: "replicas of the stream when the tailer creates it (3 on a three-node cluster)", Shown: true, set: func(c *Config, v string) error {
 		n, err := positiveInt(v, 5)
 		c.Replicas = n
 		return err
 	}},
-	{Env: "MAILROOM_SUBJECT_PER_ACTION", Cmds: Run | Resync, Flag: "subject-per-action", Default: "false", Usage: "publish each action on its own subject (<subject>.activation, <subject>.password_recovery), one action a batch", Shown: true, set: boolVar(func(c *Config) *bool { return &c.PerAction })},
-	{Env: "MAILROOM_FORMAT", Cmds: Run | Resync, Flag: "format", Default: "line", Usage: "message body: line (collector-compatible) or json", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_SUBJECT_PER_ACTION", Cmds: Run | Resync, Flag: "subject-per-action", Type: "bool", Group: GroupBatches, Default: "false", Usage: "publish each action on its own subject (<subject>.activation, <subject>.password_recovery), one action a batch", Shown: true, set: boolVar(func(c *Config) *bool { return &c.PerAction })},
+	{Env: "MAILROOM_FORMAT", Cmds: Run | Resync, Flag: "format", Type: "line|json", Group: GroupBatches, Default: "line", Usage: "message body: line (collector-compatible) or json", Shown: true, set: func(c *Config, v string) error {
 		f, err := wire.ParseFormat(v)
 		if err != nil {
 			return invalid("must be line or json")
@@ -348,7 +350,7 @@ var Vars = []Var{
 		c.Format = f
 		return nil
 	}},
-	{Env: "MAILROOM_HTTP_ADDR", Cmds: Run | Health, Flag: "http-addr", Default: "127.0.0.1:9187", Usage: "address for /metrics, /healthz and /readyz; empty disables", EmptyIsValue: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_HTTP_ADDR", Cmds: Run | Health, Flag: "http-addr", Type: "host:port", Group: GroupOperations, Default: "127.0.0.1:9187", Usage: "address for /metrics, /healthz and /readyz; empty disables", EmptyIsValue: true, set: func(c *Config, v string) error {
 		if v != "" {
 			if _, _, err := net.SplitHostPort(v); err != nil {
 				return invalid("must be host:port or empty")
@@ -357,15 +359,15 @@ var Vars = []Var{
 		c.HTTPAddr = v
 		return nil
 	}},
-	{Env: "MAILROOM_SLOT", Cmds: Run | Resync | Status, Flag: "slot", Default: "mailroom", Usage: "logical replication slot name", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_SLOT", Cmds: Run | Resync | Status, Flag: "slot", Type: "name", Group: GroupPostgreSQL, Default: "mailroom", Usage: "logical replication slot name", set: func(c *Config, v string) error {
 		c.Slot = v
 		return validName(v)
 	}},
-	{Env: "MAILROOM_PUBLICATION", Cmds: Run | Resync | Status, Flag: "publication", Default: "mailroom", Usage: "publication holding the tokens table", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_PUBLICATION", Cmds: Run | Resync | Status, Flag: "publication", Type: "name", Group: GroupPostgreSQL, Default: "mailroom", Usage: "publication holding the tokens table", set: func(c *Config, v string) error {
 		c.Publication = v
 		return validName(v)
 	}},
-	{Env: "MAILROOM_PROTO_VERSION", Cmds: Run, Flag: "proto-version", Default: "2", Usage: "pgoutput protocol version: 1, or 2 to stream large transactions", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_PROTO_VERSION", Cmds: Run, Flag: "proto-version", Type: "int", Group: GroupPostgreSQL, Default: "2", Usage: "pgoutput protocol version: 1, or 2 to stream large transactions", Shown: true, set: func(c *Config, v string) error {
 		switch v {
 		case "1", "2":
 			c.ProtoVersion = int(v[0] - '0')
@@ -373,8 +375,8 @@ var Vars = []Var{
 		}
 		return invalid("must be 1 or 2")
 	}},
-	{Env: "MAILROOM_BINARY", Cmds: Run, Flag: "binary", Default: "true", Usage: "ask pgoutput for binary column values (cheaper for the server)", Shown: true, set: boolVar(func(c *Config) *bool { return &c.Binary })},
-	{Env: "MAILROOM_MAX_IN_FLIGHT", Cmds: Run | Resync, Flag: "max-in-flight", Default: "auto", Usage: "messages published and awaiting their PubAck at once; batches ready meanwhile go out together in the next message (auto: 1 on a stream of one replica, 2 on a replicated one)", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_BINARY", Cmds: Run, Flag: "binary", Type: "bool", Group: GroupPostgreSQL, Default: "true", Usage: "ask pgoutput for binary column values (cheaper for the server)", Shown: true, set: boolVar(func(c *Config) *bool { return &c.Binary })},
+	{Env: "MAILROOM_MAX_IN_FLIGHT", Cmds: Run | Resync, Flag: "max-in-flight", Type: "auto|int", Group: GroupBatches, Default: "auto", Usage: "messages published and awaiting their PubAck at once; batches ready meanwhile go out together in the next message (auto: 1 on a stream of one replica, 2 on a replicated one)", Shown: true, set: func(c *Config, v string) error {
 		if v == "auto" {
 			c.MaxInFlight = 0
 			return nil
@@ -386,12 +388,12 @@ var Vars = []Var{
 		c.MaxInFlight = n
 		return nil
 	}},
-	{Env: "MAILROOM_MAX_BATCHES_PER_MESSAGE", Cmds: Run | Resync, Flag: "max-batches-per-message", Default: strconv.Itoa(publish.DefaultMaxBatches), Usage: "most batches one message carries when batches go out together (1: a message per batch, for consumers that take a message as one line)", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_MAX_BATCHES_PER_MESSAGE", Cmds: Run | Resync, Flag: "max-batches-per-message", Type: "int", Group: GroupBatches, Default: strconv.Itoa(publish.DefaultMaxBatches), Usage: "most batches one message carries when batches go out together (1: a message per batch, for consumers that take a message as one line)", Shown: true, set: func(c *Config, v string) error {
 		n, err := positiveInt(v, 100_000)
 		c.MaxBatches = n
 		return err
 	}},
-	{Env: "MAILROOM_MAX_LAG", Cmds: Run | Status, Flag: "max-lag", Default: "67108864", Usage: "slot lag in bytes above which /readyz reports not ready (and tailer status exits 1)", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_MAX_LAG", Cmds: Run | Status, Flag: "max-lag", Type: "bytes", Group: GroupOperations, Default: "67108864", Usage: "slot lag in bytes above which /readyz reports not ready (and tailer status exits 1)", Shown: true, set: func(c *Config, v string) error {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
 			return invalid("must be a number of bytes >= 0")
@@ -399,14 +401,14 @@ var Vars = []Var{
 		c.MaxLag = n
 		return nil
 	}},
-	{Env: "MAILROOM_MAX_LAG_SECONDS", Cmds: Status, Flag: "max-lag-seconds", Default: "60", Usage: "lag in time (seconds since the newest commit or heartbeat confirmed) past which tailer status exits 1; tailer run's heartbeats keep it under MAILROOM_HEARTBEAT_INTERVAL while it keeps up", Shown: true, set: secondsVar(func(c *Config) *time.Duration { return &c.MaxLagSeconds })},
-	{Env: "MAILROOM_MAX_UNHELD_SECONDS", Cmds: Status, Flag: "max-unheld-seconds", Default: "70", Usage: "seconds the slot may go without a tailer holding it before tailer status exits 1 (a restart, a standby taking over, take seconds)", Shown: true, set: secondsVar(func(c *Config) *time.Duration { return &c.MaxUnheld })},
-	{Env: "MAILROOM_LAG_INTERVAL", Cmds: Run, Flag: "lag-interval", Default: "5000", Usage: "milliseconds between samples of the slot's lag for metrics and /readyz", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.LagInterval }, 1, 3_600_000)},
-	{Env: "MAILROOM_HEARTBEAT_INTERVAL", Cmds: Run, Flag: "heartbeat-interval", Default: "5000", Usage: "milliseconds between heartbeats written into the WAL (a logical message) while tailer run streams, so that the lag in seconds moves when no token is written; 0 writes none", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.HeartbeatInterval }, 0, 3_600_000)},
-	{Env: "MAILROOM_PUBACK_TIMEOUT", Cmds: Run | Resync, Flag: "puback-timeout", Default: "5000", Usage: "milliseconds a publish waits for its PubAck before the session starts again, on whichever server then leads the stream (a node partitioned or frozen: a cluster elects another leader within seconds); /readyz says a wait past a second", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.PubAckTimeout }, 500, 600_000)},
-	{Env: "MAILROOM_REPLICATION_TIMEOUT", Cmds: Run, Flag: "replication-timeout", Default: "60000", Usage: "milliseconds the replication connection may stay silent (no message, no keepalive) before it is reconnected", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.ReplicationTimeout }, 1000, 3_600_000)},
-	{Env: "MAILROOM_PPROF", Cmds: Run, Flag: "pprof", Default: "false", Usage: "serve /debug/pprof on the HTTP address (profiles show code paths; keep the address private)", Shown: true, set: boolVar(func(c *Config) *bool { return &c.Pprof })},
-	{Env: "MAILROOM_SLOT_FAILOVER", Cmds: Run | Resync, Flag: "slot-failover", Default: replication.FailoverAuto, Usage: "make the slot a failover slot, kept in step on standbys with sync_replication_slots (PostgreSQL 17+): auto (on 17+), true (refused on 16 and older) or false", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_MAX_LAG_SECONDS", Cmds: Status, Flag: "max-lag-seconds", Type: "seconds", Group: GroupOperations, Default: "60", Usage: "lag in time (seconds since the newest commit or heartbeat confirmed) past which tailer status exits 1; tailer run's heartbeats keep it under MAILROOM_HEARTBEAT_INTERVAL while it keeps up", Shown: true, set: secondsVar(func(c *Config) *time.Duration { return &c.MaxLagSeconds })},
+	{Env: "MAILROOM_MAX_UNHELD_SECONDS", Cmds: Status, Flag: "max-unheld-seconds", Type: "seconds", Group: GroupOperations, Default: "70", Usage: "seconds the slot may go without a tailer holding it before tailer status exits 1 (a restart, a standby taking over, take seconds)", Shown: true, set: secondsVar(func(c *Config) *time.Duration { return &c.MaxUnheld })},
+	{Env: "MAILROOM_LAG_INTERVAL", Cmds: Run, Flag: "lag-interval", Type: "ms", Group: GroupOperations, Default: "5000", Usage: "milliseconds between samples of the slot's lag for metrics and /readyz", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.LagInterval }, 1, 3_600_000)},
+	{Env: "MAILROOM_HEARTBEAT_INTERVAL", Cmds: Run, Flag: "heartbeat-interval", Type: "ms", Group: GroupPostgreSQL, Default: "5000", Usage: "milliseconds between heartbeats written into the WAL (a logical message) while tailer run streams, so that the lag in seconds moves when no token is written; 0 writes none", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.HeartbeatInterval }, 0, 3_600_000)},
+	{Env: "MAILROOM_PUBACK_TIMEOUT", Cmds: Run | Resync, Flag: "puback-timeout", Type: "ms", Group: GroupNATS, Default: "5000", Usage: "milliseconds a publish waits for its PubAck before the session starts again, on whichever server then leads the stream (a node partitioned or frozen: a cluster elects another leader within seconds); /readyz says a wait past a second", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.PubAckTimeout }, 500, 600_000)},
+	{Env: "MAILROOM_REPLICATION_TIMEOUT", Cmds: Run, Flag: "replication-timeout", Type: "ms", Group: GroupPostgreSQL, Default: "60000", Usage: "milliseconds the replication connection may stay silent (no message, no keepalive) before it is reconnected", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.ReplicationTimeout }, 1000, 3_600_000)},
+	{Env: "MAILROOM_PPROF", Cmds: Run, Flag: "pprof", Type: "bool", Group: GroupOperations, Default: "false", Usage: "serve /debug/pprof on the HTTP address (profiles show code paths; keep the address private)", Shown: true, set: boolVar(func(c *Config) *bool { return &c.Pprof })},
+	{Env: "MAILROOM_SLOT_FAILOVER", Cmds: Run | Resync, Flag: "slot-failover", Type: "auto|bool", Group: GroupPostgreSQL, Default: replication.FailoverAuto, Usage: "make the slot a failover slot, kept in step on standbys with sync_replication_slots (PostgreSQL 17+): auto (on 17+), true (refused on 16 and older) or false", Shown: true, set: func(c *Config, v string) error {
 		switch v {
 		case replication.FailoverAuto, replication.FailoverOn, replication.FailoverOff:
 			c.SlotFailover = v
@@ -414,15 +416,15 @@ var Vars = []Var{
 		}
 		return invalid("must be auto, true or false")
 	}},
-	{Env: "MAILROOM_AUTO_RESYNC", Cmds: Run, Flag: "auto-resync", Default: "false", Usage: "when the slot is lost or gone, recreate it and publish the still-eligible tokens the stream lacks (tailer resync) instead of waiting for the operator", Shown: true, set: boolVar(func(c *Config) *bool { return &c.AutoResync })},
-	{Env: "MAILROOM_LOG_FORMAT", Cmds: Run | Resync, Flag: "log-format", Default: "text", Usage: "log format: text or json", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_AUTO_RESYNC", Cmds: Run, Flag: "auto-resync", Type: "bool", Group: GroupPostgreSQL, Default: "false", Usage: "when the slot is lost or gone, recreate it and publish the still-eligible tokens the stream lacks (tailer resync) instead of waiting for the operator", Shown: true, set: boolVar(func(c *Config) *bool { return &c.AutoResync })},
+	{Env: "MAILROOM_LOG_FORMAT", Cmds: Run | Resync, Flag: "log-format", Type: "text|json", Group: GroupOperations, Default: "text", Usage: "log format: text or json", Shown: true, set: func(c *Config, v string) error {
 		if v != "text" && v != "json" {
 			return invalid("must be text or json")
 		}
 		c.LogFormat = v
 		return nil
 	}},
-	{Env: "MAILROOM_LOG_LEVEL", Cmds: Run | Resync, Flag: "log-level", Default: "info", Usage: "log level: debug, info, warn or error", Shown: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_LOG_LEVEL", Cmds: Run | Resync, Flag: "log-level", Type: "debug|info|warn|error", Group: GroupOperations, Default: "info", Usage: "log level: debug, info, warn or error", Shown: true, set: func(c *Config, v string) error {
 		switch v {
 		case "debug", "info", "warn", "error":
 			c.LogLevel = v
@@ -590,77 +592,6 @@ type Error struct {
 
 func (e *Error) Error() string { return e.Var + ": " + e.Err.Error() }
 func (e *Error) Unwrap() error { return e.Err }
-
-// Load parses args (flags for the named settings) over the environment
-// (lookupEnv, as os.LookupEnv) and validates the settings listed in use, by
-// environment name. It returns the remaining arguments. -h/--help returns
-// flag.ErrHelp after printing usage to out. An empty environment variable
-// is the setting's default, unless its empty value means something
-// (Var.EmptyIsValue).
-func Load(name string, use []string, args []string, lookupEnv func(string) (string, bool), out io.Writer) (*Config, []string, error) {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(out)
-	values := make(map[string]*string, len(use))
-	byEnv := make(map[string]Var, len(Vars))
-	for _, v := range Vars {
-		byEnv[v.Env] = v
-	}
-	for _, env := range use {
-		v, ok := byEnv[env]
-		if !ok {
-			panic("config: unknown setting " + env)
-		}
-		// The flag's default is the static one: help and usage errors
-		// print defaults, and the environment may hold passwords and keys.
-		usage := v.Usage + " [" + v.Env + "]"
-		if v.fromFile(byEnv) {
-			usage += " (or the content of the file " + v.Env + "_FILE names)"
-		}
-		if v.Default != "" {
-			usage += " (default " + strconv.Quote(v.Default) + ")"
-		}
-		values[env] = fs.String(v.Flag, "", usage)
-	}
-	if err := fs.Parse(args); err != nil {
-		return nil, nil, err
-	}
-	set := make(map[string]bool)
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	c := &Config{}
-	for _, env := range use {
-		v := byEnv[env]
-		val, given := *values[env], set[v.Flag]
-		if !given {
-			val = v.Default
-			if e, ok := lookupEnv(v.Env); ok && (e != "" || v.EmptyIsValue) {
-				val, given = e, true
-			}
-		}
-		if path, ok := lookupEnv(v.Env + "_FILE"); ok && path != "" && v.fromFile(byEnv) {
-			if given {
-				return nil, nil, &Error{Var: env, Err: fmt.Errorf("set together with %s_FILE: use one of them", env)}
-			}
-			b, err := os.ReadFile(path)
-			if err != nil {
-				return nil, nil, &Error{Var: env + "_FILE", Err: fmt.Errorf("cannot read %s: %v", path, pathErr(err))}
-			}
-			// Files end in a newline more often than passwords do.
-			val = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
-		}
-		if err := v.set(c, val); err != nil {
-			var bad *valueError
-			if errors.As(err, &bad) {
-				if v.Shown {
-					err = fmt.Errorf("%s, got %q", bad.msg, val)
-				} else {
-					err = fmt.Errorf("%s (value not shown: %d characters)", bad.msg, utf8.RuneCountInString(val))
-				}
-			}
-			return nil, nil, &Error{Var: env, Err: err}
-		}
-	}
-	return c, fs.Args(), nil
-}
 
 // fromFile: the setting may come from the file <Env>_FILE names.
 func (v Var) fromFile(byEnv map[string]Var) bool {

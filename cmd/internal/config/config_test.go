@@ -2,9 +2,7 @@ package config
 
 import (
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -13,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/spf13/pflag"
 )
 
 func allVars() []string {
@@ -66,11 +65,11 @@ func FuzzLoad(f *testing.F) {
 			if asFlag {
 				args = []string{"--" + target.Flag + "=" + value}
 			}
-			_, _, err := Load("fuzz", allVars(), args, getenv, io.Discard)
+			_, err := Load(allVars(), args, getenv)
 			return err
 		}
 		err := load(value)
-		if err == nil || errors.Is(err, flag.ErrHelp) {
+		if err == nil {
 			return
 		}
 		var cerr *Error
@@ -108,7 +107,7 @@ func FuzzLoad(f *testing.F) {
 func TestEmptyEnvironmentValues(t *testing.T) {
 	env := map[string]string{"MAILROOM_DATABASE_URL": "postgres://u@h/db", "MAILROOM_HTTP_ADDR": "", "MAILROOM_BATCH_LIMIT": ""}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	c, _, err := Load("test", []string{"MAILROOM_DATABASE_URL", "MAILROOM_HTTP_ADDR", "MAILROOM_BATCH_LIMIT"}, nil, lookup, io.Discard)
+	c, err := Load([]string{"MAILROOM_DATABASE_URL", "MAILROOM_HTTP_ADDR", "MAILROOM_BATCH_LIMIT"}, nil, lookup)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +115,7 @@ func TestEmptyEnvironmentValues(t *testing.T) {
 		t.Fatalf("HTTPAddr %q, BatchLimit %d; want disabled and the default 10", c.HTTPAddr, c.BatchLimit)
 	}
 	delete(env, "MAILROOM_HTTP_ADDR")
-	if c, _, err = Load("test", []string{"MAILROOM_DATABASE_URL", "MAILROOM_HTTP_ADDR"}, nil, lookup, io.Discard); err != nil || c.HTTPAddr != "127.0.0.1:9187" {
+	if c, err = Load([]string{"MAILROOM_DATABASE_URL", "MAILROOM_HTTP_ADDR"}, nil, lookup); err != nil || c.HTTPAddr != "127.0.0.1:9187" {
 		t.Fatalf("unset MAILROOM_HTTP_ADDR = %q, %v; want the default", c.HTTPAddr, err)
 	}
 }
@@ -148,7 +147,7 @@ func FuzzSecretsInMalformedURLs(f *testing.F) {
 		}
 		env := map[string]string{"MAILROOM_DATABASE_URL": "postgres://u@h/db", target: value}
 		var out strings.Builder
-		_, _, err := Load("fuzz", urlVars, nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, &out)
+		_, err := Load(urlVars, nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 		msg := out.String()
 		if err != nil {
 			msg += err.Error()
@@ -184,7 +183,7 @@ func FuzzDatabasePassword(f *testing.F) {
 		}
 		dsn := dsns[int(which)%len(dsns)]
 		env := map[string]string{"MAILROOM_DATABASE_URL": dsn, "MAILROOM_DATABASE_PASSWORD": pw}
-		c, _, err := Load("fuzz", []string{"MAILROOM_DATABASE_URL", "MAILROOM_DATABASE_PASSWORD"}, nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, io.Discard)
+		c, err := Load([]string{"MAILROOM_DATABASE_URL", "MAILROOM_DATABASE_PASSWORD"}, nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 		if err != nil {
 			if strings.Contains(err.Error(), pw) {
 				t.Fatalf("the password shows: %v", err)
@@ -239,7 +238,7 @@ func TestSecretsFromFiles(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			lookup := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
-			c, _, err := Load("test", use, tc.args, lookup, io.Discard)
+			c, err := Load(use, tc.args, lookup)
 			if tc.wantErr != "" {
 				if err == nil || err.Error() != tc.wantErr {
 					t.Fatalf("err = %v, want %q", err, tc.wantErr)
@@ -255,16 +254,10 @@ func TestSecretsFromFiles(t *testing.T) {
 		})
 	}
 	// MAILROOM_SECRET_KEY has its own file setting: no second one.
-	lookup := func(k string) (string, bool) {
-		v, ok := map[string]string{"MAILROOM_SECRET_KEY_FILE_FILE": pw}[k]
-		return v, ok
-	}
-	var help strings.Builder
-	if _, _, err := Load("test", []string{"MAILROOM_SECRET_KEY", "MAILROOM_SECRET_KEY_FILE", "MAILROOM_NATS_PASSWORD"}, []string{"-h"}, lookup, &help); err == nil {
-		t.Fatal("-h: no error")
-	}
-	if strings.Contains(help.String(), "MAILROOM_SECRET_KEY_FILE_FILE") || !strings.Contains(help.String(), "MAILROOM_NATS_PASSWORD_FILE") {
-		t.Fatalf("help:\n%s", help.String())
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	Bind(fs, []string{"MAILROOM_SECRET_KEY", "MAILROOM_SECRET_KEY_FILE", "MAILROOM_NATS_PASSWORD"})
+	if help := fs.FlagUsages(); strings.Contains(help, "MAILROOM_SECRET_KEY_FILE_FILE") || !strings.Contains(help, "MAILROOM_NATS_PASSWORD_FILE") {
+		t.Fatalf("help:\n%s", help)
 	}
 }
 
@@ -285,7 +278,7 @@ func TestHostileURLPasswords(t *testing.T) {
 			env := map[string]string{"MAILROOM_DATABASE_URL": "postgres://u@h/db", tc.env: tc.url}
 			var out strings.Builder
 			use := []string{"MAILROOM_DATABASE_URL", "MAILROOM_INBOX_URL", "MAILROOM_NATS_URL"}
-			cfg, _, err := Load("hostile", use, nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, &out)
+			cfg, err := Load(use, nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 			if err != nil {
 				if msg := out.String() + err.Error(); strings.Contains(msg, "Secr3t") || strings.Contains(msg, "3tTail") {
 					t.Errorf("%s with %q in the password: a piece of it shows: %s", tc.env, c, msg)

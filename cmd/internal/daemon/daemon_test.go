@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"slices"
 	"strconv"
@@ -95,7 +94,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	if format == "" {
 		format = "line"
 	}
-	cfg, _, err := config.Load("test", config.For(config.Run), []string{"--http-addr="}, func(k string) (string, bool) {
+	cfg, err := config.Load(config.For(config.Run), []string{"--http-addr="}, func(k string) (string, bool) {
 		v, ok := map[string]string{
 			"MAILROOM_DATABASE_URL":  db.URL,
 			"MAILROOM_SECRET_KEY":    testKeyHex,
@@ -108,7 +107,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 			"MAILROOM_BINARY":        o.binary,
 		}[k]
 		return v, ok
-	}, io.Discard)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
