@@ -252,8 +252,11 @@ func (s *Subscriber) hand(ctx context.Context, units []*unit) error {
 				// A message of many batches (a backlog's): what the
 				// reader finished is saved before it gets more, so that
 				// a subscriber that takes the message over skips it.
-				// Taken over, this one gives its reader nothing more.
-				if err := s.saveNow(ctx, u.h.msg); errors.Is(err, ErrTakenOver) {
+				// Taken over, or stopped while the save waited, this
+				// one gives its reader nothing more: a batch written now
+				// would be read unrecorded, beside the one the reader
+				// holds and the one done and unsaved.
+				if err := s.saveNow(ctx, u.h.msg); err != nil {
 					return fmt.Errorf("consume %s: %w", s.Durable, err)
 				}
 			}
