@@ -16,7 +16,9 @@ import (
 func TestUntilAnswered(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	away := []error{context.DeadlineExceeded, nats.ErrNoResponders, &jetstream.APIError{ErrorCode: 10008}, nats.ErrTimeout}
+	away := []error{context.DeadlineExceeded, nats.ErrNoResponders, &jetstream.APIError{ErrorCode: 10008}, nats.ErrTimeout,
+		// What a server says to a bucket opened while a node is down.
+		&jetstream.APIError{ErrorCode: 10005, Description: "no suitable peers for placement, peer offline"}}
 	tries := 0
 	v, err := untilAnswered(ctx, func(context.Context) (int, error) {
 		if tries++; tries <= len(away) {
@@ -27,9 +29,10 @@ func TestUntilAnswered(t *testing.T) {
 	if v != 7 || err != nil || tries != len(away)+1 {
 		t.Fatalf("got %d, %v after %d tries", v, err, tries)
 	}
-	refused := errors.New("permissions violation")
-	tries = 0
-	if _, err := untilAnswered(ctx, func(context.Context) (int, error) { tries++; return 0, refused }); !errors.Is(err, refused) || tries != 1 {
-		t.Fatalf("a refusal: %v after %d tries", err, tries)
+	for _, refused := range []error{errors.New("permissions violation"), &jetstream.APIError{ErrorCode: 10005, Description: "no suitable peers for placement, tags not matched"}} {
+		tries = 0
+		if _, err := untilAnswered(ctx, func(context.Context) (int, error) { tries++; return 0, refused }); !errors.Is(err, refused) || tries != 1 {
+			t.Fatalf("a refusal: %v after %d tries", err, tries)
+		}
 	}
 }

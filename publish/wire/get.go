@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -72,18 +73,28 @@ func GetMsg(ctx context.Context, nc *nats.Conn, stream string, seq uint64, lastB
 	return m, nil
 }
 
-// jsTemporarilyUnavailable is the API error code of "JetStream system
-// temporarily unavailable" (no constant in nats.go's jetstream).
-const jsTemporarilyUnavailable jetstream.ErrorCode = 10008
+// API error codes with no constant in nats.go's jetstream:
+// jsTemporarilyUnavailable is "JetStream system temporarily unavailable",
+// jsNoPeers "no suitable peers for placement" (for a stream or a bucket
+// made, or made again, with replicas).
+const (
+	jsTemporarilyUnavailable jetstream.ErrorCode = 10008
+	jsNoPeers                jetstream.ErrorCode = 10005
+)
 
 // Unanswered reports whether err says the server could not answer for a
 // stream now (a request or a PubAck timed out or found no responder,
 // JetStream temporarily unavailable while a leader is elected or the
-// server is cut off from its cluster), as opposed to a refusal: asked
-// again, maybe of another server, it answers once the cluster heals.
+// server is cut off from its cluster, no peer to place replicas on while
+// one is offline), as opposed to a refusal: asked again, maybe of another
+// server, it answers once the cluster heals. (issue 49: subscribers
+// started while a node was down exited, 19 times in a run, on "no
+// suitable peers for placement, peer offline" as they opened their
+// bucket.)
 func Unanswered(err error) bool {
 	var apiErr *jetstream.APIError
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
 		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, jetstream.ErrAsyncPublishTimeout) ||
-		errors.As(err, &apiErr) && apiErr.ErrorCode == jsTemporarilyUnavailable
+		errors.As(err, &apiErr) && (apiErr.ErrorCode == jsTemporarilyUnavailable ||
+			apiErr.ErrorCode == jsNoPeers && strings.Contains(apiErr.Description, "peer offline"))
 }
