@@ -129,9 +129,8 @@ type Publisher struct {
 	// marker) where it was.
 	deleted int
 	// window is what Resume found on the stream of the tokens the session
-	// replays; keyBuf is OnStream's scratch.
+	// replays.
 	window window
-	keyBuf []byte
 	// anchors: see Anchors.
 	anchors anchors
 	// prev is, by lane, the last batch message on its subject

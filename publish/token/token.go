@@ -178,10 +178,33 @@ func (s *Signer) Verify(token string, action Action, code string) ([SecretSize]b
 // RESTART IDENTITY reuses) a key is never reused, and it does not change
 // when the signing key rotates.
 func AppendKey(dst []byte, secret *[SecretSize]byte) []byte {
-	sum := sha256.Sum256(secret[:])
+	sum := RawKeyOf(secret)
 	var out [KeyLen]byte
-	b64.Encode(out[:], sum[:16])
+	b64.Encode(out[:], sum[:])
 	return append(dst, out[:]...)
+}
+
+// RawKey is a token key's 16 bytes, before base64url: the form a set of
+// many token keys keeps them in.
+type RawKey [16]byte
+
+// RawKeyOf returns the token key of a token's secret, as bytes.
+func RawKeyOf(secret *[SecretSize]byte) RawKey {
+	sum := sha256.Sum256(secret[:])
+	return RawKey(sum[:16])
+}
+
+// ParseRawKey returns the bytes of the token key s (AppendKey's form);
+// false when s is not one.
+func ParseRawKey(s string) (RawKey, bool) {
+	var k RawKey
+	if len(s) != KeyLen {
+		return k, false
+	}
+	// Strict: a string AppendKey never writes (other trailing bits) is
+	// no key, not another spelling of one.
+	n, err := b64.Strict().Decode(k[:], []byte(s))
+	return k, err == nil && n == len(k)
 }
 
 // KeyOf returns the token key of a token, whose first 32 bytes are the

@@ -205,3 +205,35 @@ func BenchmarkAppendToken(b *testing.B) {
 		buf, _ = s.AppendToken(buf[:0], PasswordRecovery, &secret, []byte("01234"))
 	}
 }
+
+// A token key's bytes (what a window of a million keys keeps) are the key
+// AppendKey writes, read back; anything else is no key.
+func TestRawKey(t *testing.T) {
+	var secret [SecretSize]byte
+	for i := range secret {
+		secret[i] = byte(3 * i)
+	}
+	key := string(AppendKey(nil, &secret))
+	raw, ok := ParseRawKey(key)
+	if !ok || raw != RawKeyOf(&secret) {
+		t.Fatalf("ParseRawKey(%q) = %x, %v; want %x", key, raw, ok, RawKeyOf(&secret))
+	}
+	for _, bad := range []string{"", key[:21], key + "A", strings.Replace(key, key[:1], "+", 1), key[:21] + "="} {
+		if _, ok := ParseRawKey(bad); ok {
+			t.Errorf("ParseRawKey(%q) accepted", bad)
+		}
+	}
+}
+
+func FuzzParseRawKey(f *testing.F) {
+	var secret [SecretSize]byte
+	f.Add(string(AppendKey(nil, &secret)))
+	f.Add("")
+	f.Add("AAAAAAAAAAAAAAAAAAAAAB")
+	f.Fuzz(func(t *testing.T, s string) {
+		raw, ok := ParseRawKey(s)
+		if ok && b64.EncodeToString(raw[:]) != s {
+			t.Fatalf("ParseRawKey(%q) = %x, which encodes as %q", s, raw, b64.EncodeToString(raw[:]))
+		}
+	})
+}
