@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.yaml.in/yaml/v3"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/mailroom/tailer/cmd/internal/daemon"
 	"github.com/mailroom/tailer/cmd/internal/natsmetrics"
@@ -160,9 +160,9 @@ func TestComposeFile(t *testing.T) {
 			if strings.HasPrefix(s.Image, "nats:") && name != "nats-volume" && (!slices.Contains(s.Command, "--config") || !slices.Contains(s.Entrypoint, "/etc/nats/entrypoint.sh")) {
 				t.Errorf("%s: %s runs without nats/nats.conf and its entrypoint: anonymous access, or passwords read as configuration", path, name)
 			}
-			// Health where the image allows one; migrate and nats-volume
-			// run once, nats-cli once per command.
-			once := name == "migrate" || name == "nats-volume" || name == "nats-cli"
+			// Health where the image allows one; migrate, nats-volume and
+			// nats-auth run once, nats-cli once per command.
+			once := name == "migrate" || name == "nats-volume" || name == "nats-auth" || name == "nats-cli"
 			if !once && len(s.Healthcheck.Test) == 0 {
 				t.Errorf("%s: %s has no healthcheck", path, name)
 			}
@@ -494,12 +494,10 @@ func TestRunsAsRestrictedRole(t *testing.T) {
 
 // startNATSConfig runs a real NATS server with a configuration file, on a
 // free loopback port with its store in a temporary directory, and points
-// the cluster at it. env is what the file reads from the environment
-// ($NAME); the server reads it from the process's, so it is set only while
-// the file is parsed, one test at a time.
-func (c *cluster) startNATSConfig(path string, env map[string]string) {
+// the cluster at it.
+func (c *cluster) startNATSConfig(path string) {
 	c.t.Helper()
-	opts, err := parseNATSConfig(path, env)
+	opts, err := server.ProcessConfigFile(path)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -525,9 +523,11 @@ func TestComposeNATSAccounts(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(20, uint64(time.Now().UnixNano())))
 	tailerPW, subscriberPW, adminPW, systemPW := hostilePassword(rng), hostilePassword(rng), hostilePassword(rng), hostilePassword(rng)
-	env := natsConfigEnv(t, map[string]string{"TAILER": tailerPW, "SUBSCRIBER": subscriberPW, "ADMIN": adminPW, "SYSTEM": systemPW})
+	// The server gets bcrypt hashes, as nats-auth.sh makes them.
+	conf := natsConfig(t, infra+"nats/nats.conf", map[string]string{"TAILER": bcryptOf(t, tailerPW), "SUBSCRIBER": bcryptOf(t, subscriberPW),
+		"ADMIN": bcryptOf(t, adminPW), "SYSTEM": bcryptOf(t, systemPW)})
 	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
-	c.startNATSConfig(infra+"nats/nats.conf", env)
+	c.startNATSConfig(conf)
 	if nc, err := nats.Connect(c.natsURL()); err == nil {
 		nc.Close()
 		t.Fatal("anonymous connection accepted")
@@ -636,6 +636,19 @@ func subscriberHealth(addr string) (int, string) {
 	return exitOK, string(out)
 }
 
+// bcryptOf is pw hashed with bcrypt, as nats-auth.sh's nats server passwd
+// hashes it: the form the compose stack's servers get. At the least cost,
+// not the CLI's 11: the server here runs in the test's process under the
+// race detector, and checks the hash at every connection.
+func bcryptOf(t *testing.T, pw string) string {
+	t.Helper()
+	h, err := bcrypt.GenerateFromPassword([]byte(pw), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(h)
+}
+
 // hostilePassword is a random password that holds every character that
 // breaks a URL, a shell word, a .env line or a NATS configuration value.
 func hostilePassword(rng *rand.Rand) string {
@@ -697,6 +710,19 @@ func checkOperatorUsers(t *testing.T, c *cluster, tailerPW, adminPW, systemPW st
 	if err := edit(connect("tailer", tailerPW)); err == nil {
 		t.Error("the tailer's user may edit the stream")
 	}
+	// Nor touch a subscriber's consumer (issue 46): the request is
+	// refused, unanswered.
+	js, _ := jetstream.New(connect("tailer", tailerPW))
+	del, cancelDel := context.WithTimeout(c.ctx, 2*time.Second)
+	err := js.DeleteConsumer(del, "MAILROOM", "sender")
+	cancelDel()
+	look, cancelLook := context.WithTimeout(c.ctx, 5*time.Second)
+	defer cancelLook()
+	if admin, _ := jetstream.New(connect("admin", adminPW)); err == nil {
+		t.Error("the tailer's user may delete the subscriber's consumer")
+	} else if _, err := admin.Consumer(look, "MAILROOM", "sender"); err != nil {
+		t.Errorf("the subscriber's consumer is gone after the tailer's user asked to delete it: %v", err)
+	}
 	if _, err := connect("system", systemPW).Request("$SYS.REQ.SERVER.PING.VARZ", nil, 2*time.Second); err != nil {
 		t.Errorf("system has no server report: %v", err)
 	}
@@ -705,15 +731,19 @@ func checkOperatorUsers(t *testing.T, c *cluster, tailerPW, adminPW, systemPW st
 	}
 }
 
-// natsConfigEnv is the environment nats/nats.conf reads, as the compose
-// file's NATS services get it: through nats/entrypoint.sh. passwords are
-// the users' by the variable's infix: TAILER, SUBSCRIBER, ADMIN, SYSTEM
-// (and ROUTE, with NATS_ROUTE_HOSTS in extra, for cluster.conf's routes).
-// extra is more of the service's environment (NAME=value).
-func natsConfigEnv(t *testing.T, passwords map[string]string, extra ...string) map[string]string {
+// natsConfig is conf (nats/nats.conf, cluster.conf) completed as the
+// compose file's NATS services get it: by nats/entrypoint.sh, into a
+// directory of t's; it returns the completed copy's path, and checks that
+// no password is in the environment the entrypoint leaves the server.
+// passwords are the users' by the variable's infix: TAILER, SUBSCRIBER,
+// ADMIN, SYSTEM (and ROUTE, with NATS_ROUTE_HOSTS in extra, for
+// cluster.conf's routes). extra is more of the service's environment
+// (NAME=value).
+func natsConfig(t *testing.T, conf string, passwords map[string]string, extra ...string) string {
 	t.Helper()
-	cmd := exec.Command("sh", infra+"nats/entrypoint.sh", "env")
-	cmd.Env = append(os.Environ(), extra...)
+	copy := t.TempDir()
+	cmd := exec.Command("sh", infra+"nats/entrypoint.sh", "sh", "-c", `env; echo "config $2"`, "sh", "--config", conf)
+	cmd.Env = append(os.Environ(), append(extra, "NATS_CONFIG_COPY="+copy)...)
 	for user, pw := range passwords {
 		cmd.Env = append(cmd.Env, "NATS_"+user+"_PASSWORD_FILE="+secretFile(t, pw))
 	}
@@ -721,34 +751,18 @@ func natsConfigEnv(t *testing.T, passwords map[string]string, extra ...string) m
 	if err != nil {
 		t.Fatalf("nats/entrypoint.sh: %v", err)
 	}
-	env, quoted := map[string]string{}, 0
-	for _, line := range strings.Split(string(out), "\n") {
-		k, v, _ := strings.Cut(line, "=")
-		if strings.HasSuffix(k, "_PASSWORD_QUOTED") {
-			env[k] = v
-			quoted++
-		} else if k == "NATS_ROUTES" {
-			env[k] = v
+	for user, pw := range passwords {
+		// A password of a letter or two is in any environment.
+		if len(pw) >= 8 && strings.Contains(string(out), pw) {
+			t.Fatalf("nats/entrypoint.sh left the %s password in the server's environment:\n%s", user, out)
 		}
 	}
-	if quoted != len(passwords) {
-		t.Fatalf("nats/entrypoint.sh exported %d quoted passwords:\n%s", len(env), out)
+	_, path, _ := strings.Cut(string(out), "\nconfig ")
+	path = strings.TrimSpace(path)
+	if filepath.Dir(path) != copy {
+		t.Fatalf("nats/entrypoint.sh ran the server with %q, not a copy in %s", path, copy)
 	}
-	return env
-}
-
-// natsConfigMu keeps parallel tests from parsing configuration files
-// under each other's environment.
-var natsConfigMu sync.Mutex
-
-func parseNATSConfig(path string, env map[string]string) (*server.Options, error) {
-	natsConfigMu.Lock()
-	defer natsConfigMu.Unlock()
-	for k, v := range env {
-		os.Setenv(k, v)
-		defer os.Unsetenv(k)
-	}
-	return server.ProcessConfigFile(path)
+	return path
 }
 
 // composeDB is a PostgreSQL set up as the compose file's postgres service
@@ -933,19 +947,21 @@ func TestComposeRoles(t *testing.T) {
 func TestNATSEntrypointTLS(t *testing.T) {
 	t.Parallel()
 	pw := secretFile(t, "pw")
+	copy := t.TempDir()
 	base := append(os.Environ(), "NATS_TAILER_PASSWORD_FILE="+pw, "NATS_SUBSCRIBER_PASSWORD_FILE="+pw,
-		"NATS_ADMIN_PASSWORD_FILE="+pw, "NATS_SYSTEM_PASSWORD_FILE="+pw)
+		"NATS_ADMIN_PASSWORD_FILE="+pw, "NATS_SYSTEM_PASSWORD_FILE="+pw, "NATS_CONFIG_COPY="+copy)
+	conf := "nats-server --config " + copy + "/nats.conf"
 	for _, tc := range []struct {
 		env  []string
 		want string
 		ok   bool
 	}{
-		{nil, "nats-server --config c", true},
+		{nil, conf, true},
 		{[]string{"NATS_TLS_CERT_FILE=/run/secrets/cert", "NATS_TLS_KEY_FILE=/run/secrets/key"},
-			"nats-server --config c --tls --tlscert /run/secrets/cert --tlskey /run/secrets/key", true},
+			conf + " --tls --tlscert /run/secrets/cert --tlskey /run/secrets/key", true},
 		{[]string{"NATS_TLS_CERT_FILE=/run/secrets/cert"}, "", false},
 	} {
-		cmd := exec.Command("sh", infra+"nats/entrypoint.sh", "echo", "nats-server", "--config", "c")
+		cmd := exec.Command("sh", infra+"nats/entrypoint.sh", "echo", "nats-server", "--config", infra+"nats/nats.conf")
 		cmd.Env = append(slices.Clone(base), tc.env...)
 		out, err := cmd.Output()
 		if (err == nil) != tc.ok || (tc.ok && strings.TrimSpace(string(out)) != tc.want) {

@@ -49,8 +49,7 @@ func TestNATSClusterRoutes(t *testing.T) {
 			}
 			node := func(name string, routePW string) *server.Server {
 				users["ROUTE"] = routePW
-				env := natsConfigEnv(t, users, "NATS_ROUTE_HOSTS="+strings.Join(hosts, " "))
-				opts, err := parseNATSConfig(path, env)
+				opts, err := server.ProcessConfigFile(natsConfig(t, path, users, "NATS_ROUTE_HOSTS="+strings.Join(hosts, " ")))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -203,7 +202,7 @@ func TestNATSEntrypointRoutesNeedPassword(t *testing.T) {
 	pw := secretFile(t, "pw")
 	cmd := exec.Command("sh", infra+"nats/entrypoint.sh", "true")
 	cmd.Env = append(os.Environ(), "NATS_TAILER_PASSWORD_FILE="+pw, "NATS_SUBSCRIBER_PASSWORD_FILE="+pw,
-		"NATS_ADMIN_PASSWORD_FILE="+pw, "NATS_SYSTEM_PASSWORD_FILE="+pw, "NATS_ROUTE_HOSTS=nats nats-2 nats-3")
+		"NATS_ADMIN_PASSWORD_FILE="+pw, "NATS_SYSTEM_PASSWORD_FILE="+pw, "NATS_ROUTE_HOSTS=nats nats-2 nats-3", "NATS_CONFIG_COPY="+t.TempDir())
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "NATS_ROUTE_PASSWORD") {
 		t.Fatalf("entrypoint with route hosts and no route password: %v\n%s", err, out)
