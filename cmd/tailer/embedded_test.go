@@ -64,6 +64,10 @@ func TestEmbeddedServerFoundByOtherCommands(t *testing.T) {
 		}
 		return nil
 	})
+	dl := c.command([]string{"dead-letters", "list", "--durable", "embedded"}, env...)
+	if code := dl.exit(30 * time.Second); code != exitOK || !strings.Contains(dl.out.String(), "0 dead letters of durable embedded") {
+		t.Fatalf("tailer dead-letters list: exit %d:\n%s", code, dl.out.String())
+	}
 
 	// The lost-slot runbook, word by word: tailer resync with the settings
 	// of tailer run, beside it.
