@@ -134,18 +134,11 @@ func migrateDown(ctx context.Context, cfg *config.Config, conn *pgx.Conn, log *s
 // collector's database is adopted, or a resync is to be finished) and
 // checks the one there. ok false: the command ends with code.
 func ensureSlot(ctx context.Context, cfg *config.Config, conn *pgx.Conn, log *slog.Logger, stderr io.Writer) (created bool, code int, ok bool) {
-	if slot, err := replication.Slot(ctx, conn, cfg.Slot); err == nil {
-		rec, err := replication.LoadRecord(ctx, conn, cfg.Slot)
-		if err == nil && !rec.ResyncPending {
-			if err := replication.CheckSlot(ctx, conn, slot); err != nil {
-				log.Error("migrate", "err", daemon.Advise(err))
-				return false, exitFailure, false
-			}
-			return false, 0, true
-		}
-	} else if !errors.Is(err, replication.ErrNoSlot) {
+	if ready, err := slotInPlace(ctx, conn, cfg.Slot); err != nil {
 		log.Error("migrate", "err", err)
 		return false, exitFailure, false
+	} else if ready {
+		return false, 0, true
 	}
 	// The slot is missing, or a resync of it did not finish: what to do
 	// depends on its record, which only the lease's holder may act on.
@@ -221,6 +214,24 @@ func ensureSlot(ctx context.Context, cfg *config.Config, conn *pgx.Conn, log *sl
 // process that does not stream from the slot: long enough for a tailer run
 // that checks a lost or blocked slot to let go of it.
 const leaseWait = 10 * time.Second
+
+// slotInPlace reports whether the slot exists, no resync of it unfinished,
+// and fit to stream from (an error says why not).
+func slotInPlace(ctx context.Context, conn *pgx.Conn, name string) (bool, error) {
+	slot, err := replication.Slot(ctx, conn, name)
+	if errors.Is(err, replication.ErrNoSlot) {
+		return false, nil
+	} else if err != nil {
+		return false, err
+	}
+	if rec, err := replication.LoadRecord(ctx, conn, name); err != nil || rec.ResyncPending {
+		return false, nil
+	}
+	if err := replication.CheckSlot(ctx, conn, slot); err != nil {
+		return false, daemon.Advise(err)
+	}
+	return true, nil
+}
 
 // leaseRefusal explains a lease that could not be had.
 func leaseRefusal(err error, cmd string) error {

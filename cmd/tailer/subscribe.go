@@ -118,11 +118,17 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 		}
 	}
 	unpin, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
 	sub.Unpin(unpin, js)
 	if resend && err == nil {
 		err = purgeResent(unpin, js, cfg.Stream, f.durable, resent(), log)
 	}
-	cancel()
+	return subscribeEnded(sub, err, log)
+}
+
+// subscribeEnded says how the subscriber ended, err what Run returned,
+// and returns the exit code.
+func subscribeEnded(sub *consume.Subscriber, err error, log *slog.Logger) int {
 	if st := sub.Stats(); st.Redelivered > 0 {
 		log.Info("messages delivered more than once", "messages", st.Redelivered, "batches_done_before", st.Skipped)
 	}
