@@ -36,16 +36,19 @@ trap 'rm -rf "$tmp"' EXIT
 # Each image gets a build context of its own, holding only its files.
 newctx() { ctx=$(mktemp -d -p "$tmp"); }
 
-# Label 2: started as postgres, on a data directory the image gives
-# postgres (as the real image does); an older stand-in is built again.
-if [ "$(docker image inspect -f '{{index .Config.Labels "mailroom.standin"}}' postgres:16 2>/dev/null)" != 2 ]; then
+# Label 3: started as postgres, on a data directory the image gives
+# postgres and a socket directory anyone may write (as the real image
+# has them, so that a tmpfs over it takes that mode); an older stand-in
+# is built again.
+if [ "$(docker image inspect -f '{{index .Config.Labels "mailroom.standin"}}' postgres:16 2>/dev/null)" != 3 ]; then
   newctx
   cp "$here/postgres-entrypoint.sh" "$ctx/"
   build postgres:16 <<'DOCKERFILE'
 FROM standin/debian:bookworm
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql-15 >/dev/null && rm -rf /var/lib/apt/lists/* /var/lib/postgresql/15 \
- && mkdir -p /var/lib/postgresql/data && chown postgres:postgres /var/lib/postgresql/data && chmod 0700 /var/lib/postgresql/data
-LABEL mailroom.standin=2
+ && mkdir -p /var/lib/postgresql/data && chown postgres:postgres /var/lib/postgresql/data && chmod 0700 /var/lib/postgresql/data \
+ && chmod 3777 /var/run/postgresql
+LABEL mailroom.standin=3
 COPY postgres-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 ENV PATH=/usr/lib/postgresql/15/bin:$PATH
 ENTRYPOINT ["/bin/sh", "/usr/local/bin/docker-entrypoint.sh"]
