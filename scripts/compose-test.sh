@@ -148,7 +148,7 @@ for c in $(dc ps -q); do
     pw=$(cat "$work/infra/secrets/$name")
     case "$inspect" in *"${pw:0:12}"*) fail "$svc: docker inspect shows $name" ;; esac
     for p in $(docker top "$c" -eo pid | tail -n +2); do
-      if tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -qF -- "${pw:0:12}"; then
+      if tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | grep -qF -- "${pw:0:12}"; then
         fail "$svc: process $p has $name on its command line"
       fi
     done
@@ -171,7 +171,7 @@ for c in $(dc ps -q); do
   for p in $(docker top "$c" -eo pid | tail -n +2); do
     for name in "${secrets[@]}"; do
       pw=$(cat "$work/infra/secrets/$name")
-      if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qF -- "${pw:0:12}"; then
+      if tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qF -- "${pw:0:12}"; then
         fail "$svc: process $p has $name in its environment"
       fi
     done
@@ -384,18 +384,20 @@ if [ "${CLUSTER:-}" != 1 ] && [ "${TLS:-}" != 1 ] && [ "${MOVE:-1}" = 1 ]; then
   #    and the subscribers.
   dc stop tailer subscriber >/dev/null
   # 2. Back up every stream of the account, with its consumers.
-  #    Twice: the step is repeatable (the second replaces the first).
+  #    Twice, as the step says: a directory of its own each time.
   for _ in 1 2; do
-    cli backup account /backup --consumers -f >"$work/backup.log" 2>&1 || { cat "$work/backup.log"; fail "nats backup account"; }
+    b=/backup/$(date -u +%Y%m%dT%H%M%SZ)
+    cli backup account "$b" --consumers >"$work/backup.log" 2>&1 || { cat "$work/backup.log"; fail "nats backup account"; }
+    sleep 1
   done
-  streams=$("${compose[@]}" -p "$project" "${files[@]}" run --rm -T --entrypoint /busybox/ls nats-cli /backup | tr -d '\r')
+  streams=$("${compose[@]}" -p "$project" "${files[@]}" run --rm -T --entrypoint /busybox/ls nats-cli "$b" | tr -d '\r')
   say "backed up: $(echo $streams)"
   # 3. The cluster on its own volumes.
   files+=(-f "$work/infra/docker-compose.cluster.yml")
   dc up -d --no-build --wait --wait-timeout 300 nats nats-2 nats-3 >/dev/null
   # 4. Each stream restored with three replicas.
   for s in $streams; do
-    cli backup restore stream "/backup/$s" --replicas 3 --no-progress >"$work/restore.log" 2>&1 || { cat "$work/restore.log"; fail "nats backup restore stream $s"; }
+    cli backup restore stream "$b/$s" --replicas 3 --no-progress >"$work/restore.log" 2>&1 || { cat "$work/restore.log"; fail "nats backup restore stream $s"; }
   done
   # 5. Everything up again.
   dc up -d --no-build --wait --wait-timeout 300 "${services[@]}" nats-2 nats-3 >/dev/null
