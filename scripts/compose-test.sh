@@ -387,7 +387,7 @@ if [ "${CLUSTER:-}" != 1 ] && [ "${TLS:-}" != 1 ] && [ "${MOVE:-1}" = 1 ]; then
   #    Twice, as the step says: a directory of its own each time.
   for _ in 1 2; do
     b=/backup/$(date -u +%Y%m%dT%H%M%SZ)
-    cli backup account "$b" --consumers >"$work/backup.log" 2>&1 || { cat "$work/backup.log"; fail "nats backup account"; }
+    cli backup account "$b" --consumers -f >"$work/backup.log" 2>&1 || { cat "$work/backup.log"; fail "nats backup account"; }
     sleep 1
   done
   streams=$("${compose[@]}" -p "$project" "${files[@]}" run --rm -T --entrypoint /busybox/ls nats-cli "$b" | tr -d '\r')
