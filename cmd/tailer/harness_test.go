@@ -55,6 +55,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "build tailer: %v\n%s", err, out)
 		os.Exit(1)
 	}
+	if err := lookups.start(); err != nil {
+		fmt.Fprintln(os.Stderr, "record lookups:", err)
+		os.Exit(1)
+	}
 	code := pgtest.Main(m)
 	os.RemoveAll(dir)
 	os.Exit(code)
