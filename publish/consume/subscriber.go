@@ -255,7 +255,7 @@ func (d Durable) Ensure(ctx context.Context, js jetstream.JetStream) (jetstream.
 		// messages in flight than this one needs.
 		if cfg := cons.CachedInfo().Config; cfg.MaxAckPending < d.MaxAckPending {
 			cfg.MaxAckPending = d.MaxAckPending
-			if cons, err = js.UpdateConsumer(ctx, d.Stream, cfg); err != nil {
+			if cons, err = untilAnswered(ctx, func(ctx context.Context) (jetstream.Consumer, error) { return js.UpdateConsumer(ctx, d.Stream, cfg) }); err != nil {
 				return nil, fmt.Errorf("update consumer %s on stream %s: %w", d.Name, d.Stream, err)
 			}
 		}
@@ -296,7 +296,10 @@ func (d Durable) Ensure(ctx context.Context, js jetstream.JetStream) (jetstream.
 		cfg.PriorityPolicy, cfg.PriorityGroups = jetstream.PriorityPolicyPinned, []string{PriorityGroup}
 		cfg.PinnedTTL = d.PinnedTTL
 	}
-	cons, err = js.CreateConsumer(ctx, d.Stream, cfg)
+	// Asked again while the cluster cannot answer (a node being killed as
+	// the subscriber starts: one exited so in a soak run); made twice, the
+	// same configuration is the same consumer.
+	cons, err = untilAnswered(ctx, func(ctx context.Context) (jetstream.Consumer, error) { return js.CreateConsumer(ctx, d.Stream, cfg) })
 	if err != nil {
 		return nil, fmt.Errorf("create consumer %s on stream %s: %w", d.Name, d.Stream, err)
 	}
