@@ -1,12 +1,10 @@
 package publish
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -27,11 +25,7 @@ const legacyInFlight = 2
 // keys of the tokens of every message of the session's incarnation that
 // covers a position at or after the slot's confirmed one.
 type window struct {
-	// keys are sorted and each once when the scan is done (sortKeys): 16
-	// bytes a token, where a map of the keys' base64 strings took 150-170
-	// (issue 47: a restart over a window of a million tokens peaked at
-	// 169 MiB).
-	keys []token.RawKey
+	keys token.KeySet
 	// max is the furthest position those messages cover: a token past it
 	// cannot be on the stream.
 	max decoder.Position
@@ -48,11 +42,7 @@ type window struct {
 
 func (w *window) add(m stored) {
 	for k := range strings.SplitSeq(m.keys, ",") {
-		// A key that is none matches no token: left out, as a map of
-		// the strings would never have matched it.
-		if key, ok := token.ParseRawKey(k); ok {
-			w.keys = append(w.keys, key)
-		}
+		w.keys.Add(k)
 	}
 	if w.max.Less(m.pos) {
 		w.max = m.pos
@@ -62,18 +52,6 @@ func (w *window) add(m stored) {
 	}
 	w.messages++
 }
-
-// sortKeys readies keys for OnStream's search, in a slice no larger than
-// they need.
-func (w *window) sortKeys() {
-	slices.SortFunc(w.keys, compareKeys)
-	w.keys = slices.Clip(slices.Compact(w.keys))
-	if cap(w.keys) > len(w.keys)+len(w.keys)/8 {
-		w.keys = append([]token.RawKey(nil), w.keys...)
-	}
-}
-
-func compareKeys(a, b token.RawKey) int { return bytes.Compare(a[:], b[:]) }
 
 // Resume makes the publisher continue the stream for o, once the caller
 // holds the slot. It reads the stream to learn which of the tokens the
@@ -121,18 +99,17 @@ func (p *Publisher) Resume(ctx context.Context, o Owner) error {
 // many markers the session started with.
 func (p *Publisher) Window() (messages, tokens int, max decoder.Position, strays, fence int) {
 	w := &p.window
-	return w.messages, len(w.keys), w.max, w.strays, w.fence
+	return w.messages, w.keys.Len(), w.max, w.strays, w.fence
 }
 
 // OnStream reports whether t is on the stream already (Resume found its
 // key). It is called for every token the session reads, on one goroutine.
 func (p *Publisher) OnStream(t *decoder.Token) bool {
 	w := &p.window
-	if len(w.keys) == 0 || w.max.Less(t.Pos) {
+	if w.keys.Len() == 0 || w.max.Less(t.Pos) {
 		return false
 	}
-	_, ok := slices.BinarySearchFunc(w.keys, token.RawKeyOf(&t.Secret), compareKeys)
-	return ok
+	return w.keys.Has(token.RawKeyOf(&t.Secret))
 }
 
 // read returns the message at seq; false when the stream no longer holds
@@ -248,7 +225,6 @@ func (p *Publisher) scan(ctx context.Context, o Owner) (*window, *stored, error)
 	if err := p.scanBeforeMarkers(ctx, o, mine, visit); err != nil {
 		return nil, nil, err
 	}
-	w.sortKeys()
 	return w, prev, nil
 }
 

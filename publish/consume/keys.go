@@ -21,8 +21,8 @@ import (
 // that are not the tailer's batches (another publisher's, or keys that are
 // not keys) are set aside: counted in setAside, their content not taken
 // for tokens on the stream.
-func KeysSince(ctx context.Context, stream jetstream.Stream, since time.Time, last uint64) (keys map[string]struct{}, setAside int, err error) {
-	keys = make(map[string]struct{})
+func KeysSince(ctx context.Context, stream jetstream.Stream, since time.Time, last uint64) (keys *token.KeySet, setAside int, err error) {
+	keys = &token.KeySet{}
 	if last == 0 {
 		return keys, 0, nil
 	}
@@ -65,7 +65,7 @@ func KeysSince(ctx context.Context, stream jetstream.Stream, since time.Time, la
 			setAside++
 		default:
 			for _, k := range strings.Split(h.Get(wire.HeaderTokenKeys), ",") {
-				keys[k] = struct{}{}
+				keys.Add(k)
 			}
 		}
 		if meta.Sequence.Stream >= last || meta.NumPending == 0 {

@@ -260,7 +260,7 @@ func openSnapshot(ctx context.Context, q *pgx.Conn, opts Options, failover bool)
 // countTokens counts the snapshot's eligible and expired tokens into rep
 // and returns the keys of the tokens the stream holds from the time of the
 // oldest eligible one.
-func countTokens(ctx context.Context, tx pgx.Tx, pub *publish.Publisher, opts Options, lastSeq, cutoverAt *int64, rep *Report) (map[string]struct{}, error) {
+func countTokens(ctx context.Context, tx pgx.Tx, pub *publish.Publisher, opts Options, lastSeq, cutoverAt *int64, rep *Report) (*token.KeySet, error) {
 	var oldest *int64
 	if err := tx.QueryRow(ctx, `SELECT min(t.created_at)::bigint, count(*) FROM tokens t JOIN accounts a ON a.id = t.account WHERE `+
 		join.Eligible+` AND `+notSent, lastSeq, cutoverAt).Scan(&oldest, &rep.Eligible); err != nil {
@@ -274,7 +274,7 @@ func countTokens(ctx context.Context, tx pgx.Tx, pub *publish.Publisher, opts Op
 		` AND t.created_at > $3`, lastSeq, cutoverAt, since).Scan(&rep.Expired); err != nil {
 		return nil, fmt.Errorf("count expired tokens: %w", err)
 	}
-	onStream := map[string]struct{}{}
+	onStream := &token.KeySet{}
 	if oldest != nil {
 		var err error
 		if onStream, rep.SetAside, err = consume.KeysSince(ctx, pub.Stream(), time.Unix(*oldest, 0).Add(-opts.ClockSkew), pub.LastSeq()); err != nil {
@@ -287,7 +287,7 @@ func countTokens(ctx context.Context, tx pgx.Tx, pub *publish.Publisher, opts Op
 // publishSnapshot feeds the snapshot's tokens that the stream lacks to a
 // publish.Pipeline, cut into batches as tailer run cuts them.
 func publishSnapshot(ctx context.Context, tx, jtx pgx.Tx, pub *publish.Publisher, nc *nats.Conn, opts Options, inFlight int, snap replication.Snapshot,
-	lastSeq, cutoverAt *int64, onStream map[string]struct{}, rep *Report) error {
+	lastSeq, cutoverAt *int64, onStream *token.KeySet, rep *Report) error {
 	batcher := batch.NewBatcher(opts.BatchLimit, time.Hour, nil)
 	if opts.Destination.PerAction {
 		batcher.SetLanes(batch.ByAction)
@@ -320,10 +320,8 @@ func publishSnapshot(ctx context.Context, tx, jtx pgx.Tx, pub *publish.Publisher
 			return fmt.Errorf("publish the snapshot: %w", err)
 		}
 	}
-	var key []byte
 	err := readCandidates(ctx, tx, lastSeq, cutoverAt, func(t *decoder.Token) error {
-		key = token.AppendKey(key[:0], &t.Secret)
-		if _, ok := onStream[string(key)]; ok {
+		if onStream.Has(token.RawKeyOf(&t.Secret)) {
 			rep.OnStream++
 			return nil
 		}
