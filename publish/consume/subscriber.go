@@ -787,6 +787,13 @@ func (s *Subscriber) untilDrained(ctx context.Context, cons jetstream.Consumer, 
 		held, inDoubt := len(s.held), s.Pipe != nil && !s.Reports && len(s.handed) > 0
 		s.mu.Unlock()
 		if !s.handling.Load() && !inDoubt && info.NumPending == 0 && info.NumAckPending == held {
+			// What the server said, for a drain that ends with
+			// something left (seen once: two resends at once ended at
+			// once, nothing delivered, a dead letter left).
+			if s.Log != nil {
+				s.Log.Info("drained: nothing left to deliver", "durable", s.Durable, "ack_pending", info.NumAckPending,
+					"delivered_stream_seq", info.Delivered.Stream, "ack_floor_stream_seq", info.AckFloor.Stream)
+			}
 			cancel(nil)
 			return
 		}
