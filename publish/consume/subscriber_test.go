@@ -66,6 +66,20 @@ func readerPipe(tb testing.TB) (r, w *os.File, pipe *consume.Pipe) {
 	return r, w, pipe
 }
 
+// pipeSubscriber is a subscriber of the durable d, from the start of
+// threeMessages' stream, into a pipe the test reads from r, its record in
+// the stream's bucket.
+func pipeSubscriber(ctx context.Context, t *testing.T, ackWait time.Duration) (jetstream.JetStream, *os.File, *consume.Subscriber) {
+	t.Helper()
+	js := threeMessages(ctx, t)
+	r, w, pipe := readerPipe(t)
+	store, err := consume.OpenProgress(ctx, js, "S", "d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, r, &consume.Subscriber{Stream: "S", Subject: "b", Durable: "d", FromStart: true, Out: w, Pipe: pipe, AckWait: ackWait, Progress: store}
+}
+
 // Into a pipe, a batch is done only once the reader has taken the next
 // one, and a message is acknowledged once all its batches are done; the
 // batch it took last is in doubt, and its message handed back for
@@ -75,13 +89,7 @@ func readerPipe(tb testing.TB) (r, w *os.File, pipe *consume.Pipe) {
 func TestSubscriberPipe(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	js := threeMessages(ctx, t)
-	r, w, pipe := readerPipe(t)
-	store, err := consume.OpenProgress(ctx, js, "S", "d")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sub := &consume.Subscriber{Stream: "S", Subject: "b", Durable: "d", FromStart: true, Out: w, Pipe: pipe, AckWait: time.Second, Progress: store}
+	js, r, sub := pipeSubscriber(ctx, t, time.Second)
 	done := make(chan error, 1)
 	go func() { done <- sub.Run(ctx, js) }()
 	cons, err := js.Consumer(ctx, "S", "d")
@@ -168,14 +176,8 @@ func TestSubscriberPipe(t *testing.T) {
 func TestSaveOverALateWrite(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	js := threeMessages(ctx, t)
-	r, w, pipe := readerPipe(t)
-	store, err := consume.OpenProgress(ctx, js, "S", "d")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sub := &consume.Subscriber{Stream: "S", Subject: "b", Durable: "d", FromStart: true, Out: w, Pipe: pipe, AckWait: 5 * time.Second,
-		Progress: store, Pinned: true, PinnedTTL: 10 * time.Second}
+	js, r, sub := pipeSubscriber(ctx, t, 5*time.Second)
+	sub.Pinned, sub.PinnedTTL = true, 10*time.Second
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- sub.Run(runCtx, js) }()
@@ -259,14 +261,9 @@ func (s *stalledSaves) Save(ctx context.Context, p *consume.Progress, revision u
 func TestNoBatchWrittenPastAWaitingSave(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	js := threeMessages(ctx, t)
-	r, w, pipe := readerPipe(t)
-	kv, err := consume.OpenProgress(ctx, js, "S", "d")
-	if err != nil {
-		t.Fatal(err)
-	}
-	store := &stalledSaves{ProgressStore: kv}
-	sub := &consume.Subscriber{Stream: "S", Subject: "b", Durable: "d", FromStart: true, Out: w, Pipe: pipe, AckWait: 5 * time.Second, Progress: store}
+	js, r, sub := pipeSubscriber(ctx, t, 5*time.Second)
+	store := &stalledSaves{ProgressStore: sub.Progress}
+	sub.Progress = store
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- sub.Run(runCtx, js) }()
