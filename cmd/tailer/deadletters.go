@@ -97,24 +97,21 @@ func listDeadLetters(ctx context.Context, cfg *config.Config, durable string, st
 	return exitOK
 }
 
-// purgeResent removes the dead letters a resend delivered: those its
-// reader finished (a dead letter that cannot be read stays).
-func purgeResent(ctx context.Context, js jetstream.JetStream, stream, durable string, resent []uint64, log *slog.Logger) error {
-	name := consume.DeadStream(stream)
-	st, err := js.Stream(ctx, name)
-	if err != nil {
-		return fmt.Errorf("dead-letter stream %s: %w", name, err)
+// removeResent removes the dead letters the resend consumer has
+// acknowledged, and says how many are left.
+func removeResent(ctx context.Context, js jetstream.JetStream, stream, durable string, resend jetstream.Consumer, log *slog.Logger) error {
+	if resend == nil {
+		return nil
 	}
-	for _, seq := range resent {
-		if err := st.DeleteMsg(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-			return fmt.Errorf("remove dead letter %d, re-sent: %w", seq, err)
-		}
-	}
-	left, err := consume.CountDeadLetters(ctx, js, stream, durable)
+	removed, left, err := consume.RemoveResent(ctx, js, stream, durable, resend)
 	if err != nil {
 		return err
 	}
-	log.Info("re-sent dead letters", "resent", len(resent), "left", left)
+	if left > 0 {
+		log.Warn("dead letters left: not delivered by this resend (set aside after it drained, or unreadable); tailer dead-letters list shows them", "removed", removed, "left", left)
+		return nil
+	}
+	log.Info("dead letters delivered and removed", "removed", removed, "left", left)
 	return nil
 }
 

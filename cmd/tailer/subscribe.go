@@ -10,7 +10,6 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -83,7 +82,7 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 		durable := consume.Durable{Stream: cfg.Stream, Subject: cfg.Subject, Name: f.durable, FromStart: f.fromStart, Action: f.action, AckWait: f.ackWait}
 		return subscribeInto(ctx, cfg, f.into, f.migrate, durable, js, f.healthAddr, stderr, log)
 	}
-	sub, resent, err := f.subscriber(ctx, cfg, js, stdout, log, resend)
+	sub, err := f.subscriber(ctx, cfg, js, stdout, log, resend)
 	if err != nil {
 		log.Error("subscribe failed", "err", err)
 		return exitFailure
@@ -121,7 +120,7 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 	defer cancel()
 	sub.Unpin(unpin, js)
 	if resend && err == nil {
-		err = purgeResent(unpin, js, cfg.Stream, f.durable, resent(), log)
+		err = removeResent(unpin, js, cfg.Stream, f.durable, sub.Consumer(), log)
 	}
 	return subscribeEnded(sub, err, log)
 }
@@ -213,33 +212,28 @@ func (f *subscribeFlags) check(cfg *config.Config, resend bool) string {
 
 // subscriber makes the subscriber the flags describe, with its progress
 // record and dead letters, writing to stdout unless a sender is run;
-// resend: on the durable's dead letters, and resent lists those done.
-func (f *subscribeFlags) subscriber(ctx context.Context, cfg *config.Config, js jetstream.JetStream, stdout io.Writer, log *slog.Logger, resend bool) (*consume.Subscriber, func() []uint64, error) {
+// resend: on the durable's dead letters.
+func (f *subscribeFlags) subscriber(ctx context.Context, cfg *config.Config, js jetstream.JetStream, stdout io.Writer, log *slog.Logger, resend bool) (*consume.Subscriber, error) {
 	sub := &consume.Subscriber{
 		Stream: cfg.Stream, Subject: cfg.Subject, Durable: f.durable, FromStart: f.fromStart,
 		Action: f.action, JSON: f.format == "json", MaxTokensPerLine: f.perLine, Out: stdout, Log: log,
 		AckWait: f.ackWait, Reports: f.reports, MaxDeliveries: f.maxDeliveries, Pinned: true, PinnedTTL: f.pinnedTTL,
 	}
-	var (
-		mu     sync.Mutex
-		resent []uint64
-	)
 	if resend {
 		// The durable's dead letters, through a consumer of their own, once
 		// each, until none is left.
 		sub.Stream, sub.Subject = consume.DeadStream(cfg.Stream), consume.DeadSubject(cfg.Stream, f.durable)
 		sub.Durable, sub.FromStart, sub.UntilDrained, sub.Pinned = f.durable+"-resend", true, true, false
 		sub.MaxDeliveries = 0
-		sub.OnAck = func(seq uint64) { mu.Lock(); resent = append(resent, seq); mu.Unlock() }
 	}
 	var err error
 	if sub.Progress, err = consume.OpenProgress(ctx, js, cfg.Stream, sub.Durable); err != nil {
-		return nil, nil, fmt.Errorf("the subscriber keeps which batches are done in a key-value bucket beside the stream; allow it to make and use the bucket: %w", err)
+		return nil, fmt.Errorf("the subscriber keeps which batches are done in a key-value bucket beside the stream; allow it to make and use the bucket: %w", err)
 	}
 	if sub.MaxDeliveries > 0 {
 		dl, err := consume.OpenDeadLetters(ctx, js, cfg.Stream, f.durable)
 		if err != nil {
-			return nil, nil, fmt.Errorf("allow the subscriber to make and publish to the dead-letter stream, or run it with --max-deliveries 0: %w", err)
+			return nil, fmt.Errorf("allow the subscriber to make and publish to the dead-letter stream, or run it with --max-deliveries 0: %w", err)
 		}
 		sub.DeadLetters = dl
 	}
@@ -263,7 +257,7 @@ func (f *subscribeFlags) subscriber(ctx context.Context, cfg *config.Config, js 
 			}
 		}
 	}
-	return sub, func() []uint64 { mu.Lock(); defer mu.Unlock(); return resent }, nil
+	return sub, nil
 }
 
 // exitCodes parses a comma-separated list of exit codes.

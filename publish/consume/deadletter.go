@@ -160,41 +160,46 @@ type Listed struct {
 
 // ListDeadLetters returns durable's dead letters, oldest first.
 func ListDeadLetters(ctx context.Context, js jetstream.JetStream, stream, durable string) ([]Listed, error) {
-	n, err := CountDeadLetters(ctx, js, stream, durable)
-	if err != nil || n == 0 {
-		return nil, err
-	}
-	name, subject := DeadStream(stream), DeadSubject(stream, durable)
-	s, err := js.Stream(ctx, name)
-	if err != nil {
-		return nil, fmt.Errorf("dead-letter stream %s: %w", name, err)
-	}
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
-	if err != nil {
-		return nil, fmt.Errorf("read dead-letter stream %s: %w", name, err)
-	}
 	var out []Listed
-	for {
-		msg, err := cons.Next(jetstream.FetchContext(ctx))
+	err := eachDeadLetter(ctx, js, stream, durable, func(_ jetstream.Stream, l Listed) error {
+		out = append(out, l)
+		return nil
+	})
+	return out, err
+}
+
+// eachDeadLetter calls f with each of durable's dead letters, oldest
+// first, read one at a time by subject: a dead letter removed meanwhile
+// (by a resend run at once) is passed over, not waited for.
+func eachDeadLetter(ctx context.Context, js jetstream.JetStream, stream, durable string, f func(jetstream.Stream, Listed) error) error {
+	name, subject := DeadStream(stream), DeadSubject(stream, durable)
+	st, err := js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("dead-letter stream %s: %w", name, err)
+	}
+	for seq := uint64(1); ; {
+		msg, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil
+		}
 		if err != nil {
-			return out, fmt.Errorf("read dead-letter stream %s: %w", name, err)
+			return fmt.Errorf("read dead-letter stream %s: %w", name, err)
 		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			return out, fmt.Errorf("read dead-letter stream %s: %w", name, err)
+		if err := f(st, listed(msg)); err != nil {
+			return err
 		}
-		out = append(out, listed(msg, meta))
-		if meta.NumPending == 0 {
-			return out, nil
-		}
+		seq = msg.Sequence + 1
 	}
 }
 
-func listed(msg jetstream.Msg, meta *jetstream.MsgMetadata) Listed {
-	h := msg.Headers()
-	l := Listed{At: meta.Sequence.Stream, Time: meta.Timestamp, DeadLetter: DeadLetter{
+func listed(msg *jetstream.RawStreamMsg) Listed {
+	h := msg.Header
+	l := Listed{At: msg.Sequence, Time: msg.Time, DeadLetter: DeadLetter{
 		Stream: h.Get(HeaderDeadStream), Durable: h.Get(HeaderDeadDurable), Reason: h.Get(HeaderDeadReason),
-		Header: h, Body: msg.Data(),
+		Header: h, Body: msg.Data,
 	}}
 	l.Seq, _ = strconv.ParseUint(h.Get(HeaderDeadSeq), 10, 64)
 	l.Batch, _ = strconv.Atoi(h.Get(HeaderDeadBatch))
@@ -220,4 +225,34 @@ func CountDeadLetters(ctx context.Context, js jetstream.JetStream, stream, durab
 		return 0, fmt.Errorf("dead-letter stream %s: %w", name, err)
 	}
 	return int(info.State.Subjects[subject]), nil
+}
+
+// RemoveResent removes the dead letters of durable that resend, the
+// consumer tailer dead-letters resend delivers them through, has
+// acknowledged: every one at or below its ack floor was finished by a
+// reader (or was done by the record's word), by this resend or by another,
+// run at once or killed before it removed them. A dead letter that cannot
+// be read (the whole message, batch -1) is terminated, not finished, and
+// stays. It returns how many were removed and how many are left.
+func RemoveResent(ctx context.Context, js jetstream.JetStream, stream, durable string, resend jetstream.Consumer) (removed, left int, err error) {
+	info, err := resend.Info(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("consumer %s: %w", resend.CachedInfo().Name, err)
+	}
+	err = eachDeadLetter(ctx, js, stream, durable, func(st jetstream.Stream, l Listed) error {
+		if l.At > info.AckFloor.Stream || l.Batch < 0 {
+			left++
+			return nil
+		}
+		if err := st.DeleteMsg(ctx, l.At); err != nil {
+			// Removed by a resend run at once is removed.
+			if _, gerr := st.GetMsg(ctx, l.At); !errors.Is(gerr, jetstream.ErrMsgNotFound) {
+				return fmt.Errorf("remove dead letter %d, re-sent: %w", l.At, err)
+			}
+			return nil
+		}
+		removed++
+		return nil
+	})
+	return removed, left, err
 }

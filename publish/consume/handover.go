@@ -361,9 +361,6 @@ func (s *Subscriber) finish(ctx context.Context, hs ...*held) {
 			s.dirty = true
 		}
 		s.mu.Unlock()
-		if err == nil && s.OnAck != nil {
-			s.OnAck(h.seq)
-		}
 		if err != nil && ctx.Err() == nil && s.Log != nil {
 			// Its batches are done, as the record says: delivered again,
 			// the message is acknowledged without a line written.

@@ -82,9 +82,6 @@ type Subscriber struct {
 	// UntilDrained ends Run once the consumer has nothing left to deliver
 	// and nothing is in hand.
 	UntilDrained bool
-	// OnAck, if set, is told the stream sequence of each message
-	// acknowledged once the reader finished it.
-	OnAck func(seq uint64)
 
 	// consuming: Run is bound to the consumer (see Consuming).
 	consuming atomic.Bool
@@ -771,9 +768,10 @@ func (s *Subscriber) lost(err error) error {
 }
 
 // untilDrained stops consuming once the consumer has delivered everything
-// and every batch in hand was handed over, and a pipe's reader settled
-// what it was handed by waiting for more: what is still in doubt then (a
-// reader that reports) is settled as the subscriber stops.
+// and every batch in hand was handed over, a pipe's reader settled what it
+// was handed by waiting for more, and every message whose batches are all
+// done has its ack answered: what is still in doubt then (a reader that
+// reports) is settled as the subscriber stops.
 func (s *Subscriber) untilDrained(ctx context.Context, cons jetstream.Consumer, cancel context.CancelCauseFunc) {
 	for sleep(ctx, 250*time.Millisecond) {
 		info, err := cons.Info(ctx)
@@ -783,13 +781,16 @@ func (s *Subscriber) untilDrained(ctx context.Context, cons jetstream.Consumer, 
 		s.mu.Lock()
 		// A pipe's reader has the last batches in doubt until it waits
 		// for more (settleIdle): ended before, it would have them
-		// delivered again.
-		held, inDoubt := len(s.held), s.Pipe != nil && !s.Reports && len(s.handed) > 0
+		// delivered again. A message being acknowledged is held until
+		// the server answers: ended before, its ack is cut short and it
+		// comes again after the ack wait, to a subscriber whose record
+		// says it is done, which acknowledges it without a line (issue
+		// 45: two resends at once ended so, the dead letter delivered,
+		// never removed, and no resend after would see it).
+		acking := slices.ContainsFunc(s.held, func(h *held) bool { return h.acking })
+		holding, inDoubt := len(s.held), s.Pipe != nil && !s.Reports && len(s.handed) > 0
 		s.mu.Unlock()
-		if !s.handling.Load() && !inDoubt && info.NumPending == 0 && info.NumAckPending == held {
-			// What the server said, for a drain that ends with
-			// something left (seen once: two resends at once ended at
-			// once, nothing delivered, a dead letter left).
+		if !s.handling.Load() && !inDoubt && !acking && info.NumPending == 0 && info.NumAckPending == holding {
 			if s.Log != nil {
 				s.Log.Info("drained: nothing left to deliver", "durable", s.Durable, "ack_pending", info.NumAckPending,
 					"delivered_stream_seq", info.Delivered.Stream, "ack_floor_stream_seq", info.AckFloor.Stream)
