@@ -56,6 +56,18 @@ func (p Position) Less(q Position) bool {
 	return p.Index < q.Index
 }
 
+// Compare returns -1, 0 or +1 as p comes before, at or after q in commit
+// order.
+func (p Position) Compare(q Position) int {
+	switch {
+	case p.Less(q):
+		return -1
+	case q.Less(p):
+		return 1
+	}
+	return 0
+}
+
 // IsZero reports whether p is the zero position (before any row).
 func (p Position) IsZero() bool { return p.Commit == 0 && p.Index == 0 }
 

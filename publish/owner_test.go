@@ -104,11 +104,11 @@ func TestResume(t *testing.T) {
 			case tc.want != "":
 				return
 			}
-			if got := p.OnStream(tok); got != tc.resume {
-				t.Fatalf("OnStream = %v, want %v", got, tc.resume)
+			if got, err := p.OnStream(ctx, tok); got != tc.resume || err != nil {
+				t.Fatalf("OnStream = %v, %v; want %v", got, err, tc.resume)
 			}
-			if other := testToken(2, pos); p.OnStream(other) {
-				t.Fatal("a token of another key at the same position is taken for one on the stream")
+			if on, err := p.OnStream(ctx, testToken(2, pos)); on || err != nil {
+				t.Fatalf("a token of another key at the same position: OnStream = %v, %v", on, err)
 			}
 			// What it publishes now names the owner.
 			fut, err := p.PublishAsync(testMessage(0x5001))

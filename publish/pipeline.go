@@ -298,7 +298,11 @@ func (p *Pipeline) join(ctx context.Context, group []*ready) error {
 		r.rows = resetRows(r.rows, len(b.Tokens))
 		r.joined = true
 		for i := range b.Tokens {
-			if p.Publisher.OnStream(&b.Tokens[i]) {
+			on, err := p.Publisher.OnStream(ctx, &b.Tokens[i])
+			if err != nil {
+				return err
+			}
+			if on {
 				r.rows[i].Skip = join.SkipAlreadyPublished
 			} else {
 				toJoin++

@@ -156,11 +156,12 @@ type stored struct {
 	kind        int
 	origin      string
 	incarnation string
-	// Batches: the last position they cover (zero for a resync's), their
+	// Batches: the first and last positions they cover (zero for a
+	// resync's; first zero for a tailer's before HeaderPosFirst), their
 	// token keys, and whether a resync published them.
-	pos    decoder.Position
-	keys   string
-	resync bool
+	first, pos decoder.Position
+	keys       string
+	resync     bool
 	// Markers: their place among their session's (fenceN of fenceK), that
 	// session's in-flight bound and what it found on the stream.
 	fenceN, fenceK, inFlight int
@@ -323,6 +324,9 @@ func readStored(msg *jetstream.RawStreamMsg) stored {
 				return s
 			}
 			s.pos = pos
+			if first, err := decoder.ParsePosition(h.Get(wire.HeaderPosFirst)); err == nil && !pos.Less(first) {
+				s.first = first
+			}
 		} else if !s.resync && h.Get(wire.HeaderOrigin) != "" {
 			return s
 		}

@@ -21,11 +21,14 @@ import (
 // it wrote without markers is fenced at least this wide.
 const legacyInFlight = 2
 
-// window is what the stream holds of the tokens a session replays: the
-// keys of the tokens of every message of the session's incarnation that
-// covers a position at or after the slot's confirmed one.
+// window is what the stream holds of the tokens a session replays: every
+// message of the session's incarnation that covers a position at or after
+// the slot's confirmed one, by the positions it covers (its keys are read
+// back as the replay reaches them: spans).
 type window struct {
-	keys token.KeySet
+	spans spans
+	// tokens counts the keys of those messages.
+	tokens int
 	// max is the furthest position those messages cover: a token past it
 	// cannot be on the stream.
 	max decoder.Position
@@ -41,8 +44,9 @@ type window struct {
 }
 
 func (w *window) add(m stored) {
-	for k := range strings.SplitSeq(m.keys, ",") {
-		w.keys.Add(k)
+	w.spans.add(m.seq, m.first, m.pos)
+	if m.keys != "" {
+		w.tokens += strings.Count(m.keys, ",") + 1
 	}
 	if w.max.Less(m.pos) {
 		w.max = m.pos
@@ -99,17 +103,31 @@ func (p *Publisher) Resume(ctx context.Context, o Owner) error {
 // many markers the session started with.
 func (p *Publisher) Window() (messages, tokens int, max decoder.Position, strays, fence int) {
 	w := &p.window
-	return w.messages, w.keys.Len(), w.max, w.strays, w.fence
+	return w.messages, w.tokens, w.max, w.strays, w.fence
 }
 
-// OnStream reports whether t is on the stream already (Resume found its
-// key). It is called for every token the session reads, on one goroutine.
-func (p *Publisher) OnStream(t *decoder.Token) bool {
+// OnStream reports whether t is on the stream already: a message of the
+// window Resume found, covering t's position, holds its key. It reads
+// that message's keys back from the stream when the replay reaches it,
+// and is called for every token the session reads, on one goroutine.
+func (p *Publisher) OnStream(ctx context.Context, t *decoder.Token) (bool, error) {
 	w := &p.window
-	if w.keys.Len() == 0 || w.max.Less(t.Pos) {
-		return false
+	if w.spans.len() == 0 || w.max.Less(t.Pos) {
+		return false, nil
 	}
-	return w.keys.Has(token.RawKeyOf(&t.Secret))
+	return w.spans.has(ctx, t.Pos, token.RawKeyOf(&t.Secret), p.windowKeys)
+}
+
+// windowKeys reads back the token keys of the window's message at seq.
+func (p *Publisher) windowKeys(ctx context.Context, seq uint64) (string, error) {
+	m, ok, err := p.readWindow(ctx, seq)
+	switch {
+	case err != nil:
+		return "", err
+	case !ok:
+		return "", errWindowGone(p.name, seq)
+	}
+	return m.keys, nil
 }
 
 // read returns the message at seq; false when the stream no longer holds

@@ -71,7 +71,11 @@ func onStream(t *testing.T, p *Publisher, first, last int, want func(i int) bool
 	t.Helper()
 	var wrong []string
 	for i := first; i <= last; i++ {
-		if got := p.OnStream(tokenAt(i)); got != want(i) {
+		got, err := p.OnStream(context.Background(), tokenAt(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want(i) {
 			wrong = append(wrong, strconv.Itoa(i)+"="+strconv.FormatBool(got))
 		}
 	}
@@ -138,6 +142,31 @@ func TestResumeByContentNotPosition(t *testing.T) {
 	}
 	p := session(t, ctx, nc, 0, 1)
 	onStream(t, p, 1, 15, func(i int) bool { return i <= 7 || (i >= 11 && i <= 13) })
+}
+
+// Two lanes on one subject (activations and recoveries of the same
+// transactions): their messages cover overlapping positions, each lane's
+// in order. The next session finds every token of either lane, the
+// messages' keys read back as the replay reaches them (issue 47).
+func TestResumeLanesOverlap(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, _ := testJetStream(t)
+	s1 := session(t, ctx, nc, 0, 1)
+	lane := func(idx ...int) *Message {
+		var keys []string
+		for _, i := range idx {
+			keys = append(keys, keyOf(tokenAt(i)))
+		}
+		return &Message{First: tokenAt(idx[0]).Pos, Last: tokenAt(idx[len(idx)-1]).Pos, Count: len(keys), TokenIDs: "1", TokenKeys: strings.Join(keys, ","), Body: []byte("x")}
+	}
+	for _, m := range []*Message{lane(1, 3, 5, 7), lane(2, 4, 6, 8), lane(9, 11, 13), lane(10, 12, 14), lane(15, 17)} {
+		publishWait(t, s1, m)
+	}
+	s2 := session(t, ctx, nc, 0, 1)
+	onStream(t, s2, 1, 20, func(i int) bool { return i <= 15 || i == 17 })
+	// Out of order too.
+	onStream(t, s2, 1, 1, func(int) bool { return true })
 }
 
 // Each session finds what the sessions before it published past the

@@ -1,86 +1,182 @@
 package publish
 
 import (
+	"context"
 	"encoding/binary"
+	"errors"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pglogrepl"
 
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish/token"
 )
 
-// tokens are n tokens of their own secrets.
+// tokens are n tokens of their own secrets, in transactions of 100.
 func tokens(n int) []decoder.Token {
 	toks := make([]decoder.Token, n)
 	for i := range toks {
 		binary.LittleEndian.PutUint64(toks[i].Secret[:], uint64(i)+1)
+		toks[i].Pos = decoder.Position{Commit: pglogrepl.LSN(0x1000 + 0x10*(i/100)), Index: uint32(i % 100)}
 	}
 	return toks
 }
 
-// windowOf is the window of toks, in messages of 1,000 as the stream holds
-// them.
-func windowOf(toks []decoder.Token) *window {
+// windowOf is the window of toks as a stream holds them: two lanes (the
+// even tokens and the odd ones), each in messages of per tokens, the
+// lanes' messages landing in turn, so that their spans overlap. It
+// returns the window and each message's keys by sequence.
+func windowOf(toks []decoder.Token, per int) (*window, map[uint64]string) {
 	w := &window{}
-	var keys []string
+	stream := map[uint64]string{}
+	var lanes [2][]int
 	for i := range toks {
-		keys = append(keys, string(token.AppendKey(nil, &toks[i].Secret)))
-		if len(keys) == 1000 || i == len(toks)-1 {
-			w.add(stored{kind: kindBatch, seq: uint64(i), keys: strings.Join(keys, ",")})
-			keys = keys[:0]
+		lanes[i%2] = append(lanes[i%2], i)
+	}
+	seq := uint64(0)
+	for start := 0; start < len(lanes[0]); start += per {
+		for _, lane := range lanes {
+			if start >= len(lane) {
+				continue
+			}
+			part := lane[start:min(start+per, len(lane))]
+			keys := make([]string, len(part))
+			for j, i := range part {
+				keys[j] = string(token.AppendKey(nil, &toks[i].Secret))
+			}
+			seq++
+			m := stored{kind: kindBatch, seq: seq, keys: strings.Join(keys, ","), first: toks[part[0]].Pos, pos: toks[part[len(part)-1]].Pos}
+			stream[seq] = m.keys
+			w.add(m)
 		}
 	}
-	return w
+	return w, stream
 }
 
-// The window knows every token of its messages, each once, and no other;
-// a key that is none is left out.
+// reader reads the keys of a message of stream, counting the reads.
+func reader(stream map[uint64]string, reads *int) func(context.Context, uint64) (string, error) {
+	return func(_ context.Context, seq uint64) (string, error) {
+		*reads++
+		keys, ok := stream[seq]
+		if !ok {
+			return "", errors.New("no such message")
+		}
+		return keys, nil
+	}
+}
+
+// The window finds every token of its messages by the message whose span
+// holds the token's position, and no other token; replayed in order, each
+// message is read once, one held at a time for each lane; out of order,
+// still every token.
 func TestWindowKeys(t *testing.T) {
+	ctx := context.Background()
 	toks := tokens(2500)
-	w := windowOf(toks)
-	w.add(stored{kind: kindBatch, seq: 9999, keys: string(token.AppendKey(nil, &toks[7].Secret)) + ",not-a-key"})
-	p := &Publisher{window: *w}
-	if _, n, _, _, _ := p.Window(); n != 2500 {
-		t.Fatalf("%d tokens in the window, want 2500", n)
+	w, stream := windowOf(toks, 100)
+	if w.tokens != 2500 || w.messages != len(stream) {
+		t.Fatalf("%d tokens in %d messages, want 2500 in %d", w.tokens, w.messages, len(stream))
+	}
+	reads := 0
+	read := reader(stream, &reads)
+	has := func(tok *decoder.Token) bool {
+		t.Helper()
+		ok, err := w.spans.has(ctx, tok.Pos, token.RawKeyOf(&tok.Secret), read)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
 	}
 	for i := range toks {
-		if !p.OnStream(&toks[i]) {
+		if !has(&toks[i]) {
 			t.Fatalf("token %d not found", i)
 		}
 	}
-	var other decoder.Token
+	if reads != len(stream) || len(w.spans.chains) != 2 {
+		t.Fatalf("%d reads of %d messages in %d runs, want each read once, in two runs", reads, len(stream), len(w.spans.chains))
+	}
+	for i := len(toks) - 1; i >= 0; i -= 7 {
+		if !has(&toks[i]) {
+			t.Fatalf("token %d not found, looked up out of order", i)
+		}
+	}
+	// Another token at a position the window covers, and one past it.
+	other := toks[1234]
 	other.Secret[31] = 0xff
-	if p.OnStream(&other) {
+	if has(&other) {
 		t.Fatal("a token of no message found")
+	}
+	other.Pos.Commit += 0x100000
+	if has(&other) {
+		t.Fatal("a token past the window found")
 	}
 }
 
-// BenchmarkWindowMemory measures what a resume keeps a token of the
-// window in (issue 47), beside a map of the keys' strings, as Resume kept
-// them before: bytes a token, live heap after a collection.
+// A message of a tailer before HeaderPosFirst covers every position up to
+// its last: its tokens are found wherever they are.
+func TestWindowWithoutFirstPositions(t *testing.T) {
+	toks := tokens(300)
+	w, stream := windowOf(toks, 50)
+	for i := range w.spans.all {
+		w.spans.all[i].first = decoder.Position{}
+	}
+	reads := 0
+	for i := range toks {
+		ok, err := w.spans.has(context.Background(), toks[i].Pos, token.RawKeyOf(&toks[i].Secret), reader(stream, &reads))
+		if err != nil || !ok {
+			t.Fatalf("token %d: found %v, %v", i, ok, err)
+		}
+	}
+}
+
+// BenchmarkWindowMemory measures what a resume keeps of a window of a
+// million tokens (issue 47), in messages of 10,000 as a backlog's group
+// commit makes them: bytes a token, live heap after a collection, once
+// scanned and at its largest during the replay; beside every key held,
+// as a resume kept them before the keys were read back as the replay
+// reached them.
 func BenchmarkWindowMemory(b *testing.B) {
 	const n = 1_000_000
-	live := func() uint64 {
+	live := func() int64 {
 		runtime.GC()
 		var m runtime.MemStats
 		runtime.ReadMemStats(&m)
-		return m.HeapAlloc
+		return int64(m.HeapAlloc)
 	}
 	toks := tokens(n)
 	for range b.N {
-		base := live()
-		w := windowOf(toks)
-		w.keys.Len() // sorted, as Resume leaves it
-		b.ReportMetric(float64(live()-base)/n, "window-bytes/token")
-		runtime.KeepAlive(w)
+		w, stream := windowOf(toks, 5000)
+		found := slices.Clone(w.spans.all)
 		w = nil
-		base = live()
-		m := make(map[string]struct{})
-		for i := range toks {
-			m[string(token.AppendKey(nil, &toks[i].Secret))] = struct{}{}
+		base := live()
+		// What the scan keeps: the spans.
+		scanned := &window{}
+		for _, sp := range found {
+			scanned.add(stored{kind: kindBatch, seq: sp.seq, first: sp.first, pos: sp.last, keys: stream[sp.seq]})
 		}
-		b.ReportMetric(float64(live()-base)/n, "map-bytes/token")
-		runtime.KeepAlive(m)
+		b.ReportMetric(float64(live()-base)/n, "scanned-bytes/token")
+		reads, peak := 0, int64(0)
+		for i := 0; i < n; i += 997 {
+			scanned.spans.has(context.Background(), toks[i].Pos, token.RawKeyOf(&toks[i].Secret), reader(stream, &reads))
+			if i%(100*997) == 0 {
+				peak = max(peak, live()-base)
+			}
+		}
+		b.ReportMetric(float64(peak)/n, "replay-bytes/token")
+		runtime.KeepAlive(scanned)
+		scanned = nil
+		base = live()
+		var all token.KeySet
+		for _, keys := range stream {
+			for k := range strings.SplitSeq(keys, ",") {
+				all.Add(k)
+			}
+		}
+		all.Len()
+		b.ReportMetric(float64(live()-base)/n, "all-keys-bytes/token")
+		runtime.KeepAlive(&all)
+		runtime.KeepAlive(stream)
 	}
 }

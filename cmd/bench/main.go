@@ -40,6 +40,7 @@ type options struct {
 	natsSync         time.Duration
 	natsReplicas     int
 	subscribers      bool
+	restart          string
 }
 
 // Results is the JSON document.
@@ -68,7 +69,10 @@ type Results struct {
 	// Subscribers are the database subscriber's drains of the stream the
 	// default drain filled.
 	Subscribers []SubscriberDrain `json:"subscriber_drains,omitempty"`
-	Targets     Targets           `json:"targets"`
+	// Restarts are -restart's runs: a restart in the middle of one
+	// transaction.
+	Restarts []Restart `json:"restarts,omitempty"`
+	Targets  Targets   `json:"targets"`
 }
 
 // Targets are the ratios the tailer is judged by (see docs/performance.md).
@@ -114,6 +118,7 @@ func main() {
 	flag.IntVar(&o.natsReplicas, "nats-replicas", 1, "1: one embedded NATS server; 3: a three-node cluster in this process and an R3 stream")
 	var natsSync string
 	flag.StringVar(&natsSync, "nats-sync", "always", "the NATS server's store sync: always (fsync before every PubAck, as tailer run's embedded server) or an interval such as 2m (nats-server's own default)")
+	flag.StringVar(&o.restart, "restart", "", "instead of the other runs: for each size (comma-separated, e.g. 1000000,5000000), one transaction of that many tokens, the tailer SIGKILLed at 70% and started again (peak RSS of both, exactly once)")
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the tailer during the first drain to this file")
 	flag.Parse()
 	if natsSync != "always" {
@@ -161,6 +166,12 @@ func run(o options) error {
 		res.NATSSync = o.natsSync.String()
 	}
 
+	if o.restart != "" {
+		if res.Restarts, err = restarts(ctx, o, pg, o.restart); err != nil {
+			return err
+		}
+		return writeResults(res, o.out)
+	}
 	if o.designs {
 		if res.Designs, err = compareDesigns(dir); err != nil {
 			return err
@@ -206,11 +217,15 @@ func run(o options) error {
 	res.Targets = targets(res, o)
 
 	printSummary(res)
+	return writeResults(res, o.out)
+}
+
+func writeResults(res Results, path string) error {
 	data, _ := json.MarshalIndent(res, "", "  ")
-	if err := os.WriteFile(o.out, append(data, '\n'), 0o644); err != nil {
+	if err := os.WriteFile(path, append(data, '\n'), 0o644); err != nil {
 		return err
 	}
-	fmt.Println("wrote", o.out)
+	fmt.Println("wrote", path)
 	return nil
 }
 

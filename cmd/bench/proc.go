@@ -27,7 +27,11 @@ type child struct {
 }
 
 func startTailer(o options, url, natsURL, slot string, env ...string) (*child, error) {
+	// A slot's tailer started again logs beside the first.
 	logPath := filepath.Join(o.dir, slot+".log")
+	for i := 2; fileExists(logPath); i++ {
+		logPath = filepath.Join(o.dir, fmt.Sprintf("%s-%d.log", slot, i))
+	}
 	logf, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
@@ -55,6 +59,11 @@ func startTailer(o options, url, natsURL, slot string, env ...string) (*child, e
 	c := &child{cmd: cmd, done: make(chan struct{}), log: logPath}
 	go func() { cmd.Wait(); logf.Close(); close(c.done) }()
 	return c, nil
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 func (c *child) stop() {

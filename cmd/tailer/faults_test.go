@@ -907,3 +907,57 @@ func TestStreamThatLostItsBatchesIsRefused(t *testing.T) {
 		})
 	}
 }
+
+// A tailer SIGKILLed inside one large transaction that mixes both actions
+// on one subject: the two lanes' batches interleave, so the messages of
+// the window the restarted tailer replays cover overlapping positions,
+// and it reads each one's keys back as the replay reaches them (issue 47:
+// it read every key of the window first, its memory growing with the
+// replay). Every token is on the stream once, and the restart found what
+// the first had published.
+func TestKilledInsideALargeTransaction(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, pgtest.Shared(t), 10, 100*time.Millisecond)
+	c.Exec(`INSERT INTO accounts (email, login, status) SELECT 'r' || g || '@x', 'r' || g, 'active' FROM generate_series(1, 1000) g`)
+	c.Exec(`DO $$
+	DECLARE
+		active bigint[] := ARRAY(SELECT id FROM accounts ORDER BY id);
+	BEGIN
+		FOR g IN 1..12000 LOOP
+			INSERT INTO accounts (email, login) VALUES ('n' || g || '@x', 'n' || g);
+			IF g % 3 = 0 THEN
+				INSERT INTO tokens (account, action) VALUES (active[1 + g % 1000], 'password_recovery');
+			END IF;
+		END LOOP;
+	END $$`)
+	var total int
+	if err := c.Conn.QueryRow(c.ctx, `SELECT count(*) FROM tokens`).Scan(&total); err != nil {
+		t.Fatal(err)
+	}
+	// Slow PubAcks and messages of 20 batches, so that the kill lands
+	// inside the transaction with many messages published.
+	slow := lossyDelayProxy(t, fmt.Sprintf("127.0.0.1:%d", c.natsPort), 20*time.Millisecond)
+	slow.Arm()
+	p := c.tailer("MAILROOM_NATS_URL=nats://"+slow.Addr, "MAILROOM_MAX_BATCHES_PER_MESSAGE=20")
+	tailertest.Eventually(t, time.Minute, func() error {
+		if n := len(c.tokenCounts()); n < total*4/10 {
+			return fmt.Errorf("%d of %d tokens on the stream", n, total)
+		}
+		return nil
+	})
+	p.kill()
+	before := len(c.tokenCounts())
+	if before == total {
+		t.Fatalf("all %d tokens were on the stream before the kill", total)
+	}
+	p = c.tailer()
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	if n := c.expectExactlyOnce(2 * time.Minute); n != total {
+		t.Fatalf("%d tokens on the stream, want %d", n, total)
+	}
+	line := grepLines(p.out.String(), "msg=streaming")
+	if strings.Contains(line, "on_stream_tokens=0 ") {
+		t.Fatalf("the restart found none of the %d tokens the first tailer published: %s", before, line)
+	}
+	t.Logf("%d tokens, %d on the stream at the kill; the restart: %s", total, before, line)
+}
