@@ -6,6 +6,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish/token"
 )
 
 // CutReason says why a batch was cut.
@@ -29,8 +30,9 @@ func (r CutReason) String() string {
 	return "unknown"
 }
 
-// MaxLanes is the most lanes a Batcher splits tokens into.
-const MaxLanes = 2
+// MaxLanes is the most lanes a Batcher splits tokens into: one for each
+// token action (ByAction).
+const MaxLanes = token.MaxActions
 
 // Seqs holds one sequence number per lane.
 type Seqs [MaxLanes]uint64
@@ -75,14 +77,8 @@ func NewBatcher(limit int, timeout time.Duration, now func() time.Time) *Batcher
 	return &Batcher{limit: limit, timeout: timeout, now: now, lane: func(*decoder.Token) int { return 0 }, free: make(chan *Batch, 64)}
 }
 
-// ByAction gives each action a lane of its own: lane 0 for activation,
-// lane 1 for password recovery.
-func ByAction(t *decoder.Token) int {
-	if t.Action == decoder.ActionPasswordRecovery {
-		return 1
-	}
-	return 0
-}
+// ByAction gives each action a lane of its own, in token.Actions' order.
+func ByAction(t *decoder.Token) int { return t.Action.Lane() }
 
 // SetLanes makes the Batcher split tokens with lane (which must return
 // 0..MaxLanes-1). Call it before adding tokens.

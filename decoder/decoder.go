@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/mailroom/tailer/publish/token"
 )
 
 // Sink receives what the decoder finds, in commit order. The decoder calls
@@ -118,7 +120,7 @@ type ActionError struct {
 }
 
 func (e *ActionError) Error() string {
-	return fmt.Sprintf("a token's action %q is no token action this tailer knows (%s, %s)", e.Label, ActionActivation, ActionPasswordRecovery)
+	return fmt.Sprintf("a token's action %q is no token action this tailer knows (%s)", e.Label, strings.Join(token.Labels(), ", "))
 }
 
 // Decode handles one pgoutput message (the payload of an XLogData message).
@@ -439,7 +441,7 @@ func (rel *relation) decodeTuple(r *reader, tok *Token) (rowErr, err error) {
 			seen[1] = true
 			if null {
 				rowErr = errors.New("action is NULL")
-			} else if tok.Action, err = ParseAction(string(val)); err != nil {
+			} else if tok.Action, err = token.ParseAction(string(val)); err != nil {
 				// No row to skip: every token of the action would be.
 				return nil, &ActionError{Label: string(val)}
 			}
@@ -468,11 +470,11 @@ func (rel *relation) decodeTuple(r *reader, tok *Token) (rowErr, err error) {
 			return fmt.Errorf("column %s missing from the tokens relation", name), nil
 		}
 	}
-	if tok.Action == ActionPasswordRecovery && (tok.CodeNull || tok.CodeLen != 5) {
+	if spec, _ := tok.Action.Spec(); spec.CodeLen > 0 && (tok.CodeNull || int(tok.CodeLen) != spec.CodeLen) {
 		if tok.CodeNull {
-			return errors.New("password_recovery token has a NULL code"), nil
+			return fmt.Errorf("%s token has a NULL code", spec.Label), nil
 		}
-		return fmt.Errorf("password_recovery token code is %d bytes, want 5", tok.CodeLen), nil
+		return fmt.Errorf("%s token code is %d bytes, want %d", spec.Label, tok.CodeLen, spec.CodeLen), nil
 	}
 	return nil, nil
 }

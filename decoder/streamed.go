@@ -9,6 +9,8 @@ import (
 	"os"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/mailroom/tailer/publish/token"
 )
 
 // memRows is how many rows of one streamed transaction stay in memory; the
@@ -73,7 +75,7 @@ const (
 	recBadRow = 'X'
 	// tokenRecord is kind, subXid, ID, Account, Action, Secret, Code,
 	// CodeLen, CodeNull.
-	tokenRecord = 1 + 4 + 8 + 8 + 1 + 32 + 5 + 1 + 1
+	tokenRecord = 1 + 4 + 8 + 8 + 1 + 32 + token.MaxCodeLen + 1 + 1
 )
 
 func writeRow(w *bufio.Writer, row *streamedRow) error {
@@ -132,10 +134,11 @@ func readRow(r *bufio.Reader, row *streamedRow) error {
 		row.err = nil
 		t.ID = int64(binary.BigEndian.Uint64(b))
 		t.Account = int64(binary.BigEndian.Uint64(b[8:]))
-		t.Action = Action(b[16])
+		t.Action = token.Action(b[16])
 		copy(t.Secret[:], b[17:49])
-		copy(t.Code[:], b[49:54])
-		t.CodeLen, t.CodeNull = b[54], b[55] != 0
+		b = b[49:]
+		copy(t.Code[:], b[:token.MaxCodeLen])
+		t.CodeLen, t.CodeNull = b[token.MaxCodeLen], b[token.MaxCodeLen+1] != 0
 		return nil
 	}
 	return fmt.Errorf("spilled row of unknown kind %q", buf[0])

@@ -6,38 +6,9 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/mailroom/tailer/publish/token"
 )
-
-// Action is the kind of a token, numbered as the mailroom collector prints it.
-type Action uint8
-
-const (
-	ActionUnknown          Action = 0
-	ActionActivation       Action = 1
-	ActionPasswordRecovery Action = 2
-)
-
-// String returns the token_action enum label.
-func (a Action) String() string {
-	switch a {
-	case ActionActivation:
-		return "activation"
-	case ActionPasswordRecovery:
-		return "password_recovery"
-	}
-	return "unknown"
-}
-
-// ParseAction maps a token_action label to an Action.
-func ParseAction(label string) (Action, error) {
-	switch label {
-	case "activation":
-		return ActionActivation, nil
-	case "password_recovery":
-		return ActionPasswordRecovery, nil
-	}
-	return ActionUnknown, fmt.Errorf("unknown token action %q", label)
-}
 
 // Position identifies a row in the WAL: the commit LSN of its transaction
 // and its index among the transaction's inserts into the tokens table. It is
@@ -135,11 +106,11 @@ type Token struct {
 	CommitTime int64
 	ID         int64
 	Account    int64
-	Action     Action
+	Action     token.Action
 	// Secret is the token's 32 random bytes.
 	Secret [32]byte
 	// Code holds CodeLen bytes of the short code (the column is VARCHAR(5)).
-	Code    [5]byte
+	Code    [token.MaxCodeLen]byte
 	CodeLen uint8
 	// CodeNull is set when the code column was NULL.
 	CodeNull bool

@@ -232,12 +232,13 @@ func (e *Encoder) appendLine(dst []byte, t *decoder.Token, r *join.TokenState) (
 	if !wire.LineSafe(r.Email) || !wire.LineSafe(r.Login) {
 		return dst, errUnsafeField
 	}
+	// The action's number, a digit: token.MaxActions is below 10.
 	dst = append(dst, '0'+byte(t.Action), ',')
 	dst = append(dst, r.Email...)
 	dst = append(dst, ',')
 	dst = append(dst, r.Login...)
 	dst = append(dst, ',')
-	dst, err := e.signer.AppendToken(dst, token.Action(t.Action), &t.Secret, t.Code[:t.CodeLen])
+	dst, err := e.signer.AppendToken(dst, t.Action, &t.Secret, t.Code[:t.CodeLen])
 	if err != nil {
 		return dst, err
 	}
@@ -255,7 +256,7 @@ func (e *Encoder) appendJSON(dst []byte, t *decoder.Token, r *join.TokenState) (
 	dst = append(dst, `,"login":`...)
 	dst = appendJSONString(dst, r.Login)
 	dst = append(dst, `,"token":"`...)
-	dst, err := e.signer.AppendToken(dst, token.Action(t.Action), &t.Secret, t.Code[:t.CodeLen])
+	dst, err := e.signer.AppendToken(dst, t.Action, &t.Secret, t.Code[:t.CodeLen])
 	if err != nil {
 		return dst, err
 	}

@@ -39,9 +39,9 @@ func testBatches(n, per int, lanes bool) []*batch.Batch {
 		}
 		for j := range per {
 			id++
-			tok := decoder.Token{Pos: decoder.Position{Commit: pglogrepl.LSN(0x10000 + 0x100*i), Index: uint32(j)}, ID: id, Action: decoder.ActionActivation}
+			tok := decoder.Token{Pos: decoder.Position{Commit: pglogrepl.LSN(0x10000 + 0x100*i), Index: uint32(j)}, ID: id, Action: token.Activation}
 			if b.Lane == 1 {
-				tok.Action, tok.Code, tok.CodeLen = decoder.ActionPasswordRecovery, [5]byte{'1', '2', '3', '4', '5'}, 5
+				tok.Action, tok.Code, tok.CodeLen = token.PasswordRecovery, [5]byte{'1', '2', '3', '4', '5'}, 5
 			}
 			tok.Secret[0], tok.Secret[1] = byte(id), byte(id>>8)
 			b.Tokens = append(b.Tokens, tok)

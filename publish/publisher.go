@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -31,9 +32,8 @@ type Destination struct {
 	// Origin is put on every message: the database its positions belong
 	// to. The slot incarnation they belong to is Resume's.
 	Origin Origin
-	// PerAction publishes each action's batches on a subject of its own:
-	// Subject.activation and Subject.password_recovery (lanes 0 and 1 of
-	// batch.ByAction).
+	// PerAction publishes each action's batches on a subject of its own,
+	// Subject.<label> (wire.LaneSubject), in the lanes of batch.ByAction.
 	PerAction bool
 	// PubAckTimeout is how long a publish waits for its PubAck (default
 	// 5 s): past it the publish fails, and the session with it.
@@ -42,10 +42,14 @@ type Destination struct {
 
 // LaneSubjects returns the subject of each lane.
 func (s Destination) LaneSubjects() []string {
-	if s.PerAction {
-		return []string{s.Subject + ".activation", s.Subject + ".password_recovery"}
+	if !s.PerAction {
+		return []string{s.Subject}
 	}
-	return []string{s.Subject}
+	var out []string
+	for _, label := range token.Labels() {
+		out = append(out, wire.LaneSubject(s.Subject, label))
+	}
+	return out
 }
 
 const minMaxPayload = 8 << 10
@@ -96,9 +100,11 @@ func (e *SubjectError) Error() string {
 // past every sequence such a message can expect, and decides what the
 // session must not publish again from the messages the stream holds.
 type Publisher struct {
-	js       jetstream.JetStream
-	stream   jetstream.Stream
-	name     string
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	name   string
+	// subject is Destination.Subject; subjects are the lanes'.
+	subject  string
 	subjects []string
 	marker   string
 	replicas int
@@ -261,7 +267,7 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Destination) (*Publish
 			return nil, &StreamConfigError{cfg.Name, &SubjectError{Subject: subject, Configured: cfg.Subject, Subjects: info.Config.Subjects, Marker: subject == marker}}
 		}
 	}
-	p := &Publisher{js: js, stream: stream, name: cfg.Name, subjects: subjects, marker: marker, replicas: max(info.Config.Replicas, 1),
+	p := &Publisher{js: js, stream: stream, name: cfg.Name, subject: cfg.Subject, subjects: subjects, marker: marker, replicas: max(info.Config.Replicas, 1),
 		created: info.Created.UTC().Format(time.RFC3339Nano),
 		limited: info.Config.MaxMsgs > 0 || info.Config.MaxBytes > 0 || info.Config.MaxMsgsPerSubject > 0,
 		limits:  limitsOf(info.Config), deleted: info.State.NumDeleted, prev: make([]wire.Anchor, len(subjects))}

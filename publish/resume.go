@@ -307,13 +307,7 @@ func (p *Publisher) readWindow(ctx context.Context, seq uint64) (stored, bool, e
 
 // dataSubjects are the subjects batches can be on, whichever way
 // MAILROOM_SUBJECT_PER_ACTION was set when they were published.
-func (p *Publisher) dataSubjects() []string {
-	base := p.subjects[0]
-	if len(p.subjects) > 1 {
-		base = base[:len(base)-len(".activation")]
-	}
-	return wire.DataSubjects(base)
-}
+func (p *Publisher) dataSubjects() []string { return wire.DataSubjects(p.subject) }
 
 // publishMarkers publishes the session's markers, chained to the stream's
 // last sequence, and waits for their PubAcks. They say what the scan found

@@ -212,7 +212,7 @@ func drainOneTx(ctx context.Context, o options, pg *pgserver.Server, best string
 }
 
 // prepare migrates, creates the slots and commits n tokens, one INSERT per
-// perTx accounts (each gets an activation token from the trigger).
+// perTx accounts (each gets a token from the trigger).
 func prepare(ctx context.Context, url string, slots []string, n, perTx int) error {
 	if err := migrations.Up(ctx, url); err != nil {
 		return err

@@ -21,6 +21,7 @@ import (
 
 	"github.com/mailroom/tailer/internal/embedded"
 	"github.com/mailroom/tailer/migrations"
+	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 )
@@ -47,7 +48,9 @@ type Live struct {
 	Load Load `json:"load"`
 }
 
-const insertToken = `INSERT INTO tokens (account, action) VALUES ($1, 'password_recovery') RETURNING id`
+// insertToken is a password recovery of an account: a token of its own
+// transaction.
+var insertToken = `INSERT INTO tokens (account, action) VALUES ($1, '` + token.PasswordRecovery.String() + `') RETURNING id`
 
 // liveLatency writes single-row transactions at o.liveRate and times each
 // from its commit to its arrival: at a subscriber of the stream the tailer

@@ -133,6 +133,15 @@ func TestVerifyCommand(t *testing.T) {
 			if code := run([]string{"verify", v.Token}, lookup(env), &bad, &bad); code != exitFailure || !strings.Contains(bad.String(), "give it with --code CODE") {
 				t.Fatalf("a recovery token without --code: exit %d: %s", code, bad.String())
 			}
+			// The action named, and one no table row has.
+			bad.Reset()
+			if code := run([]string{"verify", "--action", "password_recovery", "--code", v.Code, v.Token}, lookup(env), &bad, &bad); code != exitOK {
+				t.Fatalf("--action password_recovery: exit %d: %s", code, bad.String())
+			}
+			bad.Reset()
+			if code := run([]string{"verify", "--action", "magic", "--code", v.Code, v.Token}, lookup(env), &bad, &bad); code != exitConfig || !strings.Contains(bad.String(), `unknown token action "magic", want activation or password_recovery`) {
+				t.Fatalf("--action magic: exit %d: %s", code, bad.String())
+			}
 		}
 	}
 	if n := countKey(vectors, goodKey); n == 0 {

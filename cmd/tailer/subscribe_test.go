@@ -18,7 +18,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
 	"github.com/mailroom/tailer/publish/consume"
@@ -98,7 +97,7 @@ func (c *cluster) signedTokens() map[int64]string {
 		}
 		var s [32]byte
 		copy(s[:], secret)
-		a, _ := decoder.ParseAction(action)
+		a, _ := token.ParseAction(action)
 		tok, err := signer.Token(token.Action(a), &s, []byte(code))
 		if err != nil {
 			c.t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -13,41 +14,76 @@ import (
 
 func (x *cli) verifyCmd() *cobra.Command {
 	c := &cobra.Command{
-		Use:   "verify [--code CODE] TOKEN",
+		Use:   "verify [--code CODE] [--action ACTION] TOKEN",
 		Short: "check a token with the signing key",
 		Long: `Check a token's signature with the signing key (or the keyring) and print
-the secret it carries: exit 0 when it is valid, 1 when it is not. A
-password recovery token is signed with its code: give it with --code.`,
+the secret it carries: exit 0 when it is valid, 1 when it is not.
+A token of an action that signs a code (` + strings.Join(codedLabels(), ", ") + `)
+is checked with it: give it with --code.`,
 		Args: func(c *cobra.Command, args []string) error {
 			if len(args) != 1 {
-				return usagef("give exactly one token (and --code CODE for a password recovery token), got %d arguments", len(args))
+				return usagef("give exactly one token (and --code CODE for a token signed with its code), got %d arguments", len(args))
 			}
 			return nil
 		},
 	}
-	code := c.Flags().String("code", "", "the 5-character code a password recovery token was mailed with")
+	code := c.Flags().String("code", "", "the code the token was mailed with, for an action that signs one")
+	action := c.Flags().String("action", "", "the token's `action`, "+strings.Join(token.Labels(), " or ")+"; by default the first whose code --code fits")
 	load := x.settings(c, verifyVars, true)
 	return x.leaf(c, func(_ *cobra.Command, args []string) int {
 		cfg, err := load()
 		if err != nil {
 			return exitConfig
 		}
-		return verify(cfg, args[0], *code, x.stdout)
+		a, err := verifyAction(*action, *code)
+		if err != nil {
+			fmt.Fprintf(x.stderr, "tailer verify: --action: %v\n", err)
+			return exitConfig
+		}
+		return verify(cfg, args[0], a, *code, x.stdout)
 	})
 }
 
-// verify checks tok, signed with code when it is a password recovery
-// token's.
-func verify(cfg *config.Config, tok, code string, stdout io.Writer) int {
-	action := token.Activation
-	if code != "" {
-		action = token.PasswordRecovery
+// verifyAction is the action named, or the first whose code rule code
+// fits (token.Actions): without a code, one that signs none.
+func verifyAction(label, code string) (token.Action, error) {
+	if label != "" {
+		return token.ParseAction(label)
 	}
+	coded := token.Action(0)
+	for i, spec := range token.Actions {
+		a := token.Action(i + 1)
+		if spec.CodeLen == len(code) {
+			return a, nil
+		}
+		if spec.CodeLen > 0 && coded == 0 {
+			coded = a
+		}
+	}
+	// A code of no action's length: checked against the first that signs
+	// one, which says the length it wants.
+	return coded, nil
+}
+
+// codedLabels are the labels of the actions that sign a code.
+func codedLabels() []string {
+	var out []string
+	for _, spec := range token.Actions {
+		if spec.CodeLen > 0 {
+			out = append(out, spec.Label)
+		}
+	}
+	return out
+}
+
+// verify checks tok as a token of action, signed with code when action
+// signs one.
+func verify(cfg *config.Config, tok string, action token.Action, code string, stdout io.Writer) int {
 	id, secret, err := cfg.Keys.Verify(tok, action, code)
 	if err != nil {
 		hint := ""
 		if code == "" && errors.Is(err, token.ErrInvalidToken) {
-			hint = " (a password recovery token is signed with its code: give it with --code CODE)"
+			hint = fmt.Sprintf(" (a %s token is signed with its code: give it with --code CODE)", strings.Join(codedLabels(), " or "))
 		}
 		fmt.Fprintf(stdout, "invalid %s token: %v%s\n", action, err, hint)
 		return exitFailure

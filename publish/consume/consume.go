@@ -16,8 +16,9 @@ import (
 
 // Token is one token of a batch.
 type Token struct {
-	ID     int64  `json:"id"`
-	Action string `json:"action"` // activation or password_recovery
+	ID int64 `json:"id"`
+	// Action is the token's action label (token.Actions).
+	Action string `json:"action"`
 	Email  string `json:"email"`
 	Login  string `json:"login"`
 	// Token is the signed token: 86 base64url characters.
@@ -57,8 +58,8 @@ func (b *Batch) Lines() [][]Token {
 	return lines
 }
 
-// Only returns the batch with the tokens of action alone ("activation" or
-// "password_recovery"), each batch (line) keeping its place; lines left
+// Only returns the batch with the tokens of action (a label of
+// token.Actions) alone, each batch (line) keeping its place; lines left
 // without a token are dropped.
 func (b *Batch) Only(action string) *Batch {
 	out := &Batch{ID: b.ID, KeyID: b.KeyID}
@@ -228,8 +229,6 @@ func (b *Batch) fillKeys(header string) error {
 	return nil
 }
 
-var actionsByDigit = map[string]string{"1": "activation", "2": "password_recovery"}
-
 func decodeLine(idsHeader, body string) (*Batch, error) {
 	if body == "" {
 		return nil, fieldErr("body", "empty")
@@ -262,10 +261,11 @@ func decodeLine(idsHeader, body string) (*Batch, error) {
 			return nil, fieldErr(wire.HeaderTokenIDs, "id %d: %q is not an integer", i, ids[i])
 		}
 		t.ID = id
-		var ok bool
-		if t.Action, ok = actionsByDigit[f[0]]; !ok {
-			return nil, fieldErr(fmt.Sprintf("token %d action", i), "%q, want 1 or 2", f[0])
+		a, ok := token.ParseActionNumber(f[0])
+		if !ok {
+			return nil, fieldErr(fmt.Sprintf("token %d action", i), "%q, want 1 to %d", f[0], len(token.Actions))
 		}
+		t.Action = a.String()
 		t.Email, t.Login, t.Token, t.Code = f[1], f[2], f[3], f[4]
 		if err := t.validate(i); err != nil {
 			return nil, err
@@ -313,8 +313,8 @@ func decodeJSON(body []byte) (*Batch, error) {
 		if jt.Code != nil {
 			t.Code = *jt.Code
 		}
-		if t.Action != "activation" && t.Action != "password_recovery" {
-			return nil, fieldErr(fmt.Sprintf("token %d action", i), "%q, want activation or password_recovery", t.Action)
+		if _, err := token.ParseAction(t.Action); err != nil {
+			return nil, fieldErr(fmt.Sprintf("token %d action", i), "%v", err)
 		}
 		if err := t.validate(i); err != nil {
 			return nil, err
@@ -332,8 +332,13 @@ func (t *Token) validate(i int) error {
 		return fieldErr(fmt.Sprintf("token %d login", i), "empty")
 	case len(t.Token) != 86 || strings.Trim(t.Token, base64URL) != "":
 		return fieldErr(fmt.Sprintf("token %d token", i), "%d characters, want 86 base64url characters", len(t.Token))
-	case t.Action == "password_recovery" && len(t.Code) != 5:
-		return fieldErr(fmt.Sprintf("token %d code", i), "%q, want 5 characters for password_recovery", t.Code)
+	}
+	a, err := token.ParseAction(t.Action)
+	if err != nil {
+		return fieldErr(fmt.Sprintf("token %d action", i), "%v", err)
+	}
+	if spec, _ := a.Spec(); spec.CodeLen > 0 && len(t.Code) != spec.CodeLen {
+		return fieldErr(fmt.Sprintf("token %d code", i), "%q, want %d characters for %s", t.Code, spec.CodeLen, spec.Label)
 	}
 	return nil
 }
@@ -346,11 +351,10 @@ func AppendLine(dst []byte, tokens []Token) []byte {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		digit := byte('1')
-		if t.Action == "password_recovery" {
-			digit = '2'
-		}
-		dst = append(dst, digit, ',')
+		// Decoded tokens have a known action; its number is a digit
+		// (token.MaxActions is below 10).
+		a, _ := token.ParseAction(t.Action)
+		dst = append(dst, '0'+byte(a), ',')
 		dst = append(dst, t.Email...)
 		dst = append(dst, ',')
 		dst = append(dst, t.Login...)
@@ -429,11 +433,11 @@ func DecodeLine(line string) ([]Token, error) {
 	tokens := make([]Token, len(fields)/5)
 	for i := range tokens {
 		f := fields[5*i : 5*i+5]
-		action, ok := actionsByDigit[f[0]]
+		a, ok := token.ParseActionNumber(f[0])
 		if !ok {
 			return nil, ErrNotMailroom
 		}
-		tokens[i] = Token{Action: action, Email: f[1], Login: f[2], Token: f[3], Code: f[4]}
+		tokens[i] = Token{Action: a.String(), Email: f[1], Login: f[2], Token: f[3], Code: f[4]}
 	}
 	return tokens, nil
 }

@@ -29,9 +29,9 @@ func encoded(t testing.TB, format wire.Format) (nats.Header, []byte, []decoder.T
 	t.Helper()
 	signer := testSigner()
 	tokens := []decoder.Token{
-		{ID: 7, Action: decoder.ActionActivation, Code: [5]byte{'0', '1', '2', '3', '4'}, CodeLen: 5},
-		{ID: 9, Action: decoder.ActionPasswordRecovery, Code: [5]byte{'9', '8', '7', '6', '5'}, CodeLen: 5},
-		{ID: 11, Action: decoder.ActionActivation, CodeNull: true},
+		{ID: 7, Action: token.Activation, Code: [5]byte{'0', '1', '2', '3', '4'}, CodeLen: 5},
+		{ID: 9, Action: token.PasswordRecovery, Code: [5]byte{'9', '8', '7', '6', '5'}, CodeLen: 5},
+		{ID: 11, Action: token.Activation, CodeNull: true},
 	}
 	for i := range tokens {
 		tokens[i].Secret[0] = byte(i + 1)

@@ -16,6 +16,7 @@ import (
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/join"
+	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -81,7 +82,7 @@ func backlogMessage(m, per int) *nats.Msg {
 	e.Begin(nil, 0)
 	for i := range per {
 		id := m*per + i + 1
-		tok := []decoder.Token{{ID: int64(id), Action: decoder.ActionActivation, CodeNull: true}}
+		tok := []decoder.Token{{ID: int64(id), Action: token.Activation, CodeNull: true}}
 		tok[0].Secret[0], tok[0].Secret[1] = byte(id), byte(id>>8)
 		e.Add(tok, []join.TokenState{{Email: []byte(fmt.Sprintf("u%d@example.com", id)), Login: []byte("l"), ExpiresAt: 100}})
 	}

@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish/token"
 )
 
 // Skip says why a token is not published. The zero value means publish.
@@ -88,6 +90,8 @@ type Joiner struct {
 	xids  []int64
 	index map[int64]ref
 	arena []byte
+	// byIDs and byRange are the join's queries (joinQueries).
+	byIDs, byRange string
 }
 
 // ref locates a token: batch b, row i.
@@ -95,7 +99,9 @@ type ref struct{ b, i int32 }
 
 // NewJoiner returns a Joiner using conn.
 func NewJoiner(conn Conn) *Joiner {
-	return &Joiner{conn: conn, index: make(map[int64]ref)}
+	j := &Joiner{conn: conn, index: make(map[int64]ref)}
+	j.byIDs, j.byRange = joinQueries()
+	return j
 }
 
 // Which tokens are mailed, as SQL over tokens t and their accounts a: the
@@ -104,12 +110,31 @@ func NewJoiner(conn Conn) *Joiner {
 // snapshot). Expiry is decided against the server's clock, as the mailroom
 // collector does.
 const (
-	Expired    = `t.expires_at <= extract(epoch FROM now())::bigint`
-	Consumed   = `t.consumed_at IS NOT NULL`
-	StatusFits = `CASE t.action WHEN 'activation' THEN a.status = 'provisioned' WHEN 'password_recovery' THEN a.status = 'active' ELSE false END`
-	// Eligible holds for a token still to be mailed.
-	Eligible = `NOT (` + Expired + `) AND NOT (` + Consumed + `) AND ` + StatusFits
+	Expired  = `t.expires_at <= extract(epoch FROM now())::bigint`
+	Consumed = `t.consumed_at IS NOT NULL`
 )
+
+// StatusFits holds for a token whose account has the status its action
+// needs (token.Actions). The column and the labels are compared as text,
+// so that an action the table has and the database's enum types lack yet
+// makes no query fail.
+func StatusFits() string {
+	var b strings.Builder
+	b.WriteString(`CASE t.action::text`)
+	for _, spec := range token.Actions {
+		fmt.Fprintf(&b, ` WHEN %s THEN a.status::text = %s`, quote(spec.Label), quote(spec.Status))
+	}
+	b.WriteString(` ELSE false END`)
+	return b.String()
+}
+
+// Eligible holds for a token still to be mailed.
+func Eligible() string {
+	return `NOT (` + Expired + `) AND NOT (` + Consumed + `) AND ` + StatusFits()
+}
+
+// quote is s as an SQL string literal.
+func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // The join returns one row per token still present, plus one marker row
 // (kind 1) counting the batch's transactions that the statement's snapshot
@@ -132,19 +157,22 @@ const (
 // tokens of other batches; their rows are ignored. The accounts are joined
 // through a LATERAL subquery that cannot be flattened, so the plan stays
 // one index probe per token whatever the planner estimates for the range.
-const (
-	joinSelect = `
+func joinSelect() string {
+	return `
 SELECT 0 AS kind,
        t.id::bigint,
        t.expires_at::bigint,
        ` + Expired + ` AS expired,
        ` + Consumed + ` AS consumed,
-       ` + StatusFits + ` AS status_ok,
+       ` + StatusFits() + ` AS status_ok,
        a.email::text,
        a.login::text
 FROM tokens t
 CROSS JOIN LATERAL (SELECT status, email, login FROM accounts a WHERE a.id = t.account OFFSET 0) a
 `
+}
+
+const (
 	joinInvisible = `
 UNION ALL
 SELECT 1, count(*), NULL, NULL, NULL, NULL, NULL, NULL
@@ -153,9 +181,14 @@ FROM unnest($2::bigint[]) AS x(xid),
 WHERE NOT pg_visible_in_snapshot(
         ((((s.xmax >> 32) - CASE WHEN x.xid > (s.xmax & 4294967295) THEN 1 ELSE 0 END) << 32) | x.xid)::text::xid8,
         pg_current_snapshot())`
-	joinByIDs   = joinSelect + `WHERE t.id = ANY($1)` + joinInvisible
-	joinByRange = joinSelect + `WHERE t.id BETWEEN $1::bigint AND $3::bigint` + joinInvisible
 )
+
+// joinQueries are the join's two forms (see joinSelect), made once a
+// Joiner.
+func joinQueries() (byIDs, byRange string) {
+	sel := joinSelect()
+	return sel + `WHERE t.id = ANY($1)` + joinInvisible, sel + `WHERE t.id BETWEEN $1::bigint AND $3::bigint` + joinInvisible
+}
 
 // dense reports whether the sorted ids fill most of their range, so that
 // scanning the range reads few rows that are not theirs.
@@ -246,10 +279,10 @@ func (j *Joiner) query(ctx context.Context, rows [][]TokenState) (invisible int6
 	j.arena = make([]byte, 0, cap(j.arena))
 	// Binary results keep the per-row cost to a few byte copies.
 	args := []any{pgx.QueryResultFormats{pgx.BinaryFormatCode}, j.ids, j.xids}
-	sql := joinByIDs
+	sql := j.byIDs
 	if len(j.ids) > 1 {
 		if lo, hi := slices.Min(j.ids), slices.Max(j.ids); dense(lo, hi, len(j.ids)) {
-			sql, args = joinByRange, []any{args[0], lo, j.xids, hi}
+			sql, args = j.byRange, []any{args[0], lo, j.xids, hi}
 		}
 	}
 	res, err := j.conn.Query(ctx, sql, args...)

@@ -14,6 +14,7 @@ import (
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
+	"github.com/mailroom/tailer/publish/token"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -45,7 +46,7 @@ func insertToken(t *testing.T, ctx context.Context, q interface {
 		t.Fatal(err)
 	}
 	tok.Xid = uint32(xid)
-	tok.Action, _ = decoder.ParseAction(action)
+	tok.Action, _ = token.ParseAction(action)
 	return tok
 }
 
@@ -210,6 +211,7 @@ func TestJoinPlanOnUnanalyzedTables(t *testing.T) {
 	if err := conn.QueryRow(ctx, `SELECT array_agg(id)::text, min(id), max(id) FROM (SELECT id FROM tokens ORDER BY id LIMIT 1000) t`).Scan(&ids, &lo, &hi); err != nil {
 		t.Fatal(err)
 	}
+	joinByIDs, joinByRange := joinQueries()
 	plans := func(conn *pgx.Conn) map[string]string {
 		t.Helper()
 		p := map[string]string{}

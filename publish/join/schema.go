@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish/token"
 )
 
 // kind is what the tailer needs a column to be.
@@ -165,7 +165,7 @@ func unknownActions(ctx context.Context, conn Conn) ([]string, error) {
 		if err := rows.Scan(&typ, &label); err != nil {
 			return nil, fmt.Errorf("read the labels of tokens.action: %w", err)
 		}
-		if _, err := decoder.ParseAction(label); err != nil {
+		if _, err := token.ParseAction(label); err != nil {
 			unknown = append(unknown, label)
 		}
 	}
@@ -175,8 +175,8 @@ func unknownActions(ctx context.Context, conn Conn) ([]string, error) {
 	if unknown == nil {
 		return nil, nil
 	}
-	return []string{fmt.Sprintf("type %s of tokens.action has value(s) %s that are no token action this tailer knows (%s, %s): run a tailer that knows them, or take them out of the type (a token of one could be neither signed nor mailed)",
-		typ, strings.Join(unknown, ", "), decoder.ActionActivation, decoder.ActionPasswordRecovery)}, nil
+	return []string{fmt.Sprintf("type %s of tokens.action has value(s) %s that are no token action this tailer knows (%s): run a tailer that knows them, or take them out of the type (a token of one could be neither signed nor mailed)",
+		typ, strings.Join(unknown, ", "), strings.Join(token.Labels(), ", "))}, nil
 }
 
 // explain turns a failed join into a *SchemaError when the schema is what

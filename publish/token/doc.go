@@ -4,8 +4,9 @@
 // key consumers deduplicate on).
 //
 // A token is base64url(secret ‖ HMAC-SHA256(key, input)), 86 characters
-// without padding, where input is "/activate" ‖ secret, or "/recover" ‖
-// secret ‖ code: byte for byte what mailroom signs.
+// without padding, where input is its action's prefix ‖ secret, and its
+// code after for an action that has one (Actions): byte for byte what
+// mailroom signs.
 //
 // It imports only the standard library, so that a backend verifying a
 // token from a link imports this and nothing else of the tailer.

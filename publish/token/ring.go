@@ -155,12 +155,12 @@ func (r *Ring) Verify(token string, action Action, code string) (id string, secr
 		}
 	}
 	if id == "" {
-		if action == PasswordRecovery {
+		if code != "" {
 			// The code is signed with the secret: a wrong code and a wrong
 			// key look alike.
 			return "", secret, fmt.Errorf("%w: signed with no key of the ring (%s) together with code %q: the code, or the key, is not the one it was issued with", ErrInvalidToken, strings.Join(r.IDs(), ", "), code)
 		}
-		return "", secret, fmt.Errorf("%w: signed with no key of the ring (%s) as an activation token", ErrInvalidToken, strings.Join(r.IDs(), ", "))
+		return "", secret, fmt.Errorf("%w: signed with no key of the ring (%s) as a %s token", ErrInvalidToken, strings.Join(r.IDs(), ", "), action)
 	}
 	return id, secret, nil
 }

@@ -20,32 +20,16 @@ const (
 	// secret followed by the 32-byte MAC.
 	Len = 86
 	// CodeLen is the length of the code signed into password recovery
-	// tokens.
+	// tokens (Actions).
 	CodeLen = 5
+	// MaxCodeLen is the most bytes a token's code has: the width of the
+	// tokens.code column (VARCHAR(5)); no action's code is longer.
+	MaxCodeLen = 5
 	// KeyLen is the length of a token key (AppendKey).
 	KeyLen = 22
 )
 
 var b64 = base64.RawURLEncoding
-
-// Action is what a token is for, numbered as mailroom's lines print it.
-type Action uint8
-
-const (
-	Activation       Action = 1
-	PasswordRecovery Action = 2
-)
-
-// String returns the token_action label.
-func (a Action) String() string {
-	switch a {
-	case Activation:
-		return "activation"
-	case PasswordRecovery:
-		return "password_recovery"
-	}
-	return "unknown"
-}
 
 // ParseKey decodes a signing key given as exactly 64 hex characters. The
 // error never repeats the input, so that a mistyped key does not end up in
@@ -66,7 +50,7 @@ func ParseKey(s string) ([]byte, error) {
 type Signer struct {
 	id    string
 	mac   hash.Hash
-	input [len("/activate") + SecretSize + CodeLen]byte
+	input []byte
 	raw   [SecretSize + sha256.Size]byte
 }
 
@@ -81,24 +65,21 @@ func NewSigner(id string, key []byte) (*Signer, error) {
 // ID is the id of the signer's key.
 func (s *Signer) ID() string { return s.id }
 
-// signedInput builds the bytes mailroom signs: "/activate" ‖ secret, or
-// "/recover" ‖ secret ‖ code.
+// signedInput builds the bytes mailroom signs for action: its prefix ‖
+// secret ‖ its code (Actions). An action without a code signs none,
+// whatever the row's code column holds.
 func (s *Signer) signedInput(action Action, secret *[SecretSize]byte, code []byte) ([]byte, error) {
-	switch action {
-	case Activation:
-		n := copy(s.input[:], "/activate")
-		n += copy(s.input[n:], secret[:])
-		return s.input[:n], nil
-	case PasswordRecovery:
-		if len(code) != CodeLen {
-			return nil, fmt.Errorf("password_recovery code is %d bytes, want %d", len(code), CodeLen)
-		}
-		n := copy(s.input[:], "/recover")
-		n += copy(s.input[n:], secret[:])
-		n += copy(s.input[n:], code)
-		return s.input[:n], nil
+	spec, ok := action.Spec()
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("cannot sign action %d", action)
+	case spec.CodeLen == 0:
+		code = nil
+	case len(code) != spec.CodeLen:
+		return nil, fmt.Errorf("%s code is %d bytes, want %d", spec.Label, len(code), spec.CodeLen)
 	}
-	return nil, fmt.Errorf("cannot sign action %d", action)
+	s.input = append(append(append(s.input[:0], spec.Prefix...), secret[:]...), code...)
+	return s.input, nil
 }
 
 func (s *Signer) sum(input []byte) []byte {

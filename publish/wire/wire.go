@@ -1,6 +1,10 @@
 package wire
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/mailroom/tailer/publish/token"
+)
 
 // Header names of a published batch.
 const (
@@ -80,8 +84,16 @@ func MarkerSubject(subject string) string { return subject + "._session" }
 // (MarkerSubject), which a consumer filtering on these never sees, nor
 // counts as pending.
 func DataSubjects(subject string) []string {
-	return []string{subject, subject + ".activation", subject + ".password_recovery"}
+	out := []string{subject}
+	for _, label := range token.Labels() {
+		out = append(out, LaneSubject(subject, label))
+	}
+	return out
 }
+
+// LaneSubject is the subject of the batches of the action of label
+// (token.Actions) with MAILROOM_SUBJECT_PER_ACTION.
+func LaneSubject(subject, label string) string { return subject + "." + label }
 
 // Header is what the helpers below read of a message's headers (a
 // nats.Header satisfies it).

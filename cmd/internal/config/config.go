@@ -341,7 +341,7 @@ var Vars = []Var{
 		c.Replicas = n
 		return err
 	}},
-	{Env: "MAILROOM_SUBJECT_PER_ACTION", Cmds: Run | Resync, Flag: "subject-per-action", Type: "bool", Group: GroupBatches, Default: "false", Usage: "publish each action on its own subject (<subject>.activation, <subject>.password_recovery), one action a batch", Shown: true, set: boolVar(func(c *Config) *bool { return &c.PerAction })},
+	{Env: "MAILROOM_SUBJECT_PER_ACTION", Cmds: Run | Resync, Flag: "subject-per-action", Type: "bool", Group: GroupBatches, Default: "false", Usage: "publish each action on its own subject, <subject>.<action> (" + strings.Join(token.Labels(), ", ") + "), one action a batch", Shown: true, set: boolVar(func(c *Config) *bool { return &c.PerAction })},
 	{Env: "MAILROOM_FORMAT", Cmds: Run | Resync, Flag: "format", Type: "line|json", Group: GroupBatches, Default: "line", Usage: "message body: line (collector-compatible) or json", Shown: true, set: func(c *Config, v string) error {
 		f, err := wire.ParseFormat(v)
 		if err != nil {

@@ -328,7 +328,7 @@ func TestEndToEnd(t *testing.T) {
 			if action == "password_recovery" {
 				code = f[4]
 			}
-			act, _ := decoder.ParseAction(action)
+			act, _ := token.ParseAction(action)
 			if len(f[3]) != token.Len {
 				t.Fatalf("token %d: %d characters", id, len(f[3]))
 			}

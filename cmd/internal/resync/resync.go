@@ -263,7 +263,7 @@ func openSnapshot(ctx context.Context, q *pgx.Conn, opts Options, failover bool)
 func countTokens(ctx context.Context, tx pgx.Tx, pub *publish.Publisher, opts Options, lastSeq, cutoverAt *int64, rep *Report) (*token.KeySet, error) {
 	var oldest *int64
 	if err := tx.QueryRow(ctx, `SELECT min(t.created_at)::bigint, count(*) FROM tokens t JOIN accounts a ON a.id = t.account WHERE `+
-		join.Eligible+` AND `+notSent, lastSeq, cutoverAt).Scan(&oldest, &rep.Eligible); err != nil {
+		join.Eligible()+` AND `+notSent, lastSeq, cutoverAt).Scan(&oldest, &rep.Eligible); err != nil {
 		return nil, fmt.Errorf("count eligible tokens: %w", err)
 	}
 	var since int64
@@ -355,7 +355,7 @@ func publishSnapshot(ctx context.Context, tx, jtx pgx.Tx, pub *publish.Publisher
 // mailed, in id order. A row that cannot be signed is logged and left out.
 func readCandidates(ctx context.Context, tx pgx.Tx, lastSeq, cutoverAt *int64, f func(*decoder.Token) error, log *slog.Logger) error {
 	rows, err := tx.Query(ctx, `SELECT t.id, t.action::text, t.secret, t.code FROM tokens t JOIN accounts a ON a.id = t.account WHERE `+
-		join.Eligible+` AND `+notSent+` ORDER BY t.id`, lastSeq, cutoverAt)
+		join.Eligible()+` AND `+notSent+` ORDER BY t.id`, lastSeq, cutoverAt)
 	if err != nil {
 		return fmt.Errorf("read eligible tokens: %w", err)
 	}
@@ -370,7 +370,7 @@ func readCandidates(ctx context.Context, tx pgx.Tx, lastSeq, cutoverAt *int64, f
 		if err := rows.Scan(&t.ID, &action, &secret, &code); err != nil {
 			return fmt.Errorf("read eligible tokens: %w", err)
 		}
-		if t.Action, err = decoder.ParseAction(action); err != nil || len(secret) != len(t.Secret) || (code != nil && len(*code) > len(t.Code)) {
+		if t.Action, err = token.ParseAction(action); err != nil || len(secret) != len(t.Secret) || (code != nil && len(*code) > len(t.Code)) {
 			if log != nil {
 				log.Warn("token not published: its row cannot be signed", "reason", join.SkipMalformed.String(), "token_id", t.ID)
 			}
