@@ -136,23 +136,8 @@ const minStatusGap = 50 * time.Millisecond
 // error.
 func (r *Receiver) Run(ctx context.Context, h Handler) error {
 	netConn := r.conn.Conn()
-	// A read blocked in ReceiveMessage wakes up at its deadline; pulling the
-	// deadline in is how cancellation reaches it without a context watcher
-	// goroutine per message. Once the stream is being ended, the wake-up
-	// must not cut the exchange that ends it.
-	var (
-		wakeMu sync.Mutex
-		ending bool
-	)
-	stopWake := context.AfterFunc(ctx, func() {
-		wakeMu.Lock()
-		defer wakeMu.Unlock()
-		if !ending {
-			netConn.SetReadDeadline(time.Now())
-		}
-	})
+	ending, stopWake := wakeOnDone(ctx, netConn)
 	defer stopWake()
-
 	var (
 		nextStatus  time.Time
 		curDeadline time.Time
@@ -165,19 +150,7 @@ func (r *Receiver) Run(ctx context.Context, h Handler) error {
 	)
 	for {
 		if ctx.Err() != nil {
-			h.Stop()
-			if err := r.sendStatus(h.Confirmable(), false); err != nil {
-				return fmt.Errorf("final status update: %w", err)
-			}
-			wakeMu.Lock()
-			ending = true
-			wakeMu.Unlock()
-			// Failing to end the stream loses nothing: the update is sent;
-			// at worst the server applies it a moment later or, were the
-			// connection lost, the next session reads again what was
-			// published and skips it, as after a crash.
-			r.endCopy()
-			return ctx.Err()
+			return r.end(ctx, h, ending)
 		}
 		now := time.Now()
 		silent := now.Sub(heard)
@@ -200,17 +173,12 @@ func (r *Receiver) Run(ctx context.Context, h Handler) error {
 			heard, pinged = time.Now(), false
 			continue
 		}
-		deadline := nextStatus
-		if d := h.Deadline(); !d.IsZero() {
-			if !now.Before(d) {
-				if err := h.Tick(now); err != nil {
-					return err
-				}
-				continue
-			}
-			if d.Before(deadline) {
-				deadline = d
-			}
+		deadline, ticked, err := readDeadline(h, now, nextStatus)
+		if err != nil {
+			return err
+		}
+		if ticked {
+			continue
 		}
 		if !deadline.Equal(curDeadline) {
 			netConn.SetReadDeadline(deadline)
@@ -220,33 +188,92 @@ func (r *Receiver) Run(ctx context.Context, h Handler) error {
 		if err != nil {
 			var netErr net.Error
 			if errors.As(err, &netErr) && netErr.Timeout() {
-				// The wake-up above may have moved the deadline.
+				// The wake-up may have moved the deadline.
 				curDeadline = time.Time{}
 				continue
 			}
 			return fmt.Errorf("receive replication message: %w", err)
 		}
 		heard, pinged = time.Now(), false
-		switch m := msg.(type) {
-		case *pgproto3.CopyData:
-			if err := r.copyData(m.Data, h, &nextStatus); err != nil {
-				return err
-			}
-		case *pgproto3.ErrorResponse:
-			return fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(m))
-		case *pgproto3.NoticeResponse:
-			// PostgreSQL 18 decodes on past a publication that did not exist
-			// at a change's point in the WAL, warning "skipped loading
-			// publication" and leaving the change out, where 15-17 stop with
-			// an error. The change may be a token: stop as they do, before
-			// the transaction's commit is confirmed.
-			if notice := pgconn.ErrorResponseToPgError((*pgproto3.ErrorResponse)(m)); IsPublicationGone(notice) {
-				return fmt.Errorf("replication stream: %w", notice)
-			}
-		case *pgproto3.CopyDone:
-			return errors.New("replication stream: server ended the stream")
+		if err := r.handleMessage(msg, h, &nextStatus); err != nil {
+			return err
 		}
 	}
+}
+
+// wakeOnDone pulls conn's read deadline in once ctx is done: a read
+// blocked in ReceiveMessage wakes up at its deadline, which is how
+// cancellation reaches it without a context watcher goroutine per
+// message. Once ending is called the stream is being ended, and the
+// wake-up must not cut the exchange that ends it.
+func wakeOnDone(ctx context.Context, conn net.Conn) (ending func(), stop func() bool) {
+	var (
+		mu    sync.Mutex
+		ended bool
+	)
+	stop = context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !ended {
+			conn.SetReadDeadline(time.Now())
+		}
+	})
+	return func() { mu.Lock(); ended = true; mu.Unlock() }, stop
+}
+
+// readDeadline is when the next read must give up: the next status
+// update, or the open batch's timeout if that comes first. A timeout
+// already past is handled at once (ticked).
+func readDeadline(h Handler, now, nextStatus time.Time) (deadline time.Time, ticked bool, err error) {
+	deadline = nextStatus
+	if d := h.Deadline(); !d.IsZero() {
+		if !now.Before(d) {
+			return deadline, true, h.Tick(now)
+		}
+		if d.Before(deadline) {
+			deadline = d
+		}
+	}
+	return deadline, false, nil
+}
+
+// end stops h, sends the last status update and ends the copy, once ctx
+// is done; ending is called before the exchange that ends the stream,
+// which the read deadline's wake-up must not cut.
+func (r *Receiver) end(ctx context.Context, h Handler, ending func()) error {
+	h.Stop()
+	if err := r.sendStatus(h.Confirmable(), false); err != nil {
+		return fmt.Errorf("final status update: %w", err)
+	}
+	ending()
+	// Failing to end the stream loses nothing: the update is sent; at
+	// worst the server applies it a moment later or, were the connection
+	// lost, the next session reads again what was published and skips it,
+	// as after a crash.
+	r.endCopy()
+	return ctx.Err()
+}
+
+// handleMessage handles one message of the server's.
+func (r *Receiver) handleMessage(msg pgproto3.BackendMessage, h Handler, nextStatus *time.Time) error {
+	switch m := msg.(type) {
+	case *pgproto3.CopyData:
+		return r.copyData(m.Data, h, nextStatus)
+	case *pgproto3.ErrorResponse:
+		return fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(m))
+	case *pgproto3.NoticeResponse:
+		// PostgreSQL 18 decodes on past a publication that did not exist
+		// at a change's point in the WAL, warning "skipped loading
+		// publication" and leaving the change out, where 15-17 stop with
+		// an error. The change may be a token: stop as they do, before the
+		// transaction's commit is confirmed.
+		if notice := pgconn.ErrorResponseToPgError((*pgproto3.ErrorResponse)(m)); IsPublicationGone(notice) {
+			return fmt.Errorf("replication stream: %w", notice)
+		}
+	case *pgproto3.CopyDone:
+		return errors.New("replication stream: server ended the stream")
+	}
+	return nil
 }
 
 func (r *Receiver) copyData(data []byte, h Handler, nextStatus *time.Time) error {

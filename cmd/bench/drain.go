@@ -371,18 +371,9 @@ func drain(ctx context.Context, o options, url, variant, slot string, n int, aft
 	}
 	selfCPU0, _ := cpuSeconds(os.Getpid())
 	steal := stealMeter()
-	walPID := 0
-	for walPID == 0 && time.Since(start) < 30*time.Second {
-		var pid *int32
-		conn.QueryRow(ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&pid)
-		if pid != nil {
-			walPID = int(*pid)
-		} else {
-			time.Sleep(2 * time.Millisecond)
-		}
-	}
-	if walPID == 0 {
-		return d, errors.New("the walsender never started")
+	walPID, err := walsenderPID(ctx, conn, slot, start.Add(30*time.Second))
+	if err != nil {
+		return d, err
 	}
 	select {
 	case <-cnt.done:
@@ -400,17 +391,35 @@ func drain(ctx context.Context, o options, url, variant, slot string, n int, aft
 			fmt.Println("metrics:", err)
 		}
 	}
+	if err := measured(ctx, &d, conn, walPID, t.cmd.Process.Pid, selfCPU0); err != nil {
+		return d, err
+	}
+	d.StealPct = steal()
+	if after != nil {
+		t.stop()
+		if err := after(natsURL); err != nil {
+			return d, err
+		}
+	}
+	return d, nil
+}
+
+// measured fills d's CPU, memory and scheduling figures once the drain of
+// d.Tokens ended: the walsender's (walPID), the tailer's (tailerPID), its
+// join backends' and this process's since selfCPU0.
+func measured(ctx context.Context, d *Drain, conn *pgx.Conn, walPID, tailerPID int, selfCPU0 float64) error {
+	n := d.Tokens
 	walCPU, _ := cpuSeconds(walPID)
-	tailerCPU, _ := cpuSeconds(t.cmd.Process.Pid)
+	tailerCPU, _ := cpuSeconds(tailerPID)
 	selfCPU, _ := cpuSeconds(os.Getpid())
 	var joinCPU float64
 	rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = 'tailer' AND backend_type = 'client backend'`)
 	if err != nil {
-		return d, err
+		return err
 	}
 	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
 	if err != nil {
-		return d, err
+		return err
 	}
 	for _, pid := range pids {
 		c, _ := cpuSeconds(int(pid))
@@ -420,21 +429,28 @@ func drain(ctx context.Context, o options, url, variant, slot string, n int, aft
 	d.JoinMicrosPerTk = 1e6 * joinCPU / float64(n)
 	d.NATSMicrosPerTk = 1e6 * (selfCPU - selfCPU0) / float64(n)
 	d.WalsenderRunqueuePct = 100 * runqueueSeconds(walPID) / d.Seconds
-	d.TailerReads = readSyscalls(t.cmd.Process.Pid)
-	d.StealPct = steal()
+	d.TailerReads = readSyscalls(tailerPID)
 	d.TokensPerSecond = float64(n) / d.Seconds
 	d.WalsenderCPUPct = 100 * walCPU / d.Seconds
 	d.TailerCPUSeconds = tailerCPU
 	d.TailerMicrosPerTk = 1e6 * tailerCPU / float64(n)
 	d.CPUSecondsPer100k = tailerCPU * 100_000 / float64(n)
-	d.TailerPeakRSSMiB = peakRSS(t.cmd.Process.Pid)
-	if after != nil {
-		t.stop()
-		if err := after(natsURL); err != nil {
-			return d, err
+	d.TailerPeakRSSMiB = peakRSS(tailerPID)
+	return nil
+}
+
+// walsenderPID is the process streaming slot, once it runs (until
+// deadline).
+func walsenderPID(ctx context.Context, conn *pgx.Conn, slot string, deadline time.Time) (int, error) {
+	for time.Now().Before(deadline) {
+		var pid *int32
+		conn.QueryRow(ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&pid)
+		if pid != nil {
+			return int(*pid), nil
 		}
+		time.Sleep(2 * time.Millisecond)
 	}
-	return d, nil
+	return 0, errors.New("the walsender never started")
 }
 
 func printDrain(d Drain) {

@@ -181,18 +181,33 @@ func run(o options) error {
 		return err
 	}
 
-	if o.liveRates != "" {
-		if err := settle(ctx, pg); err != nil {
-			return err
-		}
+	if err := liveRuns(ctx, o, pg, &res); err != nil {
+		return err
+	}
+	res.Targets = targets(res, o)
+
+	printSummary(res)
+	return writeResults(res, o.out)
+}
+
+// liveRuns times the live runs, one a rate of o.liveRates, each beside a
+// bare client of the slot (o.liveDiscard).
+func liveRuns(ctx context.Context, o options, pg *pgserver.Server, res *Results) error {
+	if o.liveRates == "" {
+		return nil
+	}
+	if err := settle(ctx, pg); err != nil {
+		return err
 	}
 	for _, r := range strings.Split(o.liveRates, ",") {
 		if r == "" {
 			continue
 		}
-		if o.liveRate, err = strconv.Atoi(r); err != nil || o.liveRate <= 0 {
+		rate, err := strconv.Atoi(r)
+		if err != nil || rate <= 0 {
 			return fmt.Errorf("-live-rates: %q is not a positive rate", r)
 		}
+		o.liveRate = rate
 		url, err := createDB(ctx, pg, "bench_live_"+r)
 		if err != nil {
 			return err
@@ -214,10 +229,7 @@ func run(o options) error {
 			res.Live = append(res.Live, live)
 		}
 	}
-	res.Targets = targets(res, o)
-
-	printSummary(res)
-	return writeResults(res, o.out)
+	return nil
 }
 
 func writeResults(res Results, path string) error {

@@ -55,30 +55,7 @@ func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg) error {
 		msg.Nak()
 		return err
 	}
-	s.mu.Lock()
-	if s.prog.saw(seq, mark) {
-		s.dirty = true
-	}
-	var gap *wire.Gap
-	if !wire.IsMarker(msg.Headers()) {
-		gap = s.prog.Chain.Follow(msg.Subject(), seq, msg.Headers(), mark, meta.NumDelivered > 1)
-	}
-	s.stats.Messages++
-	s.stats.LastDelivery = time.Now()
-	if meta.NumDelivered > 1 {
-		s.stats.Redelivered++
-	}
-	s.mu.Unlock()
-	if meta.NumDelivered > 1 && s.Log != nil {
-		s.mu.Lock()
-		done := 0
-		if m := s.prog.Messages[seq]; m != nil && m.Mark == mark {
-			done = m.Done.Len()
-		}
-		s.mu.Unlock()
-		s.Log.Info("delivered again: a reader may have had its tokens before", "stream_seq", seq, "deliveries", meta.NumDelivered, "batches_done_before", done)
-	}
-	s.gaps.Note(ctx, s.js, s.Stream, s.Durable, s.Log, msg.Headers(), gap, func() { msg.InProgress() })
+	s.noteDelivery(ctx, msg, meta, mark)
 	b, err := Decode(msg.Headers(), msg.Data())
 	if err != nil {
 		return s.unreadable(ctx, msg, seq, err)
@@ -100,27 +77,7 @@ func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg) error {
 	}
 	h := &held{msg: msg, seq: seq, rec: rec}
 	s.held = append(s.held, h)
-	var units []*unit
-	var dead []int
-	for i, line := range b.Lines() {
-		if rec.Done.Has(i) {
-			s.stats.Skipped++
-			continue
-		}
-		if s.MaxDeliveries > 0 && s.DeadLetters != nil && rec.Attempts[i] >= s.MaxDeliveries {
-			dead = append(dead, i)
-			h.pending++
-			continue
-		}
-		u := s.render(h, i, b.ID, line, seq)
-		if u == nil {
-			// Nothing of it for this reader: done as it is.
-			rec.Done.Add(i)
-			continue
-		}
-		h.pending++
-		units = append(units, u)
-	}
+	units, dead := s.units(h, b)
 	s.dirty = true
 	s.mu.Unlock()
 	for _, i := range dead {
@@ -133,6 +90,62 @@ func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg) error {
 		return nil
 	}
 	return s.hand(ctx, units)
+}
+
+// noteDelivery records a message delivered: the newest the durable's
+// subscribers were given, where it stands in its subject's chain, and
+// the counts.
+func (s *Subscriber) noteDelivery(ctx context.Context, msg jetstream.Msg, meta *jetstream.MsgMetadata, mark string) {
+	seq, again := meta.Sequence.Stream, meta.NumDelivered > 1
+	s.mu.Lock()
+	if s.prog.saw(seq, mark) {
+		s.dirty = true
+	}
+	var gap *wire.Gap
+	if !wire.IsMarker(msg.Headers()) {
+		gap = s.prog.Chain.Follow(msg.Subject(), seq, msg.Headers(), mark, again)
+	}
+	s.stats.Messages++
+	s.stats.LastDelivery = time.Now()
+	done := 0
+	if again {
+		s.stats.Redelivered++
+		if m := s.prog.Messages[seq]; m != nil && m.Mark == mark {
+			done = m.Done.Len()
+		}
+	}
+	s.mu.Unlock()
+	if again && s.Log != nil {
+		s.Log.Info("delivered again: a reader may have had its tokens before", "stream_seq", seq, "deliveries", meta.NumDelivered, "batches_done_before", done)
+	}
+	s.gaps.Note(ctx, s.js, s.Stream, s.Durable, s.Log, msg.Headers(), gap, func() { msg.InProgress() })
+}
+
+// units are the batches of b the reader is to get, and those to set aside
+// as dead letters, each counted pending in h; a batch done before, or
+// with nothing left for this reader, is not. Called with s.mu held.
+func (s *Subscriber) units(h *held, b *Batch) (units []*unit, dead []int) {
+	rec := h.rec
+	for i, line := range b.Lines() {
+		if rec.Done.Has(i) {
+			s.stats.Skipped++
+			continue
+		}
+		if s.MaxDeliveries > 0 && s.DeadLetters != nil && rec.Attempts[i] >= s.MaxDeliveries {
+			dead = append(dead, i)
+			h.pending++
+			continue
+		}
+		u := s.render(h, i, b.ID, line, h.seq)
+		if u == nil {
+			// Nothing of it for this reader: done as it is.
+			rec.Done.Add(i)
+			continue
+		}
+		h.pending++
+		units = append(units, u)
+	}
+	return units, dead
 }
 
 // refresh rereads the record when another subscriber may have written it

@@ -73,69 +73,9 @@ var MetricNames = []string{
 // WAL and not yet done, lag the lag in seconds, pubAckWait how long the
 // oldest publish has awaited its PubAck.
 func NewMetrics(pending, lag, pubAckWait func() float64) *Metrics {
-	latency := prometheus.ExponentialBuckets(0.0001, 2, 18) // 100µs .. 13s
-	m := &Metrics{
-		reg: prometheus.NewRegistry(),
-		published: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tailer_tokens_published_total", Help: "Tokens published to JetStream (PubAck received).",
-		}),
-		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tailer_tokens_skipped_total", Help: "Tokens not published, by reason.",
-		}, []string{"reason"}),
-		batches: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tailer_batches_published_total", Help: "Batches published, by why they were cut (limit, timeout, shutdown).",
-		}, []string{"cut"}),
-		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "tailer_batch_size_tokens", Help: "Tokens per published batch.",
-			Buckets: prometheus.ExponentialBuckets(1, 2, 14),
-		}),
-		publishLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "tailer_publish_latency_seconds", Help: "Time from a batch being handed to the publisher (cut) to its PubAck: its join and its wait for a place in a message included.", Buckets: latency,
-		}),
-		messageBatches: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "tailer_message_batches", Help: "Batches each published message carried: more than one when batches became ready while earlier messages awaited their PubAck (group commit).",
-			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
-		}),
-		messageLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "tailer_message_publish_seconds", Help: "Time from publishing a message to its PubAck: the stream's commit, its sync to disk included.", Buckets: latency,
-		}),
-		commitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "tailer_commit_to_ack_seconds", Help: "Time from the commit of a batch's oldest token to the batch's PubAck.", Buckets: latency,
-		}),
-		lastDone: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "tailer_last_done_commit_lsn", Help: "Commit LSN of the newest token published or skipped.",
-		}),
-		confirmed: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "tailer_confirmed_lsn", Help: "Last position this instance reported to the slot as flushed.",
-		}),
-		slotLag: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "tailer_slot_lag_bytes", Help: "pg_current_wal_lsn() minus the slot's confirmed_flush_lsn, sampled.",
-		}),
-		slotRetained: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "tailer_slot_retained_bytes", Help: "WAL the slot makes the server keep: pg_current_wal_lsn() minus restart_lsn, sampled.",
-		}),
-		slotConfirmed: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "tailer_slot_confirmed_lsn", Help: "The slot's confirmed_flush_lsn, sampled.",
-		}),
-		slotSampled: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "tailer_slot_sample_timestamp_seconds", Help: "When the slot was last sampled successfully (Unix time).",
-		}),
-		slotLost: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "tailer_slot_invalidated", Help: "1 when the slot is lost (wal_status lost): WAL it needed was removed and its tokens cannot be read.",
-		}),
-		blocked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "tailer_blocked", Help: "1 while the tailer waits for the operator, by reason: resync (tailer resync is the way out), schema (a table or column it reads changed), publication (it does not carry token inserts).",
-		}, []string{"reason"}),
-		slotHeld: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "tailer_slot_held", Help: "1 while this instance streams from the slot, 0 while it stands by or reconnects.",
-		}),
-		ready: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "tailer_ready", Help: "1 when /readyz answers ready.",
-		}),
-		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tailer_reconnects_total", Help: "Reconnects by target (postgres, nats): sessions restarted after a failure, and NATS client reconnects.",
-		}, []string{"target"}),
-	}
+	m := &Metrics{reg: prometheus.NewRegistry()}
+	m.publishMetrics()
+	m.slotMetrics()
 	m.pending = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tailer_tokens_pending", Help: "Tokens read from the WAL and not yet published or skipped.",
 	}, pending)
@@ -162,6 +102,74 @@ func NewMetrics(pending, lag, pubAckWait func() float64) *Metrics {
 		m.reconnects, m.pending, m.lagSeconds, m.pubAckWait,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// publishMetrics makes the metrics of what is published.
+func (m *Metrics) publishMetrics() {
+	latency := prometheus.ExponentialBuckets(0.0001, 2, 18) // 100µs .. 13s
+	m.published = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tailer_tokens_published_total", Help: "Tokens published to JetStream (PubAck received).",
+	})
+	m.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tailer_tokens_skipped_total", Help: "Tokens not published, by reason.",
+	}, []string{"reason"})
+	m.batches = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tailer_batches_published_total", Help: "Batches published, by why they were cut (limit, timeout, shutdown).",
+	}, []string{"cut"})
+	m.batchSize = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "tailer_batch_size_tokens", Help: "Tokens per published batch.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 14),
+	})
+	m.publishLatency = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "tailer_publish_latency_seconds", Help: "Time from a batch being handed to the publisher (cut) to its PubAck: its join and its wait for a place in a message included.", Buckets: latency,
+	})
+	m.messageBatches = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "tailer_message_batches", Help: "Batches each published message carried: more than one when batches became ready while earlier messages awaited their PubAck (group commit).",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 11),
+	})
+	m.messageLatency = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "tailer_message_publish_seconds", Help: "Time from publishing a message to its PubAck: the stream's commit, its sync to disk included.", Buckets: latency,
+	})
+	m.commitToAck = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "tailer_commit_to_ack_seconds", Help: "Time from the commit of a batch's oldest token to the batch's PubAck.", Buckets: latency,
+	})
+}
+
+// slotMetrics makes the metrics of the slot and the tailer's state.
+func (m *Metrics) slotMetrics() {
+	m.lastDone = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tailer_last_done_commit_lsn", Help: "Commit LSN of the newest token published or skipped.",
+	})
+	m.confirmed = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tailer_confirmed_lsn", Help: "Last position this instance reported to the slot as flushed.",
+	})
+	m.slotLag = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tailer_slot_lag_bytes", Help: "pg_current_wal_lsn() minus the slot's confirmed_flush_lsn, sampled.",
+	})
+	m.slotRetained = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tailer_slot_retained_bytes", Help: "WAL the slot makes the server keep: pg_current_wal_lsn() minus restart_lsn, sampled.",
+	})
+	m.slotConfirmed = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tailer_slot_confirmed_lsn", Help: "The slot's confirmed_flush_lsn, sampled.",
+	})
+	m.slotSampled = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tailer_slot_sample_timestamp_seconds", Help: "When the slot was last sampled successfully (Unix time).",
+	})
+	m.slotLost = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tailer_slot_invalidated", Help: "1 when the slot is lost (wal_status lost): WAL it needed was removed and its tokens cannot be read.",
+	})
+	m.blocked = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tailer_blocked", Help: "1 while the tailer waits for the operator, by reason: resync (tailer resync is the way out), schema (a table or column it reads changed), publication (it does not carry token inserts).",
+	}, []string{"reason"})
+	m.slotHeld = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tailer_slot_held", Help: "1 while this instance streams from the slot, 0 while it stands by or reconnects.",
+	})
+	m.ready = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tailer_ready", Help: "1 when /readyz answers ready.",
+	})
+	m.reconnects = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tailer_reconnects_total", Help: "Reconnects by target (postgres, nats): sessions restarted after a failure, and NATS client reconnects.",
+	}, []string{"target"})
 }
 
 // Handler serves the metrics.
