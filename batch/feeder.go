@@ -201,7 +201,7 @@ func (f *Feeder) Wait(ctx context.Context, until time.Time) (bool, error) {
 		if !f.dec.PartlyHandedOver() {
 			return true, nil
 		}
-		if _, err := f.dec.Resume((*decoderSink)(f)); err != nil {
+		if _, err := f.dec.Continue((*decoderSink)(f)); err != nil {
 			return false, err
 		}
 	}

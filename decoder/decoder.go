@@ -12,9 +12,9 @@ import (
 	"github.com/mailroom/tailer/publish/token"
 )
 
-// Sink receives what the decoder finds, in commit order. The decoder calls
+// Output receives what the decoder finds, in commit order. The decoder calls
 // it synchronously; a *Token is only valid for the duration of the call.
-type Sink interface {
+type Output interface {
 	// Token is called for every well-formed insert into the tokens table.
 	Token(t *Token)
 	// BadRow is called for an insert into the tokens table that cannot be
@@ -61,14 +61,14 @@ type Decoder struct {
 	// (os.TempDir() when empty).
 	SpillDir string
 	// HandoverChunk, when positive, is the most rows of a committed
-	// streamed transaction that one call hands to the Sink; the caller
-	// continues with Resume. Zero hands the whole transaction over at once.
+	// streamed transaction that one call hands to the Output; the caller
+	// continues with Continue. Zero hands the whole transaction over at once.
 	HandoverChunk int
 	handing       *handover
 	// memRows is memRows but for tests, which spill sooner.
 	memRows int
 
-	// tok is the scratch row handed to the Sink; reusing it keeps the
+	// tok is the scratch row handed to the Output; reusing it keeps the
 	// interface call from moving every row to the heap.
 	tok Token
 }
@@ -124,14 +124,14 @@ func (e *ActionError) Error() string {
 }
 
 // Decode handles one pgoutput message (the payload of an XLogData message).
-func (d *Decoder) Decode(msg []byte, sink Sink) error {
+func (d *Decoder) Decode(msg []byte, sink Output) error {
 	if len(msg) == 0 {
 		return fmt.Errorf("%w: empty message", ErrProtocol)
 	}
 	// A transaction still being handed over comes first: rows must reach
 	// the sink in commit order.
 	for d.handing != nil {
-		if _, err := d.Resume(sink); err != nil {
+		if _, err := d.Continue(sink); err != nil {
 			return err
 		}
 	}
@@ -169,13 +169,13 @@ func (d *Decoder) Decode(msg []byte, sink Sink) error {
 func (d *Decoder) Pending() int { return len(d.streams) }
 
 // PartlyHandedOver reports whether a committed streamed transaction is
-// only partly handed over (see HandoverChunk); call Resume to go on.
+// only partly handed over (see HandoverChunk); call Continue to go on.
 func (d *Decoder) PartlyHandedOver() bool { return d.handing != nil }
 
-// Resume hands the next HandoverChunk rows of a committed streamed
+// Continue hands the next HandoverChunk rows of a committed streamed
 // transaction to sink, and its commit after the last row. It reports whether
 // the transaction is now fully handed over.
-func (d *Decoder) Resume(sink Sink) (bool, error) {
+func (d *Decoder) Continue(sink Output) (bool, error) {
 	if d.handing == nil {
 		return true, nil
 	}
@@ -221,7 +221,7 @@ func (d *Decoder) begin(r *reader) error {
 	return nil
 }
 
-func (d *Decoder) commit(r *reader, sink Sink) error {
+func (d *Decoder) commit(r *reader, sink Output) error {
 	r.u8() // flags
 	commitLSN := r.u64()
 	endLSN := r.u64()
@@ -254,7 +254,7 @@ func (d *Decoder) streamStart(r *reader) error {
 	return nil
 }
 
-func (d *Decoder) streamCommit(r *reader, sink Sink) error {
+func (d *Decoder) streamCommit(r *reader, sink Output) error {
 	xid := r.u32()
 	r.u8() // flags
 	commitLSN := pglogrepl.LSN(r.u64())
@@ -277,7 +277,7 @@ func (d *Decoder) streamCommit(r *reader, sink Sink) error {
 		return err
 	}
 	d.handing = h
-	_, err := d.Resume(sink)
+	_, err := d.Continue(sink)
 	return err
 }
 
@@ -353,7 +353,7 @@ func (d *Decoder) relation(r *reader) error {
 	return nil
 }
 
-func (d *Decoder) insert(r *reader, sink Sink) error {
+func (d *Decoder) insert(r *reader, sink Output) error {
 	var xid uint32
 	if d.inStream {
 		xid = r.u32()

@@ -16,7 +16,7 @@ import (
 	"github.com/mailroom/tailer/publish/token"
 )
 
-// recorder is a Sink that keeps everything it is given.
+// recorder is an Output that keeps everything it is given.
 type recorder struct {
 	tokens  []Token
 	bad     []badRow
@@ -425,7 +425,7 @@ func TestDecodeStreamedSpillsToDisk(t *testing.T) {
 				if len(rec.commits) != 0 {
 					t.Fatal("commit before the last row was handed over")
 				}
-				if _, err := d.Resume(rec); err != nil {
+				if _, err := d.Continue(rec); err != nil {
 					t.Fatal(err)
 				}
 			}

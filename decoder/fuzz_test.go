@@ -64,7 +64,7 @@ func FuzzDecode(f *testing.F) {
 		for _, m := range fuzzMessages(data) {
 			err := d.Decode(m, rec)
 			for err == nil && d.PartlyHandedOver() {
-				_, err = d.Resume(rec)
+				_, err = d.Continue(rec)
 			}
 			if err != nil {
 				var rel *RelationError

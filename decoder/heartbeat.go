@@ -32,7 +32,7 @@ func parseHeartbeat(content []byte) (time.Time, bool) {
 // TraceparentPrefix) mean something to it: other prefixes, a heartbeat
 // whose content is not a time and a traceparent that is not one are
 // passed over, as a row of an unpublished table would be.
-func (d *Decoder) message(r *reader, sink Sink) error {
+func (d *Decoder) message(r *reader, sink Output) error {
 	var xid uint32
 	if d.inStream {
 		xid = r.u32()

@@ -188,7 +188,7 @@ func (h *handover) start() error {
 
 // step hands at most max rows to sink, and the commit after the last one.
 // It reports whether the transaction is fully handed over.
-func (h *handover) step(sink Sink, max int) (bool, error) {
+func (h *handover) step(sink Output, max int) (bool, error) {
 	for n := 0; n < max; n++ {
 		var row *streamedRow
 		switch {

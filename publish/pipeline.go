@@ -19,9 +19,9 @@ import (
 	"github.com/mailroom/tailer/publish/wire"
 )
 
-// Joiner fills in each token's current state, for several batches at once;
-// see join.Joiner.
-type Joiner interface {
+// StateJoiner fills in each token's current state, for several batches at
+// once; join.Joiner is the one the tailer runs.
+type StateJoiner interface {
 	JoinMany(ctx context.Context, tokens [][]decoder.Token, rows [][]join.TokenState) error
 }
 
@@ -51,7 +51,7 @@ type Observer interface {
 // still goes out alone, at once.
 type Pipeline struct {
 	Publisher *Publisher
-	Joiner    Joiner
+	Joiner    StateJoiner
 	Encoder   *Encoder
 	Format    wire.Format
 	// MaxInFlight bounds the messages published but not yet acknowledged.

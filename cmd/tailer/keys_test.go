@@ -127,7 +127,7 @@ func TestKeyRotation(t *testing.T) {
 
 	// tailer verify with the last ring: a token of c is valid and named, one
 	// of a is not.
-	var ofA, ofC consume.Token
+	var ofA, ofC consume.SignedToken
 	for _, m := range c.messages() {
 		b, _ := consume.Decode(m.Header, m.Data)
 		for _, tok := range b.Tokens {

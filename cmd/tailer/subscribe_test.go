@@ -66,9 +66,9 @@ func awaitOutput(t *testing.T, out string, want map[int64]string) {
 
 // waitOutput waits until the file out holds at least n tokens, and returns
 // them; it fails when no token has been added for 30 s.
-func waitOutput(t *testing.T, out string, n int) []consume.Token {
+func waitOutput(t *testing.T, out string, n int) []consume.SignedToken {
 	t.Helper()
-	var got []consume.Token
+	var got []consume.SignedToken
 	tailertest.EventuallyProgressing(t, 30*time.Second, func() (int, error) {
 		if got, _ = outputTokens(t, out); len(got) < n {
 			return len(got), fmt.Errorf("%d tokens written, want %d", len(got), n)
@@ -118,7 +118,7 @@ func (c *cluster) firstMessage() *jetstream.RawStreamMsg {
 }
 
 // outputTokens reads the lines a subscriber wrote, in order.
-func outputTokens(t *testing.T, path string) (tokens []consume.Token, lines [][]consume.Token) {
+func outputTokens(t *testing.T, path string) (tokens []consume.SignedToken, lines [][]consume.SignedToken) {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -207,7 +207,7 @@ func TestSubscribeSurvivesKills(t *testing.T) {
 			}
 			p := c.subscriber(out, tc.args...)
 			p.waitLog("consuming", 1, 10*time.Second)
-			var got []consume.Token
+			var got []consume.SignedToken
 			seen := map[string]int{}
 			tailertest.EventuallyProgressing(t, 30*time.Second, func() (int, error) {
 				got, _ = outputTokens(t, out)
@@ -522,7 +522,7 @@ func TestDedupSurvivesReusedIDs(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "lines")
 	p := c.subscriber(out, "--durable", "sender", "--from-start", "--dedup-window", "1000")
 	p.waitLog("consuming", 1, 10*time.Second)
-	waitTokens := func(n int) []consume.Token {
+	waitTokens := func(n int) []consume.SignedToken {
 		t.Helper()
 		return waitOutput(t, out, n)
 	}

@@ -8,6 +8,7 @@ import (
 	"go/token"
 	"io/fs"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -58,5 +59,39 @@ func TestFunctionsFitOnAScreen(t *testing.T) {
 				t.Errorf("%s: %s is %d lines, more than %d", path, fn.Name.Name, n, maxFuncLines)
 			}
 		}
+	}
+}
+
+// dataPath are the packages a token goes through, WAL to reader.
+var dataPath = []string{"replication", "decoder", "batch", "publish", "publish/join", "publish/token", "publish/wire", "publish/consume", "publish/consume/inbox"}
+
+// No exported type name means two things on the data path.
+func TestTypeNamesMeanOneThing(t *testing.T) {
+	_, files := goFiles(t)
+	where := map[string]string{}
+	for path, f := range files {
+		dir := filepath.ToSlash(filepath.Dir(path))
+		if !slices.Contains(dataPath, dir) {
+			continue
+		}
+		for _, d := range f.Decls {
+			g, ok := d.(*ast.GenDecl)
+			if !ok || g.Tok != token.TYPE {
+				continue
+			}
+			for _, s := range g.Specs {
+				name := s.(*ast.TypeSpec).Name.Name
+				if !ast.IsExported(name) {
+					continue
+				}
+				if other, ok := where[name]; ok && other != dir {
+					t.Errorf("type %s is declared in %s and in %s", name, other, dir)
+				}
+				where[name] = dir
+			}
+		}
+	}
+	if len(where) == 0 {
+		t.Fatal("no type found on the data path")
 	}
 }

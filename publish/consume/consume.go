@@ -14,8 +14,9 @@ import (
 	"github.com/mailroom/tailer/publish/wire"
 )
 
-// Token is one token of a batch.
-type Token struct {
+// SignedToken is one token of a batch as a reader gets it: signed, with
+// the account it is mailed to.
+type SignedToken struct {
 	ID int64 `json:"id"`
 	// Action is the token's action label (token.Actions).
 	Action string `json:"action"`
@@ -34,22 +35,22 @@ type Token struct {
 	Traceparent string `json:"traceparent,omitempty"`
 }
 
-// Batch is a decoded message: one batch, or several consecutive batches
+// Decoded is a message as a reader gets it: one batch, or several consecutive batches
 // the tailer committed together.
-type Batch struct {
+type Decoded struct {
 	ID string
 	// KeyID names the key that signed the tokens (Mailroom-Key-Id; the
 	// json body's key_id); empty from tailers before keyrings.
 	KeyID  string
-	Tokens []Token
+	Tokens []SignedToken
 	// Sizes is the number of tokens of each batch, in order; they add up
 	// to len(Tokens). Each batch is a line of its own for the mail sender.
 	Sizes []int
 }
 
 // Lines returns the tokens of each batch.
-func (b *Batch) Lines() [][]Token {
-	lines := make([][]Token, 0, len(b.Sizes))
+func (b *Decoded) Lines() [][]SignedToken {
+	lines := make([][]SignedToken, 0, len(b.Sizes))
 	at := 0
 	for _, n := range b.Sizes {
 		lines = append(lines, b.Tokens[at:at+n])
@@ -61,8 +62,8 @@ func (b *Batch) Lines() [][]Token {
 // Only returns the batch with the tokens of action (a label of
 // token.Actions) alone, each batch (line) keeping its place; lines left
 // without a token are dropped.
-func (b *Batch) Only(action string) *Batch {
-	out := &Batch{ID: b.ID, KeyID: b.KeyID}
+func (b *Decoded) Only(action string) *Decoded {
+	out := &Decoded{ID: b.ID, KeyID: b.KeyID}
 	for _, line := range b.Lines() {
 		n := 0
 		for _, t := range line {
@@ -97,15 +98,15 @@ func fieldErr(field string, format string, args ...any) error {
 // token ids from Mailroom-Token-Ids. The batches' sizes come from
 // Mailroom-Batch-Sizes, which a line body's lines and a json body's
 // batch_sizes must agree with; a message without them is one batch.
-func Decode(h nats.Header, body []byte) (*Batch, error) {
+func Decode(h nats.Header, body []byte) (*Decoded, error) {
 	if wire.IsMarker(h) {
-		return &Batch{}, nil
+		return &Decoded{}, nil
 	}
 	format := h.Get(wire.HeaderFormat)
 	if format == "" {
 		format = "line"
 	}
-	var b *Batch
+	var b *Decoded
 	var err error
 	switch format {
 	case "line":
@@ -147,7 +148,7 @@ func Decode(h nats.Header, body []byte) (*Batch, error) {
 // a traceparent, an index past the tokens) are passed over: tracing is
 // never a reason to refuse a batch, and no token gets a trace it may not
 // have had.
-func (b *Batch) fillTraces(h nats.Header) {
+func (b *Decoded) fillTraces(h nats.Header) {
 	for i := range b.Tokens {
 		b.Tokens[i].Traceparent = ""
 	}
@@ -175,7 +176,7 @@ func (b *Batch) fillTraces(h nats.Header) {
 
 // checkSizes sets b.Sizes from the header when the body did not give them,
 // and checks that header and body agree and add up to the tokens.
-func (b *Batch) checkSizes(header string) error {
+func (b *Decoded) checkSizes(header string) error {
 	if header != "" {
 		var sizes []int
 		for _, f := range strings.Split(header, ",") {
@@ -205,7 +206,7 @@ func (b *Batch) checkSizes(header string) error {
 
 // fillKeys derives each token's Key from its token, and checks it against
 // the header (or the json "key") when the batch carries one.
-func (b *Batch) fillKeys(header string) error {
+func (b *Decoded) fillKeys(header string) error {
 	var keys []string
 	if header != "" {
 		if keys = strings.Split(header, ","); len(keys) != len(b.Tokens) {
@@ -229,12 +230,12 @@ func (b *Batch) fillKeys(header string) error {
 	return nil
 }
 
-func decodeLine(idsHeader, body string) (*Batch, error) {
+func decodeLine(idsHeader, body string) (*Decoded, error) {
 	if body == "" {
 		return nil, fieldErr("body", "empty")
 	}
 	lines := strings.Split(body, "\n")
-	b := &Batch{Sizes: make([]int, len(lines))}
+	b := &Decoded{Sizes: make([]int, len(lines))}
 	var fields []string
 	for i, line := range lines {
 		f := strings.Split(line, ",")
@@ -252,7 +253,7 @@ func decodeLine(idsHeader, body string) (*Batch, error) {
 	if len(ids) != n {
 		return nil, fieldErr(wire.HeaderTokenIDs, "%d ids for %d tokens", len(ids), n)
 	}
-	b.Tokens = make([]Token, n)
+	b.Tokens = make([]SignedToken, n)
 	for i := range b.Tokens {
 		f := fields[5*i : 5*i+5]
 		t := &b.Tokens[i]
@@ -274,7 +275,7 @@ func decodeLine(idsHeader, body string) (*Batch, error) {
 	return b, nil
 }
 
-func decodeJSON(body []byte) (*Batch, error) {
+func decodeJSON(body []byte) (*Decoded, error) {
 	var doc struct {
 		Batch  *string `json:"batch"`
 		KeyID  string  `json:"key_id"`
@@ -299,7 +300,7 @@ func decodeJSON(body []byte) (*Batch, error) {
 	if len(doc.Tokens) == 0 {
 		return nil, fieldErr("tokens", "missing or empty")
 	}
-	b := &Batch{ID: *doc.Batch, KeyID: doc.KeyID, Tokens: make([]Token, len(doc.Tokens)), Sizes: doc.Sizes}
+	b := &Decoded{ID: *doc.Batch, KeyID: doc.KeyID, Tokens: make([]SignedToken, len(doc.Tokens)), Sizes: doc.Sizes}
 	for _, n := range doc.Sizes {
 		if n <= 0 {
 			return nil, fieldErr("batch_sizes", "%v holds a size that is not positive", doc.Sizes)
@@ -309,7 +310,7 @@ func decodeJSON(body []byte) (*Batch, error) {
 		if jt.ID == nil {
 			return nil, fieldErr(fmt.Sprintf("token %d id", i), "missing")
 		}
-		t := Token{ID: *jt.ID, Action: jt.Action, Email: jt.Email, Login: jt.Login, Token: jt.Token, Key: jt.Key, ExpiresAt: jt.ExpiresAt}
+		t := SignedToken{ID: *jt.ID, Action: jt.Action, Email: jt.Email, Login: jt.Login, Token: jt.Token, Key: jt.Key, ExpiresAt: jt.ExpiresAt}
 		if jt.Code != nil {
 			t.Code = *jt.Code
 		}
@@ -324,7 +325,7 @@ func decodeJSON(body []byte) (*Batch, error) {
 	return b, nil
 }
 
-func (t *Token) validate(i int) error {
+func (t *SignedToken) validate(i int) error {
 	switch {
 	case t.Email == "":
 		return fieldErr(fmt.Sprintf("token %d email", i), "empty")
@@ -346,7 +347,7 @@ func (t *Token) validate(i int) error {
 // AppendLine appends the mailroom collector's line for tokens (without a
 // newline): action,email,login,token,code per token, comma-joined. Leave out
 // tokens whose email or login is not wire.LineSafe.
-func AppendLine(dst []byte, tokens []Token) []byte {
+func AppendLine(dst []byte, tokens []SignedToken) []byte {
 	for i, t := range tokens {
 		if i > 0 {
 			dst = append(dst, ',')
@@ -367,10 +368,10 @@ func AppendLine(dst []byte, tokens []Token) []byte {
 }
 
 // AppendJSON appends a json batch body holding tokens.
-func AppendJSON(dst []byte, id string, tokens []Token) ([]byte, error) {
+func AppendJSON(dst []byte, id string, tokens []SignedToken) ([]byte, error) {
 	out, err := json.Marshal(struct {
-		Batch  string  `json:"batch"`
-		Tokens []Token `json:"tokens"`
+		Batch  string        `json:"batch"`
+		Tokens []SignedToken `json:"tokens"`
 	}{id, tokens})
 	if err != nil {
 		return dst, err
@@ -425,19 +426,19 @@ var ErrNotMailroom = errors.New("not a mailroom line")
 
 // DecodeLine parses a collector line (as written by tailer subscribe) into
 // tokens without ids; it lets a consumer reread its own output.
-func DecodeLine(line string) ([]Token, error) {
+func DecodeLine(line string) ([]SignedToken, error) {
 	fields := strings.Split(line, ",")
 	if line == "" || len(fields)%5 != 0 {
 		return nil, ErrNotMailroom
 	}
-	tokens := make([]Token, len(fields)/5)
+	tokens := make([]SignedToken, len(fields)/5)
 	for i := range tokens {
 		f := fields[5*i : 5*i+5]
 		a, ok := token.ParseActionNumber(f[0])
 		if !ok {
 			return nil, ErrNotMailroom
 		}
-		tokens[i] = Token{Action: a.String(), Email: f[1], Login: f[2], Token: f[3], Code: f[4]}
+		tokens[i] = SignedToken{Action: a.String(), Email: f[1], Login: f[2], Token: f[3], Code: f[4]}
 	}
 	return tokens, nil
 }

@@ -126,7 +126,7 @@ func (d *DeadLetters) Put(ctx context.Context, dl DeadLetter) error {
 
 // batchMessage is the header and body of one batch of b as a message of
 // its own, in the json format.
-func batchMessage(b *Batch, line int) (nats.Header, []byte, error) {
+func batchMessage(b *Decoded, line int) (nats.Header, []byte, error) {
 	tokens := b.Lines()[line]
 	body, err := AppendJSON(nil, b.ID, tokens)
 	if err != nil {

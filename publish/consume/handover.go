@@ -124,7 +124,7 @@ func (s *Subscriber) noteDelivery(ctx context.Context, msg jetstream.Msg, meta *
 // units are the batches of b the reader is to get, and those to set aside
 // as dead letters, each counted pending in h; a batch done before, or
 // with nothing left for this reader, is not. Called with s.mu held.
-func (s *Subscriber) units(h *held, b *Batch) (units []*unit, dead []int) {
+func (s *Subscriber) units(h *held, b *Decoded) (units []*unit, dead []int) {
 	rec := h.rec
 	for i, line := range b.Lines() {
 		if rec.Done.Has(i) {
@@ -190,8 +190,8 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 // render makes the lines of batch i of a message; nil when none is left
 // for the reader (other actions, dropped by the dedup window or unsafe).
 // Called with s.mu held.
-func (s *Subscriber) render(h *held, i int, id string, tokens []Token, seq uint64) *unit {
-	keep := make([]Token, 0, len(tokens))
+func (s *Subscriber) render(h *held, i int, id string, tokens []SignedToken, seq uint64) *unit {
+	keep := make([]SignedToken, 0, len(tokens))
 	for _, t := range tokens {
 		if s.Action != "" && t.Action != s.Action {
 			continue
@@ -524,7 +524,7 @@ func (s *Subscriber) unreadable(ctx context.Context, msg jetstream.Msg, seq uint
 }
 
 // deadLetter sets batch i of h aside and marks it done.
-func (s *Subscriber) deadLetter(ctx context.Context, h *held, b *Batch, i int) error {
+func (s *Subscriber) deadLetter(ctx context.Context, h *held, b *Decoded, i int) error {
 	hdr, body, err := batchMessage(b, i)
 	if err != nil {
 		return fmt.Errorf("dead letter of seq %d batch %d: %w", h.seq, i, err)

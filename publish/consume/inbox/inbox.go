@@ -32,7 +32,7 @@ type Meta struct {
 // where a durable consumer got to: the last message it stored a token of;
 // ok is false when it stored none.
 type Sink interface {
-	Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Batch) (added int, err error)
+	Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Decoded) (added int, err error)
 	Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (at Stored, ok bool, err error)
 }
 
@@ -53,7 +53,7 @@ func (at Stored) holds(m *jetstream.RawStreamMsg) bool {
 type Inbox struct{}
 
 // Store inserts b's tokens, those already there (by token key) left alone.
-func (Inbox) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Batch) (int, error) {
+func (Inbox) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Decoded) (int, error) {
 	n := len(b.Tokens)
 	var (
 		keys, actions, emails, logins, toks, codes = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -392,7 +392,7 @@ const (
 // a transaction of its own. The message is acknowledged only once every
 // part committed; a crash between parts leaves some stored, and storing
 // the message again adds the rest.
-func (c *Consumer) store(ctx context.Context, m Meta, b *consume.Batch) (int, error) {
+func (c *Consumer) store(ctx context.Context, m Meta, b *consume.Decoded) (int, error) {
 	parts := split(b, partTokens)
 	if len(parts) == 1 {
 		return c.storePart(ctx, m, b)
@@ -423,7 +423,7 @@ func (c *Consumer) store(ctx context.Context, m Meta, b *consume.Batch) (int, er
 }
 
 // storePart runs Sink.Store in a transaction of its own and commits it.
-func (c *Consumer) storePart(ctx context.Context, m Meta, b *consume.Batch) (int, error) {
+func (c *Consumer) storePart(ctx context.Context, m Meta, b *consume.Decoded) (int, error) {
 	var added int
 	err := pgx.BeginFunc(ctx, c.Pool, func(tx pgx.Tx) error {
 		var err error
@@ -436,11 +436,11 @@ func (c *Consumer) storePart(ctx context.Context, m Meta, b *consume.Batch) (int
 // split cuts b at batch (line) boundaries into parts of about n tokens.
 // Each part keeps the lines before it as empty ones, so that Lines gives
 // every token the line number it has in b.
-func split(b *consume.Batch, n int) []*consume.Batch {
+func split(b *consume.Decoded, n int) []*consume.Decoded {
 	if len(b.Tokens) <= n {
-		return []*consume.Batch{b}
+		return []*consume.Decoded{b}
 	}
-	var parts []*consume.Batch
+	var parts []*consume.Decoded
 	from, at, size := 0, 0, 0
 	for i, k := range b.Sizes {
 		size += k
@@ -450,7 +450,7 @@ func split(b *consume.Batch, n int) []*consume.Batch {
 		if size > 0 {
 			sizes := make([]int, i+1)
 			copy(sizes[from:], b.Sizes[from:i+1])
-			parts = append(parts, &consume.Batch{ID: b.ID, KeyID: b.KeyID, Tokens: b.Tokens[at : at+size], Sizes: sizes})
+			parts = append(parts, &consume.Decoded{ID: b.ID, KeyID: b.KeyID, Tokens: b.Tokens[at : at+size], Sizes: sizes})
 		}
 		from, at, size = i+1, at+size, 0
 	}

@@ -21,10 +21,10 @@ const testTrace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 // testBatch is a message of two lines holding tokens first..first+n-1,
 // every third traced.
-func testBatch(first, n int) *consume.Batch {
-	b := &consume.Batch{ID: fmt.Sprintf("0/%X:0-0/%X:9", first, first), KeyID: "k1"}
+func testBatch(first, n int) *consume.Decoded {
+	b := &consume.Decoded{ID: fmt.Sprintf("0/%X:0-0/%X:9", first, first), KeyID: "k1"}
 	for i := first; i < first+n; i++ {
-		b.Tokens = append(b.Tokens, consume.Token{ID: int64(i), Action: "activation", Email: fmt.Sprintf("u%d@x", i), Login: fmt.Sprintf("u%d", i),
+		b.Tokens = append(b.Tokens, consume.SignedToken{ID: int64(i), Action: "activation", Email: fmt.Sprintf("u%d@x", i), Login: fmt.Sprintf("u%d", i),
 			Token: fmt.Sprintf("tok%d", i), Key: fmt.Sprintf("key%d", i)})
 		if i%3 == 0 {
 			b.Tokens[len(b.Tokens)-1].Traceparent = testTrace
@@ -68,7 +68,7 @@ func TestStoreOnce(t *testing.T) {
 		{"river", jobs, `SELECT count(*), count(DISTINCT args->>'token_key') FROM river_job WHERE kind = 'mailroom_token'`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			store := func(b *consume.Batch, seq uint64) int {
+			store := func(b *consume.Decoded, seq uint64) int {
 				t.Helper()
 				var added int
 				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

@@ -84,7 +84,7 @@ func (j *Jobs) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable
 // already there, which COPY cannot do (a unique conflict fails it whole).
 // A message whose tokens are there in part or in full (delivered again)
 // is rolled back to the savepoint and takes that insert.
-func (j *Jobs) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Batch) (int, error) {
+func (j *Jobs) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Decoded) (int, error) {
 	params := make([]river.InsertManyParams, 0, len(b.Tokens))
 	for line, batch := range b.Lines() {
 		for _, t := range batch {

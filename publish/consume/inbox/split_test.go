@@ -25,7 +25,7 @@ func TestSplit(t *testing.T) {
 		{[]int{1, 1, 1, 1, 1, 1, 1}, 3, 3},
 	} {
 		t.Run(fmt.Sprint(tc.sizes, tc.n), func(t *testing.T) {
-			b := &consume.Batch{ID: "b", KeyID: "k", Sizes: tc.sizes}
+			b := &consume.Decoded{ID: "b", KeyID: "k", Sizes: tc.sizes}
 			type place struct {
 				key  string
 				line int
@@ -34,7 +34,7 @@ func TestSplit(t *testing.T) {
 			for line, k := range tc.sizes {
 				for j := range k {
 					key := fmt.Sprintf("%d.%d", line, j)
-					b.Tokens = append(b.Tokens, consume.Token{Key: key})
+					b.Tokens = append(b.Tokens, consume.SignedToken{Key: key})
 					want = append(want, place{key, line})
 				}
 			}
