@@ -72,6 +72,7 @@ type groupRun struct {
 }
 
 func (g *groupRun) BatchPublished(*batch.Batch, int, time.Duration) {}
+func (g *groupRun) BatchDone(*batch.Batch)                          {}
 func (g *groupRun) TokensSkipped(join.Skip, int)                    {}
 func (g *groupRun) MessagePublished(batches, _ int, _ time.Duration) {
 	g.mu.Lock()

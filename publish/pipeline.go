@@ -37,6 +37,9 @@ type Observer interface {
 	MessagePublished(batches, tokens int, latency time.Duration)
 	// TokensSkipped counts tokens not published, by reason.
 	TokensSkipped(reason join.Skip, n int)
+	// BatchDone is called for every batch whose tokens are all published
+	// or skipped, just before Done.
+	BatchDone(b *batch.Batch)
 }
 
 // Pipeline turns cut batches into published messages: it joins accounts,
@@ -65,7 +68,8 @@ type Pipeline struct {
 	// split, each message naming the positions it covers. 0: no limit.
 	MaxBytes int
 	// Done is called, in order within each lane, for every batch whose
-	// tokens are all published or skipped.
+	// tokens are all published or skipped: batch.Feeder.MarkDone, which
+	// moves the slot's confirmed position past it.
 	Done     func(*batch.Batch)
 	Observer Observer
 	Log      *slog.Logger
@@ -479,8 +483,11 @@ func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, inFlight
 		}
 		inFlightSlots <- struct{}{}
 		for _, r := range it.done {
-			if p.Observer != nil && r.published > 0 {
-				p.Observer.BatchPublished(r.b, r.published, time.Since(r.since))
+			if p.Observer != nil {
+				if r.published > 0 {
+					p.Observer.BatchPublished(r.b, r.published, time.Since(r.since))
+				}
+				p.Observer.BatchDone(r.b)
 			}
 			// Once done, the batch may be recycled: nothing reads it after.
 			p.Done(r.b)

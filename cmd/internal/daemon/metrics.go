@@ -195,7 +195,8 @@ func (m *Metrics) TokensSkipped(reason join.Skip, n int) {
 	m.skipped.WithLabelValues(reason.String()).Add(float64(n))
 }
 
-func (m *Metrics) done(b *batch.Batch)          { m.lastDone.Set(float64(b.Last().Commit)) }
+// BatchDone implements publish.Observer.
+func (m *Metrics) BatchDone(b *batch.Batch)     { m.lastDone.Set(float64(b.Last().Commit)) }
 func (m *Metrics) statusSent(lsn pglogrepl.LSN) { m.confirmed.Set(float64(lsn)) }
 func (m *Metrics) reconnect(target string)      { m.reconnects.WithLabelValues(target).Inc() }
 func (m *Metrics) setHeld(held bool)            { m.slotHeld.Set(b2f(held)) }

@@ -375,13 +375,10 @@ func (d *Daemon) pipeline(ctx context.Context, s *opened, c *claimed, drained ch
 		MaxInFlight: c.inFlight,
 		MaxBatches:  cfg.MaxBatches,
 		MaxBytes:    int(s.nc.MaxPayload()),
-		Done: func(b *batch.Batch) {
-			d.metrics.done(b)
-			feeder.MarkDone(b)
-		},
-		Observer: d.metrics,
-		Log:      d.log,
-		Tracer:   d.Tracer,
+		Done:        feeder.MarkDone,
+		Observer:    d.metrics,
+		Log:         d.log,
+		Tracer:      d.Tracer,
 	}, nil
 }
 
