@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/internal/embedded"
+	"github.com/mailroom/tailer/internal/pgserver"
 	"github.com/mailroom/tailer/migrations"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
@@ -30,7 +31,11 @@ import (
 type Live struct {
 	// Client is tailer, or discard-client: a bare client of the slot,
 	// the floor (its latencies end at the insert's arrival).
-	Client          string  `json:"client"`
+	Client string `json:"client"`
+	// NATS is where the tailer's server ran: embedded (in the tailer's
+	// process, as deployed) or bench (in the bench's, beside the writers
+	// and the reader).
+	NATS            string  `json:"nats,omitempty"`
 	TargetPerSecond int     `json:"target_tokens_per_second"`
 	BatchLimit      int     `json:"batch_limit"`
 	WarmupTokens    int     `json:"warmup_tokens_not_counted"`
@@ -92,6 +97,9 @@ func liveLatency(ctx context.Context, o options, url string, discard bool) (*Liv
 		return nil, err
 	}
 	live.TargetPerSecond, live.BatchLimit, live.WarmupTokens = o.liveRate, o.liveLimit, warm
+	if !discard {
+		live.NATS = o.liveNATS
+	}
 	live.AchievedPerSec, live.StealPct, live.Load = float64(total)/writeSecs, stealPct, loaded
 	return live, nil
 }
@@ -166,23 +174,11 @@ func liveReceiver(ctx context.Context, o options, url, slot string, discard bool
 			stops[i]()
 		}
 	}
-	srv, err := embedded.Start(filepath.Join(o.dir, "nats-"+slot), "127.0.0.1:0", embedded.SyncInterval(o.natsSync))
+	t, nc, stopTailer, err := liveTailer(o, url, slot)
 	if err != nil {
 		return nil, 0, nil, err
 	}
-	stops = append(stops, srv.Shutdown)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		stopAll()
-		return nil, 0, nil, err
-	}
-	stops = append(stops, nc.Close)
-	t, err := startTailer(o, url, srv.ClientURL(), slot, "MAILROOM_BATCH_LIMIT="+strconv.Itoa(o.liveLimit), "MAILROOM_BATCH_TIMEOUT=1000")
-	if err != nil {
-		stopAll()
-		return nil, 0, nil, err
-	}
-	stops = append(stops, t.stop)
+	stops = append(stops, stopTailer)
 	cnt, stop, err := subscribe(ctx, nc, "MAILROOM", total, func(m jetstream.Msg) {
 		now := time.Now()
 		var at time.Time
@@ -202,6 +198,55 @@ func liveReceiver(ctx context.Context, o options, url, slot string, discard bool
 	}
 	stops = append(stops, stop)
 	return cnt, t.cmd.Process.Pid, stopAll, nil
+}
+
+// liveTailer starts the tailer of a live run and connects to the server it
+// publishes to: as deployed, its own embedded server in its process
+// (o.liveNATS "embedded"); or one in this process ("bench"), beside the
+// writers and the reader, as the runs before 2026-11-27 measured.
+func liveTailer(o options, url, slot string) (*child, *nats.Conn, func(), error) {
+	env := []string{"MAILROOM_BATCH_LIMIT=" + strconv.Itoa(o.liveLimit), "MAILROOM_BATCH_TIMEOUT=1000"}
+	var natsURL string
+	stopServer := func() {}
+	if o.liveNATS == "bench" {
+		srv, err := embedded.Start(filepath.Join(o.dir, "nats-"+slot), "127.0.0.1:0", embedded.SyncInterval(o.natsSync))
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		natsURL, stopServer = srv.ClientURL(), srv.Shutdown
+	} else {
+		port, err := pgserver.FreePort()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		env = append(env, fmt.Sprintf("MAILROOM_NATS_LISTEN=127.0.0.1:%d", port), "MAILROOM_DATA_DIR="+filepath.Join(o.dir, "data-"+slot))
+		if o.natsSync > 0 {
+			env = append(env, "MAILROOM_NATS_SYNC="+o.natsSync.String())
+		}
+		natsURL = fmt.Sprintf("nats://127.0.0.1:%d", port)
+	}
+	external := ""
+	if o.liveNATS == "bench" {
+		external = natsURL
+	}
+	t, err := startTailer(o, url, external, slot, env...)
+	if err != nil {
+		stopServer()
+		return nil, nil, nil, err
+	}
+	// The tailer's own server takes a moment to listen.
+	var nc *nats.Conn
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if nc, err = nats.Connect(natsURL); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.stop()
+			stopServer()
+			return nil, nil, nil, fmt.Errorf("NATS at %s: %w", natsURL, err)
+		}
+	}
+	return t, nc, func() { nc.Close(); t.stop(); stopServer() }, nil
 }
 
 // writeLive inserts total tokens, each in a transaction of its own, on

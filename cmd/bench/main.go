@@ -41,6 +41,7 @@ type options struct {
 	natsReplicas     int
 	subscribers      bool
 	restart          string
+	liveNATS         string
 }
 
 // Results is the JSON document.
@@ -109,6 +110,7 @@ func main() {
 	flag.IntVar(&o.liveSeconds, "live-seconds", 10, "length of the live run")
 	flag.IntVar(&o.liveWarmup, "live-warmup", 1, "seconds of the live run before latencies are counted")
 	flag.IntVar(&o.liveConns, "live-conns", 8, "writer connections in the live run")
+	flag.StringVar(&o.liveNATS, "live-nats", "embedded", "the live run's NATS server: embedded (the tailer's own, in its process, as deployed by default) or bench (one in this process, beside the writers and the reader)")
 	flag.IntVar(&o.liveLimit, "live-batch-limit", 1, "MAILROOM_BATCH_LIMIT in the live run (1: one message per token)")
 	flag.StringVar(&o.variants, "variants", "v1-text,v1-binary,v2-text,v2-binary", "pgoutput options to compare on the small backlog (proto-format)")
 	flag.StringVar(&o.tailer, "tailer", "", "tailer binary (default: build ./cmd/tailer)")
@@ -121,6 +123,10 @@ func main() {
 	flag.StringVar(&o.restart, "restart", "", "instead of the other runs: for each size (comma-separated, e.g. 1000000,5000000), one transaction of that many tokens, the tailer SIGKILLed at 70% and started again (peak RSS of both, exactly once)")
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the tailer during the first drain to this file")
 	flag.Parse()
+	if o.liveNATS != "embedded" && o.liveNATS != "bench" {
+		fmt.Fprintf(os.Stderr, "bench: -live-nats must be embedded or bench, got %q\n", o.liveNATS)
+		os.Exit(2)
+	}
 	if natsSync != "always" {
 		d, err := time.ParseDuration(natsSync)
 		if err != nil || d <= 0 {
@@ -298,8 +304,12 @@ func printSummary(r Results) {
 		fmt.Printf("live: %d tokens (after %d not counted) at %.0f/s (target %d/s), batch limit %d, NATS sync %s: commit to arrival p50 %.2f ms, p99 %.2f ms, max %.2f ms; commit to stored (PubAck) p50 %.2f ms, p99 %.2f ms; steal %.1f%%\n",
 			l.Tokens, l.WarmupTokens, l.AchievedPerSec, l.TargetPerSecond, l.BatchLimit, r.NATSSync, l.P50Millis, l.P99Millis, l.MaxMillis, l.StoredP50Millis, l.StoredP99Millis, l.StealPct)
 		ld := l.Load
-		fmt.Printf("      machine %.0f%% busy; CPU cores, run-queue wait s/s, timeslices/s: tailer %.2f, %.2f, %.0f; NATS+writers+subscriber %.2f, %.2f, %.0f; PostgreSQL %.2f, %.2f, %.0f\n",
-			ld.BusyPct, ld.Tailer.Cores, ld.Tailer.Wait, ld.Tailer.Slices, ld.Bench.Cores, ld.Bench.Wait, ld.Bench.Slices, ld.Postgres.Cores, ld.Postgres.Wait, ld.Postgres.Slices)
+		tailer, bench := "tailer and its NATS server", "writers+subscriber"
+		if l.NATS == "bench" {
+			tailer, bench = "tailer", "NATS+writers+subscriber"
+		}
+		fmt.Printf("      machine %.0f%% busy; CPU cores, run-queue wait s/s, timeslices/s: %s %.2f, %.2f, %.0f; %s %.2f, %.2f, %.0f; PostgreSQL %.2f, %.2f, %.0f\n",
+			ld.BusyPct, tailer, ld.Tailer.Cores, ld.Tailer.Wait, ld.Tailer.Slices, bench, ld.Bench.Cores, ld.Bench.Wait, ld.Bench.Slices, ld.Postgres.Cores, ld.Postgres.Wait, ld.Postgres.Slices)
 	}
 	t := r.Targets
 	fmt.Printf("targets: defaults over discard client %.3f (≥ 0.9); limit %d over discard client %.3f (≥ 0.9); tailer CPU over walsender's %.3f (≤ 0.35); R3 over R1 at the defaults %.3f (≥ 0.8); subscribe --into inbox over the default drain %.3f, river %.3f (≥ 0.5)\n",

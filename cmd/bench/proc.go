@@ -44,10 +44,14 @@ func startTailer(o options, url, natsURL, slot string, env ...string) (*child, e
 	cmd.Env = append(os.Environ(),
 		"MAILROOM_DATABASE_URL="+url,
 		"MAILROOM_SECRET_KEY="+key,
-		"MAILROOM_NATS_URL="+natsURL,
 		"MAILROOM_SLOT="+slot,
 		"MAILROOM_LOG_LEVEL="+logLevel(),
 	)
+	if natsURL != "" {
+		// Empty: the tailer runs its embedded server, as deployed by
+		// default (MAILROOM_NATS_LISTEN and MAILROOM_DATA_DIR in env).
+		cmd.Env = append(cmd.Env, "MAILROOM_NATS_URL="+natsURL)
+	}
 	cmd.Env = append(cmd.Env, env...)
 	if o.tailerEnv != "" {
 		cmd.Env = append(cmd.Env, strings.Split(o.tailerEnv, ",")...)
