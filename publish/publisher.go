@@ -54,6 +54,10 @@ func (s Destination) LaneSubjects() []string {
 
 const minMaxPayload = 8 << 10
 
+// apiTimeout bounds a JetStream API request of the session's that has no
+// deadline of its own (wire.GetMsg's is the same).
+const apiTimeout = wire.RequestTimeout
+
 // StreamConfigError is a stream (or server) the tailer cannot keep its
 // promise with: retrying does not change it, the operator must.
 type StreamConfigError struct {
@@ -233,9 +237,15 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Destination) (*Publish
 	if mp := nc.MaxPayload(); mp < minMaxPayload {
 		return nil, &StreamConfigError{cfg.Name, fmt.Errorf("NATS server's max_payload is %d bytes: at least %d are needed", mp, minMaxPayload)}
 	}
+	// A request the stream's leader does not answer within apiTimeout is
+	// one being elected or cut off: the session ends and the next asks
+	// again, of another server after two (issue 49: each try waited 5 s,
+	// and a session started as the leader was killed streamed 11 s after
+	// the node was back).
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(1024),
-		jetstream.WithPublishAsyncTimeout(cmp.Or(cfg.PubAckTimeout, 5*time.Second)))
+		jetstream.WithPublishAsyncTimeout(cmp.Or(cfg.PubAckTimeout, 5*time.Second)),
+		jetstream.WithDefaultTimeout(apiTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
@@ -244,7 +254,10 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Destination) (*Publish
 	}
 	stream, err := js.Stream(ctx, cfg.Name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		stream, err = js.CreateStream(ctx, jetstream.StreamConfig{
+		// Placing a replicated stream takes the cluster longer.
+		create, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		stream, err = js.CreateStream(create, jetstream.StreamConfig{
 			Name:        cfg.Name,
 			Description: "mailroom token batches published by tailer",
 			Subjects:    []string{cfg.Subject, cfg.Subject + ".>"},

@@ -132,6 +132,13 @@ func drainDefaults(ctx context.Context, o options, pg *pgserver.Server, url stri
 					res.Subscribers = append(res.Subscribers, sd)
 					printSubscriberDrain(sd)
 				}
+				// River's insert alone, the --into river ceiling.
+				sd, err := riverAlone(ctx, pg, o.tokens)
+				if err != nil {
+					return err
+				}
+				res.Subscribers = append(res.Subscribers, sd)
+				printSubscriberDrain(sd)
 				return nil
 			}
 		}

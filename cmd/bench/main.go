@@ -94,6 +94,9 @@ type Targets struct {
 	// drain rate of that stream over the default drain's rate.
 	InboxOverDefault float64 `json:"inbox_drain_over_default_drain"`
 	RiverOverDefault float64 `json:"river_drain_over_default_drain"`
+	// RiverOverAlone: --into river's drain rate over River's own insert
+	// of as many jobs alone (riverAlone).
+	RiverOverAlone float64 `json:"river_drain_over_river_alone"`
 }
 
 func main() {
@@ -312,8 +315,8 @@ func printSummary(r Results) {
 			ld.BusyPct, tailer, ld.Tailer.Cores, ld.Tailer.Wait, ld.Tailer.Slices, bench, ld.Bench.Cores, ld.Bench.Wait, ld.Bench.Slices, ld.Postgres.Cores, ld.Postgres.Wait, ld.Postgres.Slices)
 	}
 	t := r.Targets
-	fmt.Printf("targets: defaults over discard client %.3f (≥ 0.9); limit %d over discard client %.3f (≥ 0.9); tailer CPU over walsender's %.3f (≤ 0.35); R3 over R1 at the defaults %.3f (≥ 0.8); subscribe --into inbox over the default drain %.3f, river %.3f (≥ 0.5)\n",
-		t.DefaultOverDiscard, r.BatchLimit, t.LimitOverDiscard, t.CPUOverWalsender, t.R3OverR1, t.InboxOverDefault, t.RiverOverDefault)
+	fmt.Printf("targets: defaults over discard client %.3f (≥ 0.9); limit %d over discard client %.3f (≥ 0.9); tailer CPU over walsender's %.3f (≤ 0.35); R3 over R1 at the defaults %.3f (≥ 0.8); subscribe --into inbox over the default drain %.3f (≥ 0.8); --into river over River's insert alone %.3f (≥ 0.8)\n",
+		t.DefaultOverDiscard, r.BatchLimit, t.LimitOverDiscard, t.CPUOverWalsender, t.R3OverR1, t.InboxOverDefault, t.RiverOverAlone)
 }
 
 // targets computes the ratios from the drains of one run.
@@ -336,13 +339,14 @@ func targets(r Results, o options) Targets {
 	}
 	if def.TokensPerSecond > 0 {
 		t.R3OverR1 = r3.TokensPerSecond / def.TokensPerSecond
+		rates := map[string]float64{}
 		for _, s := range r.Subscribers {
-			switch s.Into {
-			case "inbox":
-				t.InboxOverDefault = s.TokensPerSecond / def.TokensPerSecond
-			case "river":
-				t.RiverOverDefault = s.TokensPerSecond / def.TokensPerSecond
-			}
+			rates[s.Into] = s.TokensPerSecond
+		}
+		t.InboxOverDefault = rates["inbox"] / def.TokensPerSecond
+		t.RiverOverDefault = rates["river"] / def.TokensPerSecond
+		if rates["river-alone"] > 0 {
+			t.RiverOverAlone = rates["river"] / rates["river-alone"]
 		}
 	}
 	return t

@@ -363,7 +363,7 @@ func (s *Subscriber) finish(ctx context.Context, hs ...*held) {
 		s.mu.Unlock()
 		// Every batch of it is done: acknowledged even when taken over.
 		s.saveNow(ctx, h.msg)
-		err := h.msg.DoubleAck(ctx)
+		err := s.ack(ctx, h.msg)
 		s.mu.Lock()
 		if i := slices.Index(s.held, h); i >= 0 {
 			s.held = slices.Delete(s.held, i, i+1)
@@ -385,12 +385,22 @@ func (s *Subscriber) finish(ctx context.Context, hs ...*held) {
 
 // ackMsg acknowledges a message that needs nothing from the reader.
 func (s *Subscriber) ackMsg(ctx context.Context, msg jetstream.Msg, seq uint64) {
-	if err := msg.DoubleAck(ctx); err != nil && ctx.Err() == nil && s.Log != nil {
+	if err := s.ack(ctx, msg); err != nil && ctx.Err() == nil && s.Log != nil {
 		s.Log.Warn("ack not confirmed; the message will be delivered again", "stream_seq", seq, "err", err)
 	}
 	s.mu.Lock()
 	s.stats.Acked++
 	s.mu.Unlock()
+}
+
+// ack acknowledges msg and waits progressTry at most for the server to
+// confirm it: a consumer's leader frozen or cut off does not answer, and
+// the message, whose batches the record says are done, comes again and is
+// acknowledged without a line, where waiting held up the next one.
+func (s *Subscriber) ack(ctx context.Context, msg jetstream.Msg) error {
+	try, cancel := context.WithTimeout(ctx, progressTry)
+	defer cancel()
+	return msg.DoubleAck(try)
 }
 
 // Outcome is how a reader ended, for Settle.
@@ -579,7 +589,7 @@ func (s *Subscriber) saveNow(ctx context.Context, msg jetstream.Msg) error {
 	// from the bucket is left as the loop would leave it.
 	var stranded Stranded
 	for {
-		try, cancel := context.WithTimeout(ctx, 2*time.Second)
+		try, cancel := context.WithTimeout(ctx, progressTry)
 		err := s.save(try)
 		cancel()
 		if err == nil || errors.Is(err, ErrTakenOver) || ctx.Err() != nil {
@@ -626,7 +636,7 @@ func (s *Subscriber) saver(ctx context.Context, cancel context.CancelCauseFunc) 
 		}
 		// A save under way completes as Run ends: one cut off may land
 		// unheard, and the next must find it this subscriber's.
-		saveCtx, cancelSave := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		saveCtx, cancelSave := context.WithTimeout(context.WithoutCancel(ctx), progressTry)
 		s.readFloor(saveCtx)
 		err := s.save(saveCtx)
 		cancelSave()

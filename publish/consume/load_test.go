@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -40,5 +41,34 @@ func TestLoadProgressRetries(t *testing.T) {
 	s = &Subscriber{Progress: bad}
 	if _, _, err := s.loadProgress(ctx, func() {}); !errors.Is(err, ErrUnreadableProgress) || bad.loads != 1 {
 		t.Fatalf("an unreadable record: %v after %d loads, want the error after one", err, bad.loads)
+	}
+}
+
+// unanswered is a record whose first read is never answered: a bucket's
+// leader frozen.
+type unanswered struct{ loads int }
+
+func (u *unanswered) Load(ctx context.Context) (Progress, uint64, error) {
+	if u.loads++; u.loads == 1 {
+		<-ctx.Done()
+		return Progress{}, 0, ctx.Err()
+	}
+	return Progress{Floor: 9}, 4, nil
+}
+
+func (u *unanswered) Save(context.Context, *Progress, uint64) (uint64, error) { return 0, nil }
+
+// A read of the record that goes unanswered is given up after a try's
+// time and asked again (issue 49: a read asked of a frozen leader waited
+// 10 s, and a pinned pair went 19-31 s without a line).
+func TestProgressReadAskedAgain(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	u := &unanswered{}
+	s := &Subscriber{Progress: u}
+	start := time.Now()
+	p, rev, err := s.loadProgress(ctx, func() {})
+	if took := time.Since(start); err != nil || p.Floor != 9 || rev != 4 || took > 2*progressTry {
+		t.Fatalf("loadProgress = %+v, %d, %v after %s and %d reads; want the record, asked again after %s", p, rev, err, took.Round(time.Millisecond), u.loads, progressTry)
 	}
 }

@@ -434,9 +434,17 @@ func (s *Subscriber) standBy(ctx context.Context, why error) error {
 // loadProgress reads the record, trying again while the server cannot be
 // asked (a NATS node lost, a leader being elected), and calling wait
 // before each pause; a record that does not parse is an error at once.
+// Each try is given progressTry, as each save is: a read asked of a frozen
+// leader went unanswered for 10 s before it was asked again (issue 49:
+// stretches of 19-44 s without a line while the bucket's leader moved).
 func (s *Subscriber) loadProgress(ctx context.Context, wait func()) (Progress, uint64, error) {
-	p, rev, err := s.Progress.Load(ctx)
-	for delay := 250 * time.Millisecond; err != nil && !errors.Is(err, ErrUnreadableProgress) && ctx.Err() == nil; delay = min(2*delay, 5*time.Second) {
+	load := func() (Progress, uint64, error) {
+		try, cancel := context.WithTimeout(ctx, progressTry)
+		defer cancel()
+		return s.Progress.Load(try)
+	}
+	p, rev, err := load()
+	for delay := 250 * time.Millisecond; err != nil && !errors.Is(err, ErrUnreadableProgress) && ctx.Err() == nil; delay = min(2*delay, 2*time.Second) {
 		if delay == 250*time.Millisecond && s.Log != nil {
 			s.Log.Warn("cannot read which batches are done; trying again", "durable", s.Durable, "err", err)
 		}
@@ -445,10 +453,14 @@ func (s *Subscriber) loadProgress(ctx context.Context, wait func()) (Progress, u
 		case <-ctx.Done():
 		case <-time.After(delay):
 		}
-		p, rev, err = s.Progress.Load(ctx)
+		p, rev, err = load()
 	}
 	return p, rev, err
 }
+
+// progressTry is how long one read or save of the durable's record may
+// take before it is tried again.
+const progressTry = 2 * time.Second
 
 // load reads the record, unless there is no store or it is read already.
 func (s *Subscriber) load(ctx context.Context) error {
