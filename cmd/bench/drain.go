@@ -133,7 +133,7 @@ func drainDefaults(ctx context.Context, o options, pg *pgserver.Server, url stri
 					printSubscriberDrain(sd)
 				}
 				// River's insert alone, the --into river ceiling.
-				sd, err := riverAlone(ctx, pg, o.tokens)
+				sd, err := riverAlone(ctx, pg, natsURL, o.tokens)
 				if err != nil {
 					return err
 				}

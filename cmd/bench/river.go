@@ -5,27 +5,32 @@ package main
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/mailroom/tailer/internal/pgserver"
+	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/consume/inbox"
-	"github.com/mailroom/tailer/publish/token"
+	"github.com/mailroom/tailer/publish/wire"
 )
 
-// riverAlone inserts n jobs of the kind the subscriber makes (inbox's
-// TokenArgs, unique by token key, fields of a token's sizes) with River's
-// COPY insert, as the subscriber parts a message: transactions of
-// riverPart jobs, riverAtOnce at a time, into a database of its own.
-func riverAlone(ctx context.Context, pg *pgserver.Server, n int) (SubscriberDrain, error) {
+// riverAlone inserts the jobs tailer subscribe --into river makes of the
+// stream at natsURL (inbox.JobParams of each message), n of them, with
+// River's COPY insert alone: transactions of riverPart jobs, riverAtOnce
+// at a time, into a database of its own.
+func riverAlone(ctx context.Context, pg *pgserver.Server, natsURL string, n int) (SubscriberDrain, error) {
 	d := SubscriberDrain{Into: "river-alone", Tokens: n}
+	jobs, err := streamJobs(ctx, natsURL, n)
+	if err != nil {
+		return d, err
+	}
 	url, err := createDB(ctx, pg, "bench_river_alone")
 	if err != nil {
 		return d, err
@@ -42,13 +47,11 @@ func riverAlone(ctx context.Context, pg *pgserver.Server, n int) (SubscriberDrai
 	if err != nil {
 		return d, err
 	}
-	parts := make(chan []river.InsertManyParams, riverAtOnce)
-	go func() {
-		defer close(parts)
-		for from := 0; from < n; from += riverPart {
-			parts <- riverJobs(from, min(from+riverPart, n))
-		}
-	}()
+	parts := make(chan []river.InsertManyParams, len(jobs)/riverPart+1)
+	for from := 0; from < len(jobs); from += riverPart {
+		parts <- jobs[from:min(from+riverPart, len(jobs))]
+	}
+	close(parts)
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, riverAtOnce)
@@ -79,23 +82,45 @@ func riverAlone(ctx context.Context, pg *pgserver.Server, n int) (SubscriberDrai
 	return d, nil
 }
 
-// riverPart and riverAtOnce are the subscriber's parts of a large message
-// (inbox's partTokens and partsAtOnce).
+// streamJobs reads the stream at natsURL, which holds n tokens, and makes
+// the jobs of their messages as the subscriber would.
+func streamJobs(ctx context.Context, natsURL string, n int) ([]river.InsertManyParams, error) {
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	s, err := js.Stream(ctx, "MAILROOM")
+	if err != nil {
+		return nil, err
+	}
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: wire.DataSubjects("mailroom.batches")})
+	if err != nil {
+		return nil, err
+	}
+	var jobs []river.InsertManyParams
+	for len(jobs) < n {
+		msg, err := cons.Next(jetstream.FetchMaxWait(10 * time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("read the stream back, %d of %d tokens: %w", len(jobs), n, err)
+		}
+		b, err := consume.Decode(msg.Headers(), msg.Data())
+		if err != nil {
+			return nil, err
+		}
+		meta, _ := msg.Metadata()
+		jobs = append(jobs, inbox.JobParams(inbox.Message{Meta: inbox.Meta{Stream: "MAILROOM", Seq: meta.Sequence.Stream, Durable: "bench-river"}, Decoded: b})...)
+	}
+	return jobs, nil
+}
+
+// riverPart and riverAtOnce: transactions of 1,000 jobs, four at a time,
+// as a large message's parts go (inbox's partsAtOnce).
 const (
 	riverPart   = 1000
 	riverAtOnce = 4
 )
-
-// riverJobs are the jobs of tokens from to to-1.
-func riverJobs(from, to int) []river.InsertManyParams {
-	out := make([]river.InsertManyParams, 0, to-from)
-	for i := from; i < to; i++ {
-		id := strconv.Itoa(i + 1)
-		out = append(out, river.InsertManyParams{Args: inbox.TokenArgs{
-			TokenKey: fmt.Sprintf("%022d", i), TokenID: int64(i + 1), Action: token.Activation.String(),
-			Email: "user" + id + "@example.com", Login: "user" + id, Token: strings.Repeat("A", token.Len-len(id)) + id,
-			Code: "01234", BatchID: "0/16B3748:0-0/16B3800:9", Line: i % 10, Stream: "MAILROOM", StreamSeq: uint64(i / 1000), Durable: "bench",
-		}})
-	}
-	return out
-}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -59,9 +60,13 @@ func TestStoreOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	type storer interface {
+		Sink
+		Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Decoded) (int, error)
+	}
 	for _, tc := range []struct {
 		name  string
-		sink  Sink
+		sink  storer
 		count string
 	}{
 		{"inbox", Inbox{}, `SELECT count(*), count(DISTINCT token_key) FROM mailroom_inbox`},
@@ -87,9 +92,29 @@ func TestStoreOnce(t *testing.T) {
 					t.Fatalf("tokens %d-%d: %d added, want %d", step.first, step.first+step.n-1, got, step.want)
 				}
 			}
+			// Several messages at once, in one COPY; two that overlap,
+			// and one stored before, one by one.
+			storeAll := func(ms ...Message) []int {
+				t.Helper()
+				var added []int
+				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					var err error
+					added, err = tc.sink.StoreAll(ctx, tx, ms)
+					return err
+				}); err != nil {
+					t.Fatal(err)
+				}
+				return added
+			}
+			if got := storeAll(Message{Meta{Stream: "S", Seq: 17}, testBatch(17, 2)}, Message{Meta{Stream: "S", Seq: 19}, testBatch(19, 2)}); !slices.Equal(got, []int{2, 2}) {
+				t.Fatalf("two new messages at once added %v, want [2 2]", got)
+			}
+			if got := storeAll(Message{Meta{Stream: "S", Seq: 21}, testBatch(21, 3)}, Message{Meta{Stream: "S", Seq: 22}, testBatch(22, 3)}, Message{Meta{Stream: "S", Seq: 1}, testBatch(1, 2)}); !slices.Equal(got, []int{3, 1, 0}) {
+				t.Fatalf("overlapping messages and one stored before added %v, want [3 1 0]", got)
+			}
 			var rows, keys int
-			if err := pool.QueryRow(ctx, tc.count).Scan(&rows, &keys); err != nil || rows != 16 || keys != 16 {
-				t.Fatalf("%d rows of %d keys, want 16 of 16 (%v)", rows, keys, err)
+			if err := pool.QueryRow(ctx, tc.count).Scan(&rows, &keys); err != nil || rows != 24 || keys != 24 {
+				t.Fatalf("%d rows of %d keys, want 24 of 24 (%v)", rows, keys, err)
 			}
 		})
 	}

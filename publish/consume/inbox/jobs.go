@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
@@ -85,6 +83,51 @@ func (j *Jobs) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable
 // A message whose tokens are there in part or in full (delivered again)
 // is rolled back to the savepoint and takes that insert.
 func (j *Jobs) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Decoded) (int, error) {
+	added, err := j.StoreAll(ctx, tx, []Message{{m, b}})
+	if err != nil {
+		return 0, err
+	}
+	return added[0], nil
+}
+
+// StoreAll is Store for several messages, in one COPY when none of their
+// tokens' jobs is there.
+func (j *Jobs) StoreAll(ctx context.Context, tx pgx.Tx, ms []Message) ([]int, error) {
+	params := make([][]river.InsertManyParams, len(ms))
+	var all []river.InsertManyParams
+	for i, m := range ms {
+		params[i] = JobParams(m)
+		all = append(all, params[i]...)
+	}
+	added := make([]int, len(ms))
+	_, err := j.copyNew(ctx, tx, all)
+	if err == nil {
+		for i := range ms {
+			added[i] = len(params[i])
+		}
+		return added, nil
+	}
+	if !errors.Is(err, errStoredBefore) {
+		return nil, err
+	}
+	for i := range ms {
+		res, err := j.client.InsertManyTx(ctx, tx, params[i])
+		if err != nil {
+			return nil, fmt.Errorf("insert River jobs: %w", err)
+		}
+		for _, r := range res {
+			if !r.UniqueSkippedAsDuplicate {
+				added[i]++
+			}
+		}
+	}
+	return added, nil
+}
+
+// JobParams are the jobs StoreAll inserts for m's tokens: for a service
+// that inserts them with River itself.
+func JobParams(m Message) []river.InsertManyParams {
+	b := m.Decoded
 	params := make([]river.InsertManyParams, 0, len(b.Tokens))
 	for line, batch := range b.Lines() {
 		for _, t := range batch {
@@ -95,20 +138,7 @@ func (j *Jobs) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Decoded)
 			params = append(params, river.InsertManyParams{Args: args, InsertOpts: traceOpts(args, t.Traceparent)})
 		}
 	}
-	if n, err := j.copyNew(ctx, tx, params); !errors.Is(err, errStoredBefore) {
-		return n, err
-	}
-	res, err := j.client.InsertManyTx(ctx, tx, params)
-	if err != nil {
-		return 0, fmt.Errorf("insert River jobs: %w", err)
-	}
-	added := 0
-	for _, r := range res {
-		if !r.UniqueSkippedAsDuplicate {
-			added++
-		}
-	}
-	return added, nil
+	return params
 }
 
 // traceOpts gives a traced token's job its traceparent in River's job
@@ -124,30 +154,14 @@ func traceOpts(args TokenArgs, traceparent string) *river.InsertOpts {
 	return &opts
 }
 
-// errStoredBefore: a job of the tokens copied is there already.
-var errStoredBefore = errors.New("a job of these tokens is stored already")
-
 // copyNew inserts params by COPY in a savepoint of tx, rolled back when a
 // job of theirs is there (errStoredBefore).
 func (j *Jobs) copyNew(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams) (int, error) {
-	sp, err := tx.Begin(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("insert River jobs: savepoint: %w", err)
+	n, err := inSavepoint(ctx, tx, "river_job_unique_idx", func(sp pgx.Tx) (int, error) { return j.client.InsertManyFastTx(ctx, sp, params) })
+	if err != nil && !errors.Is(err, errStoredBefore) {
+		return 0, fmt.Errorf("insert River jobs: %w", err)
 	}
-	n, err := j.client.InsertManyFastTx(ctx, sp, params)
-	if err == nil {
-		if err := sp.Commit(ctx); err != nil {
-			return 0, fmt.Errorf("insert River jobs: release savepoint: %w", err)
-		}
-		return n, nil
-	}
-	if rerr := sp.Rollback(ctx); rerr != nil {
-		return 0, fmt.Errorf("insert River jobs: roll back to savepoint: %w (after %w)", rerr, err)
-	}
-	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UniqueViolation && pgErr.ConstraintName == "river_job_unique_idx" {
-		return 0, errStoredBefore
-	}
-	return 0, fmt.Errorf("insert River jobs: %w", err)
+	return n, err
 }
 
 // MigrateRiver applies River's own migrations to the database of pool
