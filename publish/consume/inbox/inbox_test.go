@@ -35,6 +35,21 @@ func testBatch(first, n int) *consume.Decoded {
 	return b
 }
 
+// inboxPool is a pool on a database of its own with the inbox table,
+// closed when t ends.
+func inboxPool(ctx context.Context, t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(ctx, pgtest.Shared(t).CreateDB(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
 // Each sink stores a token once, however often the message comes: a
 // message stored again adds nothing, one that overlaps adds what it does
 // not share; the rows say where each token was on the stream.
@@ -42,14 +57,7 @@ func TestStoreOnce(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, pgtest.Shared(t).CreateDB(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	if err := Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
+	pool := inboxPool(ctx, t)
 	if err := Migrate(ctx, pool); err != nil {
 		t.Fatalf("Migrate again: %v", err)
 	}

@@ -10,10 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/mailroom/tailer/internal/testutil/pgtest"
 )
 
 // ackedMsg is a delivered message that counts its acks.
@@ -51,14 +48,7 @@ func TestUnitsCommitInOrder(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, pgtest.Shared(t).CreateDB(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	if err := Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
+	pool := inboxPool(ctx, t)
 	sink := &gatedSink{Sink: Inbox{}, seq: 1}
 	c := &Consumer{Pool: pool, Sink: sink, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	p := newPipeline(c)
