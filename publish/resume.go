@@ -58,11 +58,11 @@ func (w *window) add(m stored) {
 }
 
 // Resume makes the publisher continue the stream for o, once the caller
-// holds the slot. It reads the stream to learn which of the tokens the
-// session will replay (those past o.After) are on it already, refusing a
-// stream whose messages since o.Since are not o's (another database,
-// another incarnation of the slot), and then publishes the session's
-// markers.
+// holds the slot. It reads the stream to find the messages holding tokens
+// the session will replay (those past o.After), whose keys OnStream reads
+// back as the replay reaches them, refusing a stream whose messages since
+// o.Since are not o's (another database, another incarnation of the
+// slot), and then publishes the session's markers.
 //
 // What the session skips is decided by token key, from the messages the
 // stream holds, never by a position alone: a killed session's publish that
