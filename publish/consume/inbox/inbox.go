@@ -35,12 +35,12 @@ type Meta struct {
 // Position says where a durable consumer got to: the last message it
 // stored a token of; ok is false when it stored none.
 type Sink interface {
-	StoreAll(ctx context.Context, tx pgx.Tx, ms []Message) (added []int, err error)
+	StoreAll(ctx context.Context, tx pgx.Tx, ms []Received) (added []int, err error)
 	Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (at Stored, ok bool, err error)
 }
 
-// Message is a decoded message to store, and where it is.
-type Message struct {
+// Received is a decoded message to store, and where it is.
+type Received struct {
 	Meta
 	*consume.Decoded
 }
@@ -72,7 +72,7 @@ var inboxColumns = []string{"token_key", "token_id", "action", "email", "login",
 // tokens are there in part or in full (delivered again) is rolled back to
 // the savepoint and takes that insert.
 func (i Inbox) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Decoded) (int, error) {
-	added, err := i.StoreAll(ctx, tx, []Message{{m, b}})
+	added, err := i.StoreAll(ctx, tx, []Received{{m, b}})
 	if err != nil {
 		return 0, err
 	}
@@ -81,7 +81,7 @@ func (i Inbox) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Decoded)
 
 // StoreAll is Store for several messages, in one COPY when none of their
 // tokens is there.
-func (Inbox) StoreAll(ctx context.Context, tx pgx.Tx, ms []Message) ([]int, error) {
+func (Inbox) StoreAll(ctx context.Context, tx pgx.Tx, ms []Received) ([]int, error) {
 	added := make([]int, len(ms))
 	err := copyNew(ctx, tx, ms)
 	if err == nil {
@@ -103,7 +103,7 @@ func (Inbox) StoreAll(ctx context.Context, tx pgx.Tx, ms []Message) ([]int, erro
 
 // copyNew copies the tokens of ms into mailroom_inbox in a savepoint of
 // tx, rolled back when a row of theirs is there (errStoredBefore).
-func copyNew(ctx context.Context, tx pgx.Tx, ms []Message) error {
+func copyNew(ctx context.Context, tx pgx.Tx, ms []Received) error {
 	var rows [][]any
 	for _, m := range ms {
 		b := m.Decoded

@@ -102,7 +102,7 @@ func TestStoreOnce(t *testing.T) {
 			}
 			// Several messages at once, in one COPY; two that overlap,
 			// and one stored before, one by one.
-			storeAll := func(ms ...Message) []int {
+			storeAll := func(ms ...Received) []int {
 				t.Helper()
 				var added []int
 				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -114,10 +114,10 @@ func TestStoreOnce(t *testing.T) {
 				}
 				return added
 			}
-			if got := storeAll(Message{Meta{Stream: "S", Seq: 17}, testBatch(17, 2)}, Message{Meta{Stream: "S", Seq: 19}, testBatch(19, 2)}); !slices.Equal(got, []int{2, 2}) {
+			if got := storeAll(Received{Meta{Stream: "S", Seq: 17}, testBatch(17, 2)}, Received{Meta{Stream: "S", Seq: 19}, testBatch(19, 2)}); !slices.Equal(got, []int{2, 2}) {
 				t.Fatalf("two new messages at once added %v, want [2 2]", got)
 			}
-			if got := storeAll(Message{Meta{Stream: "S", Seq: 21}, testBatch(21, 3)}, Message{Meta{Stream: "S", Seq: 22}, testBatch(22, 3)}, Message{Meta{Stream: "S", Seq: 1}, testBatch(1, 2)}); !slices.Equal(got, []int{3, 1, 0}) {
+			if got := storeAll(Received{Meta{Stream: "S", Seq: 21}, testBatch(21, 3)}, Received{Meta{Stream: "S", Seq: 22}, testBatch(22, 3)}, Received{Meta{Stream: "S", Seq: 1}, testBatch(1, 2)}); !slices.Equal(got, []int{3, 1, 0}) {
 				t.Fatalf("overlapping messages and one stored before added %v, want [3 1 0]", got)
 			}
 			var rows, keys int

@@ -83,7 +83,7 @@ func (j *Jobs) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable
 // A message whose tokens are there in part or in full (delivered again)
 // is rolled back to the savepoint and takes that insert.
 func (j *Jobs) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Decoded) (int, error) {
-	added, err := j.StoreAll(ctx, tx, []Message{{m, b}})
+	added, err := j.StoreAll(ctx, tx, []Received{{m, b}})
 	if err != nil {
 		return 0, err
 	}
@@ -92,7 +92,7 @@ func (j *Jobs) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Decoded)
 
 // StoreAll is Store for several messages, in one COPY when none of their
 // tokens' jobs is there.
-func (j *Jobs) StoreAll(ctx context.Context, tx pgx.Tx, ms []Message) ([]int, error) {
+func (j *Jobs) StoreAll(ctx context.Context, tx pgx.Tx, ms []Received) ([]int, error) {
 	params := make([][]river.InsertManyParams, len(ms))
 	var all []river.InsertManyParams
 	for i, m := range ms {
@@ -126,7 +126,7 @@ func (j *Jobs) StoreAll(ctx context.Context, tx pgx.Tx, ms []Message) ([]int, er
 
 // JobParams are the jobs StoreAll inserts for m's tokens: for a service
 // that inserts them with River itself.
-func JobParams(m Message) []river.InsertManyParams {
+func JobParams(m Received) []river.InsertManyParams {
 	b := m.Decoded
 	params := make([]river.InsertManyParams, 0, len(b.Tokens))
 	for line, batch := range b.Lines() {

@@ -142,11 +142,11 @@ func (p *pipeline) run(ctx context.Context, u *unit) bool {
 // before committed; it returns how many tokens each part added.
 func (p *pipeline) store(ctx context.Context, u *unit) ([]int, error) {
 	added := make([]int, len(u.parts))
-	var ms []Message
+	var ms []Received
 	var at []int
 	for i, pt := range u.parts {
 		if len(pt.b.Tokens) > 0 {
-			ms, at = append(ms, Message{pt.r.m, pt.b}), append(at, i)
+			ms, at = append(ms, Received{pt.r.m, pt.b}), append(at, i)
 		}
 	}
 	err := pgx.BeginFunc(ctx, p.c.Pool, func(tx pgx.Tx) error {

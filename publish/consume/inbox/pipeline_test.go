@@ -30,7 +30,7 @@ type gatedSink struct {
 	open atomic.Bool
 }
 
-func (g *gatedSink) StoreAll(ctx context.Context, tx pgx.Tx, ms []Message) ([]int, error) {
+func (g *gatedSink) StoreAll(ctx context.Context, tx pgx.Tx, ms []Received) ([]int, error) {
 	for _, m := range ms {
 		if m.Seq == g.seq && !g.open.Load() {
 			return nil, errors.New("the database cannot take it now")
