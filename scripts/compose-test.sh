@@ -12,7 +12,7 @@
 # that the nodes routed (with the route password; with TLS=1 as well, the
 # cluster-TLS file, and routes over TLS).
 # Otherwise the single-node stack is then moved to the cluster by the steps
-# of docs/operations.md ("Moving a running stack to the cluster"), with 500
+# of docs/deploy.md ("Moving a running stack to the cluster"), with 500
 # tokens on the stream that the subscriber has not read and a writer on:
 # every token delivered once, the subscriber's consumer kept (MOVE=0 skips
 # it). TLS=1 adds infra/docker-compose.tls.yml (infra/tls.sh makes the
@@ -121,7 +121,7 @@ APP_DB_PASSWORD=$(cat "$work/infra/secrets/app_db_password")
 
 services=(postgres nats migrate tailer postgres-exporter nats-exporter prometheus alertmanager subscriber)
 [ "${CLUSTER:-}" = 1 ] && services+=(nats-2 nats-3)
-# The whole stack but Grafana, as docs/operations.md brings it up where
+# The whole stack but Grafana, as docs/deploy.md brings it up where
 # Grafana's image cannot be had.
 say "up -d --wait --pull never --scale grafana=0"
 dc up -d --no-build --wait --wait-timeout 300 --pull never --scale grafana=0 >/dev/null
@@ -365,7 +365,7 @@ cat "$work/dashboard.log"
 
 
 if [ "${CLUSTER:-}" != 1 ] && [ "${TLS:-}" != 1 ] && [ "${MOVE:-1}" = 1 ]; then
-  # The move, as docs/operations.md gives it. First 500 tokens on the
+  # The move, as docs/deploy.md gives it. First 500 tokens on the
   # stream that the subscriber has not read.
   dc stop subscriber >/dev/null
   insert 500 unread

@@ -281,6 +281,10 @@ type deliveryWatch struct {
 	bySelf     int
 	lastSeqs   []uint64
 	streamGrew time.Time
+	// lastLine is when the watch last read a line, pending what the
+	// durable had waiting at its last look.
+	lastLine time.Time
+	pending  uint64
 }
 
 // faultBy is a fault and the subscriber that wrote lines again during or
@@ -315,10 +319,10 @@ func (dw *deliveryWatch) run(ctx context.Context, t *testing.T, js jetstream.Jet
 			if ws := writersOf(who); len(ws) >= lines {
 				writer = ws[lines-1]
 			}
-			dw.mu.Lock()
-			dw.lines = lines
-			dw.mu.Unlock()
 			last = time.Now()
+			dw.mu.Lock()
+			dw.lines, dw.lastLine = lines, last
+			dw.mu.Unlock()
 			first := seen[toks[0].Token]
 			again := true
 			for _, tok := range toks {
@@ -346,6 +350,9 @@ func (dw *deliveryWatch) run(ctx context.Context, t *testing.T, js jetstream.Jet
 			}
 		}
 		cancel()
+		dw.mu.Lock()
+		dw.pending = pending
+		dw.mu.Unlock()
 		if gap := time.Since(last); pending > 0 && gap > 0 {
 			dw.mu.Lock()
 			if gap > dw.maxGap {
@@ -370,6 +377,24 @@ func (dw *deliveryWatch) sawStream(seq uint64) {
 		dw.streamGrew = time.Now()
 		dw.lastSeqs = dw.lastSeqs[n-3:]
 	}
+}
+
+// deliveringSince waits until the pair wrote a line after healed, or has
+// nothing waiting, and returns how long after.
+func (dw *deliveryWatch) deliveringSince(healed time.Time, within time.Duration) time.Duration {
+	for time.Since(healed) < within {
+		dw.mu.Lock()
+		line, pending := dw.lastLine, dw.pending
+		dw.mu.Unlock()
+		if line.After(healed) {
+			return line.Sub(healed)
+		}
+		if pending == 0 {
+			return time.Since(healed)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return within
 }
 
 // streamingSince waits until the stream grew after healed, and returns
@@ -444,8 +469,12 @@ func supervise(ctx context.Context, start func() *proc) *supervised {
 // tailer streamed after each heal.
 //
 // TAILER_CLUSTER_FAULTS sets how many faults (10 by default): each 2 s
-// after the last healed and every replica is current again, about 10 s
-// apart.
+// after the last healed, every replica is current again and the pair
+// wrote a line (or had nothing waiting), 30 s at most: one fault at a
+// time, so that the stretch without a line is what one fault cost (with
+// the next fault 2 s after the replicas were current, three leaders
+// killed in a row each took the cluster 4-9 s to replace, and the
+// stretches, 20-29 s, were theirs together).
 func TestNATSClusterFaults(t *testing.T) {
 	t.Parallel()
 	faults := 10
@@ -540,9 +569,10 @@ func TestNATSClusterFaults(t *testing.T) {
 		took := dw.streamingSince(healed, 30*time.Second)
 		recoveries = append(recoveries, took)
 		caughtUp := whole(c.ctx, js, 30*time.Second)
-		said = append(said, fmt.Sprintf("fault %d (%s): %s; streaming %s after; every replica current %s after; stream led by n%d, the pair's consumer by n%d",
-			i, start.UTC().Format("15:04:05"), what, took.Round(100*time.Millisecond), caughtUp.Round(100*time.Millisecond),
-			leaderOf(c.ctx, js, "MAILROOM", "")+1, leaderOf(c.ctx, js, "MAILROOM", "pair")+1))
+		delivering := dw.deliveringSince(healed, 30*time.Second)
+		said = append(said, fmt.Sprintf("fault %d (%s): %s; streaming %s after; every replica current %s after; the pair writing %s after; stream led by n%d, the pair's consumer by n%d, the bucket by n%d",
+			i, start.UTC().Format("15:04:05"), what, took.Round(100*time.Millisecond), caughtUp.Round(100*time.Millisecond), delivering.Round(100*time.Millisecond),
+			leaderOf(c.ctx, js, "MAILROOM", "")+1, leaderOf(c.ctx, js, "MAILROOM", "pair")+1, leaderOf(c.ctx, js, "KV_"+consume.ProgressBucket("MAILROOM"), "")+1))
 		time.Sleep(time.Until(healed.Add(2 * time.Second)))
 	}
 	w.halt()
