@@ -150,7 +150,8 @@ func (s *Subscriber) units(h *held, b *Decoded) (units []*unit, dead []int) {
 
 // refresh rereads the record when another subscriber may have written it
 // since: the server pinned this subscriber anew, or it was idle a while
-// (it was a standby, or a subscriber before it on the durable died).
+// (it was a standby, or a subscriber before it on the durable died). What
+// it read is claimed (claim) before anything is handed on.
 func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 	if s.Progress == nil {
 		return nil
@@ -167,24 +168,73 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 	// compares with is its latest.
 	s.saveMu.Lock()
 	defer s.saveMu.Unlock()
-	p, newRev, err := s.loadProgress(ctx, func() { msg.InProgress() })
-	if err != nil {
-		return err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if newRev == s.rev {
+	for {
+		p, newRev, err := s.loadProgress(ctx, func() { msg.InProgress() })
+		if err != nil {
+			return err
+		}
+		s.mu.Lock()
+		holding := len(s.held) > 0
+		switch {
+		case holding && newRev != s.rev:
+			s.mu.Unlock()
+			// Messages in hand while another subscriber wrote: it
+			// delivers them now.
+			return fmt.Errorf("consume %s: %w", s.Durable, ErrTakenOver)
+		case holding:
+			// Nobody wrote; the messages in hand keep their records.
+			p = s.prog.clone()
+		default:
+			// What this subscriber finished and had not saved yet stays
+			// known.
+			p.absorb(&s.prog)
+		}
+		s.mu.Unlock()
+		rev, err := s.claim(ctx, msg, &p, newRev)
+		if errors.Is(err, ErrTakenOver) {
+			// Written since the read: read again.
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.rev = rev
+		if !holding {
+			s.prog, s.dirty, s.doneUnsaved = p, false, 0
+		}
+		s.mu.Unlock()
 		return nil
 	}
-	if len(s.held) > 0 {
-		// Messages in hand while another subscriber wrote: it delivers
-		// them now.
-		return fmt.Errorf("consume %s: %w", s.Durable, ErrTakenOver)
+}
+
+// claim writes p, read at revision rev, back before this subscriber hands
+// anything on, trying again while the bucket cannot answer. A read alone
+// may be answered by a leader cut off from its cluster, or land just
+// before the last save of the subscriber that delivered until now: the
+// batches that save says are done were written again (issue 49's fault
+// runs: 3 and 4 of one subscriber's batches at one fault). A write lands
+// only on the record as it is: once it has, a save of the other's still
+// on its way is refused (it stops handing on batches), and one that
+// landed first fails this write (ErrTakenOver), and the record is read
+// again.
+func (s *Subscriber) claim(ctx context.Context, msg jetstream.Msg, p *Progress, rev uint64) (uint64, error) {
+	var stranded Stranded
+	for {
+		try, cancel := context.WithTimeout(ctx, progressTry)
+		newRev, err := s.Progress.Save(try, p, rev)
+		cancel()
+		if err == nil || errors.Is(err, ErrTakenOver) || ctx.Err() != nil {
+			return newRev, err
+		}
+		if wire.Unanswered(err) && s.js != nil {
+			stranded.Missed(s.js.Conn(), s.Log, s.Durable, "no answer to the save of which batches are done")
+		}
+		msg.InProgress()
+		if !sleep(ctx, 250*time.Millisecond) {
+			return 0, ctx.Err()
+		}
 	}
-	// What this subscriber finished and had not saved yet stays known.
-	s.dirty = p.absorb(&s.prog)
-	s.prog, s.rev = p, newRev
-	return nil
 }
 
 // render makes the lines of batch i of a message; nil when none is left

@@ -285,3 +285,85 @@ func TestNoBatchWrittenPastAWaitingSave(t *testing.T) {
 		t.Fatalf("the subscriber wrote %q past the save it waited on (err %v)", line, err)
 	}
 }
+
+// lateSave is a record on which another subscriber's save lands right
+// after the first read this subscriber makes while consuming: the save of
+// the subscriber that delivered until now, on its way as this one is
+// pinned.
+type lateSave struct {
+	consume.ProgressStore
+	sub   *consume.Subscriber
+	fired atomic.Bool
+	save  func()
+}
+
+func (l *lateSave) Load(ctx context.Context) (consume.Progress, uint64, error) {
+	p, rev, err := l.ProgressStore.Load(ctx)
+	if err == nil && l.sub.Consuming() && !l.fired.Swap(true) {
+		l.save()
+	}
+	return p, rev, err
+}
+
+// A subscriber that takes over claims the record it read, by writing it
+// back, before it hands anything on: a save of the subscriber before it
+// that lands after the read fails that write, and the record is read
+// again, so the batch that save says is done is not written again (issue
+// 49's fault runs: 3 and 4 of one subscriber's batches written again at
+// one fault, the other's saves landing after the read).
+func TestTakeoverSeesALateSave(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	js, r, sub := pipeSubscriber(ctx, t, 5*time.Second)
+	st, err := js.Stream(ctx, "S")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := st.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mark := wire.Mark(first.Subject, first.Header, first.Data)
+	// The other subscriber finished message 1's first batch, and (its
+	// late save) its second.
+	other, err := consume.OpenProgress(ctx, js, "S", "d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	markDone := func(batch int) {
+		p, rev, err := other.Load(ctx)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		m := p.Messages[1]
+		if m == nil {
+			m = &consume.MessageProgress{Mark: mark, Batches: 2}
+			p.Messages = map[uint64]*consume.MessageProgress{1: m}
+		}
+		m.Done.Add(batch)
+		if _, err := other.Save(ctx, &p, rev); err != nil {
+			t.Error(err)
+		}
+	}
+	markDone(0)
+	sub.Progress = &lateSave{ProgressStore: sub.Progress, sub: sub, save: func() { markDone(1) }}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- sub.Run(runCtx, js) }()
+	lines := bufio.NewReader(r)
+	n := 0
+	for {
+		r.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if _, err := lines.ReadString('\n'); err != nil {
+			break
+		}
+		n++
+	}
+	stop()
+	<-done
+	// Messages 2 and 3, two batches each; message 1 was done.
+	if n != 4 {
+		t.Fatalf("the subscriber wrote %d lines, want 4: the batch the late save says is done was written again", n)
+	}
+}
