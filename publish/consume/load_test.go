@@ -72,3 +72,30 @@ func TestProgressReadAskedAgain(t *testing.T) {
 		t.Fatalf("loadProgress = %+v, %d, %v after %s and %d reads; want the record, asked again after %s", p, rev, err, took.Round(time.Millisecond), u.loads, progressTry)
 	}
 }
+
+// saveless is a record that holds none of what a subscriber finished: its
+// saves never land.
+type saveless struct{}
+
+func (saveless) Load(context.Context) (Progress, uint64, error) { return Progress{Floor: 1}, 3, nil }
+
+func (saveless) Save(context.Context, *Progress, uint64) (uint64, error) {
+	return 0, nats.ErrNoResponders
+}
+
+// A subscriber that loses its pin with a batch done and unsaved keeps it
+// done as it stands by: pinned again, it does not write that batch again
+// (issue 49's fault runs: three of one subscriber's batches written again
+// at one fault, one of them by itself, pinned again a moment later).
+func TestStandbyKeepsWhatItFinished(t *testing.T) {
+	s := &Subscriber{Progress: saveless{}, loaded: true}
+	s.prog.message(5, "m5", 2).Done.Add(0)
+	s.dirty, s.doneUnsaved = true, 1
+	if err := s.standBy(context.Background(), errPinLost); err != nil {
+		t.Fatal(err)
+	}
+	m := s.prog.Messages[5]
+	if m == nil || !m.Done.Has(0) || s.rev != 3 || s.prog.Floor != 1 {
+		t.Fatalf("after standing by: record %+v (message 5: %+v) at revision %d; want the record read (floor 1, revision 3) with message 5's batch 0 done", s.prog, m, s.rev)
+	}
+}

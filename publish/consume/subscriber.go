@@ -413,8 +413,9 @@ func (s *Subscriber) standBy(ctx context.Context, why error) error {
 	s.mu.Lock()
 	taken := s.takenOver
 	if taken {
-		// The record moved on without this subscriber: what it would
-		// save of the messages it lets go is not its to say.
+		// The record moved on without this subscriber: it saves nothing
+		// of the messages it lets go (each write would refuse the next
+		// save of the one that delivers now).
 		s.dirty = false
 	}
 	s.stats.StoodBy++
@@ -426,9 +427,20 @@ func (s *Subscriber) standBy(ctx context.Context, why error) error {
 			"batches_done_unsaved", unsaved, "why", why)
 	}
 	s.mu.Lock()
+	// What it finished stays true: pinned again, it does not write those
+	// batches again (issue 49's fault runs: a subscriber that lost its pin
+	// with a batch done and unsaved, pinned again a moment later, wrote it
+	// again itself). It reaches the record with the claim (refresh).
+	kept := s.prog.clone()
 	s.loaded, s.takenOver, s.pinID = false, false, ""
 	s.mu.Unlock()
-	return s.load(ctx)
+	if err := s.load(ctx); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.prog.absorb(&kept)
+	s.mu.Unlock()
+	return nil
 }
 
 // loadProgress reads the record, trying again while the server cannot be
