@@ -468,6 +468,10 @@ func supervise(ctx context.Context, start func() *proc) *supervised {
 // lines one subscriber wrote again at the worst fault, and how soon the
 // tailer streamed after each heal.
 //
+// TAILER_FAULT_EVERY=10s starts a fault every 10 s instead, whatever the
+// last left behind (issue 49: ten faults in a row 10 s apart, the tailer
+// measured after the last heal only).
+//
 // TAILER_CLUSTER_FAULTS sets how many faults (10 by default): each 2 s
 // after the last healed, every replica is current again and the pair
 // wrote a line (or had nothing waiting), 30 s at most: one fault at a
@@ -526,7 +530,10 @@ func TestNATSClusterFaults(t *testing.T) {
 	rng := rand.New(rand.NewPCG(49, uint64(faults)))
 	var recoveries []time.Duration
 	var said []string
+	every, _ := time.ParseDuration(os.Getenv("TAILER_FAULT_EVERY"))
+	begin := time.Now()
 	for i := range faults {
+		time.Sleep(time.Until(begin.Add(time.Duration(i) * every)))
 		dw.mu.Lock()
 		dw.fault = i
 		dw.mu.Unlock()
@@ -566,6 +573,10 @@ func TestNATSClusterFaults(t *testing.T) {
 			nodes.partition(n, false)
 		}
 		healed := time.Now()
+		if every > 0 && i < faults-1 {
+			said = append(said, fmt.Sprintf("fault %d (%s): %s", i, start.UTC().Format("15:04:05"), what))
+			continue
+		}
 		took := dw.streamingSince(healed, 30*time.Second)
 		recoveries = append(recoveries, took)
 		caughtUp := whole(c.ctx, js, 30*time.Second)
@@ -604,8 +615,8 @@ func TestNATSClusterFaults(t *testing.T) {
 	defer dw.mu.Unlock()
 	worst, at := mostAtOneFault(dw.repeats)
 	worstHeld, atHeld := mostAtOneFault(dw.held)
-	t.Logf("%d tokens through %d faults: stream and inbox once each; the pair wrote %d lines, %d tokens again, at most %d lines again by one subscriber at one fault (%d, %s), at most %d of one subscriber's lines written again at one fault (%d, %s), %d lines again in all by the subscriber that wrote them first; longest stretch without a line while messages waited %s (%s); tailer streaming again at most %s after a heal; subscriber exits: pair %d+%d, inbox %d",
-		n, faults, dw.lines, repeats, worst, at.fault, at.writer, worstHeld, atHeld.fault, atHeld.writer, dw.bySelf, dw.maxGap.Round(100*time.Millisecond), dw.gapAt, maxDuration(recoveries).Round(100*time.Millisecond),
+	t.Logf("%d tokens through %d faults: stream and inbox once each; the pair wrote %d lines, %d tokens again, at most %d lines again by one subscriber at one fault (%d, %s), at most %d of one subscriber's lines written again at one fault (%d, %s), %d lines again in all by the subscriber that wrote them first; longest stretch without a line while messages waited %s (%s); tailer streaming again at most %s after a heal (%d measured); subscriber exits: pair %d+%d, inbox %d",
+		n, faults, dw.lines, repeats, worst, at.fault, at.writer, worstHeld, atHeld.fault, atHeld.writer, dw.bySelf, dw.maxGap.Round(100*time.Millisecond), dw.gapAt, maxDuration(recoveries).Round(100*time.Millisecond), len(recoveries),
 		len(pair[0].exits), len(pair[1].exits), len(inbox.exits))
 	t.Cleanup(func() {
 		// TAILER_FAULT_LOGS=dir keeps every subscriber's log there.
