@@ -441,7 +441,9 @@ func (rel *relation) decodeTuple(r *reader, tok *Token) (rowErr, err error) {
 			seen[1] = true
 			if null {
 				rowErr = errors.New("action is NULL")
-			} else if tok.Action, err = token.ParseAction(string(val)); err != nil {
+			} else if a, ok := token.ActionOf(val); ok {
+				tok.Action = a
+			} else {
 				// No row to skip: every token of the action would be.
 				return nil, &ActionError{Label: string(val)}
 			}

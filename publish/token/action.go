@@ -74,12 +74,22 @@ func (a Action) String() string {
 
 // ParseAction returns the action of a token_action label.
 func ParseAction(label string) (Action, error) {
-	for i, s := range Actions {
-		if s.Label == label {
-			return Action(i + 1), nil
-		}
+	if a, ok := ActionOf([]byte(label)); ok {
+		return a, nil
 	}
 	return 0, fmt.Errorf("unknown token action %q, want %s", label, strings.Join(Labels(), " or "))
+}
+
+// ActionOf returns the action labelled label, as the decoder reads it from
+// a row (no copy of it is made: a string of it would cost the decoder an
+// allocation a token).
+func ActionOf(label []byte) (Action, bool) {
+	for i, s := range Actions {
+		if string(label) == s.Label {
+			return Action(i + 1), true
+		}
+	}
+	return 0, false
 }
 
 // ParseActionNumber returns the action a line prints as s ("1").
