@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -77,6 +78,17 @@ func liveLatency(ctx context.Context, o options, url string, discard bool) (*Liv
 		return nil, err
 	}
 	defer stop()
+	if o.liveProfile != "" && !discard {
+		profiled := make(chan struct{})
+		go func() {
+			defer close(profiled)
+			time.Sleep(2 * time.Second)
+			if err := fetchProfile(o.liveProfile, "http://127.0.0.1:19999/debug/pprof/profile?seconds=5"); err != nil {
+				fmt.Fprintln(os.Stderr, "cpu profile:", err)
+			}
+		}()
+		defer func() { <-profiled }()
+	}
 	writeSecs, stealPct, loaded, err := writeLive(ctx, o, pool, total, warm, times, tailerPID)
 	if err != nil {
 		return nil, err

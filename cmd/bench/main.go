@@ -36,6 +36,7 @@ type options struct {
 	tailer, out, dir string
 	keep             bool
 	cpuProfile       string
+	liveProfile      string
 	tailerEnv        string
 	natsSync         time.Duration
 	natsReplicas     int
@@ -125,6 +126,7 @@ func main() {
 	flag.StringVar(&natsSync, "nats-sync", "always", "the NATS server's store sync: always (fsync before every PubAck, as tailer run's embedded server) or an interval such as 2m (nats-server's own default)")
 	flag.StringVar(&o.restart, "restart", "", "instead of the other runs: for each size (comma-separated, e.g. 1000000,5000000), one transaction of that many tokens, the tailer SIGKILLed at 70% and started again (peak RSS of both, exactly once)")
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the tailer during the first drain to this file")
+	flag.StringVar(&o.liveProfile, "live-cpuprofile", "", "write a CPU profile of the tailer during the live run (5 s, from 2 s into the writing) to this file; with several rates, the last rate's")
 	flag.Parse()
 	if o.liveNATS != "embedded" && o.liveNATS != "bench" {
 		fmt.Fprintf(os.Stderr, "bench: -live-nats must be embedded or bench, got %q\n", o.liveNATS)

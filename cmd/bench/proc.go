@@ -37,10 +37,11 @@ func startTailer(o options, url, natsURL, slot string, env ...string) (*child, e
 		return nil, err
 	}
 	httpAddr := ""
-	if o.cpuProfile != "" || o.keep {
+	profile := o.cpuProfile != "" || o.liveProfile != ""
+	if profile || o.keep {
 		httpAddr = "127.0.0.1:19999"
 	}
-	cmd := exec.Command(o.tailer, "run", "--http-addr="+httpAddr, "--pprof="+strconv.FormatBool(o.cpuProfile != ""))
+	cmd := exec.Command(o.tailer, "run", "--http-addr="+httpAddr, "--pprof="+strconv.FormatBool(profile))
 	cmd.Env = append(os.Environ(),
 		"MAILROOM_DATABASE_URL="+url,
 		"MAILROOM_SECRET_KEY="+key,
