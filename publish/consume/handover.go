@@ -174,15 +174,18 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 			return err
 		}
 		s.mu.Lock()
-		holding := len(s.held) > 0
+		holding, mine := len(s.held) > 0, newRev == s.rev
 		switch {
-		case holding && newRev != s.rev:
+		case holding && !mine:
 			s.mu.Unlock()
 			// Messages in hand while another subscriber wrote: it
 			// delivers them now.
 			return fmt.Errorf("consume %s: %w", s.Durable, ErrTakenOver)
-		case holding:
-			// Nobody wrote; the messages in hand keep their records.
+		case mine:
+			// Nobody wrote since this subscriber did: its record is the
+			// record, with what it decided since (a record of another
+			// stream dropped: read back, that one would skip this
+			// stream's messages at its sequences).
 			p = s.prog.clone()
 		default:
 			// What this subscriber finished and had not saved yet stays
@@ -200,8 +203,11 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 		}
 		s.mu.Lock()
 		s.rev = rev
+		if !mine {
+			s.prog = p
+		}
 		if !holding {
-			s.prog, s.dirty, s.doneUnsaved = p, false, 0
+			s.dirty, s.doneUnsaved = false, 0
 		}
 		s.mu.Unlock()
 		return nil
