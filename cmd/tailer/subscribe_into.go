@@ -47,16 +47,15 @@ func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate
 		}
 		log.Info("migrated the consumer's database", "into", into)
 	}
-	for _, table := range []string{map[string]string{"inbox": "mailroom_inbox", "river": "river_job"}[into], inbox.StoredThroughTable} {
-		var there bool
-		if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&there); err != nil {
-			log.Error("subscribe failed", "err", fmt.Errorf("MAILROOM_INBOX_URL: look for table %s: %w", table, err))
-			return exitFailure
-		}
-		if !there {
-			fmt.Fprintf(stderr, "tailer subscribe: the consumer's database (MAILROOM_INBOX_URL) has no table %s: start the subscriber once with --migrate, which makes it\n", table)
-			return exitConfig
-		}
+	table := map[string]string{"inbox": "mailroom_inbox", "river": "river_job"}[into]
+	var there bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&there); err != nil {
+		log.Error("subscribe failed", "err", fmt.Errorf("MAILROOM_INBOX_URL: look for table %s: %w", table, err))
+		return exitFailure
+	}
+	if !there {
+		fmt.Fprintf(stderr, "tailer subscribe: the consumer's database (MAILROOM_INBOX_URL) has no table %s: start the subscriber once with --migrate, which makes it\n", table)
+		return exitConfig
 	}
 	c := &inbox.Consumer{Durable: durable, Pool: pool, Sink: sink, Log: log}
 	if healthAddr != "" {

@@ -31,17 +31,11 @@ type Meta struct {
 }
 
 // Sink stores the tokens of decoded messages in tx, adding nothing for a
-// token it holds already; it reports how many each message added. The
-// Consumer keeps, in the same transaction, where the durable's messages
-// are stored through (StoredThroughTable).
+// token it holds already; it reports how many each message added.
+// Position says where a durable consumer got to: the last message it
+// stored a token of; ok is false when it stored none.
 type Sink interface {
 	StoreAll(ctx context.Context, tx pgx.Tx, ms []Received) (added []int, err error)
-}
-
-// legacyPositioner is a sink that says where a durable got to in a
-// database written before StoredThroughTable: its newest message stored
-// (then every message before it was: those tailers committed in order).
-type legacyPositioner interface {
 	Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (at Stored, ok bool, err error)
 }
 
@@ -200,8 +194,7 @@ func insertNew(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Decoded) (int,
 }
 
 // Position is the message of the highest stream sequence a token of
-// which durable stored in mailroom_inbox: where a database written before
-// StoredThroughTable got to.
+// which durable stored in mailroom_inbox.
 func (Inbox) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (Stored, bool, error) {
 	return position(ctx, pool, `SELECT stream_seq, batch_id, token_key FROM mailroom_inbox
 		WHERE stream = $1 AND durable = $2 ORDER BY stream_seq DESC LIMIT 1`, stream, durable)
@@ -235,10 +228,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('mailroom_inbox migration'))`); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, schema); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, storedThroughSchema)
+		_, err := tx.Exec(ctx, schema)
 		return err
 	})
 	if err != nil {
@@ -285,22 +275,15 @@ const pullBatch = 16
 // Run stores messages until ctx is done. A message the database cannot
 // take now (it is down, say) is tried again, kept from redelivery
 // meanwhile, and never acknowledged before it is stored. A consumer gone
-// from the server is made again where the database holds every message
-// before (position; storing one again adds only what it lacks).
+// from the server is made again at the last message the database holds a
+// token of (storing it again adds only what it lacks).
 func (c *Consumer) Run(ctx context.Context, js jetstream.JetStream) error {
 	c.js = js
 	// Room for a pull's messages in each unit in flight.
 	if c.Durable.MaxAckPending < unitsAtOnce*pullBatch {
 		c.Durable.MaxAckPending = unitsAtOnce * pullBatch
 	}
-	var legacy func() (Stored, bool, error)
-	if l, ok := c.Sink.(legacyPositioner); ok {
-		legacy = func() (Stored, bool, error) { return l.Position(ctx, c.Pool, c.Durable.Stream, c.Durable.Name) }
-	}
-	if err := adoptPosition(ctx, c.Pool, c.Durable.Stream, c.Durable.Name, legacy); err != nil {
-		return err
-	}
-	at, ok, err := c.position(ctx)
+	at, ok, err := c.Sink.Position(ctx, c.Pool, c.Durable.Stream, c.Durable.Name)
 	if err != nil {
 		return err
 	}
@@ -322,8 +305,8 @@ func (c *Consumer) Run(ctx context.Context, js jetstream.JetStream) error {
 
 var errLost = errors.New("the consumer is gone from the server")
 
-// consumer looks the durable up, making it again where its messages are
-// stored through when it is missing and the database holds some (lost:
+// consumer looks the durable up, making it again at the last message
+// stored when it is missing and the database holds tokens it stored (lost:
 // Run was bound to it and saw it go).
 func (c *Consumer) consumer(ctx context.Context, js jetstream.JetStream, lost bool) (jetstream.Consumer, error) {
 	d := c.Durable
@@ -331,7 +314,7 @@ func (c *Consumer) consumer(ctx context.Context, js jetstream.JetStream, lost bo
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		// Of a stream that may be another now: followed afresh.
 		c.chain = wire.Chain{}
-		at, ok, err := c.position(ctx)
+		at, ok, err := c.Sink.Position(ctx, c.Pool, d.Stream, d.Name)
 		if err != nil {
 			return nil, err
 		}
@@ -349,7 +332,7 @@ func (c *Consumer) consumer(ctx context.Context, js jetstream.JetStream, lost bo
 			// At that message, not after it: a large message is stored in
 			// parts, and the rest of one cut short comes again.
 			d.StartSeq = at.Seq
-			c.Log.Warn("the consumer was not on the server: made again where the database holds every message before",
+			c.Log.Warn("the consumer was not on the server: made again at the last message the database holds a token of",
 				"durable", d.Name, "start_seq", d.StartSeq)
 		case d.FromStart:
 		case lost:
@@ -357,13 +340,6 @@ func (c *Consumer) consumer(ctx context.Context, js jetstream.JetStream, lost bo
 		}
 	}
 	return d.Ensure(ctx, js)
-}
-
-// position is where the durable's messages are stored through: every
-// message it was given up to at is stored; ok is false before any is.
-func (c *Consumer) position(ctx context.Context) (at Stored, ok bool, err error) {
-	at, found, err := storedThrough(ctx, c.Pool, c.Durable.Stream, c.Durable.Name)
-	return at, found && at.Seq > 0, err
 }
 
 // stillThere reports whether the stream holds at at.Seq the message the

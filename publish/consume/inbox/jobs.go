@@ -67,7 +67,7 @@ func NewJobs() (*Jobs, error) {
 
 // Position is the last stream sequence of a token among durable's River
 // jobs of kind mailroom_token (completed jobs River has cleaned out do not
-// count): where a database written before StoredThroughTable got to.
+// count).
 func (j *Jobs) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (Stored, bool, error) {
 	return position(ctx, pool, `SELECT (args->>'stream_seq')::bigint, args->>'batch_id', args->>'token_key' FROM river_job
 		WHERE kind = 'mailroom_token' AND args->>'stream' = $1 AND args->>'durable' = $2
@@ -165,7 +165,7 @@ func (j *Jobs) copyNew(ctx context.Context, tx pgx.Tx, params []river.InsertMany
 }
 
 // MigrateRiver applies River's own migrations to the database of pool
-// (what `river migrate-up` does), and makes StoredThroughTable.
+// (what `river migrate-up` does).
 func MigrateRiver(ctx context.Context, pool *pgxpool.Pool) error {
 	m, err := rivermigrate.New(riverpgxv5.New(pool), nil)
 	if err != nil {
@@ -174,5 +174,5 @@ func MigrateRiver(ctx context.Context, pool *pgxpool.Pool) error {
 	if _, err := m.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
 		return fmt.Errorf("migrate River: %w", err)
 	}
-	return MigrateStoredThrough(ctx, pool)
+	return nil
 }

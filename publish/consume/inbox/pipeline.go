@@ -2,9 +2,7 @@ package inbox
 
 import (
 	"context"
-	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,18 +14,17 @@ import (
 // A transaction of the subscriber's (a unit) stores a group of the small
 // messages at hand, or a part of a large one. Up to unitsAtOnce run side by
 // side (River's insert alone, one transaction at a time, went at about
-// three quarters of its pace four at a time, issue 47) and commit in
-// whatever order they finish: in the order they were cut, River went at
-// 0.65-0.80× its own insert alone. Each writes, with its tokens, the newest
-// message before which every message delivered is stored, itself
-// included (StoredThroughTable): where a lost consumer is made again, so
-// that a process killed between two commits out of order leaves nothing
-// behind it unstored.
+// three quarters of its pace four at a time, issue 47), and they commit in
+// the order they were cut: the last message the database holds a token of
+// is then one before which every message is stored, which is where a lost
+// consumer is made again (Position), and a process killed between two
+// commits leaves nothing behind it unstored.
 type unit struct {
 	parts []part
-	// wrote is the message the unit's transaction wrote into
-	// StoredThroughTable, nil if none.
-	wrote *received
+	// prev is closed once the unit cut before this one committed (nil for
+	// the first); committed once this one did.
+	prev      <-chan struct{}
+	committed chan struct{}
 }
 
 // part is tokens of one message to store in a unit.
@@ -39,30 +36,19 @@ type part struct {
 // unitsAtOnce bounds the units in flight.
 const unitsAtOnce = 4
 
-// pipeline runs the units of a consume.
+// pipeline runs the units of a consume, in order of commit.
 type pipeline struct {
-	c       *Consumer
-	slots   chan struct{}
-	wg      sync.WaitGroup
-	pruning atomic.Bool
+	c     *Consumer
+	slots chan struct{}
+	wg    sync.WaitGroup
+	last  <-chan struct{}
 
 	mu sync.Mutex
 	// inflight are the messages stored and not yet acknowledged, by
 	// stream sequence: one delivered again meanwhile (its ack wait ran
 	// out) is acknowledged with it, not stored twice at once.
 	inflight map[uint64]*received
-	// order are the messages delivered, in delivery order, from the first
-	// not yet stored on.
-	order []*received
-	// written is the newest message a committed unit wrote into
-	// StoredThroughTable; commits counts the units committed.
-	written *received
-	commits int
 }
-
-// pruneEvery is how many commits apart the rows of StoredThroughTable
-// below the newest one written are removed.
-const pruneEvery = 64
 
 // newPipeline makes c's pipeline: at most as many units as the pool has
 // connections, since a unit that waits for the one before holds its own.
@@ -82,7 +68,6 @@ func (p *pipeline) add(ctx context.Context, rs []*received) {
 			continue
 		}
 		p.inflight[r.m.Seq] = r
-		p.order = append(p.order, r)
 		p.mu.Unlock()
 		if len(r.b.Tokens) <= minPartTokens {
 			small = append(small, part{r, r.b})
@@ -109,7 +94,8 @@ func (p *pipeline) start(ctx context.Context, parts []part) {
 	case <-ctx.Done():
 		return
 	}
-	u := &unit{parts: parts}
+	u := &unit{parts: parts, prev: p.last, committed: make(chan struct{})}
+	p.last = u.committed
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
@@ -120,8 +106,9 @@ func (p *pipeline) start(ctx context.Context, parts []part) {
 	}()
 }
 
-// run stores u's parts in a transaction, trying again while the database
-// cannot take it; false when ctx ended first.
+// run stores u's parts in a transaction and commits it after the unit
+// before, trying again while the database cannot take it; false when ctx
+// ended first.
 func (p *pipeline) run(ctx context.Context, u *unit) bool {
 	c := p.c
 	for delay, failing := 250*time.Millisecond, false; ; delay = min(2*delay, 5*time.Second) {
@@ -133,6 +120,7 @@ func (p *pipeline) run(ctx context.Context, u *unit) bool {
 			if failing {
 				c.Log.Info("storing again", "stream_seq", u.parts[0].r.m.Seq)
 			}
+			close(u.committed)
 			return true
 		}
 		if ctx.Err() != nil {
@@ -150,9 +138,8 @@ func (p *pipeline) run(ctx context.Context, u *unit) bool {
 	}
 }
 
-// store stores u's parts in one transaction, with where the messages are
-// stored through should it commit (through); it returns how many tokens
-// each part added.
+// store stores u's parts in one transaction, committed once the unit
+// before committed; it returns how many tokens each part added.
 func (p *pipeline) store(ctx context.Context, u *unit) ([]int, error) {
 	added := make([]int, len(u.parts))
 	var ms []Received
@@ -172,86 +159,32 @@ func (p *pipeline) store(ctx context.Context, u *unit) ([]int, error) {
 				added[i] = n[k]
 			}
 		}
-		if r := p.through(u); r != nil {
-			u.wrote = r
-			return writeThrough(ctx, tx, r)
+		if u.prev != nil {
+			select {
+			case <-u.prev:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
 		return nil
 	})
 	return added, err
 }
 
-// through is the newest message before which every message delivered is
-// stored, should u commit, if u's commit moves it; nil if not.
-func (p *pipeline) through(u *unit) *received {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var last *received
-	for _, r := range p.order {
-		if !r.stored && !u.completes(r) {
-			break
-		}
-		last = r
-	}
-	return last
-}
-
-// completes reports whether u holds every part of r not yet committed.
-func (u *unit) completes(r *received) bool {
-	n := 0
-	for _, pt := range u.parts {
-		if pt.r == r {
-			n++
-		}
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return n > 0 && r.units == n
-}
-
 // done acknowledges the messages whose last unit u was, each ack's answer
-// awaited side by side, and now and then prunes StoredThroughTable.
+// awaited side by side.
 func (p *pipeline) done(ctx context.Context, u *unit) {
-	var complete []*received
-	for _, pt := range u.parts {
-		if pt.r.unitDone() {
-			complete = append(complete, pt.r)
-		}
-	}
-	p.mu.Lock()
-	for _, r := range complete {
-		r.stored = true
-	}
-	n := 0
-	for n < len(p.order) && p.order[n].stored {
-		n++
-	}
-	p.order = slices.Delete(p.order, 0, n)
-	if u.wrote != nil && (p.written == nil || u.wrote.m.Seq > p.written.m.Seq) {
-		p.written = u.wrote
-	}
-	p.commits++
-	prune := p.commits%pruneEvery == 0 && p.written != nil
-	written := p.written
-	p.mu.Unlock()
-	if prune && p.pruning.CompareAndSwap(false, true) {
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			defer p.pruning.Store(false)
-			if err := pruneThrough(ctx, p.c.Pool, written.m.Stream, written.m.Durable, written.m.Seq); err != nil {
-				p.c.Log.Warn("cannot prune; trying again later", "err", err)
-			}
-		}()
-	}
 	var wg sync.WaitGroup
-	for _, r := range complete {
+	for _, pt := range u.parts {
+		if !pt.r.unitDone() {
+			continue
+		}
 		p.mu.Lock()
-		delete(p.inflight, r.m.Seq)
-		again := r.again
+		delete(p.inflight, pt.r.m.Seq)
+		again := pt.r.again
 		p.mu.Unlock()
 		wg.Add(1)
-		go func() { defer wg.Done(); p.c.acknowledge(ctx, r, again) }()
+		go func() { defer wg.Done(); p.c.acknowledge(ctx, pt.r, again) }()
 	}
 	wg.Wait()
 }
@@ -289,12 +222,10 @@ type received struct {
 	mu sync.Mutex
 	// units counts the units holding its tokens not committed yet; added
 	// the tokens they added; again are deliveries of it that came while
-	// it was in flight (under the pipeline's mu).
+	// it was in flight.
 	units int
 	added int
 	again []jetstream.Msg
-	// stored: every unit of it committed (under the pipeline's mu).
-	stored bool
 }
 
 func (r *received) addAdded(n int) {

@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -41,6 +42,18 @@ func (Webhooks) StoreAll(ctx context.Context, tx pgx.Tx, ms []inbox.Received) ([
 	return added, nil
 }
 
+// Position is where the durable got to: the newest message it stored a
+// token of, by content (its id, a token's key) and place.
+func (Webhooks) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (inbox.Stored, bool, error) {
+	var at inbox.Stored
+	err := pool.QueryRow(ctx, `SELECT stream_seq, batch_id, token_key FROM webhook_outbox
+		WHERE stream = $1 AND durable = $2 ORDER BY stream_seq DESC LIMIT 1`, stream, durable).Scan(&at.Seq, &at.BatchID, &at.Key)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return at, false, nil
+	}
+	return at, err == nil, err
+}
+
 // The loop that stores into the inbox and River runs a sink of one's own:
 // exactly once into the outbox, a message acknowledged after its commit.
 func Example_customSink() {
@@ -61,7 +74,8 @@ func Example_customSink() {
 }
 
 // The example's sink against a real database: each token stored once
-// however often its message comes.
+// however often its message comes, and the newest message stored is where
+// the durable got to.
 func TestCustomSink(t *testing.T) {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, pgtest.Shared(t).CreateDB(t))
@@ -96,5 +110,9 @@ func TestCustomSink(t *testing.T) {
 	}
 	if got := store(message(5, 3), message(8, 3, 4)); !slices.Equal(got, []int{0, 1}) {
 		t.Fatalf("a message again and one overlapping added %v, want [0 1]", got)
+	}
+	at, ok, err := Webhooks{}.Position(ctx, pool, "S", "webhooks")
+	if err != nil || !ok || at.Seq != 8 || at.BatchID != "batch-8" || at.Key != "key4" {
+		t.Fatalf("Position = %+v, %v, %v; want message 8 (batch-8, key4)", at, ok, err)
 	}
 }
