@@ -574,13 +574,7 @@ var benchInserts = []struct {
 }
 
 func BenchmarkDecodeInsert(b *testing.B) {
-	d := New("public", "tokens")
-	rec := &countSink{}
-	for _, m := range [][]byte{relationMsg(0, 1, "public", "tokens", tokenCols...), begin(0x10, 1)} {
-		if err := d.Decode(m, rec); err != nil {
-			b.Fatal(err)
-		}
-	}
+	d, rec := insertDecoder(b)
 	for _, tc := range benchInserts {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
@@ -661,13 +655,7 @@ func TestHeartbeat(t *testing.T) {
 // needs in place (docs/performance.md). A string of the action label, a
 // copy made per row, went unnoticed for a day: 16 bytes a token.
 func TestDecodeInsertAllocatesNothing(t *testing.T) {
-	d := New("public", "tokens")
-	rec := &countSink{}
-	for _, m := range [][]byte{relationMsg(0, 1, "public", "tokens", tokenCols...), begin(0x10, 1)} {
-		if err := d.Decode(m, rec); err != nil {
-			t.Fatal(err)
-		}
-	}
+	d, rec := insertDecoder(t)
 	for _, tc := range benchInserts {
 		allocs := testing.AllocsPerRun(100, func() {
 			if err := d.Decode(tc.msg, rec); err != nil {
@@ -678,4 +666,18 @@ func TestDecodeInsertAllocatesNothing(t *testing.T) {
 			t.Errorf("decoding a %s insert: %.0f allocations, want none", tc.name, allocs)
 		}
 	}
+}
+
+// insertDecoder is a decoder inside a transaction of the tokens table,
+// ready for benchInserts, and the output it counts them into.
+func insertDecoder(tb testing.TB) (*Decoder, *countSink) {
+	tb.Helper()
+	d := New("public", "tokens")
+	rec := &countSink{}
+	for _, m := range [][]byte{relationMsg(0, 1, "public", "tokens", tokenCols...), begin(0x10, 1)} {
+		if err := d.Decode(m, rec); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return d, rec
 }
