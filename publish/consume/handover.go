@@ -215,7 +215,7 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 }
 
 // claim writes p, read at revision rev, back before this subscriber hands
-// anything on, trying again while the bucket cannot answer. A read alone
+// anything on, trying again while the bucket cannot answer (untilSaved). A read alone
 // may be answered by a leader cut off from its cluster, or land just
 // before the last save of the subscriber that delivered until now: the
 // batches that save says are done were written again (issue 49's fault
@@ -225,22 +225,12 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 // landed first fails this write (ErrTakenOver), and the record is read
 // again.
 func (s *Subscriber) claim(ctx context.Context, msg jetstream.Msg, p *Progress, rev uint64) (uint64, error) {
-	var stranded Stranded
-	for {
-		try, cancel := context.WithTimeout(ctx, progressTry)
-		newRev, err := s.Progress.Save(try, p, rev)
-		cancel()
-		if err == nil || errors.Is(err, ErrTakenOver) || ctx.Err() != nil {
-			return newRev, err
-		}
-		if wire.Unanswered(err) && s.js != nil {
-			stranded.Missed(s.js.Conn(), s.Log, s.Durable, "no answer to the save of which batches are done")
-		}
-		msg.InProgress()
-		if !sleep(ctx, 250*time.Millisecond) {
-			return 0, ctx.Err()
-		}
-	}
+	var newRev uint64
+	err := s.untilSaved(ctx, msg, func(try context.Context) (err error) {
+		newRev, err = s.Progress.Save(try, p, rev)
+		return err
+	})
+	return newRev, err
 }
 
 // render makes the lines of batch i of a message; nil when none is left
@@ -641,12 +631,18 @@ func (s *Subscriber) saveNow(ctx context.Context, msg jetstream.Msg) error {
 	if s.Progress == nil {
 		return nil
 	}
-	// Waiting here, the consume loop hears no heartbeat: a server cut off
-	// from the bucket is left as the loop would leave it.
+	return s.untilSaved(ctx, msg, s.save)
+}
+
+// untilSaved calls save, each try given progressTry, until it lands, is
+// refused as taken over, or ctx ends, msg kept from redelivery meanwhile.
+// Waiting here, the consume loop hears no heartbeat: a server cut off
+// from the bucket is left as the loop would leave it.
+func (s *Subscriber) untilSaved(ctx context.Context, msg jetstream.Msg, save func(context.Context) error) error {
 	var stranded Stranded
 	for {
 		try, cancel := context.WithTimeout(ctx, progressTry)
-		err := s.save(try)
+		err := save(try)
 		cancel()
 		if err == nil || errors.Is(err, ErrTakenOver) || ctx.Err() != nil {
 			return err
