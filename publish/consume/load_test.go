@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mailroom/tailer/internal/embedded"
 )
 
 // flakyProgress fails its first loads with err.
@@ -97,5 +101,41 @@ func TestStandbyKeepsWhatItFinished(t *testing.T) {
 	m := s.prog.Messages[5]
 	if m == nil || !m.Done.Has(0) || s.rev != 3 || s.prog.Floor != 1 {
 		t.Fatalf("after standing by: record %+v (message 5: %+v) at revision %d; want the record read (floor 1, revision 3) with message 5's batch 0 done", s.prog, m, s.rev)
+	}
+}
+
+// A record read that the server answers "JetStream system temporarily
+// unavailable", twice, moves the subscriber to another server of its
+// list: a server cut off from its cluster says it to every read until the
+// cut heals (a standby on a partitioned node waited out a 60 s partition
+// asking it, TestFrozenStreamLeader in CI).
+func TestCutOffReadMovesTheConnection(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var urls []string
+	for range 2 {
+		srv, err := embedded.Start(t.TempDir(), "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Shutdown)
+		urls = append(urls, srv.ClientURL())
+	}
+	nc, err := nats.Connect(strings.Join(urls, ","), nats.DontRandomize())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	first := nc.ConnectedUrl()
+	cutOff := &flakyProgress{fails: 3, err: &jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}}
+	s := &Subscriber{Progress: cutOff, js: js, Durable: "d"}
+	if _, _, err := s.loadProgress(ctx, func() {}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); nc.ConnectedUrl() == first || !nc.IsConnected(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("still on %s after %d reads answered 'temporarily unavailable'; want another server", nc.ConnectedUrl(), cutOff.loads)
+		}
 	}
 }

@@ -456,9 +456,18 @@ func (s *Subscriber) loadProgress(ctx context.Context, wait func()) (Progress, u
 		return s.Progress.Load(try)
 	}
 	p, rev, err := load()
+	var stranded Stranded
 	for delay := 250 * time.Millisecond; err != nil && !errors.Is(err, ErrUnreadableProgress) && ctx.Err() == nil; delay = min(2*delay, 2*time.Second) {
 		if delay == 250*time.Millisecond && s.Log != nil {
 			s.Log.Warn("cannot read which batches are done; trying again", "durable", s.Durable, "err", err)
+		}
+		if wire.TemporarilyUnavailable(err) && s.js != nil {
+			// Its server is cut off from the cluster, and says so to every
+			// read until the cut heals (a standby waited out a 60 s
+			// partition so). A read that goes unanswered is not counted:
+			// moving on those flipped the pinned pair at every election
+			// of the bucket's leader (issue 49's fault run 19).
+			stranded.Missed(s.js.Conn(), s.Log, s.Durable, "the record's read answered 'JetStream temporarily unavailable'")
 		}
 		wait()
 		select {

@@ -98,9 +98,21 @@ const (
 // suitable peers for placement, peer offline" as they opened their
 // bucket.)
 func Unanswered(err error) bool {
-	var apiErr *jetstream.APIError
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
 		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, jetstream.ErrAsyncPublishTimeout) ||
-		errors.As(err, &apiErr) && (apiErr.ErrorCode == jsTemporarilyUnavailable ||
-			apiErr.ErrorCode == jsNoPeers && strings.Contains(apiErr.Description, "peer offline"))
+		TemporarilyUnavailable(err) || noPeerOnline(err)
+}
+
+// TemporarilyUnavailable reports whether err is the server saying its
+// JetStream cannot answer now: a server cut off from its cluster says it
+// to every request until the cut heals.
+func TemporarilyUnavailable(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jsTemporarilyUnavailable
+}
+
+// noPeerOnline: no peer to place a replica on while one is offline.
+func noPeerOnline(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jsNoPeers && strings.Contains(apiErr.Description, "peer offline")
 }
