@@ -84,6 +84,8 @@ type cluster struct {
 	timeout    time.Duration
 	// streamCache keeps the stream's messages between polls.
 	streamCache tailertest.StreamCache
+	// writers counts the writers started: each names its accounts apart.
+	writers atomic.Int32
 }
 
 func newCluster(t *testing.T, pg *pgtest.Server, limit int, timeout time.Duration) *cluster {
@@ -306,6 +308,7 @@ func (c *cluster) startMixedWriter(perTx, recoveries int, pause time.Duration) *
 		c.t.Fatal(err)
 	}
 	w := &writer{stop: make(chan struct{}), done: make(chan struct{})}
+	id := c.writers.Add(1)
 	go func() {
 		defer close(w.done)
 		defer conn.Close(context.Background())
@@ -317,7 +320,7 @@ func (c *cluster) startMixedWriter(perTx, recoveries int, pause time.Duration) *
 			}
 			err := pgx.BeginFunc(c.ctx, conn, func(tx pgx.Tx) error {
 				if _, err := tx.Exec(c.ctx, `INSERT INTO accounts (email, login)
-					SELECT 'w' || $1::int || '_' || g || '@example.com', 'w' || $1::int || '_' || g FROM generate_series(1, $2::int) g`, n, perTx); err != nil {
+					SELECT 'w' || $3::int || '_' || $1::int || '_' || g || '@example.com', 'w' || $3::int || '_' || $1::int || '_' || g FROM generate_series(1, $2::int) g`, n, perTx, id); err != nil {
 					return err
 				}
 				if recoveries == 0 {
