@@ -32,19 +32,25 @@ func (c *cluster) watchedTailer(env ...string) *watched {
 
 // blocked waits until the tailer says, everywhere, that it waits for the
 // operator for reason, naming want: the log, /readyz, tailer_blocked and
-// tailer status (with the tailer's settings).
+// tailer status (with the tailer's settings). Alternatives, where two
+// checks may see a change first, are separated by "|", reason and want
+// side by side.
 func (w *watched) blocked(c *cluster, reason, want string) {
 	c.t.Helper()
+	reasons, wants := strings.Split(reason, "|"), strings.Split(want, "|")
 	tailertest.Eventually(c.t, 30*time.Second, func() error {
 		code, body := httpGet(w.base + "/readyz")
 		_, metrics := httpGet(w.base + "/metrics")
-		v, _ := metricValue(metrics, `tailer_blocked{reason="`+reason+`"}`)
 		rep, scode := c.statusWith(1<<40, w.env...)
-		if code == 503 && strings.Contains(body, want) && v == 1 && scode == 1 && strings.Contains(rep.Blocked, want) &&
-			strings.Contains(w.out.String(), want) {
-			return nil
+		for i, reason := range reasons {
+			want := wants[i]
+			v, _ := metricValue(metrics, `tailer_blocked{reason="`+reason+`"}`)
+			if code == 503 && strings.Contains(body, want) && v == 1 && scode == 1 && strings.Contains(rep.Blocked, want) &&
+				strings.Contains(w.out.String(), want) {
+				return nil
+			}
 		}
-		return fmt.Errorf("not blocked for %s naming %q: /readyz %d %s; tailer_blocked %v; status %d %+v\n%s", reason, want, code, body, v, scode, rep, w.out.String())
+		return fmt.Errorf("not blocked for %s naming %q: /readyz %d %s; %s; status %d %+v\n%s", reason, want, code, body, grepLines(metrics, "tailer_blocked{"), scode, rep, w.out.String())
 	})
 }
 
@@ -138,7 +144,10 @@ func TestPublicationChanges(t *testing.T) {
 	}{
 		// A token inserted between the drop and the new publication (one
 		// transaction, so that the tailer only sees it once it is all done).
-		{"dropped and made again", "publication", "was dropped and made again",
+		// Said as the decoder meets the new publication, or as the slot's
+		// mark that the publication guard set in that transaction, whichever
+		// the tailer finds first (a CI run found the mark first).
+		{"dropped and made again", "publication|resync", "was dropped and made again|streaming on would skip them",
 			[]string{`BEGIN; DROP PUBLICATION mailroom; INSERT INTO accounts (email, login) VALUES ('between@x', 'between');
 				CREATE PUBLICATION mailroom FOR TABLE tokens WITH (publish = 'insert'); COMMIT`}, nil, false, false},
 		{"tokens taken out", "publication", "does not include the tokens table",
@@ -215,7 +224,11 @@ func TestPublicationChanges(t *testing.T) {
 				t.Fatalf("%d tokens", n)
 			}
 			waiting.ready(c)
-			if n := strings.Count(p.out.String(), tc.want); n != 1 && !(tc.name == "a column list" && n == 2) {
+			n := 0
+			for _, want := range strings.Split(tc.want, "|") {
+				n += strings.Count(p.out.String(), want)
+			}
+			if n != 1 && !(tc.name == "a column list" && n == 2) {
 				t.Errorf("said %d times, want once:\n%s", n, p.out.String())
 			}
 			if strings.Contains(p.out.String(), "skipping a token row that cannot be decoded") {
