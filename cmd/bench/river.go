@@ -113,7 +113,7 @@ func streamJobs(ctx context.Context, natsURL string, n int) ([]river.InsertManyP
 			return nil, err
 		}
 		meta, _ := msg.Metadata()
-		jobs = append(jobs, inbox.JobParams(inbox.Received{Meta: inbox.Meta{Stream: "MAILROOM", Seq: meta.Sequence.Stream, Durable: "bench-river"}, Decoded: b})...)
+		jobs = append(jobs, inbox.JobParams(b.Units("MAILROOM", meta.Sequence.Stream, "bench-river")...)...)
 	}
 	return jobs, nil
 }

@@ -54,7 +54,7 @@ func TestSubscribeIntoPostgres(t *testing.T) {
 				return nil
 			default:
 			}
-			if !strings.Contains(p.out.String(), "consuming into PostgreSQL") {
+			if !strings.Contains(p.out.String(), "sink=*inbox.DB") {
 				return errors.New("not consuming yet")
 			}
 			return nil

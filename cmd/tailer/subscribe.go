@@ -81,10 +81,10 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 		return exitFailure
 	}
 	if f.into != "" {
-		durable := consume.Durable{Stream: cfg.Stream, Subject: cfg.Subject, Name: f.durable, FromStart: f.fromStart, Action: f.action, AckWait: f.ackWait}
-		return subscribeInto(ctx, cfg, f.into, f.migrate, durable, js, f.healthAddr, stderr, log)
+		sub := &consume.Subscriber{Stream: cfg.Stream, Subject: cfg.Subject, Durable: f.durable, FromStart: f.fromStart, Action: f.action, AckWait: f.ackWait, Log: log}
+		return subscribeInto(ctx, cfg, f.into, f.migrate, sub, js, f.healthAddr, stderr, log)
 	}
-	sub, err := f.subscriber(ctx, cfg, js, stdout, log, resend)
+	sub, lines, err := f.subscriber(ctx, cfg, js, stdout, log, resend)
 	if err != nil {
 		log.Error("subscribe failed", "err", err)
 		return exitFailure
@@ -95,7 +95,7 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 	if f.healthAddr != "" {
 		probe := &subscriber.Probe{Stream: cfg.Stream, Durable: f.durable, JS: js, Consuming: sub.Consuming, Stats: sub.Stats, GroupStall: f.stall}
 		if f.stall > 0 {
-			probe.Stalled = func() bool { return sub.Stalled(f.stall) }
+			probe.Stalled = func() bool { return lines.Stalled(f.stall) }
 		}
 		stop, err := subscriber.Serve(f.healthAddr, probe)
 		if err != nil {
@@ -106,7 +106,7 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 	if f.exec != "" {
 		sender := &subscriber.Sender{Command: f.exec, Reports: f.reports, DoneExit: done, TransientExit: transient,
 			StopTimeout: f.stopTimeout, Stdout: stdout, Stderr: stderr, Log: log}
-		err = sender.Run(ctx, sub, js)
+		err = sender.Run(ctx, sub, lines, js)
 		stopped(sub, js, log)
 	} else {
 		err = sub.Run(ctx, js)
@@ -215,11 +215,11 @@ func (f *subscribeFlags) check(cfg *config.Config, resend bool) string {
 // subscriber makes the subscriber the flags describe, with its progress
 // record and dead letters, writing to stdout unless a sender is run;
 // resend: on the durable's dead letters.
-func (f *subscribeFlags) subscriber(ctx context.Context, cfg *config.Config, js jetstream.JetStream, stdout io.Writer, log *slog.Logger, resend bool) (*consume.Subscriber, error) {
+func (f *subscribeFlags) subscriber(ctx context.Context, cfg *config.Config, js jetstream.JetStream, stdout io.Writer, log *slog.Logger, resend bool) (*consume.Subscriber, *consume.Lines, error) {
+	lines := &consume.Lines{JSON: f.format == "json", MaxTokensPerLine: f.perLine, Out: stdout, Reports: f.reports, Log: log}
 	sub := &consume.Subscriber{
-		Stream: cfg.Stream, Subject: cfg.Subject, Durable: f.durable, FromStart: f.fromStart,
-		Action: f.action, JSON: f.format == "json", MaxTokensPerLine: f.perLine, Out: stdout, Log: log,
-		AckWait: f.ackWait, Reports: f.reports, MaxDeliveries: f.maxDeliveries, Pinned: true, PinnedTTL: f.pinnedTTL,
+		Stream: cfg.Stream, Subject: cfg.Subject, Durable: f.durable, FromStart: f.fromStart, Action: f.action, Sink: lines, Log: log,
+		AckWait: f.ackWait, MaxDeliveries: f.maxDeliveries, Pinned: true, PinnedTTL: f.pinnedTTL,
 	}
 	if resend {
 		// The durable's dead letters, through a consumer of their own, once
@@ -230,27 +230,27 @@ func (f *subscribeFlags) subscriber(ctx context.Context, cfg *config.Config, js 
 	}
 	var err error
 	if sub.Progress, err = consume.OpenProgress(ctx, js, cfg.Stream, sub.Durable); err != nil {
-		return nil, fmt.Errorf("the subscriber keeps which batches are done in a key-value bucket beside the stream; allow it to make and use the bucket: %w", err)
+		return nil, nil, fmt.Errorf("the subscriber keeps which batches are done in a key-value bucket beside the stream; allow it to make and use the bucket: %w", err)
 	}
 	if sub.MaxDeliveries > 0 {
 		dl, err := consume.OpenDeadLetters(ctx, js, cfg.Stream, f.durable)
 		if err != nil {
-			return nil, fmt.Errorf("allow the subscriber to make and publish to the dead-letter stream, or run it with --max-deliveries 0: %w", err)
+			return nil, nil, fmt.Errorf("allow the subscriber to make and publish to the dead-letter stream, or run it with --max-deliveries 0: %w", err)
 		}
 		sub.DeadLetters = dl
 	}
 	if out, ok := stdout.(*os.File); ok && f.exec == "" {
 		pipe, _ := consume.OpenPipe(out)
-		sub.SetOut(stdout, pipe)
+		lines.SetOut(stdout, pipe)
 	}
 	if f.window > 0 {
-		sub.Dedup = consume.NewDedup[string](f.window)
+		lines.Dedup = consume.NewDedup[string](f.window)
 		if out, ok := stdout.(*os.File); ok && f.exec == "" {
 			if st, err := out.Stat(); err == nil && st.Mode().IsRegular() {
 				// Reopened for reading: the tokens a killed run wrote but
 				// could not acknowledge are at the end of this file.
 				if r, err := os.Open("/proc/self/fd/1"); err == nil {
-					err = consume.SeedFromOutput(r, st.Size(), sub.Dedup)
+					err = consume.SeedFromOutput(r, st.Size(), lines.Dedup)
 					r.Close()
 					if err != nil {
 						log.Warn("cannot read earlier output", "err", err)
@@ -259,7 +259,7 @@ func (f *subscribeFlags) subscriber(ctx context.Context, cfg *config.Config, js 
 			}
 		}
 	}
-	return sub, nil
+	return sub, lines, nil
 }
 
 // exitCodes parses a comma-separated list of exit codes.

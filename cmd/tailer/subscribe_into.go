@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
@@ -18,7 +17,7 @@ import (
 
 // subscribeInto stores the tokens of durable's messages in the database at
 // MAILROOM_INBOX_URL, exactly once: into (inbox or river) says as what.
-func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate bool, durable consume.Durable, js jetstream.JetStream,
+func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate bool, sub *consume.Subscriber, js jetstream.JetStream,
 	healthAddr string, stderr io.Writer, log *slog.Logger) int {
 	pool, err := pgxpool.New(ctx, cfg.InboxURL)
 	if err != nil {
@@ -26,14 +25,14 @@ func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate
 		return exitConfig
 	}
 	defer pool.Close()
-	var sink inbox.Sink = inbox.Inbox{}
+	var store inbox.Store = inbox.Inbox{}
 	if into == "river" {
 		jobs, err := inbox.NewJobs()
 		if err != nil {
 			log.Error("subscribe failed", "err", err)
 			return exitFailure
 		}
-		sink = jobs
+		store = jobs
 	}
 	if migrate {
 		if into == "river" {
@@ -57,26 +56,18 @@ func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate
 		fmt.Fprintf(stderr, "tailer subscribe: the consumer's database (MAILROOM_INBOX_URL) has no table %s: start the subscriber once with --migrate, which makes it\n", table)
 		return exitConfig
 	}
-	c := &inbox.Consumer{Durable: durable, Pool: pool, Sink: sink, Log: log}
+	db := &inbox.DB{Pool: pool, Store: store, Log: log}
+	sub.Sink = db
 	if healthAddr != "" {
-		stats := func() consume.Stats {
-			n := int(c.Messages.Load())
-			st := consume.Stats{Messages: n, Acked: n, Batches: n, Recreated: int(c.Recreated.Load())}
-			st.Gaps, st.OpenGap = c.Gaps.State()
-			if ms := c.LastDelivery.Load(); ms > 0 {
-				st.LastDelivery = time.UnixMilli(ms)
-			}
-			return st
-		}
-		stop, err := subscriber.Serve(healthAddr, &subscriber.Probe{Stream: durable.Stream, Durable: durable.Name, JS: js, Consuming: c.Consuming, Stats: stats})
+		stop, err := subscriber.Serve(healthAddr, &subscriber.Probe{Stream: sub.Stream, Durable: sub.Durable, JS: js, Consuming: sub.Consuming, Stats: sub.Stats})
 		if err != nil {
 			fmt.Fprintf(stderr, "tailer subscribe: --health-addr: %v\n", err)
 			return exitConfig
 		}
 		defer stop()
 	}
-	err = c.Run(ctx, js)
-	log.Info("stopped", "messages", c.Messages.Load(), "tokens_added", c.Added.Load(), "messages_stored_before", c.Again.Load())
+	err = sub.Run(ctx, js)
+	log.Info("stopped", "messages", sub.Stats().Acked, "tokens_added", db.Added.Load(), "transactions_stored_before", db.Again.Load())
 	if err != nil {
 		log.Error("subscribe failed", "err", err)
 		return exitFailure

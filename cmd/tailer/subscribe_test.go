@@ -859,7 +859,7 @@ func TestSubscribeInto(t *testing.T) {
 				if rows != len(want) || keys != len(want) {
 					return fmt.Errorf("%s: %d rows of %d keys, want %d", tc.into, rows, keys, len(want))
 				}
-				if !strings.Contains(p.out.String(), "consuming into PostgreSQL") {
+				if !strings.Contains(p.out.String(), "sink=*inbox.DB") {
 					return errors.New("not consuming yet")
 				}
 				// The rows of the first run are there already: a run is
@@ -939,7 +939,7 @@ func TestSubscribeIntoConsumerLost(t *testing.T) {
 	if err := s.DeleteConsumer(c.ctx, "lost"); err != nil {
 		t.Fatal(err)
 	}
-	p.waitLog("made again at the last message the database holds a token of", 1, 30*time.Second)
+	p.waitLog("made again at the last message the sink holds a token of", 1, 30*time.Second)
 	insert("b", 20)
 	if code := p.term(30 * time.Second); code != exitOK {
 		t.Fatalf("exit %d:\n%s", code, p.out.String())

@@ -59,26 +59,6 @@ func (b *Decoded) Lines() [][]SignedToken {
 	return lines
 }
 
-// Only returns the batch with the tokens of action (a label of
-// token.Actions) alone, each batch (line) keeping its place; lines left
-// without a token are dropped.
-func (b *Decoded) Only(action string) *Decoded {
-	out := &Decoded{ID: b.ID, KeyID: b.KeyID}
-	for _, line := range b.Lines() {
-		n := 0
-		for _, t := range line {
-			if t.Action == action {
-				out.Tokens = append(out.Tokens, t)
-				n++
-			}
-		}
-		if n > 0 {
-			out.Sizes = append(out.Sizes, n)
-		}
-	}
-	return out
-}
-
 // Error is a malformed batch; Field names what is wrong.
 type Error struct {
 	Field string

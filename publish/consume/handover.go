@@ -1,15 +1,12 @@
 package consume
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"slices"
-	"strings"
-	"syscall"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -28,42 +25,46 @@ type held struct {
 	acking bool
 }
 
-// unit is one batch of a message as the reader gets it.
-type unit struct {
-	h     *held
-	index int
-	data  []byte
-	keys  []string
-	lines []string
-	// end is Subscriber.written once the unit was written.
-	end      int64
-	reported int
-	done     bool
+// handle takes a group of delivered messages: the batches of each not
+// done before go to the Sink together.
+func (s *Subscriber) handle(ctx context.Context, group []jetstream.Msg) error {
+	var units []*Unit
+	for _, msg := range group {
+		us, err := s.take(ctx, msg)
+		if err != nil {
+			return err
+		}
+		units = append(units, us...)
+	}
+	if len(units) == 0 {
+		return nil
+	}
+	return s.hand(ctx, units)
 }
 
-// handle takes one delivered message: the batches not done before are
-// rendered as lines and handed to the reader.
-func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg) error {
+// take takes one delivered message: it returns the batches of it for the
+// Sink, those not done before.
+func (s *Subscriber) take(ctx context.Context, msg jetstream.Msg) ([]*Unit, error) {
 	meta, err := msg.Metadata()
 	if err != nil {
-		return fmt.Errorf("message metadata: %w", err)
+		return nil, fmt.Errorf("message metadata: %w", err)
 	}
 	seq := meta.Sequence.Stream
 	mark := wire.Mark(msg.Subject(), msg.Headers(), msg.Data())
 	if err := s.refresh(ctx, msg); err != nil {
 		// Back to the server at once, with what this subscriber held.
 		msg.Nak()
-		return err
+		return nil, err
 	}
 	s.noteDelivery(ctx, msg, meta, mark)
 	b, err := Decode(msg.Headers(), msg.Data())
 	if err != nil {
-		return s.unreadable(ctx, msg, seq, err)
+		return nil, s.unreadable(ctx, msg, seq, err)
 	}
 	if len(b.Tokens) == 0 {
-		// A session marker: nothing for a reader.
+		// A session marker: nothing for a sink.
 		s.ackMsg(ctx, msg, seq)
-		return nil
+		return nil, nil
 	}
 	s.mu.Lock()
 	rec := s.prog.message(seq, mark, len(b.Sizes))
@@ -73,23 +74,22 @@ func (s *Subscriber) handle(ctx context.Context, msg jetstream.Msg) error {
 		// Done before: its ack was lost, or the consumer was made again
 		// below it.
 		s.ackMsg(ctx, msg, seq)
-		return nil
+		return nil, nil
 	}
 	h := &held{msg: msg, seq: seq, rec: rec}
 	s.held = append(s.held, h)
-	units, dead := s.units(h, b)
+	units, dead := s.units(h, meta, b)
 	s.dirty = true
 	s.mu.Unlock()
 	for _, i := range dead {
 		if err := s.deadLetter(ctx, h, b, i); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if len(units) == 0 {
 		s.finish(ctx, h)
-		return nil
 	}
-	return s.hand(ctx, units)
+	return units, nil
 }
 
 // noteDelivery records a message delivered: the newest the durable's
@@ -121,10 +121,11 @@ func (s *Subscriber) noteDelivery(ctx context.Context, msg jetstream.Msg, meta *
 	s.gaps.Note(ctx, s.js, s.Stream, s.Durable, s.Log, msg.Headers(), gap, func() { msg.InProgress() })
 }
 
-// units are the batches of b the reader is to get, and those to set aside
+// units are the batches of b the Sink is to get, and those to set aside
 // as dead letters, each counted pending in h; a batch done before, or
-// with nothing left for this reader, is not. Called with s.mu held.
-func (s *Subscriber) units(h *held, b *Decoded) (units []*unit, dead []int) {
+// with no token of the subscriber's action, is not. Called with s.mu
+// held.
+func (s *Subscriber) units(h *held, meta *jetstream.MsgMetadata, b *Decoded) (units []*Unit, dead []int) {
 	rec := h.rec
 	for i, line := range b.Lines() {
 		if rec.Done.Has(i) {
@@ -136,14 +137,22 @@ func (s *Subscriber) units(h *held, b *Decoded) (units []*unit, dead []int) {
 			h.pending++
 			continue
 		}
-		u := s.render(h, i, b.ID, line, h.seq)
-		if u == nil {
-			// Nothing of it for this reader: done as it is.
+		tokens := line
+		if s.Action != "" {
+			tokens = nil
+			for _, t := range line {
+				if t.Action == s.Action {
+					tokens = append(tokens, t)
+				}
+			}
+		}
+		if len(tokens) == 0 {
+			// Nothing of it for this sink: done as it is.
 			rec.Done.Add(i)
 			continue
 		}
 		h.pending++
-		units = append(units, u)
+		units = append(units, &Unit{Stream: meta.Stream, Seq: h.seq, Durable: s.Durable, ID: b.ID, KeyID: b.KeyID, Line: i, Tokens: tokens, h: h})
 	}
 	return units, dead
 }
@@ -233,140 +242,47 @@ func (s *Subscriber) claim(ctx context.Context, msg jetstream.Msg, p *Progress, 
 	return newRev, err
 }
 
-// render makes the lines of batch i of a message; nil when none is left
-// for the reader (other actions, dropped by the dedup window or unsafe).
-// Called with s.mu held.
-func (s *Subscriber) render(h *held, i int, id string, tokens []SignedToken, seq uint64) *unit {
-	keep := make([]SignedToken, 0, len(tokens))
-	for _, t := range tokens {
-		if s.Action != "" && t.Action != s.Action {
-			continue
-		}
-		if s.Dedup != nil && s.Dedup.Contains(t.Key) {
-			continue
-		}
-		if !s.JSON && (!wire.LineSafe(t.Email) || !wire.LineSafe(t.Login)) {
-			// The sender would misparse the line: every other token of
-			// it would be lost, or a crafted field would forge rows.
-			if s.Log != nil {
-				s.Log.Warn("token not written: its email or login holds a comma, CR, LF or NUL, or exceeds 254 bytes", "reason", "unsafe_field", "token_id", t.ID, "stream_seq", seq)
-			}
-			continue
-		}
-		keep = append(keep, t)
+// hand gives units to the Sink. A Serial one gets them one at a time,
+// the record saved before each while a batch done is unsaved.
+func (s *Subscriber) hand(ctx context.Context, units []*Unit) error {
+	if sr, ok := s.Sink.(Serial); !ok || !sr.Serial() {
+		return s.Sink.Hand(ctx, units, s.doneFunc())
 	}
-	if len(keep) == 0 {
-		return nil
-	}
-	u := &unit{h: h, index: i}
-	n := s.MaxTokensPerLine
-	if n <= 0 {
-		n = len(keep)
-	}
-	for start := 0; start < len(keep); start += n {
-		part := keep[start:min(start+n, len(keep))]
-		at := len(u.data)
-		if s.JSON {
-			// Marshalling plain strings and numbers does not fail.
-			u.data, _ = AppendJSON(u.data, id, part)
-		} else {
-			u.data = AppendLine(u.data, part)
-		}
-		u.lines = append(u.lines, string(u.data[at:]))
-		u.data = append(u.data, '\n')
-		for _, t := range part {
-			u.keys = append(u.keys, t.Key)
-		}
-	}
-	return u
-}
-
-// hand writes units to the reader, as Out's kind asks.
-func (s *Subscriber) hand(ctx context.Context, units []*unit) error {
-	switch {
-	case s.Reports:
-		// The reader says what it finished: write all, it may read ahead.
-		var buf []byte
+	for _, u := range units {
 		s.mu.Lock()
-		if s.lines == nil {
-			s.lines = make(map[string][]*unit)
-		}
-		for _, u := range units {
-			buf = append(buf, u.data...)
-			s.written += int64(len(u.data))
-			u.end = s.written
-			s.handed = append(s.handed, u)
-			for _, l := range u.lines {
-				s.lines[l] = append(s.lines[l], u)
-			}
-		}
+		behind := s.doneUnsaved >= maxDoneUnsaved
 		s.mu.Unlock()
-		return s.write(buf)
-	case s.Pipe != nil:
-		for _, u := range units {
-			s.mu.Lock()
-			behind := s.doneUnsaved >= maxDoneUnsaved
-			s.mu.Unlock()
-			if behind {
-				// A message of many batches (a backlog's): what the
-				// reader finished is saved before it gets more, so that
-				// a subscriber that takes the message over skips it.
-				// Taken over, or stopped while the save waited, this
-				// one gives its reader nothing more: a batch written now
-				// would be read unrecorded, beside the one the reader
-				// holds and the one done and unsaved.
-				if err := s.saveNow(ctx, u.h.msg); err != nil {
-					return fmt.Errorf("consume %s: %w", s.Durable, err)
-				}
+		if behind {
+			// A message of many batches (a backlog's): what the reader
+			// finished is saved before it gets more, so that a
+			// subscriber that takes the message over skips it. Taken
+			// over, or stopped while the save waited, this one gives its
+			// reader nothing more: a batch written now would be read
+			// unrecorded, beside the one the reader holds and the one
+			// done and unsaved.
+			if err := s.saveNow(ctx, u.h.msg); err != nil {
+				return fmt.Errorf("consume %s: %w", s.Durable, err)
 			}
-			s.mu.Lock()
-			s.written += int64(len(u.data))
-			u.end = s.written
-			s.handed = append(s.handed, u)
-			s.mu.Unlock()
-			if err := s.write(u.data); err != nil {
-				return err
-			}
-			if err := s.Pipe.Taken(ctx); err != nil {
-				return fmt.Errorf("hand lines over: %w", err)
-			}
-			// The reader took this batch: it is done with those before.
-			s.mu.Lock()
-			before := slices.Clone(s.handed[:slices.Index(s.handed, u)])
-			s.mu.Unlock()
-			s.done(ctx, before)
 		}
-		return nil
-	default:
-		var buf []byte
-		for _, u := range units {
-			buf = append(buf, u.data...)
-		}
-		s.mu.Lock()
-		s.handed = append(s.handed, units...)
-		s.mu.Unlock()
-		if err := s.write(buf); err != nil {
+		if err := s.Sink.Hand(ctx, []*Unit{u}, s.doneFunc()); err != nil {
 			return err
 		}
-		// The lines are out: only now may the server forget them.
-		s.done(ctx, units)
-		return nil
-	}
-}
-
-func (s *Subscriber) write(buf []byte) error {
-	if _, err := s.Out.Write(buf); err != nil {
-		if errors.Is(err, syscall.EPIPE) {
-			err = ErrReaderGone
-		}
-		return fmt.Errorf("write lines: %w", err)
 	}
 	return nil
 }
 
+// doneFunc is what a Sink calls with the units it finished, also after
+// the Hand that gave them, and as the subscriber stops: a unit a sink
+// finished is acknowledged all the same (reports that come as the
+// sender ends; a commit that landed).
+func (s *Subscriber) doneFunc() func(...*Unit) {
+	ctx := context.WithoutCancel(s.life)
+	return func(us ...*Unit) { s.done(ctx, us) }
+}
+
 // done marks units done and acknowledges the messages that are then
 // complete.
-func (s *Subscriber) done(ctx context.Context, units []*unit) {
+func (s *Subscriber) done(ctx context.Context, units []*Unit) {
 	s.mu.Lock()
 	var complete []*held
 	for _, u := range units {
@@ -374,16 +290,8 @@ func (s *Subscriber) done(ctx context.Context, units []*unit) {
 			continue
 		}
 		u.done = true
-		if i := slices.Index(s.handed, u); i >= 0 {
-			s.handed = slices.Delete(s.handed, i, i+1)
-		}
-		u.h.rec.Done.Add(u.index)
-		delete(u.h.rec.Attempts, u.index)
-		if s.Dedup != nil {
-			for _, k := range u.keys {
-				s.Dedup.Seen(k)
-			}
-		}
+		u.h.rec.Done.Add(u.Line)
+		delete(u.h.rec.Attempts, u.Line)
 		s.stats.Batches++
 		s.stats.LastDone = time.Now()
 		s.dirty = true
@@ -397,35 +305,52 @@ func (s *Subscriber) done(ctx context.Context, units []*unit) {
 	s.finish(ctx, complete...)
 }
 
-// finish acknowledges messages all of whose batches are done.
+// finish acknowledges messages all of whose batches are done, once the
+// record says so, the acks' answers awaited side by side.
 func (s *Subscriber) finish(ctx context.Context, hs ...*held) {
+	var ready []*held
+	s.mu.Lock()
 	for _, h := range hs {
-		s.mu.Lock()
-		if h.acking || h.pending > 0 {
-			s.mu.Unlock()
-			continue
+		if !h.acking && h.pending == 0 {
+			h.acking = true
+			ready = append(ready, h)
 		}
-		h.acking = true
-		s.mu.Unlock()
-		// Every batch of it is done: acknowledged even when taken over.
-		s.saveNow(ctx, h.msg)
-		err := s.ack(ctx, h.msg)
-		s.mu.Lock()
-		if i := slices.Index(s.held, h); i >= 0 {
-			s.held = slices.Delete(s.held, i, i+1)
+	}
+	s.mu.Unlock()
+	if len(ready) == 0 {
+		return
+	}
+	// Every batch of them is done: acknowledged even when taken over.
+	s.saveNow(ctx, ready[0].msg)
+	if len(ready) == 1 {
+		s.acked(ctx, ready[0], s.ack(ctx, ready[0].msg))
+	} else {
+		var wg sync.WaitGroup
+		for _, h := range ready {
+			wg.Add(1)
+			go func() { defer wg.Done(); s.acked(ctx, h, s.ack(ctx, h.msg)) }()
 		}
-		if err == nil {
-			h.rec.Acked = true
-			s.stats.Acked++
-			s.dirty = true
-		}
-		s.mu.Unlock()
-		if err != nil && ctx.Err() == nil && s.Log != nil {
-			// Its batches are done, as the record says: delivered again,
-			// the message is acknowledged without a line written.
-			s.Log.Warn("ack not confirmed; the message will be delivered again, and not written again", "stream_seq", h.seq, "err", err)
-		}
-		s.signal()
+		wg.Wait()
+	}
+	s.signal()
+}
+
+// acked notes h's ack and how the server answered it (err).
+func (s *Subscriber) acked(ctx context.Context, h *held, err error) {
+	s.mu.Lock()
+	if i := slices.Index(s.held, h); i >= 0 {
+		s.held = slices.Delete(s.held, i, i+1)
+	}
+	if err == nil {
+		h.rec.Acked = true
+		s.stats.Acked++
+		s.dirty = true
+	}
+	s.mu.Unlock()
+	if err != nil && ctx.Err() == nil && s.Log != nil {
+		// Its batches are done, as the record says: delivered again,
+		// the message is acknowledged without handing anything on.
+		s.Log.Warn("ack not confirmed; the message will be delivered again, and not handed on again", "stream_seq", h.seq, "err", err)
 	}
 }
 
@@ -470,33 +395,21 @@ const (
 // otherwise, the others of their messages remembered as done. It returns
 // how many messages were handed back.
 func (s *Subscriber) Settle(ctx context.Context, o Outcome) int {
-	s.mu.Lock()
-	handed := slices.Clone(s.handed)
-	unread := int64(0)
-	if s.Pipe != nil {
-		unread = int64(s.Pipe.Unread())
-	}
-	taken := s.written - unread
-	s.mu.Unlock()
-	if o == ReaderDone && !s.Reports {
-		s.done(ctx, handed)
-		handed = nil
+	var failedOn *Unit
+	inDoubt := false
+	if r, ok := s.Sink.(reader); ok {
+		failedOn, inDoubt = r.settle(o)
 	}
 	s.mu.Lock()
-	if o == ReaderFailed && len(handed) > 0 {
+	if o == ReaderFailed && inDoubt {
 		s.stats.ReaderFailures++
-		// The oldest batch the reader took whole and did not finish: a
-		// reader that keeps failing on one batch fails there first.
-		for _, u := range handed {
-			if u.end <= taken || s.Pipe == nil {
-				if u.h.rec.Attempts == nil {
-					u.h.rec.Attempts = make(map[int]int)
-				}
-				u.h.rec.Attempts[u.index]++
-				s.dirty = true
-				break
-			}
+	}
+	if u := failedOn; u != nil {
+		if u.h.rec.Attempts == nil {
+			u.h.rec.Attempts = make(map[int]int)
 		}
+		u.h.rec.Attempts[u.Line]++
+		s.dirty = true
 	}
 	// Every message in hand but those being acknowledged: some of their
 	// batches may not even have been handed over.
@@ -507,7 +420,6 @@ func (s *Subscriber) Settle(ctx context.Context, o Outcome) int {
 		}
 	}
 	s.held = slices.DeleteFunc(s.held, func(h *held) bool { return !h.acking })
-	s.handed, s.lines, s.written = nil, nil, 0
 	s.mu.Unlock()
 	// Which batches are done, before the messages come again.
 	if err := s.save(ctx); err != nil && s.Log != nil {
@@ -517,43 +429,6 @@ func (s *Subscriber) Settle(ctx context.Context, o Outcome) int {
 		h.msg.Nak()
 	}
 	return len(nak)
-}
-
-// ReadReports reads the reader's reports until r ends: each a line it
-// finished, as it was given (without its newline). A batch is done once
-// each of its lines is reported.
-func (s *Subscriber) ReadReports(ctx context.Context, r io.Reader) error {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 64<<20)
-	unknown := 0
-	for sc.Scan() {
-		line := strings.TrimSuffix(sc.Text(), "\r")
-		s.mu.Lock()
-		q := s.lines[line]
-		var finished []*unit
-		if len(q) == 0 {
-			unknown++
-		} else {
-			u := q[0]
-			if len(q) == 1 {
-				delete(s.lines, line)
-			} else {
-				s.lines[line] = q[1:]
-			}
-			if u.reported++; u.reported == len(u.lines) {
-				finished = append(finished, u)
-			}
-		}
-		s.mu.Unlock()
-		if unknown == 1 && len(q) == 0 && s.Log != nil {
-			s.Log.Warn("the sender reported a line it was not given (or twice); ignored", "durable", s.Durable)
-		}
-		s.done(ctx, finished)
-	}
-	if err := sc.Err(); err != nil {
-		return fmt.Errorf("read the sender's reports: %w", err)
-	}
-	return nil
 }
 
 // unreadable sets aside a message that does not decode: delivering it again
@@ -600,7 +475,7 @@ func (s *Subscriber) deadLetter(ctx context.Context, h *held, b *Decoded, i int)
 	s.mu.Lock()
 	s.stats.DeadLetters++
 	s.mu.Unlock()
-	s.done(ctx, []*unit{{h: h, index: i}})
+	s.done(ctx, []*Unit{{h: h, Line: i}})
 	return nil
 }
 
@@ -668,14 +543,11 @@ func (s *Subscriber) signal() {
 	}
 }
 
-// saver saves the record whenever it changed, one save at a time, and
-// reads the consumer's ack floor now and then so that the record forgets
-// what the server will not deliver again. A save refused because another
+// saver saves the record whenever it changed, one save at a time (when
+// there is a store), and reads the consumer's ack floor now and then so
+// that the record forgets what the server will not deliver again. A save refused because another
 // subscriber wrote while this one holds messages ends Run.
 func (s *Subscriber) saver(ctx context.Context, cancel context.CancelCauseFunc) {
-	if s.Progress == nil {
-		return
-	}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	failing := false
@@ -685,6 +557,12 @@ func (s *Subscriber) saver(ctx context.Context, cancel context.CancelCauseFunc) 
 			return
 		case <-s.kick:
 		case <-tick.C:
+		}
+		if s.Progress == nil {
+			// The record in memory forgets, all the same, what the
+			// server will not deliver again.
+			s.readFloor(ctx)
+			continue
 		}
 		// A save under way completes as Run ends: one cut off may land
 		// unheard, and the next must find it this subscriber's.

@@ -61,9 +61,10 @@ func HoldsKey(key string) func(*jetstream.RawStreamMsg) bool {
 // of the stream that holds, at the sequence the record saw last, the
 // message it saw there, whichever replica answers and whatever the
 // stream's creation time says. A record of another stream is dropped when
-// the consumer is on the server (its own position is this stream's) or
-// FromStart asks for this stream from its first message; with the
-// consumer to be made and no FromStart it is refused, naming the ways on:
+// the consumer is on the server (its own position is this stream's),
+// FromStart asks for this stream from its first message, or the Sink
+// keeps a record of its own (Positioner), which says where to go on; with
+// the consumer to be made otherwise it is refused, naming the ways on:
 // its sequences would skip this stream's messages.
 func (s *Subscriber) checkRecord(ctx context.Context, js jetstream.JetStream, missing bool) error {
 	s.mu.Lock()
@@ -82,7 +83,7 @@ func (s *Subscriber) checkRecord(ctx context.Context, js jetstream.JetStream, mi
 		// had been read (wire.Chain).
 		return err
 	}
-	if missing && !s.FromStart {
+	if _, keepsOwn := s.Sink.(Positioner); missing && !s.FromStart && !keepsOwn {
 		return fmt.Errorf("consumer %s on stream %s: %w: the durable's subscribers last read sequence %d, which now holds another message or none (the stream was deleted and made again, restored from an older backup, or purged); "+
 			"start the subscriber with --from-start to deliver this stream from its first message (tokens a resync published again come again, but for those in --dedup-window), or make the consumer by hand at the sequence you know",
 			s.Durable, s.Stream, ErrStreamChanged, last.Seq)

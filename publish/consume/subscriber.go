@@ -4,32 +4,26 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/publish/wire"
 )
 
-// Subscriber copies batches from a durable JetStream consumer to a reader
-// as lines. JetStream acknowledges whole messages, and a message of the
+// Subscriber hands the batches of a durable JetStream consumer on to a
+// Sink. JetStream acknowledges whole messages, and a message of the
 // tailer holds up to MAILROOM_MAX_BATCHES_PER_MESSAGE batches: the
-// subscriber tracks each batch, acknowledges a message once all its
-// batches are done, and keeps (in Progress) which batches of a message
-// are done, so that a reader that dies costs the batches it held, not
-// the message. A batch is done once its lines are out of reach of a
-// crash:
-//   - written, when Out is a file (neither Pipe nor Reports);
-//   - taken by the reader of the pipe Out, and followed by the next batch
-//     (Pipe): a reader that reads its pipe line by line, and reads more
-//     only when it is done with what it holds, has then finished it;
-//   - reported finished by the reader, line by line (Reports, see
-//     ReadReports): for readers that read ahead.
+// subscriber tracks each batch, acknowledges a message once the Sink has
+// said each of its batches is done, and keeps (in Progress) which batches
+// of a message are done, so that a sink that fails costs the batches it
+// held, not the message.
 type Subscriber struct {
 	Stream  string
 	Subject string
@@ -40,28 +34,9 @@ type Subscriber struct {
 	FromStart bool
 	// Action keeps only tokens of this action ("" keeps all).
 	Action string
-	// JSON writes {"batch":..., "tokens":[...]} lines instead of collector
-	// lines.
-	JSON bool
-	// MaxTokensPerLine splits a batch into lines of at most this many
-	// tokens (0: one line per batch).
-	MaxTokensPerLine int
-	// Dedup, if set, drops tokens whose Key it has seen: tokens written
-	// before in this run, or by an earlier run into the same file (see
-	// SeedFromOutput).
-	Dedup *Dedup[string]
-	// Out receives the lines.
-	Out io.Writer
-	// Pipe, when set, is Out as the write end of a pipe: batches are
-	// written one at a time, each once the reader has taken the one
-	// before, which is then done. The last batch taken, and the one being
-	// handed over, are in doubt: kept from redelivery while the subscriber
-	// runs, and settled by Settle when it stops.
-	Pipe *Pipe
-	// Reports says the reader reports each line it finished (ReadReports):
-	// only reported lines are done, however far ahead the reader reads.
-	Reports bool
-	Log     *slog.Logger
+	// Sink takes the batches (Lines, inbox.DB, or one's own).
+	Sink Sink
+	Log  *slog.Logger
 	// AckWait is how long the server waits for an ack before redelivering.
 	AckWait time.Duration
 	// Progress keeps which batches of the messages in hand are done, and
@@ -71,7 +46,7 @@ type Subscriber struct {
 	// DeadLetters, with MaxDeliveries > 0, takes a batch off the consumer
 	// once MaxDeliveries readers failed with it taken and not finished,
 	// and a message that cannot be decoded at once; nil: never.
-	DeadLetters   DeadLetterSink
+	DeadLetters   DeadLetterStore
 	MaxDeliveries int
 	// Pinned makes a new consumer deliver to one subscriber at a time (a
 	// JetStream priority group with the pinned-client policy): the others
@@ -90,25 +65,20 @@ type Subscriber struct {
 	cons     atomic.Pointer[jetstream.Consumer]
 	saveMu   sync.Mutex
 	kick     chan struct{}
-	// js is Run's, set before anything reads it.
+	// js and life are Run's, set before anything reads them: life is
+	// what a Sink's done runs under, after the Hand that gave the units.
 	js   jetstream.JetStream
+	life context.Context
 	gaps Gaps
 
 	mu sync.Mutex
 	// held are the messages delivered and not yet acknowledged, in
 	// delivery order.
-	held []*held
-	// handed are the batches given to the reader and not done, in the
-	// order they were written.
-	handed []*unit
-	// lines are the lines handed and not yet reported, by content.
-	lines map[string][]*unit
-	// written counts the bytes written to Out since the last Settle.
-	written int64
-	prog    Progress
-	rev     uint64
-	loaded  bool
-	dirty   bool
+	held   []*held
+	prog   Progress
+	rev    uint64
+	loaded bool
+	dirty  bool
 	// floorRead is when the consumer's ack floor was last read.
 	floorRead time.Time
 	takenOver bool
@@ -117,42 +87,10 @@ type Subscriber struct {
 	// pinID is the pin of the last message delivered (pinned consumers).
 	pinID string
 	stats Stats
-	// lastUnread, lastBatches and lastMove are Stalled's last look.
-	lastUnread, lastBatches int
-	lastMove                time.Time
 }
 
-// SetOut sets Out and Pipe (nil when out is not a pipe): a sender started
-// again gets a pipe of its own.
-func (s *Subscriber) SetOut(out io.Writer, pipe *Pipe) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.Out, s.Pipe = out, pipe
-	s.lastMove = time.Now()
-}
-
-// Stalled reports whether the reader has had lines waiting for longer
-// than d without taking a byte of them or finishing a batch: lines in its
-// pipe, or (Reports) lines handed and not reported. A reader idle with
-// nothing waiting is not stalled. Each call looks again; a health check
-// calls it every few seconds.
-func (s *Subscriber) Stalled(d time.Duration) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	unread := 0
-	if s.Pipe != nil {
-		unread = s.Pipe.Unread()
-	}
-	waiting := unread > 0 || s.Reports && len(s.handed) > 0
-	if !waiting || unread < s.lastUnread || s.stats.Batches != s.lastBatches || s.lastMove.IsZero() {
-		s.lastMove = time.Now()
-	}
-	s.lastUnread, s.lastBatches = unread, s.stats.Batches
-	return waiting && time.Since(s.lastMove) > d
-}
-
-// DeadLetterSink stores dead letters (DeadLetters does, on a stream).
-type DeadLetterSink interface {
+// DeadLetterStore stores dead letters (DeadLetters does, on a stream).
+type DeadLetterStore interface {
 	Put(ctx context.Context, dl DeadLetter) error
 }
 
@@ -194,11 +132,13 @@ type Stats struct {
 // Stats returns a copy of the counts.
 func (s *Subscriber) Stats() Stats {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	st := s.stats
-	st.InDoubt = len(s.handed)
-	st.Gaps, st.OpenGap = s.gaps.State()
 	st.PinID = s.pinID
+	s.mu.Unlock()
+	st.Gaps, st.OpenGap = s.gaps.State()
+	if r, ok := s.Sink.(reader); ok {
+		st.InDoubt, _ = r.inDoubt()
+	}
 	return st
 }
 
@@ -303,15 +243,13 @@ func (d Durable) Ensure(ctx context.Context, js jetstream.JetStream) (jetstream.
 	return cons, nil
 }
 
-// pipeAckPending is the last message taken by a pipe's reader, held, and
-// the next one, being handed over; the subscriber handles one message at
-// a time, so lines stay in stream order.
-const pipeAckPending = 2
-
-// reportsAckPending is how many messages a reader that reports may hold:
-// it reads ahead, and each message is acknowledged only once all its
-// lines are reported.
-const reportsAckPending = 64
+// pulls is how many messages the Sink takes at once (Puller).
+func (s *Subscriber) pulls() (pull, pending int) {
+	if p, ok := s.Sink.(Puller); ok {
+		pull, pending = p.Pulls()
+	}
+	return max(pull, 1), max(pending, 2)
+}
 
 // pullExpiry bounds how long a pull request waits on the server. The
 // iterator asks again when two of its heartbeats (half the expiry apart)
@@ -335,12 +273,17 @@ var ErrPositionUnknown = errors.New("the consumer is gone and no record says whe
 // another one of the durable took over from, or that lost its pin, lets
 // what it held go at once and stands by (standBy).
 func (s *Subscriber) Run(ctx context.Context, js jetstream.JetStream) error {
-	s.js = js
+	s.js, s.life = js, ctx
 	if s.kick == nil {
 		s.kick = make(chan struct{}, 1)
 	}
 	if err := s.load(ctx); err != nil {
 		return err
+	}
+	if at, ok, err := s.sinkPosition(ctx); err != nil {
+		return err
+	} else if ok {
+		s.seed(at)
 	}
 	cons, err := s.consumer(ctx, js, false)
 	if err != nil {
@@ -379,8 +322,11 @@ func (s *Subscriber) term(ctx context.Context, js jetstream.JetStream, cons *jet
 		// The old consumer's deliveries cannot be acknowledged any more:
 		// the new one delivers what they held again, and the record says
 		// which of their batches are done.
-		s.held, s.handed, s.lines = nil, nil, nil
+		s.held = nil
 		s.mu.Unlock()
+		if r, ok := s.Sink.(reader); ok {
+			r.forget()
+		}
 		if err := s.save(ctx); err != nil && s.Log != nil {
 			s.Log.Warn("cannot save progress before making the consumer again", "durable", s.Durable, "err", err)
 		}
@@ -514,11 +460,9 @@ func (s *Subscriber) consumer(ctx context.Context, js jetstream.JetStream, lost 
 		// (and would wait PinnedTTL for).
 		return c, nil
 	}
+	_, pending := s.pulls()
 	d := Durable{Stream: s.Stream, Subject: s.Subject, Name: s.Durable, FromStart: s.FromStart, Action: s.Action,
-		AckWait: s.AckWait, MaxAckPending: pipeAckPending, Pinned: s.Pinned, PinnedTTL: s.PinnedTTL}
-	if s.Reports {
-		d.MaxAckPending = reportsAckPending
-	}
+		AckWait: s.AckWait, MaxAckPending: pending, Pinned: s.Pinned, PinnedTTL: s.PinnedTTL}
 	_, err := LookUp(ctx, js, s.Stream, s.Durable, s.Log)
 	missing := errors.Is(err, jetstream.ErrConsumerNotFound)
 	if err := s.checkRecord(ctx, js, missing); err != nil {
@@ -528,21 +472,24 @@ func (s *Subscriber) consumer(ctx context.Context, js jetstream.JetStream, lost 
 		s.mu.Lock()
 		known, floor := !s.prog.empty(), s.prog.Floor
 		s.mu.Unlock()
-		switch {
-		case known:
+		switch _, keepsOwn := s.Sink.(Positioner); {
+		case known && !keepsOwn:
 			d.StartSeq = floor + 1
 			if s.Log != nil {
 				s.Log.Warn("the consumer was not on the server: made again where its subscribers had got to, after the last message acknowledged",
 					"durable", s.Durable, "start_seq", d.StartSeq)
 			}
-		case lost && !s.FromStart:
-			return nil, fmt.Errorf("consumer %s on stream %s: %w: start a subscriber with --from-start to deliver what the stream holds again (with repeats), or make the consumer by hand at the position you know", s.Durable, s.Stream, ErrPositionUnknown)
+		default:
+			if err := s.fromSink(ctx, js, &d, lost); err != nil {
+				return nil, err
+			}
 		}
 	}
 	cons, err := d.Ensure(ctx, js)
 	if err != nil {
 		return nil, err
 	}
+	s.seedAtFloor(cons)
 	if s.Pinned && cons.CachedInfo().Config.PriorityPolicy != jetstream.PriorityPolicyPinned && s.Log != nil {
 		s.Log.Warn("the consumer does not pin one subscriber (made before, or the server is older than 2.11): a second subscriber on it would interleave; delete it to have it made again pinned",
 			"durable", s.Durable)
@@ -551,20 +498,88 @@ func (s *Subscriber) consumer(ctx context.Context, js jetstream.JetStream, lost 
 	return cons, nil
 }
 
+// fromSink sets where a consumer missing, of which the subscriber has no
+// record, is made: where the Sink's own record says the durable got to
+// (Positioner), at that message, not after it (a sink may have stored
+// part of it); from the stream's first message when the stream no longer
+// holds that message there, or with FromStart; otherwise a consumer Run
+// was bound to (lost) is refused: nothing says where it was.
+func (s *Subscriber) fromSink(ctx context.Context, js jetstream.JetStream, d *Durable, lost bool) error {
+	at, ok, err := s.sinkPosition(ctx)
+	if err != nil {
+		return err
+	}
+	if ok {
+		if ok, err = StreamHolds(ctx, js, s.Stream, at.Seq, at.holds, s.Log); err != nil {
+			return err
+		}
+		if !ok && s.Log != nil {
+			s.Log.Warn("the stream does not hold what the durable stored from it (deleted and made again, restored or purged): reading it from its first message; the tokens stored before add nothing",
+				"durable", s.Durable, "stored_seq", at.Seq, "batch_id", at.BatchID)
+		}
+		d.FromStart = d.FromStart || !ok
+	}
+	if _, keeps := s.Sink.(Positioner); keeps {
+		s.mu.Lock()
+		// Of a stream that may be another now: followed afresh.
+		s.prog.Chain = wire.Chain{}
+		s.mu.Unlock()
+	}
+	switch {
+	case ok:
+		s.seed(at)
+		d.StartSeq = at.Seq
+		if s.Log != nil {
+			s.Log.Warn("the consumer was not on the server: made again at the last message the sink holds a token of",
+				"durable", s.Durable, "start_seq", d.StartSeq)
+		}
+	case lost && !d.FromStart:
+		return fmt.Errorf("consumer %s on stream %s: %w: start a subscriber with --from-start to deliver what the stream holds again (the tokens a sink of its own stored add nothing), or make the consumer by hand at the position you know", s.Durable, s.Stream, ErrPositionUnknown)
+	}
+	return nil
+}
+
+// sinkPosition is where the Sink's own record says the durable got to.
+func (s *Subscriber) sinkPosition(ctx context.Context) (Stored, bool, error) {
+	p, ok := s.Sink.(Positioner)
+	if !ok {
+		return Stored{}, false, nil
+	}
+	return p.Position(ctx, s.Stream, s.Durable)
+}
+
+// seed starts the chain, when nothing is known of it, at at: the last
+// message the durable stored; not with an action: messages without its
+// tokens store nothing, and the last one stored says nothing of those
+// after it.
+func (s *Subscriber) seed(at Stored) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.Action == "" && s.prog.Chain.Seed.Seq == 0 && len(s.prog.Chain.Subjects) == 0 {
+		s.prog.Chain.Seed = wire.Anchor{Seq: at.Seq, Mark: wire.IDMark(at.BatchID)}
+	}
+}
+
+// seedAtFloor starts the chain of a sink that keeps its own record, with
+// an action, at the consumer's ack floor, when nothing is known of it:
+// every message up to it was handled, stored or holding none of the
+// action's tokens, which the sink cannot say (seed).
+func (s *Subscriber) seedAtFloor(cons jetstream.Consumer) {
+	if _, ok := s.Sink.(Positioner); !ok || s.Action == "" {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.prog.Chain.Seed.Seq == 0 && len(s.prog.Chain.Subjects) == 0 {
+		s.prog.Chain.Seed = wire.Anchor{Seq: cons.CachedInfo().AckFloor.Stream}
+	}
+}
+
 // consume reads messages from cons until ctx is done, the reader is gone,
 // or the consumer is lost (errConsumerLost).
 func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error {
-	expiry := pullExpiry
-	if cfg := cons.CachedInfo().Config; cfg.PriorityPolicy == jetstream.PriorityPolicyPinned && cfg.PinnedTTL > 0 {
-		// The pinned subscriber keeps its pin by asking again well
-		// within PinnedTTL, idle or not.
-		expiry = min(expiry, cfg.PinnedTTL/2)
-	}
-	opts := []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(1), jetstream.PullExpiry(expiry)}
-	if cons.CachedInfo().Config.PriorityPolicy == jetstream.PriorityPolicyPinned {
-		opts = append(opts, jetstream.PullPriorityGroup(PriorityGroup))
-	}
-	iter, err := cons.Messages(opts...)
+	pull, _ := s.pulls()
+	iter, err := cons.Messages(pullOpts(cons, pull)...)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", s.Durable, err)
 	}
@@ -575,14 +590,20 @@ func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error
 	s.consuming.Store(true)
 	defer s.consuming.Store(false)
 	if s.Log != nil {
-		s.Log.Info("consuming", "stream", s.Stream, "durable", s.Durable, "action", s.Action)
+		s.Log.Info("consuming", "stream", s.Stream, "durable", s.Durable, "action", s.Action, "sink", fmt.Sprintf("%T", s.Sink))
 	}
 	var wg sync.WaitGroup
 	defer func() { cancel(nil); wg.Wait() }()
 	s.watch(runCtx, cons, cancel, &wg)
 	var stranded Stranded
+	// next is an error the gathering of a group met, taken as Next's.
+	var next error
 	for {
-		msg, err := iter.Next()
+		var msg jetstream.Msg
+		err := next
+		if next = nil; err == nil {
+			msg, err = iter.Next()
+		}
 		if err != nil {
 			if cause := context.Cause(runCtx); errors.Is(cause, ErrReaderGone) {
 				return fmt.Errorf("write lines: %w", cause)
@@ -612,7 +633,9 @@ func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error
 		}
 		stranded.Heard()
 		s.handling.Store(true)
-		err = s.handle(runCtx, msg)
+		var group []jetstream.Msg
+		group, next = gather(iter, msg, pull)
+		err = s.handle(runCtx, group)
 		s.handling.Store(false)
 		if err != nil {
 			if cause := context.Cause(runCtx); errors.Is(cause, ErrReaderGone) {
@@ -628,29 +651,63 @@ func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error
 	}
 }
 
+// pullOpts are the options of cons's pulls, of pull messages each.
+func pullOpts(cons jetstream.Consumer, pull int) []jetstream.PullMessagesOpt {
+	cfg := cons.CachedInfo().Config
+	expiry := pullExpiry
+	if cfg.PriorityPolicy == jetstream.PriorityPolicyPinned && cfg.PinnedTTL > 0 {
+		// The pinned subscriber keeps its pin by asking again well
+		// within PinnedTTL, idle or not.
+		expiry = min(expiry, cfg.PinnedTTL/2)
+	}
+	opts := []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(pull), jetstream.PullExpiry(expiry)}
+	if cfg.PriorityPolicy == jetstream.PriorityPolicyPinned {
+		opts = append(opts, jetstream.PullPriorityGroup(PriorityGroup))
+	}
+	return opts
+}
+
+// gather is msg and the messages the iterator holds already, up to pull
+// messages and groupTokens tokens (by Mailroom-Count), handed on
+// together: a sink that stores them in one transaction (inbox.DB) pays a
+// commit and an ack round trip for the group, not for each of a drain's
+// messages. It returns the iterator's error that ended the gathering, but
+// for the wait for more running out.
+func gather(iter jetstream.MessagesContext, msg jetstream.Msg, pull int) ([]jetstream.Msg, error) {
+	group := []jetstream.Msg{msg}
+	tokens := count(msg)
+	for tokens < groupTokens && len(group) < pull {
+		m, err := iter.Next(jetstream.NextMaxWait(time.Millisecond))
+		if errors.Is(err, nats.ErrTimeout) {
+			return group, nil
+		}
+		if err != nil {
+			return group, err
+		}
+		group = append(group, m)
+		tokens += count(m)
+	}
+	return group, nil
+}
+
+// count is how many tokens msg says it carries.
+func count(msg jetstream.Msg) int {
+	n, _ := strconv.Atoi(msg.Headers().Get(wire.HeaderCount))
+	return n
+}
+
+// groupTokens bounds the tokens of the messages gathered into one group.
+const groupTokens = 2000
+
 // watch starts, on wg, what looks after a consume beside its messages:
 // the heartbeat of the messages in hand, the pipe's reader, the end of a
 // drain, the pin.
 func (s *Subscriber) watch(ctx context.Context, cons jetstream.Consumer, cancel context.CancelCauseFunc, wg *sync.WaitGroup) {
 	wg.Add(1)
 	go func() { defer wg.Done(); s.heartbeat(ctx) }()
-	// A reader that goes while no message comes is noticed all the same:
-	// what it had in doubt is handed back at once, not at the next message.
-	// One that waits for more has finished what it had (settleIdle).
-	if pipe := s.Pipe; pipe != nil {
+	if r, ok := s.Sink.(reader); ok {
 		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			waited := false
-			for ctx.Err() == nil {
-				if pipe.Gone() {
-					cancel(ErrReaderGone)
-					return
-				}
-				waited = s.settleIdle(ctx, pipe, waited)
-				sleep(ctx, 200*time.Millisecond)
-			}
-		}()
+		go func() { defer wg.Done(); r.watch(ctx, cancel, s.handling.Load) }()
 	}
 	if s.UntilDrained {
 		wg.Add(1)
@@ -698,29 +755,6 @@ func (s *Subscriber) watchPin(ctx context.Context, cons jetstream.Consumer, canc
 			return
 		}
 	}
-}
-
-// settleIdle settles the batches in doubt on a pipe while no message is
-// being handed over, once the reader says, by waiting for more
-// (Pipe.ReaderWaits), that it finished them: on a stream that goes quiet
-// the last batch taken would stay in doubt until the next one, and a
-// healthy reader killed meanwhile (a redeploy, an OOM kill) would have it
-// again. It takes two looks a tick apart (waited: the first was seen), so
-// that a reader between two reads is not taken for one that waits; it
-// returns what the next call gets as waited.
-func (s *Subscriber) settleIdle(ctx context.Context, pipe *Pipe, waited bool) bool {
-	s.mu.Lock()
-	idle := !s.Reports && !s.handling.Load() && len(s.handed) > 0
-	handed := slices.Clone(s.handed)
-	s.mu.Unlock()
-	switch {
-	case !idle || !pipe.ReaderWaits():
-		return false
-	case !waited:
-		return true
-	}
-	s.done(ctx, handed)
-	return false
 }
 
 // standingBy reports whether this subscriber stands by, holding nothing,
@@ -851,8 +885,12 @@ func (s *Subscriber) untilDrained(ctx context.Context, cons jetstream.Consumer, 
 		// 45: two resends at once ended so, the dead letter delivered,
 		// never removed, and no resend after would see it).
 		acking := slices.ContainsFunc(s.held, func(h *held) bool { return h.acking })
-		holding, inDoubt := len(s.held), s.Pipe != nil && !s.Reports && len(s.handed) > 0
+		holding := len(s.held)
 		s.mu.Unlock()
+		inDoubt := false
+		if r, ok := s.Sink.(reader); ok {
+			_, inDoubt = r.inDoubt()
+		}
 		if !s.handling.Load() && !inDoubt && !acking && info.NumPending == 0 && info.NumAckPending == holding {
 			if s.Log != nil {
 				s.Log.Info("drained: nothing left to deliver", "durable", s.Durable, "ack_pending", info.NumAckPending,

@@ -77,7 +77,7 @@ func pipeSubscriber(ctx context.Context, t *testing.T, ackWait time.Duration) (j
 	if err != nil {
 		t.Fatal(err)
 	}
-	return js, r, &consume.Subscriber{Stream: "S", Subject: "b", Durable: "d", FromStart: true, Out: w, Pipe: pipe, AckWait: ackWait, Progress: store}
+	return js, r, &consume.Subscriber{Stream: "S", Subject: "b", Durable: "d", FromStart: true, Sink: &consume.Lines{Out: w, Pipe: pipe}, AckWait: ackWait, Progress: store}
 }
 
 // Into a pipe, a batch is done only once the reader has taken the next
@@ -147,7 +147,7 @@ func TestSubscriberPipe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub2 := &consume.Subscriber{Stream: "S", Subject: "b", Durable: "d", Out: w2, Pipe: pipe2, Progress: store2}
+	sub2 := &consume.Subscriber{Stream: "S", Subject: "b", Durable: "d", Sink: &consume.Lines{Out: w2, Pipe: pipe2}, Progress: store2}
 	ctx2, stop2 := context.WithCancel(ctx)
 	done2 := make(chan error, 1)
 	go func() { done2 <- sub2.Run(ctx2, js) }()

@@ -53,17 +53,17 @@ const killGrace = 5 * time.Second
 // has taken all of it, and what it was given is done if it saw the end and
 // exits with a DoneExit code (with Reports: what it reported). Run returns
 // nil when stopped by ctx.
-func (x *Sender) Run(ctx context.Context, sub *consume.Subscriber, js jetstream.JetStream) error {
+func (x *Sender) Run(ctx context.Context, sub *consume.Subscriber, lines *consume.Lines, js jetstream.JetStream) error {
 	for restart := time.Duration(0); ; {
 		batches := sub.Stats().Batches
-		p, err := x.start(ctx, sub)
+		p, err := x.start(lines)
 		if err != nil {
 			return err
 		}
 		err = sub.Run(ctx, js)
 		if err == nil {
 			// Stopped, or drained (UntilDrained).
-			x.stop(sub, p)
+			x.stop(sub, lines, p)
 			return nil
 		}
 		if !errors.Is(err, consume.ErrReaderGone) {
@@ -121,7 +121,7 @@ type proc struct {
 	read    chan struct{}
 }
 
-func (x *Sender) start(ctx context.Context, sub *consume.Subscriber) (*proc, error) {
+func (x *Sender) start(lines *consume.Lines) (*proc, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("pipe to the sender: %w", err)
@@ -172,7 +172,7 @@ func (x *Sender) start(ctx context.Context, sub *consume.Subscriber) (*proc, err
 			defer close(p.read)
 			// Its own context: reports that come as the subscriber stops
 			// are acknowledged all the same.
-			if err := sub.ReadReports(context.Background(), rr); err != nil {
+			if err := lines.ReadReports(rr); err != nil {
 				x.Log.Warn("reading the sender's reports", "err", err)
 			}
 		}()
@@ -180,21 +180,21 @@ func (x *Sender) start(ctx context.Context, sub *consume.Subscriber) (*proc, err
 		close(p.read)
 	}
 	pipe, _ := consume.OpenPipe(w)
-	sub.SetOut(w, pipe)
+	lines.SetOut(w, pipe)
 	return p, nil
 }
 
 // stop ends the command as the subscriber stops: the end of its input
 // once it took all of it, a wait for its exit, then its process group
 // stopped.
-func (x *Sender) stop(sub *consume.Subscriber, p *proc) {
+func (x *Sender) stop(sub *consume.Subscriber, lines *consume.Lines, p *proc) {
 	stopCtx, cancel := context.WithTimeout(context.Background(), x.StopTimeout)
 	defer cancel()
 	// Its exit code says it did what it was given only if it read all of
 	// it and was still there to see the end: a sender that exited on its
 	// own (head -n K) left the lines still in the pipe, or the ones it
 	// read ahead, undone.
-	sawEnd := sub.Pipe != nil && sub.Pipe.Taken(stopCtx) == nil && !sub.Pipe.Gone()
+	sawEnd := lines.Pipe != nil && lines.Pipe.Taken(stopCtx) == nil && !lines.Pipe.Gone()
 	p.in.Close()
 	select {
 	case <-p.exited:

@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -68,7 +69,7 @@ func NewJobs() (*Jobs, error) {
 // Position is the last stream sequence of a token among durable's River
 // jobs of kind mailroom_token (completed jobs River has cleaned out do not
 // count).
-func (j *Jobs) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (Stored, bool, error) {
+func (j *Jobs) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (consume.Stored, bool, error) {
 	return position(ctx, pool, `SELECT (args->>'stream_seq')::bigint, args->>'batch_id', args->>'token_key' FROM river_job
 		WHERE kind = 'mailroom_token' AND args->>'stream' = $1 AND args->>'durable' = $2
 		ORDER BY (args->>'stream_seq')::bigint DESC LIMIT 1`, stream, durable)
@@ -83,57 +84,65 @@ func (j *Jobs) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable
 // A message whose tokens are there in part or in full (delivered again)
 // is rolled back to the savepoint and takes that insert.
 func (j *Jobs) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Decoded) (int, error) {
-	added, err := j.StoreAll(ctx, tx, []Received{{m, b}})
-	if err != nil {
-		return 0, err
-	}
-	return added[0], nil
+	added, err := j.StoreAll(ctx, tx, b.Units(m.Stream, m.Seq, m.Durable))
+	return sum(added), err
 }
 
-// StoreAll is Store for several messages, in one COPY when none of their
-// tokens' jobs is there.
-func (j *Jobs) StoreAll(ctx context.Context, tx pgx.Tx, ms []Received) ([]int, error) {
-	params := make([][]river.InsertManyParams, len(ms))
-	var all []river.InsertManyParams
-	for i, m := range ms {
-		params[i] = JobParams(m)
-		all = append(all, params[i]...)
-	}
-	added := make([]int, len(ms))
-	_, err := j.copyNew(ctx, tx, all)
+// StoreAll is Store for units of several messages, in one COPY when none
+// of their tokens' jobs is there.
+func (j *Jobs) StoreAll(ctx context.Context, tx pgx.Tx, us []*consume.Unit) ([]int, error) {
+	params := JobParams(us...)
+	added := make([]int, len(us))
+	_, err := j.copyNew(ctx, tx, params)
 	if err == nil {
-		for i := range ms {
-			added[i] = len(params[i])
+		for i, u := range us {
+			added[i] = len(u.Tokens)
 		}
 		return added, nil
 	}
 	if !errors.Is(err, errStoredBefore) {
 		return nil, err
 	}
-	for i := range ms {
-		res, err := j.client.InsertManyTx(ctx, tx, params[i])
-		if err != nil {
-			return nil, fmt.Errorf("insert River jobs: %w", err)
-		}
-		for _, r := range res {
-			if !r.UniqueSkippedAsDuplicate {
-				added[i]++
+	// A key twice among them (two deliveries of a message at hand) is
+	// one job, of the first: River's insert takes a key once.
+	unitOf := map[string]int{}
+	var once []river.InsertManyParams
+	k := 0
+	for i, u := range us {
+		for _, t := range u.Tokens {
+			if _, ok := unitOf[t.Key]; !ok {
+				unitOf[t.Key] = i
+				once = append(once, params[k])
 			}
+			k++
 		}
+	}
+	res, err := j.client.InsertManyTx(ctx, tx, once)
+	if err != nil {
+		return nil, fmt.Errorf("insert River jobs: %w", err)
+	}
+	for _, r := range res {
+		if r.UniqueSkippedAsDuplicate {
+			continue
+		}
+		var args TokenArgs
+		if err := json.Unmarshal(r.Job.EncodedArgs, &args); err != nil {
+			return nil, fmt.Errorf("a River job inserted: %w", err)
+		}
+		added[unitOf[args.TokenKey]]++
 	}
 	return added, nil
 }
 
-// JobParams are the jobs StoreAll inserts for m's tokens: for a service
-// that inserts them with River itself.
-func JobParams(m Received) []river.InsertManyParams {
-	b := m.Decoded
-	params := make([]river.InsertManyParams, 0, len(b.Tokens))
-	for line, batch := range b.Lines() {
-		for _, t := range batch {
+// JobParams are the jobs StoreAll inserts for the tokens of us: for a
+// service that inserts them with River itself.
+func JobParams(us ...*consume.Unit) []river.InsertManyParams {
+	var params []river.InsertManyParams
+	for _, u := range us {
+		for _, t := range u.Tokens {
 			args := TokenArgs{
 				TokenKey: t.Key, TokenID: t.ID, Action: t.Action, Email: t.Email, Login: t.Login, Token: t.Token, Code: t.Code,
-				ExpiresAt: t.ExpiresAt, KeyID: b.KeyID, BatchID: b.ID, Line: line, Stream: m.Stream, StreamSeq: m.Seq, Durable: m.Durable,
+				ExpiresAt: t.ExpiresAt, KeyID: u.KeyID, BatchID: u.ID, Line: u.Line, Stream: u.Stream, StreamSeq: u.Seq, Durable: u.Durable,
 			}
 			params = append(params, river.InsertManyParams{Args: args, InsertOpts: traceOpts(args, t.Traceparent)})
 		}

@@ -18,21 +18,21 @@ import (
 	"github.com/mailroom/tailer/publish/consume/inbox"
 )
 
-// Webhooks is a sink of one's own on the loop the inbox and River jobs
-// run on: a transactional outbox of webhook calls, one a token, in a
-// table of the service's (webhook_outbox: token_key primary key, body,
+// Webhooks is a Store of one's own, beside Inbox and Jobs: a
+// transactional outbox of webhook calls, one a token, in a table of the
+// service's (webhook_outbox: token_key primary key, body,
 // stream, durable, stream_seq, batch_id), which a relay posts and marks
 // sent. A token stored twice adds nothing: its key is the row's.
 type Webhooks struct{}
 
-func (Webhooks) StoreAll(ctx context.Context, tx pgx.Tx, ms []inbox.Received) ([]int, error) {
-	added := make([]int, len(ms))
-	for i, m := range ms {
-		for _, t := range m.Tokens {
+func (Webhooks) StoreAll(ctx context.Context, tx pgx.Tx, us []*consume.Unit) ([]int, error) {
+	added := make([]int, len(us))
+	for i, u := range us {
+		for _, t := range u.Tokens {
 			body, _ := json.Marshal(t) // strings and numbers: it does not fail
 			tag, err := tx.Exec(ctx, `INSERT INTO webhook_outbox (token_key, body, stream, durable, stream_seq, batch_id)
 				VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (token_key) DO NOTHING`,
-				t.Key, body, m.Stream, m.Durable, int64(m.Seq), m.ID)
+				t.Key, body, u.Stream, u.Durable, int64(u.Seq), u.ID)
 			if err != nil {
 				return nil, err
 			}
@@ -44,8 +44,8 @@ func (Webhooks) StoreAll(ctx context.Context, tx pgx.Tx, ms []inbox.Received) ([
 
 // Position is where the durable got to: the newest message it stored a
 // token of, by content (its id, a token's key) and place.
-func (Webhooks) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (inbox.Stored, bool, error) {
-	var at inbox.Stored
+func (Webhooks) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (consume.Stored, bool, error) {
+	var at consume.Stored
 	err := pool.QueryRow(ctx, `SELECT stream_seq, batch_id, token_key FROM webhook_outbox
 		WHERE stream = $1 AND durable = $2 ORDER BY stream_seq DESC LIMIT 1`, stream, durable).Scan(&at.Seq, &at.BatchID, &at.Key)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -54,29 +54,29 @@ func (Webhooks) Position(ctx context.Context, pool *pgxpool.Pool, stream, durabl
 	return at, err == nil, err
 }
 
-// The loop that stores into the inbox and River runs a sink of one's own:
-// exactly once into the outbox, a message acknowledged after its commit.
-func Example_customSink() {
+// The subscriber that stores into the inbox and River stores into a
+// Store of one's own: exactly once into the outbox, a message
+// acknowledged after its commit.
+func Example_customStore() {
 	ctx := context.Background()
 	var (
 		pool *pgxpool.Pool       // the service's database, with webhook_outbox
 		js   jetstream.JetStream // connected to the tailer's NATS
 	)
-	c := &inbox.Consumer{
-		Durable: consume.Durable{Stream: "MAILROOM", Subject: "mailroom.batches", Name: "webhooks"},
-		Pool:    pool,
-		Sink:    Webhooks{},
-		Log:     slog.Default(),
+	sub := &consume.Subscriber{
+		Stream: "MAILROOM", Subject: "mailroom.batches", Durable: "webhooks",
+		Sink: &inbox.DB{Pool: pool, Store: Webhooks{}, Log: slog.Default()},
+		Log:  slog.Default(),
 	}
-	if err := c.Run(ctx, js); err != nil {
+	if err := sub.Run(ctx, js); err != nil {
 		slog.Error("webhooks", "err", err)
 	}
 }
 
-// The example's sink against a real database: each token stored once
+// The example's store against a real database: each token stored once
 // however often its message comes, and the newest message stored is where
 // the durable got to.
-func TestCustomSink(t *testing.T) {
+func TestCustomStore(t *testing.T) {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, pgtest.Shared(t).CreateDB(t))
 	if err != nil {
@@ -87,17 +87,17 @@ func TestCustomSink(t *testing.T) {
 		durable text NOT NULL, stream_seq bigint NOT NULL, batch_id text NOT NULL, sent_at timestamptz)`); err != nil {
 		t.Fatal(err)
 	}
-	message := func(seq uint64, ids ...int) inbox.Received {
-		b := &consume.Decoded{ID: fmt.Sprintf("batch-%d", seq), Sizes: []int{len(ids)}}
+	message := func(seq uint64, ids ...int) *consume.Unit {
+		u := &consume.Unit{Stream: "S", Seq: seq, Durable: "webhooks", ID: fmt.Sprintf("batch-%d", seq)}
 		for _, id := range ids {
-			b.Tokens = append(b.Tokens, consume.SignedToken{ID: int64(id), Email: "a@x", Token: fmt.Sprint("tok", id), Key: fmt.Sprint("key", id)})
+			u.Tokens = append(u.Tokens, consume.SignedToken{ID: int64(id), Email: "a@x", Token: fmt.Sprint("tok", id), Key: fmt.Sprint("key", id)})
 		}
-		return inbox.Received{Meta: inbox.Meta{Stream: "S", Seq: seq, Durable: "webhooks"}, Decoded: b}
+		return u
 	}
-	store := func(ms ...inbox.Received) (added []int) {
+	store := func(us ...*consume.Unit) (added []int) {
 		t.Helper()
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
-			added, err = Webhooks{}.StoreAll(ctx, tx, ms)
+			added, err = Webhooks{}.StoreAll(ctx, tx, us)
 			return err
 		})
 		if err != nil {

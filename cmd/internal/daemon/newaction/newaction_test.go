@@ -101,7 +101,7 @@ func TestANewActionEndToEnd(t *testing.T) {
 	tailertest.Eventually(t, time.Minute, func() error {
 		out.Reset()
 		sub := &consume.Subscriber{Stream: cfg.Stream, Subject: cfg.Subject, Durable: fmt.Sprintf("magic%d", time.Now().UnixNano()),
-			FromStart: true, UntilDrained: true, Action: "magic_link", Out: &out}
+			FromStart: true, UntilDrained: true, Action: "magic_link", Sink: &consume.Lines{Out: &out}}
 		if err := sub.Run(ctx, js); err != nil {
 			return err
 		}

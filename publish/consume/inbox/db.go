@@ -1,0 +1,204 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/mailroom/tailer/publish/consume"
+)
+
+// DB is the Sink of a consume.Subscriber that stores batches in the
+// consumer's PostgreSQL through a Store (Inbox, Jobs, or one's own),
+// exactly once: the batches at hand in one transaction, a large message's
+// in parts; a batch is done once its transaction committed, and a
+// message is acknowledged once each of its batches is. A crash before the
+// ack, or an ack lost on its way, delivers the message again, and storing
+// it again adds only what is not there.
+//
+// Up to unitsAtOnce transactions run side by side (River's insert alone,
+// one transaction at a time, went at about three quarters of its pace
+// four at a time, issue 47), and they commit in the order they were cut:
+// the last message the database holds a token of is then one before
+// which every message is stored, which is where a lost consumer is made
+// again (Position), and a process killed between two commits leaves
+// nothing behind it unstored.
+type DB struct {
+	Pool  *pgxpool.Pool
+	Store Store
+	Log   *slog.Logger
+	// Added counts the tokens stored; Again the transactions that found
+	// tokens of theirs stored before: a delivery whose ack was lost, or
+	// never sent.
+	Added, Again atomic.Int64
+
+	once  sync.Once
+	slots chan struct{}
+	// last is the transaction cut last; only Hand touches it.
+	last *txn
+}
+
+// txn is one transaction of the sink's: units stored together, committed
+// once the one cut before it (prev) committed, abandoned if prev was.
+type txn struct {
+	us                []*consume.Unit
+	prev              *txn
+	committed, failed chan struct{}
+}
+
+// pullBatch is how many messages a pull asks for: those at hand are
+// stored together, each acknowledged after the commit.
+const pullBatch = 16
+
+// unitsAtOnce bounds the transactions in flight.
+const unitsAtOnce = 4
+
+// minPartTokens: the batches at hand, when more than minPartTokens
+// tokens (a backlog's message, with group commit: thousands), are stored
+// in up to unitsAtOnce parts of about equal size, no smaller than that,
+// so that the store's work (River's, above all) and the database's run
+// side by side.
+const minPartTokens = 500
+
+// Pulls: the messages of a pull at once, and room for them in each
+// transaction in flight.
+func (d *DB) Pulls() (pull, pending int) { return pullBatch, unitsAtOnce * pullBatch }
+
+// Position is where the Store says durable got to.
+func (d *DB) Position(ctx context.Context, stream, durable string) (consume.Stored, bool, error) {
+	return d.Store.Position(ctx, d.Pool, stream, durable)
+}
+
+// Hand cuts us into transactions and starts them, waiting for room.
+func (d *DB) Hand(ctx context.Context, us []*consume.Unit, done func(...*consume.Unit)) error {
+	d.once.Do(func() {
+		// A transaction that waits for the one before holds its
+		// connection: no more at once than the pool has.
+		d.slots = make(chan struct{}, min(unitsAtOnce, max(int(d.Pool.Config().MaxConns), 1)))
+	})
+	for _, part := range cut(us) {
+		select {
+		case d.slots <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		t := &txn{us: part, prev: d.last, committed: make(chan struct{}), failed: make(chan struct{})}
+		d.last = t
+		go func() {
+			defer func() { <-d.slots }()
+			if d.run(ctx, t) {
+				done(t.us...)
+			}
+		}()
+	}
+	return nil
+}
+
+// cut cuts us, in order, into parts of about equal size, no smaller than
+// minPartTokens tokens, at most unitsAtOnce of them but for a unit larger
+// than that alone.
+func cut(us []*consume.Unit) [][]*consume.Unit {
+	total := 0
+	for _, u := range us {
+		total += len(u.Tokens)
+	}
+	size := max(minPartTokens, (total+unitsAtOnce-1)/unitsAtOnce)
+	var parts [][]*consume.Unit
+	from, n := 0, 0
+	for i, u := range us {
+		n += len(u.Tokens)
+		if n >= size || i == len(us)-1 {
+			parts = append(parts, us[from:i+1])
+			from, n = i+1, 0
+		}
+	}
+	return parts
+}
+
+// errAbandoned: the transaction before did not commit (the consume
+// ended), so this one may not either.
+var errAbandoned = errors.New("the transaction before was abandoned")
+
+// run stores t in a transaction and commits it after the one before,
+// trying again while the database cannot take it; false when t was
+// abandoned.
+func (d *DB) run(ctx context.Context, t *txn) bool {
+	for delay, failing := 250*time.Millisecond, false; ; delay = min(2*delay, 5*time.Second) {
+		added, err := d.store(ctx, t)
+		if err == nil {
+			if failing {
+				d.log().Info("storing again", "stream_seq", t.us[0].Seq)
+			}
+			close(t.committed)
+			d.count(t, added)
+			return true
+		}
+		if ctx.Err() != nil || errors.Is(err, errAbandoned) {
+			close(t.failed)
+			return false
+		}
+		if !failing {
+			d.log().Warn("cannot store a message; trying again, not acknowledging it meanwhile", "stream_seq", t.us[0].Seq, "err", err)
+			failing = true
+		}
+		select {
+		case <-ctx.Done():
+			close(t.failed)
+			return false
+		case <-time.After(delay):
+		}
+	}
+}
+
+// store stores t's units in one transaction, committed once the one
+// before committed; it returns how many tokens each unit added.
+func (d *DB) store(ctx context.Context, t *txn) (added []int, err error) {
+	err = pgx.BeginFunc(ctx, d.Pool, func(tx pgx.Tx) error {
+		if added, err = d.Store.StoreAll(ctx, tx, t.us); err != nil {
+			return err
+		}
+		if t.prev != nil {
+			select {
+			case <-t.prev.committed:
+			case <-t.prev.failed:
+				return errAbandoned
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	return added, err
+}
+
+// count notes what t added, as it commits.
+func (d *DB) count(t *txn, added []int) {
+	n, again := 0, -1
+	for i, u := range t.us {
+		n += added[i]
+		if added[i] < len(u.Tokens) && again < 0 {
+			again = i
+		}
+	}
+	d.Added.Add(int64(n))
+	if again >= 0 {
+		// All of it (or, cut short between parts, some) was stored by a
+		// delivery whose ack never came.
+		d.Again.Add(1)
+		u := t.us[again]
+		d.log().Info("message stored before: acknowledging it", "stream_seq", u.Seq, "batch", u.Line, "tokens", len(u.Tokens), "added", added[again])
+	}
+}
+
+func (d *DB) log() *slog.Logger {
+	if d.Log == nil {
+		return slog.Default()
+	}
+	return d.Log
+}

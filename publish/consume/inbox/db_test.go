@@ -1,0 +1,136 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/mailroom/tailer/publish/consume"
+)
+
+// gatedStore fails to store the batches of the message at seq until open.
+type gatedStore struct {
+	Store
+	seq  uint64
+	open atomic.Bool
+}
+
+func (g *gatedStore) StoreAll(ctx context.Context, tx pgx.Tx, us []*consume.Unit) ([]int, error) {
+	for _, u := range us {
+		if u.Seq == g.seq && !g.open.Load() {
+			return nil, errors.New("the database cannot take it now")
+		}
+	}
+	return g.Store.StoreAll(ctx, tx, us)
+}
+
+// The transactions of a DB commit in the order they were cut, whatever
+// order they finish storing in: a message stored while one before it is
+// not would be where a lost consumer is made again, past the one not
+// stored (Position). One that cannot store holds back those after it;
+// each batch is done once its transaction committed.
+func TestTransactionsCommitInOrder(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := inboxPool(ctx, t)
+	store := &gatedStore{Store: Inbox{}, seq: 1}
+	d := &DB{Pool: pool, Store: store, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	var (
+		mu   sync.Mutex
+		done []uint64
+	)
+	finished := func(us ...*consume.Unit) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, u := range us {
+			done = append(done, u.Seq)
+		}
+	}
+	for seq := uint64(1); seq <= 3; seq++ {
+		// Each message alone, a transaction of its own, as a pull of one
+		// at a time would hand them.
+		if err := d.Hand(ctx, testBatch(int(seq)*10, 2).Units("S", seq, "d"), finished); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stored := func() (n int) {
+		t.Helper()
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM mailroom_inbox`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	time.Sleep(time.Second)
+	mu.Lock()
+	early := slices.Clone(done)
+	mu.Unlock()
+	if n := stored(); n != 0 || len(early) != 0 {
+		t.Fatalf("with message 1 not stored: %d rows, batches done of messages %v; want none of either", n, early)
+	}
+	store.open.Store(true)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mu.Lock()
+		n := len(done)
+		mu.Unlock()
+		if n == 6 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := stored(); n != 6 {
+		t.Fatalf("%d rows, want 6", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(done, []uint64{1, 1, 2, 2, 3, 3}) {
+		t.Fatalf("batches done of messages %v, want [1 1 2 2 3 3]: each once, in order", done)
+	}
+}
+
+// Batches at hand are cut into parts in order, at batch boundaries, no
+// smaller than minPartTokens but to end, at most unitsAtOnce but for a
+// batch larger than a part alone.
+func TestCut(t *testing.T) {
+	for _, tc := range []struct {
+		sizes []int
+		want  [][]int
+	}{
+		{[]int{3}, [][]int{{3}}},
+		{[]int{10, 10, 10}, [][]int{{10, 10, 10}}},
+		{[]int{1000, 1000}, [][]int{{1000}, {1000}}},
+		{[]int{600, 600, 600, 600, 600}, [][]int{{600, 600}, {600, 600}, {600}}},
+		{[]int{300, 300, 300, 300, 300, 300, 300, 300}, [][]int{{300, 300}, {300, 300}, {300, 300}, {300, 300}}},
+		{[]int{5000, 1, 1}, [][]int{{5000}, {1, 1}}},
+	} {
+		var us []*consume.Unit
+		for i, n := range tc.sizes {
+			us = append(us, &consume.Unit{Seq: uint64(i), Tokens: make([]consume.SignedToken, n)})
+		}
+		var got [][]int
+		seen := 0
+		for _, part := range cut(us) {
+			var sizes []int
+			for _, u := range part {
+				if u.Seq != uint64(seen) {
+					t.Fatalf("%v: batch %d where %d comes next", tc.sizes, u.Seq, seen)
+				}
+				seen++
+				sizes = append(sizes, len(u.Tokens))
+			}
+			got = append(got, sizes)
+		}
+		if !slices.EqualFunc(got, tc.want, slices.Equal) {
+			t.Errorf("cut %v = %v, want %v", tc.sizes, got, tc.want)
+		}
+	}
+}
