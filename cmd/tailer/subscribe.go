@@ -81,8 +81,8 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 		return exitFailure
 	}
 	if f.into != "" {
-		sub := &consume.Subscriber{Stream: cfg.Stream, Subject: cfg.Subject, Durable: f.durable, FromStart: f.fromStart, Action: f.action, AckWait: f.ackWait, Log: log}
-		return subscribeInto(ctx, cfg, f.into, f.migrate, sub, js, f.healthAddr, stderr, log)
+		c := consume.Config{Stream: cfg.Stream, Subject: cfg.Subject, Durable: f.durable, FromStart: f.fromStart, Action: f.action, AckWait: f.ackWait, Log: log}
+		return subscribeInto(ctx, cfg, f.into, f.migrate, c, js, f.healthAddr, stderr, log)
 	}
 	sub, lines, err := f.subscriber(ctx, cfg, js, stdout, log, resend)
 	if err != nil {
@@ -217,27 +217,27 @@ func (f *subscribeFlags) check(cfg *config.Config, resend bool) string {
 // resend: on the durable's dead letters.
 func (f *subscribeFlags) subscriber(ctx context.Context, cfg *config.Config, js jetstream.JetStream, stdout io.Writer, log *slog.Logger, resend bool) (*consume.Subscriber, *consume.Lines, error) {
 	lines := &consume.Lines{JSON: f.format == "json", MaxTokensPerLine: f.perLine, Out: stdout, Reports: f.reports, Log: log}
-	sub := &consume.Subscriber{
+	c := consume.Config{
 		Stream: cfg.Stream, Subject: cfg.Subject, Durable: f.durable, FromStart: f.fromStart, Action: f.action, Sink: lines, Log: log,
 		AckWait: f.ackWait, MaxDeliveries: f.maxDeliveries, Pinned: true, PinnedTTL: f.pinnedTTL,
 	}
 	if resend {
 		// The durable's dead letters, through a consumer of their own, once
 		// each, until none is left.
-		sub.Stream, sub.Subject = consume.DeadStream(cfg.Stream), consume.DeadSubject(cfg.Stream, f.durable)
-		sub.Durable, sub.FromStart, sub.UntilDrained, sub.Pinned = f.durable+"-resend", true, true, false
-		sub.MaxDeliveries = 0
+		c.Stream, c.Subject = consume.DeadStream(cfg.Stream), consume.DeadSubject(cfg.Stream, f.durable)
+		c.Durable, c.FromStart, c.UntilDrained, c.Pinned = f.durable+"-resend", true, true, false
+		c.MaxDeliveries = 0
 	}
 	var err error
-	if sub.Progress, err = consume.OpenProgress(ctx, js, cfg.Stream, sub.Durable); err != nil {
+	if c.Progress, err = consume.OpenProgress(ctx, js, cfg.Stream, c.Durable); err != nil {
 		return nil, nil, fmt.Errorf("the subscriber keeps which batches are done in a key-value bucket beside the stream; allow it to make and use the bucket: %w", err)
 	}
-	if sub.MaxDeliveries > 0 {
+	if c.MaxDeliveries > 0 {
 		dl, err := consume.OpenDeadLetters(ctx, js, cfg.Stream, f.durable)
 		if err != nil {
 			return nil, nil, fmt.Errorf("allow the subscriber to make and publish to the dead-letter stream, or run it with --max-deliveries 0: %w", err)
 		}
-		sub.DeadLetters = dl
+		c.DeadLetters = dl
 	}
 	if out, ok := stdout.(*os.File); ok && f.exec == "" {
 		pipe, _ := consume.OpenPipe(out)
@@ -259,7 +259,8 @@ func (f *subscribeFlags) subscriber(ctx context.Context, cfg *config.Config, js 
 			}
 		}
 	}
-	return sub, lines, nil
+	sub, err := consume.NewSubscriber(c)
+	return sub, lines, err
 }
 
 // exitCodes parses a comma-separated list of exit codes.
@@ -285,15 +286,16 @@ func exitCodes(s string) ([]int, error) {
 func stopped(sub *consume.Subscriber, js jetstream.JetStream, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	cons, err := js.Consumer(ctx, sub.Stream, sub.Durable)
+	c := sub.Config()
+	cons, err := js.Consumer(ctx, c.Stream, c.Durable)
 	var info *jetstream.ConsumerInfo
 	if err == nil {
 		info, err = cons.Info(ctx)
 	}
 	switch {
 	case err != nil:
-		log.Warn("stopping: cannot ask the server what is still unacknowledged; whatever is comes again", "durable", sub.Durable, "err", err)
+		log.Warn("stopping: cannot ask the server what is still unacknowledged; whatever is comes again", "durable", c.Durable, "err", err)
 	case info.NumAckPending > 0:
-		log.Info("stopping: the server awaits acks for messages it will deliver to the next subscriber, without the batches recorded done", "durable", sub.Durable, "messages", info.NumAckPending)
+		log.Info("stopping: the server awaits acks for messages it will deliver to the next subscriber, without the batches recorded done", "durable", c.Durable, "messages", info.NumAckPending)
 	}
 }

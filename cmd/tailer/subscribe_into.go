@@ -17,7 +17,7 @@ import (
 
 // subscribeInto stores the tokens of durable's messages in the database at
 // MAILROOM_INBOX_URL, exactly once: into (inbox or river) says as what.
-func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate bool, sub *consume.Subscriber, js jetstream.JetStream,
+func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate bool, c consume.Config, js jetstream.JetStream,
 	healthAddr string, stderr io.Writer, log *slog.Logger) int {
 	pool, err := pgxpool.New(ctx, cfg.InboxURL)
 	if err != nil {
@@ -57,9 +57,14 @@ func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate
 		return exitConfig
 	}
 	db := &inbox.DB{Pool: pool, Store: store, Log: log}
-	sub.Sink = db
+	c.Sink = db
+	sub, err := consume.NewSubscriber(c)
+	if err != nil {
+		log.Error("subscribe failed", "err", err)
+		return exitFailure
+	}
 	if healthAddr != "" {
-		stop, err := subscriber.Serve(healthAddr, &subscriber.Probe{Stream: sub.Stream, Durable: sub.Durable, JS: js, Consuming: sub.Consuming, Stats: sub.Stats})
+		stop, err := subscriber.Serve(healthAddr, &subscriber.Probe{Stream: c.Stream, Durable: c.Durable, JS: js, Consuming: sub.Consuming, Stats: sub.Stats})
 		if err != nil {
 			fmt.Fprintf(stderr, "tailer subscribe: --health-addr: %v\n", err)
 			return exitConfig

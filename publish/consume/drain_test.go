@@ -38,9 +38,10 @@ func (s *slowSaves) Save(ctx context.Context, p *consume.Progress, revision uint
 func TestDrainWaitsForTheAck(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	js, r, sub := pipeSubscriber(ctx, t, 30*time.Second)
-	sub.UntilDrained = true
-	sub.Progress = &slowSaves{ProgressStore: sub.Progress, delay: 700 * time.Millisecond}
+	js, r, sub := pipeSubscriber(ctx, t, 30*time.Second, func(c *consume.Config) {
+		c.UntilDrained = true
+		c.Progress = &slowSaves{ProgressStore: c.Progress, delay: 700 * time.Millisecond}
+	})
 	out := filepath.Join(t.TempDir(), "out")
 	f, err := os.Create(out)
 	if err != nil {

@@ -115,10 +115,10 @@ func (s *Subscriber) noteDelivery(ctx context.Context, msg jetstream.Msg, meta *
 		}
 	}
 	s.mu.Unlock()
-	if again && s.Log != nil {
-		s.Log.Info("delivered again: a reader may have had its tokens before", "stream_seq", seq, "deliveries", meta.NumDelivered, "batches_done_before", done)
+	if again && s.cfg.Log != nil {
+		s.cfg.Log.Info("delivered again: a reader may have had its tokens before", "stream_seq", seq, "deliveries", meta.NumDelivered, "batches_done_before", done)
 	}
-	s.gaps.Note(ctx, s.js, s.Stream, s.Durable, s.Log, msg.Headers(), gap, func() { msg.InProgress() })
+	s.gaps.Note(ctx, s.js, s.cfg.Stream, s.cfg.Durable, s.cfg.Log, msg.Headers(), gap, func() { msg.InProgress() })
 }
 
 // units are the batches of b the Sink is to get, and those to set aside
@@ -132,16 +132,16 @@ func (s *Subscriber) units(h *held, meta *jetstream.MsgMetadata, b *Decoded) (un
 			s.stats.Skipped++
 			continue
 		}
-		if s.MaxDeliveries > 0 && s.DeadLetters != nil && rec.Attempts[i] >= s.MaxDeliveries {
+		if s.cfg.MaxDeliveries > 0 && s.cfg.DeadLetters != nil && rec.Attempts[i] >= s.cfg.MaxDeliveries {
 			dead = append(dead, i)
 			h.pending++
 			continue
 		}
 		tokens := line
-		if s.Action != "" {
+		if s.cfg.Action != "" {
 			tokens = nil
 			for _, t := range line {
-				if t.Action == s.Action {
+				if t.Action == s.cfg.Action {
 					tokens = append(tokens, t)
 				}
 			}
@@ -152,7 +152,7 @@ func (s *Subscriber) units(h *held, meta *jetstream.MsgMetadata, b *Decoded) (un
 			continue
 		}
 		h.pending++
-		units = append(units, &Unit{Stream: meta.Stream, Seq: h.seq, Durable: s.Durable, ID: b.ID, KeyID: b.KeyID, Line: i, Tokens: tokens, h: h})
+		units = append(units, &Unit{Stream: meta.Stream, Seq: h.seq, Durable: s.cfg.Durable, ID: b.ID, KeyID: b.KeyID, Line: i, Tokens: tokens, h: h})
 	}
 	return units, dead
 }
@@ -162,7 +162,7 @@ func (s *Subscriber) units(h *held, meta *jetstream.MsgMetadata, b *Decoded) (un
 // (it was a standby, or a subscriber before it on the durable died). What
 // it read is claimed (claim) before anything is handed on.
 func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
-	if s.Progress == nil {
+	if s.cfg.Progress == nil {
 		return nil
 	}
 	pin := msg.Headers().Get("Nats-Pin-Id")
@@ -189,7 +189,7 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 			s.mu.Unlock()
 			// Messages in hand while another subscriber wrote: it
 			// delivers them now.
-			return fmt.Errorf("consume %s: %w", s.Durable, ErrTakenOver)
+			return fmt.Errorf("consume %s: %w", s.cfg.Durable, ErrTakenOver)
 		case mine:
 			// Nobody wrote since this subscriber did: its record is the
 			// record, with what it decided since (a record of another
@@ -236,7 +236,7 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 func (s *Subscriber) claim(ctx context.Context, msg jetstream.Msg, p *Progress, rev uint64) (uint64, error) {
 	var newRev uint64
 	err := s.untilSaved(ctx, msg, func(try context.Context) (err error) {
-		newRev, err = s.Progress.Save(try, p, rev)
+		newRev, err = s.cfg.Progress.Save(try, p, rev)
 		return err
 	})
 	return newRev, err
@@ -245,8 +245,8 @@ func (s *Subscriber) claim(ctx context.Context, msg jetstream.Msg, p *Progress, 
 // hand gives units to the Sink. A Serial one gets them one at a time,
 // the record saved before each while a batch done is unsaved.
 func (s *Subscriber) hand(ctx context.Context, units []*Unit) error {
-	if sr, ok := s.Sink.(Serial); !ok || !sr.Serial() {
-		return s.Sink.Hand(ctx, units, s.doneFunc())
+	if sr, ok := s.cfg.Sink.(Serial); !ok || !sr.Serial() {
+		return s.cfg.Sink.Hand(ctx, units, s.doneFunc())
 	}
 	for _, u := range units {
 		s.mu.Lock()
@@ -261,10 +261,10 @@ func (s *Subscriber) hand(ctx context.Context, units []*Unit) error {
 			// unrecorded, beside the one the reader holds and the one
 			// done and unsaved.
 			if err := s.saveNow(ctx, u.h.msg); err != nil {
-				return fmt.Errorf("consume %s: %w", s.Durable, err)
+				return fmt.Errorf("consume %s: %w", s.cfg.Durable, err)
 			}
 		}
-		if err := s.Sink.Hand(ctx, []*Unit{u}, s.doneFunc()); err != nil {
+		if err := s.cfg.Sink.Hand(ctx, []*Unit{u}, s.doneFunc()); err != nil {
 			return err
 		}
 	}
@@ -347,17 +347,17 @@ func (s *Subscriber) acked(ctx context.Context, h *held, err error) {
 		s.dirty = true
 	}
 	s.mu.Unlock()
-	if err != nil && ctx.Err() == nil && s.Log != nil {
+	if err != nil && ctx.Err() == nil && s.cfg.Log != nil {
 		// Its batches are done, as the record says: delivered again,
 		// the message is acknowledged without handing anything on.
-		s.Log.Warn("ack not confirmed; the message will be delivered again, and not handed on again", "stream_seq", h.seq, "err", err)
+		s.cfg.Log.Warn("ack not confirmed; the message will be delivered again, and not handed on again", "stream_seq", h.seq, "err", err)
 	}
 }
 
 // ackMsg acknowledges a message that needs nothing from the reader.
 func (s *Subscriber) ackMsg(ctx context.Context, msg jetstream.Msg, seq uint64) {
-	if err := s.ack(ctx, msg); err != nil && ctx.Err() == nil && s.Log != nil {
-		s.Log.Warn("ack not confirmed; the message will be delivered again", "stream_seq", seq, "err", err)
+	if err := s.ack(ctx, msg); err != nil && ctx.Err() == nil && s.cfg.Log != nil {
+		s.cfg.Log.Warn("ack not confirmed; the message will be delivered again", "stream_seq", seq, "err", err)
 	}
 	s.mu.Lock()
 	s.stats.Acked++
@@ -397,7 +397,7 @@ const (
 func (s *Subscriber) Settle(ctx context.Context, o Outcome) int {
 	var failedOn *Unit
 	inDoubt := false
-	if r, ok := s.Sink.(reader); ok {
+	if r, ok := s.cfg.Sink.(reader); ok {
 		failedOn, inDoubt = r.settle(o)
 	}
 	s.mu.Lock()
@@ -422,8 +422,8 @@ func (s *Subscriber) Settle(ctx context.Context, o Outcome) int {
 	s.held = slices.DeleteFunc(s.held, func(h *held) bool { return !h.acking })
 	s.mu.Unlock()
 	// Which batches are done, before the messages come again.
-	if err := s.save(ctx); err != nil && s.Log != nil {
-		s.Log.Warn("cannot save which batches are done; those of the messages handed back are written again", "durable", s.Durable, "err", err)
+	if err := s.save(ctx); err != nil && s.cfg.Log != nil {
+		s.cfg.Log.Warn("cannot save which batches are done; those of the messages handed back are written again", "durable", s.cfg.Durable, "err", err)
 	}
 	for _, h := range nak {
 		h.msg.Nak()
@@ -434,20 +434,20 @@ func (s *Subscriber) Settle(ctx context.Context, o Outcome) int {
 // unreadable sets aside a message that does not decode: delivering it again
 // would not fix it.
 func (s *Subscriber) unreadable(ctx context.Context, msg jetstream.Msg, seq uint64, err error) error {
-	if s.Log != nil {
-		s.Log.Error("a message that cannot be read", "subject", msg.Subject(), "stream_seq", seq, "err", err)
+	if s.cfg.Log != nil {
+		s.cfg.Log.Error("a message that cannot be read", "subject", msg.Subject(), "stream_seq", seq, "err", err)
 	}
-	if s.DeadLetters != nil {
-		dl := DeadLetter{Stream: s.Stream, Seq: seq, Batch: -1, Durable: s.Durable, Reason: "cannot be read: " + err.Error(),
+	if s.cfg.DeadLetters != nil {
+		dl := DeadLetter{Stream: s.cfg.Stream, Seq: seq, Batch: -1, Durable: s.cfg.Durable, Reason: "cannot be read: " + err.Error(),
 			Deliveries: 1, Header: msg.Headers(), Body: msg.Data()}
-		if err := s.DeadLetters.Put(ctx, dl); err != nil {
+		if err := s.cfg.DeadLetters.Put(ctx, dl); err != nil {
 			return err
 		}
 		s.mu.Lock()
 		s.stats.DeadLetters++
 		s.mu.Unlock()
-		if s.Log != nil {
-			s.Log.Error("dead letter: set aside a message that cannot be read", "stream_seq", seq, "durable", s.Durable)
+		if s.cfg.Log != nil {
+			s.cfg.Log.Error("dead letter: set aside a message that cannot be read", "stream_seq", seq, "durable", s.cfg.Durable)
 		}
 	}
 	// Off this consumer; it stays in the stream.
@@ -464,13 +464,13 @@ func (s *Subscriber) deadLetter(ctx context.Context, h *held, b *Decoded, i int)
 	n := h.rec.Attempts[i]
 	s.mu.Unlock()
 	reason := fmt.Sprintf("%d readers failed with this batch taken and not finished", n)
-	dl := DeadLetter{Stream: s.Stream, Seq: h.seq, Batch: i, Durable: s.Durable, Reason: reason, Deliveries: n, Header: hdr, Body: body}
-	if err := s.DeadLetters.Put(ctx, dl); err != nil {
+	dl := DeadLetter{Stream: s.cfg.Stream, Seq: h.seq, Batch: i, Durable: s.cfg.Durable, Reason: reason, Deliveries: n, Header: hdr, Body: body}
+	if err := s.cfg.DeadLetters.Put(ctx, dl); err != nil {
 		return err
 	}
-	if s.Log != nil {
-		s.Log.Error("dead letter: set a batch aside; the batches behind it flow", "stream_seq", h.seq, "batch", i,
-			"batch_id", b.ID, "tokens", b.Sizes[i], "deliveries", n, "durable", s.Durable)
+	if s.cfg.Log != nil {
+		s.cfg.Log.Error("dead letter: set a batch aside; the batches behind it flow", "stream_seq", h.seq, "batch", i,
+			"batch_id", b.ID, "tokens", b.Sizes[i], "deliveries", n, "durable", s.cfg.Durable)
 	}
 	s.mu.Lock()
 	s.stats.DeadLetters++
@@ -503,7 +503,7 @@ const maxDoneUnsaved = 1
 // handing its reader a message's batches, 97 and 218 of them, for the
 // second the saver took to notice, and the other wrote them again).
 func (s *Subscriber) saveNow(ctx context.Context, msg jetstream.Msg) error {
-	if s.Progress == nil {
+	if s.cfg.Progress == nil {
 		return nil
 	}
 	return s.untilSaved(ctx, msg, s.save)
@@ -523,7 +523,7 @@ func (s *Subscriber) untilSaved(ctx context.Context, msg jetstream.Msg, save fun
 			return err
 		}
 		if wire.Unanswered(err) && s.js != nil {
-			stranded.Missed(s.js.Conn(), s.Log, s.Durable, "no answer to the save of which batches are done")
+			stranded.Missed(s.js.Conn(), s.cfg.Log, s.cfg.Durable, "no answer to the save of which batches are done")
 		}
 		msg.InProgress()
 		if !sleep(ctx, 250*time.Millisecond) {
@@ -534,7 +534,7 @@ func (s *Subscriber) untilSaved(ctx context.Context, msg jetstream.Msg, save fun
 
 // signal tells the saver there is something to save.
 func (s *Subscriber) signal() {
-	if s.Progress == nil || s.kick == nil {
+	if s.cfg.Progress == nil || s.kick == nil {
 		return
 	}
 	select {
@@ -558,7 +558,7 @@ func (s *Subscriber) saver(ctx context.Context, cancel context.CancelCauseFunc) 
 		case <-s.kick:
 		case <-tick.C:
 		}
-		if s.Progress == nil {
+		if s.cfg.Progress == nil {
 			// The record in memory forgets, all the same, what the
 			// server will not deliver again.
 			s.readFloor(ctx)
@@ -581,8 +581,8 @@ func (s *Subscriber) saver(ctx context.Context, cancel context.CancelCauseFunc) 
 			}
 		case err != nil && !failing && ctx.Err() == nil:
 			failing = true
-			if s.Log != nil {
-				s.Log.Warn("cannot save which batches are done; trying again", "durable", s.Durable, "err", err)
+			if s.cfg.Log != nil {
+				s.cfg.Log.Warn("cannot save which batches are done; trying again", "durable", s.cfg.Durable, "err", err)
 			}
 		case err == nil:
 			failing = false
@@ -619,7 +619,7 @@ func (s *Subscriber) readFloor(ctx context.Context) {
 // another subscriber wrote it since this one read or wrote it, and the
 // server no longer pins this one (saveOver).
 func (s *Subscriber) save(ctx context.Context) error {
-	if s.Progress == nil {
+	if s.cfg.Progress == nil {
 		return nil
 	}
 	s.saveMu.Lock()
@@ -638,7 +638,7 @@ func (s *Subscriber) save(ctx context.Context) error {
 	s.dirty = false
 	saving := s.doneUnsaved
 	s.mu.Unlock()
-	newRev, err := s.Progress.Save(ctx, &p, rev)
+	newRev, err := s.cfg.Progress.Save(ctx, &p, rev)
 	if errors.Is(err, ErrTakenOver) && s.pinnedHere(ctx) {
 		newRev, err = s.saveOver(ctx)
 	}
@@ -672,7 +672,7 @@ func (s *Subscriber) save(ctx context.Context) error {
 // still cost). The one the server pins is the one that merges; the other
 // writes nothing more once refused. The caller holds saveMu.
 func (s *Subscriber) saveOver(ctx context.Context) (uint64, error) {
-	cur, rev, err := s.Progress.Load(ctx)
+	cur, rev, err := s.cfg.Progress.Load(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -681,7 +681,7 @@ func (s *Subscriber) saveOver(ctx context.Context) (uint64, error) {
 	s.prog.absorb(&cur)
 	p := s.prog.clone()
 	s.mu.Unlock()
-	return s.Progress.Save(ctx, &p, rev)
+	return s.cfg.Progress.Save(ctx, &p, rev)
 }
 
 // clone copies p deeply.

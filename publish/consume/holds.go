@@ -73,28 +73,28 @@ func (s *Subscriber) checkRecord(ctx context.Context, js jetstream.JetStream, mi
 	if last.Seq == 0 {
 		return nil
 	}
-	same, err := StreamHolds(ctx, js, s.Stream, last.Seq, HoldsMark(last.Mark), s.Log)
+	same, err := StreamHolds(ctx, js, s.cfg.Stream, last.Seq, HoldsMark(last.Mark), s.cfg.Log)
 	if err != nil || same {
 		return err
 	}
-	if gone, err := removed(ctx, js, s.Stream, last.Seq); err != nil || gone {
+	if gone, err := removed(ctx, js, s.cfg.Stream, last.Seq); err != nil || gone {
 		// A limit's trim, or a purge, behind which the stream goes on:
 		// the chain says at the next message whether what was removed
 		// had been read (wire.Chain).
 		return err
 	}
-	if _, keepsOwn := s.Sink.(Positioner); missing && !s.FromStart && !keepsOwn {
+	if _, keepsOwn := s.cfg.Sink.(Positioner); missing && !s.cfg.FromStart && !keepsOwn {
 		return fmt.Errorf("consumer %s on stream %s: %w: the durable's subscribers last read sequence %d, which now holds another message or none (the stream was deleted and made again, restored from an older backup, or purged); "+
 			"start the subscriber with --from-start to deliver this stream from its first message (tokens a resync published again come again, but for those in --dedup-window), or make the consumer by hand at the sequence you know",
-			s.Durable, s.Stream, ErrStreamChanged, last.Seq)
+			s.cfg.Durable, s.cfg.Stream, ErrStreamChanged, last.Seq)
 	}
-	if s.Log != nil {
+	if s.cfg.Log != nil {
 		how := "the consumer on the server goes on from its own position"
 		if missing {
 			how = "the consumer is made at the stream's first message (--from-start)"
 		}
-		s.Log.Warn("the durable's record is of another stream (deleted and made again, restored or purged): dropped; "+how,
-			"durable", s.Durable, "record_last_seq", last.Seq)
+		s.cfg.Log.Warn("the durable's record is of another stream (deleted and made again, restored or purged): dropped; "+how,
+			"durable", s.cfg.Durable, "record_last_seq", last.Seq)
 	}
 	s.mu.Lock()
 	s.prog, s.dirty = Progress{}, true

@@ -35,14 +35,14 @@ func (f *flakyProgress) Save(context.Context, *Progress, uint64) (uint64, error)
 func TestLoadProgressRetries(t *testing.T) {
 	ctx := context.Background()
 	flaky := &flakyProgress{fails: 2, err: nats.ErrNoResponders}
-	s := &Subscriber{Progress: flaky}
+	s := &Subscriber{cfg: Config{Progress: flaky}}
 	waits := 0
 	p, rev, err := s.loadProgress(ctx, func() { waits++ })
 	if err != nil || p.Floor != 7 || rev != 3 || flaky.loads != 3 || waits != 2 {
 		t.Fatalf("after two failures: %+v rev %d err %v, %d loads, %d waits", p, rev, err, flaky.loads, waits)
 	}
 	bad := &flakyProgress{fails: 5, err: fmt.Errorf("read progress of d: %w", ErrUnreadableProgress)}
-	s = &Subscriber{Progress: bad}
+	s = &Subscriber{cfg: Config{Progress: bad}}
 	if _, _, err := s.loadProgress(ctx, func() {}); !errors.Is(err, ErrUnreadableProgress) || bad.loads != 1 {
 		t.Fatalf("an unreadable record: %v after %d loads, want the error after one", err, bad.loads)
 	}
@@ -69,7 +69,7 @@ func TestProgressReadAskedAgain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	u := &unanswered{}
-	s := &Subscriber{Progress: u}
+	s := &Subscriber{cfg: Config{Progress: u}}
 	start := time.Now()
 	p, rev, err := s.loadProgress(ctx, func() {})
 	if took := time.Since(start); err != nil || p.Floor != 9 || rev != 4 || took > 2*progressTry {
@@ -92,7 +92,7 @@ func (saveless) Save(context.Context, *Progress, uint64) (uint64, error) {
 // (issue 49's fault runs: three of one subscriber's batches written again
 // at one fault, one of them by itself, pinned again a moment later).
 func TestStandbyKeepsWhatItFinished(t *testing.T) {
-	s := &Subscriber{Progress: saveless{}, loaded: true}
+	s := &Subscriber{cfg: Config{Progress: saveless{}}, loaded: true}
 	s.prog.message(5, "m5", 2).Done.Add(0)
 	s.dirty, s.doneUnsaved = true, 1
 	if err := s.standBy(context.Background(), errPinLost); err != nil {
@@ -129,7 +129,7 @@ func TestCutOffReadMovesTheConnection(t *testing.T) {
 	js, _ := jetstream.New(nc)
 	first := nc.ConnectedUrl()
 	cutOff := &flakyProgress{fails: 3, err: &jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}}
-	s := &Subscriber{Progress: cutOff, js: js, Durable: "d"}
+	s := &Subscriber{cfg: Config{Progress: cutOff, Durable: "d"}, js: js}
 	if _, _, err := s.loadProgress(ctx, func() {}); err != nil {
 		t.Fatal(err)
 	}

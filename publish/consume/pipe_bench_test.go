@@ -58,7 +58,7 @@ func BenchmarkSubscriberPipeBacklog(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		sub := &consume.Subscriber{Stream: "S", Subject: "b", Durable: durable, FromStart: true, Sink: &consume.Lines{Out: w, Pipe: pipe}, AckWait: 30 * time.Second, Progress: store}
+		sub := newSubscriber(b, consume.Config{Stream: "S", Subject: "b", Durable: durable, FromStart: true, Sink: &consume.Lines{Out: w, Pipe: pipe}, AckWait: 30 * time.Second, Progress: store})
 		runCtx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- sub.Run(runCtx, js) }()

@@ -56,20 +56,24 @@ func (w Webhook) Hand(ctx context.Context, us []*consume.Unit, done func(...*con
 func Example_customSink() {
 	ctx := context.Background()
 	var js jetstream.JetStream // connected to the tailer's NATS
-	sub := &consume.Subscriber{
+	sub, err := consume.NewSubscriber(consume.Config{
 		Stream: "MAILROOM", Subject: "mailroom.batches", Durable: "webhooks",
 		Sink: Webhook{URL: "https://hooks.example/tokens", Client: http.DefaultClient},
 		Log:  slog.Default(),
+	})
+	if err == nil {
+		err = sub.Run(ctx, js)
 	}
-	if err := sub.Run(ctx, js); err != nil {
+	if err != nil {
 		slog.Error("webhooks", "err", err)
 	}
 }
 
 // The example's sink on a real JetStream server, its endpoint failing
-// once: every batch is taken, the one that failed is posted again and no
-// other (the durable's record says which batches of its message are
-// done), and nothing is left unacknowledged.
+// once: the subscriber ends and hands its message back; every batch is
+// taken, the one that failed is posted again and no other (the durable's
+// record, saved as the subscriber ended, says which batches of its
+// message are done), and nothing is left unacknowledged.
 func TestCustomSink(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -90,17 +94,29 @@ func TestCustomSink(t *testing.T) {
 		taken[key] = true
 	}))
 	defer hook.Close()
+	// Each run has half the ack wait: a message it was given and did not
+	// finish comes to the next one only if the run handed it back.
 	run := func() error {
 		record, err := consume.OpenProgress(ctx, js, "S", "hooks")
 		if err != nil {
 			t.Fatal(err)
 		}
-		sub := &consume.Subscriber{Stream: "S", Subject: "b", Durable: "hooks", FromStart: true, UntilDrained: true,
-			Sink: Webhook{URL: hook.URL, Client: hook.Client()}, Progress: record}
-		return sub.Run(ctx, js)
+		sub := newSubscriber(t, consume.Config{Stream: "S", Subject: "b", Durable: "hooks", FromStart: true, UntilDrained: true,
+			Sink: Webhook{URL: hook.URL, Client: hook.Client()}, Progress: record, AckWait: 30 * time.Second})
+		runCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		defer cancel()
+		return sub.Run(runCtx, js)
 	}
 	if err := run(); err == nil {
 		t.Fatal("the endpoint failed a batch and the subscriber went on")
+	}
+	// Run saved, as it ended, that the first batch of message 2 is done.
+	record, err := consume.OpenProgress(ctx, js, "S", "hooks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, _, err := record.Load(ctx); err != nil || p.Messages[2] == nil || !p.Messages[2].Done.Has(0) || p.Messages[2].Done.Has(1) {
+		t.Fatalf("the record as the subscriber ended: %+v (%v); want message 2's batch 0 done, batch 1 not", p.Messages[2], err)
 	}
 	if err := run(); err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,14 +18,8 @@ import (
 	"github.com/mailroom/tailer/publish/wire"
 )
 
-// Subscriber hands the batches of a durable JetStream consumer on to a
-// Sink. JetStream acknowledges whole messages, and a message of the
-// tailer holds up to MAILROOM_MAX_BATCHES_PER_MESSAGE batches: the
-// subscriber tracks each batch, acknowledges a message once the Sink has
-// said each of its batches is done, and keeps (in Progress) which batches
-// of a message are done, so that a sink that fails costs the batches it
-// held, not the message.
-type Subscriber struct {
+// Config is a Subscriber's settings, checked once (NewSubscriber).
+type Config struct {
 	Stream  string
 	Subject string
 	// Durable names the consumer; it is created (explicit ack) if missing.
@@ -57,6 +52,17 @@ type Subscriber struct {
 	// UntilDrained ends Run once the consumer has nothing left to deliver
 	// and nothing is in hand.
 	UntilDrained bool
+}
+
+// Subscriber hands the batches of a durable JetStream consumer on to a
+// Sink. JetStream acknowledges whole messages, and a message of the
+// tailer holds up to MAILROOM_MAX_BATCHES_PER_MESSAGE batches: the
+// subscriber tracks each batch, acknowledges a message once the Sink has
+// said each of its batches is done, and keeps (in Config.Progress) which
+// batches of a message are done, so that a sink that fails costs the
+// batches it held, not the message.
+type Subscriber struct {
+	cfg Config
 
 	// consuming: Run is bound to the consumer (see Consuming).
 	consuming atomic.Bool
@@ -88,6 +94,33 @@ type Subscriber struct {
 	pinID string
 	stats Stats
 }
+
+// NewSubscriber returns a subscriber of c, or an error naming the
+// setting that does not hold.
+func NewSubscriber(c Config) (*Subscriber, error) {
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	return &Subscriber{cfg: c}, nil
+}
+
+// check says which setting of c does not hold.
+func (c Config) check() error {
+	switch {
+	case c.Stream == "" || c.Subject == "":
+		return errors.New("consume: Config.Stream and Config.Subject name the tailer's stream and subject; one is empty")
+	case c.Durable == "" || strings.ContainsAny(c.Durable, " \t.*>"):
+		return fmt.Errorf("consume: Config.Durable must be a consumer name without spaces, '.', '*' or '>', got %q", c.Durable)
+	case c.Sink == nil:
+		return errors.New("consume: Config.Sink is nil: give the subscriber somewhere to hand the batches (Lines, inbox.DB, or one's own)")
+	case c.AckWait < 0 || c.PinnedTTL < 0 || c.MaxDeliveries < 0:
+		return fmt.Errorf("consume: Config.AckWait (%s), PinnedTTL (%s) and MaxDeliveries (%d) may not be negative", c.AckWait, c.PinnedTTL, c.MaxDeliveries)
+	}
+	return nil
+}
+
+// Config returns the subscriber's settings.
+func (s *Subscriber) Config() Config { return s.cfg }
 
 // DeadLetterStore stores dead letters (DeadLetters does, on a stream).
 type DeadLetterStore interface {
@@ -136,7 +169,7 @@ func (s *Subscriber) Stats() Stats {
 	st.PinID = s.pinID
 	s.mu.Unlock()
 	st.Gaps, st.OpenGap = s.gaps.State()
-	if r, ok := s.Sink.(reader); ok {
+	if r, ok := s.cfg.Sink.(reader); ok {
 		st.InDoubt, _ = r.inDoubt()
 	}
 	return st
@@ -245,7 +278,7 @@ func (d Durable) Ensure(ctx context.Context, js jetstream.JetStream) (jetstream.
 
 // pulls is how many messages the Sink takes at once (Puller).
 func (s *Subscriber) pulls() (pull, pending int) {
-	if p, ok := s.Sink.(Puller); ok {
+	if p, ok := s.cfg.Sink.(Puller); ok {
 		pull, pending = p.Pulls()
 	}
 	return max(pull, 1), max(pending, 2)
@@ -265,17 +298,26 @@ var errConsumerLost = errors.New("the consumer is gone from the server")
 // says where it was.
 var ErrPositionUnknown = errors.New("the consumer is gone and no record says where it was")
 
-// Run copies messages until ctx is done (or, UntilDrained, nothing is left
-// to deliver; it returns nil then), or the reader is gone (an error
-// wrapping ErrReaderGone). Batches in doubt stay pending, kept from
-// redelivery, until Settle. A consumer that vanishes from the server is
-// made again where the record (Progress) says it was. A subscriber that
-// another one of the durable took over from, or that lost its pin, lets
-// what it held go at once and stands by (standBy).
+// Run hands messages on until ctx is done (or, UntilDrained, nothing is
+// left to deliver; it returns nil then), the Sink fails, or the reader is
+// gone (an error wrapping ErrReaderGone). A reader's batches in doubt
+// (Lines) stay pending, kept from redelivery, until Settle; those of
+// another sink are settled as Run returns: the record saved, the
+// messages not done delivered again at once. A consumer that vanishes
+// from the server is made again where the record (Progress) says it was.
+// A subscriber that another one of the durable took over from, or that
+// lost its pin, lets what it held go at once and stands by (standBy).
 func (s *Subscriber) Run(ctx context.Context, js jetstream.JetStream) error {
 	s.js, s.life = js, ctx
 	if s.kick == nil {
 		s.kick = make(chan struct{}, 1)
+	}
+	if _, ok := s.cfg.Sink.(reader); !ok {
+		defer func() {
+			end, cancel := context.WithTimeout(context.WithoutCancel(ctx), progressTry)
+			defer cancel()
+			s.Settle(end, ReaderStopped)
+		}()
 	}
 	if err := s.load(ctx); err != nil {
 		return err
@@ -312,7 +354,7 @@ func (s *Subscriber) term(ctx context.Context, js jetstream.JetStream, cons *jet
 	for {
 		err := s.consume(runCtx, *cons)
 		if cause := context.Cause(runCtx); errors.Is(cause, ErrTakenOver) {
-			return fmt.Errorf("consume %s: %w", s.Durable, cause)
+			return fmt.Errorf("consume %s: %w", s.cfg.Durable, cause)
 		}
 		if !errors.Is(err, errConsumerLost) {
 			return err
@@ -324,11 +366,11 @@ func (s *Subscriber) term(ctx context.Context, js jetstream.JetStream, cons *jet
 		// which of their batches are done.
 		s.held = nil
 		s.mu.Unlock()
-		if r, ok := s.Sink.(reader); ok {
+		if r, ok := s.cfg.Sink.(reader); ok {
 			r.forget()
 		}
-		if err := s.save(ctx); err != nil && s.Log != nil {
-			s.Log.Warn("cannot save progress before making the consumer again", "durable", s.Durable, "err", err)
+		if err := s.save(ctx); err != nil && s.cfg.Log != nil {
+			s.cfg.Log.Warn("cannot save progress before making the consumer again", "durable", s.cfg.Durable, "err", err)
 		}
 		if *cons, err = s.consumer(runCtx, js, true); err != nil {
 			return err
@@ -368,8 +410,8 @@ func (s *Subscriber) standBy(ctx context.Context, why error) error {
 	unsaved := s.doneUnsaved
 	s.mu.Unlock()
 	n := s.Settle(ctx, ReaderStopped)
-	if s.Log != nil {
-		s.Log.Warn("this subscriber no longer delivers: what it held goes to the one that does; standing by", "durable", s.Durable, "messages_let_go", n,
+	if s.cfg.Log != nil {
+		s.cfg.Log.Warn("this subscriber no longer delivers: what it held goes to the one that does; standing by", "durable", s.cfg.Durable, "messages_let_go", n,
 			"batches_done_unsaved", unsaved, "why", why)
 	}
 	s.mu.Lock()
@@ -399,13 +441,13 @@ func (s *Subscriber) loadProgress(ctx context.Context, wait func()) (Progress, u
 	load := func() (Progress, uint64, error) {
 		try, cancel := context.WithTimeout(ctx, progressTry)
 		defer cancel()
-		return s.Progress.Load(try)
+		return s.cfg.Progress.Load(try)
 	}
 	p, rev, err := load()
 	var stranded Stranded
 	for delay := 250 * time.Millisecond; err != nil && !errors.Is(err, ErrUnreadableProgress) && ctx.Err() == nil; delay = min(2*delay, 2*time.Second) {
-		if delay == 250*time.Millisecond && s.Log != nil {
-			s.Log.Warn("cannot read which batches are done; trying again", "durable", s.Durable, "err", err)
+		if delay == 250*time.Millisecond && s.cfg.Log != nil {
+			s.cfg.Log.Warn("cannot read which batches are done; trying again", "durable", s.cfg.Durable, "err", err)
 		}
 		if wire.TemporarilyUnavailable(err) && s.js != nil {
 			// Its server is cut off from the cluster, and says so to every
@@ -413,7 +455,7 @@ func (s *Subscriber) loadProgress(ctx context.Context, wait func()) (Progress, u
 			// partition so). A read that goes unanswered is not counted:
 			// moving on those flipped the pinned pair at every election
 			// of the bucket's leader (issue 49's fault run 19).
-			stranded.Missed(s.js.Conn(), s.Log, s.Durable, "the record's read answered 'JetStream temporarily unavailable'")
+			stranded.Missed(s.js.Conn(), s.cfg.Log, s.cfg.Durable, "the record's read answered 'JetStream temporarily unavailable'")
 		}
 		wait()
 		select {
@@ -431,7 +473,7 @@ const progressTry = 2 * time.Second
 
 // load reads the record, unless there is no store or it is read already.
 func (s *Subscriber) load(ctx context.Context) error {
-	if s.Progress == nil {
+	if s.cfg.Progress == nil {
 		return nil
 	}
 	s.mu.Lock()
@@ -461,9 +503,9 @@ func (s *Subscriber) consumer(ctx context.Context, js jetstream.JetStream, lost 
 		return c, nil
 	}
 	_, pending := s.pulls()
-	d := Durable{Stream: s.Stream, Subject: s.Subject, Name: s.Durable, FromStart: s.FromStart, Action: s.Action,
-		AckWait: s.AckWait, MaxAckPending: pending, Pinned: s.Pinned, PinnedTTL: s.PinnedTTL}
-	_, err := LookUp(ctx, js, s.Stream, s.Durable, s.Log)
+	d := Durable{Stream: s.cfg.Stream, Subject: s.cfg.Subject, Name: s.cfg.Durable, FromStart: s.cfg.FromStart, Action: s.cfg.Action,
+		AckWait: s.cfg.AckWait, MaxAckPending: pending, Pinned: s.cfg.Pinned, PinnedTTL: s.cfg.PinnedTTL}
+	_, err := LookUp(ctx, js, s.cfg.Stream, s.cfg.Durable, s.cfg.Log)
 	missing := errors.Is(err, jetstream.ErrConsumerNotFound)
 	if err := s.checkRecord(ctx, js, missing); err != nil {
 		return nil, err
@@ -472,12 +514,12 @@ func (s *Subscriber) consumer(ctx context.Context, js jetstream.JetStream, lost 
 		s.mu.Lock()
 		known, floor := !s.prog.empty(), s.prog.Floor
 		s.mu.Unlock()
-		switch _, keepsOwn := s.Sink.(Positioner); {
+		switch _, keepsOwn := s.cfg.Sink.(Positioner); {
 		case known && !keepsOwn:
 			d.StartSeq = floor + 1
-			if s.Log != nil {
-				s.Log.Warn("the consumer was not on the server: made again where its subscribers had got to, after the last message acknowledged",
-					"durable", s.Durable, "start_seq", d.StartSeq)
+			if s.cfg.Log != nil {
+				s.cfg.Log.Warn("the consumer was not on the server: made again where its subscribers had got to, after the last message acknowledged",
+					"durable", s.cfg.Durable, "start_seq", d.StartSeq)
 			}
 		default:
 			if err := s.fromSink(ctx, js, &d, lost); err != nil {
@@ -490,9 +532,9 @@ func (s *Subscriber) consumer(ctx context.Context, js jetstream.JetStream, lost 
 		return nil, err
 	}
 	s.seedAtFloor(cons)
-	if s.Pinned && cons.CachedInfo().Config.PriorityPolicy != jetstream.PriorityPolicyPinned && s.Log != nil {
-		s.Log.Warn("the consumer does not pin one subscriber (made before, or the server is older than 2.11): a second subscriber on it would interleave; delete it to have it made again pinned",
-			"durable", s.Durable)
+	if s.cfg.Pinned && cons.CachedInfo().Config.PriorityPolicy != jetstream.PriorityPolicyPinned && s.cfg.Log != nil {
+		s.cfg.Log.Warn("the consumer does not pin one subscriber (made before, or the server is older than 2.11): a second subscriber on it would interleave; delete it to have it made again pinned",
+			"durable", s.cfg.Durable)
 	}
 	s.cons.Store(&cons)
 	return cons, nil
@@ -510,16 +552,16 @@ func (s *Subscriber) fromSink(ctx context.Context, js jetstream.JetStream, d *Du
 		return err
 	}
 	if ok {
-		if ok, err = StreamHolds(ctx, js, s.Stream, at.Seq, at.holds, s.Log); err != nil {
+		if ok, err = StreamHolds(ctx, js, s.cfg.Stream, at.Seq, at.holds, s.cfg.Log); err != nil {
 			return err
 		}
-		if !ok && s.Log != nil {
-			s.Log.Warn("the stream does not hold what the durable stored from it (deleted and made again, restored or purged): reading it from its first message; the tokens stored before add nothing",
-				"durable", s.Durable, "stored_seq", at.Seq, "batch_id", at.BatchID)
+		if !ok && s.cfg.Log != nil {
+			s.cfg.Log.Warn("the stream does not hold what the durable stored from it (deleted and made again, restored or purged): reading it from its first message; the tokens stored before add nothing",
+				"durable", s.cfg.Durable, "stored_seq", at.Seq, "batch_id", at.BatchID)
 		}
 		d.FromStart = d.FromStart || !ok
 	}
-	if _, keeps := s.Sink.(Positioner); keeps {
+	if _, keeps := s.cfg.Sink.(Positioner); keeps {
 		s.mu.Lock()
 		// Of a stream that may be another now: followed afresh.
 		s.prog.Chain = wire.Chain{}
@@ -529,23 +571,23 @@ func (s *Subscriber) fromSink(ctx context.Context, js jetstream.JetStream, d *Du
 	case ok:
 		s.seed(at)
 		d.StartSeq = at.Seq
-		if s.Log != nil {
-			s.Log.Warn("the consumer was not on the server: made again at the last message the sink holds a token of",
-				"durable", s.Durable, "start_seq", d.StartSeq)
+		if s.cfg.Log != nil {
+			s.cfg.Log.Warn("the consumer was not on the server: made again at the last message the sink holds a token of",
+				"durable", s.cfg.Durable, "start_seq", d.StartSeq)
 		}
 	case lost && !d.FromStart:
-		return fmt.Errorf("consumer %s on stream %s: %w: start a subscriber with --from-start to deliver what the stream holds again (the tokens a sink of its own stored add nothing), or make the consumer by hand at the position you know", s.Durable, s.Stream, ErrPositionUnknown)
+		return fmt.Errorf("consumer %s on stream %s: %w: start a subscriber with --from-start to deliver what the stream holds again (the tokens a sink of its own stored add nothing), or make the consumer by hand at the position you know", s.cfg.Durable, s.cfg.Stream, ErrPositionUnknown)
 	}
 	return nil
 }
 
 // sinkPosition is where the Sink's own record says the durable got to.
 func (s *Subscriber) sinkPosition(ctx context.Context) (Stored, bool, error) {
-	p, ok := s.Sink.(Positioner)
+	p, ok := s.cfg.Sink.(Positioner)
 	if !ok {
 		return Stored{}, false, nil
 	}
-	return p.Position(ctx, s.Stream, s.Durable)
+	return p.Position(ctx, s.cfg.Stream, s.cfg.Durable)
 }
 
 // seed starts the chain, when nothing is known of it, at at: the last
@@ -555,7 +597,7 @@ func (s *Subscriber) sinkPosition(ctx context.Context) (Stored, bool, error) {
 func (s *Subscriber) seed(at Stored) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.Action == "" && s.prog.Chain.Seed.Seq == 0 && len(s.prog.Chain.Subjects) == 0 {
+	if s.cfg.Action == "" && s.prog.Chain.Seed.Seq == 0 && len(s.prog.Chain.Subjects) == 0 {
 		s.prog.Chain.Seed = wire.Anchor{Seq: at.Seq, Mark: wire.IDMark(at.BatchID)}
 	}
 }
@@ -565,7 +607,7 @@ func (s *Subscriber) seed(at Stored) {
 // every message up to it was handled, stored or holding none of the
 // action's tokens, which the sink cannot say (seed).
 func (s *Subscriber) seedAtFloor(cons jetstream.Consumer) {
-	if _, ok := s.Sink.(Positioner); !ok || s.Action == "" {
+	if _, ok := s.cfg.Sink.(Positioner); !ok || s.cfg.Action == "" {
 		return
 	}
 	s.mu.Lock()
@@ -581,7 +623,7 @@ func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error
 	pull, _ := s.pulls()
 	iter, err := cons.Messages(pullOpts(cons, pull)...)
 	if err != nil {
-		return fmt.Errorf("consume %s: %w", s.Durable, err)
+		return fmt.Errorf("consume %s: %w", s.cfg.Durable, err)
 	}
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -589,8 +631,8 @@ func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error
 	defer stop()
 	s.consuming.Store(true)
 	defer s.consuming.Store(false)
-	if s.Log != nil {
-		s.Log.Info("consuming", "stream", s.Stream, "durable", s.Durable, "action", s.Action, "sink", fmt.Sprintf("%T", s.Sink))
+	if s.cfg.Log != nil {
+		s.cfg.Log.Info("consuming", "stream", s.cfg.Stream, "durable", s.cfg.Durable, "action", s.cfg.Action, "sink", fmt.Sprintf("%T", s.cfg.Sink))
 	}
 	var wg sync.WaitGroup
 	defer func() { cancel(nil); wg.Wait() }()
@@ -623,13 +665,13 @@ func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error
 				if s.standingBy(runCtx, cons) {
 					continue
 				}
-				if s.Log != nil {
-					s.Log.Warn("no heartbeat from the consumer; asking again", "durable", s.Durable, "server", s.js.Conn().ConnectedServerName())
+				if s.cfg.Log != nil {
+					s.cfg.Log.Warn("no heartbeat from the consumer; asking again", "durable", s.cfg.Durable, "server", s.js.Conn().ConnectedServerName())
 				}
-				stranded.Missed(s.js.Conn(), s.Log, s.Durable, "no heartbeat from the consumer")
+				stranded.Missed(s.js.Conn(), s.cfg.Log, s.cfg.Durable, "no heartbeat from the consumer")
 				continue
 			}
-			return fmt.Errorf("consume %s: %w", s.Durable, err)
+			return fmt.Errorf("consume %s: %w", s.cfg.Durable, err)
 		}
 		stranded.Heard()
 		s.handling.Store(true)
@@ -705,11 +747,11 @@ const groupTokens = 2000
 func (s *Subscriber) watch(ctx context.Context, cons jetstream.Consumer, cancel context.CancelCauseFunc, wg *sync.WaitGroup) {
 	wg.Add(1)
 	go func() { defer wg.Done(); s.heartbeat(ctx) }()
-	if r, ok := s.Sink.(reader); ok {
+	if r, ok := s.cfg.Sink.(reader); ok {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.watch(ctx, cancel, s.handling.Load) }()
 	}
-	if s.UntilDrained {
+	if s.cfg.UntilDrained {
 		wg.Add(1)
 		go func() { defer wg.Done(); s.untilDrained(ctx, cons, cancel) }()
 	}
@@ -791,8 +833,8 @@ func (s *Subscriber) Unpin(ctx context.Context, js jetstream.JetStream) {
 	if !s.pinnedHere(ctx) {
 		return
 	}
-	if st, err := js.Stream(ctx, s.Stream); err == nil {
-		st.UnpinConsumer(ctx, s.Durable, PriorityGroup)
+	if st, err := js.Stream(ctx, s.cfg.Stream); err == nil {
+		st.UnpinConsumer(ctx, s.cfg.Durable, PriorityGroup)
 	}
 }
 
@@ -858,8 +900,8 @@ func Lost(ctx context.Context, cons jetstream.Consumer, err error) bool {
 }
 
 func (s *Subscriber) lost(err error) error {
-	if s.Log != nil {
-		s.Log.Error("the consumer is gone from the server", "durable", s.Durable, "err", err)
+	if s.cfg.Log != nil {
+		s.cfg.Log.Error("the consumer is gone from the server", "durable", s.cfg.Durable, "err", err)
 	}
 	return errConsumerLost
 }
@@ -888,12 +930,12 @@ func (s *Subscriber) untilDrained(ctx context.Context, cons jetstream.Consumer, 
 		holding := len(s.held)
 		s.mu.Unlock()
 		inDoubt := false
-		if r, ok := s.Sink.(reader); ok {
+		if r, ok := s.cfg.Sink.(reader); ok {
 			_, inDoubt = r.inDoubt()
 		}
 		if !s.handling.Load() && !inDoubt && !acking && info.NumPending == 0 && info.NumAckPending == holding {
-			if s.Log != nil {
-				s.Log.Info("drained: nothing left to deliver", "durable", s.Durable, "ack_pending", info.NumAckPending,
+			if s.cfg.Log != nil {
+				s.cfg.Log.Info("drained: nothing left to deliver", "durable", s.cfg.Durable, "ack_pending", info.NumAckPending,
 					"delivered_stream_seq", info.Delivered.Stream, "ack_floor_stream_seq", info.AckFloor.Stream)
 			}
 			cancel(nil)
@@ -905,7 +947,7 @@ func (s *Subscriber) untilDrained(ctx context.Context, cons jetstream.Consumer, 
 // heartbeat keeps the messages in hand from being redelivered while the
 // subscriber waits for its reader, or for the next message.
 func (s *Subscriber) heartbeat(ctx context.Context) {
-	every := s.AckWait / 3
+	every := s.cfg.AckWait / 3
 	if every <= 0 {
 		every = DefaultAckWait / 3
 	}

@@ -50,6 +50,16 @@ func threeMessages(ctx context.Context, t *testing.T) jetstream.JetStream {
 	return js
 }
 
+// newSubscriber is a subscriber of c, which must hold.
+func newSubscriber(tb testing.TB, c consume.Config) *consume.Subscriber {
+	tb.Helper()
+	s, err := consume.NewSubscriber(c)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
 // readerPipe is a pipe for a subscriber to write into and the test to read
 // from, as a sender's stdin; the read end is closed when tb ends.
 func readerPipe(tb testing.TB) (r, w *os.File, pipe *consume.Pipe) {
@@ -68,8 +78,8 @@ func readerPipe(tb testing.TB) (r, w *os.File, pipe *consume.Pipe) {
 
 // pipeSubscriber is a subscriber of the durable d, from the start of
 // threeMessages' stream, into a pipe the test reads from r, its record in
-// the stream's bucket.
-func pipeSubscriber(ctx context.Context, t *testing.T, ackWait time.Duration) (jetstream.JetStream, *os.File, *consume.Subscriber) {
+// the stream's bucket; tune, if set, changes its settings first.
+func pipeSubscriber(ctx context.Context, t *testing.T, ackWait time.Duration, tune func(*consume.Config)) (jetstream.JetStream, *os.File, *consume.Subscriber) {
 	t.Helper()
 	js := threeMessages(ctx, t)
 	r, w, pipe := readerPipe(t)
@@ -77,7 +87,11 @@ func pipeSubscriber(ctx context.Context, t *testing.T, ackWait time.Duration) (j
 	if err != nil {
 		t.Fatal(err)
 	}
-	return js, r, &consume.Subscriber{Stream: "S", Subject: "b", Durable: "d", FromStart: true, Sink: &consume.Lines{Out: w, Pipe: pipe}, AckWait: ackWait, Progress: store}
+	c := consume.Config{Stream: "S", Subject: "b", Durable: "d", FromStart: true, Sink: &consume.Lines{Out: w, Pipe: pipe}, AckWait: ackWait, Progress: store}
+	if tune != nil {
+		tune(&c)
+	}
+	return js, r, newSubscriber(t, c)
 }
 
 // Into a pipe, a batch is done only once the reader has taken the next
@@ -89,7 +103,7 @@ func pipeSubscriber(ctx context.Context, t *testing.T, ackWait time.Duration) (j
 func TestSubscriberPipe(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	js, r, sub := pipeSubscriber(ctx, t, time.Second)
+	js, r, sub := pipeSubscriber(ctx, t, time.Second, nil)
 	done := make(chan error, 1)
 	go func() { done <- sub.Run(ctx, js) }()
 	cons, err := js.Consumer(ctx, "S", "d")
@@ -147,7 +161,7 @@ func TestSubscriberPipe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub2 := &consume.Subscriber{Stream: "S", Subject: "b", Durable: "d", Sink: &consume.Lines{Out: w2, Pipe: pipe2}, Progress: store2}
+	sub2 := newSubscriber(t, consume.Config{Stream: "S", Subject: "b", Durable: "d", Sink: &consume.Lines{Out: w2, Pipe: pipe2}, Progress: store2})
 	ctx2, stop2 := context.WithCancel(ctx)
 	done2 := make(chan error, 1)
 	go func() { done2 <- sub2.Run(ctx2, js) }()
@@ -176,8 +190,7 @@ func TestSubscriberPipe(t *testing.T) {
 func TestSaveOverALateWrite(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	js, r, sub := pipeSubscriber(ctx, t, 5*time.Second)
-	sub.Pinned, sub.PinnedTTL = true, 10*time.Second
+	js, r, sub := pipeSubscriber(ctx, t, 5*time.Second, func(c *consume.Config) { c.Pinned, c.PinnedTTL = true, 10*time.Second })
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- sub.Run(runCtx, js) }()
@@ -261,9 +274,11 @@ func (s *stalledSaves) Save(ctx context.Context, p *consume.Progress, revision u
 func TestNoBatchWrittenPastAWaitingSave(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	js, r, sub := pipeSubscriber(ctx, t, 5*time.Second)
-	store := &stalledSaves{ProgressStore: sub.Progress}
-	sub.Progress = store
+	var store *stalledSaves
+	js, r, sub := pipeSubscriber(ctx, t, 5*time.Second, func(c *consume.Config) {
+		store = &stalledSaves{ProgressStore: c.Progress}
+		c.Progress = store
+	})
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- sub.Run(runCtx, js) }()
@@ -314,7 +329,11 @@ func (l *lateSave) Load(ctx context.Context) (consume.Progress, uint64, error) {
 func TestTakeoverSeesALateSave(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	js, r, sub := pipeSubscriber(ctx, t, 5*time.Second)
+	var late *lateSave
+	js, r, sub := pipeSubscriber(ctx, t, 5*time.Second, func(c *consume.Config) {
+		late = &lateSave{ProgressStore: c.Progress}
+		c.Progress = late
+	})
 	st, err := js.Stream(ctx, "S")
 	if err != nil {
 		t.Fatal(err)
@@ -347,7 +366,7 @@ func TestTakeoverSeesALateSave(t *testing.T) {
 		}
 	}
 	markDone(0)
-	sub.Progress = &lateSave{ProgressStore: sub.Progress, sub: sub, save: func() { markDone(1) }}
+	late.sub, late.save = sub, func() { markDone(1) }
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- sub.Run(runCtx, js) }()

@@ -63,12 +63,15 @@ func Example_customStore() {
 		pool *pgxpool.Pool       // the service's database, with webhook_outbox
 		js   jetstream.JetStream // connected to the tailer's NATS
 	)
-	sub := &consume.Subscriber{
+	sub, err := consume.NewSubscriber(consume.Config{
 		Stream: "MAILROOM", Subject: "mailroom.batches", Durable: "webhooks",
 		Sink: &inbox.DB{Pool: pool, Store: Webhooks{}, Log: slog.Default()},
 		Log:  slog.Default(),
+	})
+	if err == nil {
+		err = sub.Run(ctx, js)
 	}
-	if err := sub.Run(ctx, js); err != nil {
+	if err != nil {
 		slog.Error("webhooks", "err", err)
 	}
 }

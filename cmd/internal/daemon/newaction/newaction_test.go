@@ -100,8 +100,11 @@ func TestANewActionEndToEnd(t *testing.T) {
 	var out bytes.Buffer
 	tailertest.Eventually(t, time.Minute, func() error {
 		out.Reset()
-		sub := &consume.Subscriber{Stream: cfg.Stream, Subject: cfg.Subject, Durable: fmt.Sprintf("magic%d", time.Now().UnixNano()),
-			FromStart: true, UntilDrained: true, Action: "magic_link", Sink: &consume.Lines{Out: &out}}
+		sub, err := consume.NewSubscriber(consume.Config{Stream: cfg.Stream, Subject: cfg.Subject, Durable: fmt.Sprintf("magic%d", time.Now().UnixNano()),
+			FromStart: true, UntilDrained: true, Action: "magic_link", Sink: &consume.Lines{Out: &out}})
+		if err != nil {
+			t.Fatal(err)
+		}
 		if err := sub.Run(ctx, js); err != nil {
 			return err
 		}
