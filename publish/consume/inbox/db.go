@@ -45,11 +45,14 @@ type DB struct {
 }
 
 // txn is one transaction of the sink's: units stored together, committed
-// once the one cut before it (prev) committed, abandoned if prev was.
+// once the one cut before it committed (prevCommitted), abandoned if that
+// one was (prevFailed). It holds the channels of the one before, not the
+// transaction: a chain of pointers from the newest would keep every
+// transaction of a run, and its tokens, in memory.
 type txn struct {
-	us                []*consume.Unit
-	prev              *txn
-	committed, failed chan struct{}
+	us                        []*consume.Unit
+	prevCommitted, prevFailed <-chan struct{}
+	committed, failed         chan struct{}
 }
 
 // pullBatch is how many messages a pull asks for: those at hand are
@@ -88,7 +91,10 @@ func (d *DB) Hand(ctx context.Context, us []*consume.Unit, done func(...*consume
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		t := &txn{us: part, prev: d.last, committed: make(chan struct{}), failed: make(chan struct{})}
+		t := &txn{us: part, committed: make(chan struct{}), failed: make(chan struct{})}
+		if d.last != nil {
+			t.prevCommitted, t.prevFailed = d.last.committed, d.last.failed
+		}
 		d.last = t
 		go func() {
 			defer func() { <-d.slots }()
@@ -163,10 +169,10 @@ func (d *DB) store(ctx context.Context, t *txn) (added []int, err error) {
 		if added, err = d.Store.StoreAll(ctx, tx, t.us); err != nil {
 			return err
 		}
-		if t.prev != nil {
+		if t.prevCommitted != nil {
 			select {
-			case <-t.prev.committed:
-			case <-t.prev.failed:
+			case <-t.prevCommitted:
+			case <-t.prevFailed:
 				return errAbandoned
 			case <-ctx.Done():
 				return ctx.Err()
