@@ -29,9 +29,13 @@ type held struct {
 // done before go to the Sink together.
 func (s *Subscriber) handle(ctx context.Context, group []jetstream.Msg) error {
 	var units []*Unit
-	for _, msg := range group {
+	for i, msg := range group {
 		us, err := s.take(ctx, msg)
 		if err != nil {
+			// Those not taken go back to the server at once too.
+			for _, rest := range group[i+1:] {
+				rest.Nak()
+			}
 			return err
 		}
 		units = append(units, us...)
