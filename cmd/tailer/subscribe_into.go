@@ -25,14 +25,14 @@ func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate
 		return exitConfig
 	}
 	defer pool.Close()
-	var store inbox.Store = inbox.Inbox{}
+	var table inbox.Table = inbox.Inbox{}
 	if into == "river" {
 		jobs, err := inbox.NewJobs()
 		if err != nil {
 			log.Error("subscribe failed", "err", err)
 			return exitFailure
 		}
-		store = jobs
+		table = jobs
 	}
 	if migrate {
 		if into == "river" {
@@ -46,17 +46,17 @@ func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate
 		}
 		log.Info("migrated the consumer's database", "into", into)
 	}
-	table := map[string]string{"inbox": "mailroom_inbox", "river": "river_job"}[into]
+	name := map[string]string{"inbox": "mailroom_inbox", "river": "river_job"}[into]
 	var there bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&there); err != nil {
-		log.Error("subscribe failed", "err", fmt.Errorf("MAILROOM_INBOX_URL: look for table %s: %w", table, err))
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&there); err != nil {
+		log.Error("subscribe failed", "err", fmt.Errorf("MAILROOM_INBOX_URL: look for table %s: %w", name, err))
 		return exitFailure
 	}
 	if !there {
-		fmt.Fprintf(stderr, "tailer subscribe: the consumer's database (MAILROOM_INBOX_URL) has no table %s: start the subscriber once with --migrate, which makes it\n", table)
+		fmt.Fprintf(stderr, "tailer subscribe: the consumer's database (MAILROOM_INBOX_URL) has no table %s: start the subscriber once with --migrate, which makes it\n", name)
 		return exitConfig
 	}
-	db := &inbox.DB{Pool: pool, Store: store, Log: log}
+	db := &inbox.DB{Pool: pool, Table: table, Log: log}
 	c.Sink = db
 	sub, err := consume.NewSubscriber(c)
 	if err != nil {

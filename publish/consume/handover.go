@@ -246,10 +246,10 @@ func (s *Subscriber) claim(ctx context.Context, msg jetstream.Msg, p *Progress, 
 	return newRev, err
 }
 
-// hand gives units to the Sink. A Serial one gets them one at a time,
+// hand gives units to the Sink. A serial reader gets them one at a time,
 // the record saved before each while a batch done is unsaved.
 func (s *Subscriber) hand(ctx context.Context, units []*Unit) error {
-	if sr, ok := s.cfg.Sink.(Serial); !ok || !sr.Serial() {
+	if r, ok := s.cfg.Sink.(reader); !ok || !r.serial() {
 		return s.cfg.Sink.Hand(ctx, units, s.doneFunc())
 	}
 	for _, u := range units {

@@ -91,9 +91,13 @@ func (l *Lines) Pulls() (pull, pending int) {
 	return 1, 2
 }
 
-// Serial: a pipe's reader that does not report says it finished a batch
+// serial: a pipe's reader that does not report says it finished a batch
 // only by taking the next.
-func (l *Lines) Serial() bool { return l.Pipe != nil && !l.Reports }
+func (l *Lines) serial() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.Pipe != nil && !l.Reports
+}
 
 // SetOut sets Out and Pipe (nil when out is not a pipe): a sender started
 // again gets a pipe of its own.
@@ -109,15 +113,19 @@ func (l *Lines) Hand(ctx context.Context, us []*Unit, done func(...*Unit)) error
 	l.mu.Lock()
 	l.done = done
 	var ls []*lined
+	var none []*Unit
 	for _, u := range us {
 		if x := l.render(u); x != nil {
 			ls = append(ls, x)
 		} else {
-			// Nothing of it for this reader: done as it is.
-			defer done(u)
+			none = append(none, u)
 		}
 	}
 	l.mu.Unlock()
+	if len(none) > 0 {
+		// Nothing of them for this reader: done as they are.
+		done(none...)
+	}
 	switch {
 	case l.Reports:
 		// The reader says what it finished: write all, it may read ahead.

@@ -49,14 +49,6 @@ type Puller interface {
 	Pulls() (pull, pending int)
 }
 
-// Serial is a Sink whose reader takes one unit at a time, each done once
-// the reader has taken the next (a pipe's): the record of what is done
-// is saved before it gets a unit while one done is unsaved, so that a
-// subscriber taking over skips it.
-type Serial interface {
-	Serial() bool
-}
-
 // Positioner is a Sink that keeps its own record of where the durable
 // got to (a database holds what it stored): a consumer gone from the
 // server, with no record of the Subscriber's (Progress) to say where it
@@ -94,6 +86,11 @@ type reader interface {
 	inDoubt() (n int, unsettled bool)
 	// forget drops what was handed, of a consumer that is gone.
 	forget()
+	// serial reports whether the reader takes one unit at a time, each
+	// done once it has taken the next (a pipe's): the record of what is
+	// done is then saved before it gets a unit while one done is
+	// unsaved, so that a subscriber taking over skips it.
+	serial() bool
 }
 
 // Units are b's batches as a Sink gets them, of the message at seq of

@@ -15,7 +15,7 @@ import (
 )
 
 // DB is the Sink of a consume.Subscriber that stores batches in the
-// consumer's PostgreSQL through a Store (Inbox, Jobs, or one's own),
+// consumer's PostgreSQL through a Table (Inbox, Jobs, or one's own),
 // exactly once: the batches at hand in one transaction, a large message's
 // in parts; a batch is done once its transaction committed, and a
 // message is acknowledged once each of its batches is. A crash before the
@@ -31,7 +31,7 @@ import (
 // nothing behind it unstored.
 type DB struct {
 	Pool  *pgxpool.Pool
-	Store Store
+	Table Table
 	Log   *slog.Logger
 	// Added counts the tokens stored; Again the transactions that found
 	// tokens of theirs stored before: a delivery whose ack was lost, or
@@ -73,9 +73,9 @@ const minPartTokens = 500
 // transaction in flight.
 func (d *DB) Pulls() (pull, pending int) { return pullBatch, unitsAtOnce * pullBatch }
 
-// Position is where the Store says durable got to.
+// Position is where the Table says durable got to.
 func (d *DB) Position(ctx context.Context, stream, durable string) (consume.Stored, bool, error) {
-	return d.Store.Position(ctx, d.Pool, stream, durable)
+	return d.Table.Position(ctx, d.Pool, stream, durable)
 }
 
 // Hand cuts us into transactions and starts them, waiting for room.
@@ -166,7 +166,7 @@ func (d *DB) run(ctx context.Context, t *txn) bool {
 // before committed; it returns how many tokens each unit added.
 func (d *DB) store(ctx context.Context, t *txn) (added []int, err error) {
 	err = pgx.BeginFunc(ctx, d.Pool, func(tx pgx.Tx) error {
-		if added, err = d.Store.StoreAll(ctx, tx, t.us); err != nil {
+		if added, err = d.Table.StoreAll(ctx, tx, t.us); err != nil {
 			return err
 		}
 		if t.prevCommitted != nil {

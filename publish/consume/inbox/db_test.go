@@ -18,20 +18,20 @@ import (
 	"github.com/mailroom/tailer/publish/consume"
 )
 
-// gatedStore fails to store the batches of the message at seq until open.
-type gatedStore struct {
-	Store
+// gatedTable fails to store the batches of the message at seq until open.
+type gatedTable struct {
+	Table
 	seq  uint64
 	open atomic.Bool
 }
 
-func (g *gatedStore) StoreAll(ctx context.Context, tx pgx.Tx, us []*consume.Unit) ([]int, error) {
+func (g *gatedTable) StoreAll(ctx context.Context, tx pgx.Tx, us []*consume.Unit) ([]int, error) {
 	for _, u := range us {
 		if u.Seq == g.seq && !g.open.Load() {
 			return nil, errors.New("the database cannot take it now")
 		}
 	}
-	return g.Store.StoreAll(ctx, tx, us)
+	return g.Table.StoreAll(ctx, tx, us)
 }
 
 // The transactions of a DB commit in the order they were cut, whatever
@@ -44,8 +44,8 @@ func TestTransactionsCommitInOrder(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pool := inboxPool(ctx, t)
-	store := &gatedStore{Store: Inbox{}, seq: 1}
-	d := &DB{Pool: pool, Store: store, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	store := &gatedTable{Table: Inbox{}, seq: 1}
+	d := &DB{Pool: pool, Table: store, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	var (
 		mu   sync.Mutex
 		done []uint64
@@ -146,7 +146,7 @@ func TestTransactionsLetGo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pool := inboxPool(ctx, t)
-	d := &DB{Pool: pool, Store: Inbox{}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	d := &DB{Pool: pool, Table: Inbox{}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	var done atomic.Int32
 	finished := func(us ...*consume.Unit) { done.Add(int32(len(us))) }
 	first := testBatch(1000, 2).Units("S", 1, "d")

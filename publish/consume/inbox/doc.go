@@ -2,7 +2,7 @@
 // PostgreSQL database of the consumer's, exactly once: DB is the
 // consume.Sink that stores the batches at hand in one transaction (a
 // large message's in parts), as rows of an inbox table keyed by token key
-// (Inbox) or as River jobs unique by token key (Jobs), or through a Store
+// (Inbox) or as River jobs unique by token key (Jobs), or through a Table
 // of one's own; up to four such transactions run side by side and commit
 // in the order they were cut, and a batch is done once its transaction
 // committed (its message acknowledged, a double ack, once all its batches

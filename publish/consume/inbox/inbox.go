@@ -22,12 +22,13 @@ type Meta struct {
 	Durable string
 }
 
-// Store stores tokens in tx, adding nothing for a token it holds
-// already; it reports how many each unit added. Position says where a
-// durable consumer got to: the last message it stored a token of; ok is
-// false when it stored none. Inbox and Jobs are the two of tailer
-// subscribe --into; DB runs one on the stream.
-type Store interface {
+// Table is where a DB stores tokens: StoreAll stores them in tx, adding
+// nothing for a token it holds already, and reports how many each unit
+// added; Position says where a durable consumer got to: the last message
+// it stored a token of (ok is false when it stored none). Inbox (rows of
+// mailroom_inbox) and Jobs (River's job table) are the two of tailer
+// subscribe --into.
+type Table interface {
 	StoreAll(ctx context.Context, tx pgx.Tx, us []*consume.Unit) (added []int, err error)
 	Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (at consume.Stored, ok bool, err error)
 }
@@ -35,7 +36,7 @@ type Store interface {
 // Inbox stores tokens as rows of mailroom_inbox (Migrate makes it).
 type Inbox struct{}
 
-// inboxColumns are the columns Store fills, in its rows' order.
+// inboxColumns are the columns Inbox fills, in its rows' order.
 var inboxColumns = []string{"token_key", "token_id", "action", "email", "login", "token", "code", "expires_at", "key_id", "batch_id", "line", "stream", "stream_seq", "durable", "traceparent"}
 
 // Store inserts b's tokens, those already there (by token key) left alone.

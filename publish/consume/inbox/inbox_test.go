@@ -69,7 +69,7 @@ func TestStoreOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	type storer interface {
-		Store
+		Table
 		Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Decoded) (int, error)
 	}
 	for _, tc := range []struct {

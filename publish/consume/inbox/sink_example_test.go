@@ -18,7 +18,7 @@ import (
 	"github.com/mailroom/tailer/publish/consume/inbox"
 )
 
-// Webhooks is a Store of one's own, beside Inbox and Jobs: a
+// Webhooks is a Table of one's own, beside Inbox and Jobs: a
 // transactional outbox of webhook calls, one a token, in a table of the
 // service's (webhook_outbox: token_key primary key, body,
 // stream, durable, stream_seq, batch_id), which a relay posts and marks
@@ -55,9 +55,9 @@ func (Webhooks) Position(ctx context.Context, pool *pgxpool.Pool, stream, durabl
 }
 
 // The subscriber that stores into the inbox and River stores into a
-// Store of one's own: exactly once into the outbox, a message
+// Table of one's own: exactly once into the outbox, a message
 // acknowledged after its commit.
-func Example_customStore() {
+func Example_customTable() {
 	ctx := context.Background()
 	var (
 		pool *pgxpool.Pool       // the service's database, with webhook_outbox
@@ -65,7 +65,7 @@ func Example_customStore() {
 	)
 	sub, err := consume.NewSubscriber(consume.Config{
 		Stream: "MAILROOM", Subject: "mailroom.batches", Durable: "webhooks",
-		Sink: &inbox.DB{Pool: pool, Store: Webhooks{}, Log: slog.Default()},
+		Sink: &inbox.DB{Pool: pool, Table: Webhooks{}, Log: slog.Default()},
 		Log:  slog.Default(),
 	})
 	if err == nil {
@@ -79,7 +79,7 @@ func Example_customStore() {
 // The example's store against a real database: each token stored once
 // however often its message comes, and the newest message stored is where
 // the durable got to.
-func TestCustomStore(t *testing.T) {
+func TestCustomTable(t *testing.T) {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, pgtest.Shared(t).CreateDB(t))
 	if err != nil {
