@@ -36,9 +36,14 @@ type Drain struct {
 	TailerMicrosPerTk float64 `json:"tailer_cpu_microseconds_per_token"`
 	TailerPeakRSSMiB  float64 `json:"tailer_peak_rss_mib"`
 	CPUSecondsPer100k float64 `json:"tailer_cpu_seconds_per_100k_tokens"`
+	// NATS is where the stream's server ran: embedded (in the tailer's
+	// process, as deployed: the tailer's CPU is its too) or bench (in this
+	// process).
+	NATS string `json:"nats"`
 	// Where the rest of the machine's CPU went, per token: the walsender,
 	// the tailer's query backend (the account join), and this process
-	// (the embedded NATS server and the counting subscriber).
+	// (the counting subscriber, and the NATS server when it is the
+	// bench's).
 	WalsenderMicrosPerTk float64 `json:"walsender_cpu_microseconds_per_token"`
 	JoinMicrosPerTk      float64 `json:"join_backend_cpu_microseconds_per_token"`
 	NATSMicrosPerTk      float64 `json:"nats_and_bench_cpu_microseconds_per_token"`
@@ -335,17 +340,15 @@ func variantEnv(v string) []string {
 // drain times the tailer draining the backlog behind slot; after, if set,
 // runs once it is drained, with the stream's server still up.
 func drain(ctx context.Context, o options, url, variant, slot string, n int, after func(natsURL string) error) (Drain, error) {
-	d := Drain{Variant: variant, Tokens: n}
-	natsURL, stopNATS, err := startNATS(o, slot)
+	d := Drain{Variant: variant, Tokens: n, NATS: "bench"}
+	natsEnv, external, natsURL, stopNATS, err := tailerNATS(o, slot)
 	if err != nil {
 		return d, err
 	}
 	defer stopNATS()
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		return d, err
+	if external == "" {
+		d.NATS = "embedded"
 	}
-	defer nc.Close()
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return d, err
@@ -355,27 +358,22 @@ func drain(ctx context.Context, o options, url, variant, slot string, n int, aft
 	env := append(variantEnv(variant), "MAILROOM_BATCH_LIMIT="+strconv.Itoa(o.limit), "MAILROOM_BATCH_TIMEOUT=1000",
 		"MAILROOM_NATS_REPLICAS="+strconv.Itoa(max(o.natsReplicas, 1)))
 	start := time.Now()
-	t, err := startTailer(o, url, natsURL, slot, env...)
+	t, err := startTailer(o, url, external, slot, append(env, natsEnv...)...)
 	if err != nil {
 		return d, err
 	}
 	defer t.stop()
+	nc, err := connectNATS(t, natsURL)
+	if err != nil {
+		return d, err
+	}
+	defer nc.Close()
 	cnt, stop, err := subscribe(ctx, nc, "MAILROOM", n, nil)
 	if err != nil {
 		return d, err
 	}
 	defer stop()
-	profiled := make(chan struct{})
-	if path := o.cpuProfile; path != "" {
-		go func() {
-			defer close(profiled)
-			time.Sleep(200 * time.Millisecond)
-			if err := fetchProfile(path, "http://127.0.0.1:19999/debug/pprof/profile?seconds=2"); err != nil {
-				fmt.Fprintln(os.Stderr, "cpu profile:", err)
-			}
-		}()
-		defer func() { <-profiled }()
-	}
+	defer profileDrain(o.cpuProfile)()
 	selfCPU0, _ := cpuSeconds(os.Getpid())
 	steal := stealMeter()
 	walPID, err := walsenderPID(ctx, conn, slot, start.Add(30*time.Second))
@@ -402,13 +400,33 @@ func drain(ctx context.Context, o options, url, variant, slot string, n int, aft
 		return d, err
 	}
 	d.StealPct = steal()
-	if after != nil {
-		t.stop()
-		if err := after(natsURL); err != nil {
-			return d, err
-		}
+	if after == nil {
+		return d, nil
 	}
-	return d, nil
+	if external != "" {
+		// The server is the bench's: the tailer has nothing left to do.
+		// Its own server serves what comes after as the tailer idles, as
+		// it would beside its subscribers.
+		t.stop()
+	}
+	return d, after(natsURL)
+}
+
+// profileDrain writes a CPU profile of the tailer, from 200 ms into the
+// drain, to path (none when empty); the function it returns waits for it.
+func profileDrain(path string) (wait func()) {
+	if path == "" {
+		return func() {}
+	}
+	profiled := make(chan struct{})
+	go func() {
+		defer close(profiled)
+		time.Sleep(200 * time.Millisecond)
+		if err := fetchProfile(path, "http://127.0.0.1:19999/debug/pprof/profile?seconds=2"); err != nil {
+			fmt.Fprintln(os.Stderr, "cpu profile:", err)
+		}
+	}()
+	return func() { <-profiled }
 }
 
 // measured fills d's CPU, memory and scheduling figures once the drain of
@@ -463,6 +481,10 @@ func walsenderPID(ctx context.Context, conn *pgx.Conn, slot string, deadline tim
 func printDrain(d Drain) {
 	fmt.Printf("drain %-15s %8d tokens: %6.2fs  %9.0f tokens/s  walsender %5.1f%% of a core  tailer %.2f µs/token, %.2f CPU s/100k, peak RSS %.1f MiB\n",
 		d.Variant, d.Tokens, d.Seconds, d.TokensPerSecond, d.WalsenderCPUPct, d.TailerMicrosPerTk, d.CPUSecondsPer100k, d.TailerPeakRSSMiB)
-	fmt.Printf("      CPU µs/token: walsender %.2f, join backend %.2f, NATS+bench %.2f; walsender waited for a CPU %.1f%% of the drain; tailer read(2) calls %d; steal %.1f%%\n",
-		d.WalsenderMicrosPerTk, d.JoinMicrosPerTk, d.NATSMicrosPerTk, d.WalsenderRunqueuePct, d.TailerReads, d.StealPct)
+	bench := "NATS+bench"
+	if d.NATS == "embedded" {
+		bench = "tailer's NATS in the tailer's; bench"
+	}
+	fmt.Printf("      CPU µs/token: walsender %.2f, join backend %.2f, %s %.2f; walsender waited for a CPU %.1f%% of the drain; tailer read(2) calls %d; steal %.1f%%\n",
+		d.WalsenderMicrosPerTk, d.JoinMicrosPerTk, bench, d.NATSMicrosPerTk, d.WalsenderRunqueuePct, d.TailerReads, d.StealPct)
 }

@@ -20,8 +20,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/mailroom/tailer/internal/embedded"
-	"github.com/mailroom/tailer/internal/pgserver"
 	"github.com/mailroom/tailer/migrations"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
@@ -110,7 +108,7 @@ func liveLatency(ctx context.Context, o options, url string, discard bool) (*Liv
 	}
 	live.TargetPerSecond, live.BatchLimit, live.WarmupTokens = o.liveRate, o.liveLimit, warm
 	if !discard {
-		live.NATS = o.liveNATS
+		live.NATS = o.nats
 	}
 	live.AchievedPerSec, live.StealPct, live.Load = float64(total)/writeSecs, stealPct, loaded
 	return live, nil
@@ -213,50 +211,25 @@ func liveReceiver(ctx context.Context, o options, url, slot string, discard bool
 }
 
 // liveTailer starts the tailer of a live run and connects to the server it
-// publishes to: as deployed, its own embedded server in its process
-// (o.liveNATS "embedded"); or one in this process ("bench"), beside the
-// writers and the reader, as the runs before 2026-11-27 measured.
+// publishes to (tailerNATS): as deployed, its own embedded server in its
+// process; with -nats bench, one in this process, beside the writers and
+// the reader, as the runs before 2026-11-27 measured.
 func liveTailer(o options, url, slot string) (*child, *nats.Conn, func(), error) {
-	env := []string{"MAILROOM_BATCH_LIMIT=" + strconv.Itoa(o.liveLimit), "MAILROOM_BATCH_TIMEOUT=1000"}
-	var natsURL string
-	stopServer := func() {}
-	if o.liveNATS == "bench" {
-		srv, err := embedded.Start(filepath.Join(o.dir, "nats-"+slot), "127.0.0.1:0", embedded.SyncInterval(o.natsSync))
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		natsURL, stopServer = srv.ClientURL(), srv.Shutdown
-	} else {
-		port, err := pgserver.FreePort()
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		env = append(env, fmt.Sprintf("MAILROOM_NATS_LISTEN=127.0.0.1:%d", port), "MAILROOM_DATA_DIR="+filepath.Join(o.dir, "data-"+slot))
-		if o.natsSync > 0 {
-			env = append(env, "MAILROOM_NATS_SYNC="+o.natsSync.String())
-		}
-		natsURL = fmt.Sprintf("nats://127.0.0.1:%d", port)
+	env, external, natsURL, stopServer, err := tailerNATS(o, slot)
+	if err != nil {
+		return nil, nil, nil, err
 	}
-	external := ""
-	if o.liveNATS == "bench" {
-		external = natsURL
-	}
+	env = append(env, "MAILROOM_BATCH_LIMIT="+strconv.Itoa(o.liveLimit), "MAILROOM_BATCH_TIMEOUT=1000")
 	t, err := startTailer(o, url, external, slot, env...)
 	if err != nil {
 		stopServer()
 		return nil, nil, nil, err
 	}
-	// The tailer's own server takes a moment to listen.
-	var nc *nats.Conn
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if nc, err = nats.Connect(natsURL); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.stop()
-			stopServer()
-			return nil, nil, nil, fmt.Errorf("NATS at %s: %w", natsURL, err)
-		}
+	nc, err := connectNATS(t, natsURL)
+	if err != nil {
+		t.stop()
+		stopServer()
+		return nil, nil, nil, err
 	}
 	return t, nc, func() { nc.Close(); t.stop(); stopServer() }, nil
 }

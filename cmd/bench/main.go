@@ -42,7 +42,7 @@ type options struct {
 	natsReplicas     int
 	subscribers      bool
 	restart          string
-	liveNATS         string
+	nats             string
 }
 
 // Results is the JSON document.
@@ -85,8 +85,9 @@ type Targets struct {
 	// LimitOverDiscard: the best variant at -batch-limit (1000), drain
 	// rate over the discard client's.
 	LimitOverDiscard float64 `json:"limit_drain_over_discard"`
-	// CPUOverWalsender: at -batch-limit, the tailer's CPU per token over
-	// the walsender's.
+	// CPUOverWalsender: at -batch-limit, the tailer's CPU per token (its
+	// process's: with -nats embedded, its server's too) over the
+	// walsender's.
 	CPUOverWalsender float64 `json:"tailer_cpu_over_walsender_cpu"`
 	// R3OverR1: at the defaults, drain rate to an R3 stream on three nodes
 	// over the rate to one server.
@@ -114,7 +115,8 @@ func main() {
 	flag.IntVar(&o.liveSeconds, "live-seconds", 10, "length of the live run")
 	flag.IntVar(&o.liveWarmup, "live-warmup", 1, "seconds of the live run before latencies are counted")
 	flag.IntVar(&o.liveConns, "live-conns", 8, "writer connections in the live run")
-	flag.StringVar(&o.liveNATS, "live-nats", "embedded", "the live run's NATS server: embedded (the tailer's own, in its process, as deployed by default) or bench (one in this process, beside the writers and the reader)")
+	flag.StringVar(&o.nats, "nats", "embedded", "the one NATS server of drains and live runs: embedded (the tailer's own, in its process, as deployed by default) or bench (one in this process, beside the writers and the reader); an R3 stream's cluster is always the bench's")
+	flag.StringVar(&o.nats, "live-nats", "embedded", "-nats, by its name before drains took it too")
 	flag.IntVar(&o.liveLimit, "live-batch-limit", 1, "MAILROOM_BATCH_LIMIT in the live run (1: one message per token)")
 	flag.StringVar(&o.variants, "variants", "v1-text,v1-binary,v2-text,v2-binary", "pgoutput options to compare on the small backlog (proto-format)")
 	flag.StringVar(&o.tailer, "tailer", "", "tailer binary (default: build ./cmd/tailer)")
@@ -128,8 +130,8 @@ func main() {
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the tailer during the first drain to this file")
 	flag.StringVar(&o.liveProfile, "live-cpuprofile", "", "write a CPU profile of the tailer during the live run (5 s, from 2 s into the writing) to this file; with several rates, the last rate's")
 	flag.Parse()
-	if o.liveNATS != "embedded" && o.liveNATS != "bench" {
-		fmt.Fprintf(os.Stderr, "bench: -live-nats must be embedded or bench, got %q\n", o.liveNATS)
+	if o.nats != "embedded" && o.nats != "bench" {
+		fmt.Fprintf(os.Stderr, "bench: -nats must be embedded or bench, got %q\n", o.nats)
 		os.Exit(2)
 	}
 	if natsSync != "always" {
@@ -276,6 +278,18 @@ func settle(ctx context.Context, pg *pgserver.Server) error {
 	return err
 }
 
+// checkpoint writes out what the runs before left in PostgreSQL's
+// buffers, so that a timed run does not pay for the one before it.
+func checkpoint(ctx context.Context, pg *pgserver.Server) error {
+	conn, err := pgx.Connect(ctx, pg.URL("postgres"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "CHECKPOINT")
+	return err
+}
+
 func createDB(ctx context.Context, pg *pgserver.Server, name string) (string, error) {
 	conn, err := pgx.Connect(ctx, pg.URL("postgres"))
 	if err != nil {
@@ -317,7 +331,7 @@ func printSummary(r Results) {
 			ld.BusyPct, tailer, ld.Tailer.Cores, ld.Tailer.Wait, ld.Tailer.Slices, bench, ld.Bench.Cores, ld.Bench.Wait, ld.Bench.Slices, ld.Postgres.Cores, ld.Postgres.Wait, ld.Postgres.Slices)
 	}
 	t := r.Targets
-	fmt.Printf("targets: defaults over discard client %.3f (≥ 0.9); limit %d over discard client %.3f (≥ 0.9); tailer CPU over walsender's %.3f (≤ 0.35); R3 over R1 at the defaults %.3f (≥ 0.8); subscribe --into inbox over the default drain %.3f (≥ 0.8); --into river over River's insert alone %.3f (≥ 0.8)\n",
+	fmt.Printf("targets: defaults over discard client %.3f (≥ 0.9); limit %d over discard client %.3f (≥ 0.9); tailer process CPU over walsender's %.3f (≤ 0.35); R3 over R1 at the defaults %.3f (≥ 0.8); subscribe --into inbox over the default drain %.3f (≥ 0.8); --into river over River's insert alone %.3f (≥ 0.8)\n",
 		t.DefaultOverDiscard, r.BatchLimit, t.LimitOverDiscard, t.CPUOverWalsender, t.R3OverR1, t.InboxOverDefault, t.RiverOverAlone)
 }
 

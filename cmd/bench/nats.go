@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -15,6 +16,49 @@ import (
 	"github.com/mailroom/tailer/internal/embedded"
 	"github.com/mailroom/tailer/internal/pgserver"
 )
+
+// tailerNATS says where the tailer of a run publishes. With o.nats
+// "embedded" and one replica, to its own server in its process, as
+// deployed by default: env tells the tailer where that server listens and
+// stores, and natsURL is where the bench reads it once the tailer runs.
+// Otherwise to startNATS's server or cluster in this process, whose URLs
+// are both external (the tailer's MAILROOM_NATS_URL) and natsURL.
+func tailerNATS(o options, slot string) (env []string, external, natsURL string, stop func(), err error) {
+	if o.nats == "bench" || o.natsReplicas > 1 {
+		urls, stop, err := startNATS(o, slot)
+		return nil, urls, urls, stop, err
+	}
+	port, err := pgserver.FreePort()
+	if err != nil {
+		return nil, "", "", nil, err
+	}
+	env = []string{fmt.Sprintf("MAILROOM_NATS_LISTEN=127.0.0.1:%d", port), "MAILROOM_DATA_DIR=" + filepath.Join(o.dir, "data-"+slot)}
+	if o.natsSync > 0 {
+		env = append(env, "MAILROOM_NATS_SYNC="+o.natsSync.String())
+	}
+	return env, "", fmt.Sprintf("nats://127.0.0.1:%d", port), func() {}, nil
+}
+
+// connectNATS connects to natsURL, waiting while t runs for a tailer's own
+// server to listen (up to 30 s).
+func connectNATS(t *child, natsURL string) (*nats.Conn, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		nc, err := nats.Connect(natsURL)
+		if err == nil {
+			return nc, nil
+		}
+		select {
+		case <-t.done:
+			log, _ := os.ReadFile(t.log)
+			return nil, fmt.Errorf("tailer exited:\n%s", log)
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("NATS at %s: %w", natsURL, err)
+		}
+	}
+}
 
 // startNATS runs the JetStream the tailer publishes to: one embedded
 // server, or with -nats-replicas 3 a cluster of three nodes in this process

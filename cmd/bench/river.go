@@ -47,6 +47,9 @@ func riverAlone(ctx context.Context, pg *pgserver.Server, natsURL string, n int)
 	if err != nil {
 		return d, err
 	}
+	if err := checkpoint(ctx, pg); err != nil {
+		return d, err
+	}
 	parts := make(chan []river.InsertManyParams, len(jobs)/riverPart+1)
 	for from := 0; from < len(jobs); from += riverPart {
 		parts <- jobs[from:min(from+riverPart, len(jobs))]
