@@ -483,7 +483,7 @@ func printDrain(d Drain) {
 		d.Variant, d.Tokens, d.Seconds, d.TokensPerSecond, d.WalsenderCPUPct, d.TailerMicrosPerTk, d.CPUSecondsPer100k, d.TailerPeakRSSMiB)
 	bench := "NATS+bench"
 	if d.NATS == "embedded" {
-		bench = "tailer's NATS in the tailer's; bench"
+		bench = "bench (NATS in the tailer)"
 	}
 	fmt.Printf("      CPU µs/token: walsender %.2f, join backend %.2f, %s %.2f; walsender waited for a CPU %.1f%% of the drain; tailer read(2) calls %d; steal %.1f%%\n",
 		d.WalsenderMicrosPerTk, d.JoinMicrosPerTk, bench, d.NATSMicrosPerTk, d.WalsenderRunqueuePct, d.TailerReads, d.StealPct)
