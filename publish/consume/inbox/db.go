@@ -55,12 +55,9 @@ type txn struct {
 	committed, failed         chan struct{}
 }
 
-// pullBatch is how many messages a pull asks for: those at hand, up to
-// the consume loop's group of tokens, are stored together, each
-// acknowledged after the commit. Groups of 64 messages, cut into larger
-// transactions than groups of 16, cost River a quarter less CPU a token
-// (docs/bench/2026-11-27-deployed.md).
-const pullBatch = 64
+// pullBatch is how many messages a pull asks for: those at hand are
+// stored together, each acknowledged after the commit.
+const pullBatch = 16
 
 // unitsAtOnce bounds the transactions in flight.
 const unitsAtOnce = 4
@@ -72,9 +69,9 @@ const unitsAtOnce = 4
 // side by side.
 const minPartTokens = 500
 
-// Pulls: the messages of a pull at once, and room for a second pull's
-// while the first's are stored.
-func (d *DB) Pulls() (pull, pending int) { return pullBatch, 2 * pullBatch }
+// Pulls: the messages of a pull at once, and room for them in each
+// transaction in flight.
+func (d *DB) Pulls() (pull, pending int) { return pullBatch, unitsAtOnce * pullBatch }
 
 // Position is where the Table says durable got to.
 func (d *DB) Position(ctx context.Context, stream, durable string) (consume.Stored, bool, error) {
