@@ -739,7 +739,9 @@ func count(msg jetstream.Msg) int {
 }
 
 // groupTokens bounds the tokens of the messages gathered into one group.
-const groupTokens = 2000
+// inbox.DB cuts a group into at most four transactions: parts of 2,000
+// tokens cost River less a token than parts of 500 (inbox's pullBatch).
+const groupTokens = 8000
 
 // watch starts, on wg, what looks after a consume beside its messages:
 // the heartbeat of the messages in hand, the pipe's reader, the end of a

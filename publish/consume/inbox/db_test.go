@@ -174,3 +174,84 @@ func TestTransactionsLetGo(t *testing.T) {
 	// The sink lives on, as a subscriber's does.
 	runtime.KeepAlive(d)
 }
+
+// heldTable holds the transaction storing first until release, and says
+// when any other transaction has stored.
+type heldTable struct {
+	Table
+	first   *consume.Unit
+	release chan struct{}
+	other   chan struct{}
+	once    sync.Once
+}
+
+func (h *heldTable) StoreAll(ctx context.Context, tx pgx.Tx, us []*consume.Unit) ([]int, error) {
+	if slices.Contains(us, h.first) {
+		<-h.release
+		return h.Table.StoreAll(ctx, tx, us)
+	}
+	added, err := h.Table.StoreAll(ctx, tx, us)
+	h.once.Do(func() { close(h.other) })
+	return added, err
+}
+
+// A message delivered again while its first delivery's transaction is
+// in flight (its ack wait ran out in the pull's buffer) is stored after
+// that one committed. Stored first, the later transaction would hold its
+// tokens' keys while it waits for the earlier one's commit, and the
+// earlier one would wait on those keys: both stuck, the database unable
+// to see it, the subscriber stalled with no error.
+func TestDeliveredAgainWhileInFlight(t *testing.T) {
+	t.Parallel()
+	for _, table := range []struct {
+		name string
+		t    func(*testing.T) Table
+	}{
+		{"inbox", func(*testing.T) Table { return Inbox{} }},
+		{"river", func(t *testing.T) Table {
+			j, err := NewJobs()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return j
+		}},
+	} {
+		t.Run(table.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			pool := inboxPool(ctx, t)
+			if err := MigrateRiver(ctx, pool); err != nil {
+				t.Fatal(err)
+			}
+			first := testBatch(1, 4).Units("S", 1, "d")
+			again := testBatch(1, 4).Units("S", 1, "d")
+			held := &heldTable{Table: table.t(t), first: first[0], release: make(chan struct{}), other: make(chan struct{})}
+			d := &DB{Pool: pool, Table: held, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+			var done atomic.Int32
+			finished := func(us ...*consume.Unit) { done.Add(int32(len(us))) }
+			if err := d.Hand(ctx, first, finished); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Hand(ctx, again, finished); err != nil {
+				t.Fatal(err)
+			}
+			// Stored now, the delivery again would hold the keys the first
+			// one's transaction is about to insert.
+			select {
+			case <-held.other:
+			case <-time.After(time.Second):
+			}
+			close(held.release)
+			for done.Load() < 4 && ctx.Err() == nil {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if n := done.Load(); n != 4 {
+				t.Fatalf("%d of 4 batches done after a minute: the two transactions wait for each other", n)
+			}
+			if n, again := d.Added.Load(), d.Again.Load(); n != 4 || again != 1 {
+				t.Fatalf("added %d tokens in %d transactions that found theirs stored, want 4 in 1", n, again)
+			}
+		})
+	}
+}
