@@ -63,7 +63,7 @@ in MAILROOM_DATA_DIR.`,
 // runTailer is tailer run with its settings.
 func runTailer(ctx context.Context, cfg *config.Config, lookupEnv func(string) (string, bool), stderr io.Writer) int {
 	log := daemon.NewLogger(cfg.LogFormat, cfg.LogLevel, stderr)
-	daemon.TuneRuntime(cfg)
+	daemon.TuneRuntime()
 	ended := make(chan struct{})
 	defer close(ended)
 	go func() {

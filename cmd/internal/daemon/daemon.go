@@ -45,12 +45,14 @@ func NewLogger(format, level string, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// TuneRuntime sets GOMAXPROCS to 1 unless the operator set it, or the
-// embedded NATS server shares the process: the tailer's work is one ordered
-// pipeline of a few goroutines, and with more Ps the scheduler spends its
-// time spinning for work between socket reads (docs/performance.md).
-func TuneRuntime(cfg *config.Config) {
-	if os.Getenv("GOMAXPROCS") == "" && cfg.NATSURL != "" {
+// TuneRuntime sets GOMAXPROCS to 1 unless the operator set it: the
+// tailer's work is one ordered pipeline of a few goroutines, and with more
+// Ps the scheduler spends its time spinning for work between socket reads.
+// The embedded NATS server in the process does not change that on two
+// cores: one P drained with less CPU and held a shorter live tail than two
+// (docs/performance.md).
+func TuneRuntime() {
+	if os.Getenv("GOMAXPROCS") == "" {
 		runtime.GOMAXPROCS(1)
 	}
 }
