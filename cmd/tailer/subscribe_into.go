@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
@@ -19,7 +18,7 @@ import (
 // MAILROOM_INBOX_URL, exactly once: into (inbox or river) says as what.
 func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate bool, c consume.Config, js jetstream.JetStream,
 	healthAddr string, stderr io.Writer, log *slog.Logger) int {
-	pool, err := pgxpool.New(ctx, cfg.InboxURL)
+	pool, err := inbox.Connect(ctx, cfg.InboxURL)
 	if err != nil {
 		fmt.Fprintf(stderr, "tailer subscribe: MAILROOM_INBOX_URL: %v\n", err)
 		return exitConfig

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,6 +64,33 @@ type txn struct {
 	// only once that one committed (claim).
 	after bool
 }
+
+// Connect opens a pool for a DB on the database at url. A transaction of
+// the DB's holds its tokens' keys while it waits for the one before it to
+// commit, idle in the server's eyes: were its process frozen (SIGSTOP, a
+// paused container) or another subscriber's transactions to wait on its
+// keys while it waits on theirs, nothing would end the wait. So, unless
+// url sets it, the server ends a session idle in a transaction for
+// IdleInTransaction: the keys are let go, the transaction is stored again
+// (its process says so, trying again), and a standby that took over the
+// durable stores past it.
+func Connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	if _, set := cfg.ConnConfig.RuntimeParams[idleParam]; !set {
+		cfg.ConnConfig.RuntimeParams[idleParam] = strconv.Itoa(int(IdleInTransaction.Milliseconds()))
+	}
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+// IdleInTransaction is how long Connect's sessions may be idle in a
+// transaction: far longer than a transaction waits for the one before
+// it while the database works (seconds, for thousands of River jobs).
+const IdleInTransaction = time.Minute
+
+const idleParam = "idle_in_transaction_session_timeout"
 
 // pullBatch is how many messages a pull asks for: those at hand, up to
 // the consume loop's group of tokens, are stored together, each

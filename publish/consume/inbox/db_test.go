@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/publish/consume"
 )
 
@@ -253,5 +254,68 @@ func TestDeliveredAgainWhileInFlight(t *testing.T) {
 				t.Fatalf("added %d tokens in %d transactions that found theirs stored, want 4 in 1", n, again)
 			}
 		})
+	}
+}
+
+// A subscriber frozen (SIGSTOP) with a transaction holding tokens' keys,
+// waiting for the one before it to commit, does not hold back the standby
+// that takes the durable over: the server ends the frozen one's session
+// once it is idle in its transaction for IdleInTransaction (here 1 s), and
+// the standby stores the tokens. Without it the standby waits on the keys
+// for as long as the frozen process lives.
+func TestFrozenTransactionLetsGo(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	url := pgtest.Shared(t).CreateDB(t)
+	frozenPool, err := Connect(ctx, url+"&"+idleParam+"=1000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Closed once the sinks' transactions ended with ctx.
+	t.Cleanup(frozenPool.Close)
+	if err := Migrate(ctx, frozenPool); err != nil {
+		t.Fatal(err)
+	}
+	// The frozen subscriber: its first transaction never stores, the
+	// second stored and waits for the first.
+	before := testBatch(1, 2).Units("S", 1, "d")
+	held := &heldTable{Table: Inbox{}, first: before[0], release: make(chan struct{}), other: make(chan struct{})}
+	defer close(held.release)
+	frozen := &DB{Pool: frozenPool, Table: held, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	nothing := func(...*consume.Unit) {}
+	if err := frozen.Hand(ctx, before, nothing); err != nil {
+		t.Fatal(err)
+	}
+	if err := frozen.Hand(ctx, testBatch(10, 2).Units("S", 2, "d"), nothing); err != nil {
+		t.Fatal(err)
+	}
+	<-held.other
+
+	pool, err := Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var idle string
+	if err := pool.QueryRow(ctx, `SHOW `+idleParam).Scan(&idle); err != nil {
+		t.Fatal(err)
+	}
+	if idle != "1min" {
+		t.Fatalf("Connect's sessions have %s = %s, want 1min (IdleInTransaction)", idleParam, idle)
+	}
+	standby := &DB{Pool: pool, Table: Inbox{}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	var done atomic.Int32
+	if err := standby.Hand(ctx, testBatch(10, 2).Units("S", 2, "d"), func(us ...*consume.Unit) { done.Add(int32(len(us))) }); err != nil {
+		t.Fatal(err)
+	}
+	for done.Load() < 2 && ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := done.Load(); n != 2 {
+		t.Fatalf("the standby stored %d of 2 batches in a minute: it waits on the frozen subscriber's keys", n)
+	}
+	if n := standby.Added.Load(); n != 2 {
+		t.Fatalf("the standby added %d tokens, want 2", n)
 	}
 }
