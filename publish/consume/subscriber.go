@@ -739,8 +739,9 @@ func count(msg jetstream.Msg) int {
 }
 
 // groupTokens bounds the tokens of the messages gathered into one group.
-// inbox.DB cuts a group into at most four transactions: parts of 2,000
-// tokens cost River less a token than parts of 500 (inbox's pullBatch).
+// A sink that stores a group in transactions (inbox.DB, in up to four)
+// pays less a token for larger ones: River's insert in parts of 2,000
+// tokens against 500 (the measurements are at inbox's pullBatch).
 const groupTokens = 8000
 
 // watch starts, on wg, what looks after a consume beside its messages:
