@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mailroom/tailer/internal/pause"
 )
 
 // ErrReaderGone is returned when the reader of a pipe has closed it.
@@ -68,10 +70,8 @@ func (p *Pipe) Taken(ctx context.Context) error {
 		if p.Gone() {
 			return ErrReaderGone
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(wait):
+		if err := pause.For(ctx, wait); err != nil {
+			return err
 		}
 		wait = min(2*wait, 20*time.Millisecond)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/internal/pause"
 	"github.com/mailroom/tailer/publish/token"
 )
 
@@ -250,10 +251,8 @@ func (j *Joiner) JoinMany(ctx context.Context, tokens [][]decoder.Token, rows []
 		if j.Log != nil {
 			j.Log.Debug("waiting for transactions to become visible", "invisible", invisible, "xids", len(j.xids), "wait", wait)
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w: waiting for %d transactions to become visible: %w", ErrJoin, invisible, ctx.Err())
-		case <-time.After(wait):
+		if err := pause.For(ctx, wait); err != nil {
+			return fmt.Errorf("%w: waiting for %d transactions to become visible: %w", ErrJoin, invisible, err)
 		}
 		wait = min(2*wait, 100*time.Millisecond)
 	}
