@@ -68,12 +68,12 @@ type txn struct {
 // Connect opens a pool for a DB on the database at url. A transaction of
 // the DB's holds its tokens' keys while it waits for the one before it to
 // commit, idle in the server's eyes: were its process frozen (SIGSTOP, a
-// paused container) or another subscriber's transactions to wait on its
-// keys while it waits on theirs, nothing would end the wait. So, unless
-// url sets it, the server ends a session idle in a transaction for
-// IdleInTransaction: the keys are let go, the transaction is stored again
-// (its process says so, trying again), and a standby that took over the
-// durable stores past it.
+// paused container), nothing would end the wait. So, unless url sets it,
+// the server ends a session idle in a transaction for IdleInTransaction:
+// the keys are let go, the transaction is stored again (its process says
+// so, trying again), and a standby that took over the durable stores past
+// it. Another subscriber's transactions waiting on its keys while it waits
+// on theirs end sooner, at LockWait.
 func Connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -91,6 +91,21 @@ func Connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 const IdleInTransaction = time.Minute
 
 const idleParam = "idle_in_transaction_session_timeout"
+
+// LockWait bounds how long a store waits for a lock: a row another
+// subscriber's transaction inserted, above all. Two subscribers of a
+// durable handed over, each with transactions in flight, can wait for
+// each other in a cycle the server cannot see (one of the transactions
+// waits for its predecessor in its process, idle in the server's eyes);
+// the store waiting on a lock ends, is tried again, and the cycle with
+// it. A wait that was no cycle just costs that store a second try.
+const LockWait = 5 * time.Second
+
+// storeTx begins a store's transaction, its lock wait bounded (LockWait)
+// in the same round trip.
+func storeTx() pgx.TxOptions {
+	return pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL lock_timeout = " + strconv.Itoa(int(LockWait.Milliseconds()))}
+}
 
 // pullBatch is how many messages a pull asks for: those at hand, up to
 // the consume loop's group of tokens, are stored together, each
@@ -250,7 +265,7 @@ func (d *DB) store(ctx context.Context, t *txn) (added []int, err error) {
 			return nil, err
 		}
 	}
-	err = pgx.BeginFunc(ctx, d.Pool, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, d.Pool, storeTx(), func(tx pgx.Tx) error {
 		if added, err = d.Table.StoreAll(ctx, tx, t.us); err != nil {
 			return err
 		}

@@ -14,6 +14,7 @@ import (
 	"weak"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/publish/consume"
@@ -317,5 +318,75 @@ func TestFrozenTransactionLetsGo(t *testing.T) {
 	}
 	if n := standby.Added.Load(); n != 2 {
 		t.Fatalf("the standby added %d tokens, want 2", n)
+	}
+}
+
+// Two subscribers storing the same messages (a durable handed over while
+// the one before is still storing) can wait for each other where the
+// database cannot see it: A's first transaction waits on a key B's
+// inserted, B's waits on a key A's second inserted, and A's second waits,
+// idle in its transaction, for A's first to commit. The store's lock
+// wait ends at LockWait, B's transaction is stored again, and every
+// batch is done; without it the cycle lasts until the server ends A's
+// idle session (IdleInTransaction, a minute).
+func TestTwoSubscribersWaitingForEachOther(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	url := pgtest.Shared(t).CreateDB(t)
+	connect := func() *pgxpool.Pool {
+		pool, err := Connect(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		return pool
+	}
+	poolA, poolB := connect(), connect()
+	if err := Migrate(ctx, poolA); err != nil {
+		t.Fatal(err)
+	}
+	discard := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var done atomic.Int32
+	finished := func(us ...*consume.Unit) { done.Add(int32(len(us))) }
+
+	// A: message 1 held back, message 2 stored and waiting for it.
+	one := testBatch(1, 2).Units("S", 1, "d")
+	held := &heldTable{Table: Inbox{}, first: one[0], release: make(chan struct{}), other: make(chan struct{})}
+	a := &DB{Pool: poolA, Table: held, Log: discard}
+	if err := a.Hand(ctx, one, finished); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Hand(ctx, testBatch(10, 2).Units("S", 2, "d"), finished); err != nil {
+		t.Fatal(err)
+	}
+	<-held.other
+	// B: both messages in one transaction; it inserts message 1's keys,
+	// then waits on message 2's.
+	b := &DB{Pool: poolB, Table: Inbox{}, Log: discard}
+	both := append(testBatch(1, 2).Units("S", 1, "d"), testBatch(10, 2).Units("S", 2, "d")...)
+	if err := b.Hand(ctx, both, finished); err != nil {
+		t.Fatal(err)
+	}
+	for waiting := 0; waiting == 0 && ctx.Err() == nil; {
+		if err := poolA.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A's message 1 now waits on B's keys.
+	start := time.Now()
+	close(held.release)
+	for done.Load() < 8 && time.Since(start) < 30*time.Second {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := done.Load(); n != 8 {
+		t.Fatalf("%d of 8 batches done %v after the cycle closed: the two subscribers wait for each other", n, time.Since(start).Round(time.Second))
+	}
+	var rows int
+	if err := poolA.QueryRow(ctx, `SELECT count(*) FROM mailroom_inbox`).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if added := a.Added.Load() + b.Added.Load(); rows != 4 || added != 4 {
+		t.Fatalf("%d rows, %d tokens added; want 4 of each", rows, added)
 	}
 }
