@@ -43,6 +43,8 @@ type DB struct {
 
 	once  sync.Once
 	slots chan struct{}
+	// begin begins a store's transaction (storeTx).
+	begin pgx.TxOptions
 	// last is the transaction cut last; only Hand touches it.
 	last *txn
 	// keys counts, for each token key, the transactions in flight that
@@ -101,10 +103,15 @@ const idleParam = "idle_in_transaction_session_timeout"
 // it. A wait that was no cycle just costs that store a second try.
 const LockWait = 5 * time.Second
 
+const lockParam = "lock_timeout"
+
 // storeTx begins a store's transaction, its lock wait bounded (LockWait)
-// in the same round trip.
-func storeTx() pgx.TxOptions {
-	return pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL lock_timeout = " + strconv.Itoa(int(LockWait.Milliseconds()))}
+// in the same round trip, unless the pool's URL set lock_timeout.
+func storeTx(pool *pgxpool.Pool) pgx.TxOptions {
+	if _, set := pool.Config().ConnConfig.RuntimeParams[lockParam]; set {
+		return pgx.TxOptions{}
+	}
+	return pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL " + lockParam + " = " + strconv.Itoa(int(LockWait.Milliseconds()))}
 }
 
 // pullBatch is how many messages a pull asks for: those at hand, up to
@@ -139,6 +146,7 @@ func (d *DB) Hand(ctx context.Context, us []*consume.Unit, done func(...*consume
 		// A transaction that waits for the one before holds its
 		// connection: no more at once than the pool has.
 		d.slots = make(chan struct{}, min(unitsAtOnce, max(int(d.Pool.Config().MaxConns), 1)))
+		d.begin = storeTx(d.Pool)
 	})
 	for _, part := range cut(us) {
 		select {
@@ -265,7 +273,7 @@ func (d *DB) store(ctx context.Context, t *txn) (added []int, err error) {
 			return nil, err
 		}
 	}
-	err = pgx.BeginTxFunc(ctx, d.Pool, storeTx(), func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, d.Pool, d.begin, func(tx pgx.Tx) error {
 		if added, err = d.Table.StoreAll(ctx, tx, t.us); err != nil {
 			return err
 		}

@@ -389,4 +389,13 @@ func TestTwoSubscribersWaitingForEachOther(t *testing.T) {
 	if added := a.Added.Load() + b.Added.Load(); rows != 4 || added != 4 {
 		t.Fatalf("%d rows, %d tokens added; want 4 of each", rows, added)
 	}
+	// A URL that sets lock_timeout keeps it.
+	set, err := Connect(ctx, url+"&"+lockParam+"=0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	if q := storeTx(set).BeginQuery; q != "" {
+		t.Errorf("with %s in the URL, a store begins with %q, want the default BEGIN", lockParam, q)
+	}
 }
