@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mailroom/tailer/internal/pause"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -964,16 +965,7 @@ func (s *Subscriber) heartbeat(ctx context.Context) {
 }
 
 // sleep waits d, reporting false if ctx ended first.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
+func sleep(ctx context.Context, d time.Duration) bool { return pause.For(ctx, d) == nil }
 
 func seqOf(m *jetstream.MsgMetadata) uint64 {
 	if m == nil {
