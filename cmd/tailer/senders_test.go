@@ -448,7 +448,7 @@ func TestPoisonBatch(t *testing.T) {
 		t.Fatalf("exit %d:\n%s", code, p.out.String())
 	}
 	if _, repeats := countOutput(t, out, others); repeats > 0 {
-		t.Fatalf("%d tokens written twice", repeats)
+		t.Fatalf("%d tokens written twice; the subscriber said:\n%s", repeats, tail(p.out.String(), 30))
 	}
 	list := c.command([]string{"dead-letters", "list", "--durable", "poison"})
 	if code := list.exit(30 * time.Second); code != 0 || !strings.Contains(list.out.String(), "3 deliveries") || strings.Count(list.out.String(), "\n") != 2 {

@@ -57,6 +57,12 @@ func (p *Pipe) fill() (int, error) {
 // holds none: FIONREAD on either end counts them), or fails with
 // ErrReaderGone once the reader has closed the pipe with bytes in it. A
 // reader that took the bytes and then left did take them.
+//
+// The answer is the pipe's, looked at after ctx ends too: a reader that
+// takes a line and exits at once (a sender that fails on it) ends ctx
+// through the subscriber's watch on the pipe, and failing then would leave
+// the batch before that line in doubt, to be written again by the next
+// reader and charged with the failure.
 func (p *Pipe) Taken(ctx context.Context) error {
 	wait := 100 * time.Microsecond
 	for {
@@ -70,9 +76,11 @@ func (p *Pipe) Taken(ctx context.Context) error {
 		if p.Gone() {
 			return ErrReaderGone
 		}
-		if err := pause.For(ctx, wait); err != nil {
+		if err := ctx.Err(); err != nil {
 			return err
 		}
+		// Ended early by ctx, the wait is followed by a last look.
+		_ = pause.For(ctx, wait)
 		wait = min(2*wait, 20*time.Millisecond)
 	}
 }
