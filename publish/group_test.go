@@ -69,11 +69,17 @@ type groupRun struct {
 	done     []*batch.Batch
 	batches  []int
 	messages int
+	joined   int // tokens joined, over every query
 }
 
 func (g *groupRun) BatchPublished(*batch.Batch, int, time.Duration) {}
 func (g *groupRun) BatchDone(*batch.Batch)                          {}
 func (g *groupRun) TokensSkipped(join.Skip, int)                    {}
+func (g *groupRun) Joined(tokens int, _ time.Duration) {
+	g.mu.Lock()
+	g.joined += tokens
+	g.mu.Unlock()
+}
 func (g *groupRun) MessagePublished(batches, _ int, _ time.Duration) {
 	g.mu.Lock()
 	g.messages++
@@ -215,6 +221,9 @@ func TestGroupCommit(t *testing.T) {
 	}
 	if len(g.done) != 40 {
 		t.Fatalf("%d batches done, want 40", len(g.done))
+	}
+	if g.joined != 120 {
+		t.Fatalf("the joins reported %d tokens, want each of the 120 once", g.joined)
 	}
 	var last [batch.MaxLanes]uint64
 	for _, b := range g.done {

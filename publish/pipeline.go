@@ -37,6 +37,10 @@ type Observer interface {
 	MessagePublished(batches, tokens int, latency time.Duration)
 	// TokensSkipped counts tokens not published, by reason.
 	TokensSkipped(reason join.Skip, n int)
+	// Joined is called for every query that joined tokens tokens to their
+	// accounts, which took latency (its waits for transactions not yet
+	// visible included).
+	Joined(tokens int, latency time.Duration)
 	// BatchDone is called for every batch whose tokens are all published
 	// or skipped, just before Done.
 	BatchDone(b *batch.Batch)
@@ -320,8 +324,12 @@ func (p *Pipeline) join(ctx context.Context, group []*ready) error {
 		end(nil)
 		return nil
 	}
+	start := time.Now()
 	err := p.Joiner.JoinMany(ctx, p.joinTokens, p.joinRows)
 	end(err)
+	if err == nil && p.Observer != nil {
+		p.Observer.Joined(toJoin, time.Since(start))
+	}
 	return err
 }
 

@@ -373,7 +373,7 @@ func drain(ctx context.Context, o options, url, variant, slot string, n int, aft
 		return d, err
 	}
 	defer stop()
-	defer profileDrain(o.cpuProfile)()
+	defer profileDrain(o.cpuProfile, t.http)()
 	selfCPU0, _ := cpuSeconds(os.Getpid())
 	steal := stealMeter()
 	walPID, err := walsenderPID(ctx, conn, slot, start.Add(30*time.Second))
@@ -392,7 +392,7 @@ func drain(ctx context.Context, o options, url, variant, slot string, n int, aft
 	if o.keep {
 		// The tailer's own view (batches a message, join and commit
 		// times), beside its log.
-		if err := fetchProfile(filepath.Join(o.dir, slot+".metrics"), "http://127.0.0.1:19999/metrics"); err != nil {
+		if err := fetchProfile(filepath.Join(o.dir, slot+".metrics"), t.http+"/metrics"); err != nil {
 			fmt.Println("metrics:", err)
 		}
 	}
@@ -414,7 +414,7 @@ func drain(ctx context.Context, o options, url, variant, slot string, n int, aft
 
 // profileDrain writes a CPU profile of the tailer, from 200 ms into the
 // drain, to path (none when empty); the function it returns waits for it.
-func profileDrain(path string) (wait func()) {
+func profileDrain(path, base string) (wait func()) {
 	if path == "" {
 		return func() {}
 	}
@@ -422,7 +422,7 @@ func profileDrain(path string) (wait func()) {
 	go func() {
 		defer close(profiled)
 		time.Sleep(200 * time.Millisecond)
-		if err := fetchProfile(path, "http://127.0.0.1:19999/debug/pprof/profile?seconds=2"); err != nil {
+		if err := fetchProfile(path, base+"/debug/pprof/profile?seconds=2"); err != nil {
 			fmt.Fprintln(os.Stderr, "cpu profile:", err)
 		}
 	}()

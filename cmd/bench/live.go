@@ -50,6 +50,26 @@ type Live struct {
 	StealPct        float64 `json:"steal_percent"`
 	// Load is where the CPU went while the writers wrote.
 	Load Load `json:"load"`
+	// Stages is where the tailer says the time went (not for the bare
+	// client).
+	Stages *Stages `json:"tailer_stages,omitempty"`
+}
+
+// Stages are means from the tailer's own histograms at the end of a live
+// run, its warm-up included: what an operator's dashboard shows.
+type Stages struct {
+	// JoinMillis is a join with the accounts (tailer_join_seconds).
+	JoinMillis float64 `json:"join_mean_ms"`
+	// StoreMillis is a message's publish to its PubAck: the stream's
+	// commit, its sync included (tailer_message_publish_seconds).
+	StoreMillis float64 `json:"message_publish_to_puback_mean_ms"`
+	// CutToAckMillis is a batch's cut to its PubAck: its wait for a
+	// place in a message, its join and its store
+	// (tailer_publish_latency_seconds).
+	CutToAckMillis float64 `json:"batch_cut_to_puback_mean_ms"`
+	// Per message: batches carried, and joins made.
+	BatchesPerMessage float64 `json:"batches_per_message"`
+	JoinsPerMessage   float64 `json:"joins_per_message"`
 }
 
 // insertToken is a password recovery of an account: a token of its own
@@ -71,17 +91,21 @@ func liveLatency(ctx context.Context, o options, url string, discard bool) (*Liv
 	warm := o.liveRate * o.liveWarmup
 	total := warm + o.liveRate*o.liveSeconds
 	times := newLiveTimes(total)
-	cnt, tailerPID, stop, err := liveReceiver(ctx, o, url, slot, discard, total, times)
+	cnt, t, stop, err := liveReceiver(ctx, o, url, slot, discard, total, times)
 	if err != nil {
 		return nil, err
 	}
 	defer stop()
+	tailerPID := 0
+	if t != nil {
+		tailerPID = t.cmd.Process.Pid
+	}
 	if o.liveProfile != "" && !discard {
 		profiled := make(chan struct{})
 		go func() {
 			defer close(profiled)
 			time.Sleep(2 * time.Second)
-			if err := fetchProfile(o.liveProfile, "http://127.0.0.1:19999/debug/pprof/profile?seconds=5"); err != nil {
+			if err := fetchProfile(o.liveProfile, t.http+"/debug/pprof/profile?seconds=5"); err != nil {
 				fmt.Fprintln(os.Stderr, "cpu profile:", err)
 			}
 		}()
@@ -96,15 +120,19 @@ func liveLatency(ctx context.Context, o options, url string, discard bool) (*Liv
 	case <-time.After(60 * time.Second):
 		return nil, fmt.Errorf("%d of %d tokens arrived", cnt.n.Load(), total)
 	}
-	if o.keep && !discard {
-		// The tailer's own view of where the time went, beside its log.
-		if err := fetchProfile(filepath.Join(o.dir, slot+".metrics"), "http://127.0.0.1:19999/metrics"); err != nil {
-			fmt.Println("metrics:", err)
-		}
-	}
 	live, err := times.result(discard)
 	if err != nil {
 		return nil, err
+	}
+	if t != nil {
+		// The tailer's own view of where the time went.
+		metrics := filepath.Join(o.dir, slot+".metrics")
+		if err := fetchProfile(metrics, t.http+"/metrics"); err != nil {
+			return nil, fmt.Errorf("the tailer's metrics: %w", err)
+		}
+		if live.Stages, err = readStages(metrics); err != nil {
+			return nil, err
+		}
 	}
 	live.TargetPerSecond, live.BatchLimit, live.WarmupTokens = o.liveRate, o.liveLimit, warm
 	if !discard {
@@ -158,7 +186,7 @@ func newLiveTimes(n int) *liveTimes {
 // liveReceiver starts what reads the tokens: a bare client of the slot
 // (discard), or the tailer (whose pid it returns) and a subscriber of its
 // stream. The counter says when all total have arrived; stop ends them.
-func liveReceiver(ctx context.Context, o options, url, slot string, discard bool, total int, times *liveTimes) (*counter, int, func(), error) {
+func liveReceiver(ctx context.Context, o options, url, slot string, discard bool, total int, times *liveTimes) (*counter, *child, func(), error) {
 	if discard {
 		// The floor: a bare client reading the same kind of slot, each
 		// token arriving when its insert does.
@@ -176,7 +204,7 @@ func liveReceiver(ctx context.Context, o options, url, slot string, discard bool
 				}
 			})
 		}()
-		return cnt, 0, func() { cancel(); <-errc }, nil
+		return cnt, nil, func() { cancel(); <-errc }, nil
 	}
 	var stops []func()
 	stopAll := func() {
@@ -186,7 +214,7 @@ func liveReceiver(ctx context.Context, o options, url, slot string, discard bool
 	}
 	t, nc, stopTailer, err := liveTailer(o, url, slot)
 	if err != nil {
-		return nil, 0, nil, err
+		return nil, nil, nil, err
 	}
 	stops = append(stops, stopTailer)
 	cnt, stop, err := subscribe(ctx, nc, "MAILROOM", total, func(m jetstream.Msg) {
@@ -204,10 +232,10 @@ func liveReceiver(ctx context.Context, o options, url, slot string, discard bool
 	})
 	if err != nil {
 		stopAll()
-		return nil, 0, nil, err
+		return nil, nil, nil, err
 	}
 	stops = append(stops, stop)
-	return cnt, t.cmd.Process.Pid, stopAll, nil
+	return cnt, t, stopAll, nil
 }
 
 // liveTailer starts the tailer of a live run and connects to the server it
@@ -340,5 +368,40 @@ func (t *liveTimes) result(discard bool) (*Live, error) {
 		Client: client, Tokens: len(lat),
 		P50Millis: pct(lat, 0.50), P99Millis: pct(lat, 0.99), MaxMillis: lat[len(lat)-1],
 		StoredP50Millis: pct(lstored, 0.50), StoredP99Millis: pct(lstored, 0.99),
+	}, nil
+}
+
+// readStages reads the means of Stages from a /metrics page the tailer
+// served.
+func readStages(path string) (*Stages, error) {
+	page, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	sum := func(name string) float64 {
+		for _, line := range strings.Split(string(page), "\n") {
+			if v, ok := strings.CutPrefix(line, name+" "); ok {
+				f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+				return f
+			}
+		}
+		return 0
+	}
+	mean := func(hist string) float64 {
+		if n := sum(hist + "_count"); n > 0 {
+			return sum(hist+"_sum") / n
+		}
+		return 0
+	}
+	messages := sum("tailer_message_publish_seconds_count")
+	if messages == 0 {
+		return nil, fmt.Errorf("%s: the tailer published no message", path)
+	}
+	return &Stages{
+		JoinMillis:        1000 * mean("tailer_join_seconds"),
+		StoreMillis:       1000 * mean("tailer_message_publish_seconds"),
+		CutToAckMillis:    1000 * mean("tailer_publish_latency_seconds"),
+		BatchesPerMessage: mean("tailer_message_batches"),
+		JoinsPerMessage:   sum("tailer_join_seconds_count") / messages,
 	}, nil
 }

@@ -330,6 +330,10 @@ func printSummary(r Results) {
 		}
 		fmt.Printf("      machine %.0f%% busy; CPU cores, run-queue wait s/s, timeslices/s: %s %.2f, %.2f, %.0f; %s %.2f, %.2f, %.0f; PostgreSQL %.2f, %.2f, %.0f\n",
 			ld.BusyPct, tailer, ld.Tailer.Cores, ld.Tailer.Wait, ld.Tailer.Slices, bench, ld.Bench.Cores, ld.Bench.Wait, ld.Bench.Slices, ld.Postgres.Cores, ld.Postgres.Wait, ld.Postgres.Slices)
+		if st := l.Stages; st != nil {
+			fmt.Printf("      in the tailer (its metrics, means, warm-up included): a join %.2f ms, a message's publish to PubAck %.2f ms, a batch's cut to PubAck %.2f ms; %.2f batches and %.2f joins a message\n",
+				st.JoinMillis, st.StoreMillis, st.CutToAckMillis, st.BatchesPerMessage, st.JoinsPerMessage)
+		}
 	}
 	t := r.Targets
 	fmt.Printf("targets: defaults over discard client %.3f (≥ 0.9); limit %d over discard client %.3f (≥ 0.9); tailer process CPU over walsender's %.3f (≤ 0.35); R3 over R1 at the defaults %.3f (≥ 0.8); subscribe --into inbox over the default drain %.3f (≥ 0.8); --into river over River's insert alone %.3f (≥ 0.8)\n",

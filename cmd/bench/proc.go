@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/mailroom/tailer/internal/pgserver"
 )
 
 // clkTck is the unit of utime and stime in /proc/<pid>/stat on Linux.
@@ -24,6 +26,9 @@ type child struct {
 	cmd  *exec.Cmd
 	done chan struct{}
 	log  string
+	// http is where it serves /metrics (and /debug/pprof when profiled),
+	// as a tailer at the defaults does.
+	http string
 }
 
 func startTailer(o options, url, natsURL, slot string, env ...string) (*child, error) {
@@ -36,11 +41,12 @@ func startTailer(o options, url, natsURL, slot string, env ...string) (*child, e
 	if err != nil {
 		return nil, err
 	}
-	httpAddr := ""
-	profile := o.cpuProfile != "" || o.liveProfile != ""
-	if profile || o.keep {
-		httpAddr = "127.0.0.1:19999"
+	port, err := pgserver.FreePort()
+	if err != nil {
+		return nil, err
 	}
+	httpAddr := "127.0.0.1:" + strconv.Itoa(port)
+	profile := o.cpuProfile != "" || o.liveProfile != ""
 	cmd := exec.Command(o.tailer, "run", "--http-addr="+httpAddr, "--pprof="+strconv.FormatBool(profile))
 	cmd.Env = append(os.Environ(),
 		"MAILROOM_DATABASE_URL="+url,
@@ -61,7 +67,7 @@ func startTailer(o options, url, natsURL, slot string, env ...string) (*child, e
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	c := &child{cmd: cmd, done: make(chan struct{}), log: logPath}
+	c := &child{cmd: cmd, done: make(chan struct{}), log: logPath, http: "http://" + httpAddr}
 	go func() { cmd.Wait(); logf.Close(); close(c.done) }()
 	return c, nil
 }

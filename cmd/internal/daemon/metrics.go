@@ -27,6 +27,7 @@ type Metrics struct {
 	messageBatches prometheus.Histogram
 	messageLatency prometheus.Histogram
 	commitToAck    prometheus.Histogram
+	joinLatency    prometheus.Histogram
 	lastDone       prometheus.Gauge
 	confirmed      prometheus.Gauge
 	slotLag        prometheus.Gauge
@@ -97,7 +98,7 @@ func NewMetrics(pending, lag, pubAckWait func() float64) *Metrics {
 	for _, r := range blockedReasons {
 		m.blocked.WithLabelValues(r)
 	}
-	m.reg.MustRegister(m.published, m.skipped, m.batches, m.batchSize, m.publishLatency, m.messageBatches, m.messageLatency, m.commitToAck,
+	m.reg.MustRegister(m.published, m.skipped, m.batches, m.batchSize, m.publishLatency, m.messageBatches, m.messageLatency, m.commitToAck, m.joinLatency,
 		m.lastDone, m.confirmed, m.slotLag, m.slotRetained, m.slotConfirmed, m.slotSampled, m.slotHeld, m.slotLost, m.blocked, m.ready,
 		m.reconnects, m.pending, m.lagSeconds, m.pubAckWait,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -132,6 +133,9 @@ func (m *Metrics) publishMetrics() {
 	})
 	m.commitToAck = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "tailer_commit_to_ack_seconds", Help: "Time from the commit of a batch's oldest token to the batch's PubAck.", Buckets: latency,
+	})
+	m.joinLatency = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "tailer_join_seconds", Help: "Time of each query joining tokens to their accounts (one for the batches ready at once), its waits for transactions not yet visible included.", Buckets: latency,
 	})
 }
 
@@ -189,6 +193,9 @@ func (m *Metrics) MessagePublished(batches, _ int, latency time.Duration) {
 	m.messageBatches.Observe(float64(batches))
 	m.messageLatency.Observe(latency.Seconds())
 }
+
+// Joined implements publish.Observer.
+func (m *Metrics) Joined(_ int, latency time.Duration) { m.joinLatency.Observe(latency.Seconds()) }
 
 // TokensSkipped implements publish.Observer.
 func (m *Metrics) TokensSkipped(reason join.Skip, n int) {

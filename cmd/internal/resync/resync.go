@@ -400,6 +400,7 @@ type counter struct {
 
 func (c *counter) BatchPublished(*batch.Batch, int, time.Duration) {}
 func (c *counter) BatchDone(*batch.Batch)                          {}
+func (c *counter) Joined(int, time.Duration)                       {}
 
 func (c *counter) MessagePublished(_, tokens int, _ time.Duration) {
 	c.messages.Add(1)
