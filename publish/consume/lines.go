@@ -168,6 +168,10 @@ func (l *Lines) Hand(ctx context.Context, us []*Unit, done func(...*Unit)) error
 // it is done with those before.
 func (l *Lines) handPipe(ctx context.Context, ls []*lined) error {
 	for _, x := range ls {
+		if err := ctx.Err(); err != nil {
+			// Stopping, or the reader went: hand it nothing more.
+			return fmt.Errorf("hand lines over: %w", err)
+		}
 		l.mu.Lock()
 		l.written += int64(len(x.data))
 		x.end = l.written
