@@ -184,7 +184,7 @@ func newLiveTimes(n int) *liveTimes {
 }
 
 // liveReceiver starts what reads the tokens: a bare client of the slot
-// (discard), or the tailer (whose pid it returns) and a subscriber of its
+// (discard), or the tailer (which it returns) and a subscriber of its
 // stream. The counter says when all total have arrived; stop ends them.
 func liveReceiver(ctx context.Context, o options, url, slot string, discard bool, total int, times *liveTimes) (*counter, *child, func(), error) {
 	if discard {
