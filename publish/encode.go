@@ -226,7 +226,7 @@ func (e *Encoder) addTrace(trace string) {
 }
 
 // errUnsafeField is a token whose email or login cannot go into a line.
-var errUnsafeField = errors.New("email or login holds a comma, CR, LF or NUL, or exceeds 254 bytes")
+var errUnsafeField = errors.New("email or login holds " + wire.Unsafe)
 
 func (e *Encoder) appendLine(dst []byte, t *decoder.Token, r *join.TokenState) ([]byte, error) {
 	if !wire.LineSafe(r.Email) || !wire.LineSafe(r.Login) {

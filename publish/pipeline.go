@@ -424,7 +424,7 @@ func (p *Pipeline) countSkips(tokens []decoder.Token, rows []join.TokenState) {
 		if rows[i].Skip == join.SkipUnsafeField && p.Log != nil {
 			// The token id and position, never the field: it is the
 			// user's, and may be crafted to forge log lines too.
-			p.Log.Warn("token not published in a line: its email or login holds a comma, CR, LF or NUL, or exceeds 254 bytes",
+			p.Log.Warn("token not published in a line: its email or login holds "+wire.Unsafe,
 				"reason", "unsafe_field", "token_id", tokens[i].ID, "position", tokens[i].Pos.String())
 		}
 	}

@@ -203,7 +203,7 @@ func (l *Lines) render(u *Unit) *lined {
 			// The sender would misparse the line: every other token of
 			// it would be lost, or a crafted field would forge rows.
 			if l.Log != nil {
-				l.Log.Warn("token not written: its email or login holds a comma, CR, LF or NUL, or exceeds 254 bytes", "reason", "unsafe_field", "token_id", t.ID, "stream_seq", u.Seq)
+				l.Log.Warn("token not written: its email or login holds "+wire.Unsafe, "reason", "unsafe_field", "token_id", t.ID, "stream_seq", u.Seq)
 			}
 			continue
 		}

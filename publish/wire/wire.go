@@ -2,6 +2,7 @@ package wire
 
 import (
 	"fmt"
+	"unicode/utf8"
 
 	"github.com/mailroom/tailer/publish/token"
 )
@@ -141,23 +142,41 @@ func (f Format) String() string {
 	return "line"
 }
 
+// Unsafe says, in the words of the logs, what wire.LineSafe refuses.
+const Unsafe = "a comma, a control character (C0, DEL, C1 such as NEL), U+2028 or U+2029, or bytes that are not UTF-8, or exceeds 254 bytes"
+
 // MaxLineField is the most bytes the mailroom sender reads in one field of
 // a line.
 const MaxLineField = 254
 
-// LineSafe reports whether a field can go into a collector line: the
+// LineSafe reports whether a field can go into a collector line. The
 // mailroom sender splits rows at commas and lines at newlines, so a field
-// holding either (or CR, or NUL, which C strings end at) would shift every
-// field after it, or forge rows; and it reads at most MaxLineField bytes.
+// holding either would shift every field after it, or forge rows; a C
+// string ends at NUL; and it reads at most MaxLineField bytes. The rest of
+// what it refuses is what some reader of the line or of the mail built
+// from it takes for a break or a control: the other C0 controls and DEL
+// (a header folded at a tab or a bare CR, a terminal's escapes), the C1
+// controls (NEL, U+0085, ends a line for Unicode-aware readers), U+2028
+// and U+2029 (line and paragraph separators), and bytes that are not
+// UTF-8, which a reader decoding Latin-1 can take for C1 controls.
 func LineSafe[T string | []byte](field T) bool {
 	if len(field) > MaxLineField {
 		return false
 	}
-	for i := 0; i < len(field); i++ {
-		switch field[i] {
-		case ',', '\r', '\n', 0:
+	for i := 0; i < len(field); {
+		c := field[i]
+		if c < utf8.RuneSelf {
+			if c < 0x20 || c == 0x7f || c == ',' {
+				return false
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(string(field[i:min(i+utf8.UTFMax, len(field))]))
+		if r == utf8.RuneError && size <= 1 || r >= 0x80 && r <= 0x9f || r == 0x2028 || r == 0x2029 {
 			return false
 		}
+		i += size
 	}
 	return true
 }
