@@ -1,6 +1,7 @@
 package batch
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"sync/atomic"
@@ -58,6 +59,9 @@ type FeederConfig struct {
 	// SpillDir is where large streamed transactions are buffered until
 	// their commit (os.TempDir() when empty).
 	SpillDir string
+	// Schema is the tokens table's ("" is public): inserts into a table
+	// tokens of any other schema are no tokens.
+	Schema string
 }
 
 // handoverChunk is how many rows of a committed streamed transaction are cut
@@ -66,7 +70,8 @@ type FeederConfig struct {
 // waiting in memory.
 const handoverChunk = 4096
 
-// NewFeeder returns a Feeder decoding inserts into public.tokens.
+// NewFeeder returns a Feeder decoding inserts into the tokens table of
+// cfg.Schema.
 func NewFeeder(cfg FeederConfig) *Feeder {
 	if cfg.Depth <= 0 {
 		cfg.Depth = 4
@@ -78,7 +83,7 @@ func NewFeeder(cfg FeederConfig) *Feeder {
 	if cfg.ByAction {
 		batcher.SetLanes(ByAction)
 	}
-	dec := decoder.New("public", "tokens")
+	dec := decoder.New(cmp.Or(cfg.Schema, "public"), "tokens")
 	dec.SpillDir, dec.HandoverChunk = cfg.SpillDir, handoverChunk
 	return &Feeder{
 		dec:         dec,

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/mailroom/tailer/internal/pgname"
 )
 
 //go:embed *.sql
@@ -21,22 +23,26 @@ var files embed.FS
 // Publication is the publication the migrations create.
 const Publication = "mailroom"
 
-// Up applies every migration not yet applied. Running it again is a no-op.
-func Up(ctx context.Context, databaseURL string) error {
-	return run(ctx, databaseURL, "up", (*migrate.Migrate).Up)
+// Up applies every migration not yet applied to schema (made if missing).
+// Running it again is a no-op.
+func Up(ctx context.Context, databaseURL string, schema pgname.Schema) error {
+	return run(ctx, databaseURL, schema, "up", (*migrate.Migrate).Up)
 }
 
 // GuardSQL makes the publication guard (migration 7's
-// tailer_publication_guard) an event trigger. It takes a superuser: tailer
-// migrate runs it when it can, and says so when it cannot.
-const GuardSQL = `CREATE EVENT TRIGGER tailer_publication_guard ON ddl_command_end
+// tailer_publication_guard, in schema) an event trigger. It takes a
+// superuser: tailer migrate runs it when it can, and says so when it
+// cannot.
+func GuardSQL(schema pgname.Schema) string {
+	return `CREATE EVENT TRIGGER tailer_publication_guard ON ddl_command_end
 	WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION', 'DROP PUBLICATION', 'ALTER TABLE', 'DROP TABLE', 'ALTER SCHEMA', 'DROP SCHEMA')
-	EXECUTE FUNCTION tailer_publication_guard()`
+	EXECUTE FUNCTION ` + schema.Name("tailer_publication_guard") + `()`
+}
 
 // InstallGuard runs GuardSQL unless the guard is there already. It
 // reports false, and no error, when the role may not create event
 // triggers.
-func InstallGuard(ctx context.Context, conn *pgx.Conn) (bool, error) {
+func InstallGuard(ctx context.Context, conn *pgx.Conn, schema pgname.Schema) (bool, error) {
 	var there bool
 	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_event_trigger WHERE evtname = 'tailer_publication_guard')`).Scan(&there); err != nil {
 		return false, fmt.Errorf("look up the publication guard: %w", err)
@@ -44,7 +50,7 @@ func InstallGuard(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	if there {
 		return true, nil
 	}
-	_, err := conn.Exec(ctx, GuardSQL)
+	_, err := conn.Exec(ctx, GuardSQL(schema))
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.InsufficientPrivilege {
 		return false, nil
@@ -55,15 +61,15 @@ func InstallGuard(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	return true, nil
 }
 
-// Down reverts every migration.
-func Down(ctx context.Context, databaseURL string) error {
-	return run(ctx, databaseURL, "down", (*migrate.Migrate).Down)
+// Down reverts every migration of schema.
+func Down(ctx context.Context, databaseURL string, schema pgname.Schema) error {
+	return run(ctx, databaseURL, schema, "down", (*migrate.Migrate).Down)
 }
 
 // Version reports the applied version and whether the last migration failed
 // halfway (dirty). Version 0 means none applied.
-func Version(ctx context.Context, databaseURL string) (version uint, dirty bool, err error) {
-	err = withMigrate(ctx, databaseURL, func(m *migrate.Migrate) error {
+func Version(ctx context.Context, databaseURL string, schema pgname.Schema) (version uint, dirty bool, err error) {
+	err = withMigrate(ctx, databaseURL, schema, func(m *migrate.Migrate) error {
 		version, dirty, err = m.Version()
 		if errors.Is(err, migrate.ErrNilVersion) {
 			return nil
@@ -73,8 +79,8 @@ func Version(ctx context.Context, databaseURL string) (version uint, dirty bool,
 	return version, dirty, err
 }
 
-func run(ctx context.Context, databaseURL, what string, f func(*migrate.Migrate) error) error {
-	err := withMigrate(ctx, databaseURL, func(m *migrate.Migrate) error {
+func run(ctx context.Context, databaseURL string, schema pgname.Schema, what string, f func(*migrate.Migrate) error) error {
+	err := withMigrate(ctx, databaseURL, schema, func(m *migrate.Migrate) error {
 		if err := f(m); err != nil && !errors.Is(err, migrate.ErrNoChange) {
 			return err
 		}
@@ -86,17 +92,26 @@ func run(ctx context.Context, databaseURL, what string, f func(*migrate.Migrate)
 	return nil
 }
 
-func withMigrate(ctx context.Context, databaseURL string, f func(*migrate.Migrate) error) error {
+// withMigrate runs f on a migrate.Migrate of schema. Its connections
+// search schema alone (and pg_catalog, and their own temporary tables
+// last): the migrations name their tables without a schema, and a schema
+// named after the role, first in PostgreSQL's default search_path, would
+// otherwise receive them. The schema is made first if it is missing.
+func withMigrate(ctx context.Context, databaseURL string, schema pgname.Schema, f func(*migrate.Migrate) error) error {
 	cfg, err := pgx.ParseConfig(databaseURL)
 	if err != nil {
 		return fmt.Errorf("parse database URL: %w", err)
 	}
+	if err := ensureSchema(ctx, cfg, schema); err != nil {
+		return err
+	}
+	cfg.RuntimeParams["search_path"] = schema.Ident() + ", pg_temp"
 	db := stdlib.OpenDB(*cfg)
 	defer db.Close()
 	if err := db.PingContext(ctx); err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
-	driver, err := migratepgx.WithInstance(db, &migratepgx.Config{})
+	driver, err := migratepgx.WithInstance(db, &migratepgx.Config{SchemaName: string(schema)})
 	if err != nil {
 		return err
 	}
@@ -110,4 +125,28 @@ func withMigrate(ctx context.Context, databaseURL string, f func(*migrate.Migrat
 	}
 	defer m.Close()
 	return f(m)
+}
+
+// ensureSchema makes schema when it does not exist. It looks first: CREATE
+// SCHEMA IF NOT EXISTS needs the right to create schemas in the database
+// even when there is nothing to create.
+func ensureSchema(ctx context.Context, cfg *pgx.ConnConfig, schema pgname.Schema) error {
+	cfg = cfg.Copy()
+	pgname.Isolate(cfg.RuntimeParams)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.Background())
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, string(schema)).Scan(&exists); err != nil {
+		return fmt.Errorf("look up schema %s: %w", schema.Ident(), err)
+	}
+	if exists {
+		return nil
+	}
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+schema.Ident()); err != nil {
+		return fmt.Errorf("create schema %s (MAILROOM_SCHEMA): %w", schema.Ident(), err)
+	}
+	return nil
 }

@@ -20,7 +20,7 @@ func setup(t *testing.T) (context.Context, *pgx.Conn, string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	url := pgtest.Shared(t).CreateDB(t)
-	if err := Up(ctx, url); err != nil {
+	if err := Up(ctx, url, "public"); err != nil {
 		t.Fatal(err)
 	}
 	conn, err := pgx.Connect(ctx, url)
@@ -33,14 +33,14 @@ func setup(t *testing.T) (context.Context, *pgx.Conn, string) {
 
 func TestUpIsIdempotentAndReversible(t *testing.T) {
 	ctx, conn, url := setup(t)
-	if err := Up(ctx, url); err != nil {
+	if err := Up(ctx, url, "public"); err != nil {
 		t.Fatalf("second Up: %v", err)
 	}
-	v, dirty, err := Version(ctx, url)
-	if err != nil || v != 9 || dirty {
+	v, dirty, err := Version(ctx, url, "public")
+	if err != nil || v != 11 || dirty {
 		t.Fatalf("Version = %d, %v, %v", v, dirty, err)
 	}
-	if on, err := InstallGuard(ctx, conn); err != nil || !on {
+	if on, err := InstallGuard(ctx, conn, "public"); err != nil || !on {
 		t.Fatalf("InstallGuard = %v, %v", on, err)
 	}
 	var pub string
@@ -51,14 +51,14 @@ func TestUpIsIdempotentAndReversible(t *testing.T) {
 	if err := conn.QueryRow(ctx, `SELECT pubinsert, pubupdate FROM pg_publication WHERE pubname = $1`, Publication).Scan(&ins, &upd); err != nil || !ins || upd {
 		t.Fatalf("publication publishes insert=%v update=%v (%v), want inserts only", ins, upd, err)
 	}
-	if err := Down(ctx, url); err != nil {
+	if err := Down(ctx, url, "public"); err != nil {
 		t.Fatal(err)
 	}
 	var n int
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE tablename IN ('accounts','tokens')`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("tables after Down = %d, %v", n, err)
 	}
-	if err := Up(ctx, url); err != nil {
+	if err := Up(ctx, url, "public"); err != nil {
 		t.Fatalf("Up after Down: %v", err)
 	}
 }
@@ -86,7 +86,7 @@ func TestAdoptsExistingMailroomSchema(t *testing.T) {
 	`); err != nil {
 		t.Fatal(err)
 	}
-	if err := Up(ctx, url); err != nil {
+	if err := Up(ctx, url, "public"); err != nil {
 		t.Fatalf("Up over an existing schema: %v", err)
 	}
 	var n int
@@ -232,7 +232,7 @@ func TestSlotRecordsFromAnOlderTailer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	url := pgtest.Shared(t).CreateDB(t)
-	if err := withMigrate(ctx, url, func(m *migrate.Migrate) error { return m.Migrate(4) }); err != nil {
+	if err := withMigrate(ctx, url, "public", func(m *migrate.Migrate) error { return m.Migrate(4) }); err != nil {
 		t.Fatal(err)
 	}
 	conn, err := pgx.Connect(ctx, url)
@@ -253,7 +253,7 @@ func TestSlotRecordsFromAnOlderTailer(t *testing.T) {
 	t.Cleanup(func() {
 		conn.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name IN ('old', 'resynced')`)
 	})
-	if err := Up(ctx, url); err != nil {
+	if err := Up(ctx, url, "public"); err != nil {
 		t.Fatal(err)
 	}
 	rows, err := conn.Query(ctx, `SELECT slot || ' ' || resync_pending || ' ' || coalesce(stream_seq::text, '-') || ' ' || legacy || ' ' ||
@@ -274,7 +274,7 @@ func TestSlotRecordsFromAnOlderTailer(t *testing.T) {
 		t.Fatalf("tailer_resync still there (%v, %v)", old, err)
 	}
 	// Down to 4 gives tailer_resync its rows back.
-	if err := withMigrate(ctx, url, func(m *migrate.Migrate) error { return m.Migrate(4) }); err != nil {
+	if err := withMigrate(ctx, url, "public", func(m *migrate.Migrate) error { return m.Migrate(4) }); err != nil {
 		t.Fatal(err)
 	}
 	var n int
@@ -290,10 +290,10 @@ func TestSlotRecordsFromAnOlderTailer(t *testing.T) {
 // told apart from a failure.
 func TestPublicationGuard(t *testing.T) {
 	ctx, conn, _ := setup(t)
-	if on, err := InstallGuard(ctx, conn); err != nil || !on {
+	if on, err := InstallGuard(ctx, conn, "public"); err != nil || !on {
 		t.Fatalf("InstallGuard = %v, %v", on, err)
 	}
-	if on, err := InstallGuard(ctx, conn); err != nil || !on {
+	if on, err := InstallGuard(ctx, conn, "public"); err != nil || !on {
 		t.Fatalf("InstallGuard again = %v, %v", on, err)
 	}
 	needed := func() bool {
@@ -336,7 +336,7 @@ func TestPublicationGuard(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Exec(context.Background(), `RESET ROLE; DROP ROLE guard_test_nobody`)
-	if on, err := InstallGuard(ctx, conn); err != nil || on {
+	if on, err := InstallGuard(ctx, conn, "public"); err != nil || on {
 		t.Fatalf("InstallGuard as a role that may not = %v, %v; want false and no error", on, err)
 	}
 }

@@ -42,8 +42,8 @@ func EmitMessage(ctx context.Context, q Querier, prefix, content string) (pglogr
 // is confirmed (tailer status shows the lag from it). The caller holds the
 // lease. A record table older than the column (tailer migrate not run) is
 // ErrOldRecordTable.
-func SetConfirmedThrough(ctx context.Context, q Querier, slot string, at time.Time) error {
-	_, err := q.Exec(ctx, `UPDATE tailer_slot SET confirmed_through = $2
+func SetConfirmedThrough(ctx context.Context, db DB, slot string, at time.Time) error {
+	_, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET confirmed_through = $2
 		WHERE slot = $1 AND (confirmed_through IS NULL OR confirmed_through < $2)`, slot, at)
 	var pgErr *pgconn.PgError
 	switch {
@@ -57,9 +57,9 @@ func SetConfirmedThrough(ctx context.Context, q Querier, slot string, at time.Ti
 
 // ConfirmedThrough is what SetConfirmedThrough last recorded for slot
 // (false when nothing is).
-func ConfirmedThrough(ctx context.Context, q Querier, slot string) (time.Time, bool, error) {
+func ConfirmedThrough(ctx context.Context, db DB, slot string) (time.Time, bool, error) {
 	var at *time.Time
-	err := q.QueryRow(ctx, `SELECT confirmed_through FROM tailer_slot WHERE slot = $1`, slot).Scan(&at)
+	err := db.QueryRow(ctx, `SELECT confirmed_through FROM `+db.slots()+` WHERE slot = $1`, slot).Scan(&at)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && (pgErr.Code == pgerrcode.UndefinedColumn || pgErr.Code == pgerrcode.UndefinedTable):

@@ -130,22 +130,18 @@ func AcquireLease(ctx context.Context, url, slot string, opts LeaseOptions) (*Le
 	if opts.IdleTimeout <= 0 {
 		opts.IdleTimeout = 20 * time.Second
 	}
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		return nil, fmt.Errorf("parse database URL: %w", err)
-	}
 	app := opts.Application
 	if app == "" {
 		app = "tailer"
 	}
-	cfg.RuntimeParams["application_name"] = app
-	cfg.RuntimeParams["idle_session_timeout"] = fmt.Sprint(opts.IdleTimeout.Milliseconds())
-	cfg.RuntimeParams["tcp_keepalives_idle"] = "10"
-	cfg.RuntimeParams["tcp_keepalives_interval"] = "5"
-	cfg.RuntimeParams["tcp_keepalives_count"] = "3"
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err := Open(ctx, url, app, map[string]string{
+		"idle_session_timeout":    fmt.Sprint(opts.IdleTimeout.Milliseconds()),
+		"tcp_keepalives_idle":     "10",
+		"tcp_keepalives_interval": "5",
+		"tcp_keepalives_count":    "3",
+	})
 	if err != nil {
-		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+		return nil, err
 	}
 	key := leaseKey(slot)
 	deadline := time.Now().Add(opts.Wait)

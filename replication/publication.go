@@ -14,6 +14,8 @@ import (
 // inserts to the tailer.
 type PublicationError struct {
 	Publication string
+	// Table is the tokens table it should carry, schema-qualified.
+	Table string
 	// Problem says what is wrong with it now.
 	Problem string
 	// Stale: it exists and is right, but the slot's decoding cannot see it
@@ -33,19 +35,18 @@ func (e *PublicationError) Error() string {
 }
 
 // CheckPublication verifies that publication exists and carries every
-// insert into tokens (the table the search path finds, as the tailer's
-// queries do) with the columns the tailer reads: the tokens table is in
+// insert into db's schema's tokens table with the columns the tailer reads: the tokens table is in
 // it, inserts are published, and no row filter or column list leaves rows
 // or columns out. Without that pgoutput leaves token inserts out of the
 // stream (or sends them without the columns a token needs), and the
 // tailer would confirm WAL it never saw a token in.
 //
-// The check is the schema's own (tailer_publication_problem, migration 7),
-// which the publication guard runs too; a database without it is
+// The check is the schema's own (tailer_publication_problem, of migration
+// 10), which the publication guard runs too; a database without it is
 // ErrOldSchema.
-func CheckPublication(ctx context.Context, q Querier, publication string) error {
+func CheckPublication(ctx context.Context, db DB, publication string) error {
 	var problem *string
-	err := q.QueryRow(ctx, `SELECT tailer_publication_problem($1)`, publication).Scan(&problem)
+	err := db.QueryRow(ctx, `SELECT `+db.Schema.Name("tailer_publication_problem")+`($1, $2)`, publication, string(db.Schema)).Scan(&problem)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedFunction:
@@ -53,15 +54,15 @@ func CheckPublication(ctx context.Context, q Querier, publication string) error 
 	case err != nil:
 		return fmt.Errorf("read publication %s: %w", publication, err)
 	case problem != nil:
-		return &PublicationError{Publication: publication, Problem: *problem}
+		return &PublicationError{Publication: publication, Table: db.Schema.Name("tokens"), Problem: *problem}
 	}
 	return nil
 }
 
 // SetPublication records which publication slot's tailer reads tokens
 // through, for the publication guard. The caller holds the lease.
-func SetPublication(ctx context.Context, q Querier, slot, publication string) error {
-	_, err := q.Exec(ctx, `UPDATE tailer_slot SET publication = $2 WHERE slot = $1 AND publication IS DISTINCT FROM $2`, slot, publication)
+func SetPublication(ctx context.Context, db DB, slot, publication string) error {
+	_, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET publication = $2 WHERE slot = $1 AND publication IS DISTINCT FROM $2`, slot, publication)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedColumn {
 		return fmt.Errorf("record slot %s's publication: %w", slot, ErrOldSchema)

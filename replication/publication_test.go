@@ -55,6 +55,26 @@ func TestCheckPublication(t *testing.T) {
 		{"a column list with every column read", `CREATE PUBLICATION p FOR TABLE tokens (id, action, secret, code, account) WITH (publish = 'insert')`, ""},
 		{"a row filter on a partition", `ALTER TABLE tokens RENAME TO t0; CREATE TABLE tokens PARTITION OF other.parted FOR VALUES FROM (0) TO (10);
 			CREATE PUBLICATION p FOR TABLE tokens WHERE (id > 1)`, "filters the tokens table's rows"},
+		// A partitioned tokens table: its inserts reach the tailer under
+		// its own name only through the root.
+		{"tokens partitioned, published under its partitions' names", `ALTER TABLE tokens RENAME TO t0;
+			CREATE TABLE tokens (id bigint, action text, secret bytea, code text, account bigint) PARTITION BY RANGE (id);
+			CREATE TABLE tokens_p1 PARTITION OF tokens FOR VALUES FROM (0) TO (100);
+			CREATE PUBLICATION p FOR TABLE tokens WITH (publish = 'insert')`, "publishes the partitioned tokens table's inserts under the names of its partitions"},
+		{"tokens partitioned, its partitions published alone", `ALTER TABLE tokens RENAME TO t0;
+			CREATE TABLE tokens (id bigint, action text, secret bytea, code text, account bigint) PARTITION BY RANGE (id);
+			CREATE TABLE tokens_p1 PARTITION OF tokens FOR VALUES FROM (0) TO (100);
+			CREATE PUBLICATION p FOR TABLE tokens_p1 WITH (publish = 'insert', publish_via_partition_root)`, "does not include the tokens table"},
+		{"tokens partitioned, published through the root", `ALTER TABLE tokens RENAME TO t0;
+			CREATE TABLE tokens (id bigint, action text, secret bytea, code text, account bigint) PARTITION BY RANGE (id);
+			CREATE TABLE tokens_p1 PARTITION OF tokens FOR VALUES FROM (0) TO (100);
+			CREATE PUBLICATION p FOR TABLE tokens WITH (publish = 'insert', publish_via_partition_root)`, ""},
+		// A table tokens of another schema, first in the search path, is
+		// not the tokens table: neither when published nor when not.
+		{"a shadow tokens published", `CREATE SCHEMA shadow; CREATE TABLE shadow.tokens (LIKE tokens); SET LOCAL search_path = shadow, public;
+			CREATE PUBLICATION p FOR TABLE shadow.tokens WITH (publish = 'insert')`, "does not include the tokens table"},
+		{"a shadow tokens beside the real one", `CREATE SCHEMA shadow; CREATE TABLE shadow.tokens (LIKE tokens); SET LOCAL search_path = shadow, public;
+			CREATE PUBLICATION p FOR TABLE public.tokens WITH (publish = 'insert')`, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tx, err := conn.Begin(ctx)
@@ -67,7 +87,7 @@ func TestCheckPublication(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			err = CheckPublication(ctx, tx, "p")
+			err = CheckPublication(ctx, DB{Querier: tx, Schema: "public"}, "p")
 			var pub *PublicationError
 			switch {
 			case tc.problem == "" && err != nil:
@@ -132,7 +152,7 @@ func TestCheckPublicationWhileMadeAgain(t *testing.T) {
 			return
 		default:
 		}
-		if err := CheckPublication(ctx, check, "p"); err != nil {
+		if err := CheckPublication(ctx, DB{Querier: check, Schema: "public"}, "p"); err != nil {
 			close(stop)
 			<-done
 			t.Fatalf("check %d, as the publication was made again: %v", checks, err)
@@ -145,12 +165,14 @@ func TestCheckPublicationWhileMadeAgain(t *testing.T) {
 // it is left out).
 func installPublicationCheck(t *testing.T, conn *pgx.Conn) {
 	t.Helper()
-	sql, err := os.ReadFile("../migrations/000007_tailer_publication_guard.up.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := strings.ReplaceAll(string(sql), "ALTER TABLE tailer_slot", "ALTER TABLE IF EXISTS tailer_slot")
-	if _, err := conn.Exec(context.Background(), body); err != nil {
-		t.Fatal(err)
+	for _, m := range []string{"000007_tailer_publication_guard", "000010_tailer_schema_names"} {
+		sql, err := os.ReadFile("../migrations/" + m + ".up.sql")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := strings.ReplaceAll(string(sql), "ALTER TABLE tailer_slot", "ALTER TABLE IF EXISTS tailer_slot")
+		if _, err := conn.Exec(context.Background(), body); err != nil {
+			t.Fatalf("%s: %v", m, err)
+		}
 	}
 }

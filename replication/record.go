@@ -103,7 +103,7 @@ const recordColumns = `incarnation, created_by, created_at, resync_pending, resy
 	coalesce(stopped_seq, 0), coalesce(stopped_msg_id, ''), coalesce(anchor_seq, 0), coalesce(anchor_mark, '')`
 
 // LoadRecord reads slot's record; Exists is false when there is none.
-func LoadRecord(ctx context.Context, q Querier, slot string) (Record, error) {
+func LoadRecord(ctx context.Context, db DB, slot string) (Record, error) {
 	r := Record{Slot: slot}
 	var (
 		cp         *string
@@ -113,7 +113,7 @@ func LoadRecord(ctx context.Context, q Querier, slot string) (Record, error) {
 		stoppedSeq int64
 		anchorSeq  int64
 	)
-	err := q.QueryRow(ctx, `SELECT `+recordColumns+` FROM tailer_slot WHERE slot = $1`, slot).
+	err := db.QueryRow(ctx, `SELECT `+recordColumns+` FROM `+db.slots()+` WHERE slot = $1`, slot).
 		Scan(&r.Incarnation, &r.CreatedBy, &r.CreatedAt, &r.ResyncPending, &r.ResyncNeeded, &cp, &seq, &r.Legacy, &lastSeq, &cutoverAt, &r.Blocked, &r.BlockedAt,
 			&r.StreamName, &r.StreamCreated, &stoppedSeq, &r.StoppedMsgID, &anchorSeq, &r.AnchorMark)
 	var pgErr *pgconn.PgError
@@ -150,7 +150,7 @@ func (r Record) Describe() string {
 
 // saveRecord writes r as slot's record under a new incarnation, keeping
 // the collector's cutover unless r sets one. The caller holds the lease.
-func saveRecord(ctx context.Context, q Querier, r *Record) error {
+func saveRecord(ctx context.Context, db DB, r *Record) error {
 	r.Incarnation = NewIncarnation()
 	var seq, lastSeq, cutoverAt *int64
 	if r.Bound {
@@ -165,8 +165,8 @@ func saveRecord(ctx context.Context, q Querier, r *Record) error {
 		s := r.ConsistentPoint.String()
 		cp = &s
 	}
-	err := q.QueryRow(ctx, `
-		INSERT INTO tailer_slot AS s (slot, incarnation, created_by, created_at, resync_pending, consistent_point, stream_seq, legacy, collector_last_seq, collector_cutover)
+	err := db.QueryRow(ctx, `
+		INSERT INTO `+db.slots()+` AS s (slot, incarnation, created_by, created_at, resync_pending, consistent_point, stream_seq, legacy, collector_last_seq, collector_cutover)
 		VALUES ($1, $2, $3, now(), $4, $5::pg_lsn, $6, false, $7, $8)
 		ON CONFLICT (slot) DO UPDATE SET incarnation = EXCLUDED.incarnation, created_by = EXCLUDED.created_by,
 			created_at = EXCLUDED.created_at, resync_pending = EXCLUDED.resync_pending, consistent_point = EXCLUDED.consistent_point,
@@ -191,7 +191,7 @@ func saveRecord(ctx context.Context, q Querier, r *Record) error {
 // by. bound says the stream is known to hold nothing of an earlier slot
 // (it is empty), so the incarnation owns the stream from its start. The
 // caller holds the lease.
-func CreateSlot(ctx context.Context, q Querier, slot, by string, bound, failover bool) (Record, error) {
+func CreateSlot(ctx context.Context, db DB, slot, by string, bound, failover bool) (Record, error) {
 	if err := ValidateName(slot); err != nil {
 		return Record{}, fmt.Errorf("slot name: %w", err)
 	}
@@ -200,37 +200,37 @@ func CreateSlot(ctx context.Context, q Querier, slot, by string, bound, failover
 		// (name, plugin, temporary, twophase, failover): PostgreSQL 17+.
 		create = `SELECT pg_create_logical_replication_slot($1, $2, false, false, true)`
 	}
-	if _, err := q.Exec(ctx, create, slot, Plugin); err != nil {
+	if _, err := db.Exec(ctx, create, slot, Plugin); err != nil {
 		return Record{}, fmt.Errorf("create slot %s: %w", slot, err)
 	}
 	// A crash between the two leaves a slot without a record, which tailer
 	// run adopts only beside an empty stream, as it would bind this one.
 	r := Record{Slot: slot, CreatedBy: by, Bound: bound}
-	return r, saveRecord(ctx, q, &r)
+	return r, saveRecord(ctx, db, &r)
 }
 
 // AdoptSlot records a new incarnation for a slot that exists without a
 // record (made by hand, or by an older tailer), beside an empty stream.
-func AdoptSlot(ctx context.Context, q Querier, slot string) (Record, error) {
+func AdoptSlot(ctx context.Context, db DB, slot string) (Record, error) {
 	r := Record{Slot: slot, CreatedBy: "adopted by tailer run", Bound: true}
-	return r, saveRecord(ctx, q, &r)
+	return r, saveRecord(ctx, db, &r)
 }
 
 // BeginResync records that a resync is about to recreate the slot: a new
 // incarnation, pending until FinishResync. It is written before the old
 // slot is dropped, so that a resync that dies half way leaves a record
 // that says so. cutover, when set, is the collector's being adopted.
-func BeginResync(ctx context.Context, q Querier, slot, by string, cutover *Cutover) (Record, error) {
+func BeginResync(ctx context.Context, db DB, slot, by string, cutover *Cutover) (Record, error) {
 	r := Record{Slot: slot, CreatedBy: by, ResyncPending: true, Cutover: cutover}
-	return r, saveRecord(ctx, q, &r)
+	return r, saveRecord(ctx, db, &r)
 }
 
 // FinishResync marks the resync of incarnation done: every token of its
 // snapshot is on stream, whose last sequence is now streamSeq. It fails
 // when the record names another incarnation: a resync that lost its lease
 // has been superseded, and must not say the slot is ready.
-func FinishResync(ctx context.Context, q Querier, r *Record, cp pglogrepl.LSN, stream StreamIdentity, streamSeq uint64) error {
-	tag, err := q.Exec(ctx, `UPDATE tailer_slot SET resync_pending = false, consistent_point = $3::pg_lsn, stream_seq = $4, stream_name = $5, stream_created = $6
+func FinishResync(ctx context.Context, db DB, r *Record, cp pglogrepl.LSN, stream StreamIdentity, streamSeq uint64) error {
+	tag, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET resync_pending = false, consistent_point = $3::pg_lsn, stream_seq = $4, stream_name = $5, stream_created = $6
 		WHERE slot = $1 AND incarnation = $2 AND resync_pending`, r.Slot, r.Incarnation, cp.String(), int64(streamSeq), stream.Name, stream.Created)
 	if err != nil {
 		return fmt.Errorf("record the end of the resync of slot %s: %w", r.Slot, err)
@@ -251,9 +251,9 @@ type StreamIdentity struct {
 
 // SetStream records the stream r's incarnation publishes to. The caller
 // holds the lease.
-func SetStream(ctx context.Context, q Querier, r *Record, stream StreamIdentity) error {
+func SetStream(ctx context.Context, db DB, r *Record, stream StreamIdentity) error {
 	// An anchor names a message of the stream it was found on.
-	_, err := q.Exec(ctx, `UPDATE tailer_slot SET stream_name = $3, stream_created = $4,
+	_, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET stream_name = $3, stream_created = $4,
 			anchor_seq = CASE WHEN stream_name = $3 THEN anchor_seq END, anchor_mark = CASE WHEN stream_name = $3 THEN anchor_mark END
 		WHERE slot = $1 AND incarnation = $2`,
 		r.Slot, r.Incarnation, stream.Name, stream.Created)
@@ -270,8 +270,8 @@ func SetStream(ctx context.Context, q Querier, r *Record, stream StreamIdentity)
 // SetAnchor records, for slot's incarnation, the newest batch it found on
 // its stream: at seq, with mark. A resync since (another incarnation)
 // leaves the record as it is; an older anchor never replaces a newer one.
-func SetAnchor(ctx context.Context, q Querier, slot, incarnation string, seq uint64, mark string) error {
-	_, err := q.Exec(ctx, `UPDATE tailer_slot SET anchor_seq = $3, anchor_mark = $4
+func SetAnchor(ctx context.Context, db DB, slot, incarnation string, seq uint64, mark string) error {
+	_, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET anchor_seq = $3, anchor_mark = $4
 		WHERE slot = $1 AND incarnation = $2 AND coalesce(anchor_seq, 0) < $3`, slot, incarnation, int64(seq), mark)
 	if err != nil {
 		return fmt.Errorf("record the newest batch slot %s found on its stream: %w", slot, err)
@@ -282,8 +282,8 @@ func SetAnchor(ctx context.Context, q Querier, slot, incarnation string, seq uin
 // Bind records that incarnation r owns the stream from streamSeq on (the
 // stream's last sequence when it first looked, with nothing of an earlier
 // slot on it).
-func Bind(ctx context.Context, q Querier, r *Record, streamSeq uint64) error {
-	tag, err := q.Exec(ctx, `UPDATE tailer_slot SET stream_seq = $3 WHERE slot = $1 AND incarnation = $2 AND stream_seq IS NULL`,
+func Bind(ctx context.Context, db DB, r *Record, streamSeq uint64) error {
+	tag, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET stream_seq = $3 WHERE slot = $1 AND incarnation = $2 AND stream_seq IS NULL`,
 		r.Slot, r.Incarnation, int64(streamSeq))
 	if err != nil {
 		return fmt.Errorf("record slot %s's start on the stream: %w", r.Slot, err)
@@ -299,8 +299,8 @@ func Bind(ctx context.Context, q Querier, r *Record, streamSeq uint64) error {
 // good: the publication could not carry them while the slot existed.
 // Only a resync's new incarnation clears it. Without a record there is
 // nothing to mark: no tailer has streamed from the slot.
-func SetResyncNeeded(ctx context.Context, q Querier, slot string) error {
-	_, err := q.Exec(ctx, `UPDATE tailer_slot SET resync_needed = true WHERE slot = $1 AND NOT resync_needed`, slot)
+func SetResyncNeeded(ctx context.Context, db DB, slot string) error {
+	_, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET resync_needed = true WHERE slot = $1 AND NOT resync_needed`, slot)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable:
@@ -316,8 +316,8 @@ func SetResyncNeeded(ctx context.Context, q Querier, slot string) error {
 // SetBlocked records why tailer run waits for the operator (empty: it no
 // longer does), for tailer status. The caller holds the lease. A slot
 // without a record has nowhere to say it: /readyz and the log still do.
-func SetBlocked(ctx context.Context, q Querier, slot, why string) error {
-	_, err := q.Exec(ctx, `UPDATE tailer_slot SET blocked = nullif($2, ''), blocked_at = CASE WHEN $2 = '' THEN NULL ELSE now() END
+func SetBlocked(ctx context.Context, db DB, slot, why string) error {
+	_, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET blocked = nullif($2, ''), blocked_at = CASE WHEN $2 = '' THEN NULL ELSE now() END
 		WHERE slot = $1 AND coalesce(blocked, '') <> $2`, slot, why)
 	if err != nil {
 		return fmt.Errorf("record why slot %s waits: %w", slot, err)
@@ -328,14 +328,14 @@ func SetBlocked(ctx context.Context, q Querier, slot, why string) error {
 // SetStopped records where the stream stood when tailer run stopped
 // cleanly: its last sequence and that message's mark (seq 0 clears it, as
 // every session does at its start). The caller holds the lease.
-func SetStopped(ctx context.Context, q Querier, r *Record, seq uint64, mark string) error {
+func SetStopped(ctx context.Context, db DB, r *Record, seq uint64, mark string) error {
 	var s *int64
 	var m *string
 	if seq != 0 {
 		v := int64(seq)
 		s, m = &v, &mark
 	}
-	if _, err := q.Exec(ctx, `UPDATE tailer_slot SET stopped_seq = $3, stopped_msg_id = $4 WHERE slot = $1 AND incarnation = $2`,
+	if _, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET stopped_seq = $3, stopped_msg_id = $4 WHERE slot = $1 AND incarnation = $2`,
 		r.Slot, r.Incarnation, s, m); err != nil {
 		return fmt.Errorf("record where the stream stood for slot %s: %w", r.Slot, err)
 	}

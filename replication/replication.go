@@ -5,11 +5,15 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"regexp"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/mailroom/tailer/internal/pgname"
 )
 
 // Plugin is the output plugin the tailer decodes.
@@ -28,6 +32,26 @@ func ValidateName(name string) error {
 	return nil
 }
 
+// Open opens an ordinary connection to the database named in url, named
+// app in pg_stat_activity (so that operators, and pg_terminate_backend,
+// tell it apart), with the run-time parameters params, and searching
+// pg_catalog alone (pgname.Isolate), whatever the URL, the role or the
+// database set.
+func Open(ctx context.Context, url, app string, params map[string]string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database URL: %w", err)
+	}
+	cfg.RuntimeParams["application_name"] = app
+	maps.Copy(cfg.RuntimeParams, params)
+	pgname.Isolate(cfg.RuntimeParams)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	return conn, nil
+}
+
 // Connect opens a replication connection (replication=database) to the
 // database named in url.
 func Connect(ctx context.Context, url string) (*pgconn.PgConn, error) {
@@ -37,6 +61,7 @@ func Connect(ctx context.Context, url string) (*pgconn.PgConn, error) {
 	}
 	cfg.RuntimeParams["replication"] = "database"
 	cfg.RuntimeParams["application_name"] = "tailer"
+	pgname.Isolate(cfg.RuntimeParams)
 	dial := cfg.DialFunc
 	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dial(ctx, network, addr)

@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/mailroom/tailer/internal/pgname"
 )
 
 // SlotInfo describes a replication slot.
@@ -96,6 +98,18 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
+
+// DB is a connection to the mailroom database with the schema
+// (MAILROOM_SCHEMA) of the tables the tailer reads and keeps there: the
+// slots' records (tailer_slot) and the functions of its migrations are
+// named through it, never found by the search_path (package pgname).
+type DB struct {
+	Querier
+	Schema pgname.Schema
+}
+
+// slots is the table of the slots' records.
+func (db DB) slots() string { return db.Schema.Name("tailer_slot") }
 
 // Slot looks up a slot by name.
 func Slot(ctx context.Context, q Querier, name string) (SlotInfo, error) {

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mailroom/tailer/internal/pgname"
 	"github.com/mailroom/tailer/internal/pgserver"
 	"github.com/mailroom/tailer/migrations"
 	"github.com/mailroom/tailer/publish/wire"
@@ -226,7 +227,7 @@ func drainOneTx(ctx context.Context, o options, pg *pgserver.Server, best string
 // prepare migrates, creates the slots and commits n tokens, one INSERT per
 // perTx accounts (each gets a token from the trigger).
 func prepare(ctx context.Context, url string, slots []string, n, perTx int) error {
-	if err := migrations.Up(ctx, url); err != nil {
+	if err := migrations.Up(ctx, url, pgname.Public); err != nil {
 		return err
 	}
 	conn, err := pgx.Connect(ctx, url)
@@ -235,7 +236,7 @@ func prepare(ctx context.Context, url string, slots []string, n, perTx int) erro
 	}
 	defer conn.Close(ctx)
 	for _, s := range slots {
-		if _, err := replication.CreateSlot(ctx, conn, slotName(s, n), "tailer bench", false, false); err != nil {
+		if _, err := replication.CreateSlot(ctx, replication.DB{Querier: conn, Schema: pgname.Public}, slotName(s, n), "tailer bench", false, false); err != nil {
 			return err
 		}
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mailroom/tailer/internal/pgname"
 	"github.com/mailroom/tailer/migrations"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
@@ -147,7 +148,7 @@ const liveAccounts = 10_000
 
 // liveSetup makes the schema, the accounts and the run's slot.
 func liveSetup(ctx context.Context, o options, url string, discard bool) (*pgxpool.Pool, string, error) {
-	if err := migrations.Up(ctx, url); err != nil {
+	if err := migrations.Up(ctx, url, pgname.Public); err != nil {
 		return nil, "", err
 	}
 	pool, err := pgxpool.New(ctx, url+"&pool_max_conns="+strconv.Itoa(o.liveConns+2))
@@ -165,7 +166,7 @@ func liveSetup(ctx context.Context, o options, url string, discard bool) (*pgxpo
 	if discard {
 		slot += "_discard"
 	}
-	if _, err := replication.CreateSlot(ctx, pool, slot, "tailer bench", false, false); err != nil {
+	if _, err := replication.CreateSlot(ctx, replication.DB{Querier: pool, Schema: pgname.Public}, slot, "tailer bench", false, false); err != nil {
 		pool.Close()
 		return nil, "", err
 	}

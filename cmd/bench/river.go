@@ -40,7 +40,7 @@ func riverAlone(ctx context.Context, pg *pgserver.Server, natsURL string, n int)
 		return d, err
 	}
 	defer pool.Close()
-	if err := inbox.MigrateRiver(ctx, pool); err != nil {
+	if err := inbox.MigrateRiver(ctx, pool, ""); err != nil {
 		return d, err
 	}
 	client, err := river.NewClient(riverpgxv5.New(nil), &river.Config{})

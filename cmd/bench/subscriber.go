@@ -136,14 +136,14 @@ func intoSchema(ctx context.Context, url, natsURL, into string, n int) (near str
 	defer pool.Close()
 	if into == "river" {
 		return `SELECT coalesce(max(id), 0) >= $1 FROM river_job`, n,
-			`SELECT count(*) FROM river_job WHERE kind = 'mailroom_token'`, inbox.MigrateRiver(ctx, pool)
+			`SELECT count(*) FROM river_job WHERE kind = 'mailroom_token'`, inbox.MigrateRiver(ctx, pool, "")
 	}
 	last, err := lastTokenKey(ctx, natsURL)
 	if err != nil {
 		return "", nil, "", err
 	}
 	return `SELECT EXISTS (SELECT 1 FROM mailroom_inbox WHERE token_key = $1)`, last,
-		`SELECT count(*) FROM mailroom_inbox`, inbox.Migrate(ctx, pool)
+		`SELECT count(*) FROM mailroom_inbox`, inbox.Migrate(ctx, pool, "")
 }
 
 // lastTokenKey is the key of the last token on the stream at natsURL.

@@ -66,7 +66,7 @@ settings here.`,
 // migrate is tailer migrate with its settings.
 func migrate(ctx context.Context, cfg *config.Config, direction string, stderr io.Writer) int {
 	log := daemon.NewLogger(cfg.LogFormat, cfg.LogLevel, stderr)
-	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
+	conn, err := replication.Open(ctx, cfg.DatabaseURL, "tailer migrate", nil)
 	if err != nil {
 		return exitCode(stderr, "migrate", log, connectError(err))
 	}
@@ -81,12 +81,12 @@ func migrate(ctx context.Context, cfg *config.Config, direction string, stderr i
 		fmt.Fprintf(stderr, "tailer migrate: nothing was changed: %s\n", strings.Join(problems, "; "))
 		return exitConfig
 	}
-	if err := migrations.Up(ctx, cfg.DatabaseURL); err != nil {
+	if err := migrations.Up(ctx, cfg.DatabaseURL, cfg.Schema); err != nil {
 		log.Error("migrate", "err", err)
 		return exitFailure
 	}
-	version, _, _ := migrations.Version(ctx, cfg.DatabaseURL)
-	guard, err := migrations.InstallGuard(ctx, conn)
+	version, _, _ := migrations.Version(ctx, cfg.DatabaseURL, cfg.Schema)
+	guard, err := migrations.InstallGuard(ctx, conn, cfg.Schema)
 	if err != nil {
 		log.Error("migrate", "err", err)
 		return exitFailure
@@ -94,13 +94,13 @@ func migrate(ctx context.Context, cfg *config.Config, direction string, stderr i
 	if !guard {
 		log.Warn("the publication guard is not installed: creating an event trigger takes a superuser. Without it a publication changed and changed back between two of tailer run's checks "+
 			"(every MAILROOM_LAG_INTERVAL) leaves the token inserts of that time out of the slot's stream unseen. Have a superuser run `tailer migrate` again, or this in the database",
-			"sql", strings.Join(strings.Fields(migrations.GuardSQL), " "))
+			"sql", strings.Join(strings.Fields(migrations.GuardSQL(cfg.Schema)), " "))
 	}
 	created, code, ok := ensureSlot(ctx, cfg, conn, log, stderr)
 	if !ok {
 		return code
 	}
-	if err := replication.SetPublication(ctx, conn, cfg.Slot, cfg.Publication); err != nil {
+	if err := replication.SetPublication(ctx, cfg.DB(conn), cfg.Slot, cfg.Publication); err != nil {
 		log.Error("migrate", "err", err)
 		return exitFailure
 	}
@@ -122,7 +122,7 @@ func migrateDown(ctx context.Context, cfg *config.Config, conn *pgx.Conn, log *s
 		log.Error("migrate down", "err", err)
 		return exitFailure
 	}
-	if err := migrations.Down(ctx, cfg.DatabaseURL); err != nil {
+	if err := migrations.Down(ctx, cfg.DatabaseURL, cfg.Schema); err != nil {
 		log.Error("migrate down", "err", err)
 		return exitFailure
 	}
@@ -134,7 +134,7 @@ func migrateDown(ctx context.Context, cfg *config.Config, conn *pgx.Conn, log *s
 // collector's database is adopted, or a resync is to be finished) and
 // checks the one there. ok false: the command ends with code.
 func ensureSlot(ctx context.Context, cfg *config.Config, conn *pgx.Conn, log *slog.Logger, stderr io.Writer) (created bool, code int, ok bool) {
-	if ready, err := slotInPlace(ctx, conn, cfg.Slot); err != nil {
+	if ready, err := slotInPlace(ctx, cfg.DB(conn), cfg.Slot); err != nil {
 		log.Error("migrate", "err", err)
 		return false, exitFailure, false
 	} else if ready {
@@ -148,12 +148,12 @@ func ensureSlot(ctx context.Context, cfg *config.Config, conn *pgx.Conn, log *sl
 		return false, exitFailure, false
 	}
 	defer lease.Release()
-	rec, err := replication.LoadRecord(ctx, conn, cfg.Slot)
+	rec, err := replication.LoadRecord(ctx, cfg.DB(conn), cfg.Slot)
 	if err != nil {
 		log.Error("migrate", "err", err)
 		return false, exitFailure, false
 	}
-	cutover, err := resync.CollectorCursor(ctx, conn)
+	cutover, err := resync.CollectorCursor(ctx, cfg.DB(conn))
 	if err != nil {
 		log.Error("migrate", "err", err)
 		return false, exitFailure, false
@@ -203,7 +203,7 @@ func ensureSlot(ctx context.Context, cfg *config.Config, conn *pgx.Conn, log *sl
 		fmt.Fprintf(stderr, "tailer migrate: %v\n", err)
 		return false, exitConfig, false
 	}
-	if _, err := replication.CreateSlot(ctx, conn, cfg.Slot, "tailer migrate", false, failover); err != nil {
+	if _, err := replication.CreateSlot(ctx, cfg.DB(conn), cfg.Slot, "tailer migrate", false, failover); err != nil {
 		log.Error("migrate", "err", err)
 		return false, exitFailure, false
 	}
@@ -217,14 +217,15 @@ const leaseWait = 10 * time.Second
 
 // slotInPlace reports whether the slot exists, no resync of it unfinished,
 // and fit to stream from (an error says why not).
-func slotInPlace(ctx context.Context, conn *pgx.Conn, name string) (bool, error) {
+func slotInPlace(ctx context.Context, db replication.DB, name string) (bool, error) {
+	conn := db.Querier
 	slot, err := replication.Slot(ctx, conn, name)
 	if errors.Is(err, replication.ErrNoSlot) {
 		return false, nil
 	} else if err != nil {
 		return false, err
 	}
-	if rec, err := replication.LoadRecord(ctx, conn, name); err != nil || rec.ResyncPending {
+	if rec, err := replication.LoadRecord(ctx, db, name); err != nil || rec.ResyncPending {
 		return false, nil
 	}
 	if err := replication.CheckSlot(ctx, conn, slot); err != nil {

@@ -258,3 +258,119 @@ func TestUnknownActionStopsTheTailer(t *testing.T) {
 		t.Fatalf("%d tokens", n)
 	}
 }
+
+// A tokens table made partitioned (issue 62: after the documented way
+// out, every token inserted into such a table was lost, the slot
+// confirmed past it). Replaced under the tailer by a partitioned table
+// that the publication sends under its partitions' names: a refusal that
+// lasts, a resync refused until the publication publishes through the
+// root, then every token once. Made partitioned before the tailer starts,
+// with partitions attached and detached under a writer: every token once.
+func TestPartitionedTokens(t *testing.T) {
+	t.Parallel()
+	t.Run("replaced, published under its partitions' names", func(t *testing.T) {
+		t.Parallel()
+		c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
+		p := c.watchedTailer()
+		p.waitLog("msg=streaming", 1, 30*time.Second)
+		c.accounts("before", 5)
+		c.expectExactlyOnce(30 * time.Second)
+		w := c.startWriter(2, 20*time.Millisecond)
+		c.Exec(`BEGIN;
+			ALTER TABLE tokens RENAME TO tokens_old;
+			ALTER PUBLICATION mailroom DROP TABLE tokens_old;
+			CREATE TABLE tokens (LIKE tokens_old INCLUDING DEFAULTS) PARTITION BY RANGE (id);
+			CREATE TABLE tokens_p1 PARTITION OF tokens FOR VALUES FROM (MINVALUE) TO (MAXVALUE);
+			ALTER PUBLICATION mailroom ADD TABLE tokens;
+			ALTER PUBLICATION mailroom SET (publish_via_partition_root = false);
+			COMMIT`)
+		c.accounts("during", 5)
+		p.blocked(c, "publication|resync", "under the names of its partitions|streaming on would skip them")
+		// The way out is refused while the publication cannot feed a new
+		// slot: it would lose the inserts from its snapshot on.
+		r := c.command([]string{"resync"})
+		if code := r.exit(60 * time.Second); code == exitOK || !strings.Contains(r.out.String(), "publish_via_partition_root = true") {
+			t.Fatalf("resync with the partitions published under their names: exit %d:\n%s", code, r.out.String())
+		}
+		c.Exec(`ALTER PUBLICATION mailroom SET (publish_via_partition_root = true)`)
+		// Still refused until the resync: the inserts of that time are
+		// not in the slot's stream.
+		time.Sleep(time.Second)
+		p.blocked(c, "publication|resync", "under the names of its partitions|streaming on would skip them")
+		r = c.command([]string{"resync"})
+		if code := r.exit(60 * time.Second); code != exitOK {
+			t.Fatalf("resync: exit %d:\n%s", code, r.out.String())
+		}
+		c.accounts("after", 5)
+		w.halt()
+		if w.err != nil {
+			t.Fatal(w.err)
+		}
+		if n := c.expectExactlyOnce(60 * time.Second); n < 10 {
+			t.Fatalf("%d tokens in the partitioned table", n)
+		}
+		p.ready(c)
+	})
+	t.Run("attached and detached under a writer", func(t *testing.T) {
+		t.Parallel()
+		c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
+		// One partition, the default: every row.
+		c.Exec(`BEGIN;
+			ALTER TABLE tokens RENAME TO tokens_plain;
+			ALTER PUBLICATION mailroom DROP TABLE tokens_plain;
+			CREATE TABLE tokens (LIKE tokens_plain INCLUDING DEFAULTS) PARTITION BY RANGE (id);
+			CREATE TABLE tokens_default PARTITION OF tokens DEFAULT;
+			ALTER PUBLICATION mailroom ADD TABLE tokens;
+			COMMIT`)
+		p := c.watchedTailer()
+		p.waitLog("msg=streaming", 1, 30*time.Second)
+		w := c.startWriter(2, 20*time.Millisecond)
+		maxID := func() int64 {
+			var id int64
+			if err := c.Conn.QueryRow(c.ctx, `SELECT coalesce(max(id), 0) FROM tokens`).Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			return id
+		}
+		// Three: two ranges ahead of the ids being inserted.
+		from := maxID() + 200
+		c.Exec(fmt.Sprintf(`CREATE TABLE tokens_a (LIKE tokens_plain INCLUDING DEFAULTS); ALTER TABLE tokens ATTACH PARTITION tokens_a FOR VALUES FROM (%d) TO (%d)`, from, from+200))
+		c.Exec(fmt.Sprintf(`CREATE TABLE tokens_b (LIKE tokens_plain INCLUDING DEFAULTS); ALTER TABLE tokens ATTACH PARTITION tokens_b FOR VALUES FROM (%d) TO (%d)`, from+200, from+1_000_000))
+		tailertest.Eventually(t, 60*time.Second, func() error {
+			if id := maxID(); id < from+250 {
+				return fmt.Errorf("tokens up to id %d, want past %d", id, from+250)
+			}
+			return nil
+		})
+		c.expectExactlyOnce(60 * time.Second)
+		// The default holds only tokens on the stream now: detached, the
+		// rows leave the table, and what comes after goes on.
+		c.Exec(`ALTER TABLE tokens DETACH PARTITION tokens_default`)
+		c.accounts("after", 5)
+		w.halt()
+		if w.err != nil {
+			t.Fatal(w.err)
+		}
+		if n := c.expectExactlyOnce(60 * time.Second); n < 55 {
+			t.Fatalf("%d tokens in the partitions attached later", n)
+		}
+		var onStream, detached int
+		for _, n := range c.tokenCounts() {
+			onStream += n
+		}
+		if err := c.Conn.QueryRow(c.ctx, `SELECT count(*) FROM tokens_default`).Scan(&detached); err != nil {
+			t.Fatal(err)
+		}
+		var attached int
+		if err := c.Conn.QueryRow(c.ctx, `SELECT count(*) FROM tokens`).Scan(&attached); err != nil {
+			t.Fatal(err)
+		}
+		if onStream != detached+attached {
+			t.Fatalf("%d tokens on the stream, want the %d detached and %d attached", onStream, detached, attached)
+		}
+		p.ready(c)
+		if strings.Contains(p.out.String(), "level=ERROR") {
+			t.Errorf("an error was said:\n%s", p.out.String())
+		}
+	})
+}

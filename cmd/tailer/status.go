@@ -11,7 +11,6 @@ import (
 	"io"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
@@ -127,7 +126,7 @@ func status(ctx context.Context, cfg *config.Config, asJSON bool, stdout, stderr
 // collectStatus gathers what tailer status reports: the slot, its lease
 // and record, the schema and publication checks, and the stream.
 func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error) {
-	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
+	conn, err := replication.Open(ctx, cfg.DatabaseURL, "tailer status", nil)
 	if err != nil {
 		return statusReport{}, connectError(err)
 	}
@@ -148,7 +147,7 @@ func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error
 		LagBytes: slot.LagBytes(), RetainedBytes: slot.RetainedBytes(), Stream: cfg.Stream, MaxLagBytes: cfg.MaxLag,
 	}
 	rep.WALStatus, rep.Failover, rep.Synced = slot.WALStatus, slot.Failover, slot.Synced
-	if through, ok, err := replication.ConfirmedThrough(ctx, conn, cfg.Slot); err != nil {
+	if through, ok, err := replication.ConfirmedThrough(ctx, cfg.DB(conn), cfg.Slot); err != nil {
 		return statusReport{}, err
 	} else if ok {
 		lag := max(time.Since(through), 0).Seconds()
@@ -165,7 +164,7 @@ func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error
 	} else if held {
 		rep.Owner = h.String()
 	}
-	rec, err := replication.LoadRecord(ctx, conn, cfg.Slot)
+	rec, err := replication.LoadRecord(ctx, cfg.DB(conn), cfg.Slot)
 	if err != nil {
 		return statusReport{}, err
 	}
@@ -179,7 +178,7 @@ func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error
 	if rep.PublicationGuard, err = replication.GuardInstalled(ctx, conn); err != nil {
 		return statusReport{}, err
 	}
-	for _, err := range []error{join.CheckSchema(ctx, conn), replication.CheckPublication(ctx, conn, cfg.Publication)} {
+	for _, err := range []error{join.CheckSchema(ctx, conn, cfg.Schema), replication.CheckPublication(ctx, cfg.DB(conn), cfg.Publication)} {
 		var pubErr *replication.PublicationError
 		switch {
 		case errors.As(err, &pubErr):

@@ -24,9 +24,9 @@ func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate
 		return exitConfig
 	}
 	defer pool.Close()
-	var table inbox.Table = inbox.Inbox{}
+	var table inbox.Table = inbox.Inbox{Schema: cfg.InboxSchema}
 	if into == "river" {
-		jobs, err := inbox.NewJobs()
+		jobs, err := inbox.NewJobs(cfg.InboxSchema)
 		if err != nil {
 			log.Error("subscribe failed", "err", err)
 			return exitFailure
@@ -35,9 +35,9 @@ func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate
 	}
 	if migrate {
 		if into == "river" {
-			err = inbox.MigrateRiver(ctx, pool)
+			err = inbox.MigrateRiver(ctx, pool, cfg.InboxSchema)
 		} else {
-			err = inbox.Migrate(ctx, pool)
+			err = inbox.Migrate(ctx, pool, cfg.InboxSchema)
 		}
 		if err != nil {
 			log.Error("subscribe failed", "err", err)
@@ -47,12 +47,12 @@ func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate
 	}
 	name := map[string]string{"inbox": "mailroom_inbox", "river": "river_job"}[into]
 	var there bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&there); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, cfg.InboxSchema.Name(name)).Scan(&there); err != nil {
 		log.Error("subscribe failed", "err", fmt.Errorf("MAILROOM_INBOX_URL: look for table %s: %w", name, err))
 		return exitFailure
 	}
 	if !there {
-		fmt.Fprintf(stderr, "tailer subscribe: the consumer's database (MAILROOM_INBOX_URL) has no table %s: start the subscriber once with --migrate, which makes it\n", name)
+		fmt.Fprintf(stderr, "tailer subscribe: the consumer's database (MAILROOM_INBOX_URL) has no table %s: start the subscriber once with --migrate, which makes it\n", cfg.InboxSchema.Name(name))
 		return exitConfig
 	}
 	db := &inbox.DB{Pool: pool, Table: table, Log: log}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/internal/pause"
+	"github.com/mailroom/tailer/internal/pgname"
 	"github.com/mailroom/tailer/publish/token"
 )
 
@@ -93,15 +94,17 @@ type Joiner struct {
 	arena []byte
 	// byIDs and byRange are the join's queries (joinQueries).
 	byIDs, byRange string
+	schema         pgname.Schema
 }
 
 // ref locates a token: batch b, row i.
 type ref struct{ b, i int32 }
 
-// NewJoiner returns a Joiner using conn.
-func NewJoiner(conn Conn) *Joiner {
-	j := &Joiner{conn: conn, index: make(map[int64]ref)}
-	j.byIDs, j.byRange = joinQueries()
+// NewJoiner returns a Joiner using conn, reading the tokens and accounts
+// tables of schema.
+func NewJoiner(conn Conn, schema pgname.Schema) *Joiner {
+	j := &Joiner{conn: conn, index: make(map[int64]ref), schema: schema}
+	j.byIDs, j.byRange = joinQueries(schema)
 	return j
 }
 
@@ -158,7 +161,7 @@ func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'
 // tokens of other batches; their rows are ignored. The accounts are joined
 // through a LATERAL subquery that cannot be flattened, so the plan stays
 // one index probe per token whatever the planner estimates for the range.
-func joinSelect() string {
+func joinSelect(schema pgname.Schema) string {
 	return `
 SELECT 0 AS kind,
        t.id::bigint,
@@ -168,8 +171,8 @@ SELECT 0 AS kind,
        ` + StatusFits() + ` AS status_ok,
        a.email::text,
        a.login::text
-FROM tokens t
-CROSS JOIN LATERAL (SELECT status, email, login FROM accounts a WHERE a.id = t.account OFFSET 0) a
+FROM ` + schema.Name("tokens") + ` t
+CROSS JOIN LATERAL (SELECT status, email, login FROM ` + schema.Name("accounts") + ` a WHERE a.id = t.account OFFSET 0) a
 `
 }
 
@@ -186,8 +189,8 @@ WHERE NOT pg_visible_in_snapshot(
 
 // joinQueries are the join's two forms (see joinSelect), made once a
 // Joiner.
-func joinQueries() (byIDs, byRange string) {
-	sel := joinSelect()
+func joinQueries(schema pgname.Schema) (byIDs, byRange string) {
+	sel := joinSelect(schema)
 	return sel + `WHERE t.id = ANY($1)` + joinInvisible, sel + `WHERE t.id BETWEEN $1::bigint AND $3::bigint` + joinInvisible
 }
 

@@ -74,7 +74,7 @@ func TestJoinSkips(t *testing.T) {
 	rows := make([]TokenState, len(tokens))
 	rows[6].Skip = SkipAlreadyPublished // marked rows are left alone
 	want[6] = SkipAlreadyPublished
-	if err := NewJoiner(conn).Join(ctx, tokens, rows); err != nil {
+	if err := NewJoiner(conn, "public").Join(ctx, tokens, rows); err != nil {
 		t.Fatal(err)
 	}
 	for i, r := range rows {
@@ -105,7 +105,7 @@ func TestJoinWaitsForInvisibleTransaction(t *testing.T) {
 
 	rows := make([]TokenState, 1)
 	done := make(chan error, 1)
-	go func() { done <- NewJoiner(conn).Join(ctx, []decoder.Token{tok}, rows) }()
+	go func() { done <- NewJoiner(conn, "public").Join(ctx, []decoder.Token{tok}, rows) }()
 	select {
 	case err := <-done:
 		t.Fatalf("Join returned (%v, %v) while the inserting transaction was still invisible", err, rows[0].Skip)
@@ -131,7 +131,7 @@ func TestJoinRolledBackTransactionIsDeleted(t *testing.T) {
 	tok := insertToken(t, ctx, tx, "active", "password_recovery", "")
 	tx.Rollback(ctx)
 	rows := make([]TokenState, 1)
-	if err := NewJoiner(conn).Join(ctx, []decoder.Token{tok}, rows); err != nil {
+	if err := NewJoiner(conn, "public").Join(ctx, []decoder.Token{tok}, rows); err != nil {
 		t.Fatal(err)
 	}
 	if rows[0].Skip != SkipDeleted {
@@ -154,7 +154,7 @@ func TestJoinMany(t *testing.T) {
 	}
 	rows := [][]TokenState{make([]TokenState, 2), make([]TokenState, 3)}
 	rows[1][2].Skip = SkipAlreadyPublished
-	if err := NewJoiner(conn).JoinMany(ctx, [][]decoder.Token{a, b}, rows); err != nil {
+	if err := NewJoiner(conn, "public").JoinMany(ctx, [][]decoder.Token{a, b}, rows); err != nil {
 		t.Fatal(err)
 	}
 	want := [][]Skip{{Publish, SkipStatus}, {Publish, SkipConsumed, SkipAlreadyPublished}}
@@ -176,7 +176,7 @@ func TestJoinMany(t *testing.T) {
 func TestRowsOutliveTheNextJoin(t *testing.T) {
 	ctx, _, conn := setup(t)
 	conn.Exec(ctx, `INSERT INTO accounts (email, login, status) VALUES ('first@x', 'first', 'active'), ('second-longer@x', 'second-longer', 'active')`)
-	j := NewJoiner(conn)
+	j := NewJoiner(conn, "public")
 	a := []decoder.Token{insertToken(t, ctx, conn, "first", "password_recovery", "")}
 	ra := make([]TokenState, 1)
 	if err := j.Join(ctx, a, ra); err != nil {
@@ -211,7 +211,7 @@ func TestJoinPlanOnUnanalyzedTables(t *testing.T) {
 	if err := conn.QueryRow(ctx, `SELECT array_agg(id)::text, min(id), max(id) FROM (SELECT id FROM tokens ORDER BY id LIMIT 1000) t`).Scan(&ids, &lo, &hi); err != nil {
 		t.Fatal(err)
 	}
-	joinByIDs, joinByRange := joinQueries()
+	joinByIDs, joinByRange := joinQueries("public")
 	plans := func(conn *pgx.Conn) map[string]string {
 		t.Helper()
 		p := map[string]string{}
@@ -293,7 +293,7 @@ func TestJoinByRangeAndByIDs(t *testing.T) {
 			}
 		}
 		rows := make([]TokenState, len(tokens))
-		if err := NewJoiner(conn).Join(ctx, tokens, rows); err != nil {
+		if err := NewJoiner(conn, "public").Join(ctx, tokens, rows); err != nil {
 			t.Fatal(err)
 		}
 		for k, r := range rows {

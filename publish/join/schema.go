@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/mailroom/tailer/internal/pgname"
 	"github.com/mailroom/tailer/publish/token"
 )
 
@@ -85,15 +86,15 @@ func (e *SchemaError) Error() string {
 }
 
 // CheckSchema reports whether the tables and columns the tailer reads are
-// there, with types it can read, and returns a *SchemaError naming each
-// that is not.
-func CheckSchema(ctx context.Context, conn Conn) error {
+// there in schema, with types it can read, and returns a *SchemaError
+// naming each that is not.
+func CheckSchema(ctx context.Context, conn Conn, schema pgname.Schema) error {
 	rows, err := conn.Query(ctx, `
 		SELECT t.name, a.attname, format_type(a.atttypid, a.atttypmod), ty.typname, ty.typtype::text, c.oid IS NOT NULL
 		FROM (VALUES ('tokens'), ('accounts')) AS t(name)
-		LEFT JOIN pg_class c ON c.oid = to_regclass(t.name)
+		LEFT JOIN pg_class c ON c.oid = to_regclass(format('%I.%I', $1::text, t.name))
 		LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-		LEFT JOIN pg_type ty ON ty.oid = a.atttypid`)
+		LEFT JOIN pg_type ty ON ty.oid = a.atttypid`, string(schema))
 	if err != nil {
 		return fmt.Errorf("read the schema of tokens and accounts: %w", err)
 	}
@@ -120,7 +121,7 @@ func CheckSchema(ctx context.Context, conn Conn) error {
 	var problems []string
 	for _, want := range columns {
 		if !tables[want.table] {
-			p := "table " + want.table + " does not exist"
+			p := "table " + string(schema) + "." + want.table + " does not exist"
 			if len(problems) == 0 || problems[len(problems)-1] != p {
 				problems = append(problems, p)
 			}
@@ -135,7 +136,7 @@ func CheckSchema(ctx context.Context, conn Conn) error {
 		}
 	}
 	if c, ok := have["tokens.action"]; ok && c.typtype == "e" {
-		p, err := unknownActions(ctx, conn)
+		p, err := unknownActions(ctx, conn, schema)
 		if err != nil {
 			return err
 		}
@@ -150,11 +151,11 @@ func CheckSchema(ctx context.Context, conn Conn) error {
 // unknownActions names the labels of tokens.action's enum type that are no
 // token action the tailer knows: a token of one could be neither signed
 // nor handed to a sender, and is no row to skip one by one.
-func unknownActions(ctx context.Context, conn Conn) ([]string, error) {
+func unknownActions(ctx context.Context, conn Conn, schema pgname.Schema) ([]string, error) {
 	rows, err := conn.Query(ctx, `
 		SELECT format_type(e.enumtypid, NULL), e.enumlabel
 		FROM pg_attribute a JOIN pg_enum e ON e.enumtypid = a.atttypid
-		WHERE a.attrelid = to_regclass('tokens') AND a.attname = 'action' ORDER BY e.enumsortorder`)
+		WHERE a.attrelid = to_regclass(format('%I.tokens', $1::text)) AND a.attname = 'action' ORDER BY e.enumsortorder`, string(schema))
 	if err != nil {
 		return nil, fmt.Errorf("read the labels of tokens.action: %w", err)
 	}
@@ -187,7 +188,7 @@ func (j *Joiner) explain(ctx context.Context, err error) error {
 	// Class 42 (undefined column or table, a cast or operator that does not
 	// exist) and 0A000 (a cached plan whose result type changed).
 	if errors.As(err, &pgErr) && (pgerrcode.IsSyntaxErrororAccessRuleViolation(pgErr.Code) || pgErr.Code == pgerrcode.FeatureNotSupported) && ctx.Err() == nil {
-		if serr := CheckSchema(ctx, j.conn); serr != nil {
+		if serr := CheckSchema(ctx, j.conn, j.schema); serr != nil {
 			var schema *SchemaError
 			if errors.As(serr, &schema) {
 				return fmt.Errorf("%w: %w", ErrJoin, schema)

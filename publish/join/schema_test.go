@@ -20,11 +20,11 @@ func TestSchemaChanges(t *testing.T) {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
-	if err := CheckSchema(ctx, conn); err != nil {
+	if err := CheckSchema(ctx, conn, "public"); err != nil {
 		t.Fatalf("the migrated schema: %v", err)
 	}
 	exec(`INSERT INTO accounts (email, login, status) VALUES ('a@x', 'a', 'active')`)
-	j := NewJoiner(conn)
+	j := NewJoiner(conn, "public")
 	join := func() ([]TokenState, error) {
 		t.Helper()
 		tok := insertToken(t, ctx, conn, "a", "password_recovery", "")
@@ -42,7 +42,7 @@ func TestSchemaChanges(t *testing.T) {
 		`ALTER TABLE tokens ALTER COLUMN expires_at TYPE integer`,
 	} {
 		exec(sql)
-		if err := CheckSchema(ctx, conn); err != nil {
+		if err := CheckSchema(ctx, conn, "public"); err != nil {
 			t.Fatalf("after %s: CheckSchema: %v", sql, err)
 		}
 		rows, err := join()
@@ -56,7 +56,7 @@ func TestSchemaChanges(t *testing.T) {
 	exec(`ALTER TABLE accounts DROP COLUMN login CASCADE`)
 	want := []string{"table tokens, column expires_at is timestamp with time zone, the tailer reads smallint, integer or bigint", "table accounts has no column login"}
 	var schema *SchemaError
-	if err := CheckSchema(ctx, conn); !errors.As(err, &schema) || !containsAll(err.Error(), want) {
+	if err := CheckSchema(ctx, conn, "public"); !errors.As(err, &schema) || !containsAll(err.Error(), want) {
 		t.Fatalf("CheckSchema = %v, want it to name %q", err, want)
 	}
 	rows := make([]TokenState, 1)
@@ -72,7 +72,7 @@ func TestSchemaChanges(t *testing.T) {
 	exec(`ALTER TABLE accounts ADD COLUMN login varchar(254)`)
 	exec(`UPDATE accounts SET login = 'a'`)
 	exec(`ALTER TABLE tokens ALTER COLUMN expires_at TYPE integer USING extract(epoch FROM expires_at)::integer`)
-	if err := CheckSchema(ctx, conn); err != nil {
+	if err := CheckSchema(ctx, conn, "public"); err != nil {
 		t.Fatalf("fixed: CheckSchema: %v", err)
 	}
 	rows = make([]TokenState, 1)
@@ -86,7 +86,7 @@ func TestCheckSchemaWithoutTables(t *testing.T) {
 	if _, err := conn.Exec(ctx, `DROP TABLE tokens`); err != nil {
 		t.Fatal(err)
 	}
-	if err := CheckSchema(ctx, conn); err == nil || !strings.Contains(err.Error(), "table tokens does not exist") || strings.Count(err.Error(), "tokens does not exist") != 1 {
+	if err := CheckSchema(ctx, conn, "public"); err == nil || !strings.Contains(err.Error(), "table public.tokens does not exist") || strings.Count(err.Error(), "tokens does not exist") != 1 {
 		t.Fatalf("CheckSchema without tokens = %v", err)
 	}
 }

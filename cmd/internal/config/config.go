@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
 
+	"github.com/mailroom/tailer/internal/pgname"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
@@ -39,18 +40,21 @@ type Config struct {
 	NATSTLSCA, NATSTLSCert, NATSTLSKey string
 	// NATSSync is how often the embedded server syncs its store; 0 means
 	// before every acknowledgement.
-	NATSSync     time.Duration
-	DataDir      string // embedded server's store
-	Stream       string
-	Subject      string
-	Replicas     int
-	PerAction    bool
-	Format       wire.Format
-	HTTPAddr     string
-	Slot         string
-	Publication  string
-	ProtoVersion int
-	Binary       bool
+	NATSSync    time.Duration
+	DataDir     string // embedded server's store
+	Stream      string
+	Subject     string
+	Replicas    int
+	PerAction   bool
+	Format      wire.Format
+	HTTPAddr    string
+	Slot        string
+	Publication string
+	// Schema holds the tokens and accounts tables and the tailer's own;
+	// InboxSchema the consumer's inbox and River tables.
+	Schema, InboxSchema pgname.Schema
+	ProtoVersion        int
+	Binary              bool
 	// MaxInFlight is 0 for auto: publish.InFlightFor the stream.
 	MaxInFlight int
 	MaxBatches  int
@@ -78,6 +82,11 @@ type Config struct {
 	AutoResync bool
 	// SlotFailover is MAILROOM_SLOT_FAILOVER: auto, true or false.
 	SlotFailover string
+}
+
+// DB is q in the schema of the tailer's tables (MAILROOM_SCHEMA).
+func (c *Config) DB(q replication.Querier) replication.DB {
+	return replication.DB{Querier: q, Schema: c.Schema}
 }
 
 // Cmd is a set of commands: the ones a setting applies to.
@@ -197,6 +206,10 @@ var Vars = []Var{
 		}
 		c.InboxURL = u
 		return nil
+	}},
+	{Env: "MAILROOM_INBOX_SCHEMA", Cmds: Subscribe, Flag: "inbox-schema", Type: "name", Group: GroupPostgreSQL, Default: "public", Usage: "schema of the inbox table and River's tables in the consumer's database; every query names it, never the search_path", set: func(c *Config, v string) error {
+		c.InboxSchema = pgname.Schema(v)
+		return schemaName(c.InboxSchema)
 	}},
 	{Env: "MAILROOM_SECRET_KEY", Cmds: Run | Resync | Verify, Flag: "secret-key", Type: "hex", Group: GroupSigning, Usage: "HMAC signing key: exactly 64 hex characters (or use MAILROOM_SECRET_KEY_FILE)", Secret: true, set: func(c *Config, v string) error {
 		// Trimmed like the file form: a key pasted with its newline is the
@@ -363,6 +376,10 @@ var Vars = []Var{
 		c.Slot = v
 		return validName(v)
 	}},
+	{Env: "MAILROOM_SCHEMA", Cmds: Run | Resync | Status, Flag: "schema", Type: "name", Group: GroupPostgreSQL, Default: "public", Usage: "schema of the tokens and accounts tables and of the tailer's own; every query names it, never the search_path", set: func(c *Config, v string) error {
+		c.Schema = pgname.Schema(v)
+		return schemaName(c.Schema)
+	}},
 	{Env: "MAILROOM_PUBLICATION", Cmds: Run | Resync | Status, Flag: "publication", Type: "name", Group: GroupPostgreSQL, Default: "mailroom", Usage: "publication holding the tokens table", set: func(c *Config, v string) error {
 		c.Publication = v
 		return validName(v)
@@ -509,6 +526,14 @@ func fileVar(field func(*Config) *string) func(*Config, string) error {
 // notPrintable reports a space, a control character or one that is not
 // printable: none belongs in a NATS name or subject.
 func notPrintable(r rune) bool { return unicode.IsSpace(r) || !unicode.IsPrint(r) }
+
+// schemaName refuses what cannot name a schema.
+func schemaName(s pgname.Schema) error {
+	if err := s.Check(); err != nil {
+		return invalid("%s", err)
+	}
+	return nil
+}
 
 func validName(v string) error {
 	if replication.ValidateName(v) != nil {

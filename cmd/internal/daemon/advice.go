@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 
@@ -57,7 +58,7 @@ func PublicationMessage(e *replication.PublicationError) string {
 		return e.Error() + ". " + resyncWayOut
 	}
 	return e.Error() + fmt.Sprintf(". To go on: run `tailer migrate` (it creates the publication), "+
-		"or ALTER PUBLICATION %s ADD TABLE tokens and SET (publish = 'insert'); then `tailer resync` publishes, once, the tokens inserted meanwhile", e.Publication)
+		"or ALTER PUBLICATION %s ADD TABLE %s and SET (publish = 'insert', publish_via_partition_root = true); then `tailer resync` publishes, once, the tokens inserted meanwhile", e.Publication, cmp.Or(e.Table, "tokens"))
 }
 
 // ForeignStreamMessage says whose batches the stream holds and how to go
@@ -72,7 +73,7 @@ func ForeignStreamMessage(e *publish.ForeignStreamError) string {
 // from the slot, so the slot is marked for a resync.
 func RelationMessage(e *decoder.RelationError, publication string) string {
 	return e.Error() + fmt.Sprintf(". The slot cannot read the inserts made meanwhile, however often it replays them. To go on: publish every column again "+
-		"(ALTER PUBLICATION %s SET TABLE tokens), then run `tailer resync`, which publishes, once, the tokens inserted meanwhile", publication)
+		"(ALTER PUBLICATION %s SET TABLE %s), then run `tailer resync`, which publishes, once, the tokens inserted meanwhile", publication, e.Relation)
 }
 
 // lostStreamWayOut is the way out of a stream that lost acknowledged

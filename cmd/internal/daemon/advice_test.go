@@ -49,7 +49,7 @@ func TestAdvice(t *testing.T) {
 		{subject.Error(), Advise(subject).Error(), []string{"MAILROOM_NATS_SUBJECT"}},
 		{markers.Error(), Advise(markers).Error(), []string{"mailroom.batches.>"}},
 		{foreignStream.Error(), ForeignStreamMessage(foreignStream), []string{"tailer resync", "MAILROOM_NATS_STREAM"}},
-		{relation.Error(), RelationMessage(relation, "mailroom"), []string{"ALTER PUBLICATION mailroom SET TABLE tokens", "tailer resync"}},
+		{relation.Error(), RelationMessage(relation, "mailroom"), []string{"ALTER PUBLICATION mailroom SET TABLE public.tokens", "tailer resync"}},
 		{"stream MAILROOM was deleted and made again", StreamReplacedMessage(replication.StreamIdentity{Name: "MAILROOM", Created: "t2"}, "t1"), []string{"tailer resync"}},
 		{`a token's action "magic_link" is no token action this tailer knows`, ActionMessage(&decoder.ActionError{Label: "magic_link"}), []string{"run a tailer that knows the action"}},
 		{"stream MAILROOM's limits (max_msgs=5) removed message 7", WindowTrimmedMessage(&publish.WindowTrimmedError{Stream: "MAILROOM", Seq: 7, Limits: "max_msgs=5"}), []string{"tailer resync", "Raise the stream's limits"}},

@@ -102,7 +102,7 @@ func (d *Daemon) recordConfirmedThrough(ctx context.Context, conn *pgx.Conn) {
 	if through.IsZero() {
 		return
 	}
-	err := replication.SetConfirmedThrough(ctx, conn, d.cfg.Slot, through)
+	err := replication.SetConfirmedThrough(ctx, d.db(conn), d.cfg.Slot, through)
 	if err != nil && !d.throughSaid.Swap(true) && ctx.Err() == nil {
 		d.log.Warn("cannot record how far the slot is confirmed; tailer status will not show the lag in seconds (tailer migrate adds the column)", "err", err)
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -131,7 +130,7 @@ func (d *Daemon) claim(ctx context.Context, s *opened) (*claimed, error) {
 	if err != nil {
 		return nil, d.blockOn(ctx, s, err)
 	}
-	if err := replication.SetPublication(ctx, s.q, cfg.Slot, cfg.Publication); errors.Is(err, replication.ErrOldSchema) {
+	if err := replication.SetPublication(ctx, d.db(s.q), cfg.Slot, cfg.Publication); errors.Is(err, replication.ErrOldSchema) {
 		return nil, d.blockOn(ctx, s, &blockedError{reason: blockedSchema, msg: err.Error()})
 	} else if err != nil {
 		return nil, pgErr(err)
@@ -193,7 +192,7 @@ func (d *Daemon) resume(ctx context.Context, s *opened, c *claimed) error {
 	// This session publishes from now on: where the stream stood at the
 	// last clean stop says nothing once it has.
 	if c.rec.StoppedSeq != 0 {
-		if err := replication.SetStopped(ctx, s.q, &c.rec, 0, ""); err != nil {
+		if err := replication.SetStopped(ctx, d.db(s.q), &c.rec, 0, ""); err != nil {
 			return pgErr(err)
 		}
 	}
@@ -235,7 +234,7 @@ func (d *Daemon) resume(ctx context.Context, s *opened, c *claimed) error {
 	if strays > 0 {
 		d.log.Warn("the stream holds messages that are not the tailer's batches: passed over", "stream", cfg.Stream, "messages", strays)
 	}
-	if err := replication.SetBlocked(ctx, s.q, cfg.Slot, ""); err != nil {
+	if err := replication.SetBlocked(ctx, d.db(s.q), cfg.Slot, ""); err != nil {
 		return pgErr(err)
 	}
 	d.blocked.Store(nil)
@@ -334,7 +333,7 @@ func (d *Daemon) recordStop(s *opened, c *claimed) {
 		// cancellation of a query in flight.
 		var q *pgx.Conn
 		if q, err = connectQuery(ctx, d.cfg.DatabaseURL); err == nil {
-			err = replication.SetStopped(ctx, q, &c.rec, seq, mark)
+			err = replication.SetStopped(ctx, d.db(q), &c.rec, seq, mark)
 			q.Close(context.Background())
 		}
 	}
@@ -356,13 +355,14 @@ func (d *Daemon) pipeline(ctx context.Context, s *opened, c *claimed, drained ch
 		Timeout:  cfg.BatchTimeout,
 		ByAction: cfg.PerAction,
 		Start:    c.slot.ConfirmedFlush,
+		Schema:   string(cfg.Schema),
 		Drained:  drained,
 		OnBadRow: func(pos decoder.Position, err error) {
 			d.log.Warn("skipping a token row that cannot be decoded", "position", pos.String(), "err", err)
 			d.metrics.TokensSkipped(join.SkipMalformed, 1)
 		},
 	})
-	joiner := join.NewJoiner(s.q)
+	joiner := join.NewJoiner(s.q, d.cfg.Schema)
 	joiner.Log = d.log
 	if err := joiner.Prepare(ctx); err != nil {
 		return nil, nil, pgErr(err)
@@ -408,7 +408,7 @@ func (d *Daemon) judgeEnd(ctx context.Context, s *opened, err, pipeErr, cause er
 	case replication.IsPublicationGone(err):
 		// Gone for good, or made again after the changes the slot has
 		// still to decode: which one says what to do.
-		perr := replication.CheckPublication(ctx, s.q, d.cfg.Publication)
+		perr := replication.CheckPublication(ctx, d.db(s.q), d.cfg.Publication)
 		var pub *replication.PublicationError
 		if !errors.As(perr, &pub) {
 			pub = &replication.PublicationError{Publication: d.cfg.Publication, Stale: true}
@@ -423,7 +423,7 @@ func (d *Daemon) judgeEnd(ctx context.Context, s *opened, err, pipeErr, cause er
 // not carry (marked by the publication guard, in the transaction that
 // changed it), as a *blockedError.
 func (d *Daemon) checkReadable(ctx context.Context, q *pgx.Conn) error {
-	err := join.CheckSchema(ctx, q)
+	err := join.CheckSchema(ctx, q, d.cfg.Schema)
 	var schema *join.SchemaError
 	if errors.As(err, &schema) {
 		return &blockedError{reason: blockedSchema, msg: schema.Error()}
@@ -432,7 +432,7 @@ func (d *Daemon) checkReadable(ctx context.Context, q *pgx.Conn) error {
 		return pgErr(err)
 	}
 	var pubErr *replication.PublicationError
-	err = replication.CheckPublication(ctx, q, d.cfg.Publication)
+	err = replication.CheckPublication(ctx, d.db(q), d.cfg.Publication)
 	switch {
 	case errors.As(err, &pubErr):
 		return &blockedError{reason: blockedPublication, msg: PublicationMessage(pubErr)}
@@ -441,7 +441,7 @@ func (d *Daemon) checkReadable(ctx context.Context, q *pgx.Conn) error {
 	case err != nil:
 		return pgErr(err)
 	}
-	rec, err := replication.LoadRecord(ctx, q, d.cfg.Slot)
+	rec, err := replication.LoadRecord(ctx, d.db(q), d.cfg.Slot)
 	switch {
 	case errors.Is(err, replication.ErrNoRecordTable) || errors.Is(err, replication.ErrOldRecordTable):
 		return &blockedError{reason: blockedSchema, msg: err.Error()}
@@ -481,13 +481,13 @@ func (d *Daemon) block(ctx context.Context, q *pgx.Conn, lease *replication.Leas
 		// The slot's stream lacks the inserts of this time for good: once
 		// the publication is fixed, streaming on would skip them. (A
 		// publication made again stops the stream at the drop by itself.)
-		if rerr := replication.SetResyncNeeded(ctx, q, d.cfg.Slot); rerr != nil {
+		if rerr := replication.SetResyncNeeded(ctx, d.db(q), d.cfg.Slot); rerr != nil {
 			return pgErr(rerr)
 		}
 	}
 	err = d.unblock(ctx, lease, nc, err)
 	if errors.As(err, &blocked) {
-		if rerr := replication.SetBlocked(ctx, q, d.cfg.Slot, blocked.msg); rerr != nil {
+		if rerr := replication.SetBlocked(ctx, d.db(q), d.cfg.Slot, blocked.msg); rerr != nil {
 			d.log.Warn("cannot record why the tailer waits", "err", rerr)
 		}
 	}
@@ -499,7 +499,7 @@ func (d *Daemon) block(ctx context.Context, q *pgx.Conn, lease *replication.Leas
 // Its errors say why the slot must not be streamed from yet.
 func (d *Daemon) prepareSlot(ctx context.Context, q *pgx.Conn, nc *nats.Conn, dest publish.Destination, failover bool) (replication.Record, replication.SlotInfo, error) {
 	cfg := d.cfg
-	rec, err := replication.LoadRecord(ctx, q, cfg.Slot)
+	rec, err := replication.LoadRecord(ctx, d.db(q), cfg.Slot)
 	if errors.Is(err, replication.ErrNoRecordTable) || errors.Is(err, replication.ErrOldRecordTable) {
 		return rec, replication.SlotInfo{}, &blockedError{reason: blockedSchema, msg: err.Error()}
 	}
@@ -542,7 +542,7 @@ func (d *Daemon) prepareSlot(ctx context.Context, q *pgx.Conn, nc *nats.Conn, de
 	case pub.LastSeq() > 0:
 		return rec, slot, &blockedError{reason: blockedResync, resync: true, msg: UnrecordedSlotMessage(cfg.Slot, cfg.Stream, pub.LastSeq())}
 	}
-	if rec, err = replication.CreateSlot(ctx, q, cfg.Slot, "tailer run", true, failover); err != nil {
+	if rec, err = replication.CreateSlot(ctx, d.db(q), cfg.Slot, "tailer run", true, failover); err != nil {
 		return rec, slot, pgErr(err)
 	}
 	d.log.Warn("created replication slot: tokens committed before now were not captured (run `tailer migrate` to create it together with the schema)", "slot", cfg.Slot, "incarnation", rec.Incarnation)
@@ -561,7 +561,7 @@ func (d *Daemon) newPublisher(ctx context.Context, q *pgx.Conn, nc *nats.Conn, d
 	err = Advise(err)
 	var streamCfg *publish.StreamConfigError
 	if errors.As(err, &streamCfg) {
-		if rerr := replication.SetBlocked(ctx, q, d.cfg.Slot, err.Error()); rerr != nil {
+		if rerr := replication.SetBlocked(ctx, d.db(q), d.cfg.Slot, err.Error()); rerr != nil {
 			d.log.Warn("cannot record why the tailer stops", "err", rerr)
 		}
 	}
@@ -592,7 +592,7 @@ func (d *Daemon) claimStream(ctx context.Context, q *pgx.Conn, pub *publish.Publ
 		return &blockedError{reason: blockedResync, resync: true, msg: EarlierBatchesMessage(cfg.Stream, pub.LastSeq(), cfg.Slot, made)}
 	}
 	if !rec.Exists {
-		r, err := replication.AdoptSlot(ctx, q, cfg.Slot)
+		r, err := replication.AdoptSlot(ctx, d.db(q), cfg.Slot)
 		if err != nil {
 			return pgErr(err)
 		}
@@ -600,7 +600,7 @@ func (d *Daemon) claimStream(ctx context.Context, q *pgx.Conn, pub *publish.Publ
 		d.log.Info("adopted a slot no tailer recorded making, beside an empty stream", "slot", cfg.Slot, "incarnation", rec.Incarnation)
 		return nil
 	}
-	if err := replication.Bind(ctx, q, rec, 0); err != nil {
+	if err := replication.Bind(ctx, d.db(q), rec, 0); err != nil {
 		return pgErr(err)
 	}
 	return nil
@@ -631,7 +631,7 @@ func (d *Daemon) checkStream(ctx context.Context, q *pgx.Conn, pub *publish.Publ
 		return err
 	}
 	if rec.StreamName != here.Name || rec.StreamCreated != here.Created {
-		if err := replication.SetStream(ctx, q, rec, here); err != nil {
+		if err := replication.SetStream(ctx, d.db(q), rec, here); err != nil {
 			return pgErr(err)
 		}
 	}
@@ -646,7 +646,7 @@ func (d *Daemon) recordAnchor(ctx context.Context, q *pgx.Conn, incarnation stri
 	if a.Seq == 0 || a.Seq == d.anchorRecorded.Load() {
 		return
 	}
-	err := replication.SetAnchor(ctx, q, d.cfg.Slot, incarnation, a.Seq, a.Mark)
+	err := replication.SetAnchor(ctx, d.db(q), d.cfg.Slot, incarnation, a.Seq, a.Mark)
 	switch {
 	case err == nil:
 		d.anchorRecorded.Store(a.Seq)
@@ -765,18 +765,10 @@ func currentLSN(ctx context.Context, q *pgx.Conn) (pglogrepl.LSN, error) {
 	return pglogrepl.ParseLSN(s)
 }
 
-// connectQuery opens the tailer's ordinary connection, named so that
-// operators (and pg_terminate_backend) can tell it apart in pg_stat_activity.
+// connectQuery opens the tailer's ordinary connection.
 func connectQuery(ctx context.Context, url string) (*pgx.Conn, error) {
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		return nil, fmt.Errorf("parse database URL: %w", err)
-	}
-	cfg.RuntimeParams["application_name"] = "tailer"
-	maps.Copy(cfg.RuntimeParams, join.SessionSettings())
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
-	}
-	return conn, nil
+	return replication.Open(ctx, url, "tailer", join.SessionSettings())
 }
+
+// db is q in the schema of the tailer's tables.
+func (d *Daemon) db(q replication.Querier) replication.DB { return d.cfg.DB(q) }

@@ -15,7 +15,9 @@ func OptionsFor(cfg *config.Config, log *slog.Logger, by string) (Options, error
 	}
 	return Options{
 		DatabaseURL: cfg.DatabaseURL,
+		Schema:      cfg.Schema,
 		Slot:        cfg.Slot,
+		Publication: cfg.Publication,
 		Destination: publish.Destination{Name: cfg.Stream, Subject: cfg.Subject, Replicas: cfg.Replicas, PerAction: cfg.PerAction, PubAckTimeout: cfg.PubAckTimeout},
 		Signer:      cfg.Keys.Signer(),
 		Format:      cfg.Format,

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"sync/atomic"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 
 	"github.com/mailroom/tailer/batch"
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/internal/pgname"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/join"
@@ -29,7 +29,11 @@ import (
 // Options configure a resync.
 type Options struct {
 	DatabaseURL string
-	Slot        string
+	// Schema holds the tokens and accounts tables and the slot's record.
+	Schema pgname.Schema
+	Slot   string
+	// Publication must carry the tokens table's inserts to the new slot.
+	Publication string
 	// Destination is where tokens are published; its Origin is set by Run.
 	Destination publish.Destination
 	Signer      *token.Signer
@@ -102,12 +106,13 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 		}
 	}()
 
-	q, err := connect(ctx, opts.DatabaseURL, nil)
+	q, err := replication.Open(ctx, opts.DatabaseURL, "tailer resync", nil)
 	if err != nil {
 		return rep, err
 	}
 	defer q.Close(context.Background())
-	rec, failover, err := begin(ctx, q, opts, &rep)
+	db := replication.DB{Querier: q, Schema: opts.Schema}
+	rec, failover, err := begin(ctx, db, opts, &rep)
 	if err != nil {
 		return rep, err
 	}
@@ -149,7 +154,7 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 		return rep, fmt.Errorf("read stream %s's last sequence: %w", dest.Name, err)
 	}
 	rep.StreamSeq = info.State.LastSeq
-	if err := replication.FinishResync(ctx, q, &rec, s.snap.ConsistentPoint, replication.StreamIdentity{Name: dest.Name, Created: pub.Created()}, rep.StreamSeq); err != nil {
+	if err := replication.FinishResync(ctx, db, &rec, s.snap.ConsistentPoint, replication.StreamIdentity{Name: dest.Name, Created: pub.Created()}, rep.StreamSeq); err != nil {
 		return rep, err
 	}
 	return rep, nil
@@ -157,7 +162,8 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 
 // begin refuses what the server cannot do before anything changes, then
 // drops the slot and records the new incarnation's resync as pending.
-func begin(ctx context.Context, q *pgx.Conn, opts Options, rep *Report) (replication.Record, bool, error) {
+func begin(ctx context.Context, db replication.DB, opts Options, rep *Report) (replication.Record, bool, error) {
+	q := db.Querier
 	major, err := replication.ServerMajor(ctx, q)
 	if err != nil {
 		return replication.Record{}, false, err
@@ -166,7 +172,14 @@ func begin(ctx context.Context, q *pgx.Conn, opts Options, rep *Report) (replica
 	if err != nil {
 		return replication.Record{}, false, fmt.Errorf("slot failover: %w", err)
 	}
-	old, err := replication.LoadRecord(ctx, q, opts.Slot)
+	// A slot made now that a publication does not feed would miss the
+	// inserts from its snapshot on, as the old one did.
+	if opts.Publication != "" {
+		if err := replication.CheckPublication(ctx, db, opts.Publication); err != nil {
+			return replication.Record{}, false, fmt.Errorf("nothing was changed: %w", err)
+		}
+	}
+	old, err := replication.LoadRecord(ctx, db, opts.Slot)
 	if err != nil {
 		return replication.Record{}, false, err
 	}
@@ -187,7 +200,7 @@ func begin(ctx context.Context, q *pgx.Conn, opts Options, rep *Report) (replica
 	case !errors.Is(err, replication.ErrNoSlot):
 		return replication.Record{}, false, err
 	}
-	rec, err := replication.BeginResync(ctx, q, opts.Slot, opts.By, rep.Cutover)
+	rec, err := replication.BeginResync(ctx, db, opts.Slot, opts.By, rep.Cutover)
 	if err != nil {
 		return replication.Record{}, false, err
 	}
@@ -244,7 +257,7 @@ func openSnapshot(ctx context.Context, q *pgx.Conn, opts Options, failover bool)
 	if s.tx, err = snapshotTx(ctx, q, s.snap); err != nil {
 		return nil, err
 	}
-	if s.jq, err = connect(ctx, opts.DatabaseURL, join.SessionSettings()); err != nil {
+	if s.jq, err = replication.Open(ctx, opts.DatabaseURL, "tailer resync", join.SessionSettings()); err != nil {
 		s.close()
 		return nil, err
 	}
@@ -262,7 +275,7 @@ func openSnapshot(ctx context.Context, q *pgx.Conn, opts Options, failover bool)
 // oldest eligible one.
 func countTokens(ctx context.Context, tx pgx.Tx, pub *publish.Publisher, opts Options, lastSeq, cutoverAt *int64, rep *Report) (*token.KeySet, error) {
 	var oldest *int64
-	if err := tx.QueryRow(ctx, `SELECT min(t.created_at)::bigint, count(*) FROM tokens t JOIN accounts a ON a.id = t.account WHERE `+
+	if err := tx.QueryRow(ctx, `SELECT min(t.created_at)::bigint, count(*) FROM `+tokensJoinAccounts(opts.Schema)+` WHERE `+
 		join.Eligible()+` AND `+notSent, lastSeq, cutoverAt).Scan(&oldest, &rep.Eligible); err != nil {
 		return nil, fmt.Errorf("count eligible tokens: %w", err)
 	}
@@ -270,7 +283,7 @@ func countTokens(ctx context.Context, tx pgx.Tx, pub *publish.Publisher, opts Op
 	if t := pub.LastTime(); !t.IsZero() {
 		since = t.Add(-opts.ClockSkew).Unix()
 	}
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM tokens t WHERE `+notSent+` AND NOT (`+join.Consumed+`) AND `+join.Expired+
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+opts.Schema.Name("tokens")+` t WHERE `+notSent+` AND NOT (`+join.Consumed+`) AND `+join.Expired+
 		` AND t.created_at > $3`, lastSeq, cutoverAt, since).Scan(&rep.Expired); err != nil {
 		return nil, fmt.Errorf("count expired tokens: %w", err)
 	}
@@ -295,7 +308,7 @@ func publishSnapshot(ctx context.Context, tx, jtx pgx.Tx, pub *publish.Publisher
 	count := &counter{}
 	pipeline := &publish.Pipeline{
 		Publisher:   pub,
-		Joiner:      join.NewJoiner(jtx),
+		Joiner:      join.NewJoiner(jtx, opts.Schema),
 		Encoder:     publish.NewEncoder(opts.Signer, opts.Format),
 		Format:      opts.Format,
 		MaxInFlight: inFlight,
@@ -320,7 +333,7 @@ func publishSnapshot(ctx context.Context, tx, jtx pgx.Tx, pub *publish.Publisher
 			return fmt.Errorf("publish the snapshot: %w", err)
 		}
 	}
-	err := readCandidates(ctx, tx, lastSeq, cutoverAt, func(t *decoder.Token) error {
+	err := readCandidates(ctx, tx, opts.Schema, lastSeq, cutoverAt, func(t *decoder.Token) error {
 		if onStream.Has(token.RawKeyOf(&t.Secret)) {
 			rep.OnStream++
 			return nil
@@ -353,8 +366,8 @@ func publishSnapshot(ctx context.Context, tx, jtx pgx.Tx, pub *publish.Publisher
 
 // readCandidates calls f with every token of the snapshot still to be
 // mailed, in id order. A row that cannot be signed is logged and left out.
-func readCandidates(ctx context.Context, tx pgx.Tx, lastSeq, cutoverAt *int64, f func(*decoder.Token) error, log *slog.Logger) error {
-	rows, err := tx.Query(ctx, `SELECT t.id, t.action::text, t.secret, t.code FROM tokens t JOIN accounts a ON a.id = t.account WHERE `+
+func readCandidates(ctx context.Context, tx pgx.Tx, schema pgname.Schema, lastSeq, cutoverAt *int64, f func(*decoder.Token) error, log *slog.Logger) error {
+	rows, err := tx.Query(ctx, `SELECT t.id, t.action::text, t.secret, t.code FROM `+tokensJoinAccounts(schema)+` WHERE `+
 		join.Eligible()+` AND `+notSent+` ORDER BY t.id`, lastSeq, cutoverAt)
 	if err != nil {
 		return fmt.Errorf("read eligible tokens: %w", err)
@@ -415,18 +428,9 @@ func (c *counter) TokensSkipped(reason join.Skip, n int) {
 	}
 }
 
-func connect(ctx context.Context, url string, settings map[string]string) (*pgx.Conn, error) {
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		return nil, fmt.Errorf("parse database URL: %w", err)
-	}
-	cfg.RuntimeParams["application_name"] = "tailer resync"
-	maps.Copy(cfg.RuntimeParams, settings)
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
-	}
-	return conn, nil
+// tokensJoinAccounts is the tokens t of schema joined with their accounts a.
+func tokensJoinAccounts(schema pgname.Schema) string {
+	return schema.Name("tokens") + ` t JOIN ` + schema.Name("accounts") + ` a ON a.id = t.account`
 }
 
 // snapshotTx begins a read-only transaction on conn that sees snap.
@@ -445,14 +449,14 @@ func snapshotTx(ctx context.Context, conn *pgx.Conn, snap replication.Snapshot) 
 }
 
 // CollectorCursor returns where mailroom's collector stopped (jobs.last_seq
-// of job_type 'mailroom', with the database's clock as the cutover time),
-// or nil in a database without one.
-func CollectorCursor(ctx context.Context, q replication.Querier) (*replication.Cutover, error) {
+// of job_type 'mailroom' in db's schema, with the database's clock as the
+// cutover time), or nil in a database without one.
+func CollectorCursor(ctx context.Context, db replication.DB) (*replication.Cutover, error) {
 	var (
 		seq *int64
 		now int64
 	)
-	err := q.QueryRow(ctx, `SELECT last_seq, extract(epoch FROM now())::bigint FROM jobs WHERE job_type = 'mailroom'`).Scan(&seq, &now)
+	err := db.QueryRow(ctx, `SELECT last_seq, extract(epoch FROM now())::bigint FROM `+db.Schema.Name("jobs")+` WHERE job_type = 'mailroom'`).Scan(&seq, &now)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && (pgErr.Code == pgerrcode.UndefinedTable || pgErr.Code == pgerrcode.UndefinedColumn):

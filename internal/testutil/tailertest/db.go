@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
+	"github.com/mailroom/tailer/internal/pgname"
 	"github.com/mailroom/tailer/migrations"
 )
 
@@ -47,7 +48,7 @@ func NewDB(tb testing.TB, pg *pgtest.Server) *DB {
 // migrate migrates the database at url as `tailer migrate` does as a
 // superuser: the publication guard included.
 func migrate(ctx context.Context, url string) error {
-	if err := migrations.Up(ctx, url); err != nil {
+	if err := migrations.Up(ctx, url, pgname.Public); err != nil {
 		return err
 	}
 	conn, err := pgx.Connect(ctx, url)
@@ -55,7 +56,7 @@ func migrate(ctx context.Context, url string) error {
 		return err
 	}
 	defer conn.Close(context.Background())
-	_, err = migrations.InstallGuard(ctx, conn)
+	_, err = migrations.InstallGuard(ctx, conn, pgname.Public)
 	return err
 }
 

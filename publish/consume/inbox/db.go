@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/mailroom/tailer/internal/pgname"
 	"github.com/mailroom/tailer/publish/consume"
 )
 
@@ -67,7 +68,9 @@ type txn struct {
 	after bool
 }
 
-// Connect opens a pool for a DB on the database at url. A transaction of
+// Connect opens a pool for a DB on the database at url, its sessions
+// searching pg_catalog alone (pgname.Isolate): a table is found by the
+// schema a query names, never by a search_path. A transaction of
 // the DB's holds its tokens' keys while it waits for the one before it to
 // commit, idle in the server's eyes: were its process frozen (SIGSTOP, a
 // paused container), nothing would end the wait. So, unless url sets it,
@@ -81,6 +84,7 @@ func Connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
+	pgname.Isolate(cfg.ConnConfig.RuntimeParams)
 	if _, set := cfg.ConnConfig.RuntimeParams[idleParam]; !set {
 		cfg.ConnConfig.RuntimeParams[idleParam] = strconv.Itoa(int(IdleInTransaction.Milliseconds()))
 	}

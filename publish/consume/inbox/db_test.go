@@ -211,7 +211,7 @@ func TestDeliveredAgainWhileInFlight(t *testing.T) {
 	}{
 		{"inbox", func(*testing.T) Table { return Inbox{} }},
 		{"river", func(t *testing.T) Table {
-			j, err := NewJobs()
+			j, err := NewJobs("")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -223,7 +223,7 @@ func TestDeliveredAgainWhileInFlight(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			pool := inboxPool(ctx, t)
-			if err := MigrateRiver(ctx, pool); err != nil {
+			if err := MigrateRiver(ctx, pool, ""); err != nil {
 				t.Fatal(err)
 			}
 			first := testBatch(1, 4).Units("S", 1, "d")
@@ -275,7 +275,7 @@ func TestFrozenTransactionLetsGo(t *testing.T) {
 	}
 	// Closed once the sinks' transactions ended with ctx.
 	t.Cleanup(frozenPool.Close)
-	if err := Migrate(ctx, frozenPool); err != nil {
+	if err := Migrate(ctx, frozenPool, ""); err != nil {
 		t.Fatal(err)
 	}
 	// The frozen subscriber: its first transaction never stores, the
@@ -343,7 +343,7 @@ func TestTwoSubscribersWaitingForEachOther(t *testing.T) {
 		return pool
 	}
 	poolA, poolB := connect(), connect()
-	if err := Migrate(ctx, poolA); err != nil {
+	if err := Migrate(ctx, poolA, ""); err != nil {
 		t.Fatal(err)
 	}
 	discard := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -384,7 +384,7 @@ func TestTwoSubscribersWaitingForEachOther(t *testing.T) {
 		t.Fatalf("%d of 8 batches done %v after the cycle closed: the two subscribers wait for each other", n, time.Since(start).Round(time.Second))
 	}
 	var rows int
-	if err := poolA.QueryRow(ctx, `SELECT count(*) FROM mailroom_inbox`).Scan(&rows); err != nil {
+	if err := poolA.QueryRow(ctx, `SELECT count(*) FROM public.mailroom_inbox`).Scan(&rows); err != nil {
 		t.Fatal(err)
 	}
 	if added := a.Added.Load() + b.Added.Load(); rows != 4 || added != 4 {

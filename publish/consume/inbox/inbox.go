@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/mailroom/tailer/internal/pgname"
 	"github.com/mailroom/tailer/publish/consume"
 )
 
@@ -33,8 +34,24 @@ type Table interface {
 	Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (at consume.Stored, ok bool, err error)
 }
 
-// Inbox stores tokens as rows of mailroom_inbox (Migrate makes it).
-type Inbox struct{}
+// Inbox stores tokens as rows of mailroom_inbox in Schema (Migrate makes
+// it); "" is public.
+type Inbox struct {
+	Schema pgname.Schema
+}
+
+// table is the inbox table, by its schema.
+func (i Inbox) table() pgx.Identifier {
+	return pgx.Identifier{string(orPublic(i.Schema)), "mailroom_inbox"}
+}
+
+// orPublic is s, or public for "".
+func orPublic(s pgname.Schema) pgname.Schema {
+	if s == "" {
+		return pgname.Public
+	}
+	return s
+}
 
 // inboxColumns are the columns Inbox fills, in its rows' order.
 var inboxColumns = []string{"token_key", "token_id", "action", "email", "login", "token", "code", "expires_at", "key_id", "batch_id", "line", "stream", "stream_seq", "durable", "traceparent"}
@@ -53,9 +70,9 @@ func (i Inbox) Store(ctx context.Context, tx pgx.Tx, m Meta, b *consume.Decoded)
 
 // StoreAll is Store for units of several messages, in one COPY when none
 // of their tokens is there.
-func (Inbox) StoreAll(ctx context.Context, tx pgx.Tx, us []*consume.Unit) ([]int, error) {
+func (i Inbox) StoreAll(ctx context.Context, tx pgx.Tx, us []*consume.Unit) ([]int, error) {
 	added := make([]int, len(us))
-	err := copyNew(ctx, tx, us)
+	err := i.copyNew(ctx, tx, us)
 	if err == nil {
 		for i, u := range us {
 			added[i] = len(u.Tokens)
@@ -65,7 +82,7 @@ func (Inbox) StoreAll(ctx context.Context, tx pgx.Tx, us []*consume.Unit) ([]int
 	if !errors.Is(err, errStoredBefore) {
 		return nil, err
 	}
-	return insertNew(ctx, tx, us)
+	return i.insertNew(ctx, tx, us)
 }
 
 // sum adds ns up.
@@ -79,7 +96,7 @@ func sum(ns []int) int {
 
 // copyNew copies the tokens of us into mailroom_inbox in a savepoint of
 // tx, rolled back when a row of theirs is there (errStoredBefore).
-func copyNew(ctx context.Context, tx pgx.Tx, us []*consume.Unit) error {
+func (i Inbox) copyNew(ctx context.Context, tx pgx.Tx, us []*consume.Unit) error {
 	var rows [][]any
 	for _, u := range us {
 		for _, t := range u.Tokens {
@@ -92,7 +109,7 @@ func copyNew(ctx context.Context, tx pgx.Tx, us []*consume.Unit) error {
 		}
 	}
 	_, err := inSavepoint(ctx, tx, "mailroom_inbox_pkey", func(sp pgx.Tx) (int, error) {
-		n, err := sp.CopyFrom(ctx, pgx.Identifier{"mailroom_inbox"}, inboxColumns, pgx.CopyFromRows(rows))
+		n, err := sp.CopyFrom(ctx, i.table(), inboxColumns, pgx.CopyFromRows(rows))
 		return int(n), err
 	})
 	return err
@@ -134,7 +151,7 @@ func inSavepoint(ctx context.Context, tx pgx.Tx, constraint string, insert func(
 
 // insertNew inserts the tokens of us, those already there (by token key)
 // left alone, and reports how many of each unit it added.
-func insertNew(ctx context.Context, tx pgx.Tx, us []*consume.Unit) ([]int, error) {
+func (i Inbox) insertNew(ctx context.Context, tx pgx.Tx, us []*consume.Unit) ([]int, error) {
 	var (
 		keys, actions, emails, logins, toks, codes, traces []string
 		keyIDs, batchIDs, streams, durables                []string
@@ -160,7 +177,7 @@ func insertNew(ctx context.Context, tx pgx.Tx, us []*consume.Unit) ([]int, error
 		}
 	}
 	rows, err := tx.Query(ctx, `
-		INSERT INTO mailroom_inbox (token_key, token_id, action, email, login, token, code, expires_at, key_id, batch_id, line, stream, stream_seq, durable, traceparent)
+		INSERT INTO `+i.table().Sanitize()+` (token_key, token_id, action, email, login, token, code, expires_at, key_id, batch_id, line, stream, stream_seq, durable, traceparent)
 		SELECT t.key, t.id, t.action, t.email, t.login, t.token, t.code, t.expires_at, nullif(t.key_id, ''), t.batch_id, t.line, t.stream, t.seq, nullif(t.durable, ''), nullif(t.trace, '')
 		FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::int[], $10::text[],
 			$11::text[], $12::text[], $13::text[], $14::bigint[], $15::text[])
@@ -184,8 +201,8 @@ func insertNew(ctx context.Context, tx pgx.Tx, us []*consume.Unit) ([]int, error
 
 // Position is the message of the highest stream sequence a token of
 // which durable stored in mailroom_inbox.
-func (Inbox) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (consume.Stored, bool, error) {
-	return position(ctx, pool, `SELECT stream_seq, batch_id, token_key FROM mailroom_inbox
+func (i Inbox) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (consume.Stored, bool, error) {
+	return position(ctx, pool, `SELECT stream_seq, batch_id, token_key FROM `+i.table().Sanitize()+`
 		WHERE stream = $1 AND durable = $2 ORDER BY stream_seq DESC LIMIT 1`, stream, durable)
 }
 
@@ -208,13 +225,22 @@ func position(ctx context.Context, pool *pgxpool.Pool, query, stream, durable st
 //go:embed schema.sql
 var schema string
 
-// Migrate makes the inbox table in the database at pool, if it is not
-// there, in one transaction (a process killed half way leaves nothing
-// half made) under an advisory lock (subscribers started together make it
-// once).
-func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+// Migrate makes the inbox table in schema ("" is public; made if
+// missing) of the database at pool, if it is not there, in one
+// transaction (a process killed half way leaves nothing half made) under
+// an advisory lock (subscribers started together make it once). The
+// statements of schema.sql name no schema: the transaction searches the
+// one it migrates alone.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, s pgname.Schema) error {
+	s = orPublic(s)
+	if err := ensureSchema(ctx, pool, s); err != nil {
+		return err
+	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('mailroom_inbox migration'))`); err != nil {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('mailroom_inbox migration ' || $1))`, string(s)); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1, true)`, s.Ident()+", pg_temp"); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, schema)
@@ -222,6 +248,23 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	})
 	if err != nil {
 		return fmt.Errorf("make the inbox table: %w", err)
+	}
+	return nil
+}
+
+// ensureSchema makes schema s if it does not exist. It looks first: CREATE
+// SCHEMA IF NOT EXISTS needs the right to create schemas in the database
+// even when there is nothing to create.
+func ensureSchema(ctx context.Context, pool *pgxpool.Pool, s pgname.Schema) error {
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, string(s)).Scan(&exists); err != nil {
+		return fmt.Errorf("look up schema %s: %w", s.Ident(), err)
+	}
+	if exists {
+		return nil
+	}
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+s.Ident()); err != nil {
+		return fmt.Errorf("create schema %s (MAILROOM_INBOX_SCHEMA): %w", s.Ident(), err)
 	}
 	return nil
 }

@@ -44,7 +44,7 @@ func inboxPool(ctx context.Context, t *testing.T) *pgxpool.Pool {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if err := Migrate(ctx, pool); err != nil {
+	if err := Migrate(ctx, pool, ""); err != nil {
 		t.Fatal(err)
 	}
 	return pool
@@ -58,13 +58,13 @@ func TestStoreOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pool := inboxPool(ctx, t)
-	if err := Migrate(ctx, pool); err != nil {
+	if err := Migrate(ctx, pool, ""); err != nil {
 		t.Fatalf("Migrate again: %v", err)
 	}
-	if err := MigrateRiver(ctx, pool); err != nil {
+	if err := MigrateRiver(ctx, pool, ""); err != nil {
 		t.Fatal(err)
 	}
-	jobs, err := NewJobs()
+	jobs, err := NewJobs("")
 	if err != nil {
 		t.Fatal(err)
 	}

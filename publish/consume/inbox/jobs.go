@@ -12,6 +12,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
+	"github.com/mailroom/tailer/internal/pgname"
 	"github.com/mailroom/tailer/publish/consume"
 )
 
@@ -54,23 +55,25 @@ func (TokenArgs) InsertOpts() river.InsertOpts {
 // River client.
 type Jobs struct {
 	client *river.Client[pgx.Tx]
+	schema pgname.Schema
 }
 
-// NewJobs returns a Jobs sink. River's tables must be there
-// (MigrateRiver).
-func NewJobs() (*Jobs, error) {
-	client, err := river.NewClient(riverpgxv5.New(nil), &river.Config{})
+// NewJobs returns a Jobs sink for River's tables in schema ("" is
+// public), which must be there (MigrateRiver).
+func NewJobs(schema pgname.Schema) (*Jobs, error) {
+	schema = orPublic(schema)
+	client, err := river.NewClient(riverpgxv5.New(nil), &river.Config{Schema: string(schema)})
 	if err != nil {
 		return nil, fmt.Errorf("river client: %w", err)
 	}
-	return &Jobs{client: client}, nil
+	return &Jobs{client: client, schema: schema}, nil
 }
 
 // Position is the last stream sequence of a token among durable's River
 // jobs of kind mailroom_token (completed jobs River has cleaned out do not
 // count).
 func (j *Jobs) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (consume.Stored, bool, error) {
-	return position(ctx, pool, `SELECT (args->>'stream_seq')::bigint, args->>'batch_id', args->>'token_key' FROM river_job
+	return position(ctx, pool, `SELECT (args->>'stream_seq')::bigint, args->>'batch_id', args->>'token_key' FROM `+j.schema.Name("river_job")+`
 		WHERE kind = 'mailroom_token' AND args->>'stream' = $1 AND args->>'durable' = $2
 		ORDER BY (args->>'stream_seq')::bigint DESC LIMIT 1`, stream, durable)
 }
@@ -173,10 +176,15 @@ func (j *Jobs) copyNew(ctx context.Context, tx pgx.Tx, params []river.InsertMany
 	return n, err
 }
 
-// MigrateRiver applies River's own migrations to the database of pool
-// (what `river migrate-up` does).
-func MigrateRiver(ctx context.Context, pool *pgxpool.Pool) error {
-	m, err := rivermigrate.New(riverpgxv5.New(pool), nil)
+// MigrateRiver applies River's own migrations to schema ("" is public;
+// made if missing) of the database of pool (what `river migrate-up`
+// does).
+func MigrateRiver(ctx context.Context, pool *pgxpool.Pool, schema pgname.Schema) error {
+	schema = orPublic(schema)
+	if err := ensureSchema(ctx, pool, schema); err != nil {
+		return err
+	}
+	m, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: string(schema)})
 	if err != nil {
 		return fmt.Errorf("migrate River: %w", err)
 	}

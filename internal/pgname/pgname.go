@@ -1,0 +1,77 @@
+// Package pgname names PostgreSQL objects by their schema, never by a
+// connection's search_path.
+//
+// PostgreSQL's default search_path puts a schema named after the session's
+// role ("$user") before public, and a database or role can set its own: a
+// table called tokens or accounts in such a schema would be read in place
+// of the real one, and the tailer would sign tokens for the addresses it
+// holds. So every query of the tailer and of tailer subscribe names its
+// tables through a Schema, and every connection they open sets its
+// search_path to SearchPath (Isolate), whatever its URL, role or database
+// asks.
+//
+// Wiring: used by every package that opens a connection or writes SQL
+// (replication, publish/join, the inbox, the commands).
+package pgname
+
+import (
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Schema is the name of a schema as configured (MAILROOM_SCHEMA,
+// MAILROOM_INBOX_SCHEMA), unquoted.
+type Schema string
+
+// Public is the schema the tables are in unless configured otherwise.
+const Public Schema = "public"
+
+// Name is schema.name, each part quoted as an SQL identifier.
+func (s Schema) Name(name string) string {
+	return pgx.Identifier{string(s), name}.Sanitize()
+}
+
+// Ident is the schema alone, quoted as an SQL identifier.
+func (s Schema) Ident() string { return pgx.Identifier{string(s)}.Sanitize() }
+
+// Literal is the schema as an SQL string literal.
+func (s Schema) Literal() string {
+	out := []byte{'\''}
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\'' {
+			out = append(out, '\'')
+		}
+		out = append(out, s[i])
+	}
+	return string(append(out, '\''))
+}
+
+// Check reports whether s can name a schema: not empty, at most 63 bytes
+// (PostgreSQL would cut a longer one), no NUL.
+func (s Schema) Check() error {
+	switch {
+	case s == "":
+		return errors.New("is empty")
+	case len(s) > 63:
+		return errors.New("is longer than 63 bytes, which PostgreSQL would cut")
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return errors.New("holds a NUL byte")
+		}
+	}
+	return nil
+}
+
+// SearchPath is the search_path of every connection: the system catalog
+// alone, so that an unqualified name can only be a built-in one.
+const SearchPath = "pg_catalog"
+
+// Isolate sets a connection's run-time parameters (pgx's RuntimeParams) to
+// search only SearchPath. A parameter of the startup packet overrides the
+// database's and the role's settings and, being applied after them, the
+// URL's options=-c search_path=... too.
+func Isolate(params map[string]string) {
+	params["search_path"] = SearchPath
+}
