@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/pgname"
+	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/migrations"
 )
 
