@@ -55,7 +55,7 @@ func TestFailoverSlots(t *testing.T) {
 		}
 		t.Skipf("PostgreSQL %d has no failover slots (make test-pg VERSION=17 runs this)", major)
 	}
-	if _, err := CreateSlot(ctx, DB{Querier: db.Conn, Schema: "public"}, "fo_made", "test", false, true); err != nil {
+	if _, err := CreateSlot(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "fo_made", "test", false, true); err != nil {
 		t.Fatal(err)
 	}
 	defer db.Exec(`SELECT pg_drop_replication_slot('fo_made')`)

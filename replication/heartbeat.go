@@ -42,7 +42,7 @@ func EmitMessage(ctx context.Context, q Querier, prefix, content string) (pglogr
 // is confirmed (tailer status shows the lag from it). The caller holds the
 // lease. A record table older than the column (tailer migrate not run) is
 // ErrOldRecordTable.
-func SetConfirmedThrough(ctx context.Context, db DB, slot string, at time.Time) error {
+func SetConfirmedThrough(ctx context.Context, db SchemaConn, slot string, at time.Time) error {
 	_, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET confirmed_through = $2
 		WHERE slot = $1 AND (confirmed_through IS NULL OR confirmed_through < $2)`, slot, at)
 	var pgErr *pgconn.PgError
@@ -57,7 +57,7 @@ func SetConfirmedThrough(ctx context.Context, db DB, slot string, at time.Time) 
 
 // ConfirmedThrough is what SetConfirmedThrough last recorded for slot
 // (false when nothing is).
-func ConfirmedThrough(ctx context.Context, db DB, slot string) (time.Time, bool, error) {
+func ConfirmedThrough(ctx context.Context, db SchemaConn, slot string) (time.Time, bool, error) {
 	var at *time.Time
 	err := db.QueryRow(ctx, `SELECT confirmed_through FROM `+db.slots()+` WHERE slot = $1`, slot).Scan(&at)
 	var pgErr *pgconn.PgError

@@ -98,7 +98,7 @@ func TestLeaseNotAwaitedFromAStreamingHolder(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	db := tailertest.NewDB(t, pgtest.Shared(t))
-	if _, err := CreateSlot(ctx, DB{Querier: db.Conn, Schema: "public"}, "st", "test", false, false); err != nil {
+	if _, err := CreateSlot(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "st", "test", false, false); err != nil {
 		t.Fatal(err)
 	}
 	holder, err := AcquireLease(ctx, db.URL, "st", LeaseOptions{Application: "streamer"})

@@ -44,7 +44,7 @@ func (e *PublicationError) Error() string {
 // The check is the schema's own (tailer_publication_problem, of migration
 // 10), which the publication guard runs too; a database without it is
 // ErrOldSchema.
-func CheckPublication(ctx context.Context, db DB, publication string) error {
+func CheckPublication(ctx context.Context, db SchemaConn, publication string) error {
 	var problem *string
 	err := db.QueryRow(ctx, `SELECT `+db.Schema.Name("tailer_publication_problem")+`($1, $2)`, publication, string(db.Schema)).Scan(&problem)
 	var pgErr *pgconn.PgError
@@ -61,7 +61,7 @@ func CheckPublication(ctx context.Context, db DB, publication string) error {
 
 // SetPublication records which publication slot's tailer reads tokens
 // through, for the publication guard. The caller holds the lease.
-func SetPublication(ctx context.Context, db DB, slot, publication string) error {
+func SetPublication(ctx context.Context, db SchemaConn, slot, publication string) error {
 	_, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET publication = $2 WHERE slot = $1 AND publication IS DISTINCT FROM $2`, slot, publication)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedColumn {

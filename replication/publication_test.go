@@ -87,7 +87,7 @@ func TestCheckPublication(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			err = CheckPublication(ctx, DB{Querier: tx, Schema: "public"}, "p")
+			err = CheckPublication(ctx, SchemaConn{Querier: tx, Schema: "public"}, "p")
 			var pub *PublicationError
 			switch {
 			case tc.problem == "" && err != nil:
@@ -152,7 +152,7 @@ func TestCheckPublicationWhileMadeAgain(t *testing.T) {
 			return
 		default:
 		}
-		if err := CheckPublication(ctx, DB{Querier: check, Schema: "public"}, "p"); err != nil {
+		if err := CheckPublication(ctx, SchemaConn{Querier: check, Schema: "public"}, "p"); err != nil {
 			close(stop)
 			<-done
 			t.Fatalf("check %d, as the publication was made again: %v", checks, err)

@@ -103,7 +103,7 @@ const recordColumns = `incarnation, created_by, created_at, resync_pending, resy
 	coalesce(stopped_seq, 0), coalesce(stopped_msg_id, ''), coalesce(anchor_seq, 0), coalesce(anchor_mark, '')`
 
 // LoadRecord reads slot's record; Exists is false when there is none.
-func LoadRecord(ctx context.Context, db DB, slot string) (Record, error) {
+func LoadRecord(ctx context.Context, db SchemaConn, slot string) (Record, error) {
 	r := Record{Slot: slot}
 	var (
 		cp         *string
@@ -150,7 +150,7 @@ func (r Record) Describe() string {
 
 // saveRecord writes r as slot's record under a new incarnation, keeping
 // the collector's cutover unless r sets one. The caller holds the lease.
-func saveRecord(ctx context.Context, db DB, r *Record) error {
+func saveRecord(ctx context.Context, db SchemaConn, r *Record) error {
 	r.Incarnation = NewIncarnation()
 	var seq, lastSeq, cutoverAt *int64
 	if r.Bound {
@@ -191,7 +191,7 @@ func saveRecord(ctx context.Context, db DB, r *Record) error {
 // by. bound says the stream is known to hold nothing of an earlier slot
 // (it is empty), so the incarnation owns the stream from its start. The
 // caller holds the lease.
-func CreateSlot(ctx context.Context, db DB, slot, by string, bound, failover bool) (Record, error) {
+func CreateSlot(ctx context.Context, db SchemaConn, slot, by string, bound, failover bool) (Record, error) {
 	if err := ValidateName(slot); err != nil {
 		return Record{}, fmt.Errorf("slot name: %w", err)
 	}
@@ -211,7 +211,7 @@ func CreateSlot(ctx context.Context, db DB, slot, by string, bound, failover boo
 
 // AdoptSlot records a new incarnation for a slot that exists without a
 // record (made by hand, or by an older tailer), beside an empty stream.
-func AdoptSlot(ctx context.Context, db DB, slot string) (Record, error) {
+func AdoptSlot(ctx context.Context, db SchemaConn, slot string) (Record, error) {
 	r := Record{Slot: slot, CreatedBy: "adopted by tailer run", Bound: true}
 	return r, saveRecord(ctx, db, &r)
 }
@@ -220,7 +220,7 @@ func AdoptSlot(ctx context.Context, db DB, slot string) (Record, error) {
 // incarnation, pending until FinishResync. It is written before the old
 // slot is dropped, so that a resync that dies half way leaves a record
 // that says so. cutover, when set, is the collector's being adopted.
-func BeginResync(ctx context.Context, db DB, slot, by string, cutover *Cutover) (Record, error) {
+func BeginResync(ctx context.Context, db SchemaConn, slot, by string, cutover *Cutover) (Record, error) {
 	r := Record{Slot: slot, CreatedBy: by, ResyncPending: true, Cutover: cutover}
 	return r, saveRecord(ctx, db, &r)
 }
@@ -229,7 +229,7 @@ func BeginResync(ctx context.Context, db DB, slot, by string, cutover *Cutover) 
 // snapshot is on stream, whose last sequence is now streamSeq. It fails
 // when the record names another incarnation: a resync that lost its lease
 // has been superseded, and must not say the slot is ready.
-func FinishResync(ctx context.Context, db DB, r *Record, cp pglogrepl.LSN, stream StreamIdentity, streamSeq uint64) error {
+func FinishResync(ctx context.Context, db SchemaConn, r *Record, cp pglogrepl.LSN, stream StreamIdentity, streamSeq uint64) error {
 	tag, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET resync_pending = false, consistent_point = $3::pg_lsn, stream_seq = $4, stream_name = $5, stream_created = $6
 		WHERE slot = $1 AND incarnation = $2 AND resync_pending`, r.Slot, r.Incarnation, cp.String(), int64(streamSeq), stream.Name, stream.Created)
 	if err != nil {
@@ -251,7 +251,7 @@ type StreamIdentity struct {
 
 // SetStream records the stream r's incarnation publishes to. The caller
 // holds the lease.
-func SetStream(ctx context.Context, db DB, r *Record, stream StreamIdentity) error {
+func SetStream(ctx context.Context, db SchemaConn, r *Record, stream StreamIdentity) error {
 	// An anchor names a message of the stream it was found on.
 	_, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET stream_name = $3, stream_created = $4,
 			anchor_seq = CASE WHEN stream_name = $3 THEN anchor_seq END, anchor_mark = CASE WHEN stream_name = $3 THEN anchor_mark END
@@ -270,7 +270,7 @@ func SetStream(ctx context.Context, db DB, r *Record, stream StreamIdentity) err
 // SetAnchor records, for slot's incarnation, the newest batch it found on
 // its stream: at seq, with mark. A resync since (another incarnation)
 // leaves the record as it is; an older anchor never replaces a newer one.
-func SetAnchor(ctx context.Context, db DB, slot, incarnation string, seq uint64, mark string) error {
+func SetAnchor(ctx context.Context, db SchemaConn, slot, incarnation string, seq uint64, mark string) error {
 	_, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET anchor_seq = $3, anchor_mark = $4
 		WHERE slot = $1 AND incarnation = $2 AND coalesce(anchor_seq, 0) < $3`, slot, incarnation, int64(seq), mark)
 	if err != nil {
@@ -282,7 +282,7 @@ func SetAnchor(ctx context.Context, db DB, slot, incarnation string, seq uint64,
 // Bind records that incarnation r owns the stream from streamSeq on (the
 // stream's last sequence when it first looked, with nothing of an earlier
 // slot on it).
-func Bind(ctx context.Context, db DB, r *Record, streamSeq uint64) error {
+func Bind(ctx context.Context, db SchemaConn, r *Record, streamSeq uint64) error {
 	tag, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET stream_seq = $3 WHERE slot = $1 AND incarnation = $2 AND stream_seq IS NULL`,
 		r.Slot, r.Incarnation, int64(streamSeq))
 	if err != nil {
@@ -299,7 +299,7 @@ func Bind(ctx context.Context, db DB, r *Record, streamSeq uint64) error {
 // good: the publication could not carry them while the slot existed.
 // Only a resync's new incarnation clears it. Without a record there is
 // nothing to mark: no tailer has streamed from the slot.
-func SetResyncNeeded(ctx context.Context, db DB, slot string) error {
+func SetResyncNeeded(ctx context.Context, db SchemaConn, slot string) error {
 	_, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET resync_needed = true WHERE slot = $1 AND NOT resync_needed`, slot)
 	var pgErr *pgconn.PgError
 	switch {
@@ -316,7 +316,7 @@ func SetResyncNeeded(ctx context.Context, db DB, slot string) error {
 // SetBlocked records why tailer run waits for the operator (empty: it no
 // longer does), for tailer status. The caller holds the lease. A slot
 // without a record has nowhere to say it: /readyz and the log still do.
-func SetBlocked(ctx context.Context, db DB, slot, why string) error {
+func SetBlocked(ctx context.Context, db SchemaConn, slot, why string) error {
 	_, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET blocked = nullif($2, ''), blocked_at = CASE WHEN $2 = '' THEN NULL ELSE now() END
 		WHERE slot = $1 AND coalesce(blocked, '') <> $2`, slot, why)
 	if err != nil {
@@ -328,7 +328,7 @@ func SetBlocked(ctx context.Context, db DB, slot, why string) error {
 // SetStopped records where the stream stood when tailer run stopped
 // cleanly: its last sequence and that message's mark (seq 0 clears it, as
 // every session does at its start). The caller holds the lease.
-func SetStopped(ctx context.Context, db DB, r *Record, seq uint64, mark string) error {
+func SetStopped(ctx context.Context, db SchemaConn, r *Record, seq uint64, mark string) error {
 	var s *int64
 	var m *string
 	if seq != 0 {

@@ -26,10 +26,10 @@ func TestRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bare.Close(ctx)
-	if _, err := LoadRecord(ctx, DB{Querier: bare, Schema: "public"}, "s"); !errors.Is(err, ErrNoRecordTable) {
+	if _, err := LoadRecord(ctx, SchemaConn{Querier: bare, Schema: "public"}, "s"); !errors.Is(err, ErrNoRecordTable) {
 		t.Fatalf("LoadRecord without the table: %v", err)
 	}
-	if err := SetResyncNeeded(ctx, DB{Querier: bare, Schema: "public"}, "s"); err != nil {
+	if err := SetResyncNeeded(ctx, SchemaConn{Querier: bare, Schema: "public"}, "s"); err != nil {
 		t.Fatalf("SetResyncNeeded without the table (nothing to mark): %v", err)
 	}
 	// The table as migration 5 made it, before resync_needed.
@@ -38,69 +38,69 @@ func TestRecord(t *testing.T) {
 		legacy boolean NOT NULL DEFAULT false, collector_last_seq bigint, collector_cutover bigint, blocked text, blocked_at timestamptz)`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := LoadRecord(ctx, DB{Querier: bare, Schema: "public"}, "s"); !errors.Is(err, ErrOldRecordTable) {
+	if _, err := LoadRecord(ctx, SchemaConn{Querier: bare, Schema: "public"}, "s"); !errors.Is(err, ErrOldRecordTable) {
 		t.Fatalf("LoadRecord from a schema before resync_needed: %v", err)
 	}
-	if err := SetResyncNeeded(ctx, DB{Querier: bare, Schema: "public"}, "s"); !errors.Is(err, ErrOldRecordTable) {
+	if err := SetResyncNeeded(ctx, SchemaConn{Querier: bare, Schema: "public"}, "s"); !errors.Is(err, ErrOldRecordTable) {
 		t.Fatalf("SetResyncNeeded on a schema before resync_needed: %v", err)
 	}
 
 	db := tailertest.NewDB(t, pgtest.Shared(t))
-	if r, err := LoadRecord(ctx, DB{Querier: db.Conn, Schema: "public"}, "s"); err != nil || r.Exists {
+	if r, err := LoadRecord(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s"); err != nil || r.Exists {
 		t.Fatalf("LoadRecord of a slot never made = %+v, %v", r, err)
 	}
-	made, err := CreateSlot(ctx, DB{Querier: db.Conn, Schema: "public"}, "s", "tailer migrate", false, false)
+	made, err := CreateSlot(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s", "tailer migrate", false, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := LoadRecord(ctx, DB{Querier: db.Conn, Schema: "public"}, "s")
+	r, err := LoadRecord(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s")
 	if err != nil || !r.Exists || r.Incarnation != made.Incarnation || r.Bound || r.ResyncPending || r.CreatedBy != "tailer migrate" || r.Legacy {
 		t.Fatalf("after CreateSlot: %+v, %v", r, err)
 	}
-	if err := Bind(ctx, DB{Querier: db.Conn, Schema: "public"}, &r, 0); err != nil || !r.Bound {
+	if err := Bind(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, &r, 0); err != nil || !r.Bound {
 		t.Fatalf("Bind = %v", err)
 	}
-	if err := Bind(ctx, DB{Querier: db.Conn, Schema: "public"}, &r, 5); err == nil {
+	if err := Bind(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, &r, 5); err == nil {
 		t.Fatal("a bound record was bound again")
 	}
-	if err := SetResyncNeeded(ctx, DB{Querier: db.Conn, Schema: "public"}, "s"); err != nil {
+	if err := SetResyncNeeded(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s"); err != nil {
 		t.Fatal(err)
 	}
-	if r, err = LoadRecord(ctx, DB{Querier: db.Conn, Schema: "public"}, "s"); err != nil || !r.ResyncNeeded {
+	if r, err = LoadRecord(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s"); err != nil || !r.ResyncNeeded {
 		t.Fatalf("after SetResyncNeeded: %+v, %v", r, err)
 	}
 
 	cut := &Cutover{LastSeq: 42, At: 1700000000}
-	a, err := BeginResync(ctx, DB{Querier: db.Conn, Schema: "public"}, "s", "tailer resync", cut)
+	a, err := BeginResync(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s", "tailer resync", cut)
 	if err != nil || a.Incarnation == made.Incarnation || !a.ResyncPending {
 		t.Fatalf("BeginResync = %+v, %v", a, err)
 	}
-	if r, err = LoadRecord(ctx, DB{Querier: db.Conn, Schema: "public"}, "s"); err != nil || r.ResyncNeeded {
+	if r, err = LoadRecord(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s"); err != nil || r.ResyncNeeded {
 		t.Fatalf("a resync's new incarnation still needs a resync: %+v, %v", r, err)
 	}
 	// A second resync takes the record over; the first cannot finish.
-	b, err := BeginResync(ctx, DB{Querier: db.Conn, Schema: "public"}, "s", "tailer resync", nil)
+	b, err := BeginResync(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s", "tailer resync", nil)
 	if err != nil || b.Cutover == nil || *b.Cutover != *cut {
 		t.Fatalf("BeginResync without a cutover kept %+v, %v; want the collector's", b.Cutover, err)
 	}
-	if err := FinishResync(ctx, DB{Querier: db.Conn, Schema: "public"}, &a, 0x1000, StreamIdentity{Name: "S", Created: "t"}, 7); err == nil {
+	if err := FinishResync(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, &a, 0x1000, StreamIdentity{Name: "S", Created: "t"}, 7); err == nil {
 		t.Fatal("a superseded resync finished")
 	}
-	if err := FinishResync(ctx, DB{Querier: db.Conn, Schema: "public"}, &b, 0x1000, StreamIdentity{Name: "S", Created: "t"}, 7); err != nil {
+	if err := FinishResync(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, &b, 0x1000, StreamIdentity{Name: "S", Created: "t"}, 7); err != nil {
 		t.Fatal(err)
 	}
-	r, err = LoadRecord(ctx, DB{Querier: db.Conn, Schema: "public"}, "s")
+	r, err = LoadRecord(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s")
 	if err != nil || r.Incarnation != b.Incarnation || r.ResyncPending || !r.Bound || r.StreamSeq != 7 || r.ConsistentPoint != 0x1000 ||
 		r.Cutover == nil || *r.Cutover != *cut || r.StreamName != "S" || r.StreamCreated != "t" {
 		t.Fatalf("after FinishResync: %+v, %v", r, err)
 	}
-	if err := FinishResync(ctx, DB{Querier: db.Conn, Schema: "public"}, &b, 0x1000, StreamIdentity{Name: "S", Created: "t"}, 7); err == nil {
+	if err := FinishResync(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, &b, 0x1000, StreamIdentity{Name: "S", Created: "t"}, 7); err == nil {
 		t.Fatal("a finished resync finished again")
 	}
-	if err := SetStream(ctx, DB{Querier: db.Conn, Schema: "public"}, &b, StreamIdentity{Name: "S2", Created: "t2"}); err != nil {
+	if err := SetStream(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, &b, StreamIdentity{Name: "S2", Created: "t2"}); err != nil {
 		t.Fatal(err)
 	}
-	if r, err = LoadRecord(ctx, DB{Querier: db.Conn, Schema: "public"}, "s"); err != nil || r.StreamName != "S2" || r.StreamCreated != "t2" {
+	if r, err = LoadRecord(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s"); err != nil || r.StreamName != "S2" || r.StreamCreated != "t2" {
 		t.Fatalf("after SetStream: %+v, %v", r, err)
 	}
 }
@@ -112,16 +112,16 @@ func TestRecordAnchor(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	db := tailertest.NewDB(t, pgtest.Shared(t))
-	r, err := CreateSlot(ctx, DB{Querier: db.Conn, Schema: "public"}, "s", "tailer migrate", false, false)
+	r, err := CreateSlot(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s", "tailer migrate", false, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := SetStream(ctx, DB{Querier: db.Conn, Schema: "public"}, &r, StreamIdentity{Name: "S", Created: "t"}); err != nil {
+	if err := SetStream(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, &r, StreamIdentity{Name: "S", Created: "t"}); err != nil {
 		t.Fatal(err)
 	}
 	anchor := func(want uint64, mark string) {
 		t.Helper()
-		got, err := LoadRecord(ctx, DB{Querier: db.Conn, Schema: "public"}, "s")
+		got, err := LoadRecord(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s")
 		if err != nil || got.AnchorSeq != want || got.AnchorMark != mark {
 			t.Fatalf("anchor %d %q (%v), want %d %q", got.AnchorSeq, got.AnchorMark, err, want, mark)
 		}
@@ -132,24 +132,24 @@ func TestRecordAnchor(t *testing.T) {
 		seq         uint64
 		mark        string
 	}{{r.Incarnation, 10, "id:a"}, {r.Incarnation, 5, "id:older"}, {"another", 20, "id:another"}} {
-		if err := SetAnchor(ctx, DB{Querier: db.Conn, Schema: "public"}, "s", a.incarnation, a.seq, a.mark); err != nil {
+		if err := SetAnchor(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s", a.incarnation, a.seq, a.mark); err != nil {
 			t.Fatal(err)
 		}
 	}
 	anchor(10, "id:a")
-	if err := SetStream(ctx, DB{Querier: db.Conn, Schema: "public"}, &r, StreamIdentity{Name: "S", Created: "another replica's time"}); err != nil {
+	if err := SetStream(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, &r, StreamIdentity{Name: "S", Created: "another replica's time"}); err != nil {
 		t.Fatal(err)
 	}
 	anchor(10, "id:a")
-	if err := SetStream(ctx, DB{Querier: db.Conn, Schema: "public"}, &r, StreamIdentity{Name: "OTHER", Created: "t"}); err != nil || r.AnchorSeq != 0 {
+	if err := SetStream(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, &r, StreamIdentity{Name: "OTHER", Created: "t"}); err != nil || r.AnchorSeq != 0 {
 		t.Fatalf("SetStream of another name kept the anchor %d (%v)", r.AnchorSeq, err)
 	}
 	anchor(0, "")
-	if err := SetAnchor(ctx, DB{Querier: db.Conn, Schema: "public"}, "s", r.Incarnation, 12, "id:b"); err != nil {
+	if err := SetAnchor(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s", r.Incarnation, 12, "id:b"); err != nil {
 		t.Fatal(err)
 	}
 	anchor(12, "id:b")
-	if _, err := BeginResync(ctx, DB{Querier: db.Conn, Schema: "public"}, "s", "tailer resync", nil); err != nil {
+	if _, err := BeginResync(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s", "tailer resync", nil); err != nil {
 		t.Fatal(err)
 	}
 	anchor(0, "")

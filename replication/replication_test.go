@@ -49,14 +49,14 @@ func TestSlots(t *testing.T) {
 	tdb := tailertest.NewDB(t, pgtest.Shared(t))
 	url, db := tdb.URL, tdb.Conn
 
-	if _, err := CreateSlot(ctx, DB{Querier: db, Schema: "public"}, "bad-name", "test", false, false); err == nil {
+	if _, err := CreateSlot(ctx, SchemaConn{Querier: db, Schema: "public"}, "bad-name", "test", false, false); err == nil {
 		t.Fatal("CreateSlot accepted an invalid name")
 	}
-	rec, err := CreateSlot(ctx, DB{Querier: db, Schema: "public"}, "s1", "test", false, false)
+	rec, err := CreateSlot(ctx, SchemaConn{Querier: db, Schema: "public"}, "s1", "test", false, false)
 	if err != nil || !rec.Exists || rec.Incarnation == "" || rec.Bound {
 		t.Fatalf("CreateSlot = %+v, %v", rec, err)
 	}
-	if _, err := CreateSlot(ctx, DB{Querier: db, Schema: "public"}, "s1", "test", false, false); err == nil {
+	if _, err := CreateSlot(ctx, SchemaConn{Querier: db, Schema: "public"}, "s1", "test", false, false); err == nil {
 		t.Fatal("CreateSlot made an existing slot again")
 	}
 	if _, err := db.Exec(ctx, `SELECT pg_create_logical_replication_slot('other_plugin', 'test_decoding')`); err != nil {
@@ -199,7 +199,7 @@ func TestSilentConnectionIsGivenUp(t *testing.T) {
 	defer cancel()
 	tdb := tailertest.NewDB(t, pgtest.Shared(t))
 	url, db := tdb.URL, tdb.Conn
-	if _, err := CreateSlot(ctx, DB{Querier: db, Schema: "public"}, "silent", "test", false, false); err != nil {
+	if _, err := CreateSlot(ctx, SchemaConn{Querier: db, Schema: "public"}, "silent", "test", false, false); err != nil {
 		t.Fatal(err)
 	}
 	slot, err := Slot(ctx, db, "silent")
@@ -261,7 +261,7 @@ func TestStoppedStreamLeavesItsPositionOnTheSlot(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	tdb := tailertest.NewDB(t, pgtest.Shared(t))
-	if _, err := CreateSlot(ctx, DB{Querier: tdb.Conn, Schema: "public"}, "stopping", "test", false, false); err != nil {
+	if _, err := CreateSlot(ctx, SchemaConn{Querier: tdb.Conn, Schema: "public"}, "stopping", "test", false, false); err != nil {
 		t.Fatal(err)
 	}
 	tdb.Exec(`INSERT INTO accounts (email, login) VALUES ('stop@x', 'stop')`)

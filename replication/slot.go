@@ -99,17 +99,17 @@ type Querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// DB is a connection to the mailroom database with the schema
+// SchemaConn is a connection to the mailroom database with the schema
 // (MAILROOM_SCHEMA) of the tables the tailer reads and keeps there: the
 // slots' records (tailer_slot) and the functions of its migrations are
 // named through it, never found by the search_path (package pgname).
-type DB struct {
+type SchemaConn struct {
 	Querier
 	Schema pgname.Schema
 }
 
 // slots is the table of the slots' records.
-func (db DB) slots() string { return db.Schema.Name("tailer_slot") }
+func (db SchemaConn) slots() string { return db.Schema.Name("tailer_slot") }
 
 // Slot looks up a slot by name.
 func Slot(ctx context.Context, q Querier, name string) (SlotInfo, error) {

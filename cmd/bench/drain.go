@@ -236,7 +236,7 @@ func prepare(ctx context.Context, url string, slots []string, n, perTx int) erro
 	}
 	defer conn.Close(ctx)
 	for _, s := range slots {
-		if _, err := replication.CreateSlot(ctx, replication.DB{Querier: conn, Schema: pgname.Public}, slotName(s, n), "tailer bench", false, false); err != nil {
+		if _, err := replication.CreateSlot(ctx, replication.SchemaConn{Querier: conn, Schema: pgname.Public}, slotName(s, n), "tailer bench", false, false); err != nil {
 			return err
 		}
 	}

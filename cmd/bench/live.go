@@ -166,7 +166,7 @@ func liveSetup(ctx context.Context, o options, url string, discard bool) (*pgxpo
 	if discard {
 		slot += "_discard"
 	}
-	if _, err := replication.CreateSlot(ctx, replication.DB{Querier: pool, Schema: pgname.Public}, slot, "tailer bench", false, false); err != nil {
+	if _, err := replication.CreateSlot(ctx, replication.SchemaConn{Querier: pool, Schema: pgname.Public}, slot, "tailer bench", false, false); err != nil {
 		pool.Close()
 		return nil, "", err
 	}

@@ -91,7 +91,7 @@ type cluster struct {
 func newCluster(t *testing.T, pg *pgtest.Server, limit int, timeout time.Duration) *cluster {
 	t.Helper()
 	c := newClusterWithoutSlot(t, pg, limit, timeout)
-	if _, err := replication.CreateSlot(c.ctx, replication.DB{Querier: c.Conn, Schema: "public"}, "mailroom", "tailer migrate", false, false); err != nil {
+	if _, err := replication.CreateSlot(c.ctx, replication.SchemaConn{Querier: c.Conn, Schema: "public"}, "mailroom", "tailer migrate", false, false); err != nil {
 		t.Fatal(err)
 	}
 	return c

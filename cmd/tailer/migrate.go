@@ -100,7 +100,7 @@ func migrate(ctx context.Context, cfg *config.Config, direction string, stderr i
 	if !ok {
 		return code
 	}
-	if err := replication.SetPublication(ctx, cfg.DB(conn), cfg.Slot, cfg.Publication); err != nil {
+	if err := replication.SetPublication(ctx, cfg.InSchema(conn), cfg.Slot, cfg.Publication); err != nil {
 		log.Error("migrate", "err", err)
 		return exitFailure
 	}
@@ -134,7 +134,7 @@ func migrateDown(ctx context.Context, cfg *config.Config, conn *pgx.Conn, log *s
 // collector's database is adopted, or a resync is to be finished) and
 // checks the one there. ok false: the command ends with code.
 func ensureSlot(ctx context.Context, cfg *config.Config, conn *pgx.Conn, log *slog.Logger, stderr io.Writer) (created bool, code int, ok bool) {
-	if ready, err := slotInPlace(ctx, cfg.DB(conn), cfg.Slot); err != nil {
+	if ready, err := slotInPlace(ctx, cfg.InSchema(conn), cfg.Slot); err != nil {
 		log.Error("migrate", "err", err)
 		return false, exitFailure, false
 	} else if ready {
@@ -148,12 +148,12 @@ func ensureSlot(ctx context.Context, cfg *config.Config, conn *pgx.Conn, log *sl
 		return false, exitFailure, false
 	}
 	defer lease.Release()
-	rec, err := replication.LoadRecord(ctx, cfg.DB(conn), cfg.Slot)
+	rec, err := replication.LoadRecord(ctx, cfg.InSchema(conn), cfg.Slot)
 	if err != nil {
 		log.Error("migrate", "err", err)
 		return false, exitFailure, false
 	}
-	cutover, err := resync.CollectorCursor(ctx, cfg.DB(conn))
+	cutover, err := resync.CollectorCursor(ctx, cfg.InSchema(conn))
 	if err != nil {
 		log.Error("migrate", "err", err)
 		return false, exitFailure, false
@@ -203,7 +203,7 @@ func ensureSlot(ctx context.Context, cfg *config.Config, conn *pgx.Conn, log *sl
 		fmt.Fprintf(stderr, "tailer migrate: %v\n", err)
 		return false, exitConfig, false
 	}
-	if _, err := replication.CreateSlot(ctx, cfg.DB(conn), cfg.Slot, "tailer migrate", false, failover); err != nil {
+	if _, err := replication.CreateSlot(ctx, cfg.InSchema(conn), cfg.Slot, "tailer migrate", false, failover); err != nil {
 		log.Error("migrate", "err", err)
 		return false, exitFailure, false
 	}
@@ -217,7 +217,7 @@ const leaseWait = 10 * time.Second
 
 // slotInPlace reports whether the slot exists, no resync of it unfinished,
 // and fit to stream from (an error says why not).
-func slotInPlace(ctx context.Context, db replication.DB, name string) (bool, error) {
+func slotInPlace(ctx context.Context, db replication.SchemaConn, name string) (bool, error) {
 	conn := db.Querier
 	slot, err := replication.Slot(ctx, conn, name)
 	if errors.Is(err, replication.ErrNoSlot) {

@@ -181,7 +181,7 @@ func TestResyncRefusedWhileRunStreams(t *testing.T) {
 	p := c.tailer()
 	p.waitLog("msg=streaming", 1, 30*time.Second)
 	w := c.startWriter(3, 10*time.Millisecond)
-	before, err := replication.LoadRecord(c.ctx, replication.DB{Querier: c.Conn, Schema: "public"}, "mailroom")
+	before, err := replication.LoadRecord(c.ctx, replication.SchemaConn{Querier: c.Conn, Schema: "public"}, "mailroom")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +193,7 @@ func TestResyncRefusedWhileRunStreams(t *testing.T) {
 			t.Fatalf("resync while tailer run streams: exit %d:\n%s", code, out)
 		}
 	}
-	after, err := replication.LoadRecord(c.ctx, replication.DB{Querier: c.Conn, Schema: "public"}, "mailroom")
+	after, err := replication.LoadRecord(c.ctx, replication.SchemaConn{Querier: c.Conn, Schema: "public"}, "mailroom")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -250,7 +250,7 @@ func TestUnknownActionStopsTheTailer(t *testing.T) {
 	c.accounts("before", 5)
 	c.expectExactlyOnce(30 * time.Second)
 	c.Exec(`ALTER TYPE token_action ADD VALUE 'magic_link'`)
-	p.blocked(c, "schema", `type token_action of tokens.action has value(s) magic_link that are no token action this tailer knows`)
+	p.blocked(c, "schema", `type public.token_action of tokens.action has value(s) magic_link that are no token action this tailer knows`)
 	c.Exec(`DELETE FROM pg_enum WHERE enumtypid = 'token_action'::regtype AND enumlabel = 'magic_link'`)
 	p.ready(c)
 	c.accounts("after", 5)

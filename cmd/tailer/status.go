@@ -147,7 +147,7 @@ func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error
 		LagBytes: slot.LagBytes(), RetainedBytes: slot.RetainedBytes(), Stream: cfg.Stream, MaxLagBytes: cfg.MaxLag,
 	}
 	rep.WALStatus, rep.Failover, rep.Synced = slot.WALStatus, slot.Failover, slot.Synced
-	if through, ok, err := replication.ConfirmedThrough(ctx, cfg.DB(conn), cfg.Slot); err != nil {
+	if through, ok, err := replication.ConfirmedThrough(ctx, cfg.InSchema(conn), cfg.Slot); err != nil {
 		return statusReport{}, err
 	} else if ok {
 		lag := max(time.Since(through), 0).Seconds()
@@ -164,7 +164,7 @@ func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error
 	} else if held {
 		rep.Owner = h.String()
 	}
-	rec, err := replication.LoadRecord(ctx, cfg.DB(conn), cfg.Slot)
+	rec, err := replication.LoadRecord(ctx, cfg.InSchema(conn), cfg.Slot)
 	if err != nil {
 		return statusReport{}, err
 	}
@@ -178,7 +178,7 @@ func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error
 	if rep.PublicationGuard, err = replication.GuardInstalled(ctx, conn); err != nil {
 		return statusReport{}, err
 	}
-	for _, err := range []error{join.CheckSchema(ctx, conn, cfg.Schema), replication.CheckPublication(ctx, cfg.DB(conn), cfg.Publication)} {
+	for _, err := range []error{join.CheckSchema(ctx, conn, cfg.Schema), replication.CheckPublication(ctx, cfg.InSchema(conn), cfg.Publication)} {
 		var pubErr *replication.PublicationError
 		switch {
 		case errors.As(err, &pubErr):

@@ -84,9 +84,9 @@ type Config struct {
 	SlotFailover string
 }
 
-// DB is q in the schema of the tailer's tables (MAILROOM_SCHEMA).
-func (c *Config) DB(q replication.Querier) replication.DB {
-	return replication.DB{Querier: q, Schema: c.Schema}
+// InSchema is q in the schema of the tailer's tables (MAILROOM_SCHEMA).
+func (c *Config) InSchema(q replication.Querier) replication.SchemaConn {
+	return replication.SchemaConn{Querier: q, Schema: c.Schema}
 }
 
 // Cmd is a set of commands: the ones a setting applies to.

@@ -70,7 +70,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	db := tailertest.NewDB(t, pgtest.Shared(t))
-	if _, err := replication.CreateSlot(ctx, replication.DB{Querier: db.Conn, Schema: "public"}, "mailroom", "tailer migrate", false, false); err != nil {
+	if _, err := replication.CreateSlot(ctx, replication.SchemaConn{Querier: db.Conn, Schema: "public"}, "mailroom", "tailer migrate", false, false); err != nil {
 		t.Fatal(err)
 	}
 	var srv *server.Server

@@ -771,4 +771,4 @@ func connectQuery(ctx context.Context, url string) (*pgx.Conn, error) {
 }
 
 // db is q in the schema of the tailer's tables.
-func (d *Daemon) db(q replication.Querier) replication.DB { return d.cfg.DB(q) }
+func (d *Daemon) db(q replication.Querier) replication.SchemaConn { return d.cfg.InSchema(q) }

@@ -111,7 +111,7 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 		return rep, err
 	}
 	defer q.Close(context.Background())
-	db := replication.DB{Querier: q, Schema: opts.Schema}
+	db := replication.SchemaConn{Querier: q, Schema: opts.Schema}
 	rec, failover, err := begin(ctx, db, opts, &rep)
 	if err != nil {
 		return rep, err
@@ -162,7 +162,7 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 
 // begin refuses what the server cannot do before anything changes, then
 // drops the slot and records the new incarnation's resync as pending.
-func begin(ctx context.Context, db replication.DB, opts Options, rep *Report) (replication.Record, bool, error) {
+func begin(ctx context.Context, db replication.SchemaConn, opts Options, rep *Report) (replication.Record, bool, error) {
 	q := db.Querier
 	major, err := replication.ServerMajor(ctx, q)
 	if err != nil {
@@ -451,7 +451,7 @@ func snapshotTx(ctx context.Context, conn *pgx.Conn, snap replication.Snapshot) 
 // CollectorCursor returns where mailroom's collector stopped (jobs.last_seq
 // of job_type 'mailroom' in db's schema, with the database's clock as the
 // cutover time), or nil in a database without one.
-func CollectorCursor(ctx context.Context, db replication.DB) (*replication.Cutover, error) {
+func CollectorCursor(ctx context.Context, db replication.SchemaConn) (*replication.Cutover, error) {
 	var (
 		seq *int64
 		now int64

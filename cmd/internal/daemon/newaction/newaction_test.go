@@ -51,7 +51,7 @@ func TestANewActionEndToEnd(t *testing.T) {
 	defer cancel()
 	db := tailertest.NewDB(t, pgtest.Shared(t))
 	db.Exec(`ALTER TYPE token_action ADD VALUE 'magic_link'`)
-	if _, err := replication.CreateSlot(ctx, replication.DB{Querier: db.Conn, Schema: "public"}, "mailroom", "tailer migrate", false, false); err != nil {
+	if _, err := replication.CreateSlot(ctx, replication.SchemaConn{Querier: db.Conn, Schema: "public"}, "mailroom", "tailer migrate", false, false); err != nil {
 		t.Fatal(err)
 	}
 	srv, err := embedded.Start(t.TempDir(), "127.0.0.1:0")
