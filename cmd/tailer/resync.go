@@ -60,7 +60,7 @@ func runResync(ctx context.Context, cfg *config.Config, log *slog.Logger, lease 
 		return resync.Report{}, err
 	}
 	opts.Cutover = cutover
-	nc, shutdown, err := natsconn.Connect(cfg, log, natsconn.Share, nats.Name("tailer resync"))
+	nc, _, shutdown, err := natsconn.Connect(cfg, log, natsconn.Share, nats.Name("tailer resync"))
 	if err != nil {
 		return resync.Report{}, err
 	}

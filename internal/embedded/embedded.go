@@ -24,11 +24,24 @@ func SyncInterval(d time.Duration) Option {
 	}
 }
 
+// maxStore is no limit at all: a pebibyte.
+const maxStore = 1 << 50
+
 // Start runs a JetStream-enabled NATS server storing under dir and listening
 // on listen (host:port; port 0 picks a free one). Other clients can connect
 // to its ClientURL. By default the store is synced to disk before every
 // acknowledgement.
 func Start(dir, listen string, opts ...Option) (*server.Server, error) {
+	st, err := StartStore(dir, listen, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return st.srv, nil
+}
+
+// StartStore is Start, returning the server's Store: what keeps it from
+// taking messages, and JetStream turned on again once the disk has room.
+func StartStore(dir, listen string, opts ...Option) (*Store, error) {
 	host, portStr, err := net.SplitHostPort(listen)
 	if err != nil {
 		return nil, fmt.Errorf("embedded NATS listen address %q: %w", listen, err)
@@ -51,8 +64,14 @@ func Start(dir, listen string, opts ...Option) (*server.Server, error) {
 		// host crash loses what the slot no longer holds. The server's
 		// default syncs every two minutes.
 		SyncAlways: true,
-		NoSigs:     true,
-		NoLog:      true,
+		// The store's limit is its filesystem's: left unset, the server
+		// takes three quarters of the space free at its start as its
+		// limit for good, and a store started on a nearly full disk
+		// refuses every message ("insufficient resources") after the
+		// disk is grown too (issue 62).
+		JetStreamMaxStore: maxStore,
+		NoSigs:            true,
+		NoLog:             true,
 	}
 	for _, opt := range opts {
 		opt(o)
@@ -66,5 +85,8 @@ func Start(dir, listen string, opts ...Option) (*server.Server, error) {
 		s.Shutdown()
 		return nil, fmt.Errorf("embedded NATS on %s did not become ready", listen)
 	}
-	return s, nil
+	return &Store{srv: s, dir: dir, js: server.JetStreamConfig{
+		StoreDir: o.StoreDir, SyncInterval: o.SyncInterval, SyncAlways: o.SyncAlways,
+		MaxStore: o.JetStreamMaxStore, Strict: !o.NoJetStreamStrict, CompressOK: true,
+	}}, nil
 }

@@ -128,3 +128,20 @@ func syncHelper(dir, interval string) error {
 	}
 	return nil
 }
+
+// The store's limit is its filesystem's, not three quarters of what was
+// free when the server started: a store started on a nearly full disk
+// would refuse every message for good, the disk grown or not.
+func TestStoreLimitIsTheDisks(t *testing.T) {
+	st, err := StartStore(t.TempDir(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Server().Shutdown()
+	if got := st.Server().JetStreamConfig().MaxStore; got != maxStore {
+		t.Fatalf("JetStream's max store is %d, want %d (no limit of its own)", got, maxStore)
+	}
+	if p := st.Problem(); p != "" {
+		t.Fatalf("a fresh store's problem: %s", p)
+	}
+}

@@ -97,6 +97,11 @@ type Daemon struct {
 	// (recordAnchor); anchorSaid: a failure to keep it was said.
 	anchorRecorded atomic.Uint64
 	anchorSaid     atomic.Bool
+	// denied is the last publish the NATS server denied the tailer's
+	// user; storeProblem what keeps the embedded server's store from
+	// taking messages (nil: nothing). See natscause.go.
+	denied       atomic.Pointer[denial]
+	storeProblem atomic.Pointer[string]
 	// anchored is what the last session acknowledged on the stream, for
 	// the next session of the same incarnation and stream to judge the
 	// stream by (publish.Anchors). Sessions run one after the other.
@@ -154,8 +159,9 @@ func (d *Daemon) streamed() bool {
 // the current session; a new one starts after a capped backoff and resumes
 // from the slot. Run returns nil after a graceful stop.
 func (d *Daemon) Run(ctx context.Context) error {
-	nc, shutdown, err := natsconn.Connect(d.cfg, d.log, natsconn.Own,
+	nc, store, shutdown, err := natsconn.Connect(d.cfg, d.log, natsconn.Own,
 		nats.Name("tailer"),
+		nats.ErrorHandler(d.natsError),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(500*time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -173,6 +179,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	defer shutdown()
 	d.nc.Store(nc)
+	go d.watchStore(ctx, store)
 	go d.sampleSlot(ctx)
 	if d.cfg.HeartbeatInterval > 0 {
 		go d.heartbeat(ctx)
@@ -324,7 +331,11 @@ func (d *Daemon) judgeRetry(err error, delay, minDelay time.Duration, r *retry) 
 			d.metrics.setBlocked(blocked.reason)
 		}
 		if msg := err.Error(); msg != r.blockedSaid {
-			d.log.Error("replication slot cannot be streamed from", "err", err)
+			if blocked != nil && blocked.reason == blockedNATS {
+				d.log.Error("NATS stores no batches: the tailer confirms nothing and goes on by itself once it does", "err", err)
+			} else {
+				d.log.Error("replication slot cannot be streamed from", "err", err)
+			}
 			r.blockedSaid = msg
 		}
 		r.standingBy = false

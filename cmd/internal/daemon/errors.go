@@ -53,9 +53,13 @@ const (
 	blockedSchema      = "schema"
 	blockedPublication = "publication"
 	blockedStream      = "stream"
+	// blockedNATS: NATS takes no batches until the operator acts (its
+	// store full, the tailer's user denied); the tailer goes on by itself
+	// once it does.
+	blockedNATS = "nats"
 )
 
-var blockedReasons = []string{blockedResync, blockedSchema, blockedPublication, blockedStream}
+var blockedReasons = []string{blockedResync, blockedSchema, blockedPublication, blockedStream, blockedNATS}
 
 func (e *blockedError) Error() string { return e.msg }
 

@@ -163,7 +163,7 @@ func (m *Metrics) slotMetrics() {
 		Name: "tailer_slot_invalidated", Help: "1 when the slot is lost (wal_status lost): WAL it needed was removed and its tokens cannot be read.",
 	})
 	m.blocked = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "tailer_blocked", Help: "1 while the tailer waits for the operator, by reason: resync (tailer resync is the way out), schema (a table or column it reads changed), publication (it does not carry token inserts).",
+		Name: "tailer_blocked", Help: "1 while the tailer waits for the operator, by reason: resync (tailer resync is the way out), schema (a table or column it reads changed), publication (it does not carry token inserts), stream (the stream lost what it acknowledged, or is another's), nats (NATS stores nothing: its store full, the tailer's user denied).",
 	}, []string{"reason"})
 	m.slotHeld = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "tailer_slot_held", Help: "1 while this instance streams from the slot, 0 while it stands by or reconnects.",

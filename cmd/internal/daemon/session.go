@@ -32,11 +32,24 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) error {
 	}
 	defer s.close()
 	c, err := d.claim(ctx, s)
-	if err != nil {
+	if err == nil {
+		defer c.pub.Close()
+		err = d.stream(ctx, s, c)
+	}
+	return d.natsBlocked(ctx, s, err)
+}
+
+// natsBlocked turns a session's end on NATS into a refusal when the
+// operator must act for NATS to store anything (natsCause).
+func (d *Daemon) natsBlocked(ctx context.Context, s *opened, err error) error {
+	var se *sessionError
+	if ctx.Err() != nil || !errors.As(err, &se) || se.target != targetNATS {
 		return err
 	}
-	defer c.pub.Close()
-	return d.stream(ctx, s, c)
+	if cause := d.natsCause(err, s.start); cause != "" {
+		return d.blockOn(ctx, s, &blockedError{reason: blockedNATS, msg: cause})
+	}
+	return err
 }
 
 // opened is a session's connections: the lease's, a query connection and
@@ -48,6 +61,8 @@ type opened struct {
 	rc     *pgconn.PgConn
 	origin publish.Origin
 	major  int
+	// start is when the session began.
+	start time.Time
 }
 
 func (s *opened) close() {
@@ -68,7 +83,7 @@ func (d *Daemon) open(ctx context.Context, nc *nats.Conn) (*opened, error) {
 	if err != nil {
 		return nil, pgErr(err)
 	}
-	s := &opened{nc: nc, lease: lease}
+	s := &opened{nc: nc, lease: lease, start: time.Now()}
 	fail := func(err error) (*opened, error) {
 		if s.rc != nil {
 			s.rc.Close(context.Background())

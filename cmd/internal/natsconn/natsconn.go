@@ -28,17 +28,20 @@ const (
 )
 
 // Connect connects to MAILROOM_NATS_URL, or to the embedded server (on
-// MAILROOM_DATA_DIR) when it is unset, as mode says. shutdown closes the
-// connection and stops the embedded server, if this process started it.
-func Connect(cfg *config.Config, log *slog.Logger, mode Mode, opts ...nats.Option) (nc *nats.Conn, shutdown func(), err error) {
+// MAILROOM_DATA_DIR) when it is unset, as mode says. store is the embedded
+// server's store when this process started it (nil otherwise); shutdown
+// closes the connection and stops that server.
+func Connect(cfg *config.Config, log *slog.Logger, mode Mode, opts ...nats.Option) (nc *nats.Conn, store *embedded.Store, shutdown func(), err error) {
 	natsURL := cfg.NATSURL
 	stop := func() {}
 	if natsURL == "" {
 		if url, ok := embedded.Running(cfg.DataDir); ok && mode == Share {
 			natsURL = url
 			log.Info("using the embedded NATS server of the tailer running on MAILROOM_DATA_DIR", "url", url, "data_dir", cfg.DataDir)
-		} else if natsURL, stop, err = startEmbedded(cfg, log); err != nil {
-			return nil, nil, err
+		} else if store, stop, err = startEmbedded(cfg, log); err != nil {
+			return nil, nil, nil, err
+		} else {
+			natsURL = store.Server().ClientURL()
 		}
 	}
 	all := []nats.Option{nats.Timeout(5 * time.Second)}
@@ -52,42 +55,43 @@ func Connect(cfg *config.Config, log *slog.Logger, mode Mode, opts ...nats.Optio
 			// Only a configured URL (or its credentials) can be wrong; the
 			// tailer gives up at startup so that a typo does not look like
 			// an outage.
-			return nil, nil, &config.Error{Var: "MAILROOM_NATS_URL", Err: fmt.Errorf("cannot connect to %s: %w", config.RedactURL(cfg.NATSURL), err)}
+			return nil, nil, nil, &config.Error{Var: "MAILROOM_NATS_URL", Err: fmt.Errorf("cannot connect to %s: %w", config.RedactURL(cfg.NATSURL), err)}
 		}
-		return nil, nil, fmt.Errorf("connect to NATS: %w", err)
+		return nil, nil, nil, fmt.Errorf("connect to NATS: %w", err)
 	}
-	return nc, func() { nc.Close(); stop() }, nil
+	return nc, store, func() { nc.Close(); stop() }, nil
 }
 
 // startEmbedded claims MAILROOM_DATA_DIR, checks that MAILROOM_NATS_LISTEN
 // is free (a port in use is said at once, not after the server's wait for
 // readiness), starts the server and says where it listens in the claim.
-func startEmbedded(cfg *config.Config, log *slog.Logger) (string, func(), error) {
+func startEmbedded(cfg *config.Config, log *slog.Logger) (*embedded.Store, func(), error) {
 	claim, err := embedded.ClaimDir(cfg.DataDir)
 	var inUse *embedded.InUseError
 	if errors.As(err, &inUse) {
-		return "", nil, &config.Error{Var: "MAILROOM_DATA_DIR", Err: fmt.Errorf("%w; stop that one, or give this one a directory of its own", err)}
+		return nil, nil, &config.Error{Var: "MAILROOM_DATA_DIR", Err: fmt.Errorf("%w; stop that one, or give this one a directory of its own", err)}
 	}
 	if err != nil {
-		return "", nil, &config.Error{Var: "MAILROOM_DATA_DIR", Err: err}
+		return nil, nil, &config.Error{Var: "MAILROOM_DATA_DIR", Err: err}
 	}
 	ln, err := net.Listen("tcp", cfg.NATSListen)
 	if err != nil {
 		claim.Release()
-		return "", nil, &config.Error{Var: "MAILROOM_NATS_LISTEN", Err: fmt.Errorf("%s cannot be listened on (%v): set a free address, or MAILROOM_NATS_URL to a running server", cfg.NATSListen, err)}
+		return nil, nil, &config.Error{Var: "MAILROOM_NATS_LISTEN", Err: fmt.Errorf("%s cannot be listened on (%v): set a free address, or MAILROOM_NATS_URL to a running server", cfg.NATSListen, err)}
 	}
 	ln.Close()
-	srv, err := embedded.Start(cfg.DataDir, cfg.NATSListen, embedded.SyncInterval(cfg.NATSSync))
+	store, err := embedded.StartStore(cfg.DataDir, cfg.NATSListen, embedded.SyncInterval(cfg.NATSSync))
 	if err != nil {
 		claim.Release()
-		return "", nil, err
+		return nil, nil, err
 	}
+	srv := store.Server()
 	url := srv.ClientURL()
 	if err := claim.Announce(url); err != nil {
 		log.Warn("cannot say in the data directory where the embedded server listens: tailer status, subscribe and resync will not find it", "data_dir", cfg.DataDir, "err", err)
 	}
 	log.Info("embedded NATS JetStream started", "url", url, "store", cfg.DataDir)
-	return url, func() { srv.Shutdown(); srv.WaitForShutdown(); claim.Release() }, nil
+	return store, func() { srv.Shutdown(); srv.WaitForShutdown(); claim.Release() }, nil
 }
 
 // URL is where a command that only connects (status, subscribe,
