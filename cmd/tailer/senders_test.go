@@ -17,8 +17,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
+	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -401,6 +405,42 @@ func TestHungSender(t *testing.T) {
 	if err := syscall.Kill(-pgid, 0); err != syscall.ESRCH {
 		out, _ := exec.Command("ps", "-o", "pid,pgid,args", "-g", strconv.Itoa(pgid)).CombinedOutput()
 		t.Fatalf("the sender's process group %d is still there after SIGTERM (%v):\n%s", pgid, err, out)
+	}
+}
+
+// A sender that takes the only line there is and never finishes it, no
+// other line waiting: stalled all the same, said on /readyz naming the
+// sender's process and in one ERROR, after --stall-timeout.
+func TestSenderHungOnItsOnlyLine(t *testing.T) {
+	t.Parallel()
+	c, _ := newSingleTokenMessages(t, 1, 1)
+	dir := t.TempDir()
+	pidfile := filepath.Join(dir, "pid")
+	port, _ := pgtest.FreePort()
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	p := c.execSubscriber(t, "hung1", fmt.Sprintf(`echo $$ > %s; read -r l; sleep 3600 & wait`, pidfile),
+		"--stall-timeout", "3s", "--stop-timeout", "2s", "--health-addr", addr)
+	var pgid int
+	tailertest.Eventually(t, 30*time.Second, func() error {
+		data, _ := os.ReadFile(pidfile)
+		if pgid, _ = strconv.Atoi(strings.TrimSpace(string(data))); pgid == 0 {
+			return fmt.Errorf("the sender has not started")
+		}
+		return nil
+	})
+	t.Cleanup(func() { syscall.Kill(-pgid, syscall.SIGKILL) })
+	start := time.Now()
+	tailertest.Eventually(t, 30*time.Second, func() error {
+		code, body := httpGet("http://" + addr + "/readyz")
+		if code != 503 || !strings.Contains(body, fmt.Sprintf("the sender (--exec, process group %d) has held lines", pgid)) {
+			return fmt.Errorf("/readyz: %d %s", code, body)
+		}
+		return nil
+	})
+	t.Logf("/readyz failed %s after the sender started (stall timeout 3s)", time.Since(start).Round(100*time.Millisecond))
+	p.waitLog("level=ERROR msg=\"the sender is stalled\"", 1, 15*time.Second)
+	if n := strings.Count(p.out.String(), "the sender is stalled"); n != 1 {
+		t.Fatalf("the stall said %d times:\n%s", n, p.out.String())
 	}
 }
 
@@ -810,4 +850,70 @@ func killSenders(t *testing.T, pidfile string, last, n int, group bool) int {
 		last = pid
 	}
 	return last
+}
+
+// A sender slower than the pinned TTL and the ack wait, at the defaults
+// (issue 62: a sender taking 12-40 s a line had its pin taken every
+// 10-20 s and acknowledged nothing in 305 s, the first tokens written
+// 9-11 times and the rest never): every token once, whether a standby
+// waits on the durable or not, with no process dying. The durable is
+// made with --ack-wait 3s and run without the flag too: the in-progress
+// acks follow the consumer's own wait.
+func TestSlowSender(t *testing.T) {
+	t.Parallel()
+	for _, secs := range []int{12, 30, 60} {
+		for _, standby := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%ds a line, standby %v", secs, standby), func(t *testing.T) {
+				t.Parallel()
+				const tokens = 3
+				c, want := newSingleTokenMessages(t, 1, tokens)
+				_, out, who := pairFiles(t)
+				slow := func(name string) string {
+					return fmt.Sprintf(`while IFS= read -r l; do sleep %d; printf '%%s\n' "$l" >> %s; echo %s >> %s; done`, secs, out, name, who)
+				}
+				args := []string{}
+				if secs == 12 {
+					// Made with a shorter ack wait than the default (as
+					// tailer subscribe --ack-wait 3s makes it), then run
+					// without the flag.
+					nc, err := nats.Connect(c.natsURL(), c.natsOpts...)
+					if err != nil {
+						t.Fatal(err)
+					}
+					js, _ := jetstream.New(nc)
+					d := consume.Durable{Stream: "MAILROOM", Subject: "mailroom.batches", Name: "slow", FromStart: true, AckWait: 3 * time.Second,
+						MaxAckPending: 2, Pinned: true, PinnedTTL: 10 * time.Second}
+					_, err = d.Ensure(c.ctx, js)
+					nc.Close()
+					if err != nil {
+						t.Fatal(err)
+					}
+				}
+				a := c.execSubscriber(t, "slow", slow("a"), args...)
+				a.waitLog("consuming", 1, 30*time.Second)
+				var b *proc
+				if standby {
+					b = c.execSubscriber(t, "slow", slow("b"), args...)
+				}
+				deadline := time.Now().Add(time.Duration(tokens*secs+90) * time.Second)
+				for {
+					missing, repeats := countOutput(t, out, want)
+					if repeats > 0 {
+						t.Fatalf("%d tokens written more than once (writers %v)", repeats, writersOf(who))
+					}
+					if missing == 0 {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("%d of %d tokens written by %s (writers %v):\n%s", tokens-missing, tokens, time.Until(deadline), writersOf(who), tail(a.out.String(), 20))
+					}
+					time.Sleep(time.Second)
+				}
+				t.Logf("%d tokens, each written once, by %v", tokens, writersOf(who))
+				if standby && strings.Contains(b.out.String(), "level=ERROR") {
+					t.Errorf("the standby said an error:\n%s", b.out.String())
+				}
+			})
+		}
+	}
 }

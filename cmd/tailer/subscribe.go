@@ -92,10 +92,17 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 	// A reader gone is an error to handle (its batches handed back), not
 	// a signal that ends the process before it can.
 	signal.Ignore(syscall.SIGPIPE)
+	sender := &subscriber.Sender{Command: f.exec, Reports: f.reports, DoneExit: done, TransientExit: transient,
+		StopTimeout: f.stopTimeout, Stdout: stdout, Stderr: stderr, Log: log}
+	reader := func() string { return "the reader of the standard output" }
+	if f.exec != "" {
+		reader = sender.Name
+	}
+	stall := &subscriber.Stall{Reader: reader, Timeout: f.stall, Stalled: lines.Stalled}
 	if f.healthAddr != "" {
 		probe := &subscriber.Probe{Stream: cfg.Stream, Durable: f.durable, JS: js, Consuming: sub.Consuming, Stats: sub.Stats, GroupStall: f.stall}
 		if f.stall > 0 {
-			probe.Stalled = func() bool { return lines.Stalled(f.stall) }
+			probe.Stalled = stall.Reason
 		}
 		stop, err := subscriber.Serve(f.healthAddr, probe)
 		if err != nil {
@@ -103,9 +110,12 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 		}
 		defer stop()
 	}
+	if f.stall > 0 {
+		watchCtx, stopWatch := context.WithCancel(ctx)
+		defer stopWatch()
+		go stall.Watch(watchCtx, log)
+	}
 	if f.exec != "" {
-		sender := &subscriber.Sender{Command: f.exec, Reports: f.reports, DoneExit: done, TransientExit: transient,
-			StopTimeout: f.stopTimeout, Stdout: stdout, Stderr: stderr, Log: log}
 		err = sender.Run(ctx, sub, lines, js)
 		stopped(sub, js, log)
 	} else {

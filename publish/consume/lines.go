@@ -311,9 +311,11 @@ func (l *Lines) ReadReports(r io.Reader) error {
 
 // Stalled reports whether the reader has had lines waiting for longer
 // than d without taking a byte of them or finishing a batch: lines in its
-// pipe, or (Reports) lines handed and not reported. A reader idle with
-// nothing waiting is not stalled. Each call looks again; a health check
-// calls it every few seconds.
+// pipe, or lines it took and has not finished (a pipe's reader that has
+// not asked for more, or, with Reports, not reported them). A reader idle
+// with nothing waiting, having finished what it took, is not stalled; a
+// slow one finishes a batch within d. Each call looks again; a health
+// check calls it every few seconds.
 func (l *Lines) Stalled(d time.Duration) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -321,7 +323,7 @@ func (l *Lines) Stalled(d time.Duration) bool {
 	if l.Pipe != nil {
 		unread = l.Pipe.Unread()
 	}
-	waiting := unread > 0 || l.Reports && len(l.handed) > 0
+	waiting := unread > 0 || len(l.handed) > 0
 	if !waiting || unread < l.lastUnread || l.finished != l.lastFinished || l.lastMove.IsZero() {
 		l.lastMove = time.Now()
 	}

@@ -1,7 +1,9 @@
 package consume
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -750,7 +752,7 @@ const groupTokens = 8000
 // drain, the pin.
 func (s *Subscriber) watch(ctx context.Context, cons jetstream.Consumer, cancel context.CancelCauseFunc, wg *sync.WaitGroup) {
 	wg.Add(1)
-	go func() { defer wg.Done(); s.heartbeat(ctx) }()
+	go func() { defer wg.Done(); s.heartbeat(ctx, cons) }()
 	if r, ok := s.cfg.Sink.(reader); ok {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.watch(ctx, cancel, s.handling.Load) }()
@@ -759,10 +761,48 @@ func (s *Subscriber) watch(ctx context.Context, cons jetstream.Consumer, cancel 
 		wg.Add(1)
 		go func() { defer wg.Done(); s.untilDrained(ctx, cons, cancel) }()
 	}
-	if cons.CachedInfo().Config.PriorityPolicy == jetstream.PriorityPolicyPinned {
-		wg.Add(1)
+	if cfg := cons.CachedInfo().Config; cfg.PriorityPolicy == jetstream.PriorityPolicyPinned {
+		wg.Add(2)
 		go func() { defer wg.Done(); s.watchPin(ctx, cons, cancel) }()
+		go func() { defer wg.Done(); s.keepPin(ctx, cfg.PinnedTTL) }()
 	}
+}
+
+// keepPin keeps the server pinning this subscriber while it holds
+// messages, however long its sink takes: the server lets go of a pin
+// that has not asked for messages within the consumer's PinnedTTL, and
+// while the sink works the subscriber asks for none (issue 62: a sender
+// taking 12-40 s a line had its pin taken every 10-20 s, the messages
+// it held delivered again to the other subscriber, or to it, and none
+// acknowledged in 305 s). A request that names the pin resets the
+// server's timer; this one allows one byte, so the server never delivers
+// a message to it (it answers 409, or 404 with none waiting).
+func (s *Subscriber) keepPin(ctx context.Context, ttl time.Duration) {
+	if ttl <= 0 {
+		return
+	}
+	next := "$JS.API.CONSUMER.MSG.NEXT." + s.cfg.Stream + "." + s.cfg.Durable
+	for sleep(ctx, ttl/4) {
+		s.mu.Lock()
+		pin, holding := s.pinID, len(s.held) > 0
+		s.mu.Unlock()
+		if !holding || pin == "" {
+			continue
+		}
+		req, _ := json.Marshal(keepPinRequest{Batch: 1, MaxBytes: 1, NoWait: true, Group: PriorityGroup, ID: pin})
+		try, cancel := context.WithTimeout(ctx, ttl/4)
+		s.js.Conn().RequestWithContext(try, next, req)
+		cancel()
+	}
+}
+
+// keepPinRequest is a pull request that delivers nothing (keepPin).
+type keepPinRequest struct {
+	Batch    int    `json:"batch"`
+	MaxBytes int    `json:"max_bytes"`
+	NoWait   bool   `json:"no_wait"`
+	Group    string `json:"group"`
+	ID       string `json:"id"`
 }
 
 // watchPin ends the consume with errPinLost once the server pins another
@@ -949,12 +989,12 @@ func (s *Subscriber) untilDrained(ctx context.Context, cons jetstream.Consumer, 
 }
 
 // heartbeat keeps the messages in hand from being redelivered while the
-// subscriber waits for its reader, or for the next message.
-func (s *Subscriber) heartbeat(ctx context.Context) {
-	every := s.cfg.AckWait / 3
-	if every <= 0 {
-		every = DefaultAckWait / 3
-	}
+// subscriber waits for its reader, or for the next message, every third
+// of the consumer's own ack wait: the one the server redelivers after,
+// whatever this subscriber was started with (issue 62: a durable made with
+// --ack-wait 3s, run without the flag, had every token written 2-4 times).
+func (s *Subscriber) heartbeat(ctx context.Context, cons jetstream.Consumer) {
+	every := cmp.Or(cons.CachedInfo().Config.AckWait, s.cfg.AckWait, DefaultAckWait) / 3
 	for sleep(ctx, every) {
 		s.mu.Lock()
 		for _, h := range s.held {

@@ -3,6 +3,7 @@ package subscriber
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/mailroom/tailer/internal/pause"
 	"github.com/mailroom/tailer/publish/consume"
 )
 
@@ -24,9 +26,10 @@ type Probe struct {
 	Consuming func() bool
 	// Stats are the subscriber's counts.
 	Stats func() consume.Stats
-	// Stalled, if set, reports whether the reader has had work waiting
-	// for longer than the stall timeout without taking or finishing any.
-	Stalled func() bool
+	// Stalled, if set, says why the reader is stalled ("": it is not): it
+	// has had work waiting for longer than the stall timeout without
+	// taking or finishing any (Stall).
+	Stalled func() string
 	// GroupStall, when not 0, fails /readyz once the durable has messages
 	// waiting and no subscriber of it (this one or another) has had one
 	// delivered or acknowledged for that long: the pair stuck, both
@@ -81,8 +84,8 @@ func Serve(addr string, p *Probe) (stop func(), err error) {
 			http.Error(w, "not ready: consumer "+p.Durable+": "+st.err.Error(), http.StatusServiceUnavailable)
 		case st.stats.OpenGap != "":
 			http.Error(w, fmt.Sprintf("not ready: a gap in the stream, messages removed before this durable read them (%s): run tailer resync to publish their tokens again; ready once its first message arrives", st.stats.OpenGap), http.StatusServiceUnavailable)
-		case st.stalled:
-			http.Error(w, "not ready: the sender has had lines waiting, and taken or finished none, for longer than the stall timeout", http.StatusServiceUnavailable)
+		case st.stalled != "":
+			http.Error(w, "not ready: "+st.stalled, http.StatusServiceUnavailable)
 		case st.groupIdle > 0:
 			http.Error(w, fmt.Sprintf("not ready: consumer %s has %d messages waiting (%d awaiting ack), and no subscriber of it has had one delivered or acknowledged for %s",
 				p.Durable, st.info.NumPending, st.info.NumAckPending, st.groupIdle.Round(time.Second)), http.StatusServiceUnavailable)
@@ -99,10 +102,11 @@ func Serve(addr string, p *Probe) (stop func(), err error) {
 
 // state is one look at the subscriber and its consumer.
 type state struct {
-	consuming, stalled bool
-	stats              consume.Stats
-	info               *jetstream.ConsumerInfo
-	err                error
+	consuming bool
+	stalled   string
+	stats     consume.Stats
+	info      *jetstream.ConsumerInfo
+	err       error
 	// pinned: the consumer pins one subscriber; active: this one.
 	pinned, active bool
 	// groupIdle is how long the durable has had messages waiting with no
@@ -236,8 +240,42 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge("mailroom_subscriber_ack_pending_messages", float64(st.info.NumAckPending))
 	}
 	gauge("mailroom_subscriber_active", b(st.err == nil && st.consuming && (!st.pinned || st.active)))
-	gauge("mailroom_subscriber_stalled", b(st.stalled))
+	gauge("mailroom_subscriber_stalled", b(st.stalled != ""))
 	if n, err := consume.CountDeadLetters(ctx, c.p.JS, c.p.Stream, c.p.Durable); err == nil {
 		gauge("mailroom_subscriber_dead_letters_waiting", float64(n))
+	}
+}
+
+// Stall is a reader's stall, as the health check and the log say it.
+type Stall struct {
+	// Reader names the reader (Sender.Name), Timeout the stall timeout.
+	Reader  func() string
+	Timeout time.Duration
+	// Stalled is Lines.Stalled.
+	Stalled func(time.Duration) bool
+}
+
+// Reason says why the reader is stalled ("": it is not).
+func (s *Stall) Reason() string {
+	if !s.Stalled(s.Timeout) {
+		return ""
+	}
+	return fmt.Sprintf("%s has held lines, or left them waiting, for longer than --stall-timeout (%s) without finishing any: "+
+		"the durable delivers nothing more meanwhile; look at the sender, or stop it (what it held is delivered again)", s.Reader(), s.Timeout)
+}
+
+// Watch says in the log, once a stall, that the reader stalled (an ERROR)
+// and that it moved again, looking every few seconds until ctx is done.
+func (s *Stall) Watch(ctx context.Context, log *slog.Logger) {
+	said := false
+	for pause.For(ctx, min(5*time.Second, s.Timeout/2+time.Millisecond)) == nil {
+		switch reason := s.Reason(); {
+		case reason != "" && !said:
+			log.Error("the sender is stalled", "reason", reason)
+			said = true
+		case reason == "" && said:
+			log.Info("the sender moves again")
+			said = false
+		}
 	}
 }

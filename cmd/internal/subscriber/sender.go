@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -43,6 +44,17 @@ type Sender struct {
 	StopTimeout    time.Duration
 	Stdout, Stderr io.Writer
 	Log            *slog.Logger
+
+	// pid is the running command's (0: none).
+	pid atomic.Int64
+}
+
+// Name names the sender for the operator: the process it runs now.
+func (x *Sender) Name() string {
+	if pid := x.pid.Load(); pid != 0 {
+		return fmt.Sprintf("the sender (--exec, process group %d)", pid)
+	}
+	return "the sender (--exec, between two starts)"
 }
 
 // killGrace is how long a process group has between SIGTERM and SIGKILL.
@@ -153,8 +165,10 @@ func (x *Sender) start(lines *consume.Lines) (*proc, error) {
 		return nil, fmt.Errorf("start the sender: %w", err)
 	}
 	p := &proc{cmd: cmd, in: w, exited: make(chan struct{}), reports: rr, read: make(chan struct{})}
+	x.pid.Store(int64(cmd.Process.Pid))
 	go func() {
 		err := cmd.Wait()
+		x.pid.CompareAndSwap(int64(cmd.Process.Pid), 0)
 		p.code = 0
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
