@@ -94,27 +94,11 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 	signal.Ignore(syscall.SIGPIPE)
 	sender := &subscriber.Sender{Command: f.exec, Reports: f.reports, DoneExit: done, TransientExit: transient,
 		StopTimeout: f.stopTimeout, Stdout: stdout, Stderr: stderr, Log: log}
-	reader := func() string { return "the reader of the standard output" }
-	if f.exec != "" {
-		reader = sender.Name
+	stop, err := f.watchReader(ctx, cfg, js, sub, lines, sender, log)
+	if err != nil {
+		return bad("--health-addr: %v", err)
 	}
-	stall := &subscriber.Stall{Reader: reader, Timeout: f.stall, Stalled: lines.Stalled}
-	if f.healthAddr != "" {
-		probe := &subscriber.Probe{Stream: cfg.Stream, Durable: f.durable, JS: js, Consuming: sub.Consuming, Stats: sub.Stats, GroupStall: f.stall}
-		if f.stall > 0 {
-			probe.Stalled = stall.Reason
-		}
-		stop, err := subscriber.Serve(f.healthAddr, probe)
-		if err != nil {
-			return bad("--health-addr: %v", err)
-		}
-		defer stop()
-	}
-	if f.stall > 0 {
-		watchCtx, stopWatch := context.WithCancel(ctx)
-		defer stopWatch()
-		go stall.Watch(watchCtx, log)
-	}
+	defer stop()
 	if f.exec != "" {
 		err = sender.Run(ctx, sub, lines, js)
 		stopped(sub, js, log)
@@ -135,6 +119,32 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 		err = removeResent(unpin, js, cfg.Stream, f.durable, sub.Consumer(), log)
 	}
 	return subscribeEnded(sub, err, log)
+}
+
+// watchReader serves the health endpoint (--health-addr) and says in the
+// log when the reader stalls (--stall-timeout); stop ends both.
+func (f *subscribeFlags) watchReader(ctx context.Context, cfg *config.Config, js jetstream.JetStream, sub *consume.Subscriber, lines *consume.Lines,
+	sender *subscriber.Sender, log *slog.Logger) (stop func(), err error) {
+	reader := func() string { return "the reader of the standard output" }
+	if f.exec != "" {
+		reader = sender.Name
+	}
+	stall := &subscriber.Stall{Reader: reader, Timeout: f.stall, Stalled: lines.Stalled}
+	stopServing := func() {}
+	if f.healthAddr != "" {
+		probe := &subscriber.Probe{Stream: cfg.Stream, Durable: f.durable, JS: js, Consuming: sub.Consuming, Stats: sub.Stats, GroupStall: f.stall}
+		if f.stall > 0 {
+			probe.Stalled = stall.Reason
+		}
+		if stopServing, err = subscriber.Serve(f.healthAddr, probe); err != nil {
+			return nil, err
+		}
+	}
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	if f.stall > 0 {
+		go stall.Watch(watchCtx, log)
+	}
+	return func() { stopWatch(); stopServing() }, nil
 }
 
 // subscribeEnded says how the subscriber ended, err what Run returned,
