@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish/protocol"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
@@ -121,7 +122,7 @@ type Publisher struct {
 
 	// last is the stream's last message when the publisher started (zero
 	// seq: none).
-	last stored
+	last protocol.Stored
 	// lastTime is when the stream's last message was stored.
 	lastTime time.Time
 	// lastSeq is the stream's last sequence when the session started, and
@@ -140,7 +141,7 @@ type Publisher struct {
 	deleted int
 	// window is what Resume found on the stream of the tokens the session
 	// replays.
-	window window
+	window *protocol.Window
 	// anchors: see Anchors.
 	anchors anchors
 	// prev is, by lane, the last batch message on its subject
@@ -150,33 +151,6 @@ type Publisher struct {
 	prev []wire.Anchor
 	// leader is the server that led the stream when it was last looked at.
 	leader atomic.Pointer[string]
-}
-
-// Message kinds on the stream's subjects.
-const (
-	kindOther  = iota // neither: another publisher's
-	kindBatch         // a batch (wire.IsBatch)
-	kindMarker        // a session marker (wire.IsMarker)
-)
-
-// stored is what the publisher reads of a message already on the stream.
-type stored struct {
-	seq         uint64
-	subject     string
-	kind        int
-	origin      string
-	incarnation string
-	// Batches: the first and last positions they cover (zero for a
-	// resync's; first zero for a tailer's before HeaderPosFirst), their
-	// token keys, and whether a resync published them.
-	first, pos decoder.Position
-	keys       string
-	resync     bool
-	// Markers: their place among their session's (fenceN of fenceK), that
-	// session's in-flight bound and what it found on the stream.
-	fenceN, fenceK, inFlight int
-	after                    pglogrepl.LSN
-	floor                    uint64
 }
 
 // resumable refuses stream configurations that can remove the stream's
@@ -302,7 +276,7 @@ func (p *Publisher) readLast(ctx context.Context) error {
 		return fmt.Errorf("stream info: %w", err)
 	}
 	p.lastSeq, p.next = info.State.LastSeq, info.State.LastSeq
-	p.last, p.lastTime = stored{}, time.Time{}
+	p.last, p.lastTime = protocol.Stored{}, time.Time{}
 	if info.State.LastSeq == 0 {
 		return nil
 	}
@@ -319,39 +293,46 @@ func (p *Publisher) readLast(ctx context.Context) error {
 }
 
 // readStored reads what the tailer wrote on a message. A message whose
-// headers the tailer cannot read is another publisher's (kindOther).
-func readStored(msg *jetstream.RawStreamMsg) stored {
+// headers the tailer cannot read is another publisher's (protocol.Other).
+func readStored(msg *jetstream.RawStreamMsg) protocol.Stored {
 	h := msg.Header
-	s := stored{seq: msg.Sequence, subject: msg.Subject, origin: h.Get(wire.HeaderOrigin), incarnation: h.Get(wire.HeaderIncarnation)}
+	s := protocol.Stored{Seq: msg.Sequence, Subject: msg.Subject, Origin: h.Get(wire.HeaderOrigin), Incarnation: h.Get(wire.HeaderIncarnation)}
 	switch {
 	case wire.IsMarker(h):
 		n, k, ok := strings.Cut(h.Get(wire.HeaderFence), "/")
 		var errs [5]error
-		s.fenceN, errs[0] = strconv.Atoi(n)
-		s.fenceK, errs[1] = strconv.Atoi(k)
-		s.inFlight, errs[2] = strconv.Atoi(h.Get(wire.HeaderInFlight))
-		s.after, errs[3] = pglogrepl.ParseLSN(h.Get(wire.HeaderWindowAfter))
-		s.floor, errs[4] = strconv.ParseUint(h.Get(wire.HeaderWindowFloor), 10, 64)
-		if ok && errors.Join(errs[:]...) == nil && s.fenceN >= 1 && s.fenceN <= s.fenceK {
-			s.kind = kindMarker
+		var after pglogrepl.LSN
+		s.FenceN, errs[0] = strconv.Atoi(n)
+		s.FenceK, errs[1] = strconv.Atoi(k)
+		s.InFlight, errs[2] = strconv.Atoi(h.Get(wire.HeaderInFlight))
+		after, errs[3] = pglogrepl.ParseLSN(h.Get(wire.HeaderWindowAfter))
+		s.Floor, errs[4] = strconv.ParseUint(h.Get(wire.HeaderWindowFloor), 10, 64)
+		s.After = protocol.LSN(after)
+		if ok && errors.Join(errs[:]...) == nil && s.FenceN >= 1 && s.FenceN <= s.FenceK {
+			s.Kind = protocol.Marker
 		}
 	case wire.IsBatch(h):
-		s.keys, s.resync = h.Get(wire.HeaderTokenKeys), h.Get(wire.HeaderResync) != ""
+		s.Keys, s.Resync = h.Get(wire.HeaderTokenKeys), h.Get(wire.HeaderResync) != ""
 		if v := h.Get(wire.HeaderPosLast); v != "" {
 			pos, err := decoder.ParsePosition(v)
 			if err != nil {
 				return s
 			}
-			s.pos = pos
+			s.Last = position(pos)
 			if first, err := decoder.ParsePosition(h.Get(wire.HeaderPosFirst)); err == nil && !pos.Less(first) {
-				s.first = first
+				s.First = position(first)
 			}
-		} else if !s.resync && h.Get(wire.HeaderOrigin) != "" {
+		} else if !s.Resync && h.Get(wire.HeaderOrigin) != "" {
 			return s
 		}
-		s.kind = kindBatch
+		s.Kind = protocol.Batch
 	}
 	return s
+}
+
+// position is pos as the protocol has it.
+func position(pos decoder.Position) protocol.Position {
+	return protocol.Position{Commit: protocol.LSN(pos.Commit), Index: pos.Index}
 }
 
 // ErrReusedID is a PubAck saying a message was already on the stream,

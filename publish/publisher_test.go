@@ -233,14 +233,14 @@ func TestReadsAskTheLeader(t *testing.T) {
 		t.Fatalf("open a stream that allows direct gets: %v", err)
 	}
 	defer b.Close()
-	if b.lastSeq != 2 || b.last.keys != "k2" {
-		t.Fatalf("last message read back: seq %d, keys %q; want 2, k2", b.lastSeq, b.last.keys)
+	if b.lastSeq != 2 || b.last.Keys != "k2" {
+		t.Fatalf("last message read back: seq %d, keys %q; want 2, k2", b.lastSeq, b.last.Keys)
 	}
-	s, ok, err := b.read(ctx, 1)
-	if err != nil || !ok || s.keys != "k1" {
+	s, ok, err := (&streamReader{ctx: ctx, p: b}).At(1)
+	if err != nil || !ok || s.Keys != "k1" {
 		t.Fatalf("message 1 read back: %+v, %v, %v", s, ok, err)
 	}
-	if _, ok, err := b.read(ctx, 9); err != nil || ok {
+	if _, ok, err := (&streamReader{ctx: ctx, p: b}).At(9); err != nil || ok {
 		t.Fatalf("message 9: found %v, %v; want none", ok, err)
 	}
 }

@@ -5,57 +5,17 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/jackc/pglogrepl"
 	"strconv"
-	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/publish/protocol"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
-
-// legacyInFlight is the most messages a tailer from before session markers
-// kept awaiting their PubAck with its settings at their defaults; a stream
-// it wrote without markers is fenced at least this wide.
-const legacyInFlight = 2
-
-// window is what the stream holds of the tokens a session replays: every
-// message of the session's incarnation that covers a position at or after
-// the slot's confirmed one, by the positions it covers (its keys are read
-// back as the replay reaches them: spans).
-type window struct {
-	spans spans
-	// tokens counts the keys of those messages.
-	tokens int
-	// max is the furthest position those messages cover: a token past it
-	// cannot be on the stream.
-	max decoder.Position
-	// floor is the lowest sequence of those messages (0: none); messages
-	// counts them.
-	floor    uint64
-	messages int
-	// strays counts the messages read that are neither batches nor
-	// markers (another publisher's).
-	strays int
-	// fence is the number of markers the session started with.
-	fence int
-}
-
-func (w *window) add(m stored) {
-	w.spans.add(m.seq, m.first, m.pos)
-	if m.keys != "" {
-		w.tokens += strings.Count(m.keys, ",") + 1
-	}
-	if w.max.Less(m.pos) {
-		w.max = m.pos
-	}
-	if w.floor == 0 || m.seq < w.floor {
-		w.floor = m.seq
-	}
-	w.messages++
-}
 
 // Resume makes the publisher continue the stream for o, once the caller
 // holds the slot. It reads the stream to find the messages holding tokens
@@ -79,13 +39,13 @@ func (w *window) add(m stored) {
 func (p *Publisher) Resume(ctx context.Context, o Owner) error {
 	p.incarnation = o.Incarnation
 	for attempt := 1; ; attempt++ {
-		w, prev, err := p.scan(ctx, o)
+		w, prev, err := protocol.Scan(&streamReader{ctx: ctx, p: p}, p.scanned(), o)
 		if err != nil {
 			return err
 		}
 		err = p.publishMarkers(ctx, o, w, prev)
 		if err == nil {
-			p.window = *w
+			p.window = w
 			return p.readChain(ctx)
 		}
 		if !errors.Is(err, ErrStreamMoved) || attempt == 3 {
@@ -97,13 +57,52 @@ func (p *Publisher) Resume(ctx context.Context, o Owner) error {
 	}
 }
 
+// scanned is what a scan of the stream starts from.
+func (p *Publisher) scanned() protocol.Stream {
+	return protocol.Stream{Name: p.name, LastSeq: p.lastSeq, Limited: p.limited, Limits: p.limits, Marker: p.marker, Data: wire.DataSubjects(p.subject)}
+}
+
+// streamReader reads the publisher's stream, from its leader, for a scan.
+type streamReader struct {
+	ctx context.Context
+	p   *Publisher
+}
+
+// At is the message at seq; false when the stream no longer holds it
+// (removed by its limits, or deleted).
+func (r *streamReader) At(seq uint64) (protocol.Stored, bool, error) {
+	msg, err := r.p.getMsg(r.ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return protocol.Stored{}, false, nil
+	}
+	if err != nil {
+		return protocol.Stored{}, false, fmt.Errorf("read message %d of stream %s: %w", seq, r.p.name, err)
+	}
+	return readStored(msg), true, nil
+}
+
+// LastOn is the last message on subject; false when there is none.
+func (r *streamReader) LastOn(subject string) (protocol.Stored, bool, error) {
+	msg, err := r.p.getLastMsgForSubject(r.ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return protocol.Stored{}, false, nil
+	}
+	if err != nil {
+		return protocol.Stored{}, false, fmt.Errorf("read the last message on %s of stream %s: %w", subject, r.p.name, err)
+	}
+	return readStored(msg), true, nil
+}
+
 // Window describes what Resume found: how many messages of the stream
 // hold tokens the session replays, how many of their tokens, the furthest
 // position they cover, how many messages are not the tailer's, and how
 // many markers the session started with.
 func (p *Publisher) Window() (messages, tokens int, max decoder.Position, strays, fence int) {
-	w := &p.window
-	return w.messages, w.tokens, w.max, w.strays, w.fence
+	w := p.window
+	if w == nil {
+		return 0, 0, decoder.Position{}, 0, 0
+	}
+	return w.Messages, w.Tokens, decoder.Position{Commit: pglogrepl.LSN(w.Max.Commit), Index: w.Max.Index}, w.Strays, w.Fence
 }
 
 // OnStream reports whether t is on the stream already: a message of the
@@ -111,223 +110,32 @@ func (p *Publisher) Window() (messages, tokens int, max decoder.Position, strays
 // that message's keys back from the stream when the replay reaches it,
 // and is called for every token the session reads, on one goroutine.
 func (p *Publisher) OnStream(ctx context.Context, t *decoder.Token) (bool, error) {
-	w := &p.window
-	if w.spans.len() == 0 || w.max.Less(t.Pos) {
+	if p.window == nil {
 		return false, nil
 	}
-	return w.spans.has(ctx, t.Pos, token.RawKeyOf(&t.Secret), p.windowKeys)
+	return p.window.Has(position(t.Pos), token.RawKeyOf(&t.Secret), func(seq uint64) (string, error) {
+		m, ok, err := (&streamReader{ctx: ctx, p: p}).At(seq)
+		switch {
+		case err != nil:
+			return "", err
+		case !ok:
+			return "", errWindowGone(p.name, seq)
+		}
+		return m.Keys, nil
+	})
 }
 
-// windowKeys reads back the token keys of the window's message at seq.
-func (p *Publisher) windowKeys(ctx context.Context, seq uint64) (string, error) {
-	m, ok, err := p.readWindow(ctx, seq)
-	switch {
-	case err != nil:
-		return "", err
-	case !ok:
-		return "", errWindowGone(p.name, seq)
-	}
-	return m.keys, nil
+// errWindowGone is a message of the window gone from the stream between
+// the scan and the replay.
+func errWindowGone(stream string, seq uint64) error {
+	return fmt.Errorf("message %d of stream %s, which holds tokens the slot replays, left the stream during the resume: the next session reads the stream again", seq, stream)
 }
-
-// read returns the message at seq; false when the stream no longer holds
-// it (removed by its limits, or deleted).
-func (p *Publisher) read(ctx context.Context, seq uint64) (stored, bool, error) {
-	msg, err := p.getMsg(ctx, seq)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return stored{}, false, nil
-	}
-	if err != nil {
-		return stored{}, false, fmt.Errorf("read message %d of stream %s: %w", seq, p.name, err)
-	}
-	return readStored(msg), true, nil
-}
-
-// lastOn returns the last message on subject; false when there is none.
-func (p *Publisher) lastOn(ctx context.Context, subject string) (stored, bool, error) {
-	msg, err := p.getLastMsgForSubject(ctx, subject)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return stored{}, false, nil
-	}
-	if err != nil {
-		return stored{}, false, fmt.Errorf("read the last message on %s of stream %s: %w", subject, p.name, err)
-	}
-	return readStored(msg), true, nil
-}
-
-// scan finds the window of o's session: every message since o.Since of o's
-// incarnation covering a position at or after o.After. It returns it with
-// the stream's last marker, of whatever session.
-//
-// Every session's messages come after its markers, and a complete set of
-// markers keeps every earlier session's publishes out, so after the last
-// complete markers each subject's batches cover positions in order: the
-// scan goes back from the stream's end only until each subject shows a
-// batch before o.After. The markers then say where the window before them
-// starts (wire.HeaderWindowFloor) for a slot confirmed at least as far as
-// theirs was; for one confirmed less far (a restored database, a crash
-// that lost the slot's last confirmation) the scan reads on, marker by
-// marker, until one was written for a position at or before o.After.
-// Without markers (a stream written by an older tailer) it goes back as
-// after complete markers, which holds unless a late publish reordered
-// the stream: then it may read too little, and a token may be published
-// twice, never skipped.
-func (p *Publisher) scan(ctx context.Context, o Owner) (*window, *stored, error) {
-	w := &window{}
-	var prev *stored
-	if m, ok, err := p.lastOn(ctx, p.marker); err != nil {
-		return nil, nil, err
-	} else if ok && m.kind == kindMarker {
-		prev = &m
-	}
-	if p.lastSeq <= o.Since {
-		return w, prev, nil
-	}
-	inWindow := func(m stored) bool { return m.kind == kindBatch && !m.resync && m.pos.Commit >= o.After }
-	visit := func(m stored) error {
-		if m.kind == kindOther {
-			w.strays++
-			return nil
-		}
-		if err := p.checkOwner(m, o); err != nil {
-			return err
-		}
-		if inWindow(m) {
-			w.add(m)
-		}
-		return nil
-	}
-
-	// The last session's messages: after its markers.
-	regionStart := o.Since
-	var mine *stored
-	if prev != nil && prev.seq > o.Since {
-		if err := p.checkOwner(*prev, o); err != nil {
-			return nil, nil, err
-		}
-		mine, regionStart = prev, prev.seq
-	}
-	// Only stragglers of earlier sessions can follow incomplete markers:
-	// no order to go by.
-	whole := mine != nil && mine.fenceN < mine.fenceK
-	pending := map[string]bool{}
-	for _, subject := range p.dataSubjects() {
-		m, ok, err := p.lastOn(ctx, subject)
-		if err != nil {
-			return nil, nil, err
-		}
-		if !ok || m.seq <= regionStart {
-			continue
-		}
-		if m.kind == kindOther || inWindow(m) {
-			pending[subject] = true
-		}
-	}
-	for seq := p.lastSeq; seq > regionStart && (whole || len(pending) > 0); seq-- {
-		m, ok, err := p.readWindow(ctx, seq)
-		if err != nil {
-			return nil, nil, err
-		}
-		if !ok {
-			continue
-		}
-		if err := visit(m); err != nil {
-			return nil, nil, err
-		}
-		if m.kind == kindBatch && !inWindow(m) {
-			delete(pending, m.subject)
-		}
-	}
-
-	// Before the last session's markers.
-	if err := p.scanBeforeMarkers(ctx, o, mine, visit); err != nil {
-		return nil, nil, err
-	}
-	return w, prev, nil
-}
-
-// scanBeforeMarkers visits the messages before the last session's markers
-// (mine) that the markers say the window may hold, and, for a slot
-// confirmed less far than when that session started, further back, marker
-// by marker, to one of a session that started from there or before.
-func (p *Publisher) scanBeforeMarkers(ctx context.Context, o Owner, mine *stored, visit func(stored) error) error {
-	for m := mine; m != nil; {
-		if m.after <= o.After {
-			for seq := max(m.floor, o.Since+1); seq < m.seq; seq++ {
-				s, ok, err := p.readWindow(ctx, seq)
-				if err != nil {
-					return err
-				}
-				if ok {
-					if err := visit(s); err != nil {
-						return err
-					}
-				}
-			}
-			return nil
-		}
-		next := m
-		m = nil
-		for seq := next.seq - 1; seq > o.Since; seq-- {
-			s, ok, err := p.readWindow(ctx, seq)
-			if err != nil {
-				return err
-			}
-			if !ok {
-				continue
-			}
-			if s.kind == kindMarker {
-				if err := p.checkOwner(s, o); err != nil {
-					return err
-				}
-				m = &s
-				break
-			}
-			if err := visit(s); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// readWindow is read for the scan of a session's window: a message gone
-// from a stream whose limits remove messages is a *WindowTrimmedError (its
-// tokens may be past the slot's confirmed position, a session killed
-// before it confirmed them, and which of them the stream had is gone
-// with it); gone from one without limits, passed over (purges are the
-// stream checks' to find).
-func (p *Publisher) readWindow(ctx context.Context, seq uint64) (stored, bool, error) {
-	m, ok, err := p.read(ctx, seq)
-	if err == nil && !ok && p.limited {
-		return stored{}, false, &WindowTrimmedError{Stream: p.name, Seq: seq, Limits: p.limits}
-	}
-	return m, ok, err
-}
-
-// dataSubjects are the subjects batches can be on, whichever way
-// MAILROOM_SUBJECT_PER_ACTION was set when they were published.
-func (p *Publisher) dataSubjects() []string { return wire.DataSubjects(p.subject) }
 
 // publishMarkers publishes the session's markers, chained to the stream's
 // last sequence, and waits for their PubAcks. They say what the scan found
 // (w), for the sessions after this one.
-func (p *Publisher) publishMarkers(ctx context.Context, o Owner, w *window, prev *stored) error {
-	k := max(o.InFlight, 1)
-	switch {
-	case prev != nil && prev.fenceN < prev.fenceK:
-		// Its markers did not all land: what they were to keep out
-		// still may come.
-		k = max(k, prev.inFlight, prev.fenceK)
-	case prev != nil:
-		k = max(k, prev.inFlight)
-	case p.lastSeq > 0:
-		k = max(k, legacyInFlight)
-	}
-	floor := w.floor
-	if floor == 0 {
-		floor = p.lastSeq + 1
-	}
+func (p *Publisher) publishMarkers(ctx context.Context, o Owner, w *protocol.Window, prev *protocol.Stored) error {
+	k, floor := protocol.Fence(o, w, prev, p.lastSeq)
 	// Each marker has an id of its own, so that it names its place by
 	// content (Anchors); the duplicate window never matches it.
 	var nonce [8]byte
@@ -366,23 +174,8 @@ func (p *Publisher) publishMarkers(ctx context.Context, o Owner, w *window, prev
 			return fmt.Errorf("waiting for the session markers' PubAcks: %w", ctx.Err())
 		}
 	}
-	w.fence = k
+	w.Fence = k
 	return nil
-}
-
-// WindowTrimmedError is a stream whose limits removed a message the
-// session replays the tokens of (published, not yet confirmed to the
-// slot): which of those tokens the stream had is gone with it, and
-// publishing them again would repeat them.
-type WindowTrimmedError struct {
-	Stream string
-	Seq    uint64
-	Limits string
-}
-
-func (e *WindowTrimmedError) Error() string {
-	return fmt.Sprintf("stream %s's limits (%s) removed message %d, which holds tokens the slot replays: publishing them again would repeat the ones it had, and a consumer that had not read them lost them",
-		e.Stream, e.Limits, e.Seq)
 }
 
 // isWrongLastSequence reports whether err is a publish refused because the

@@ -3,6 +3,7 @@ package publish
 import (
 	"context"
 	"errors"
+	"github.com/mailroom/tailer/publish/protocol"
 	"strconv"
 	"strings"
 	"testing"
@@ -44,7 +45,7 @@ func session(t *testing.T, ctx context.Context, nc *nats.Conn, after, inFlight i
 	t.Cleanup(p.Close)
 	o := Owner{Origin: resumeOrigin, Incarnation: "i", InFlight: inFlight, After: 0x2000}
 	if after > 0 {
-		o.After = tokenAt(after).Pos.Commit + 1
+		o.After = protocol.LSN(tokenAt(after).Pos.Commit + 1)
 	}
 	if err := p.Resume(ctx, o); err != nil {
 		t.Fatal(err)
@@ -280,14 +281,14 @@ func FuzzReadStored(f *testing.F) {
 			}
 		}
 		s := readStored(&jetstream.RawStreamMsg{Subject: "mailroom.batches", Sequence: 9, Header: h})
-		switch s.kind {
-		case kindMarker:
-			if s.fenceN < 1 || s.fenceN > s.fenceK {
-				t.Fatalf("marker %d of %d", s.fenceN, s.fenceK)
+		switch s.Kind {
+		case protocol.Marker:
+			if s.FenceN < 1 || s.FenceN > s.FenceK {
+				t.Fatalf("marker %d of %d", s.FenceN, s.FenceK)
 			}
-		case kindBatch:
-			if keys == "" || count == "" || s.keys != keys {
-				t.Fatalf("a batch of keys %q (header %q) and count %q", s.keys, keys, count)
+		case protocol.Batch:
+			if keys == "" || count == "" || s.Keys != keys {
+				t.Fatalf("a batch of keys %q (header %q) and count %q", s.Keys, keys, count)
 			}
 		}
 	})
@@ -318,9 +319,9 @@ func TestResumeRefusesATrimmedWindow(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer p.Close()
-		return p.Resume(ctx, Owner{Origin: resumeOrigin, Incarnation: "i", InFlight: 1, After: tokenAt(after).Pos.Commit + 1})
+		return p.Resume(ctx, Owner{Origin: resumeOrigin, Incarnation: "i", InFlight: 1, After: protocol.LSN(tokenAt(after).Pos.Commit + 1)})
 	}
-	var trimmed *WindowTrimmedError
+	var trimmed *protocol.WindowTrimmedError
 	if err := resume(2); !errors.As(err, &trimmed) || trimmed.Limits != "max_msgs=4" || trimmed.Seq != 3 {
 		t.Fatalf("Resume = %v, want a WindowTrimmedError at message 3 naming max_msgs=4", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
+	"github.com/mailroom/tailer/publish/protocol"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 )
@@ -63,7 +64,7 @@ func PublicationMessage(e *replication.PublicationError) string {
 
 // ForeignStreamMessage says whose batches the stream holds and how to go
 // on.
-func ForeignStreamMessage(e *publish.ForeignStreamError) string {
+func ForeignStreamMessage(e *protocol.ForeignStreamError) string {
 	return e.Error() + ", so the tailer does not stream. To go on from here, run `tailer resync`: it recreates the slot and publishes, once, every still-eligible token of this database that the stream lacks. " +
 		"Or use a stream of this database (MAILROOM_NATS_STREAM) once the consumers have drained the old one"
 }
@@ -96,7 +97,7 @@ func ActionMessage(e *decoder.ActionError) string {
 
 // WindowTrimmedMessage says why the tailer does not publish a replay whose
 // messages the stream's limits removed, and the way out.
-func WindowTrimmedMessage(e *publish.WindowTrimmedError) string {
+func WindowTrimmedMessage(e *protocol.WindowTrimmedError) string {
 	return e.Error() + ". Raise the stream's limits (or remove them: the tailer's own stream has none) so that they keep what the slot may replay and what consumers have yet to read. " + resyncWayOut
 }
 

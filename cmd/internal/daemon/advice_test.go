@@ -9,6 +9,7 @@ import (
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
+	"github.com/mailroom/tailer/publish/protocol"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 )
@@ -24,7 +25,7 @@ func TestAdvice(t *testing.T) {
 	foreignSlot := &replication.ForeignSlotError{Slot: "mailroom", Database: "other", Here: "app"}
 	subject := &publish.StreamConfigError{Stream: "MAILROOM", Err: &publish.SubjectError{Subject: "mailroom.batches", Configured: "mailroom.batches", Subjects: []string{"x.>"}}}
 	markers := &publish.StreamConfigError{Stream: "MAILROOM", Err: &publish.SubjectError{Subject: "mailroom.batches._session", Configured: "mailroom.batches", Subjects: []string{"mailroom.batches"}, Marker: true}}
-	foreignStream := &publish.ForeignStreamError{Stream: "MAILROOM", Reason: "published from another database", Stored: "origin a", Here: "origin b"}
+	foreignStream := &protocol.ForeignStreamError{Stream: "MAILROOM", Reason: "published from another database", Stored: "origin a", Here: "origin b"}
 	relation := &decoder.RelationError{Relation: "public.tokens", Missing: []string{"secret"}}
 	if !errors.As(Advise(foreignSlot), &foreignSlot) || Advise(errors.New("other")).Error() != "other" {
 		t.Fatal("Advise hides the fact, or advises what it does not know")
@@ -52,7 +53,7 @@ func TestAdvice(t *testing.T) {
 		{relation.Error(), RelationMessage(relation, "mailroom"), []string{"ALTER PUBLICATION mailroom SET TABLE public.tokens", "tailer resync"}},
 		{"stream MAILROOM was deleted and made again", StreamReplacedMessage(replication.StreamIdentity{Name: "MAILROOM", Created: "t2"}, "t1"), []string{"tailer resync"}},
 		{`a token's action "magic_link" is no token action this tailer knows`, ActionMessage(&decoder.ActionError{Label: "magic_link"}), []string{"run a tailer that knows the action"}},
-		{"stream MAILROOM's limits (max_msgs=5) removed message 7", WindowTrimmedMessage(&publish.WindowTrimmedError{Stream: "MAILROOM", Seq: 7, Limits: "max_msgs=5"}), []string{"tailer resync", "Raise the stream's limits"}},
+		{"stream MAILROOM's limits (max_msgs=5) removed message 7", WindowTrimmedMessage(&protocol.WindowTrimmedError{Stream: "MAILROOM", Seq: 7, Limits: "max_msgs=5"}), []string{"tailer resync", "Raise the stream's limits"}},
 		{"stream MAILROOM no longer holds message 7 that this tailer stored on it", StreamLostAnchorMessage("MAILROOM", wire.Anchor{Seq: 7, Mark: "id:a"}), []string{"tailer resync"}},
 		{"stream MAILROOM no longer holds messages this slot published after sequence 7", StreamPurgedMessage("MAILROOM", 7), []string{"tailer resync"}},
 		{"publication mailroom could not carry token inserts", ResyncNeededMessage("mailroom", "mailroom"), []string{"tailer resync", "MAILROOM_AUTO_RESYNC"}},

@@ -17,6 +17,7 @@ import (
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/join"
+	"github.com/mailroom/tailer/publish/protocol"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 )
@@ -108,7 +109,7 @@ func (d *Daemon) open(ctx context.Context, nc *nats.Conn) (*opened, error) {
 	if err != nil {
 		return fail(pgErr(err))
 	}
-	s.origin = publish.Origin{SystemID: ident.SystemID, Timeline: ident.Timeline, Database: ident.DBName, History: history}
+	s.origin = publish.OriginOf(ident.SystemID, ident.Timeline, ident.DBName, history)
 	if s.major, err = replication.ServerMajor(ctx, s.q); err != nil {
 		return fail(pgErr(err))
 	}
@@ -213,10 +214,10 @@ func (d *Daemon) resume(ctx context.Context, s *opened, c *claimed) error {
 	}
 	c.inFlight = cmp.Or(cfg.MaxInFlight, publish.InFlightFor(c.pub.Replicas()))
 	err := c.pub.Resume(ctx, publish.Owner{Origin: s.origin, Incarnation: c.rec.Incarnation, Since: c.rec.StreamSeq, Legacy: c.rec.Legacy,
-		After: c.slot.ConfirmedFlush, InFlight: c.inFlight})
+		After: protocol.LSN(c.slot.ConfirmedFlush), InFlight: c.inFlight})
 	var (
-		foreign *publish.ForeignStreamError
-		trimmed *publish.WindowTrimmedError
+		foreign *protocol.ForeignStreamError
+		trimmed *protocol.WindowTrimmedError
 	)
 	switch {
 	case errors.As(err, &foreign):
@@ -487,7 +488,7 @@ func (d *Daemon) sayGuard(ctx context.Context, q *pgx.Conn) {
 // MAILROOM_AUTO_RESYNC allows it; otherwise the reason is recorded with the
 // slot for tailer status, and returned.
 func (d *Daemon) block(ctx context.Context, q *pgx.Conn, lease *replication.Lease, nc *nats.Conn, err error) error {
-	var foreign *publish.ForeignStreamError
+	var foreign *protocol.ForeignStreamError
 	if errors.As(err, &foreign) {
 		err = &blockedError{reason: blockedStream, msg: ForeignStreamMessage(foreign)}
 	}

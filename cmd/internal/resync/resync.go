@@ -250,7 +250,7 @@ func openSnapshot(ctx context.Context, q *pgx.Conn, opts Options, failover bool)
 	if err != nil {
 		return nil, err
 	}
-	s := &snapshotted{origin: publish.Origin{SystemID: ident.SystemID, Timeline: ident.Timeline, Database: ident.DBName, History: history}}
+	s := &snapshotted{origin: publish.OriginOf(ident.SystemID, ident.Timeline, ident.DBName, history)}
 	if s.snap, err = replication.CreateSlotWithSnapshot(ctx, rc, opts.Slot, failover); err != nil {
 		return nil, err
 	}

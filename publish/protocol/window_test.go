@@ -1,7 +1,6 @@
-package publish
+package protocol
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"runtime"
@@ -9,18 +8,23 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pglogrepl"
-
-	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish/token"
 )
 
+// tok is a token: its secret and its position.
+type tok struct {
+	secret [token.SecretSize]byte
+	pos    Position
+}
+
+func (t *tok) key() token.RawKey { return token.RawKeyOf(&t.secret) }
+
 // tokens are n tokens of their own secrets, in transactions of 100.
-func tokens(n int) []decoder.Token {
-	toks := make([]decoder.Token, n)
+func tokens(n int) []tok {
+	toks := make([]tok, n)
 	for i := range toks {
-		binary.LittleEndian.PutUint64(toks[i].Secret[:], uint64(i)+1)
-		toks[i].Pos = decoder.Position{Commit: pglogrepl.LSN(0x1000 + 0x10*(i/100)), Index: uint32(i % 100)}
+		binary.LittleEndian.PutUint64(toks[i].secret[:], uint64(i)+1)
+		toks[i].pos = Position{Commit: LSN(0x1000 + 0x10*(i/100)), Index: uint32(i % 100)}
 	}
 	return toks
 }
@@ -29,8 +33,8 @@ func tokens(n int) []decoder.Token {
 // even tokens and the odd ones), each in messages of per tokens, the
 // lanes' messages landing in turn, so that their spans overlap. It
 // returns the window and each message's keys by sequence.
-func windowOf(toks []decoder.Token, per int) (*window, map[uint64]string) {
-	w := &window{}
+func windowOf(toks []tok, per int) (*Window, map[uint64]string) {
+	w := &Window{}
 	stream := map[uint64]string{}
 	var lanes [2][]int
 	for i := range toks {
@@ -45,20 +49,20 @@ func windowOf(toks []decoder.Token, per int) (*window, map[uint64]string) {
 			part := lane[start:min(start+per, len(lane))]
 			keys := make([]string, len(part))
 			for j, i := range part {
-				keys[j] = string(token.AppendKey(nil, &toks[i].Secret))
+				keys[j] = string(token.AppendKey(nil, &toks[i].secret))
 			}
 			seq++
-			m := stored{kind: kindBatch, seq: seq, keys: strings.Join(keys, ","), first: toks[part[0]].Pos, pos: toks[part[len(part)-1]].Pos}
-			stream[seq] = m.keys
-			w.add(m)
+			m := Stored{Kind: Batch, Seq: seq, Keys: strings.Join(keys, ","), First: toks[part[0]].pos, Last: toks[part[len(part)-1]].pos}
+			stream[seq] = m.Keys
+			w.Add(m)
 		}
 	}
 	return w, stream
 }
 
 // reader reads the keys of a message of stream, counting the reads.
-func reader(stream map[uint64]string, reads *int) func(context.Context, uint64) (string, error) {
-	return func(_ context.Context, seq uint64) (string, error) {
+func reader(stream map[uint64]string, reads *int) func(uint64) (string, error) {
+	return func(seq uint64) (string, error) {
 		*reads++
 		keys, ok := stream[seq]
 		if !ok {
@@ -73,17 +77,16 @@ func reader(stream map[uint64]string, reads *int) func(context.Context, uint64) 
 // message is read once, one held at a time for each lane; out of order,
 // still every token.
 func TestWindowKeys(t *testing.T) {
-	ctx := context.Background()
 	toks := tokens(2500)
 	w, stream := windowOf(toks, 100)
-	if w.tokens != 2500 || w.messages != len(stream) {
-		t.Fatalf("%d tokens in %d messages, want 2500 in %d", w.tokens, w.messages, len(stream))
+	if w.Tokens != 2500 || w.Messages != len(stream) || w.Floor != 1 || w.Max != toks[2499].pos {
+		t.Fatalf("%d tokens in %d messages from %d to %v, want 2500 in %d from 1 to %v", w.Tokens, w.Messages, w.Floor, w.Max, len(stream), toks[2499].pos)
 	}
 	reads := 0
 	read := reader(stream, &reads)
-	has := func(tok *decoder.Token) bool {
+	has := func(tk *tok) bool {
 		t.Helper()
-		ok, err := w.spans.has(ctx, tok.Pos, token.RawKeyOf(&tok.Secret), read)
+		ok, err := w.Has(tk.pos, tk.key(), read)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -94,8 +97,8 @@ func TestWindowKeys(t *testing.T) {
 			t.Fatalf("token %d not found", i)
 		}
 	}
-	if reads != len(stream) || len(w.spans.chains) != 2 {
-		t.Fatalf("%d reads of %d messages in %d runs, want each read once, in two runs", reads, len(stream), len(w.spans.chains))
+	if reads != len(stream) || len(w.chains) != 2 {
+		t.Fatalf("%d reads of %d messages in %d runs, want each read once, in two runs", reads, len(stream), len(w.chains))
 	}
 	for i := len(toks) - 1; i >= 0; i -= 7 {
 		if !has(&toks[i]) {
@@ -104,27 +107,34 @@ func TestWindowKeys(t *testing.T) {
 	}
 	// Another token at a position the window covers, and one past it.
 	other := toks[1234]
-	other.Secret[31] = 0xff
+	other.secret[31] = 0xff
 	if has(&other) {
 		t.Fatal("a token of no message found")
 	}
-	other.Pos.Commit += 0x100000
+	other.pos.Commit += 0x100000
 	if has(&other) {
 		t.Fatal("a token past the window found")
 	}
+	// A message gone from the stream between the scan and the replay.
+	if _, err := (&Window{all: w.all, Max: w.Max}).Has(toks[0].pos, toks[0].key(), reader(nil, &reads)); err == nil {
+		t.Fatal("a message that cannot be read is no error")
+	}
+	if ok, err := (&Window{}).Has(toks[0].pos, toks[0].key(), reader(stream, &reads)); ok || err != nil {
+		t.Fatalf("an empty window holds a token: %v, %v", ok, err)
+	}
 }
 
-// A message of a tailer before HeaderPosFirst covers every position up to
-// its last: its tokens are found wherever they are.
+// A message of a tailer before the first-position header covers every
+// position up to its last: its tokens are found wherever they are.
 func TestWindowWithoutFirstPositions(t *testing.T) {
 	toks := tokens(300)
 	w, stream := windowOf(toks, 50)
-	for i := range w.spans.all {
-		w.spans.all[i].first = decoder.Position{}
+	for i := range w.all {
+		w.all[i].first = Position{}
 	}
 	reads := 0
 	for i := range toks {
-		ok, err := w.spans.has(context.Background(), toks[i].Pos, token.RawKeyOf(&toks[i].Secret), reader(stream, &reads))
+		ok, err := w.Has(toks[i].pos, toks[i].key(), reader(stream, &reads))
 		if err != nil || !ok {
 			t.Fatalf("token %d: found %v, %v", i, ok, err)
 		}
@@ -148,18 +158,18 @@ func BenchmarkWindowMemory(b *testing.B) {
 	toks := tokens(n)
 	for range b.N {
 		w, stream := windowOf(toks, 5000)
-		found := slices.Clone(w.spans.all)
+		found := slices.Clone(w.all)
 		w = nil
 		base := live()
 		// What the scan keeps: the spans.
-		scanned := &window{}
+		scanned := &Window{}
 		for _, sp := range found {
-			scanned.add(stored{kind: kindBatch, seq: sp.seq, first: sp.first, pos: sp.last, keys: stream[sp.seq]})
+			scanned.Add(Stored{Kind: Batch, Seq: sp.seq, First: sp.first, Last: sp.last, Keys: stream[sp.seq]})
 		}
 		b.ReportMetric(float64(live()-base)/n, "scanned-bytes/token")
 		reads, peak := 0, int64(0)
 		for i := 0; i < n; i += 997 {
-			scanned.spans.has(context.Background(), toks[i].Pos, token.RawKeyOf(&toks[i].Secret), reader(stream, &reads))
+			scanned.Has(toks[i].pos, toks[i].key(), reader(stream, &reads))
 			if i%(100*997) == 0 {
 				peak = max(peak, live()-base)
 			}
