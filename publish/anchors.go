@@ -9,19 +9,16 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mailroom/tailer/publish/protocol"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
 // Anchors are the newest message this process had acknowledged on the
-// stream (a batch or a session marker, each with an id of its own), and
-// the newest batch. A stream is the one the tailer published to while it
-// holds them, at their sequences, whichever replica answers and whatever
-// creation time it reports; a stream deleted and made again, restored
-// from an older backup or purged (the batches' subject alone too, which
-// leaves the markers and the first sequence where they were) does not.
-type Anchors struct {
-	Last, Batch wire.Anchor
-}
+// stream, and the newest batch (protocol.Anchors): a stream deleted and
+// made again, restored from an older backup or purged (the batches'
+// subject alone too, which leaves the markers and the first sequence
+// where they were) does not hold them.
+type Anchors = protocol.Anchors
 
 // anchors guards a Publisher's Anchors: PubAcks note them, the stream
 // checks read them.
@@ -33,7 +30,7 @@ type anchors struct {
 // stored notes msg, stored at seq (its PubAck), as the newest message,
 // and the newest batch when it is one.
 func (p *Publisher) stored(seq uint64, msg *nats.Msg, batch bool) {
-	a := wire.Anchor{Seq: seq, Mark: wire.Mark(msg.Subject, msg.Header, msg.Data)}
+	a := protocol.Anchor{Seq: seq, Mark: wire.Mark(msg.Subject, msg.Header, msg.Data)}
 	p.anchors.mu.Lock()
 	defer p.anchors.mu.Unlock()
 	if seq >= p.anchors.a.Last.Seq {
@@ -52,31 +49,13 @@ func (p *Publisher) Anchors() Anchors {
 	return p.anchors.a
 }
 
-// KeepAnchors takes an earlier session's anchors (of this process, the
-// same slot incarnation and stream) as this one's, until it stores newer.
-func (p *Publisher) KeepAnchors(a Anchors) {
-	p.anchors.mu.Lock()
-	defer p.anchors.mu.Unlock()
-	if a.Last.Seq > p.anchors.a.Last.Seq {
-		p.anchors.a.Last = a.Last
-	}
-	if a.Batch.Seq > p.anchors.a.Batch.Seq {
-		p.anchors.a.Batch = a.Batch
-	}
-}
-
-// Unanchored reports whether nothing was acknowledged yet to anchor the
-// stream by.
-func (a Anchors) Unanchored() bool { return a.Last.Seq == 0 && a.Batch.Seq == 0 }
-
-// MissingAnchor returns the first of the publisher's anchors the stream
-// no longer holds (its message gone, or another at its sequence), read
-// from the stream's leader; zero when it holds them all. On a stream whose
-// limits remove old messages, one below the stream's first sequence went
-// by those limits, and counts as held.
-func (p *Publisher) MissingAnchor(ctx context.Context) (wire.Anchor, error) {
-	a := p.Anchors()
-	for _, want := range []wire.Anchor{a.Batch, a.Last} {
+// MissingAnchor returns the first of a the stream no longer holds (its
+// message gone, or another at its sequence), read from the stream's
+// leader; zero when it holds them all. On a stream whose limits remove
+// old messages, one below the stream's first sequence went by those
+// limits, and counts as held.
+func (p *Publisher) MissingAnchor(ctx context.Context, a Anchors) (protocol.Anchor, error) {
+	for _, want := range []protocol.Anchor{a.Batch, a.Last} {
 		if want.Seq == 0 {
 			continue
 		}
@@ -87,12 +66,12 @@ func (p *Publisher) MissingAnchor(ctx context.Context) (wire.Anchor, error) {
 				return want, err
 			}
 		case err != nil:
-			return wire.Anchor{}, fmt.Errorf("read message %d of stream %s: %w", want.Seq, p.name, err)
+			return protocol.Anchor{}, fmt.Errorf("read message %d of stream %s: %w", want.Seq, p.name, err)
 		case messageMark(msg) != want.Mark:
 			return want, nil
 		}
 	}
-	return wire.Anchor{}, nil
+	return protocol.Anchor{}, nil
 }
 
 // trimmed reports whether the stream's limits removed the message at seq:

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"github.com/jackc/pglogrepl"
 	"strconv"
 
 	"github.com/nats-io/nats.go"
@@ -97,12 +96,12 @@ func (r *streamReader) LastOn(subject string) (protocol.Stored, bool, error) {
 // hold tokens the session replays, how many of their tokens, the furthest
 // position they cover, how many messages are not the tailer's, and how
 // many markers the session started with.
-func (p *Publisher) Window() (messages, tokens int, max decoder.Position, strays, fence int) {
+func (p *Publisher) Window() (messages, tokens int, max protocol.Position, strays, fence int) {
 	w := p.window
 	if w == nil {
-		return 0, 0, decoder.Position{}, 0, 0
+		return 0, 0, protocol.Position{}, 0, 0
 	}
-	return w.Messages, w.Tokens, decoder.Position{Commit: pglogrepl.LSN(w.Max.Commit), Index: w.Max.Index}, w.Strays, w.Fence
+	return w.Messages, w.Tokens, w.Max, w.Strays, w.Fence
 }
 
 // OnStream reports whether t is on the stream already: a message of the

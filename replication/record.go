@@ -68,6 +68,11 @@ type Record struct {
 	// by. Zero and empty until one is recorded, and after a resync.
 	AnchorSeq  uint64
 	AnchorMark string
+	// RefusedFact and Refused are a refusal that lasts until a resync
+	// (SetRefused): the fact (publish/protocol's name of it) and the
+	// words it was said with, since RefusedAt; empty while there is none.
+	RefusedFact, Refused string
+	RefusedAt            time.Time
 }
 
 // Cutover is where mailroom's collector stopped: it sent the tokens up to
@@ -100,7 +105,8 @@ func NewIncarnation() string {
 
 const recordColumns = `incarnation, created_by, created_at, resync_pending, resync_needed, consistent_point::text, stream_seq, legacy, collector_last_seq, collector_cutover,
 	coalesce(blocked, ''), coalesce(blocked_at, 'epoch'), coalesce(stream_name, ''), coalesce(stream_created, ''),
-	coalesce(stopped_seq, 0), coalesce(stopped_msg_id, ''), coalesce(anchor_seq, 0), coalesce(anchor_mark, '')`
+	coalesce(stopped_seq, 0), coalesce(stopped_msg_id, ''), coalesce(anchor_seq, 0), coalesce(anchor_mark, ''),
+	coalesce(refused_fact, ''), coalesce(refused, ''), coalesce(refused_at, 'epoch')`
 
 // LoadRecord reads slot's record; Exists is false when there is none.
 func LoadRecord(ctx context.Context, db SchemaConn, slot string) (Record, error) {
@@ -115,7 +121,7 @@ func LoadRecord(ctx context.Context, db SchemaConn, slot string) (Record, error)
 	)
 	err := db.QueryRow(ctx, `SELECT `+recordColumns+` FROM `+db.slots()+` WHERE slot = $1`, slot).
 		Scan(&r.Incarnation, &r.CreatedBy, &r.CreatedAt, &r.ResyncPending, &r.ResyncNeeded, &cp, &seq, &r.Legacy, &lastSeq, &cutoverAt, &r.Blocked, &r.BlockedAt,
-			&r.StreamName, &r.StreamCreated, &stoppedSeq, &r.StoppedMsgID, &anchorSeq, &r.AnchorMark)
+			&r.StreamName, &r.StreamCreated, &stoppedSeq, &r.StoppedMsgID, &anchorSeq, &r.AnchorMark, &r.RefusedFact, &r.Refused, &r.RefusedAt)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -172,6 +178,7 @@ func saveRecord(ctx context.Context, db SchemaConn, r *Record) error {
 			created_at = EXCLUDED.created_at, resync_pending = EXCLUDED.resync_pending, consistent_point = EXCLUDED.consistent_point,
 			stream_seq = EXCLUDED.stream_seq, legacy = false, resync_needed = false, blocked = NULL, blocked_at = NULL,
 			stopped_seq = NULL, stopped_msg_id = NULL, anchor_seq = NULL, anchor_mark = NULL,
+			refused_fact = NULL, refused = NULL, refused_at = NULL,
 			collector_last_seq = coalesce(EXCLUDED.collector_last_seq, s.collector_last_seq),
 			collector_cutover = coalesce(EXCLUDED.collector_cutover, s.collector_cutover)
 		RETURNING created_at, collector_last_seq, collector_cutover`,
@@ -181,6 +188,7 @@ func saveRecord(ctx context.Context, db SchemaConn, r *Record) error {
 	}
 	r.Exists, r.Legacy, r.StoppedSeq, r.StoppedMsgID = true, false, 0, ""
 	r.AnchorSeq, r.AnchorMark = 0, ""
+	r.RefusedFact, r.Refused, r.RefusedAt = "", "", time.Time{}
 	if lastSeq != nil && cutoverAt != nil {
 		r.Cutover = &Cutover{LastSeq: *lastSeq, At: *cutoverAt}
 	}
@@ -340,5 +348,21 @@ func SetStopped(ctx context.Context, db SchemaConn, r *Record, seq uint64, mark 
 		return fmt.Errorf("record where the stream stood for slot %s: %w", r.Slot, err)
 	}
 	r.StoppedSeq, r.StoppedMsgID = seq, mark
+	return nil
+}
+
+// SetRefused records, for r's incarnation, a refusal that lasts until a
+// resync (its fact's name and the words it was said with), unless one is
+// recorded already: the first says what was found first. The caller
+// holds the lease.
+func SetRefused(ctx context.Context, db SchemaConn, r *Record, fact, said string) error {
+	tag, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET refused_fact = $3, refused = $4, refused_at = now()
+		WHERE slot = $1 AND incarnation = $2 AND refused IS NULL`, r.Slot, r.Incarnation, fact, said)
+	if err != nil {
+		return fmt.Errorf("record that slot %s is refused until a resync: %w", r.Slot, err)
+	}
+	if tag.RowsAffected() == 1 {
+		r.RefusedFact, r.Refused = fact, said
+	}
 	return nil
 }

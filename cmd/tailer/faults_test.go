@@ -803,15 +803,66 @@ func (c *cluster) lastBatchSeq() (uint64, error) {
 	return msg.Sequence, nil
 }
 
+// purgeBatches purges the stream of the batches' subject, the session
+// markers kept (the first sequence stays where it was).
+func purgeBatches(c *cluster, js jetstream.JetStream, _ *watched) error {
+	s, err := js.Stream(c.ctx, "MAILROOM")
+	if err != nil {
+		return err
+	}
+	return s.Purge(c.ctx, jetstream.WithPurgeSubject("mailroom.batches"))
+}
+
+// deleteLastBatch deletes the stream's last batch (nats stream rmm).
+func deleteLastBatch(c *cluster, js jetstream.JetStream, _ *watched) error {
+	seq, err := c.lastBatchSeq()
+	if err != nil {
+		return err
+	}
+	s, err := js.Stream(c.ctx, "MAILROOM")
+	if err != nil {
+		return err
+	}
+	return s.DeleteMsg(c.ctx, seq)
+}
+
+// restoreOlder puts back a backup of the stream without its last
+// message, the tailer frozen meanwhile so that it publishes nothing into
+// the stream as it is made again.
+func restoreOlder(c *cluster, _ jetstream.JetStream, p *watched) error {
+	p.freeze()
+	defer p.thaw()
+	restoreStream(c.t, c, streamLastSeq(c.t, c)-1)
+	return nil
+}
+
+// refusedUntilResync checks that the refusal p said lasts: recorded for
+// tailer status as lasting until a resync, and said again by tailers
+// started after it, each time at once (issue 63: a purge was refused
+// once, and streamed on 5 s later, before and after a restart).
+func (c *cluster) refusedUntilResync(p *watched, want string, restarts int) *watched {
+	c.t.Helper()
+	tailertest.Eventually(c.t, 30*time.Second, func() error {
+		if rep, code := c.statusWith(1<<40, p.env...); code != 1 || !strings.Contains(rep.Refused, want) {
+			return fmt.Errorf("tailer status exit %d, refused %q", code, rep.Refused)
+		}
+		return nil
+	})
+	for range restarts {
+		if code := p.term(30 * time.Second); code != exitOK {
+			c.t.Fatalf("SIGTERM while refused: exit %d:\n%s", code, p.out.String())
+		}
+		p = c.watchedTailer(p.env...)
+		p.blocked(c, "stream", want)
+		if strings.Contains(p.out.String(), "msg=streaming") {
+			c.t.Fatalf("a tailer started after the refusal streamed:\n%s", p.out.String())
+		}
+	}
+	return p
+}
+
 func TestStreamThatLostItsBatchesIsRefused(t *testing.T) {
 	t.Parallel()
-	purgeBatches := func(c *cluster, js jetstream.JetStream, _ *watched) error {
-		s, err := js.Stream(c.ctx, "MAILROOM")
-		if err != nil {
-			return err
-		}
-		return s.Purge(c.ctx, jetstream.WithPurgeSubject("mailroom.batches"))
-	}
 	for _, tc := range []struct {
 		name, want string
 		lose       func(c *cluster, js jetstream.JetStream, p *watched) error
@@ -840,14 +891,10 @@ func TestStreamThatLostItsBatchesIsRefused(t *testing.T) {
 		// (issue 45: not seen, before and after a restart).
 		{"purged of the batches' subject", "no longer holds", purgeBatches, false},
 		{"purged of the batches' subject while the tailer was killed", "no longer holds", purgeBatches, true},
-		// Frozen meanwhile, so that it publishes nothing into the stream
-		// as it is made again.
-		{"restored from an older backup", "no longer holds message", func(c *cluster, js jetstream.JetStream, p *watched) error {
-			p.freeze()
-			defer p.thaw()
-			restoreStream(c.t, c, streamLastSeq(c.t, c)-1)
-			return nil
-		}, false},
+		{"restored from an older backup", "no longer holds message", restoreOlder, false},
+		// nats stream rmm: one message (issue 63: streamed again 6 s
+		// later, a second deletion said nothing).
+		{"a message deleted", "no longer holds message", deleteLastBatch, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -883,6 +930,7 @@ func TestStreamThatLostItsBatchesIsRefused(t *testing.T) {
 			}
 			c.accounts("during", 5)
 			p.blocked(c, "stream", tc.want)
+			p = c.refusedUntilResync(p, tc.want, 2)
 
 			r := c.command([]string{"resync"})
 			if code := r.exit(60 * time.Second); code != exitOK {

@@ -57,6 +57,9 @@ type statusReport struct {
 	// Blocked is why tailer run waits for the operator, as it recorded it;
 	// Problems what status finds itself (the schema, the publication).
 	Blocked string `json:"blocked,omitempty"`
+	// Refused is a refusal that lasts until a resync, as tailer run
+	// recorded it (the stream lost what it had acknowledged).
+	Refused string `json:"refused,omitempty"`
 	// PublicationGuard: the event trigger that marks the slot for a resync
 	// in the transaction of a publication change is installed (it takes a
 	// superuser to install).
@@ -174,6 +177,9 @@ func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error
 		if rec.Blocked != "" {
 			rep.Blocked = "since " + rec.BlockedAt.UTC().Format(time.RFC3339) + ": " + rec.Blocked
 		}
+		if rec.Refused != "" {
+			rep.Refused = "since " + rec.RefusedAt.UTC().Format(time.RFC3339) + ", until a resync: " + rec.Refused
+		}
 	}
 	if rep.PublicationGuard, err = replication.GuardInstalled(ctx, conn); err != nil {
 		return statusReport{}, err
@@ -188,7 +194,7 @@ func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error
 		}
 	}
 	rep.judgeStreaming(cfg, rec)
-	rep.OK = !missing && rep.LagBytes <= cfg.MaxLag && !slot.Lost() && !rec.ResyncPending && !rec.ResyncNeeded && rep.Blocked == "" && len(rep.Problems) == 0
+	rep.OK = !missing && rep.LagBytes <= cfg.MaxLag && !slot.Lost() && !rec.ResyncPending && !rec.ResyncNeeded && rep.Blocked == "" && rep.Refused == "" && len(rep.Problems) == 0
 	if info, err := streamInfo(ctx, cfg); err != nil {
 		rep.StreamError = err.Error()
 		if cfg.NATSURL == "" {
@@ -268,6 +274,9 @@ func (rep *statusReport) writeText(w io.Writer) {
 	}
 	if rep.Blocked != "" {
 		fmt.Fprintf(w, "BLOCKED         %s\n", rep.Blocked)
+	}
+	if rep.Refused != "" {
+		fmt.Fprintf(w, "REFUSED         %s\n", rep.Refused)
 	}
 	for _, p := range rep.Problems {
 		fmt.Fprintf(w, "PROBLEM         %s\n", p)

@@ -9,7 +9,6 @@ import (
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/protocol"
-	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -82,10 +81,9 @@ func RelationMessage(e *decoder.RelationError, publication string) string {
 const lostStreamWayOut = "To go on: run `tailer resync` while the tokens are still valid (15 minutes by default): it publishes, once, every still-eligible token the stream lacks; " +
 	"tokens a consumer had already taken come again, so consumers drop them by token key"
 
-// StreamReplacedMessage says that the stream was deleted and made again.
-func StreamReplacedMessage(s replication.StreamIdentity, recorded string) string {
-	return fmt.Sprintf("stream %s was deleted and made again (the server created it at %s; this slot published to one created at %s): the batches the old one held are gone, "+
-		"acknowledged by JetStream whether or not a consumer had read them, and the tailer does not go on as if they were there. "+lostStreamWayOut, s.Name, s.Created, recorded)
+// StreamLossMessage says what the stream lost, and the way out.
+func StreamLossMessage(e *protocol.StreamLoss) string {
+	return e.Error() + ". " + lostStreamWayOut
 }
 
 // ActionMessage says why the tailer stops at a token of an action it does
@@ -99,20 +97,6 @@ func ActionMessage(e *decoder.ActionError) string {
 // messages the stream's limits removed, and the way out.
 func WindowTrimmedMessage(e *protocol.WindowTrimmedError) string {
 	return e.Error() + ". Raise the stream's limits (or remove them: the tailer's own stream has none) so that they keep what the slot may replay and what consumers have yet to read. " + resyncWayOut
-}
-
-// StreamLostAnchorMessage says that the stream no longer holds, at its
-// sequence, a message this process had acknowledged on it.
-func StreamLostAnchorMessage(stream string, a wire.Anchor) string {
-	return fmt.Sprintf("stream %s no longer holds message %d that this tailer stored on it (%s): it was deleted and made again, restored from an older backup, or purged (of the batches' subject alone too), and the batches it held are gone, "+
-		"acknowledged by JetStream whether or not a consumer had read them. "+lostStreamWayOut, stream, a.Seq, a.Mark)
-}
-
-// StreamPurgedMessage says that the stream was purged of messages the
-// slot's incarnation published after sequence since.
-func StreamPurgedMessage(stream string, since uint64) string {
-	return fmt.Sprintf("stream %s no longer holds messages this slot published after sequence %d, and its configuration removes none: it was purged, and the batches it held are gone, "+
-		"acknowledged by JetStream whether or not a consumer had read them. "+lostStreamWayOut, stream, since)
 }
 
 // ResyncNeededMessage says why tailer run waits for a resync although the

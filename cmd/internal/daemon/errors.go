@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
-	"github.com/mailroom/tailer/replication"
 )
 
 // stopError is a graceful stop that could not publish every token it had
@@ -20,59 +19,6 @@ func (e *stopError) Error() string {
 	return "stopped without publishing every token read (they stay in the slot for the next run): " + e.err.Error()
 }
 func (e *stopError) Unwrap() error { return e.err }
-
-// slotLostError is a slot the server invalidated: retrying cannot read it,
-// but the operator may recreate it while the tailer waits.
-type slotLostError struct {
-	slot  replication.SlotInfo
-	cause error // the server's refusal, when it came at the start of streaming
-}
-
-func (e *slotLostError) Error() string {
-	if e.cause != nil {
-		return LostSlotMessage(e.slot) + " (" + e.cause.Error() + ")"
-	}
-	return LostSlotMessage(e.slot)
-}
-
-// blockedError is a slot the tailer must not stream from until the
-// operator acts: a resync started and did not finish, the slot is gone
-// while the database or the stream says it existed, the stream's batches
-// are not the slot's, a schema or a publication the tailer cannot read
-// tokens through. reason is the tailer_blocked label; resync says a
-// resync is the way out (so MAILROOM_AUTO_RESYNC applies).
-type blockedError struct {
-	reason string
-	msg    string
-	resync bool
-}
-
-// Why the tailer waits for the operator (tailer_blocked's reason label).
-const (
-	blockedResync      = "resync"
-	blockedSchema      = "schema"
-	blockedPublication = "publication"
-	blockedStream      = "stream"
-	// blockedNATS: NATS takes no batches until the operator acts (its
-	// store full, the tailer's user denied); the tailer goes on by itself
-	// once it does.
-	blockedNATS = "nats"
-)
-
-var blockedReasons = []string{blockedResync, blockedSchema, blockedPublication, blockedStream, blockedNATS}
-
-func (e *blockedError) Error() string { return e.msg }
-
-// resyncFailedError is an automatic resync that failed; the next session
-// tries again.
-type resyncFailedError struct{ err error }
-
-func (e *resyncFailedError) Error() string { return "resync: " + e.err.Error() }
-func (e *resyncFailedError) Unwrap() error { return e.err }
-
-// errResynced ends a session that resynced the slot: the next one streams
-// from the new slot.
-var errResynced = errors.New("slot resynced")
 
 // What a failed session's error is blamed on, for tailer_reconnects_total.
 const (

@@ -11,7 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/mailroom/tailer/decoder"
-
+	"github.com/mailroom/tailer/publish/join"
+	"github.com/mailroom/tailer/publish/protocol"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -68,15 +69,8 @@ func (d *Daemon) sampleSlot(ctx context.Context) {
 			if d.held.Load() {
 				d.recordConfirmedThrough(ctx, conn)
 			}
-			if stop := d.stopSession.Load(); stop != nil {
-				var blocked *blockedError
-				rerr := d.checkReadable(ctx, conn)
-				if check := d.streamCheck.Load(); rerr == nil && check != nil {
-					rerr = (*check)(ctx, conn)
-				}
-				if errors.As(rerr, &blocked) {
-					(*stop)(blocked)
-				}
+			if st := d.streaming.Load(); st != nil {
+				d.checkStreaming(ctx, conn, st)
 			}
 		}
 		// A configuration error at startup is the session loop's to
@@ -169,4 +163,65 @@ func (d *Daemon) heartbeat(ctx context.Context) {
 			conn = nil
 		}
 	}
+}
+
+// checkStreaming looks, for the relay, at what the streaming session
+// reads tokens through and at its stream, and carries out what the relay
+// asks then: the session stopped (the tokens can no longer be read, or
+// the stream lost what it stored: a publication that no longer carries
+// token inserts makes the slot's stream silently empty of them, and a
+// purge leaves the stream's sequence where it was, so the session's
+// publishes go on), or the newest batch found on the stream kept in the
+// record. A look that fails is taken again at the next sample.
+func (d *Daemon) checkStreaming(ctx context.Context, conn *pgx.Conn, st *streaming) {
+	x := st.x
+	for _, cmd := range d.step(protocol.Checking{Anchors: x.pub.Anchors()}) {
+		c, ok := cmd.(protocol.CheckStream)
+		if !ok {
+			continue
+		}
+		ev, err := d.look(ctx, conn, x, c)
+		if err != nil {
+			return
+		}
+		for _, cmd := range d.step(ev) {
+			switch c := cmd.(type) {
+			case protocol.Stop:
+				st.stop(&refusalCause{c.Refusal})
+			case protocol.RecordAnchor:
+				err := replication.SetAnchor(ctx, d.db(conn), d.cfg.Slot, x.rec.Incarnation, c.Anchor.Seq, c.Anchor.Mark)
+				if err != nil && ctx.Err() == nil && !d.anchorSaid.Swap(true) {
+					d.log.Warn("cannot record the newest batch found on the stream; a tailer started after this one is killed checks the stream by an older one", "err", err)
+				}
+			}
+		}
+	}
+}
+
+// look is what a check while streaming finds: the schema, the
+// publication, the record's word that the stream lacks inserts, and the
+// stream.
+func (d *Daemon) look(ctx context.Context, conn *pgx.Conn, x *run, c protocol.CheckStream) (protocol.Checked, error) {
+	ev := protocol.Checked{Anchors: c.Anchors}
+	err := join.CheckSchema(ctx, conn, d.cfg.Schema)
+	var schema *join.SchemaError
+	if errors.As(err, &schema) {
+		ev.Schema = schema
+	} else if err != nil {
+		return ev, err
+	}
+	err = replication.CheckPublication(ctx, d.db(conn), d.cfg.Publication)
+	var pub *replication.PublicationError
+	if errors.As(err, &pub) {
+		ev.Publication = pub
+	} else if err != nil {
+		return ev, err
+	}
+	rec, err := replication.LoadRecord(ctx, d.db(conn), d.cfg.Slot)
+	if err != nil {
+		return ev, err
+	}
+	ev.ResyncNeeded = rec.ResyncNeeded
+	ev.Stream, err = streamCheck(ctx, x.pub, c)
+	return ev, err
 }

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"github.com/mailroom/tailer/publish/protocol"
 	"net/http"
 	"time"
 
@@ -95,7 +96,7 @@ func NewMetrics(pending, lag, pubAckWait func() float64) *Metrics {
 	for _, t := range []string{targetPostgres, targetNATS} {
 		m.reconnects.WithLabelValues(t)
 	}
-	for _, r := range blockedReasons {
+	for _, r := range protocol.Reasons {
 		m.blocked.WithLabelValues(r)
 	}
 	m.reg.MustRegister(m.published, m.skipped, m.batches, m.batchSize, m.publishLatency, m.messageBatches, m.messageLatency, m.commitToAck, m.joinLatency,
@@ -211,7 +212,7 @@ func (m *Metrics) setReady(ready bool)          { m.ready.Set(b2f(ready)) }
 
 // setBlocked marks reason as why the tailer waits ("": it does not).
 func (m *Metrics) setBlocked(reason string) {
-	for _, r := range blockedReasons {
+	for _, r := range protocol.Reasons {
 		m.blocked.WithLabelValues(r).Set(b2f(r == reason))
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/mailroom/tailer/internal/embedded"
 	"github.com/mailroom/tailer/internal/pause"
 	"github.com/mailroom/tailer/publish"
+	"github.com/mailroom/tailer/publish/protocol"
 )
 
 // The causes of a NATS server that takes no batches, which retrying does
@@ -20,9 +21,9 @@ import (
 // and a denied subject showed only as "nats: timeout waiting for ack",
 // /readyz as "not streaming", tailer status exit 0): the embedded server's
 // store out of disk, a server without room for the stream, and the
-// tailer's user denied publishing. Each is a blockedError of reason
-// blockedNATS, said once, on /readyz, tailer_blocked and tailer status,
-// until a session's markers are stored again.
+// tailer's user denied publishing. Each is a refusal of the relay's
+// (protocol.NATSStoresNothing), said once, on /readyz, tailer_blocked and
+// tailer status, until a session's markers are stored again.
 
 // denial is a publish the server refused the tailer's user.
 type denial struct {
@@ -46,8 +47,20 @@ func (d *Daemon) natsError(_ *nats.Conn, _ *nats.Subscription, err error) {
 	if last := d.denied.Swap(&denial{subject: m[1], at: time.Now()}); last == nil || last.subject != m[1] {
 		d.log.Warn("the NATS server denied a publish", "subject", m[1], "err", err)
 	}
-	if stop := d.stopSession.Load(); stop != nil {
-		(*stop)(&blockedError{reason: blockedNATS, msg: d.deniedMessage()})
+	d.trouble(errors.New(d.deniedMessage()))
+}
+
+// trouble tells the relay what keeps NATS from storing anything, found
+// while a session streams: it stops the session.
+func (d *Daemon) trouble(err error) {
+	st := d.streaming.Load()
+	if st == nil {
+		return
+	}
+	for _, cmd := range d.step(protocol.NATSTrouble{Err: err}) {
+		if c, ok := cmd.(protocol.Stop); ok {
+			st.stop(&refusalCause{c.Refusal})
+		}
 	}
 }
 
@@ -78,9 +91,7 @@ func (d *Daemon) watchStore(ctx context.Context, store *embedded.Store) {
 			continue
 		}
 		d.storeProblem.Store(&p)
-		if stop := d.stopSession.Load(); stop != nil {
-			(*stop)(&blockedError{reason: blockedNATS, msg: p})
-		}
+		d.trouble(errors.New(p))
 	}
 }
 

@@ -1,0 +1,154 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+
+	"github.com/mailroom/tailer/publish"
+	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/replication"
+)
+
+// claim records the publication the slot is read through, makes the slot
+// what MAILROOM_SLOT_FAILOVER asks, ends the walsender of a holder that
+// lost the lease, starts streaming the slot and opens the stream.
+func (x *run) claim() protocol.Event {
+	d, ctx, cfg := x.d, x.ctx, x.d.cfg
+	failover, err := replication.WantFailover(cfg.SlotFailover, x.s.major)
+	if err != nil {
+		return x.ended(FailoverSettingError(err))
+	}
+	if err := replication.SetPublication(ctx, x.db(), cfg.Slot, cfg.Publication); errors.Is(err, replication.ErrOldSchema) {
+		return protocol.Ended{Kind: protocol.EndRefused, Refusal: protocol.Refusal{Fact: protocol.SchemaUnreadable, Err: err}}
+	} else if err != nil {
+		return x.ended(pgErr(err))
+	}
+	d.sayGuard(ctx, x.s.q)
+	// With the lease held and nothing streaming yet, the slot is made what
+	// MAILROOM_SLOT_FAILOVER asks (a slot from before the upgrade to 17, or
+	// made by hand). A synced copy on a standby is the primary's to change.
+	if x.s.major >= replication.FailoverMinVersion && x.slot.Failover != failover && !x.slot.Synced && (failover || cfg.SlotFailover == replication.FailoverOff) {
+		if err := replication.SetFailover(ctx, x.s.rc, cfg.Slot, failover); err != nil {
+			return x.ended(pgErr(err))
+		}
+		x.slot.Failover = failover
+		d.log.Info("slot failover changed", "slot", cfg.Slot, "failover", failover)
+	}
+	// The lease is this session's: a walsender that still streams the slot
+	// serves a holder that lost it (frozen, or cut off), and would keep the
+	// slot until wal_sender_timeout notices.
+	if pid, err := replication.TakeOver(ctx, x.s.q, x.slot); err != nil {
+		d.log.Warn("cannot end the walsender of a process that lost the slot's lease; waiting for the server to end it", "slot", cfg.Slot, "err", err)
+	} else if pid != 0 {
+		d.log.Warn("took the slot over from a process that lost its lease: ended the walsender that still streamed it", "slot", cfg.Slot, "walsender_pid", pid)
+	}
+	x.receiver, err = replication.Start(ctx, x.s.rc, replication.Options{
+		Slot: cfg.Slot, Publication: cfg.Publication, ProtoVersion: cfg.ProtoVersion, Binary: cfg.Binary, Messages: cfg.HeartbeatInterval > 0,
+		OnStatus: d.streamConfirmed, Timeout: cfg.ReplicationTimeout,
+	})
+	if replication.IsSlotLost(err) {
+		return protocol.Ended{Kind: protocol.EndRefused, Refusal: protocol.Refusal{Fact: protocol.SlotLost, Err: err}}
+	}
+	if err != nil {
+		return x.ended(pgErr(err))
+	}
+	// The slot is held: no other tailer publishes now, and the markers
+	// Resume starts the session with keep out what an earlier one may
+	// still have on its way (see publish.Publisher).
+	if x.pub, err = d.newPublisher(ctx, x.s.q, x.nc, x.destination()); err != nil {
+		return x.ended(err)
+	}
+	x.head = protocol.StreamHead{Name: cfg.Stream, Created: x.pub.Created(), LastSeq: x.pub.LastSeq(), Replicas: x.pub.Replicas(), Foreign: x.pub.CheckOrigin(x.s.origin)}
+	return protocol.Claimed{Head: x.head}
+}
+
+// bind ties the stream to the slot's incarnation: a new incarnation for a
+// slot no tailer recorded making (Adopt), or the record's (Bind).
+func (x *run) bind(cmd protocol.Command) protocol.Event {
+	d := x.d
+	var err error
+	if _, adopt := cmd.(protocol.Adopt); adopt {
+		if x.rec, err = replication.AdoptSlot(x.ctx, x.db(), d.cfg.Slot); err != nil {
+			return x.ended(pgErr(err))
+		}
+		d.log.Info("adopted a slot no tailer recorded making, beside an empty stream", "slot", d.cfg.Slot, "incarnation", x.rec.Incarnation)
+	} else if err := replication.Bind(x.ctx, x.db(), &x.rec, 0); err != nil {
+		return x.ended(pgErr(err))
+	}
+	return protocol.Bound{Record: recordOf(x.rec)}
+}
+
+// checkHeld asks whether the stream holds what was last on it at the last
+// clean stop.
+func (x *run) checkHeld(c protocol.CheckHeld) protocol.Event {
+	held, err := x.pub.Holds(x.ctx, c.Stopped.Seq, c.Stopped.Mark, c.Since)
+	if err != nil {
+		return x.ended(natsErr(err))
+	}
+	if held {
+		x.d.log.Warn("the stream was made again with every message the slot's incarnation published (restored): it holds, at the sequence where the last tailer stopped cleanly, the message that was last then; going on with it",
+			"stream", x.head.Name, "created", x.head.Created, "recorded_created", x.rec.StreamCreated, "stopped_seq", c.Stopped.Seq)
+	}
+	return protocol.Held{Held: held}
+}
+
+// checkStream looks at the stream: whether it holds the anchors, and lost
+// nothing since the incarnation took it over.
+func (x *run) checkStream(c protocol.CheckStream) protocol.Event {
+	ev, err := streamCheck(x.ctx, x.pub, c)
+	if err != nil {
+		return x.ended(natsErr(err))
+	}
+	if x.rec.StreamName == x.head.Name && x.rec.StreamCreated != x.head.Created && !c.Anchors.Unanchored() {
+		x.d.log.Info("the stream's server reports another creation time than recorded (another replica answers, or it was restored); it is judged by the messages this tailer stored last",
+			"stream", x.head.Name, "created", x.head.Created, "recorded_created", x.rec.StreamCreated)
+	}
+	return ev
+}
+
+// streamCheck is pub's stream as CheckStream asks to look at it.
+func streamCheck(ctx context.Context, pub *publish.Publisher, c protocol.CheckStream) (protocol.StreamChecked, error) {
+	created, truncated, err := pub.Lost(ctx, c.Since)
+	if err != nil {
+		return protocol.StreamChecked{}, err
+	}
+	missing, err := pub.MissingAnchor(ctx, c.Anchors)
+	if err != nil {
+		return protocol.StreamChecked{}, err
+	}
+	return protocol.StreamChecked{Created: created, Truncated: truncated, Missing: missing}, nil
+}
+
+// resume resumes the publisher past what the stream holds of the slot.
+func (x *run) resume(c protocol.Resume) protocol.Event {
+	d, ctx := x.d, x.ctx
+	o := c.Owner
+	o.Origin = x.s.origin
+	x.inFlight = o.InFlight
+	err := x.pub.Resume(ctx, o)
+	var (
+		foreign *protocol.ForeignStreamError
+		trimmed *protocol.WindowTrimmedError
+	)
+	switch {
+	case errors.As(err, &foreign), errors.As(err, &trimmed):
+		return protocol.Resumed{Err: err}
+	case err != nil:
+		return x.ended(natsErr(err))
+	}
+	if l := x.pub.Limits(); l != "" && !d.limitsSaid.Swap(true) {
+		d.log.Warn("the stream's limits remove its oldest messages, read or not: a consumer further behind loses them, and a restart whose replayed tokens they removed is refused",
+			"stream", d.cfg.Stream, "limits", l)
+	}
+	var reach protocol.Position
+	var strays int
+	x.window, x.tokens, reach, strays, x.fence = x.pub.Window()
+	if strays > 0 {
+		d.log.Warn("the stream holds messages that are not the tailer's batches: passed over", "stream", d.cfg.Stream, "messages", strays)
+	}
+	current, err := currentLSN(ctx, x.s.q)
+	if err != nil {
+		return x.ended(pgErr(err))
+	}
+	return protocol.Resumed{Reach: reach, WAL: protocol.LSN(current)}
+}

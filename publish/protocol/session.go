@@ -1,0 +1,375 @@
+package protocol
+
+import (
+	"errors"
+	"time"
+)
+
+// readable is the refusal of a slot whose tokens cannot be read: a schema
+// or a publication the tailer cannot read them through, or a stream that
+// lacks inserts the publication did not carry.
+func readable(schema, publication error, resyncNeeded bool) (Refusal, bool) {
+	switch {
+	case schema != nil:
+		return Refusal{Fact: SchemaUnreadable, Err: schema}, true
+	case publication != nil:
+		return Refusal{Fact: PublicationProblem, Err: publication}, true
+	case resyncNeeded:
+		return Refusal{Fact: ResyncNeeded}, true
+	}
+	return Refusal{}, false
+}
+
+// inspected judges what the session found before it streams. Nothing is
+// judged before the lease is held: a standby only learns that another
+// process owns the slot.
+func (r *Relay) inspected(ev Inspected) []Command {
+	if !r.expect(inspecting) {
+		return nil
+	}
+	r.rec, r.slot = ev.Record, ev.Slot
+	if ref, ok := readable(ev.Schema, ev.Publication, ev.Record.ResyncNeeded); ok {
+		return r.refuse(ref)
+	}
+	switch {
+	case r.rec.ResyncPending:
+		return r.refuse(Refusal{Fact: ResyncPending})
+	case r.rec.Refused.Fact != NoFact:
+		// Said before, and kept: no look at the stream since can take it
+		// back, only its way out.
+		return r.refuse(r.rec.Refused)
+	case r.slot.Present && r.slot.Foreign != nil:
+		return r.fail(EndPostgres, r.slot.Foreign, 0)
+	case r.slot.Present && r.slot.Lost:
+		return r.refuse(Refusal{Fact: SlotLost})
+	case !r.slot.Present:
+		// Made here only on a first start, when nothing says one
+		// existed: otherwise the tokens committed since the old one was
+		// last read are in no slot, and a new one would skip them.
+		r.ph = readingHead
+		return []Command{ReadHead{}}
+	}
+	return r.claim()
+}
+
+// headRead judges a missing slot by the stream's head.
+func (r *Relay) headRead(ev HeadRead) []Command {
+	if !r.expect(readingHead) {
+		return nil
+	}
+	switch {
+	case ev.Head.Foreign != nil:
+		return r.refuse(Refusal{Fact: ForeignStream, Err: ev.Head.Foreign})
+	case r.rec.Exists:
+		return r.refuse(Refusal{Fact: SlotDropped})
+	case ev.Head.LastSeq > 0:
+		return r.refuse(Refusal{Fact: SlotUnrecorded})
+	}
+	r.ph = makingSlot
+	return []Command{MakeSlot{}}
+}
+
+// claim starts streaming the slot and opens the stream.
+func (r *Relay) claim() []Command {
+	r.ph = claiming
+	return []Command{Claim{}}
+}
+
+// claimed ties the stream to the slot's incarnation when no tailer has
+// yet (a slot made by tailer migrate, or without a record at all): only
+// an empty stream can be taken over, since batches already on it were
+// published from some other slot and their positions mean nothing to
+// this one.
+func (r *Relay) claimed(ev Claimed) []Command {
+	if !r.expect(claiming) {
+		return nil
+	}
+	r.stream = ev.Head
+	if r.rec.Exists && r.rec.Bound {
+		return r.checkStream()
+	}
+	switch {
+	case ev.Head.Foreign != nil:
+		return r.refuse(Refusal{Fact: ForeignStream, Err: ev.Head.Foreign})
+	case ev.Head.LastSeq > 0:
+		return r.refuse(Refusal{Fact: EarlierBatches})
+	}
+	r.ph = binding
+	if !r.rec.Exists {
+		return []Command{Adopt{}}
+	}
+	return []Command{Bind{}}
+}
+
+// checkStream refuses a stream that lost what the slot's incarnation
+// published to it, which JetStream acknowledged whether or not a consumer
+// had read it. It knows the stream by the newest messages stored on it:
+// by this process's last session of the same incarnation and stream, or
+// as a tailer killed before left them in the record. A stream whose
+// server reports another creation time than recorded is the same while
+// it holds them (the replicas of a stream each report their own time);
+// without any, while it holds the message that was last at the last
+// clean stop (restored from a backup taken after that stop, as a move to
+// a cluster does); otherwise it was made again.
+func (r *Relay) checkStream() []Command {
+	if r.anchoredInc == r.rec.Incarnation && r.anchoredName == r.stream.Name {
+		r.anchors = r.anchored
+	}
+	if r.rec.Anchor.Seq != 0 && r.rec.StreamName == r.stream.Name {
+		r.anchors = r.anchors.with(Anchors{Batch: r.rec.Anchor})
+	}
+	if r.rec.StreamName == r.stream.Name && r.rec.StreamCreated != r.stream.Created && r.anchors.Unanchored() {
+		if r.rec.Stopped.Seq == 0 {
+			return r.refuse(r.replaced(r.stream.Created, r.rec.StreamCreated))
+		}
+		r.ph = holding
+		return []Command{CheckHeld{Stopped: r.rec.Stopped, Since: r.rec.StreamSeq}}
+	}
+	r.ph = checking
+	return []Command{CheckStream{Anchors: r.anchors, Since: r.rec.StreamSeq}}
+}
+
+func (r *Relay) replaced(created, recorded string) Refusal {
+	return Refusal{Fact: StreamReplaced, Err: &StreamLoss{Fact: StreamReplaced, Stream: r.stream.Name, Created: created, Recorded: recorded}}
+}
+
+// held judges a stream made again by whether it holds what was last on
+// it at the last clean stop.
+func (r *Relay) held(ev Held) []Command {
+	if !r.expect(holding) {
+		return nil
+	}
+	if !ev.Held {
+		return r.refuse(r.replaced(r.stream.Created, r.rec.StreamCreated))
+	}
+	r.ph = checking
+	return []Command{CheckStream{Anchors: r.anchors, Since: r.rec.StreamSeq}}
+}
+
+// lost is the refusal of a stream that lost messages, as a check found
+// it (false: it lost none): a stored message gone, made again since the
+// session opened it with nothing stored yet to know it by, or purged.
+func (r *Relay) lost(ev StreamChecked) (Refusal, bool) {
+	loss := &StreamLoss{Stream: r.stream.Name}
+	switch {
+	case ev.Missing.Seq != 0:
+		loss.Fact, loss.Anchor = StreamLostAnchor, ev.Missing
+	case ev.Created != r.stream.Created && r.anchors.Unanchored():
+		loss.Fact, loss.Created, loss.Recorded = StreamReplaced, ev.Created, r.stream.Created
+	case ev.Truncated:
+		loss.Fact, loss.Since = StreamPurged, r.rec.StreamSeq
+	default:
+		return Refusal{}, false
+	}
+	return Refusal{Fact: loss.Fact, Err: loss}, true
+}
+
+// streamChecked resumes on a stream that lost nothing.
+func (r *Relay) streamChecked(ev StreamChecked) []Command {
+	if !r.expect(checking) {
+		return nil
+	}
+	if ref, ok := r.lost(ev); ok {
+		return r.refuse(ref)
+	}
+	var cmds []Command
+	if r.rec.StreamName != r.stream.Name || r.rec.StreamCreated != r.stream.Created {
+		cmds = append(cmds, SetStream{Name: r.stream.Name, Created: r.stream.Created})
+	}
+	if r.rec.Stopped.Seq != 0 {
+		cmds = append(cmds, ClearStopped{})
+	}
+	r.ph = resuming
+	return append(cmds, Resume{Owner: Owner{Incarnation: r.rec.Incarnation, Since: r.rec.StreamSeq, Legacy: r.rec.Legacy,
+		After: r.slot.Confirmed, InFlight: r.inFlight()}})
+}
+
+// inFlight is how many messages a session keeps awaiting their PubAck:
+// one on a stream of one replica, which stores one at a time (a second
+// would only split the group and double the syncs); two on a replicated
+// one, whose leader overlaps replication rounds.
+func (r *Relay) inFlight() int {
+	switch {
+	case r.cfg.MaxInFlight > 0:
+		return r.cfg.MaxInFlight
+	case r.stream.Replicas > 1:
+		return 2
+	}
+	return 1
+}
+
+// resumed streams once the stream is resumed.
+func (r *Relay) resumed(ev Resumed) []Command {
+	if !r.expect(resuming) {
+		return nil
+	}
+	var foreign *ForeignStreamError
+	var trimmed *WindowTrimmedError
+	switch {
+	case errors.As(ev.Err, &foreign):
+		return r.refuse(Refusal{Fact: ForeignStream, Err: ev.Err})
+	case errors.As(ev.Err, &trimmed):
+		return r.refuse(Refusal{Fact: WindowTrimmed, Err: ev.Err})
+	case ev.Err != nil:
+		return r.fail(EndNATS, ev.Err, 0)
+	}
+	var cmds []Command
+	if ev.WAL < ev.Reach.Commit || r.reusedIDs {
+		// The database is behind what the stream holds of it (a
+		// restore): its new tokens can come at positions already
+		// published, and their batches must not carry those batches' ids.
+		cmds = append(cmds, UniqueIDs{})
+	}
+	r.ph, r.streamed, r.said, r.standingBy = streaming, true, "", false
+	return append(cmds, Publish{})
+}
+
+// Checking asks, while the session streams, for a look at what it reads
+// through and at the stream (Checked), knowing it by Anchors, what the
+// session stored on it so far.
+type Checking struct{ Anchors Anchors }
+
+func (Checking) event() {}
+
+// NATSTrouble is a cause of NATS storing nothing found while a session
+// streams (a full store, a denied publish).
+type NATSTrouble struct{ Err error }
+
+func (NATSTrouble) event() {}
+
+// checking asks for a look while streaming.
+func (r *Relay) checking(ev Checking) []Command {
+	if !r.expect(streaming) {
+		return nil
+	}
+	r.anchors = r.anchors.with(ev.Anchors)
+	return []Command{CheckStream{Anchors: r.anchors, Since: r.rec.StreamSeq}}
+}
+
+// checked stops a streaming session that can no longer read tokens or
+// whose stream lost what it stored, and keeps the newest batch found on
+// the stream in the record.
+func (r *Relay) checked(ev Checked) []Command {
+	if !r.expect(streaming) {
+		return nil
+	}
+	r.anchors = r.anchors.with(ev.Anchors)
+	if ref, ok := readable(ev.Schema, ev.Publication, ev.ResyncNeeded); ok {
+		return []Command{Stop{Refusal: ref}}
+	}
+	if ev.NATS != nil {
+		return []Command{Stop{Refusal: Refusal{Fact: NATSStoresNothing, Err: ev.NATS}}}
+	}
+	if ref, ok := r.lost(ev.Stream); ok {
+		return []Command{Stop{Refusal: ref}}
+	}
+	if a := r.anchors.Batch; a.Seq != 0 && a.Seq != r.recorded {
+		r.recorded = a.Seq
+		return []Command{RecordAnchor{Anchor: a}}
+	}
+	return nil
+}
+
+// natsTrouble stops a streaming session whose NATS stores nothing.
+func (r *Relay) natsTrouble(ev NATSTrouble) []Command {
+	if !r.expect(streaming) {
+		return nil
+	}
+	return []Command{Stop{Refusal: Refusal{Fact: NATSStoresNothing, Err: ev.Err}}}
+}
+
+// ended says what a session's end means: the process to exit, the
+// operator to wait for, another process to stand by for, or a failure to
+// retry after a delay.
+func (r *Relay) ended(ev Ended) []Command {
+	if r.ph == streaming && r.rec.Incarnation != "" {
+		r.anchored, r.anchoredInc, r.anchoredName = r.anchors.with(ev.Anchors), r.rec.Incarnation, r.stream.Name
+	}
+	r.ph = idle
+	switch ev.Kind {
+	case EndStopped:
+		return []Command{Exit{}}
+	case EndStoppedUnpublished, EndConfig, EndStreamConfig:
+		return []Command{Exit{Err: ev.Err}}
+	case EndStartupConfig:
+		if !r.streamed {
+			return []Command{Exit{Err: ev.Err}}
+		}
+		return r.fail(EndPostgres, ev.Err, ev.Lasted)
+	case EndRefused:
+		return r.refuse(ev.Refusal)
+	case EndLeaseHeld:
+		say := !r.standingBy
+		r.standingBy, r.said = true, ""
+		return []Command{StandBy{Err: ev.Err, Say: say}, Wait{Delay: standbyDelay}}
+	case EndReusedID:
+		r.reusedIDs = true
+	case EndNATS:
+		if ev.Cause != nil {
+			return r.refuse(Refusal{Fact: NATSStoresNothing, Err: ev.Cause})
+		}
+	}
+	return r.fail(ev.Kind, ev.Err, ev.Lasted)
+}
+
+// fail ends a session that failed, to be retried after a delay that
+// doubles from minDelay to maxDelay (afresh after a session that lasted
+// a while; NATS failures at most natsMaxDelay apart).
+func (r *Relay) fail(kind EndKind, err error, lasted time.Duration) []Command {
+	r.ph = idle
+	r.said, r.standingBy = "", false
+	if lasted > freshAfter {
+		r.delay = minDelay
+	}
+	var cmds []Command
+	if kind == EndNATS {
+		r.delay = min(r.delay, natsMaxDelay)
+		if r.natsFailed++; r.natsFailed == 2 {
+			r.natsFailed = 0
+			cmds = append(cmds, Reconnect{})
+		}
+	} else {
+		r.natsFailed = 0
+	}
+	wait := r.delay
+	r.delay = min(2*r.delay, maxDelay)
+	return append(cmds, Wait{Delay: wait, Err: err, Say: true})
+}
+
+// refuse ends a session that cannot stream: the refusal said once,
+// recorded for tailer status (until a resync, if it lasts), and looked at
+// again every refusedDelay; resynced instead, where that is its way out
+// and MAILROOM_AUTO_RESYNC allows it.
+func (r *Relay) refuse(ref Refusal) []Command {
+	r.standingBy, r.natsFailed = false, 0
+	var cmds []Command
+	if ref.Fact.MarksResyncNeeded() {
+		cmds = append(cmds, MarkResyncNeeded{})
+	}
+	if r.cfg.AutoResync && ref.Fact.ResyncWayOut() {
+		r.ph = resyncing
+		return append(cmds, Resync{Refusal: ref})
+	}
+	r.ph = idle
+	msg := ref.Error()
+	say := msg != r.said
+	r.said = msg
+	r.delay = min(2*refusedDelay, maxDelay)
+	return append(cmds, Refuse{Refusal: ref, Say: say}, Wait{Delay: refusedDelay})
+}
+
+// resynced waits for the next session, on the new slot or after the
+// resync's failure.
+func (r *Relay) resynced(ev Resynced) []Command {
+	if !r.expect(resyncing) {
+		return nil
+	}
+	r.ph = idle
+	if ev.Err != nil {
+		r.delay = min(2*refusedDelay, maxDelay)
+		return []Command{Wait{Delay: refusedDelay, Err: ev.Err, Say: true}}
+	}
+	r.said = ""
+	r.delay = 2 * minDelay
+	return []Command{Wait{Delay: minDelay}}
+}
