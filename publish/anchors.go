@@ -49,13 +49,13 @@ func (p *Publisher) Anchors() Anchors {
 	return p.anchors.a
 }
 
-// MissingAnchor returns the first of a the stream no longer holds (its
+// MissingAnchor returns the first of anchors the stream no longer holds (its
 // message gone, or another at its sequence), read from the stream's
 // leader; zero when it holds them all. On a stream whose limits remove
 // old messages, one below the stream's first sequence went by those
 // limits, and counts as held.
-func (p *Publisher) MissingAnchor(ctx context.Context, a Anchors) (protocol.Anchor, error) {
-	for _, want := range []protocol.Anchor{a.Batch, a.Last} {
+func (p *Publisher) MissingAnchor(ctx context.Context, anchors []protocol.Anchor) (protocol.Anchor, error) {
+	for _, want := range anchors {
 		if want.Seq == 0 {
 			continue
 		}

@@ -133,12 +133,8 @@ type Publisher struct {
 	limited       bool
 	// limits says them, for the operator ("" when limited is false).
 	limits string
-	// deleted is how many messages within the stream were gone when the
-	// publisher started (a stream's NumDeleted): one more since, on a
-	// stream whose configuration removes none, was deleted or purged by
-	// subject, the batches' subject alone leaving the first sequence (a
-	// marker) where it was.
-	deleted int
+	// seen is what the stream held when the publisher started.
+	seen protocol.Seen
 	// window is what Resume found on the stream of the tokens the session
 	// replays.
 	window *protocol.Window
@@ -257,7 +253,7 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Destination) (*Publish
 	p := &Publisher{js: js, stream: stream, name: cfg.Name, subject: cfg.Subject, subjects: subjects, marker: marker, replicas: max(info.Config.Replicas, 1),
 		created: info.Created.UTC().Format(time.RFC3339Nano),
 		limited: info.Config.MaxMsgs > 0 || info.Config.MaxBytes > 0 || info.Config.MaxMsgsPerSubject > 0,
-		limits:  limitsOf(info.Config), deleted: info.State.NumDeleted, prev: make([]wire.Anchor, len(subjects))}
+		limits:  limitsOf(info.Config), prev: make([]wire.Anchor, len(subjects))}
 	p.sawLeader(info)
 	if cfg.Origin.SystemID != "" {
 		p.origin = cfg.Origin.String()
@@ -275,7 +271,7 @@ func (p *Publisher) readLast(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("stream info: %w", err)
 	}
-	p.lastSeq, p.next = info.State.LastSeq, info.State.LastSeq
+	p.lastSeq, p.next, p.seen = info.State.LastSeq, info.State.LastSeq, seenOf(info.State)
 	p.last, p.lastTime = protocol.Stored{}, time.Time{}
 	if info.State.LastSeq == 0 {
 		return nil
@@ -383,23 +379,36 @@ func (p *Publisher) SetUniqueIDs() { p.idSuffix = "@" + strconv.FormatUint(p.las
 // deleted and made again under its name has another.
 func (p *Publisher) Created() string { return p.created }
 
-// Lost reports whether the stream lost messages published after sequence
-// since: it is another stream under its name (created, as it returns, at
-// another time than Created), or its first message is past since+1 although
-// its configuration removes none (it was purged, or messages deleted), or
-// messages within it were since the publisher started (purged by
-// subject).
-// JetStream acknowledged those messages, whether or not a consumer had
-// read them. It may run beside the publishing goroutine.
-func (p *Publisher) Lost(ctx context.Context, since uint64) (created string, truncated bool, err error) {
+// Seen is what the stream held when the publisher started.
+func (p *Publisher) Seen() protocol.Seen { return p.seen }
+
+// Limited reports whether the stream's configuration removes old
+// messages (max_msgs, max_bytes, max_msgs_per_subject).
+func (p *Publisher) Limited() bool { return p.limited }
+
+// Look reads the stream's info as it is now: when its server created it
+// (another time than Created: another stream under its name, or another
+// replica answering) and what it holds. It may run beside the publishing
+// goroutine.
+func (p *Publisher) Look(ctx context.Context) (created string, seen protocol.Seen, err error) {
 	s, err := p.js.Stream(ctx, p.name)
 	if err != nil {
-		return "", false, fmt.Errorf("stream %s: %w", p.name, err)
+		return "", protocol.Seen{}, fmt.Errorf("stream %s: %w", p.name, err)
 	}
 	info := s.CachedInfo()
 	p.sawLeader(info)
-	truncated = !p.limited && (info.State.FirstSeq > since+1 && info.State.LastSeq > since || info.State.NumDeleted > p.deleted)
-	return info.Created.UTC().Format(time.RFC3339Nano), truncated, nil
+	return info.Created.UTC().Format(time.RFC3339Nano), seenOf(info.State), nil
+}
+
+// seenOf is what a stream's state says it holds. A stream that never
+// held a message has first sequence zero; one purged empty, one past its
+// last.
+func seenOf(st jetstream.StreamState) protocol.Seen {
+	seen := protocol.Seen{Known: true, First: st.FirstSeq, Last: st.LastSeq, Deleted: st.NumDeleted}
+	if st.LastSeq == 0 {
+		seen.First = 0
+	}
+	return seen
 }
 
 // sawLeader notes which server leads the stream, as info says.

@@ -7,36 +7,36 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mailroom/tailer/publish/protocol"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
 // messageMark is wire.Mark of a message read back.
 func messageMark(m *jetstream.RawStreamMsg) string { return wire.Mark(m.Subject, m.Header, m.Data) }
 
-// LastMark is the stream's last sequence and its message's mark (0 for an
-// empty stream), read from the stream itself: where it stands once every
-// publish of the session has its PubAck.
-func (p *Publisher) LastMark(ctx context.Context) (uint64, string, error) {
+// LastMark is the stream's last message, by its sequence and mark (zero
+// for an empty stream), and what the stream holds, read from the stream
+// itself: where it stands once every publish of the session has its
+// PubAck.
+func (p *Publisher) LastMark(ctx context.Context) (protocol.Anchor, protocol.Seen, error) {
 	info, err := p.stream.Info(ctx)
 	if err != nil {
-		return 0, "", fmt.Errorf("read stream %s: %w", p.name, err)
+		return protocol.Anchor{}, protocol.Seen{}, fmt.Errorf("read stream %s: %w", p.name, err)
 	}
-	seq := info.State.LastSeq
+	seen, seq := seenOf(info.State), info.State.LastSeq
 	if seq == 0 {
-		return 0, "", nil
+		return protocol.Anchor{}, seen, nil
 	}
 	msg, err := p.getMsg(ctx, seq)
 	if err != nil {
-		return 0, "", fmt.Errorf("read message %d of stream %s: %w", seq, p.name, err)
+		return protocol.Anchor{}, seen, fmt.Errorf("read message %d of stream %s: %w", seq, p.name, err)
 	}
-	return seq, messageMark(msg), nil
+	return protocol.Anchor{Seq: seq, Mark: messageMark(msg)}, seen, nil
 }
 
 // Holds reports whether the stream holds, at seq, the message of mark
-// (LastMark's), and every message since sequence since+1 that its
-// configuration keeps: a stream made again from a backup of the one that
-// had them.
-func (p *Publisher) Holds(ctx context.Context, seq uint64, mark string, since uint64) (bool, error) {
+// (LastMark's): a stream made again from a backup of the one that had it.
+func (p *Publisher) Holds(ctx context.Context, seq uint64, mark string) (bool, error) {
 	msg, err := p.getMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return false, nil
@@ -44,9 +44,5 @@ func (p *Publisher) Holds(ctx context.Context, seq uint64, mark string, since ui
 	if err != nil {
 		return false, fmt.Errorf("read message %d of stream %s: %w", seq, p.name, err)
 	}
-	if messageMark(msg) != mark {
-		return false, nil
-	}
-	_, truncated, err := p.Lost(ctx, since)
-	return err == nil && !truncated, err
+	return messageMark(msg) == mark, nil
 }

@@ -33,27 +33,22 @@ import (
 // stream's last sequence, and are as many as the most messages any session
 // before may have left on their way (its own bound, read from its
 // markers): such a message expects a sequence the markers move the stream
-// past, so it is refused, whenever it arrives. One that lands between the
-// markers makes the next marker fail, and Resume reads the stream again.
+// past, so it is refused, whenever it arrives. They are chained to the
+// last sequence the publisher opened the stream at, which its caller
+// judged the stream by: a message that lands before them fails the
+// resume (ErrStreamMoved), and the next session looks at the stream
+// afresh.
 func (p *Publisher) Resume(ctx context.Context, o Owner) error {
 	p.incarnation = o.Incarnation
-	for attempt := 1; ; attempt++ {
-		w, prev, err := protocol.Scan(&streamReader{ctx: ctx, p: p}, p.scanned(), o)
-		if err != nil {
-			return err
-		}
-		err = p.publishMarkers(ctx, o, w, prev)
-		if err == nil {
-			p.window = w
-			return p.readChain(ctx)
-		}
-		if !errors.Is(err, ErrStreamMoved) || attempt == 3 {
-			return err
-		}
-		if err := p.readLast(ctx); err != nil {
-			return err
-		}
+	w, prev, err := protocol.Scan(&streamReader{ctx: ctx, p: p}, p.scanned(), o)
+	if err != nil {
+		return err
 	}
+	if err := p.publishMarkers(ctx, o, w, prev); err != nil {
+		return err
+	}
+	p.window = w
+	return p.readChain(ctx)
 }
 
 // scanned is what a scan of the stream starts from.

@@ -68,11 +68,21 @@ type Record struct {
 	// by. Zero and empty until one is recorded, and after a resync.
 	AnchorSeq  uint64
 	AnchorMark string
+	// Seen is what the stream held when the anchor was recorded (SetAnchor,
+	// FinishResync); nil until a tailer of the incarnation looked.
+	Seen *StreamSeen
 	// RefusedFact and Refused are a refusal that lasts until a resync
 	// (SetRefused): the fact (publish/protocol's name of it) and the
 	// words it was said with, since RefusedAt; empty while there is none.
 	RefusedFact, Refused string
 	RefusedAt            time.Time
+}
+
+// StreamSeen is what a stream held when a tailer looked at it: its first
+// and last sequences and how many messages within them were gone.
+type StreamSeen struct {
+	First, Last uint64
+	Deleted     int
 }
 
 // Cutover is where mailroom's collector stopped: it sent the tokens up to
@@ -106,7 +116,7 @@ func NewIncarnation() string {
 const recordColumns = `incarnation, created_by, created_at, resync_pending, resync_needed, consistent_point::text, stream_seq, legacy, collector_last_seq, collector_cutover,
 	coalesce(blocked, ''), coalesce(blocked_at, 'epoch'), coalesce(stream_name, ''), coalesce(stream_created, ''),
 	coalesce(stopped_seq, 0), coalesce(stopped_msg_id, ''), coalesce(anchor_seq, 0), coalesce(anchor_mark, ''),
-	coalesce(refused_fact, ''), coalesce(refused, ''), coalesce(refused_at, 'epoch')`
+	coalesce(refused_fact, ''), coalesce(refused, ''), coalesce(refused_at, 'epoch'), seen_first, seen_last, seen_deleted`
 
 // LoadRecord reads slot's record; Exists is false when there is none.
 func LoadRecord(ctx context.Context, db SchemaConn, slot string) (Record, error) {
@@ -118,10 +128,12 @@ func LoadRecord(ctx context.Context, db SchemaConn, slot string) (Record, error)
 		cutoverAt  *int64
 		stoppedSeq int64
 		anchorSeq  int64
+		seen       [3]*int64
 	)
 	err := db.QueryRow(ctx, `SELECT `+recordColumns+` FROM `+db.slots()+` WHERE slot = $1`, slot).
 		Scan(&r.Incarnation, &r.CreatedBy, &r.CreatedAt, &r.ResyncPending, &r.ResyncNeeded, &cp, &seq, &r.Legacy, &lastSeq, &cutoverAt, &r.Blocked, &r.BlockedAt,
-			&r.StreamName, &r.StreamCreated, &stoppedSeq, &r.StoppedMsgID, &anchorSeq, &r.AnchorMark, &r.RefusedFact, &r.Refused, &r.RefusedAt)
+			&r.StreamName, &r.StreamCreated, &stoppedSeq, &r.StoppedMsgID, &anchorSeq, &r.AnchorMark, &r.RefusedFact, &r.Refused, &r.RefusedAt,
+			&seen[0], &seen[1], &seen[2])
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -135,6 +147,9 @@ func LoadRecord(ctx context.Context, db SchemaConn, slot string) (Record, error)
 	}
 	r.Exists = true
 	r.StoppedSeq, r.AnchorSeq = uint64(stoppedSeq), uint64(anchorSeq)
+	if seen[0] != nil && seen[1] != nil && seen[2] != nil {
+		r.Seen = &StreamSeen{First: uint64(*seen[0]), Last: uint64(*seen[1]), Deleted: int(*seen[2])}
+	}
 	if cp != nil {
 		if r.ConsistentPoint, err = pglogrepl.ParseLSN(*cp); err != nil {
 			return r, fmt.Errorf("record of slot %s: consistent point: %w", slot, err)
@@ -178,7 +193,7 @@ func saveRecord(ctx context.Context, db SchemaConn, r *Record) error {
 			created_at = EXCLUDED.created_at, resync_pending = EXCLUDED.resync_pending, consistent_point = EXCLUDED.consistent_point,
 			stream_seq = EXCLUDED.stream_seq, legacy = false, resync_needed = false, blocked = NULL, blocked_at = NULL,
 			stopped_seq = NULL, stopped_msg_id = NULL, anchor_seq = NULL, anchor_mark = NULL,
-			refused_fact = NULL, refused = NULL, refused_at = NULL,
+			seen_first = NULL, seen_last = NULL, seen_deleted = NULL, refused_fact = NULL, refused = NULL, refused_at = NULL,
 			collector_last_seq = coalesce(EXCLUDED.collector_last_seq, s.collector_last_seq),
 			collector_cutover = coalesce(EXCLUDED.collector_cutover, s.collector_cutover)
 		RETURNING created_at, collector_last_seq, collector_cutover`,
@@ -187,7 +202,7 @@ func saveRecord(ctx context.Context, db SchemaConn, r *Record) error {
 		return fmt.Errorf("record slot %s (has `tailer migrate` run?): %w", r.Slot, err)
 	}
 	r.Exists, r.Legacy, r.StoppedSeq, r.StoppedMsgID = true, false, 0, ""
-	r.AnchorSeq, r.AnchorMark = 0, ""
+	r.AnchorSeq, r.AnchorMark, r.Seen = 0, "", nil
 	r.RefusedFact, r.Refused, r.RefusedAt = "", "", time.Time{}
 	if lastSeq != nil && cutoverAt != nil {
 		r.Cutover = &Cutover{LastSeq: *lastSeq, At: *cutoverAt}
@@ -234,12 +249,16 @@ func BeginResync(ctx context.Context, db SchemaConn, slot, by string, cutover *C
 }
 
 // FinishResync marks the resync of incarnation done: every token of its
-// snapshot is on stream, whose last sequence is now streamSeq. It fails
-// when the record names another incarnation: a resync that lost its lease
-// has been superseded, and must not say the slot is ready.
-func FinishResync(ctx context.Context, db SchemaConn, r *Record, cp pglogrepl.LSN, stream StreamIdentity, streamSeq uint64) error {
-	tag, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET resync_pending = false, consistent_point = $3::pg_lsn, stream_seq = $4, stream_name = $5, stream_created = $6
-		WHERE slot = $1 AND incarnation = $2 AND resync_pending`, r.Slot, r.Incarnation, cp.String(), int64(streamSeq), stream.Name, stream.Created)
+// snapshot is on stream, whose last sequence is now streamSeq, that
+// message's mark lastMark (publish/wire.Mark), and which holds what seen
+// says. It fails when the record
+// names another incarnation: a resync that lost its lease has been
+// superseded, and must not say the slot is ready.
+func FinishResync(ctx context.Context, db SchemaConn, r *Record, cp pglogrepl.LSN, stream StreamIdentity, streamSeq uint64, lastMark string, seen StreamSeen) error {
+	tag, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET resync_pending = false, consistent_point = $3::pg_lsn, stream_seq = $4, stream_name = $5, stream_created = $6,
+			anchor_seq = nullif($7, 0), anchor_mark = nullif($8, ''), seen_first = $9, seen_last = $10, seen_deleted = $11
+		WHERE slot = $1 AND incarnation = $2 AND resync_pending`, r.Slot, r.Incarnation, cp.String(), int64(streamSeq), stream.Name, stream.Created,
+		int64(streamSeq), lastMark, int64(seen.First), int64(seen.Last), int64(seen.Deleted))
 	if err != nil {
 		return fmt.Errorf("record the end of the resync of slot %s: %w", r.Slot, err)
 	}
@@ -248,6 +267,7 @@ func FinishResync(ctx context.Context, db SchemaConn, r *Record, cp pglogrepl.LS
 	}
 	r.ResyncPending, r.ConsistentPoint, r.Bound, r.StreamSeq = false, cp, true, streamSeq
 	r.StreamName, r.StreamCreated = stream.Name, stream.Created
+	r.AnchorSeq, r.AnchorMark, r.Seen = streamSeq, lastMark, &seen
 	return nil
 }
 
@@ -260,27 +280,35 @@ type StreamIdentity struct {
 // SetStream records the stream r's incarnation publishes to. The caller
 // holds the lease.
 func SetStream(ctx context.Context, db SchemaConn, r *Record, stream StreamIdentity) error {
-	// An anchor names a message of the stream it was found on.
+	// An anchor, and what the stream held, name the stream they were found
+	// on.
 	_, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET stream_name = $3, stream_created = $4,
-			anchor_seq = CASE WHEN stream_name = $3 THEN anchor_seq END, anchor_mark = CASE WHEN stream_name = $3 THEN anchor_mark END
+			anchor_seq = CASE WHEN stream_name = $3 THEN anchor_seq END, anchor_mark = CASE WHEN stream_name = $3 THEN anchor_mark END,
+			seen_first = CASE WHEN stream_name = $3 THEN seen_first END, seen_last = CASE WHEN stream_name = $3 THEN seen_last END,
+			seen_deleted = CASE WHEN stream_name = $3 THEN seen_deleted END
 		WHERE slot = $1 AND incarnation = $2`,
 		r.Slot, r.Incarnation, stream.Name, stream.Created)
 	if err != nil {
 		return fmt.Errorf("record slot %s's stream: %w", r.Slot, err)
 	}
 	if r.StreamName != stream.Name {
-		r.AnchorSeq, r.AnchorMark = 0, ""
+		r.AnchorSeq, r.AnchorMark, r.Seen = 0, "", nil
 	}
 	r.StreamName, r.StreamCreated = stream.Name, stream.Created
 	return nil
 }
 
 // SetAnchor records, for slot's incarnation, the newest batch it found on
-// its stream: at seq, with mark. A resync since (another incarnation)
-// leaves the record as it is; an older anchor never replaces a newer one.
-func SetAnchor(ctx context.Context, db SchemaConn, slot, incarnation string, seq uint64, mark string) error {
-	_, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET anchor_seq = $3, anchor_mark = $4
-		WHERE slot = $1 AND incarnation = $2 AND coalesce(anchor_seq, 0) < $3`, slot, incarnation, int64(seq), mark)
+// its stream, at seq with mark (an older anchor never replaces a newer
+// one), and what the
+// stream held then. A resync since (another incarnation) leaves the
+// record as it is.
+func SetAnchor(ctx context.Context, db SchemaConn, slot, incarnation string, seq uint64, mark string, seen StreamSeen) error {
+	_, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET
+			anchor_seq = CASE WHEN coalesce(anchor_seq, 0) < $3 THEN $3 ELSE anchor_seq END,
+			anchor_mark = CASE WHEN coalesce(anchor_seq, 0) < $3 THEN $4 ELSE anchor_mark END,
+			seen_first = $5, seen_last = $6, seen_deleted = $7
+		WHERE slot = $1 AND incarnation = $2`, slot, incarnation, int64(seq), mark, int64(seen.First), int64(seen.Last), int64(seen.Deleted))
 	if err != nil {
 		return fmt.Errorf("record the newest batch slot %s found on its stream: %w", slot, err)
 	}

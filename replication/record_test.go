@@ -83,18 +83,19 @@ func TestRecord(t *testing.T) {
 	if err != nil || b.Cutover == nil || *b.Cutover != *cut {
 		t.Fatalf("BeginResync without a cutover kept %+v, %v; want the collector's", b.Cutover, err)
 	}
-	if err := FinishResync(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, &a, 0x1000, StreamIdentity{Name: "S", Created: "t"}, 7); err == nil {
+	if err := FinishResync(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, &a, 0x1000, StreamIdentity{Name: "S", Created: "t"}, 7, "id:last", StreamSeen{First: 1, Last: 7, Deleted: 2}); err == nil {
 		t.Fatal("a superseded resync finished")
 	}
-	if err := FinishResync(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, &b, 0x1000, StreamIdentity{Name: "S", Created: "t"}, 7); err != nil {
+	if err := FinishResync(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, &b, 0x1000, StreamIdentity{Name: "S", Created: "t"}, 7, "id:last", StreamSeen{First: 1, Last: 7, Deleted: 2}); err != nil {
 		t.Fatal(err)
 	}
 	r, err = LoadRecord(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s")
 	if err != nil || r.Incarnation != b.Incarnation || r.ResyncPending || !r.Bound || r.StreamSeq != 7 || r.ConsistentPoint != 0x1000 ||
-		r.Cutover == nil || *r.Cutover != *cut || r.StreamName != "S" || r.StreamCreated != "t" {
+		r.Cutover == nil || *r.Cutover != *cut || r.StreamName != "S" || r.StreamCreated != "t" ||
+		r.AnchorSeq != 7 || r.AnchorMark != "id:last" || r.Seen == nil || *r.Seen != (StreamSeen{First: 1, Last: 7, Deleted: 2}) {
 		t.Fatalf("after FinishResync: %+v, %v", r, err)
 	}
-	if err := FinishResync(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, &b, 0x1000, StreamIdentity{Name: "S", Created: "t"}, 7); err == nil {
+	if err := FinishResync(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, &b, 0x1000, StreamIdentity{Name: "S", Created: "t"}, 7, "id:last", StreamSeen{First: 1, Last: 7, Deleted: 2}); err == nil {
 		t.Fatal("a finished resync finished again")
 	}
 	if err := SetStream(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, &b, StreamIdentity{Name: "S2", Created: "t2"}); err != nil {
@@ -119,38 +120,41 @@ func TestRecordAnchor(t *testing.T) {
 	if err := SetStream(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, &r, StreamIdentity{Name: "S", Created: "t"}); err != nil {
 		t.Fatal(err)
 	}
-	anchor := func(want uint64, mark string) {
+	anchor := func(want uint64, mark string, seen *StreamSeen) {
 		t.Helper()
 		got, err := LoadRecord(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s")
-		if err != nil || got.AnchorSeq != want || got.AnchorMark != mark {
-			t.Fatalf("anchor %d %q (%v), want %d %q", got.AnchorSeq, got.AnchorMark, err, want, mark)
+		if err != nil || got.AnchorSeq != want || got.AnchorMark != mark || (got.Seen == nil) != (seen == nil) || seen != nil && *got.Seen != *seen {
+			t.Fatalf("anchor %d %q seen %+v (%v), want %d %q %+v", got.AnchorSeq, got.AnchorMark, got.Seen, err, want, mark, seen)
 		}
 	}
-	anchor(0, "")
+	anchor(0, "", nil)
 	for _, a := range []struct {
 		incarnation string
 		seq         uint64
 		mark        string
-	}{{r.Incarnation, 10, "id:a"}, {r.Incarnation, 5, "id:older"}, {"another", 20, "id:another"}} {
-		if err := SetAnchor(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s", a.incarnation, a.seq, a.mark); err != nil {
+		seen        StreamSeen
+	}{{r.Incarnation, 10, "id:a", StreamSeen{1, 10, 0}}, {r.Incarnation, 5, "id:older", StreamSeen{1, 11, 1}}, {"another", 20, "id:another", StreamSeen{3, 20, 0}}} {
+		if err := SetAnchor(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s", a.incarnation, a.seq, a.mark, a.seen); err != nil {
 			t.Fatal(err)
 		}
 	}
-	anchor(10, "id:a")
+	// An older anchor keeps the newer, and what the stream held is the
+	// latest look's.
+	anchor(10, "id:a", &StreamSeen{1, 11, 1})
 	if err := SetStream(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, &r, StreamIdentity{Name: "S", Created: "another replica's time"}); err != nil {
 		t.Fatal(err)
 	}
-	anchor(10, "id:a")
+	anchor(10, "id:a", &StreamSeen{1, 11, 1})
 	if err := SetStream(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, &r, StreamIdentity{Name: "OTHER", Created: "t"}); err != nil || r.AnchorSeq != 0 {
 		t.Fatalf("SetStream of another name kept the anchor %d (%v)", r.AnchorSeq, err)
 	}
-	anchor(0, "")
-	if err := SetAnchor(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s", r.Incarnation, 12, "id:b"); err != nil {
+	anchor(0, "", nil)
+	if err := SetAnchor(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s", r.Incarnation, 12, "id:b", StreamSeen{1, 12, 0}); err != nil {
 		t.Fatal(err)
 	}
-	anchor(12, "id:b")
+	anchor(12, "id:b", &StreamSeen{1, 12, 0})
 	if _, err := BeginResync(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s", "tailer resync", nil); err != nil {
 		t.Fatal(err)
 	}
-	anchor(0, "")
+	anchor(0, "", nil)
 }

@@ -36,19 +36,23 @@ type Claimed struct{ Head StreamHead }
 type Bound struct{ Record Record }
 
 // Held says whether the stream holds the message that was last on it at
-// the last clean stop, where it was, and lost nothing since the
-// incarnation took it over (a stream restored whole from a backup).
-type Held struct{ Held bool }
+// the last clean stop, where it was (a stream restored whole from a
+// backup holds it), and what the stream holds.
+type Held struct {
+	Held    bool
+	Seen    Seen
+	Limited bool
+}
 
 // StreamChecked is the stream as a check found it: the creation time its
-// server reports, whether messages the incarnation published were purged
-// (Truncated: the first sequence past them, or messages deleted within,
-// on a stream whose configuration removes none), and the first of the
-// anchors it was asked about that it no longer holds (zero: all held).
+// server reports, what it holds, whether its configuration removes
+// messages, and the first of the anchors it was asked about that it no
+// longer holds (zero: all held).
 type StreamChecked struct {
-	Created   string
-	Truncated bool
-	Missing   Anchor
+	Created string
+	Seen    Seen
+	Limited bool
+	Missing Anchor
 }
 
 // Resumed is the scan of the stream and the session's markers: Err is a
@@ -64,13 +68,11 @@ type Resumed struct {
 // Checked is a look taken while the session streams: a schema or a
 // publication the tailer can no longer read tokens through, a record
 // that says the stream lacks inserts, a cause of NATS storing nothing
-// (nil: none), the stream as its check found it, and what the session
-// has stored on it so far.
+// (nil: none), and the stream as its check found it.
 type Checked struct {
 	Schema, Publication, NATS error
 	ResyncNeeded              bool
 	Stream                    StreamChecked
-	Anchors                   Anchors
 }
 
 // EndKind is how a session ended, as the driver tells it from the
@@ -163,19 +165,12 @@ type Claim struct{}
 type Adopt struct{}
 type Bind struct{}
 
-// CheckHeld asks whether the stream holds Stopped, and lost nothing
-// after Since (Held).
-type CheckHeld struct {
-	Stopped Anchor
-	Since   uint64
-}
+// CheckHeld asks whether the stream holds Stopped (Held).
+type CheckHeld struct{ Stopped Anchor }
 
 // CheckStream looks at the stream (StreamChecked): whether it holds
-// Anchors, and lost nothing after Since.
-type CheckStream struct {
-	Anchors Anchors
-	Since   uint64
-}
+// each of Anchors, at its sequence.
+type CheckStream struct{ Anchors []Anchor }
 
 // SetStream records the stream the incarnation publishes to.
 type SetStream struct{ Name, Created string }
@@ -198,8 +193,12 @@ type UniqueIDs struct{}
 type Publish struct{}
 
 // RecordAnchor keeps in the slot's record the newest batch the session
-// found on the stream, for a tailer started after this one is killed.
-type RecordAnchor struct{ Anchor Anchor }
+// found on the stream, and what the stream held, for a tailer started
+// after this one is killed.
+type RecordAnchor struct {
+	Anchor Anchor
+	Seen   Seen
+}
 
 // Stop ends the streaming session with Refusal.
 type Stop struct{ Refusal Refusal }

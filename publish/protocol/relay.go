@@ -1,6 +1,9 @@
 package protocol
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // Config is a Relay's settings, fixed for its life.
 type Config struct {
@@ -33,6 +36,18 @@ type Anchors struct {
 // Unanchored reports whether nothing was stored yet to know the stream by.
 func (a Anchors) Unanchored() bool { return a.Last.Seq == 0 && a.Batch.Seq == 0 }
 
+// all are a's anchors, and b's not among them, each once (zero ones
+// left out).
+func (a Anchors) all(b Anchors) []Anchor {
+	var out []Anchor
+	for _, x := range []Anchor{a.Batch, a.Last, b.Batch, b.Last} {
+		if x.Seq != 0 && !slices.Contains(out, x) {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
 // with is a and b together: the newer of each.
 func (a Anchors) with(b Anchors) Anchors {
 	if b.Last.Seq > a.Last.Seq {
@@ -60,8 +75,10 @@ type Record struct {
 	// to, and when its server created it.
 	StreamName, StreamCreated string
 	// Anchor is the newest batch a tailer of the incarnation found on the
-	// stream; Stopped, where the stream stood at the last clean stop.
+	// stream, and Seen what the stream held then; Stopped, where the
+	// stream stood at the last clean stop.
 	Anchor, Stopped Anchor
+	Seen            Seen
 	// Refused is a refusal that lasts until a resync (NoFact: none).
 	Refused Refusal
 }
@@ -77,11 +94,29 @@ type Slot struct {
 	Foreign error
 }
 
+// Seen is what a stream held when it was looked at: its first and last
+// sequences, and how many messages within them were gone (JetStream's
+// FirstSeq, LastSeq and NumDeleted). On a stream whose configuration
+// removes no message, every message gone since was removed by someone.
+// Known says it was looked at (a record without one has it false).
+type Seen struct {
+	Known       bool
+	First, Last uint64
+	Deleted     int
+}
+
+// held reports whether the stream held a message when it was seen.
+func (s Seen) held() bool { return s.First != 0 && s.Last >= s.First }
+
 // StreamHead is the stream as a session opened it.
 type StreamHead struct {
 	Name, Created string
 	LastSeq       uint64
 	Replicas      int
+	// Seen is what it held; Limited says its configuration removes old
+	// messages (max_msgs, max_bytes, max_msgs_per_subject).
+	Seen    Seen
+	Limited bool
 	// Foreign says the stream's last message was published from another
 	// database than this one (nil: not).
 	Foreign error
@@ -118,12 +153,21 @@ type Relay struct {
 	// anchors are what the session knows the stream by; anchored, those
 	// of the last session of this process, with its incarnation and
 	// stream.
-	anchors      Anchors
-	anchored     Anchors
-	anchoredInc  string
-	anchoredName string
-	// recorded is the anchor last kept in the record.
-	recorded uint64
+	anchors Anchors
+	// anchored are the last session's anchors and what it stored after
+	// its last check, with its incarnation and stream.
+	anchored, anchoredStored  Anchors
+	anchoredInc, anchoredName string
+	// seen is what the stream last held as the session saw it, or as the
+	// record says a tailer of the incarnation saw it.
+	seen Seen
+	// stored are what the session stored since its last check: known by
+	// the stream once a check found them beside the anchors.
+	stored Anchors
+	// recorded is the anchor last kept in the record, with what the
+	// stream held then.
+	recorded     Anchor
+	recordedSeen Seen
 	// reusedIDs: a session met a PubAck of a reused id.
 	reusedIDs bool
 	// said is the refusal said last, standing that another process owns
@@ -203,7 +247,7 @@ func (r *Relay) start() []Command {
 		return nil
 	}
 	r.ph = opening
-	r.rec, r.slot, r.stream, r.anchors = Record{}, Slot{}, StreamHead{}, Anchors{}
+	r.rec, r.slot, r.stream, r.anchors, r.stored, r.seen = Record{}, Slot{}, StreamHead{}, Anchors{}, Anchors{}, Seen{}
 	return []Command{Open{}}
 }
 

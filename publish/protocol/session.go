@@ -85,6 +85,12 @@ func (r *Relay) claimed(ev Claimed) []Command {
 		return nil
 	}
 	r.stream = ev.Head
+	r.seen = ev.Head.Seen
+	if r.rec.StreamName == ev.Head.Name && r.rec.Seen.Known {
+		// What a tailer of the incarnation saw before: messages gone
+		// since, while no tailer looked, were removed meanwhile.
+		r.seen = r.rec.Seen
+	}
 	if r.rec.Exists && r.rec.Bound {
 		return r.checkStream()
 	}
@@ -113,20 +119,20 @@ func (r *Relay) claimed(ev Claimed) []Command {
 // a cluster does); otherwise it was made again.
 func (r *Relay) checkStream() []Command {
 	if r.anchoredInc == r.rec.Incarnation && r.anchoredName == r.stream.Name {
-		r.anchors = r.anchored
+		r.anchors, r.stored = r.anchored, r.anchoredStored
 	}
 	if r.rec.Anchor.Seq != 0 && r.rec.StreamName == r.stream.Name {
 		r.anchors = r.anchors.with(Anchors{Batch: r.rec.Anchor})
 	}
-	if r.rec.StreamName == r.stream.Name && r.rec.StreamCreated != r.stream.Created && r.anchors.Unanchored() {
+	if r.rec.StreamName == r.stream.Name && r.rec.StreamCreated != r.stream.Created && r.anchors.with(r.stored).Unanchored() {
 		if r.rec.Stopped.Seq == 0 {
 			return r.refuse(r.replaced(r.stream.Created, r.rec.StreamCreated))
 		}
 		r.ph = holding
-		return []Command{CheckHeld{Stopped: r.rec.Stopped, Since: r.rec.StreamSeq}}
+		return []Command{CheckHeld{Stopped: r.rec.Stopped}}
 	}
 	r.ph = checking
-	return []Command{CheckStream{Anchors: r.anchors, Since: r.rec.StreamSeq}}
+	return []Command{CheckStream{Anchors: r.anchors.all(r.stored)}}
 }
 
 func (r *Relay) replaced(created, recorded string) Refusal {
@@ -134,34 +140,58 @@ func (r *Relay) replaced(created, recorded string) Refusal {
 }
 
 // held judges a stream made again by whether it holds what was last on
-// it at the last clean stop.
+// it at the last clean stop, and lost nothing the incarnation published.
 func (r *Relay) held(ev Held) []Command {
 	if !r.expect(holding) {
 		return nil
 	}
-	if !ev.Held {
+	if !ev.Held || !ev.Limited && pastSince(ev.Seen, r.rec.StreamSeq) {
 		return r.refuse(r.replaced(r.stream.Created, r.rec.StreamCreated))
 	}
 	r.ph = checking
-	return []Command{CheckStream{Anchors: r.anchors, Since: r.rec.StreamSeq}}
+	return []Command{CheckStream{Anchors: r.anchors.all(r.stored)}}
 }
 
 // lost is the refusal of a stream that lost messages, as a check found
 // it (false: it lost none): a stored message gone, made again since the
-// session opened it with nothing stored yet to know it by, or purged.
+// session opened it holding messages, with nothing stored yet to know it
+// by, or purged (Purged). It keeps what the stream held as the last
+// seen.
 func (r *Relay) lost(ev StreamChecked) (Refusal, bool) {
 	loss := &StreamLoss{Stream: r.stream.Name}
 	switch {
 	case ev.Missing.Seq != 0:
 		loss.Fact, loss.Anchor = StreamLostAnchor, ev.Missing
-	case ev.Created != r.stream.Created && r.anchors.Unanchored():
+	case ev.Created != r.stream.Created && r.anchors.with(r.stored).Unanchored() && r.stream.LastSeq > 0:
 		loss.Fact, loss.Created, loss.Recorded = StreamReplaced, ev.Created, r.stream.Created
-	case ev.Truncated:
+	case !ev.Limited && Purged(ev.Seen, r.seen, r.rec.StreamSeq):
 		loss.Fact, loss.Since = StreamPurged, r.rec.StreamSeq
 	default:
+		if r.anchors.with(r.stored).Unanchored() {
+			// Empty when the session opened it, and nothing stored since:
+			// whichever stream answers (another replica, or one made again)
+			// lost nothing, and is the one the session publishes to.
+			r.stream.Created = ev.Created
+		}
+		r.seen = ev.Seen
 		return Refusal{}, false
 	}
 	return Refusal{Fact: loss.Fact, Err: loss}, true
+}
+
+// Purged reports whether a stream whose configuration removes no
+// message, seen now, lost messages: its first sequence past the messages
+// of the incarnation (which took the stream over after since), or past
+// the first it held when seen before (a resync's batches, or any earlier
+// message), or more messages gone within than then.
+func Purged(now, before Seen, since uint64) bool {
+	return pastSince(now, since) || before.held() && now.First > before.First || now.Deleted > before.Deleted
+}
+
+// pastSince reports whether the stream's first message is past the first
+// the incarnation published (it took the stream over after since).
+func pastSince(now Seen, since uint64) bool {
+	return now.First > since+1 && now.Last > since
 }
 
 // streamChecked resumes on a stream that lost nothing.
@@ -172,9 +202,17 @@ func (r *Relay) streamChecked(ev StreamChecked) []Command {
 	if ref, ok := r.lost(ev); ok {
 		return r.refuse(ref)
 	}
+	r.anchors, r.stored = r.anchors.with(r.stored), Anchors{}
 	var cmds []Command
 	if r.rec.StreamName != r.stream.Name || r.rec.StreamCreated != r.stream.Created {
 		cmds = append(cmds, SetStream{Name: r.stream.Name, Created: r.stream.Created})
+	}
+	if r.rec.Seen != r.seen {
+		// What the stream holds now is what a tailer started after this
+		// one is killed compares it with: a message removed meanwhile, a
+		// batch this session is about to publish among them, is seen.
+		r.recorded, r.recordedSeen = r.anchors.Batch, r.seen
+		cmds = append(cmds, RecordAnchor{Anchor: r.anchors.Batch, Seen: r.seen})
 	}
 	if r.rec.Stopped.Seq != 0 {
 		cmds = append(cmds, ClearStopped{})
@@ -237,13 +275,17 @@ type NATSTrouble struct{ Err error }
 
 func (NATSTrouble) event() {}
 
-// checking asks for a look while streaming.
+// checking asks for a look while streaming: at the anchors the stream is
+// known by, and at what the session stored since, which take their place
+// once found beside them (a stream made again between a check and the
+// session's first publishes holds the session's messages, not the ones
+// it was known by).
 func (r *Relay) checking(ev Checking) []Command {
 	if !r.expect(streaming) {
 		return nil
 	}
-	r.anchors = r.anchors.with(ev.Anchors)
-	return []Command{CheckStream{Anchors: r.anchors, Since: r.rec.StreamSeq}}
+	r.stored = ev.Anchors
+	return []Command{CheckStream{Anchors: r.anchors.all(ev.Anchors)}}
 }
 
 // checked stops a streaming session that can no longer read tokens or
@@ -253,7 +295,6 @@ func (r *Relay) checked(ev Checked) []Command {
 	if !r.expect(streaming) {
 		return nil
 	}
-	r.anchors = r.anchors.with(ev.Anchors)
 	if ref, ok := readable(ev.Schema, ev.Publication, ev.ResyncNeeded); ok {
 		return []Command{Stop{Refusal: ref}}
 	}
@@ -263,9 +304,10 @@ func (r *Relay) checked(ev Checked) []Command {
 	if ref, ok := r.lost(ev.Stream); ok {
 		return []Command{Stop{Refusal: ref}}
 	}
-	if a := r.anchors.Batch; a.Seq != 0 && a.Seq != r.recorded {
-		r.recorded = a.Seq
-		return []Command{RecordAnchor{Anchor: a}}
+	r.anchors = r.anchors.with(r.stored)
+	if a := r.anchors.Batch; a.Seq != 0 && (a.Seq != r.recorded.Seq || r.seen != r.recordedSeen) {
+		r.recorded, r.recordedSeen = a, r.seen
+		return []Command{RecordAnchor{Anchor: a, Seen: r.seen}}
 	}
 	return nil
 }
@@ -283,7 +325,10 @@ func (r *Relay) natsTrouble(ev NATSTrouble) []Command {
 // retry after a delay.
 func (r *Relay) ended(ev Ended) []Command {
 	if r.ph == streaming && r.rec.Incarnation != "" {
-		r.anchored, r.anchoredInc, r.anchoredName = r.anchors.with(ev.Anchors), r.rec.Incarnation, r.stream.Name
+		// What the session stored since its last check is not known to
+		// be on the stream it was known by: the next session looks for
+		// both.
+		r.anchored, r.anchoredStored, r.anchoredInc, r.anchoredName = r.anchors, ev.Anchors, r.rec.Incarnation, r.stream.Name
 	}
 	r.ph = idle
 	switch ev.Kind {

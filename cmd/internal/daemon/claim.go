@@ -58,7 +58,8 @@ func (x *run) claim() protocol.Event {
 	if x.pub, err = d.newPublisher(ctx, x.s.q, x.nc, x.destination()); err != nil {
 		return x.ended(err)
 	}
-	x.head = protocol.StreamHead{Name: cfg.Stream, Created: x.pub.Created(), LastSeq: x.pub.LastSeq(), Replicas: x.pub.Replicas(), Foreign: x.pub.CheckOrigin(x.s.origin)}
+	x.head = protocol.StreamHead{Name: cfg.Stream, Created: x.pub.Created(), LastSeq: x.pub.LastSeq(), Replicas: x.pub.Replicas(),
+		Seen: x.pub.Seen(), Limited: x.pub.Limited(), Foreign: x.pub.CheckOrigin(x.s.origin)}
 	return protocol.Claimed{Head: x.head}
 }
 
@@ -81,7 +82,11 @@ func (x *run) bind(cmd protocol.Command) protocol.Event {
 // checkHeld asks whether the stream holds what was last on it at the last
 // clean stop.
 func (x *run) checkHeld(c protocol.CheckHeld) protocol.Event {
-	held, err := x.pub.Holds(x.ctx, c.Stopped.Seq, c.Stopped.Mark, c.Since)
+	held, err := x.pub.Holds(x.ctx, c.Stopped.Seq, c.Stopped.Mark)
+	if err != nil {
+		return x.ended(natsErr(err))
+	}
+	_, seen, err := x.pub.Look(x.ctx)
 	if err != nil {
 		return x.ended(natsErr(err))
 	}
@@ -89,7 +94,7 @@ func (x *run) checkHeld(c protocol.CheckHeld) protocol.Event {
 		x.d.log.Warn("the stream was made again with every message the slot's incarnation published (restored): it holds, at the sequence where the last tailer stopped cleanly, the message that was last then; going on with it",
 			"stream", x.head.Name, "created", x.head.Created, "recorded_created", x.rec.StreamCreated, "stopped_seq", c.Stopped.Seq)
 	}
-	return protocol.Held{Held: held}
+	return protocol.Held{Held: held, Seen: seen, Limited: x.pub.Limited()}
 }
 
 // checkStream looks at the stream: whether it holds the anchors, and lost
@@ -99,7 +104,7 @@ func (x *run) checkStream(c protocol.CheckStream) protocol.Event {
 	if err != nil {
 		return x.ended(natsErr(err))
 	}
-	if x.rec.StreamName == x.head.Name && x.rec.StreamCreated != x.head.Created && !c.Anchors.Unanchored() {
+	if x.rec.StreamName == x.head.Name && x.rec.StreamCreated != x.head.Created && len(c.Anchors) > 0 {
 		x.d.log.Info("the stream's server reports another creation time than recorded (another replica answers, or it was restored); it is judged by the messages this tailer stored last",
 			"stream", x.head.Name, "created", x.head.Created, "recorded_created", x.rec.StreamCreated)
 	}
@@ -108,7 +113,7 @@ func (x *run) checkStream(c protocol.CheckStream) protocol.Event {
 
 // streamCheck is pub's stream as CheckStream asks to look at it.
 func streamCheck(ctx context.Context, pub *publish.Publisher, c protocol.CheckStream) (protocol.StreamChecked, error) {
-	created, truncated, err := pub.Lost(ctx, c.Since)
+	created, seen, err := pub.Look(ctx)
 	if err != nil {
 		return protocol.StreamChecked{}, err
 	}
@@ -116,7 +121,7 @@ func streamCheck(ctx context.Context, pub *publish.Publisher, c protocol.CheckSt
 	if err != nil {
 		return protocol.StreamChecked{}, err
 	}
-	return protocol.StreamChecked{Created: created, Truncated: truncated, Missing: missing}, nil
+	return protocol.StreamChecked{Created: created, Seen: seen, Limited: pub.Limited(), Missing: missing}, nil
 }
 
 // resume resumes the publisher past what the stream holds of the slot.

@@ -189,7 +189,7 @@ func (d *Daemon) checkStreaming(ctx context.Context, conn *pgx.Conn, st *streami
 			case protocol.Stop:
 				st.stop(&refusalCause{c.Refusal})
 			case protocol.RecordAnchor:
-				err := replication.SetAnchor(ctx, d.db(conn), d.cfg.Slot, x.rec.Incarnation, c.Anchor.Seq, c.Anchor.Mark)
+				err := replication.SetAnchor(ctx, d.db(conn), d.cfg.Slot, x.rec.Incarnation, c.Anchor.Seq, c.Anchor.Mark, seenOf(c.Seen))
 				if err != nil && ctx.Err() == nil && !d.anchorSaid.Swap(true) {
 					d.log.Warn("cannot record the newest batch found on the stream; a tailer started after this one is killed checks the stream by an older one", "err", err)
 				}
@@ -202,7 +202,7 @@ func (d *Daemon) checkStreaming(ctx context.Context, conn *pgx.Conn, st *streami
 // publication, the record's word that the stream lacks inserts, and the
 // stream.
 func (d *Daemon) look(ctx context.Context, conn *pgx.Conn, x *run, c protocol.CheckStream) (protocol.Checked, error) {
-	ev := protocol.Checked{Anchors: c.Anchors}
+	var ev protocol.Checked
 	err := join.CheckSchema(ctx, conn, d.cfg.Schema)
 	var schema *join.SchemaError
 	if errors.As(err, &schema) {

@@ -122,6 +122,8 @@ func (x *run) write(cmd protocol.Command) protocol.Event {
 		x.pub.SetUniqueIDs()
 		d.log.Warn("the stream holds batches past this server's WAL, or of other tokens under the ids of this session's batches (a restored database): " +
 			"the tokens the stream holds are known by key and skipped, every other one is published; batch ids carry the session")
+	case protocol.RecordAnchor:
+		err = replication.SetAnchor(x.ctx, x.db(), d.cfg.Slot, x.rec.Incarnation, c.Anchor.Seq, c.Anchor.Mark, seenOf(c.Seen))
 	case protocol.MarkResyncNeeded:
 		err = replication.SetResyncNeeded(x.ctx, x.db(), d.cfg.Slot)
 	case protocol.Refuse:
@@ -251,10 +253,19 @@ func recordOf(r replication.Record) protocol.Record {
 	p := protocol.Record{Exists: r.Exists, Incarnation: r.Incarnation, Bound: r.Bound, StreamSeq: r.StreamSeq, Legacy: r.Legacy,
 		ResyncPending: r.ResyncPending, ResyncNeeded: r.ResyncNeeded, StreamName: r.StreamName, StreamCreated: r.StreamCreated,
 		Anchor: protocol.Anchor{Seq: r.AnchorSeq, Mark: r.AnchorMark}, Stopped: protocol.Anchor{Seq: r.StoppedSeq, Mark: r.StoppedMsgID}}
+	if r.Seen != nil {
+		p.Seen = protocol.Seen{Known: true, First: r.Seen.First, Last: r.Seen.Last, Deleted: r.Seen.Deleted}
+	}
 	if f := protocol.ParseFact(r.RefusedFact); f != protocol.NoFact {
 		p.Refused = protocol.Refusal{Fact: f, Err: &protocol.Recorded{Said: r.Refused}}
 	}
 	return p
+}
+
+// seenOf is what the relay asks to record the stream held, as the record
+// keeps it.
+func seenOf(s protocol.Seen) replication.StreamSeen {
+	return replication.StreamSeen{First: s.First, Last: s.Last, Deleted: s.Deleted}
 }
 
 // destination is where the session publishes.

@@ -221,13 +221,13 @@ func sessionCause(ctx context.Context, streamErr, pipeErr error, pipelineFirst b
 func (d *Daemon) recordStop(x *run) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	seq, mark, err := x.pub.LastMark(ctx)
-	if err == nil && seq != 0 {
+	last, _, err := x.pub.LastMark(ctx)
+	if err == nil && last.Seq != 0 {
 		// A connection of its own: the session's may have been cut by the
 		// cancellation of a query in flight.
 		var q *pgx.Conn
 		if q, err = connectQuery(ctx, d.cfg.DatabaseURL); err == nil {
-			err = replication.SetStopped(ctx, d.db(q), &x.rec, seq, mark)
+			err = replication.SetStopped(ctx, d.db(q), &x.rec, last.Seq, last.Mark)
 			q.Close(context.Background())
 		}
 	}

@@ -149,12 +149,15 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 		return rep, err
 	}
 	s.close()
-	info, err := pub.Stream().Info(ctx)
+	// The incarnation knows the stream by its last message from now on: a
+	// tailer that finds it gone, or the stream purged past it, refuses it.
+	last, seen, err := pub.LastMark(ctx)
 	if err != nil {
-		return rep, fmt.Errorf("read stream %s's last sequence: %w", dest.Name, err)
+		return rep, err
 	}
-	rep.StreamSeq = info.State.LastSeq
-	if err := replication.FinishResync(ctx, db, &rec, s.snap.ConsistentPoint, replication.StreamIdentity{Name: dest.Name, Created: pub.Created()}, rep.StreamSeq); err != nil {
+	rep.StreamSeq = last.Seq
+	if err := replication.FinishResync(ctx, db, &rec, s.snap.ConsistentPoint, replication.StreamIdentity{Name: dest.Name, Created: pub.Created()}, rep.StreamSeq,
+		last.Mark, replication.StreamSeen{First: seen.First, Last: seen.Last, Deleted: seen.Deleted}); err != nil {
 		return rep, err
 	}
 	return rep, nil

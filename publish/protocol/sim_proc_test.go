@@ -1,0 +1,492 @@
+package protocol
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// simProc is a tailer run process: a Relay, and what carries its
+// commands out against the models.
+type simProc struct {
+	w      *world
+	id     int
+	relay  *Relay
+	alive  bool
+	frozen bool
+	// cmds are the relay's commands still to carry out; wake is when the
+	// next session starts (between sessions).
+	cmds []Command
+	wake time.Duration
+	s    *simSession
+	// exited says the relay told the process to exit; refused, the
+	// refusal it said last (nil once it streams).
+	exited  bool
+	refused *Refusal
+}
+
+// simSession is a session of a process.
+type simSession struct {
+	p          *simProc
+	id         int
+	start      time.Duration
+	rec        Record
+	head       StreamHead
+	window     *Window
+	owner      Owner
+	next       int64
+	inFlight   int
+	unique     bool
+	streaming  bool
+	anchors    Anchors
+	acks       []ackOf
+	pending    int
+	readUpTo   LSN
+	left       map[LSN]int
+	order      []LSN
+	queue      []simTok
+	queueTx    LSN
+	stopped    *Refusal
+	markersErr error
+	// cut: the database server restarted under the session.
+	cut bool
+}
+
+// live reports whether s is its process's running session.
+func (s *simSession) live() bool { return s.p.alive && s.p.s == s }
+
+func newProc(w *world, id int) *simProc {
+	return &simProc{w: w, id: id, relay: New(Config{Stream: "MAILROOM", MaxInFlight: w.inFlight}), alive: true}
+}
+
+// runnable reports whether stepping p does anything.
+func (p *simProc) runnable() bool {
+	if !p.alive || p.frozen || p.exited {
+		return false
+	}
+	return len(p.cmds) > 0 || p.s != nil || p.w.now >= p.wake
+}
+
+// step moves p on by one command, or one unit of its data path, and
+// reports whether it did anything.
+func (p *simProc) step() bool {
+	if !p.runnable() {
+		return false
+	}
+	if len(p.cmds) == 0 && p.s == nil {
+		p.s = &simSession{p: p, start: p.w.now, left: map[LSN]int{}}
+		p.w.sessions++
+		p.s.id = p.w.sessions
+		p.cmds = p.relay.Step(Start{})
+		return true
+	}
+	if p.s.cut {
+		p.cmds = p.relay.Step(p.ended(EndPostgres, errors.New("the database server restarted")))
+		p.s.cut = false
+		return true
+	}
+	if len(p.cmds) > 0 {
+		cmd := p.cmds[0]
+		p.cmds = p.cmds[1:]
+		p.carry(cmd)
+		return true
+	}
+	return p.stream()
+}
+
+// carry carries cmd out, stepping the relay with what it found.
+func (p *simProc) carry(cmd Command) {
+	w, s := p.w, p.s
+	w.say("process %d: %T %+v", p.id, cmd, cmd)
+	switch c := cmd.(type) {
+	case Wait:
+		p.endSession()
+		p.wake = w.now + c.Delay
+		return
+	case Exit:
+		p.endSession()
+		p.exited = true
+		return
+	case Publish:
+		if w.db.rec.Refused.Fact != NoFact && w.db.rec.Incarnation == s.rec.Incarnation {
+			panic(fmt.Sprintf("session %d streams while the record refuses the slot until a resync: %v", s.id, w.db.rec.Refused))
+		}
+		s.streaming, p.refused = true, nil
+		w.say("session %d of process %d streams from %s (incarnation %s)", s.id, p.id, w.db.slot.confirmed, s.rec.Incarnation)
+		return
+	}
+	if ev := p.do(cmd); ev != nil {
+		p.cmds = append(p.cmds, p.relay.Step(ev)...)
+	}
+}
+
+// endSession lets go of the session: its lease, its answers to come.
+// Its publisher closes: what it sent reaches the server now, or never
+// (the connection's last bytes); the schedule chooses.
+func (p *simProc) endSession() {
+	w := p.w
+	if w.lease == p {
+		w.lease = nil
+	}
+	for i := 0; i < len(w.net); {
+		if w.net[i].s != p.s {
+			i++
+			continue
+		}
+		if w.closing != nil && w.closing() {
+			w.deliver(i)
+			continue
+		}
+		w.net = append(w.net[:i], w.net[i+1:]...)
+	}
+	p.s = nil
+	p.cmds = nil
+}
+
+// ended steps the relay with a session's end.
+func (p *simProc) ended(kind EndKind, err error) Event {
+	return Ended{Kind: kind, Err: err, Lasted: p.w.now - p.s.start, Anchors: p.s.anchors}
+}
+
+// do carries out a command that finds something.
+func (p *simProc) do(cmd Command) Event {
+	w, s := p.w, p.s
+	switch c := cmd.(type) {
+	case Open:
+		if !w.takeLease(p) {
+			return p.ended(EndLeaseHeld, errors.New("the lease is held"))
+		}
+		return Opened{}
+	case Inspect:
+		s.rec = w.db.rec
+		ev := Inspected{Publication: w.db.publicationErr(), Record: s.rec}
+		if sl := w.db.slot; sl != nil {
+			ev.Slot = Slot{Present: true, Lost: sl.lost, Confirmed: sl.confirmed}
+		}
+		return ev
+	case ReadHead:
+		return HeadRead{Head: p.head()}
+	case MakeSlot:
+		w.db.makeSlot()
+		w.db.newIncarnation(true, 0)
+		s.rec = w.db.rec
+		return SlotMade{Record: s.rec, Slot: Slot{Present: true, Confirmed: w.db.slot.confirmed}}
+	case Claim:
+		return p.claim()
+	case Adopt:
+		w.db.newIncarnation(true, 0)
+		s.rec = w.db.rec
+		return Bound{Record: s.rec}
+	case Bind:
+		p.write(func(r *Record) { r.Bound, r.StreamSeq = true, 0 })
+		return Bound{Record: s.rec}
+	case CheckHeld:
+		mark, ok := w.stream.mark(c.Stopped.Seq)
+		return Held{Held: ok && mark == c.Stopped.Mark, Seen: w.seen(), Limited: w.stream.maxMsgs > 0}
+	case CheckStream:
+		return p.look(c)
+	case Resume:
+		return p.resume(c.Owner)
+	}
+	p.write1(cmd)
+	return nil
+}
+
+// write changes the record, as of the session's incarnation.
+func (p *simProc) write(change func(*Record)) {
+	w, s := p.w, p.s
+	if w.db.rec.Incarnation == s.rec.Incarnation {
+		change(&w.db.rec)
+		s.rec = w.db.rec
+	}
+}
+
+// write1 carries out a command that finds nothing.
+func (p *simProc) write1(cmd Command) {
+	w, s := p.w, p.s
+	switch c := cmd.(type) {
+	case SetStream:
+		p.write(func(r *Record) {
+			if r.StreamName != c.Name {
+				r.Anchor = Anchor{}
+			}
+			r.StreamName, r.StreamCreated = c.Name, c.Created
+		})
+	case ClearStopped:
+		p.write(func(r *Record) { r.Stopped = Anchor{} })
+	case UniqueIDs:
+		s.unique = true
+	case RecordAnchor:
+		p.record(c)
+	case MarkResyncNeeded:
+		w.db.rec.ResyncNeeded = true
+	case Refuse:
+		if c.Refusal.Fact.Lasting() {
+			if _, recorded := c.Refusal.Err.(*Recorded); !recorded {
+				p.write(func(r *Record) {
+					if r.Refused.Fact == NoFact {
+						r.Refused = Refusal{Fact: c.Refusal.Fact, Err: &Recorded{Said: c.Refusal.Error()}}
+					}
+				})
+			}
+		}
+		p.refused = &c.Refusal
+		w.say("session %d refused: %v", s.id, c.Refusal)
+	case Resync:
+		w.resync()
+		p.cmds = append(p.cmds, p.relay.Step(Resynced{})...)
+	}
+}
+
+// head is the stream's head as the session opens it.
+func (p *simProc) head() StreamHead {
+	w := p.w
+	h := StreamHead{Name: w.stream.name, Created: w.stream.created(), LastSeq: w.stream.last, Replicas: len(w.stream.replicas),
+		Seen: w.seen(), Limited: w.stream.maxMsgs > 0}
+	if m, ok := w.stream.at(w.stream.last); ok {
+		h.Foreign = CheckOrigin(w.stream.name, m, w.db.origin)
+	}
+	return h
+}
+
+// claim records the publication, starts the slot and opens the stream.
+func (p *simProc) claim() Event {
+	w, s := p.w, p.s
+	if w.db.slot.lost {
+		return Ended{Kind: EndRefused, Refusal: Refusal{Fact: SlotLost}}
+	}
+	w.db.published = true
+	s.head = p.head()
+	s.readUpTo = w.db.slot.confirmed
+	return Claimed{Head: s.head}
+}
+
+// look is the stream as a check finds it.
+func (p *simProc) look(c CheckStream) Event {
+	w, s := p.w, p.s
+	ev := StreamChecked{Created: w.stream.created(), Seen: w.seen(), Limited: w.stream.maxMsgs > 0}
+	for _, want := range c.Anchors {
+		if want.Seq == 0 {
+			continue
+		}
+		mark, ok := w.stream.mark(want.Seq)
+		if !ok && w.stream.maxMsgs > 0 && w.stream.first > want.Seq {
+			continue
+		}
+		if !ok || mark != want.Mark {
+			ev.Missing = want
+			break
+		}
+	}
+	if !s.streaming {
+		w.say("look %+v: %+v (stream first %d last %d msgs %d)", c, ev, w.stream.first, w.stream.last, len(w.stream.msgs))
+		return ev
+	}
+	ck := Checked{Publication: w.db.publicationErr(), ResyncNeeded: w.db.rec.ResyncNeeded && w.db.rec.Incarnation == s.rec.Incarnation,
+		Stream: ev}
+	return ck
+}
+
+// resume scans the stream and publishes the session's markers.
+func (p *simProc) resume(o Owner) Event {
+	w, s := p.w, p.s
+	o.Origin = w.db.origin
+	s.owner, s.inFlight = o, o.InFlight
+	{
+		// Chained to the last sequence the session opened the stream at:
+		// a stream made again since is not resumed on.
+		win, prev, err := Scan(modelReader{w.stream}, Stream{Name: w.stream.name, LastSeq: s.head.LastSeq, Limited: w.stream.maxMsgs > 0,
+			Limits: "max_msgs", Marker: "b._session", Data: []string{"b"}}, o)
+		if err != nil {
+			return Resumed{Err: err}
+		}
+		k, floor := Fence(o, win, prev, s.head.LastSeq)
+		next := int64(s.head.LastSeq)
+		ok := true
+		for i := 1; i <= k; i++ {
+			m := msg{Stored: Stored{Kind: Marker, Subject: "b._session", Origin: w.db.origin.String(), Incarnation: o.Incarnation,
+				FenceN: i, FenceK: k, InFlight: max(o.InFlight, 1), After: o.After, Floor: floor}}
+			*w.db.tokens++
+			m.id = fmt.Sprintf("marker-%d", *w.db.tokens)
+			seq, _, err := w.put(m, next)
+			if err != nil {
+				ok = false
+				break
+			}
+			s.anchors.Last = Anchor{Seq: seq, Mark: m.id}
+			next++
+		}
+		if ok {
+			win.Fence = k
+			s.window, s.next = win, next
+			return Resumed{Reach: win.Max, WAL: w.db.wal()}
+		}
+	}
+	return p.ended(EndNATS, errors.New("the stream moved on without the session"))
+}
+
+// stream does one unit of a streaming session's work: an answer from the
+// stream taken, a transaction read from the slot, a message sent, or the
+// slot confirmed.
+func (p *simProc) stream() bool {
+	s := p.s
+	if s == nil || !s.streaming {
+		return false
+	}
+	if s.stopped != nil {
+		p.cmds = append(p.cmds, p.relay.Step(Ended{Kind: EndRefused, Refusal: *s.stopped, Lasted: p.w.now - s.start, Anchors: s.anchors})...)
+		return true
+	}
+	if !p.w.holdsLease(p) {
+		p.cmds = append(p.cmds, p.relay.Step(p.ended(EndLeaseLost, errors.New("the lease was lost")))...)
+		return true
+	}
+	switch {
+	case len(s.acks) > 0:
+		p.takeAck()
+	case len(s.queue) > 0 && s.pending < max(s.inFlight, 1):
+		p.send()
+	case len(s.queue) == 0 && p.read():
+	default:
+		return p.confirm()
+	}
+	return true
+}
+
+// takeAck takes the stream's answer to the session's oldest message.
+func (p *simProc) takeAck() {
+	w, s := p.w, p.s
+	a := s.acks[0]
+	s.acks = s.acks[1:]
+	s.pending--
+	switch {
+	case a.err != nil:
+		p.cmds = append(p.cmds, p.relay.Step(p.ended(EndNATS, a.err))...)
+		return
+	case a.dup:
+		if held, ok := w.stream.at(a.seq); !ok || held.Keys != a.m.Keys {
+			p.cmds = append(p.cmds, p.relay.Step(p.ended(EndReusedID, errors.New("reused id")))...)
+			return
+		}
+	}
+	s.anchors.Last = Anchor{Seq: a.seq, Mark: a.m.id}
+	s.anchors.Batch = s.anchors.Last
+	for _, k := range strings.Split(a.m.Keys, ",") {
+		w.acked[k] = true
+	}
+	s.left[a.m.Last.Commit] -= strings.Count(a.m.Keys, ",") + 1
+}
+
+// read reads the slot's next transaction, skipping the tokens the stream
+// holds (Window.Has); false when there is none.
+func (p *simProc) read() bool {
+	w, s := p.w, p.s
+	for _, t := range w.db.replay(s.readUpTo) {
+		s.readUpTo = t.commit
+		s.order = append(s.order, t.commit)
+		if !t.inSlot {
+			continue
+		}
+		for _, k := range t.toks {
+			on, err := s.window.Has(k.pos, k.raw, func(seq uint64) (string, error) {
+				m, ok := w.stream.at(seq)
+				if !ok {
+					return "", errStreamGone
+				}
+				return m.Keys, nil
+			})
+			if err != nil {
+				p.cmds = append(p.cmds, p.relay.Step(p.ended(EndNATS, err))...)
+				return true
+			}
+			if on {
+				w.acked[k.key] = true
+				continue
+			}
+			s.queue = append(s.queue, k)
+			s.left[t.commit]++
+		}
+		return true
+	}
+	return false
+}
+
+// send publishes the next tokens of the queue (one transaction's, up to
+// three) as a message on its way.
+func (p *simProc) send() {
+	w, s := p.w, p.s
+	commit := s.queue[0].pos.Commit
+	n := 0
+	for n < len(s.queue) && n < 3 && s.queue[n].pos.Commit == commit {
+		n++
+	}
+	toks := s.queue[:n]
+	s.queue = s.queue[n:]
+	keys := make([]string, n)
+	for i, k := range toks {
+		keys[i] = k.key
+	}
+	m := msg{Stored: Stored{Kind: Batch, Subject: "b", Origin: w.db.origin.String(), Incarnation: s.rec.Incarnation,
+		First: toks[0].pos, Last: toks[n-1].pos, Keys: strings.Join(keys, ",")}}
+	m.id = toks[0].pos.String() + "-" + toks[n-1].pos.String()
+	if s.unique {
+		m.id += fmt.Sprintf("@%d", s.id)
+	}
+	w.net = append(w.net, &flight{s: s, m: m, expect: s.next})
+	s.next++
+	s.pending++
+}
+
+// confirm confirms the slot past every transaction whose tokens are all
+// acknowledged or skipped, and past the WAL's end when none waits.
+func (p *simProc) confirm() bool {
+	w, s := p.w, p.s
+	to := LSN(0)
+	for len(s.order) > 0 && s.left[s.order[0]] <= 0 {
+		to = s.order[0]
+		delete(s.left, s.order[0])
+		s.order = s.order[1:]
+	}
+	if len(s.order) == 0 && len(s.queue) == 0 && s.pending == 0 && s.readUpTo >= w.db.txEnd() {
+		to = max(to, w.db.wal())
+	}
+	if to > w.db.slot.confirmed {
+		w.db.confirm(to)
+		return true
+	}
+	return false
+}
+
+// check is the periodic look while streaming (the slot sampler's).
+func (p *simProc) check() {
+	s := p.s
+	if s == nil || !s.streaming || s.stopped != nil || len(p.cmds) > 0 {
+		return
+	}
+	for _, cmd := range p.relay.Step(Checking{Anchors: s.anchors}) {
+		c, ok := cmd.(CheckStream)
+		if !ok {
+			continue
+		}
+		for _, cmd := range p.relay.Step(p.look(c)) {
+			switch c := cmd.(type) {
+			case Stop:
+				s.stopped = &c.Refusal
+			case RecordAnchor:
+				p.record(c)
+			}
+		}
+	}
+}
+
+// record keeps the newest batch found on the stream, and what the stream
+// held (SetAnchor).
+func (p *simProc) record(c RecordAnchor) {
+	p.write(func(r *Record) {
+		if c.Anchor.Seq > r.Anchor.Seq {
+			r.Anchor = c.Anchor
+		}
+		r.Seen = c.Seen
+	})
+}
