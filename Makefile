@@ -1,4 +1,4 @@
-.PHONY: build test test-soak test-pg test-pg-core demo bench
+.PHONY: build test test-soak test-pg test-pg-core demo bench sim mutate
 
 build:
 	go build -ldflags "-X main.commit=$$(git rev-parse --short HEAD 2>/dev/null)" -o bin/tailer ./cmd/tailer
@@ -30,6 +30,18 @@ test:
 test-soak:
 	@echo "== go test -race: the soak tests (SOAK_TESTS), the tailer they start built with the race detector"
 	TAILER_CHILD_RACE=1 $(GO_TEST) -run '^($(SOAK_TESTS))$$' ./cmd/tailer/
+
+# The relay's simulation (publish/protocol TestSimulation): make sim
+# SEEDS=N runs N schedules; a failing one prints its steps and the command
+# that runs it again.
+SEEDS ?= 10000
+sim:
+	go test -count=1 -run '^TestSimulation$$' ./publish/protocol/ -rapid.checks=$(SEEDS) -v
+
+# Mutation testing of the relay's core with its own tests (gremlins
+# v0.6.0): fails below 90% efficacy or 85% mutant coverage.
+mutate:
+	go run github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0 unleash --threshold-efficacy 90 --threshold-mcover 85 ./publish/protocol
 
 # Runs the whole thing end to end on a throwaway PostgreSQL.
 demo:

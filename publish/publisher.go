@@ -271,7 +271,7 @@ func (p *Publisher) readLast(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("stream info: %w", err)
 	}
-	p.lastSeq, p.next, p.seen = info.State.LastSeq, info.State.LastSeq, seenOf(info.State)
+	p.lastSeq, p.next, p.seen = info.State.LastSeq, info.State.LastSeq, SeenOf(info.State)
 	p.last, p.lastTime = protocol.Stored{}, time.Time{}
 	if info.State.LastSeq == 0 {
 		return nil
@@ -338,6 +338,12 @@ func position(pos decoder.Position) protocol.Position {
 // not stored; SetUniqueIDs names the next session's messages apart.
 var ErrReusedID = errors.New("the stream holds other tokens under this message's id")
 
+// ErrDuplicateGone is a PubAck saying a message was already on the
+// stream, at a sequence the stream no longer holds: JetStream keeps an
+// id in its duplicate window after the message is gone (its limits, a
+// purge, a deletion), so the stream had the batch and lost it.
+var ErrDuplicateGone = errors.New("the stream had this batch and no longer holds it: removed by its limits, purged or deleted")
+
 // CheckDuplicate verifies a PubAck that says a message was already on the
 // stream: the sequence it names must hold a message with its id and its
 // token keys. A duplicate ack for a message the stream no longer holds
@@ -349,6 +355,9 @@ func (p *Publisher) CheckDuplicate(ctx context.Context, id, keys string, seq uin
 		return fmt.Errorf("batch %s: duplicate PubAck without a stream sequence: the stream does not show it holds the batch", id)
 	}
 	msg, err := p.getMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return fmt.Errorf("batch %s: duplicate PubAck names sequence %d: %w", id, seq, ErrDuplicateGone)
+	}
 	if err != nil {
 		return fmt.Errorf("batch %s: duplicate PubAck names sequence %d, which cannot be read: %w", id, seq, err)
 	}
@@ -397,13 +406,13 @@ func (p *Publisher) Look(ctx context.Context) (created string, seen protocol.See
 	}
 	info := s.CachedInfo()
 	p.sawLeader(info)
-	return info.Created.UTC().Format(time.RFC3339Nano), seenOf(info.State), nil
+	return info.Created.UTC().Format(time.RFC3339Nano), SeenOf(info.State), nil
 }
 
-// seenOf is what a stream's state says it holds. A stream that never
+// SeenOf is what a stream's state says it holds. A stream that never
 // held a message has first sequence zero; one purged empty, one past its
 // last.
-func seenOf(st jetstream.StreamState) protocol.Seen {
+func SeenOf(st jetstream.StreamState) protocol.Seen {
 	seen := protocol.Seen{Known: true, First: st.FirstSeq, Last: st.LastSeq, Deleted: st.NumDeleted}
 	if st.LastSeq == 0 {
 		seen.First = 0

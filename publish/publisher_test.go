@@ -151,7 +151,7 @@ func TestCheckDuplicate(t *testing.T) {
 		seq  uint64
 		keys string
 		want string
-	}{{0, "k1", "without a stream sequence"}, {2, "k1", "which holds"}, {9, "k1", "cannot be read"}, {1, "k9", ErrReusedID.Error()}} {
+	}{{0, "k1", "without a stream sequence"}, {2, "k1", "which holds"}, {9, "k1", ErrDuplicateGone.Error()}, {1, "k9", ErrReusedID.Error()}} {
 		if err := p.CheckDuplicate(ctx, ids[0], tc.keys, tc.seq); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("duplicate naming sequence %d with keys %s: %v, want %q", tc.seq, tc.keys, err, tc.want)
 		}

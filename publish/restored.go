@@ -23,7 +23,7 @@ func (p *Publisher) LastMark(ctx context.Context) (protocol.Anchor, protocol.See
 	if err != nil {
 		return protocol.Anchor{}, protocol.Seen{}, fmt.Errorf("read stream %s: %w", p.name, err)
 	}
-	seen, seq := seenOf(info.State), info.State.LastSeq
+	seen, seq := SeenOf(info.State), info.State.LastSeq
 	if seq == 0 {
 		return protocol.Anchor{}, seen, nil
 	}

@@ -97,6 +97,10 @@ const (
 	// EndReusedID: a PubAck said the stream holds other tokens under a
 	// batch's id (a restored database): retried, naming batches apart.
 	EndReusedID
+	// EndBatchGone: a PubAck said the stream had a batch under its id,
+	// at a sequence it no longer holds (JetStream remembers ids past
+	// their messages): the stream lost it.
+	EndBatchGone
 	// EndStartupConfig: a setting the operator must fix (a password, a
 	// certificate), final only before the first session streamed.
 	EndStartupConfig

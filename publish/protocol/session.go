@@ -349,6 +349,13 @@ func (r *Relay) ended(ev Ended) []Command {
 		return []Command{StandBy{Err: ev.Err, Say: say}, Wait{Delay: standbyDelay}}
 	case EndReusedID:
 		r.reusedIDs = true
+	case EndBatchGone:
+		// Removed by the limits of a stream that has them (a replay
+		// they reached), or purged or deleted from one without.
+		if r.stream.Limited {
+			return r.refuse(Refusal{Fact: WindowTrimmed, Err: ev.Err})
+		}
+		return r.refuse(Refusal{Fact: StreamLostAnchor, Err: ev.Err})
 	case EndNATS:
 		if ev.Cause != nil {
 			return r.refuse(Refusal{Fact: NATSStoresNothing, Err: ev.Cause})

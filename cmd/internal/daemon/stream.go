@@ -178,6 +178,8 @@ func (d *Daemon) endOf(ctx context.Context, err error, start time.Time) protocol
 		ev.Kind = protocol.EndLeaseHeld
 	case errors.Is(err, publish.ErrReusedID):
 		ev.Kind = protocol.EndReusedID
+	case errors.Is(err, publish.ErrDuplicateGone):
+		ev.Kind = protocol.EndBatchGone
 	case errors.As(err, &se) && se.target == targetNATS:
 		ev.Kind = protocol.EndNATS
 		if cause := d.natsCause(err, start); cause != "" {

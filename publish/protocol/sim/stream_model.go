@@ -1,10 +1,12 @@
-package protocol
+package sim
 
 import (
 	"errors"
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/mailroom/tailer/publish/protocol"
 )
 
 // The simulation's model of a JetStream stream: what the tailer relies on
@@ -13,7 +15,7 @@ import (
 
 // msg is a message as the model stores it.
 type msg struct {
-	Stored
+	protocol.Stored
 	id string
 }
 
@@ -44,6 +46,16 @@ func newStream(name string, maxMsgs int, made *int) *streamModel {
 	return s
 }
 
+// seen is what the stream holds, as its info says (publish's seenOf): a
+// stream that never held a message has first sequence zero.
+func (s *streamModel) seen() protocol.Seen {
+	first := s.first
+	if s.last == 0 {
+		first = 0
+	}
+	return protocol.Seen{Known: true, First: first, Last: s.last, Deleted: s.deleted}
+}
+
 // created is the creation time the leader reports.
 func (s *streamModel) created() string { return s.replicas[s.leader] }
 
@@ -51,13 +63,15 @@ func (s *streamModel) created() string { return s.replicas[s.leader] }
 // expect < 0: any), or reports the id stored already (dup: its
 // sequence, nothing stored).
 func (s *streamModel) publish(m msg, expect int64) (seq uint64, dup bool, err error) {
+	// JetStream checks the expected last sequence first: a duplicate
+	// chained to another sequence is refused, not answered.
+	if expect >= 0 && uint64(expect) != s.last {
+		return 0, false, errWrongLastSeq
+	}
 	if m.id != "" {
 		if seq, ok := s.ids[m.id]; ok {
 			return seq, true, nil
 		}
-	}
-	if expect >= 0 && uint64(expect) != s.last {
-		return 0, false, errWrongLastSeq
 	}
 	s.last++
 	m.Seq = s.last
@@ -75,15 +89,10 @@ func (s *streamModel) publish(m msg, expect int64) (seq uint64, dup bool, err er
 	return m.Seq, false, nil
 }
 
-// remove takes the message at seq off.
-func (s *streamModel) remove(seq uint64) {
-	if m, ok := s.msgs[seq]; ok {
-		delete(s.msgs, seq)
-		if s.ids[m.id] == seq {
-			delete(s.ids, m.id)
-		}
-	}
-}
+// remove takes the message at seq off. Its id stays in the duplicate
+// window: a publish of it is answered with seq, the message gone
+// (JetStream does so, TestStreamModelAgreesWithJetStream).
+func (s *streamModel) remove(seq uint64) { delete(s.msgs, seq) }
 
 // advanceFirst moves the first sequence past the messages gone from the
 // front; deleted counts those gone within.
@@ -124,13 +133,13 @@ func (s *streamModel) deleteMsg(seq uint64) bool {
 }
 
 // at is the message at seq.
-func (s *streamModel) at(seq uint64) (Stored, bool) {
+func (s *streamModel) at(seq uint64) (protocol.Stored, bool) {
 	m, ok := s.msgs[seq]
 	return m.Stored, ok
 }
 
 // lastOn is the last message on subject.
-func (s *streamModel) lastOn(subject string) (Stored, bool) {
+func (s *streamModel) lastOn(subject string) (protocol.Stored, bool) {
 	var best msg
 	for _, m := range s.msgs {
 		if m.Subject == subject && m.Seq > best.Seq {
@@ -183,7 +192,7 @@ func (s *streamModel) replicate() {
 func (s *streamModel) keys() map[string]int {
 	n := map[string]int{}
 	for _, m := range s.msgs {
-		if m.Kind != Batch || m.Keys == "" {
+		if m.Kind != protocol.Batch || m.Keys == "" {
 			continue
 		}
 		for _, k := range strings.Split(m.Keys, ",") {
@@ -215,12 +224,12 @@ func (s *streamModel) marks() map[uint64]string {
 // reader reads s for Scan.
 type modelReader struct{ s *streamModel }
 
-func (r modelReader) At(seq uint64) (Stored, bool, error) {
+func (r modelReader) At(seq uint64) (protocol.Stored, bool, error) {
 	m, ok := r.s.at(seq)
 	return m, ok, nil
 }
 
-func (r modelReader) LastOn(subject string) (Stored, bool, error) {
+func (r modelReader) LastOn(subject string) (protocol.Stored, bool, error) {
 	m, ok := r.s.lastOn(subject)
 	return m, ok, nil
 }

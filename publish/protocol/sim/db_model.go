@@ -1,10 +1,11 @@
-package protocol
+package sim
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
 
+	"github.com/mailroom/tailer/publish/protocol"
 	"github.com/mailroom/tailer/publish/token"
 )
 
@@ -18,11 +19,11 @@ import (
 type simTok struct {
 	key string
 	raw token.RawKey
-	pos Position
+	pos protocol.Position
 }
 
 // newTok is the n-th token, at pos.
-func newTok(n int, pos Position) simTok {
+func newTok(n int, pos protocol.Position) simTok {
 	var secret [token.SecretSize]byte
 	binary.BigEndian.PutUint64(secret[:], uint64(n))
 	return simTok{key: string(token.AppendKey(nil, &secret)), raw: token.RawKeyOf(&secret), pos: pos}
@@ -32,7 +33,7 @@ func newTok(n int, pos Position) simTok {
 // carries it: a transaction committed while the publication could not
 // carry token inserts is decoded without them, however often replayed.
 type tx struct {
-	commit LSN
+	commit protocol.LSN
 	toks   []simTok
 	inSlot bool
 }
@@ -40,28 +41,28 @@ type tx struct {
 // slotModel is the logical replication slot: from where it was made, and
 // how far it is confirmed.
 type slotModel struct {
-	made, confirmed LSN
+	made, confirmed protocol.LSN
 	lost            bool
 }
 
 // dbModel is the database.
 type dbModel struct {
 	txs    []tx
-	next   LSN
+	next   protocol.LSN
 	tokens *int
 	slot   *slotModel
-	rec    Record
+	rec    protocol.Record
 	// guarded: the publication guard marks the slot in the transaction of
 	// a publication change; published: the record names the publication
 	// (the guard only marks slots a tailer streamed from).
 	broken, guarded, published bool
-	origin                     Origin
+	origin                     protocol.Origin
 	incarnations               *int
 }
 
 func newDB(tokens, incarnations *int) *dbModel {
 	return &dbModel{next: 0x100, tokens: tokens, incarnations: incarnations, guarded: true,
-		origin: Origin{SystemID: "7", Timeline: 1, Database: "mailroom"}}
+		origin: protocol.Origin{SystemID: "7", Timeline: 1, Database: "mailroom"}}
 }
 
 // commit commits a transaction of n tokens.
@@ -70,18 +71,18 @@ func (db *dbModel) commit(n int) {
 	t := tx{commit: db.next, inSlot: !db.broken}
 	for i := range n {
 		*db.tokens++
-		t.toks = append(t.toks, newTok(*db.tokens, Position{Commit: db.next, Index: uint32(i)}))
+		t.toks = append(t.toks, newTok(*db.tokens, protocol.Position{Commit: db.next, Index: uint32(i)}))
 	}
 	db.txs = append(db.txs, t)
 }
 
 // wal is the WAL's current position.
-func (db *dbModel) wal() LSN { return db.next }
+func (db *dbModel) wal() protocol.LSN { return db.next }
 
 // newIncarnation records a new incarnation of the slot.
 func (db *dbModel) newIncarnation(bound bool, streamSeq uint64) {
 	*db.incarnations++
-	db.rec = Record{Exists: true, Incarnation: fmt.Sprintf("i%d", *db.incarnations), Bound: bound, StreamSeq: streamSeq}
+	db.rec = protocol.Record{Exists: true, Incarnation: fmt.Sprintf("i%d", *db.incarnations), Bound: bound, StreamSeq: streamSeq}
 }
 
 // makeSlot makes the slot at the WAL's end.
@@ -91,7 +92,7 @@ func (db *dbModel) makeSlot() {
 
 // replay is the slot's transactions past confirmed, as its stream
 // carries them: none of a lost slot.
-func (db *dbModel) replay(after LSN) []tx {
+func (db *dbModel) replay(after protocol.LSN) []tx {
 	var out []tx
 	for _, t := range db.txs {
 		if t.commit > after && t.commit > db.slot.made {
@@ -102,7 +103,7 @@ func (db *dbModel) replay(after LSN) []tx {
 }
 
 // confirm moves the slot's confirmed position to lsn (never back).
-func (db *dbModel) confirm(lsn LSN) {
+func (db *dbModel) confirm(lsn protocol.LSN) {
 	if db.slot != nil && lsn > db.slot.confirmed {
 		db.slot.confirmed = lsn
 	}
@@ -148,7 +149,7 @@ func (db *dbModel) eligible() map[string]bool {
 }
 
 // txEnd is the last transaction's commit (0: none).
-func (db *dbModel) txEnd() LSN {
+func (db *dbModel) txEnd() protocol.LSN {
 	if len(db.txs) == 0 {
 		return 0
 	}

@@ -1,10 +1,12 @@
-package protocol
+package sim
 
 import (
 	"errors"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/mailroom/tailer/publish/protocol"
 )
 
 // simProc is a tailer run process: a Relay, and what carries its
@@ -12,18 +14,18 @@ import (
 type simProc struct {
 	w      *world
 	id     int
-	relay  *Relay
+	relay  *protocol.Relay
 	alive  bool
 	frozen bool
 	// cmds are the relay's commands still to carry out; wake is when the
 	// next session starts (between sessions).
-	cmds []Command
+	cmds []protocol.Command
 	wake time.Duration
 	s    *simSession
 	// exited says the relay told the process to exit; refused, the
 	// refusal it said last (nil once it streams).
 	exited  bool
-	refused *Refusal
+	refused *protocol.Refusal
 }
 
 // simSession is a session of a process.
@@ -31,23 +33,23 @@ type simSession struct {
 	p          *simProc
 	id         int
 	start      time.Duration
-	rec        Record
-	head       StreamHead
-	window     *Window
-	owner      Owner
+	rec        protocol.Record
+	head       protocol.StreamHead
+	window     *protocol.Window
+	owner      protocol.Owner
 	next       int64
 	inFlight   int
 	unique     bool
 	streaming  bool
-	anchors    Anchors
+	anchors    protocol.Anchors
 	acks       []ackOf
 	pending    int
-	readUpTo   LSN
-	left       map[LSN]int
-	order      []LSN
+	readUpTo   protocol.LSN
+	left       map[protocol.LSN]int
+	order      []protocol.LSN
 	queue      []simTok
-	queueTx    LSN
-	stopped    *Refusal
+	queueTx    protocol.LSN
+	stopped    *protocol.Refusal
 	markersErr error
 	// cut: the database server restarted under the session.
 	cut bool
@@ -57,7 +59,7 @@ type simSession struct {
 func (s *simSession) live() bool { return s.p.alive && s.p.s == s }
 
 func newProc(w *world, id int) *simProc {
-	return &simProc{w: w, id: id, relay: New(Config{Stream: "MAILROOM", MaxInFlight: w.inFlight}), alive: true}
+	return &simProc{w: w, id: id, relay: protocol.New(protocol.Config{Stream: "MAILROOM", MaxInFlight: w.inFlight}), alive: true}
 }
 
 // runnable reports whether stepping p does anything.
@@ -75,14 +77,14 @@ func (p *simProc) step() bool {
 		return false
 	}
 	if len(p.cmds) == 0 && p.s == nil {
-		p.s = &simSession{p: p, start: p.w.now, left: map[LSN]int{}}
+		p.s = &simSession{p: p, start: p.w.now, left: map[protocol.LSN]int{}}
 		p.w.sessions++
 		p.s.id = p.w.sessions
-		p.cmds = p.relay.Step(Start{})
+		p.cmds = p.relay.Step(protocol.Start{})
 		return true
 	}
 	if p.s.cut {
-		p.cmds = p.relay.Step(p.ended(EndPostgres, errors.New("the database server restarted")))
+		p.cmds = p.relay.Step(p.ended(protocol.EndPostgres, errors.New("the database server restarted")))
 		p.s.cut = false
 		return true
 	}
@@ -96,20 +98,20 @@ func (p *simProc) step() bool {
 }
 
 // carry carries cmd out, stepping the relay with what it found.
-func (p *simProc) carry(cmd Command) {
+func (p *simProc) carry(cmd protocol.Command) {
 	w, s := p.w, p.s
 	w.say("process %d: %T %+v", p.id, cmd, cmd)
 	switch c := cmd.(type) {
-	case Wait:
+	case protocol.Wait:
 		p.endSession()
 		p.wake = w.now + c.Delay
 		return
-	case Exit:
+	case protocol.Exit:
 		p.endSession()
 		p.exited = true
 		return
-	case Publish:
-		if w.db.rec.Refused.Fact != NoFact && w.db.rec.Incarnation == s.rec.Incarnation {
+	case protocol.Publish:
+		if w.db.rec.Refused.Fact != protocol.NoFact && w.db.rec.Incarnation == s.rec.Incarnation {
 			panic(fmt.Sprintf("session %d streams while the record refuses the slot until a resync: %v", s.id, w.db.rec.Refused))
 		}
 		s.streaming, p.refused = true, nil
@@ -145,48 +147,48 @@ func (p *simProc) endSession() {
 }
 
 // ended steps the relay with a session's end.
-func (p *simProc) ended(kind EndKind, err error) Event {
-	return Ended{Kind: kind, Err: err, Lasted: p.w.now - p.s.start, Anchors: p.s.anchors}
+func (p *simProc) ended(kind protocol.EndKind, err error) protocol.Event {
+	return protocol.Ended{Kind: kind, Err: err, Lasted: p.w.now - p.s.start, Anchors: p.s.anchors}
 }
 
 // do carries out a command that finds something.
-func (p *simProc) do(cmd Command) Event {
+func (p *simProc) do(cmd protocol.Command) protocol.Event {
 	w, s := p.w, p.s
 	switch c := cmd.(type) {
-	case Open:
+	case protocol.Open:
 		if !w.takeLease(p) {
-			return p.ended(EndLeaseHeld, errors.New("the lease is held"))
+			return p.ended(protocol.EndLeaseHeld, errors.New("the lease is held"))
 		}
-		return Opened{}
-	case Inspect:
+		return protocol.Opened{}
+	case protocol.Inspect:
 		s.rec = w.db.rec
-		ev := Inspected{Publication: w.db.publicationErr(), Record: s.rec}
+		ev := protocol.Inspected{Publication: w.db.publicationErr(), Record: s.rec}
 		if sl := w.db.slot; sl != nil {
-			ev.Slot = Slot{Present: true, Lost: sl.lost, Confirmed: sl.confirmed}
+			ev.Slot = protocol.Slot{Present: true, Lost: sl.lost, Confirmed: sl.confirmed}
 		}
 		return ev
-	case ReadHead:
-		return HeadRead{Head: p.head()}
-	case MakeSlot:
+	case protocol.ReadHead:
+		return protocol.HeadRead{Head: p.head()}
+	case protocol.MakeSlot:
 		w.db.makeSlot()
 		w.db.newIncarnation(true, 0)
 		s.rec = w.db.rec
-		return SlotMade{Record: s.rec, Slot: Slot{Present: true, Confirmed: w.db.slot.confirmed}}
-	case Claim:
+		return protocol.SlotMade{Record: s.rec, Slot: protocol.Slot{Present: true, Confirmed: w.db.slot.confirmed}}
+	case protocol.Claim:
 		return p.claim()
-	case Adopt:
+	case protocol.Adopt:
 		w.db.newIncarnation(true, 0)
 		s.rec = w.db.rec
-		return Bound{Record: s.rec}
-	case Bind:
-		p.write(func(r *Record) { r.Bound, r.StreamSeq = true, 0 })
-		return Bound{Record: s.rec}
-	case CheckHeld:
+		return protocol.Bound{Record: s.rec}
+	case protocol.Bind:
+		p.write(func(r *protocol.Record) { r.Bound, r.StreamSeq = true, 0 })
+		return protocol.Bound{Record: s.rec}
+	case protocol.CheckHeld:
 		mark, ok := w.stream.mark(c.Stopped.Seq)
-		return Held{Held: ok && mark == c.Stopped.Mark, Seen: w.seen(), Limited: w.stream.maxMsgs > 0}
-	case CheckStream:
+		return protocol.Held{Held: ok && mark == c.Stopped.Mark, Seen: w.seen(), Limited: w.stream.maxMsgs > 0}
+	case protocol.CheckStream:
 		return p.look(c)
-	case Resume:
+	case protocol.Resume:
 		return p.resume(c.Owner)
 	}
 	p.write1(cmd)
@@ -194,7 +196,7 @@ func (p *simProc) do(cmd Command) Event {
 }
 
 // write changes the record, as of the session's incarnation.
-func (p *simProc) write(change func(*Record)) {
+func (p *simProc) write(change func(*protocol.Record)) {
 	w, s := p.w, p.s
 	if w.db.rec.Incarnation == s.rec.Incarnation {
 		change(&w.db.rec)
@@ -203,69 +205,69 @@ func (p *simProc) write(change func(*Record)) {
 }
 
 // write1 carries out a command that finds nothing.
-func (p *simProc) write1(cmd Command) {
+func (p *simProc) write1(cmd protocol.Command) {
 	w, s := p.w, p.s
 	switch c := cmd.(type) {
-	case SetStream:
-		p.write(func(r *Record) {
+	case protocol.SetStream:
+		p.write(func(r *protocol.Record) {
 			if r.StreamName != c.Name {
-				r.Anchor = Anchor{}
+				r.Anchor = protocol.Anchor{}
 			}
 			r.StreamName, r.StreamCreated = c.Name, c.Created
 		})
-	case ClearStopped:
-		p.write(func(r *Record) { r.Stopped = Anchor{} })
-	case UniqueIDs:
+	case protocol.ClearStopped:
+		p.write(func(r *protocol.Record) { r.Stopped = protocol.Anchor{} })
+	case protocol.UniqueIDs:
 		s.unique = true
-	case RecordAnchor:
+	case protocol.RecordAnchor:
 		p.record(c)
-	case MarkResyncNeeded:
+	case protocol.MarkResyncNeeded:
 		w.db.rec.ResyncNeeded = true
-	case Refuse:
+	case protocol.Refuse:
 		if c.Refusal.Fact.Lasting() {
-			if _, recorded := c.Refusal.Err.(*Recorded); !recorded {
-				p.write(func(r *Record) {
-					if r.Refused.Fact == NoFact {
-						r.Refused = Refusal{Fact: c.Refusal.Fact, Err: &Recorded{Said: c.Refusal.Error()}}
+			if _, recorded := c.Refusal.Err.(*protocol.Recorded); !recorded {
+				p.write(func(r *protocol.Record) {
+					if r.Refused.Fact == protocol.NoFact {
+						r.Refused = protocol.Refusal{Fact: c.Refusal.Fact, Err: &protocol.Recorded{Said: c.Refusal.Error()}}
 					}
 				})
 			}
 		}
 		p.refused = &c.Refusal
 		w.say("session %d refused: %v", s.id, c.Refusal)
-	case Resync:
+	case protocol.Resync:
 		w.resync()
-		p.cmds = append(p.cmds, p.relay.Step(Resynced{})...)
+		p.cmds = append(p.cmds, p.relay.Step(protocol.Resynced{})...)
 	}
 }
 
 // head is the stream's head as the session opens it.
-func (p *simProc) head() StreamHead {
+func (p *simProc) head() protocol.StreamHead {
 	w := p.w
-	h := StreamHead{Name: w.stream.name, Created: w.stream.created(), LastSeq: w.stream.last, Replicas: len(w.stream.replicas),
+	h := protocol.StreamHead{Name: w.stream.name, Created: w.stream.created(), LastSeq: w.stream.last, Replicas: len(w.stream.replicas),
 		Seen: w.seen(), Limited: w.stream.maxMsgs > 0}
 	if m, ok := w.stream.at(w.stream.last); ok {
-		h.Foreign = CheckOrigin(w.stream.name, m, w.db.origin)
+		h.Foreign = protocol.CheckOrigin(w.stream.name, m, w.db.origin)
 	}
 	return h
 }
 
 // claim records the publication, starts the slot and opens the stream.
-func (p *simProc) claim() Event {
+func (p *simProc) claim() protocol.Event {
 	w, s := p.w, p.s
 	if w.db.slot.lost {
-		return Ended{Kind: EndRefused, Refusal: Refusal{Fact: SlotLost}}
+		return protocol.Ended{Kind: protocol.EndRefused, Refusal: protocol.Refusal{Fact: protocol.SlotLost}}
 	}
 	w.db.published = true
 	s.head = p.head()
 	s.readUpTo = w.db.slot.confirmed
-	return Claimed{Head: s.head}
+	return protocol.Claimed{Head: s.head}
 }
 
 // look is the stream as a check finds it.
-func (p *simProc) look(c CheckStream) Event {
+func (p *simProc) look(c protocol.CheckStream) protocol.Event {
 	w, s := p.w, p.s
-	ev := StreamChecked{Created: w.stream.created(), Seen: w.seen(), Limited: w.stream.maxMsgs > 0}
+	ev := protocol.StreamChecked{Created: w.stream.created(), Seen: w.seen(), Limited: w.stream.maxMsgs > 0}
 	for _, want := range c.Anchors {
 		if want.Seq == 0 {
 			continue
@@ -283,29 +285,29 @@ func (p *simProc) look(c CheckStream) Event {
 		w.say("look %+v: %+v (stream first %d last %d msgs %d)", c, ev, w.stream.first, w.stream.last, len(w.stream.msgs))
 		return ev
 	}
-	ck := Checked{Publication: w.db.publicationErr(), ResyncNeeded: w.db.rec.ResyncNeeded && w.db.rec.Incarnation == s.rec.Incarnation,
+	ck := protocol.Checked{Publication: w.db.publicationErr(), ResyncNeeded: w.db.rec.ResyncNeeded && w.db.rec.Incarnation == s.rec.Incarnation,
 		Stream: ev}
 	return ck
 }
 
 // resume scans the stream and publishes the session's markers.
-func (p *simProc) resume(o Owner) Event {
+func (p *simProc) resume(o protocol.Owner) protocol.Event {
 	w, s := p.w, p.s
 	o.Origin = w.db.origin
 	s.owner, s.inFlight = o, o.InFlight
 	{
 		// Chained to the last sequence the session opened the stream at:
 		// a stream made again since is not resumed on.
-		win, prev, err := Scan(modelReader{w.stream}, Stream{Name: w.stream.name, LastSeq: s.head.LastSeq, Limited: w.stream.maxMsgs > 0,
+		win, prev, err := protocol.Scan(modelReader{w.stream}, protocol.Stream{Name: w.stream.name, LastSeq: s.head.LastSeq, Limited: w.stream.maxMsgs > 0,
 			Limits: "max_msgs", Marker: "b._session", Data: []string{"b"}}, o)
 		if err != nil {
-			return Resumed{Err: err}
+			return protocol.Resumed{Err: err}
 		}
-		k, floor := Fence(o, win, prev, s.head.LastSeq)
+		k, floor := protocol.Fence(o, win, prev, s.head.LastSeq)
 		next := int64(s.head.LastSeq)
 		ok := true
 		for i := 1; i <= k; i++ {
-			m := msg{Stored: Stored{Kind: Marker, Subject: "b._session", Origin: w.db.origin.String(), Incarnation: o.Incarnation,
+			m := msg{Stored: protocol.Stored{Kind: protocol.Marker, Subject: "b._session", Origin: w.db.origin.String(), Incarnation: o.Incarnation,
 				FenceN: i, FenceK: k, InFlight: max(o.InFlight, 1), After: o.After, Floor: floor}}
 			*w.db.tokens++
 			m.id = fmt.Sprintf("marker-%d", *w.db.tokens)
@@ -314,16 +316,16 @@ func (p *simProc) resume(o Owner) Event {
 				ok = false
 				break
 			}
-			s.anchors.Last = Anchor{Seq: seq, Mark: m.id}
+			s.anchors.Last = protocol.Anchor{Seq: seq, Mark: m.id}
 			next++
 		}
 		if ok {
 			win.Fence = k
 			s.window, s.next = win, next
-			return Resumed{Reach: win.Max, WAL: w.db.wal()}
+			return protocol.Resumed{Reach: win.Max, WAL: w.db.wal()}
 		}
 	}
-	return p.ended(EndNATS, errors.New("the stream moved on without the session"))
+	return p.ended(protocol.EndNATS, errors.New("the stream moved on without the session"))
 }
 
 // stream does one unit of a streaming session's work: an answer from the
@@ -335,11 +337,11 @@ func (p *simProc) stream() bool {
 		return false
 	}
 	if s.stopped != nil {
-		p.cmds = append(p.cmds, p.relay.Step(Ended{Kind: EndRefused, Refusal: *s.stopped, Lasted: p.w.now - s.start, Anchors: s.anchors})...)
+		p.cmds = append(p.cmds, p.relay.Step(protocol.Ended{Kind: protocol.EndRefused, Refusal: *s.stopped, Lasted: p.w.now - s.start, Anchors: s.anchors})...)
 		return true
 	}
 	if !p.w.holdsLease(p) {
-		p.cmds = append(p.cmds, p.relay.Step(p.ended(EndLeaseLost, errors.New("the lease was lost")))...)
+		p.cmds = append(p.cmds, p.relay.Step(p.ended(protocol.EndLeaseLost, errors.New("the lease was lost")))...)
 		return true
 	}
 	switch {
@@ -362,15 +364,22 @@ func (p *simProc) takeAck() {
 	s.pending--
 	switch {
 	case a.err != nil:
-		p.cmds = append(p.cmds, p.relay.Step(p.ended(EndNATS, a.err))...)
+		p.cmds = append(p.cmds, p.relay.Step(p.ended(protocol.EndNATS, a.err))...)
 		return
 	case a.dup:
-		if held, ok := w.stream.at(a.seq); !ok || held.Keys != a.m.Keys {
-			p.cmds = append(p.cmds, p.relay.Step(p.ended(EndReusedID, errors.New("reused id")))...)
+		// publish.Publisher.CheckDuplicate: the message the PubAck names
+		// must be there, holding the batch's tokens.
+		held, ok := w.stream.at(a.seq)
+		if !ok {
+			p.cmds = append(p.cmds, p.relay.Step(p.ended(protocol.EndBatchGone, errors.New("duplicate PubAck names a sequence the stream no longer holds")))...)
+			return
+		}
+		if held.Keys != a.m.Keys {
+			p.cmds = append(p.cmds, p.relay.Step(p.ended(protocol.EndReusedID, errors.New("reused id")))...)
 			return
 		}
 	}
-	s.anchors.Last = Anchor{Seq: a.seq, Mark: a.m.id}
+	s.anchors.Last = protocol.Anchor{Seq: a.seq, Mark: a.m.id}
 	s.anchors.Batch = s.anchors.Last
 	for _, k := range strings.Split(a.m.Keys, ",") {
 		w.acked[k] = true
@@ -397,7 +406,7 @@ func (p *simProc) read() bool {
 				return m.Keys, nil
 			})
 			if err != nil {
-				p.cmds = append(p.cmds, p.relay.Step(p.ended(EndNATS, err))...)
+				p.cmds = append(p.cmds, p.relay.Step(p.ended(protocol.EndNATS, err))...)
 				return true
 			}
 			if on {
@@ -427,7 +436,7 @@ func (p *simProc) send() {
 	for i, k := range toks {
 		keys[i] = k.key
 	}
-	m := msg{Stored: Stored{Kind: Batch, Subject: "b", Origin: w.db.origin.String(), Incarnation: s.rec.Incarnation,
+	m := msg{Stored: protocol.Stored{Kind: protocol.Batch, Subject: "b", Origin: w.db.origin.String(), Incarnation: s.rec.Incarnation,
 		First: toks[0].pos, Last: toks[n-1].pos, Keys: strings.Join(keys, ",")}}
 	m.id = toks[0].pos.String() + "-" + toks[n-1].pos.String()
 	if s.unique {
@@ -442,7 +451,7 @@ func (p *simProc) send() {
 // acknowledged or skipped, and past the WAL's end when none waits.
 func (p *simProc) confirm() bool {
 	w, s := p.w, p.s
-	to := LSN(0)
+	to := protocol.LSN(0)
 	for len(s.order) > 0 && s.left[s.order[0]] <= 0 {
 		to = s.order[0]
 		delete(s.left, s.order[0])
@@ -464,16 +473,16 @@ func (p *simProc) check() {
 	if s == nil || !s.streaming || s.stopped != nil || len(p.cmds) > 0 {
 		return
 	}
-	for _, cmd := range p.relay.Step(Checking{Anchors: s.anchors}) {
-		c, ok := cmd.(CheckStream)
+	for _, cmd := range p.relay.Step(protocol.Checking{Anchors: s.anchors}) {
+		c, ok := cmd.(protocol.CheckStream)
 		if !ok {
 			continue
 		}
 		for _, cmd := range p.relay.Step(p.look(c)) {
 			switch c := cmd.(type) {
-			case Stop:
+			case protocol.Stop:
 				s.stopped = &c.Refusal
-			case RecordAnchor:
+			case protocol.RecordAnchor:
 				p.record(c)
 			}
 		}
@@ -482,8 +491,8 @@ func (p *simProc) check() {
 
 // record keeps the newest batch found on the stream, and what the stream
 // held (SetAnchor).
-func (p *simProc) record(c RecordAnchor) {
-	p.write(func(r *Record) {
+func (p *simProc) record(c protocol.RecordAnchor) {
+	p.write(func(r *protocol.Record) {
 		if c.Anchor.Seq > r.Anchor.Seq {
 			r.Anchor = c.Anchor
 		}

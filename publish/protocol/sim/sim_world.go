@@ -1,10 +1,12 @@
-package protocol
+package sim
 
 import (
 	"errors"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/mailroom/tailer/publish/protocol"
 )
 
 // The simulation's world: the database, the stream, the network between
@@ -103,7 +105,7 @@ func (w *world) put(m msg, expect int64) (uint64, bool, error) {
 	before, held := w.stream.keys(), len(w.stream.msgs)
 	seq, dup, err := w.stream.publish(m, expect)
 	w.limited = w.limited || err == nil && !dup && len(w.stream.msgs) <= held
-	if err == nil && !dup && m.Kind == Batch && m.Keys != "" && !m.Resync {
+	if err == nil && !dup && m.Kind == protocol.Batch && m.Keys != "" && !m.Resync {
 		for _, k := range strings.Split(m.Keys, ",") {
 			if w.trimmed[k] && !w.gone[k] {
 				panic(fmt.Sprintf("token %s landed again after the stream's limits removed it", k))
@@ -152,14 +154,14 @@ func (w *world) resync() {
 	w.db.makeSlot()
 	w.db.newIncarnation(false, 0)
 	// Its session's markers first, as every session's.
-	o := Owner{Origin: w.db.origin, Incarnation: w.db.rec.Incarnation, Since: w.stream.last, InFlight: 1}
-	var prev *Stored
-	if m, ok := w.stream.lastOn("b._session"); ok && m.Kind == Marker {
+	o := protocol.Owner{Origin: w.db.origin, Incarnation: w.db.rec.Incarnation, Since: w.stream.last, InFlight: 1}
+	var prev *protocol.Stored
+	if m, ok := w.stream.lastOn("b._session"); ok && m.Kind == protocol.Marker {
 		prev = &m
 	}
-	k, floor := Fence(o, &Window{}, prev, w.stream.last)
+	k, floor := protocol.Fence(o, &protocol.Window{}, prev, w.stream.last)
 	for i := 1; i <= k; i++ {
-		m := msg{Stored: Stored{Kind: Marker, Subject: "b._session", Origin: w.db.origin.String(), Incarnation: o.Incarnation,
+		m := msg{Stored: protocol.Stored{Kind: protocol.Marker, Subject: "b._session", Origin: w.db.origin.String(), Incarnation: o.Incarnation,
 			FenceN: i, FenceK: k, InFlight: 1, Floor: floor}}
 		*w.db.tokens++
 		m.id = fmt.Sprintf("marker-%d", *w.db.tokens)
@@ -176,17 +178,17 @@ func (w *world) resync() {
 			}
 		}
 	}
-	var anchor Anchor
+	var anchor protocol.Anchor
 	for len(keys) > 0 {
 		n := min(3, len(keys))
-		m := msg{Stored: Stored{Kind: Batch, Subject: "b", Origin: w.db.origin.String(), Incarnation: w.db.rec.Incarnation, Keys: strings.Join(keys[:n], ","), Resync: true}}
+		m := msg{Stored: protocol.Stored{Kind: protocol.Batch, Subject: "b", Origin: w.db.origin.String(), Incarnation: w.db.rec.Incarnation, Keys: strings.Join(keys[:n], ","), Resync: true}}
 		*w.db.tokens++
 		m.id = fmt.Sprintf("resync-%d", *w.db.tokens)
 		seq, _, err := w.put(m, int64(w.stream.last))
 		if err != nil {
 			panic(err)
 		}
-		anchor = Anchor{Seq: seq, Mark: m.id}
+		anchor = protocol.Anchor{Seq: seq, Mark: m.id}
 		for _, k := range keys[:n] {
 			w.acked[k] = true
 		}
@@ -195,7 +197,7 @@ func (w *world) resync() {
 	// The incarnation owns the stream past what is on it now, and knows
 	// it by its last message (FinishResync).
 	if m, ok := w.stream.msgs[w.stream.last]; ok {
-		anchor = Anchor{Seq: m.Seq, Mark: m.id}
+		anchor = protocol.Anchor{Seq: m.Seq, Mark: m.id}
 	}
 	r := &w.db.rec
 	r.Bound, r.StreamSeq, r.StreamName, r.StreamCreated, r.Anchor, r.Seen = true, w.stream.last, w.stream.name, w.stream.created(), anchor, w.seen()
@@ -207,11 +209,4 @@ func (w *world) resync() {
 var errStreamGone = errors.New("a message of the window left the stream")
 
 // seen is what the stream holds, as its info says.
-func (w *world) seen() Seen {
-	st := w.stream
-	first := st.first
-	if st.last == 0 {
-		first = 0
-	}
-	return Seen{Known: true, First: first, Last: st.last, Deleted: st.deleted}
-}
+func (w *world) seen() protocol.Seen { return w.stream.seen() }

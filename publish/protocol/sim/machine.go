@@ -1,0 +1,471 @@
+package sim
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/mailroom/tailer/publish/protocol"
+	"pgregory.net/rapid"
+)
+
+// Schedule runs one schedule rapid chooses: the real Relay, in up to two
+// tailer processes, against the models of the slot and of JetStream:
+// tokens committed, processes stepped, killed, frozen and started,
+// publishes landing late or never, and the faults that broke summaries
+// before (a stream purged, whole or of the batches' subject, a message
+// deleted, the stream made again or restored from an older backup,
+// replicas with their own creation times, limits, the publication changed
+// between two checks, the slot lost, the database put back with its
+// slot). After every step: no token is twice on the stream, the slot is
+// never confirmed past a token not acknowledged, and no session streams
+// where the record refuses the slot. At the end, the faults stopped and
+// the processes left to run: every token is on the stream once, or a
+// refusal stands (and only for a fault that calls for one), and after its
+// way out every token is. A failing schedule logs its steps.
+func Schedule(rt *rapid.T) {
+	limited := rapid.IntRange(0, 3).Draw(rt, "limited") == 0
+	maxMsgs := 0
+	if limited {
+		maxMsgs = 12
+	}
+	m := &machine{w: newWorld(maxMsgs), faults: rapid.IntRange(0, 3).Draw(rt, "faults")}
+	m.w.closing = func() bool { return rapid.Bool().Draw(rt, "lands as its session ends") }
+	m.w.inFlight = rapid.IntRange(0, 3).Draw(rt, "max in flight")
+	m.start()
+	defer func() {
+		if rt.Failed() {
+			rt.Logf("schedule:\n%s", strings.Join(m.w.trace, "\n"))
+		}
+	}()
+	rt.Repeat(m.actions())
+	m.settle(rt)
+}
+
+// machine is the state machine rapid drives.
+type machine struct {
+	w *world
+	// faults is how many faults the schedule may still inject.
+	faults int
+}
+
+func (m *machine) start() {
+	w := m.w
+	p := newProc(w, len(w.procs)+1)
+	w.procs = append(w.procs, p)
+	w.say("process %d starts", p.id)
+}
+
+// alive are the processes that have not been killed or exited.
+func (m *machine) alive() []*simProc {
+	var out []*simProc
+	for _, p := range m.w.procs {
+		if p.alive && !p.exited {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func (m *machine) actions() map[string]func(*rapid.T) {
+	w := m.w
+	return map[string]func(*rapid.T){
+		"": m.invariants,
+		"commit": func(t *rapid.T) {
+			w.db.commit(rapid.IntRange(1, 3).Draw(t, "tokens"))
+			w.say("commit of %d tokens at %s", len(w.db.txs[len(w.db.txs)-1].toks), w.db.txs[len(w.db.txs)-1].commit)
+		},
+		"step": func(t *rapid.T) {
+			ps := m.runnable()
+			if len(ps) == 0 {
+				t.Skip("nothing runs")
+			}
+			p := rapid.SampledFrom(ps).Draw(t, "process")
+			for range rapid.IntRange(1, 8).Draw(t, "steps") {
+				p.step()
+			}
+		},
+		"deliver": func(t *rapid.T) {
+			if len(w.net) == 0 {
+				t.Skip("nothing on its way")
+			}
+			w.deliver(rapid.IntRange(0, len(w.net)-1).Draw(t, "flight"))
+		},
+		"tick": func(t *rapid.T) {
+			w.now += time.Second
+			for _, p := range m.alive() {
+				if !p.frozen {
+					p.check()
+				}
+			}
+		},
+		"kill":   m.kill,
+		"freeze": m.freeze,
+		"fault":  m.fault,
+		"resync": m.operatorResync,
+	}
+}
+
+func (m *machine) runnable() []*simProc {
+	var out []*simProc
+	for _, p := range m.alive() {
+		if p.runnable() {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// kill kills a process (SIGKILL): its connection closes, and the server
+// takes what reached it before (each of its publishes on their way lands
+// now, in order, or never); a new one starts, as a supervisor does. A
+// frozen process's publishes, instead, stay on their way for as long as
+// it is frozen.
+func (m *machine) kill(t *rapid.T) {
+	ps := m.alive()
+	if len(ps) == 0 {
+		t.Skip("none alive")
+	}
+	p := rapid.SampledFrom(ps).Draw(t, "killed")
+	p.alive = false
+	if m.w.lease == p {
+		m.w.lease = nil
+	}
+	m.w.say("process %d killed", p.id)
+	reached := rapid.IntRange(0, len(m.w.net)).Draw(t, "reached")
+	for i := 0; i < len(m.w.net); {
+		if m.w.net[i].s.p != p {
+			i++
+			continue
+		}
+		if reached > 0 {
+			reached--
+			m.w.deliver(i)
+			continue
+		}
+		m.w.net = append(m.w.net[:i], m.w.net[i+1:]...)
+	}
+	if len(m.alive()) < 2 {
+		m.start()
+	}
+}
+
+// freeze freezes a process (SIGSTOP) or thaws a frozen one; a standby
+// starts beside a frozen holder.
+func (m *machine) freeze(t *rapid.T) {
+	ps := m.alive()
+	if len(ps) == 0 {
+		t.Skip("none alive")
+	}
+	p := rapid.SampledFrom(ps).Draw(t, "frozen")
+	p.frozen = !p.frozen
+	if p.frozen && m.w.lease == p {
+		m.w.leaseUntil = m.w.now + 20*time.Second
+	}
+	m.w.say("process %d frozen: %v", p.id, p.frozen)
+	if p.frozen && len(m.alive()) < 2 {
+		m.start()
+	}
+}
+
+// operatorResync is tailer resync, run by the operator while no tailer
+// holds the slot.
+func (m *machine) operatorResync(t *rapid.T) {
+	w := m.w
+	if w.lease != nil && !w.lease.frozen || w.lease != nil && w.now < w.leaseUntil {
+		t.Skip("a tailer holds the slot")
+	}
+	w.lease = nil
+	w.resync()
+}
+
+// fault injects one of the faults, while the schedule has some left.
+func (m *machine) fault(t *rapid.T) {
+	if m.faults == 0 {
+		t.Skip("no faults left")
+	}
+	m.faults--
+	w := m.w
+	kind := rapid.SampledFrom(faultKinds).Draw(t, "fault")
+	before, held := w.stream.keys(), w.stream.marks()
+	kind.do(t, w)
+	w.say("fault: %s", kind.name)
+	w.noteLost(before)
+	w.noteRemoved(held)
+}
+
+// noteRemoved says a refusal may stand once a fault removed a message the
+// stream held, a marker too: the tailer cannot tell which messages went
+// with it, nor, on a stream whose limits remove messages, a purge from
+// them.
+func (w *world) noteRemoved(held map[uint64]string) {
+	now := w.stream.marks()
+	for seq, mark := range held {
+		if now[seq] != mark {
+			w.causes = true
+		}
+	}
+}
+
+// noteLost marks tokens gone from the stream as lost (JetStream
+// acknowledged storing them, whether or not their session took the
+// PubAck): a refusal must stand for them. On a stream whose limits remove messages,
+// a removal is no loss the tailer can tell from its limits' (which remove
+// messages whether a consumer read them or not, as documented): only a
+// replay they reach is refused.
+func (w *world) noteLost(before map[string]int) {
+	after := w.stream.keys()
+	for k := range before {
+		switch {
+		case after[k] > 0:
+		case w.stream.maxMsgs > 0:
+			w.trimmed[k], w.gone[k] = true, true
+		default:
+			w.lost, w.gone[k] = true, true
+		}
+	}
+	w.causes = w.causes || w.lost
+}
+
+type faultKind struct {
+	name string
+	do   func(t *rapid.T, w *world)
+}
+
+var faultKinds = []faultKind{
+	{"purge", func(_ *rapid.T, w *world) { w.stream.purge("") }},
+	{"purge of the batches' subject", func(_ *rapid.T, w *world) { w.stream.purge("b") }},
+	{"a message deleted", func(t *rapid.T, w *world) {
+		if seqs := w.stream.seqs(); len(seqs) > 0 {
+			w.stream.deleteMsg(rapid.SampledFrom(seqs).Draw(t, "deleted"))
+		}
+	}},
+	{"the stream made again", func(_ *rapid.T, w *world) {
+		// Refused even when it held nothing yet: a stream of another
+		// creation time, without a message the tailer stored to know it
+		// by, may have lost any.
+		w.stream, w.causes = newStream(w.stream.name, w.stream.maxMsgs, &w.made), true
+	}},
+	{"a backup taken", func(_ *rapid.T, w *world) { w.backups = append(w.backups, w.stream.clone()) }},
+	{"the stream restored from its last backup", func(_ *rapid.T, w *world) {
+		// A stream made again, too: refused unless it holds what the
+		// tailer knows it by.
+		if n := len(w.backups); n > 0 {
+			w.stream, w.causes = w.stream.restore(w.backups[n-1]), true
+		}
+	}},
+	{"a replica of the stream's own", func(_ *rapid.T, w *world) { w.stream.replicate() }},
+	{"another replica leads", func(_ *rapid.T, w *world) {
+		w.stream.leader = (w.stream.leader + 1) % len(w.stream.replicas)
+		// A record that names the stream by a replica's creation time and
+		// by no message cannot tell the replica from a stream made again
+		// (one made again after a tailer killed before recording a message
+		// it stored loses it): refused, a known false refusal.
+		r := w.db.rec
+		if len(w.stream.replicas) > 1 && r.StreamCreated != "" && r.StreamCreated != w.stream.created() && r.Anchor.Seq == 0 {
+			w.causes = true
+		}
+	}},
+	{"the publication changed and changed back", func(t *rapid.T, w *world) {
+		w.causes = true
+		w.db.breakPublication()
+		w.db.commit(rapid.IntRange(1, 2).Draw(t, "tokens"))
+		w.db.broken = false
+	}},
+	{"the slot lost", func(_ *rapid.T, w *world) { w.db.slot.lost, w.causes = true, true }},
+	{"the database's files copied", func(_ *rapid.T, w *world) { w.dbSnaps = append(w.dbSnaps, w.db.clone()) }},
+	{"the database's files put back, with its slot", func(_ *rapid.T, w *world) {
+		if n := len(w.dbSnaps); n > 0 {
+			// The server restarts on them: every session's connections
+			// (the lease's, the walsender's) are cut.
+			tokens := w.db.tokens
+			w.causes = true
+			w.db = w.dbSnaps[n-1].clone()
+			w.db.tokens = tokens
+			w.lease = nil
+			for _, p := range w.procs {
+				if p.s != nil {
+					p.s.cut = true
+				}
+			}
+		}
+	}},
+}
+
+// invariants hold after every step.
+func (m *machine) invariants(t *rapid.T) {
+	w := m.w
+	for k, n := range w.stream.keys() {
+		if n > 1 {
+			t.Fatalf("token %s is %d times on the stream", k, n)
+		}
+	}
+	if w.db.slot == nil {
+		return
+	}
+	for _, tx := range w.db.txs {
+		if !tx.inSlot || tx.commit <= w.db.slot.made || tx.commit > w.db.slot.confirmed {
+			continue
+		}
+		for _, k := range tx.toks {
+			if !w.acked[k.key] {
+				t.Fatalf("the slot is confirmed at %s, past token %s at %s, which no PubAck acknowledged", w.db.slot.confirmed, k.key, k.pos)
+			}
+		}
+	}
+}
+
+// settle stops the faults and lets the processes run: every token must
+// reach the stream once, or a refusal stand; after its way out, every
+// token is on the stream.
+func (m *machine) settle(t *rapid.T) {
+	w := m.w
+	for _, p := range w.procs {
+		p.frozen = false
+	}
+	if len(m.alive()) == 0 {
+		m.start()
+	}
+	w.say("settling")
+	m.run(t)
+	if m.refused() && !w.causes && !(w.limited && m.refusedFor(protocol.WindowTrimmed)) {
+		t.Fatalf("a refusal stands, and no fault called for one: %v", m.refusals())
+	}
+	if missing := m.missing(); len(missing) > 0 {
+		if !m.refused() {
+			t.Fatalf("%d tokens are not on the stream (%v), and no refusal stands (the stream lost acknowledged batches: %v)", len(missing), missing, w.lost)
+		}
+		w.say("a refusal stands: the operator runs tailer resync")
+		for _, p := range m.alive() {
+			p.alive = false
+		}
+		w.lease = nil
+		w.resync()
+		m.start()
+		m.run(t)
+		if missing := m.missing(); len(missing) > 0 {
+			t.Fatalf("after tailer resync, %d tokens are not on the stream: %v", len(missing), missing)
+		}
+	}
+}
+
+// run lets time pass and the processes work until nothing is left to do.
+func (m *machine) run(t *rapid.T) {
+	w := m.w
+	idle := 0
+	for round := 0; round < 400; round++ {
+		for len(w.net) > 0 {
+			w.deliver(0)
+		}
+		before := m.fingerprint()
+		for _, p := range m.alive() {
+			for range 20 {
+				p.step()
+			}
+		}
+		if m.fingerprint() != before || len(w.net) > 0 {
+			idle = 0
+			continue
+		}
+		// Idle: time passes, and the checks look; quiet after two looks
+		// found nothing to do.
+		if idle++; idle > 2 && m.quiet() {
+			return
+		}
+		w.now += time.Second
+		for _, p := range m.alive() {
+			p.check()
+		}
+	}
+	t.Fatalf("the processes did not settle: %v", m.state())
+}
+
+// quiet reports whether every process waits between sessions, refused or
+// standing by, or streams with nothing left to publish or confirm.
+func (m *machine) quiet() bool {
+	w := m.w
+	for _, p := range m.alive() {
+		if p.s != nil && p.s.streaming {
+			if len(p.s.queue) > 0 || p.s.pending > 0 || len(p.s.acks) > 0 || w.db.slot == nil || w.db.slot.confirmed < w.db.wal() {
+				return false
+			}
+		}
+	}
+	streams := slices.ContainsFunc(m.alive(), func(p *simProc) bool { return p.s != nil && p.s.streaming })
+	return streams || m.refused()
+}
+
+// refused reports whether a refusal stands: no process streams, and one
+// says why.
+func (m *machine) refused() bool {
+	refused := false
+	for _, p := range m.alive() {
+		if p.s != nil && p.s.streaming {
+			return false
+		}
+		refused = refused || p.refused != nil
+	}
+	return refused
+}
+
+// missing are the committed tokens the stream does not hold (but those
+// its limits removed).
+func (m *machine) missing() []string {
+	on := m.w.stream.keys()
+	var out []string
+	for k := range m.w.db.eligible() {
+		if on[k] == 0 && !m.w.trimmed[k] {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (m *machine) state() string {
+	var b strings.Builder
+	for _, p := range m.w.procs {
+		fmt.Fprintf(&b, "process %d alive %v frozen %v exited %v session %v cmds %d; ", p.id, p.alive, p.frozen, p.exited, p.s != nil, len(p.cmds))
+	}
+	return b.String()
+}
+
+// fingerprint is what a round of steps changes when it gets anything
+// done (a standby asking for the lease, or a refused process looking
+// again, changes none of it).
+func (m *machine) fingerprint() string {
+	w := m.w
+	streaming := 0
+	for _, p := range m.alive() {
+		if p.s != nil && p.s.streaming {
+			streaming++
+		}
+	}
+	confirmed := protocol.LSN(0)
+	if w.db.slot != nil {
+		confirmed = w.db.slot.confirmed
+	}
+	return fmt.Sprintf("%d/%d/%s/%d/%d/%d/%+v", w.stream.last, len(w.stream.msgs), confirmed, len(w.acked), streaming, len(w.net), w.db.rec)
+}
+
+// refusals are what the processes say.
+// refusedFor reports whether every refusal standing is of fact f.
+func (m *machine) refusedFor(f protocol.Fact) bool {
+	for _, p := range m.alive() {
+		if p.refused != nil && p.refused.Fact != f {
+			return false
+		}
+	}
+	return true
+}
+
+func (m *machine) refusals() []string {
+	var out []string
+	for _, p := range m.alive() {
+		if p.refused != nil {
+			out = append(out, p.refused.Error())
+		}
+	}
+	return out
+}
