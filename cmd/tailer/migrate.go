@@ -18,8 +18,8 @@ import (
 
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
-	"github.com/mailroom/tailer/cmd/internal/resync"
 	"github.com/mailroom/tailer/migrations"
+	"github.com/mailroom/tailer/publish/resync"
 	"github.com/mailroom/tailer/replication"
 )
 

@@ -11,7 +11,7 @@ import (
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
 	"github.com/mailroom/tailer/cmd/internal/natsconn"
-	"github.com/mailroom/tailer/cmd/internal/resync"
+	"github.com/mailroom/tailer/publish/resync"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -55,7 +55,7 @@ func resyncSlot(ctx context.Context, cfg *config.Config, stderr io.Writer) int {
 // runResync recreates cfg's slot from a snapshot and publishes what the
 // stream lacks (see package resync), with the lease held.
 func runResync(ctx context.Context, cfg *config.Config, log *slog.Logger, lease *replication.Lease, by string, cutover *replication.Cutover) (resync.Report, error) {
-	opts, err := resync.OptionsFor(cfg, log, by)
+	opts, err := cfg.ResyncOptions(log, by)
 	if err != nil {
 		return resync.Report{}, err
 	}

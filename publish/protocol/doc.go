@@ -8,7 +8,7 @@
 // refuse with a fact, record a refusal that lasts, retry after a delay).
 // It starts no goroutine, reads no clock and does no IO; the daemon
 // (cmd/internal/daemon) carries events in and commands out, and a
-// deterministic simulation (package sim) drives it against models of the
+// deterministic simulation (publish/protocol/sim) drives it against models of the
 // slot and of JetStream.
 //
 // What the session replays is decided here too: Scan finds the window of

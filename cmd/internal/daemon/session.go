@@ -11,10 +11,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
 
-	"github.com/mailroom/tailer/cmd/internal/resync"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/join"
 	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/resync"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -307,7 +307,7 @@ func (x *run) makeSlot() protocol.Event {
 func (x *run) resync(c protocol.Resync) protocol.Event {
 	d := x.d
 	d.log.Warn("resyncing the slot (MAILROOM_AUTO_RESYNC)", "reason", d.words(x, c.Refusal))
-	opts, err := resync.OptionsFor(d.cfg, d.log, "tailer run (MAILROOM_AUTO_RESYNC)")
+	opts, err := d.cfg.ResyncOptions(d.log, "tailer run (MAILROOM_AUTO_RESYNC)")
 	if err != nil {
 		return protocol.Resynced{Err: err}
 	}

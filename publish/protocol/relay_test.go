@@ -1,0 +1,473 @@
+package protocol
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Scenario tests, in the manner of etcd's raft: a Relay stepped through
+// one session after another with what each command found, its commands
+// compared with the ones the scenario calls for.
+
+// cmds prints commands as the scenarios spell them: their types and
+// fields, errors by their words.
+func cmds(cs []Command) string {
+	var b []string
+	for _, c := range cs {
+		b = append(b, strings.TrimPrefix(fmt.Sprintf("%T%+v", c, c), "protocol."))
+	}
+	return strings.Join(b, " ")
+}
+
+// step steps r with ev and wants the commands want spells.
+func step(t *testing.T, r *Relay, ev Event, want string) []Command {
+	t.Helper()
+	got := r.Step(ev)
+	if cmds(got) != want {
+		t.Fatalf("after %T%+v:\n got %s\nwant %s", ev, ev, cmds(got), want)
+	}
+	return got
+}
+
+var (
+	here    = Origin{SystemID: "7", Timeline: 1, Database: "mailroom"}
+	slotAt  = Slot{Present: true, Confirmed: 0x100}
+	boundAt = Record{Exists: true, Incarnation: "i1", Bound: true, StreamName: "S", StreamCreated: "t1"}
+	headAt  = StreamHead{Name: "S", Created: "t1", Replicas: 1, Seen: Seen{Known: true}}
+	seen0   = Seen{Known: true}
+)
+
+// open steps a relay to the point where it inspects the slot.
+func open(t *testing.T, r *Relay) {
+	t.Helper()
+	step(t, r, Start{}, "Open{}")
+	step(t, r, Opened{}, "Inspect{}")
+}
+
+// toResume steps a relay through a session of rec, slot and head whose
+// stream lost nothing, up to its Resume.
+func toStream(t *testing.T, r *Relay, rec Record, head StreamHead) {
+	t.Helper()
+	open(t, r)
+	step(t, r, Inspected{Record: rec, Slot: slotAt}, "Claim{}")
+	step(t, r, Claimed{Head: head}, "CheckStream{Anchors:[]}")
+	step(t, r, StreamChecked{Created: head.Created, Seen: head.Seen}, "RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+	step(t, r, Resumed{}, "Publish{}")
+}
+
+// A first start: no slot, no record, an empty stream. The slot is made,
+// the stream bound, recorded and resumed.
+func TestFirstStart(t *testing.T) {
+	r := New(Config{Stream: "S"})
+	open(t, r)
+	step(t, r, Inspected{}, "ReadHead{}")
+	step(t, r, HeadRead{Head: StreamHead{Name: "S"}}, "MakeSlot{}")
+	step(t, r, SlotMade{Record: Record{Exists: true, Incarnation: "i1", Bound: true}, Slot: slotAt}, "Claim{}")
+	step(t, r, Claimed{Head: headAt}, "CheckStream{Anchors:[]}")
+	step(t, r, StreamChecked{Created: "t1", Seen: seen0},
+		"SetStream{Name:S Created:t1} RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+	step(t, r, Resumed{WAL: 0x200}, "Publish{}")
+	// Events of another phase are passed over.
+	step(t, r, Resumed{}, "")
+	step(t, r, Start{}, "")
+	step(t, r, Ended{Kind: EndStopped}, "Exit{Err:<nil>}")
+}
+
+// A slot that is missing is made only when nothing says one existed.
+func TestMissingSlot(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		rec  Record
+		head StreamHead
+		auto bool
+		want string
+	}{
+		{"recorded", Record{Exists: true, Incarnation: "i1"}, StreamHead{}, false, "Refuse{Refusal:slot_dropped Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
+		{"recorded, auto resync", Record{Exists: true, Incarnation: "i1"}, StreamHead{}, true, "Resync{Refusal:slot_dropped}"},
+		{"batches of an unrecorded slot", Record{}, StreamHead{LastSeq: 4}, false, "Refuse{Refusal:slot_unrecorded Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
+		{"another database's stream", Record{}, StreamHead{LastSeq: 4, Foreign: errors.New("from elsewhere")}, false, "Refuse{Refusal:from elsewhere Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := New(Config{AutoResync: tc.auto})
+			open(t, r)
+			step(t, r, Inspected{Record: tc.rec}, "ReadHead{}")
+			step(t, r, HeadRead{Head: tc.head}, tc.want)
+		})
+	}
+}
+
+// What the inspection finds refuses the slot, in order: the schema, the
+// publication (which marks the stream as lacking inserts), the record's
+// word, a resync unfinished, a refusal recorded, the slot.
+func TestInspectionRefuses(t *testing.T) {
+	recorded := Refusal{Fact: StreamPurged, Err: &Recorded{Said: "purged, said before"}}
+	for _, tc := range []struct {
+		name string
+		ev   Inspected
+		auto bool
+		want string
+	}{
+		{"schema", Inspected{Schema: errors.New("no column secret"), Publication: errors.New("p"), Record: boundAt, Slot: slotAt}, false,
+			"Refuse{Refusal:no column secret Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
+		{"publication", Inspected{Publication: errors.New("no tokens table"), Record: boundAt, Slot: slotAt}, false,
+			"MarkResyncNeeded{} Refuse{Refusal:no tokens table Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
+		{"resync needed", Inspected{Record: Record{Exists: true, ResyncNeeded: true}, Slot: slotAt}, false,
+			"Refuse{Refusal:resync_needed Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
+		{"resync needed, auto", Inspected{Record: Record{Exists: true, ResyncNeeded: true}, Slot: slotAt}, true, "Resync{Refusal:resync_needed}"},
+		{"resync pending", Inspected{Record: Record{Exists: true, ResyncPending: true}, Slot: slotAt}, false,
+			"Refuse{Refusal:resync_pending Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
+		{"recorded refusal", Inspected{Record: Record{Exists: true, Refused: recorded}, Slot: slotAt}, true,
+			"Refuse{Refusal:purged, said before Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
+		{"another's slot", Inspected{Record: boundAt, Slot: Slot{Present: true, Foreign: errors.New("slot of another plugin")}}, false,
+			"Wait{Delay:250ms Err:slot of another plugin Say:true}"},
+		{"slot lost", Inspected{Record: boundAt, Slot: Slot{Present: true, Lost: true}}, false,
+			"Refuse{Refusal:slot_lost Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := New(Config{AutoResync: tc.auto})
+			open(t, r)
+			step(t, r, tc.ev, tc.want)
+		})
+	}
+}
+
+// A stream no incarnation took over yet is taken when it is empty: by a
+// new incarnation (Adopt) without a record, by the record's (Bind).
+func TestTakingTheStreamOver(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		rec  Record
+		head StreamHead
+		want string
+	}{
+		{"unrecorded slot", Record{}, headAt, "Adopt{}"},
+		{"recorded, unbound", Record{Exists: true, Incarnation: "i1"}, headAt, "Bind{}"},
+		{"batches on it", Record{Exists: true, Incarnation: "i1"}, StreamHead{Name: "S", LastSeq: 3}, "Refuse{Refusal:earlier_batches Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
+		{"another database's", Record{Exists: true, Incarnation: "i1"}, StreamHead{Name: "S", LastSeq: 3, Foreign: errors.New("foreign")},
+			"Refuse{Refusal:foreign Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := New(Config{})
+			open(t, r)
+			step(t, r, Inspected{Record: tc.rec, Slot: slotAt}, "Claim{}")
+			step(t, r, Claimed{Head: tc.head}, tc.want)
+		})
+	}
+	r := New(Config{})
+	open(t, r)
+	step(t, r, Inspected{Slot: slotAt}, "Claim{}")
+	step(t, r, Claimed{Head: headAt}, "Adopt{}")
+	step(t, r, Bound{Record: Record{Exists: true, Incarnation: "i2", Bound: true}}, "CheckStream{Anchors:[]}")
+	step(t, r, StreamChecked{Created: "t1", Seen: seen0}, "SetStream{Name:S Created:t1} RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0}} "+
+		"Resume{Owner:{Origin:/0/ Incarnation:i2 Since:0 Legacy:false After:0/100 InFlight:1}}")
+}
+
+// A stream whose server reports another creation time than recorded is
+// the same while it holds what the tailer knows it by: an anchor, or the
+// message last on it at the last clean stop (a restore taken then).
+func TestStreamOfAnotherCreationTime(t *testing.T) {
+	anchored := boundAt
+	anchored.StreamSeq, anchored.Anchor = 2, Anchor{Seq: 5, Mark: "id:5"}
+	stopped := boundAt
+	stopped.StreamSeq, stopped.Stopped = 2, Anchor{Seq: 6, Mark: "id:6"}
+	head := StreamHead{Name: "S", Created: "t2", LastSeq: 6, Replicas: 3}
+	replaced := "Refuse{Refusal:stream S was deleted and made again (the server created it at t2; this slot published to one created at t1): " +
+		"the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}"
+
+	r := New(Config{})
+	open(t, r)
+	step(t, r, Inspected{Record: anchored, Slot: slotAt}, "Claim{}")
+	step(t, r, Claimed{Head: head}, "CheckStream{Anchors:[{Seq:5 Mark:id:5}]}")
+	lost := "Refuse{Refusal:stream S no longer holds message 5 that this tailer stored on it (id:5): it was deleted and made again, restored from an older backup, or purged (of the batches' subject alone too): " +
+		"the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}"
+	step(t, r, StreamChecked{Created: "t2", Missing: Anchor{Seq: 5, Mark: "id:5"}}, lost)
+
+	r = New(Config{})
+	open(t, r)
+	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
+	step(t, r, Claimed{Head: head}, replaced)
+
+	for _, tc := range []struct {
+		name string
+		ev   Held
+		want string
+	}{
+		{"restored with it", Held{Held: true, Seen: Seen{Known: true, First: 1, Last: 6}}, "CheckStream{Anchors:[]}"},
+		{"restored, its limits removed the first", Held{Held: true, Seen: Seen{Known: true, First: 5, Last: 6}, Limited: true}, "CheckStream{Anchors:[]}"},
+		{"without it", Held{Seen: Seen{Known: true, First: 1, Last: 6}}, replaced},
+		{"with it, purged", Held{Held: true, Seen: Seen{Known: true, First: 5, Last: 6}}, replaced},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := New(Config{})
+			open(t, r)
+			step(t, r, Inspected{Record: stopped, Slot: slotAt}, "Claim{}")
+			step(t, r, Claimed{Head: head}, "CheckHeld{Stopped:{Seq:6 Mark:id:6}}")
+			step(t, r, tc.ev, tc.want)
+		})
+	}
+	// Held, then resumed: the stop is forgotten, the new time recorded.
+	r = New(Config{})
+	open(t, r)
+	step(t, r, Inspected{Record: stopped, Slot: slotAt}, "Claim{}")
+	step(t, r, Claimed{Head: head}, "CheckHeld{Stopped:{Seq:6 Mark:id:6}}")
+	step(t, r, Held{Held: true, Seen: Seen{Known: true, First: 1, Last: 6}}, "CheckStream{Anchors:[]}")
+	step(t, r, StreamChecked{Created: "t2", Seen: Seen{Known: true, First: 1, Last: 6}},
+		"SetStream{Name:S Created:t2} RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:1 Last:6 Deleted:0}} ClearStopped{} "+
+			"Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:2}}")
+}
+
+// A stream whose configuration removes nothing lost messages when its
+// first sequence is past the incarnation's first, or past the first it
+// held when last seen, or more messages within it are gone.
+func TestPurged(t *testing.T) {
+	before := Seen{Known: true, First: 3, Last: 9, Deleted: 1}
+	for _, tc := range []struct {
+		now   Seen
+		since uint64
+		want  bool
+	}{
+		{Seen{Known: true, First: 3, Last: 12, Deleted: 1}, 2, false},
+		{Seen{Known: true, First: 4, Last: 12, Deleted: 1}, 2, true},
+		{Seen{Known: true, First: 3, Last: 12, Deleted: 2}, 2, true},
+		{Seen{Known: true, First: 10, Last: 9}, 2, true},
+		{Seen{Known: true, First: 4, Last: 12, Deleted: 1}, 3, true},
+		{Seen{Known: true, First: 3, Last: 3}, 3, false},
+	} {
+		if got := Purged(tc.now, before, tc.since); got != tc.want {
+			t.Errorf("Purged(%+v, %+v, %d) = %v, want %v", tc.now, before, tc.since, got, tc.want)
+		}
+	}
+	// Nothing seen before: only the incarnation's own first message counts.
+	if Purged(Seen{Known: true, First: 3, Last: 9}, Seen{}, 2) || !Purged(Seen{Known: true, First: 4, Last: 9}, Seen{}, 2) {
+		t.Error("with nothing seen before, a stream is purged when its first sequence is past since+1")
+	}
+}
+
+// The checks before streaming refuse a stream that lost messages; one
+// whose limits remove messages is not judged by its first sequence.
+func TestStreamChecks(t *testing.T) {
+	rec := boundAt
+	rec.StreamSeq, rec.Seen = 2, Seen{Known: true, First: 1, Last: 9}
+	purged := "Refuse{Refusal:stream S no longer holds messages this slot published after sequence 2, and its configuration removes none: it was purged: " +
+		"the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}"
+	for _, tc := range []struct {
+		name string
+		ev   StreamChecked
+		want string
+	}{
+		{"purged", StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 10, Last: 9}}, purged},
+		{"a message deleted", StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 9, Deleted: 1}}, purged},
+		{"limits", StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 10, Last: 12}, Limited: true},
+			"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:10 Last:12 Deleted:0}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}"},
+		{"as seen", StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 9}},
+			"Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}"},
+		{"made again, held nothing", StreamChecked{Created: "t2", Seen: Seen{Known: true, First: 1, Last: 9}},
+			"SetStream{Name:S Created:t2} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := New(Config{})
+			open(t, r)
+			step(t, r, Inspected{Record: rec, Slot: slotAt}, "Claim{}")
+			step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t1", Replicas: 1}}, "CheckStream{Anchors:[]}")
+			step(t, r, tc.ev, tc.want)
+		})
+	}
+	// Made again under a session that opened it holding messages, before
+	// it stored any: refused.
+	r := New(Config{})
+	open(t, r)
+	step(t, r, Inspected{Record: rec, Slot: slotAt}, "Claim{}")
+	step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t1", LastSeq: 9, Replicas: 1}}, "CheckStream{Anchors:[]}")
+	step(t, r, StreamChecked{Created: "t2", Seen: Seen{Known: true}},
+		"Refuse{Refusal:stream S was deleted and made again (the server created it at t2; this slot published to one created at t1): the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}")
+}
+
+// The resume's findings: a stream of another owner or a trimmed window
+// refuses, another failure is retried; a stream past this server's WAL
+// makes the ids unique.
+func TestResumed(t *testing.T) {
+	foreign := &ForeignStreamError{Stream: "S", Reason: "from elsewhere", Stored: "a", Here: "b"}
+	trimmed := &WindowTrimmedError{Stream: "S", Seq: 4, Limits: "max_msgs=10"}
+	for _, tc := range []struct {
+		name string
+		ev   Resumed
+		auto bool
+		want string
+	}{
+		{"foreign", Resumed{Err: foreign}, true, "Refuse{Refusal:" + foreign.Error() + " Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
+		{"trimmed", Resumed{Err: trimmed}, false, "Refuse{Refusal:" + trimmed.Error() + " Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
+		{"trimmed, auto resync", Resumed{Err: trimmed}, true, "Resync{Refusal:" + trimmed.Error() + "}"},
+		{"failed", Resumed{Err: errors.New("timeout")}, false, "Wait{Delay:250ms Err:timeout Say:true}"},
+		{"past the WAL", Resumed{Reach: Position{Commit: 0x300}, WAL: 0x200}, false, "UniqueIDs{} Publish{}"},
+		{"at the WAL", Resumed{Reach: Position{Commit: 0x200}, WAL: 0x200}, false, "Publish{}"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := New(Config{AutoResync: tc.auto})
+			open(t, r)
+			step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
+			step(t, r, Claimed{Head: headAt}, "CheckStream{Anchors:[]}")
+			step(t, r, StreamChecked{Created: "t1", Seen: seen0},
+				"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+			step(t, r, tc.ev, tc.want)
+		})
+	}
+}
+
+// In flight: the setting, else one on a stream of one replica and two on
+// a replicated one.
+func TestInFlight(t *testing.T) {
+	for _, tc := range []struct {
+		cfg, replicas, want int
+	}{{0, 1, 1}, {0, 3, 2}, {5, 3, 5}, {4, 1, 4}} {
+		r := New(Config{MaxInFlight: tc.cfg})
+		r.stream.Replicas = tc.replicas
+		if got := r.inFlight(); got != tc.want {
+			t.Errorf("MaxInFlight %d, %d replicas: %d in flight, want %d", tc.cfg, tc.replicas, got, tc.want)
+		}
+	}
+}
+
+// While streaming, a look at what the session reads through and at the
+// stream stops it when the tokens can no longer be read or the stream
+// lost what was stored, and keeps the newest batch found in the record.
+func TestChecksWhileStreaming(t *testing.T) {
+	stored := Anchors{Last: Anchor{Seq: 4, Mark: "m4"}, Batch: Anchor{Seq: 3, Mark: "id:3"}}
+	for _, tc := range []struct {
+		name string
+		ev   Checked
+		want string
+	}{
+		{"schema", Checked{Schema: errors.New("no column secret")}, "Stop{Refusal:no column secret}"},
+		{"publication", Checked{Publication: errors.New("no tokens table")}, "Stop{Refusal:no tokens table}"},
+		{"resync needed", Checked{ResyncNeeded: true}, "Stop{Refusal:resync_needed}"},
+		{"nats", Checked{NATS: errors.New("store full")}, "Stop{Refusal:store full}"},
+		{"anchor gone", Checked{Stream: StreamChecked{Created: "t1", Missing: Anchor{Seq: 3, Mark: "id:3"}}},
+			"Stop{Refusal:stream S no longer holds message 3 that this tailer stored on it (id:3): it was deleted and made again, restored from an older backup, or purged (of the batches' subject alone too): the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them}"},
+		{"another replica", Checked{Stream: StreamChecked{Created: "t9", Seen: Seen{Known: true, First: 1, Last: 4}}},
+			"RecordAnchor{Anchor:{Seq:3 Mark:id:3} Seen:{Known:true First:1 Last:4 Deleted:0}}"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := New(Config{})
+			toStream(t, r, boundAt, headAt)
+			step(t, r, Checking{Anchors: stored}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4}]}")
+			step(t, r, tc.ev, tc.want)
+		})
+	}
+	r := New(Config{})
+	toStream(t, r, boundAt, headAt)
+	step(t, r, Checking{Anchors: stored}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4}]}")
+	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4}}},
+		"RecordAnchor{Anchor:{Seq:3 Mark:id:3} Seen:{Known:true First:1 Last:4 Deleted:0}}")
+	// Known now: looked for beside what is stored next; recorded once.
+	step(t, r, Checking{Anchors: Anchors{Last: Anchor{Seq: 6, Mark: "m6"}, Batch: Anchor{Seq: 3, Mark: "id:3"}}}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4} {Seq:6 Mark:m6}]}")
+	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4}}}, "")
+	step(t, r, Checking{Anchors: stored}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:6 Mark:m6} {Seq:4 Mark:m4}]}")
+	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4, Deleted: 1}}},
+		"Stop{Refusal:stream S no longer holds messages this slot published after sequence 0, and its configuration removes none: it was purged: the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them}")
+	step(t, r, NATSTrouble{Err: errors.New("denied")}, "Stop{Refusal:denied}")
+	// Once the session ended, a late look is passed over.
+	step(t, r, Ended{Kind: EndRefused, Refusal: Refusal{Fact: StreamPurged, Err: errors.New("purged")}}, "Refuse{Refusal:purged Say:true} Wait{Delay:5s Err:<nil> Say:false}")
+	step(t, r, Checked{NATS: errors.New("late")}, "")
+	step(t, r, NATSTrouble{Err: errors.New("late")}, "")
+	step(t, r, Checking{}, "")
+}
+
+// The next session of the same process knows the stream by what the last
+// one stored, checked or not.
+func TestNextSessionKnowsTheStream(t *testing.T) {
+	r := New(Config{})
+	toStream(t, r, boundAt, headAt)
+	step(t, r, Checking{Anchors: Anchors{Last: Anchor{Seq: 2, Mark: "m2"}, Batch: Anchor{Seq: 1, Mark: "id:1"}}}, "CheckStream{Anchors:[{Seq:1 Mark:id:1} {Seq:2 Mark:m2}]}")
+	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 2}}}, "RecordAnchor{Anchor:{Seq:1 Mark:id:1} Seen:{Known:true First:1 Last:2 Deleted:0}}")
+	step(t, r, Ended{Kind: EndNATS, Err: errors.New("cut"), Anchors: Anchors{Last: Anchor{Seq: 5, Mark: "m5"}, Batch: Anchor{Seq: 5, Mark: "id:5"}}}, "Wait{Delay:250ms Err:cut Say:true}")
+	open(t, r)
+	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
+	step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t2", LastSeq: 5, Replicas: 1}}, "CheckStream{Anchors:[{Seq:1 Mark:id:1} {Seq:2 Mark:m2} {Seq:5 Mark:id:5} {Seq:5 Mark:m5}]}")
+}
+
+// How a session ended: exit, stand by, refuse, or retry after a delay
+// that doubles to its bound and starts afresh after a long session.
+func TestSessionEnds(t *testing.T) {
+	failed := errors.New("failed")
+	r := New(Config{})
+	open(t, r)
+	step(t, r, Ended{Kind: EndStartupConfig, Err: failed}, "Exit{Err:failed}")
+	for _, kind := range []EndKind{EndStoppedUnpublished, EndConfig, EndStreamConfig} {
+		step(t, New(Config{}), Ended{Kind: kind, Err: failed}, "Exit{Err:failed}")
+	}
+	r = New(Config{})
+	var want []string
+	for _, d := range []string{"250ms", "500ms", "1s", "2s", "4s", "8s", "16s", "30s", "30s"} {
+		want = append(want, "Wait{Delay:"+d+" Err:failed Say:true}")
+	}
+	var got []string
+	for range want {
+		got = append(got, cmds(r.Step(Ended{Kind: EndPostgres, Err: failed})))
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("PostgreSQL failures wait\n%s\nwant\n%s", got, want)
+	}
+	step(t, r, Ended{Kind: EndPostgres, Err: failed, Lasted: 2 * time.Minute}, "Wait{Delay:250ms Err:failed Say:true}")
+	// After a session streamed, a startup setting is retried.
+	r = New(Config{})
+	toStream(t, r, boundAt, headAt)
+	step(t, r, Ended{Kind: EndStartupConfig, Err: failed}, "Wait{Delay:250ms Err:failed Say:true}")
+	// NATS: at most 2 s apart, and another server after two in a row.
+	r = New(Config{})
+	step(t, r, Ended{Kind: EndNATS, Err: failed}, "Wait{Delay:250ms Err:failed Say:true}")
+	step(t, r, Ended{Kind: EndNATS, Err: failed}, "Reconnect{} Wait{Delay:500ms Err:failed Say:true}")
+	step(t, r, Ended{Kind: EndNATS, Err: failed}, "Wait{Delay:1s Err:failed Say:true}")
+	step(t, r, Ended{Kind: EndPostgres, Err: failed}, "Wait{Delay:2s Err:failed Say:true}")
+	step(t, r, Ended{Kind: EndNATS, Err: failed}, "Wait{Delay:2s Err:failed Say:true}")
+	step(t, r, Ended{Kind: EndNATS, Err: failed, Cause: errors.New("store full")}, "Refuse{Refusal:store full Say:true} Wait{Delay:5s Err:<nil> Say:false}")
+	step(t, r, Ended{Kind: EndNATS, Err: failed, Cause: errors.New("store full")}, "Refuse{Refusal:store full Say:false} Wait{Delay:5s Err:<nil> Say:false}")
+	// Another process holds the slot: said once, looked at every second.
+	step(t, r, Ended{Kind: EndLeaseHeld, Err: failed}, "StandBy{Err:failed Say:true} Wait{Delay:1s Err:<nil> Say:false}")
+	step(t, r, Ended{Kind: EndLeaseHeld, Err: failed}, "StandBy{Err:failed Say:false} Wait{Delay:1s Err:<nil> Say:false}")
+	step(t, r, Ended{Kind: EndRefused, Refusal: Refusal{Fact: ResyncNeeded}}, "Refuse{Refusal:resync_needed Say:true} Wait{Delay:5s Err:<nil> Say:false}")
+	step(t, r, Ended{Kind: EndLeaseHeld, Err: failed}, "StandBy{Err:failed Say:true} Wait{Delay:1s Err:<nil> Say:false}")
+}
+
+// A PubAck of a reused id: the next sessions name their batches apart.
+// One naming a message the stream no longer holds: the stream lost it.
+func TestPubAckEnds(t *testing.T) {
+	r := New(Config{})
+	toStream(t, r, boundAt, headAt)
+	step(t, r, Ended{Kind: EndReusedID, Err: errors.New("reused")}, "Wait{Delay:250ms Err:reused Say:true}")
+	open(t, r)
+	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
+	step(t, r, Claimed{Head: headAt}, "CheckStream{Anchors:[]}")
+	step(t, r, StreamChecked{Created: "t1", Seen: seen0}, "RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+	step(t, r, Resumed{}, "UniqueIDs{} Publish{}")
+	step(t, r, Ended{Kind: EndBatchGone, Err: errors.New("gone")}, "Refuse{Refusal:gone Say:true} Wait{Delay:5s Err:<nil> Say:false}")
+	if f := r.rec.Refused.Fact; f != NoFact {
+		t.Fatalf("the relay wrote the record itself: %v", f)
+	}
+	limited := headAt
+	limited.Limited = true
+	r = New(Config{AutoResync: true})
+	toStream(t, r, boundAt, limited)
+	step(t, r, Ended{Kind: EndBatchGone, Err: errors.New("gone")}, "Resync{Refusal:gone}")
+	step(t, r, Resynced{Err: errors.New("no lease")}, "Wait{Delay:5s Err:no lease Say:true}")
+	step(t, r, Resynced{}, "")
+	r = New(Config{})
+	toStream(t, r, boundAt, headAt)
+	step(t, r, Ended{Kind: EndBatchGone, Err: errors.New("gone")}, "Refuse{Refusal:gone Say:true} Wait{Delay:5s Err:<nil> Say:false}")
+}
+
+// A resync that worked starts the next session soon, and the next
+// refusal is said again.
+func TestResynced(t *testing.T) {
+	r := New(Config{AutoResync: true})
+	open(t, r)
+	step(t, r, Inspected{Record: Record{Exists: true, ResyncNeeded: true}, Slot: slotAt}, "Resync{Refusal:resync_needed}")
+	step(t, r, Resynced{}, "Wait{Delay:250ms Err:<nil> Say:false}")
+	step(t, r, Ended{Kind: EndPostgres, Err: errors.New("x")}, "Wait{Delay:500ms Err:x Say:true}")
+	open(t, r)
+	step(t, r, Inspected{Record: Record{Exists: true, ResyncPending: true}, Slot: slotAt}, "Resync{Refusal:resync_pending}")
+	step(t, r, Resynced{Err: errors.New("no lease")}, "Wait{Delay:5s Err:no lease Say:true}")
+	step(t, r, Ended{Kind: EndPostgres, Err: errors.New("x")}, "Wait{Delay:10s Err:x Say:true}")
+}
