@@ -32,11 +32,13 @@ test-soak:
 	TAILER_CHILD_RACE=1 $(GO_TEST) -run '^($(SOAK_TESTS))$$' ./cmd/tailer/
 
 # The relay's simulation (publish/protocol TestSimulation): make sim
-# SEEDS=N runs N schedules; a failing one prints its steps and the command
-# that runs it again.
+# SEEDS=N runs N schedules of each profile, from a random seed (SEED=n
+# for one); a failing one prints its steps and the command that runs it
+# again.
 SEEDS ?= 10000
+SEED ?= 0
 sim:
-	go test -count=1 -run '^TestSimulation$$' ./publish/protocol/ -rapid.checks=$(SEEDS) -v
+	go test -count=1 -run '^TestSimulation$$' ./publish/protocol/ -rapid.checks=$(SEEDS) -rapid.seed=$(SEED) -v
 
 # Mutation testing of the relay's core with its own tests (gremlins
 # v0.6.0): fails below 90% efficacy or 85% mutant coverage.

@@ -29,8 +29,12 @@ type SlotMade struct {
 	Slot   Slot
 }
 
-// Claimed: the slot streams to the session, and the stream was opened.
-type Claimed struct{ Head StreamHead }
+// Claimed: the slot streams to the session, and the stream was opened;
+// Record is the slot's record as read then.
+type Claimed struct {
+	Head   StreamHead
+	Record Record
+}
 
 // Bound: the record now binds the stream to the slot's incarnation.
 type Bound struct{ Record Record }

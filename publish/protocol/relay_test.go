@@ -53,7 +53,7 @@ func toStream(t *testing.T, r *Relay, rec Record, head StreamHead) {
 	t.Helper()
 	open(t, r)
 	step(t, r, Inspected{Record: rec, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: head}, "CheckStream{Anchors:[]}")
+	step(t, r, Claimed{Head: head, Record: rec}, "CheckStream{Anchors:[]}")
 	step(t, r, StreamChecked{Created: head.Created, Seen: head.Seen}, "RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
 	step(t, r, Resumed{}, "Publish{}")
 }
@@ -66,7 +66,7 @@ func TestFirstStart(t *testing.T) {
 	step(t, r, Inspected{}, "ReadHead{}")
 	step(t, r, HeadRead{Head: StreamHead{Name: "S"}}, "MakeSlot{}")
 	step(t, r, SlotMade{Record: Record{Exists: true, Incarnation: "i1", Bound: true}, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: headAt}, "CheckStream{Anchors:[]}")
+	step(t, r, Claimed{Head: headAt, Record: Record{Exists: true, Incarnation: "i1", Bound: true}}, "CheckStream{Anchors:[]}")
 	step(t, r, StreamChecked{Created: "t1", Seen: seen0},
 		"SetStream{Name:S Created:t1} RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
 	step(t, r, Resumed{WAL: 0x200}, "Publish{}")
@@ -153,7 +153,7 @@ func TestTakingTheStreamOver(t *testing.T) {
 			r := New(Config{})
 			open(t, r)
 			step(t, r, Inspected{Record: tc.rec, Slot: slotAt}, "Claim{}")
-			step(t, r, Claimed{Head: tc.head}, tc.want)
+			step(t, r, Claimed{Head: tc.head, Record: tc.rec}, tc.want)
 		})
 	}
 	r := New(Config{})
@@ -180,7 +180,7 @@ func TestStreamOfAnotherCreationTime(t *testing.T) {
 	r := New(Config{})
 	open(t, r)
 	step(t, r, Inspected{Record: anchored, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: head}, "CheckStream{Anchors:[{Seq:5 Mark:id:5}]}")
+	step(t, r, Claimed{Head: head, Record: anchored}, "CheckStream{Anchors:[{Seq:5 Mark:id:5}]}")
 	lost := "Refuse{Refusal:stream S no longer holds message 5 that this tailer stored on it (id:5): it was deleted and made again, restored from an older backup, or purged (of the batches' subject alone too): " +
 		"the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}"
 	step(t, r, StreamChecked{Created: "t2", Missing: Anchor{Seq: 5, Mark: "id:5"}}, lost)
@@ -188,7 +188,7 @@ func TestStreamOfAnotherCreationTime(t *testing.T) {
 	r = New(Config{})
 	open(t, r)
 	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: head}, replaced)
+	step(t, r, Claimed{Head: head, Record: boundAt}, replaced)
 
 	for _, tc := range []struct {
 		name string
@@ -204,7 +204,7 @@ func TestStreamOfAnotherCreationTime(t *testing.T) {
 			r := New(Config{})
 			open(t, r)
 			step(t, r, Inspected{Record: stopped, Slot: slotAt}, "Claim{}")
-			step(t, r, Claimed{Head: head}, "CheckHeld{Stopped:{Seq:6 Mark:id:6}}")
+			step(t, r, Claimed{Head: head, Record: stopped}, "CheckHeld{Stopped:{Seq:6 Mark:id:6}}")
 			step(t, r, tc.ev, tc.want)
 		})
 	}
@@ -212,7 +212,7 @@ func TestStreamOfAnotherCreationTime(t *testing.T) {
 	r = New(Config{})
 	open(t, r)
 	step(t, r, Inspected{Record: stopped, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: head}, "CheckHeld{Stopped:{Seq:6 Mark:id:6}}")
+	step(t, r, Claimed{Head: head, Record: stopped}, "CheckHeld{Stopped:{Seq:6 Mark:id:6}}")
 	step(t, r, Held{Held: true, Seen: Seen{Known: true, First: 1, Last: 6}}, "CheckStream{Anchors:[]}")
 	step(t, r, StreamChecked{Created: "t2", Seen: Seen{Known: true, First: 1, Last: 6}},
 		"SetStream{Name:S Created:t2} RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:1 Last:6 Deleted:0}} ClearStopped{} "+
@@ -239,6 +239,10 @@ func TestPurged(t *testing.T) {
 		if got := Purged(tc.now, before, tc.since); got != tc.want {
 			t.Errorf("Purged(%+v, %+v, %d) = %v, want %v", tc.now, before, tc.since, got, tc.want)
 		}
+	}
+	// Seen holding one message, its first sequence moved on since.
+	if !Purged(Seen{Known: true, First: 4, Last: 5}, Seen{Known: true, First: 3, Last: 3}, 3) {
+		t.Error("a stream of one message seen before, its first sequence past it now, was not purged")
 	}
 	// Nothing seen before: only the incarnation's own first message counts.
 	if Purged(Seen{Known: true, First: 3, Last: 9}, Seen{}, 2) || !Purged(Seen{Known: true, First: 4, Last: 9}, Seen{}, 2) {
@@ -271,7 +275,7 @@ func TestStreamChecks(t *testing.T) {
 			r := New(Config{})
 			open(t, r)
 			step(t, r, Inspected{Record: rec, Slot: slotAt}, "Claim{}")
-			step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t1", Replicas: 1}}, "CheckStream{Anchors:[]}")
+			step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t1", Replicas: 1}, Record: rec}, "CheckStream{Anchors:[]}")
 			step(t, r, tc.ev, tc.want)
 		})
 	}
@@ -280,7 +284,7 @@ func TestStreamChecks(t *testing.T) {
 	r := New(Config{})
 	open(t, r)
 	step(t, r, Inspected{Record: rec, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t1", LastSeq: 9, Replicas: 1}}, "CheckStream{Anchors:[]}")
+	step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t1", LastSeq: 9, Replicas: 1}, Record: rec}, "CheckStream{Anchors:[]}")
 	step(t, r, StreamChecked{Created: "t2", Seen: Seen{Known: true}},
 		"Refuse{Refusal:stream S was deleted and made again (the server created it at t2; this slot published to one created at t1): the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}")
 }
@@ -308,7 +312,7 @@ func TestResumed(t *testing.T) {
 			r := New(Config{AutoResync: tc.auto})
 			open(t, r)
 			step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
-			step(t, r, Claimed{Head: headAt}, "CheckStream{Anchors:[]}")
+			step(t, r, Claimed{Head: headAt, Record: boundAt}, "CheckStream{Anchors:[]}")
 			step(t, r, StreamChecked{Created: "t1", Seen: seen0},
 				"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
 			step(t, r, tc.ev, tc.want)
@@ -385,7 +389,7 @@ func TestNextSessionKnowsTheStream(t *testing.T) {
 	step(t, r, Ended{Kind: EndNATS, Err: errors.New("cut"), Anchors: Anchors{Last: Anchor{Seq: 5, Mark: "m5"}, Batch: Anchor{Seq: 5, Mark: "id:5"}}}, "Wait{Delay:250ms Err:cut Say:true}")
 	open(t, r)
 	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t2", LastSeq: 5, Replicas: 1}}, "CheckStream{Anchors:[{Seq:1 Mark:id:1} {Seq:2 Mark:m2} {Seq:5 Mark:id:5} {Seq:5 Mark:m5}]}")
+	step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t2", LastSeq: 5, Replicas: 1}, Record: boundAt}, "CheckStream{Anchors:[{Seq:1 Mark:id:1} {Seq:2 Mark:m2} {Seq:5 Mark:id:5} {Seq:5 Mark:m5}]}")
 }
 
 // How a session ended: exit, stand by, refuse, or retry after a delay
@@ -410,7 +414,12 @@ func TestSessionEnds(t *testing.T) {
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("PostgreSQL failures wait\n%s\nwant\n%s", got, want)
 	}
+	step(t, r, Ended{Kind: EndPostgres, Err: failed, Lasted: time.Minute}, "Wait{Delay:30s Err:failed Say:true}")
 	step(t, r, Ended{Kind: EndPostgres, Err: failed, Lasted: 2 * time.Minute}, "Wait{Delay:250ms Err:failed Say:true}")
+	// After a refusal, a failure is retried after twice the refusal's
+	// delay.
+	step(t, r, Ended{Kind: EndRefused, Refusal: Refusal{Fact: SlotLost}}, "Refuse{Refusal:slot_lost Say:true} Wait{Delay:5s Err:<nil> Say:false}")
+	step(t, r, Ended{Kind: EndPostgres, Err: failed}, "Wait{Delay:10s Err:failed Say:true}")
 	// After a session streamed, a startup setting is retried.
 	r = New(Config{})
 	toStream(t, r, boundAt, headAt)
@@ -439,7 +448,7 @@ func TestPubAckEnds(t *testing.T) {
 	step(t, r, Ended{Kind: EndReusedID, Err: errors.New("reused")}, "Wait{Delay:250ms Err:reused Say:true}")
 	open(t, r)
 	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: headAt}, "CheckStream{Anchors:[]}")
+	step(t, r, Claimed{Head: headAt, Record: boundAt}, "CheckStream{Anchors:[]}")
 	step(t, r, StreamChecked{Created: "t1", Seen: seen0}, "RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
 	step(t, r, Resumed{}, "UniqueIDs{} Publish{}")
 	step(t, r, Ended{Kind: EndBatchGone, Err: errors.New("gone")}, "Refuse{Refusal:gone Say:true} Wait{Delay:5s Err:<nil> Say:false}")
@@ -470,4 +479,26 @@ func TestResynced(t *testing.T) {
 	step(t, r, Inspected{Record: Record{Exists: true, ResyncPending: true}, Slot: slotAt}, "Resync{Refusal:resync_pending}")
 	step(t, r, Resynced{Err: errors.New("no lease")}, "Wait{Delay:5s Err:no lease Say:true}")
 	step(t, r, Ended{Kind: EndPostgres, Err: errors.New("x")}, "Wait{Delay:10s Err:x Say:true}")
+}
+
+// A process frozen after it read the record finds, once the slot streams
+// to it, another incarnation there (its lease lapsed and a resync made
+// the slot again): the session ends before it publishes anything.
+func TestRecordMovedUnderAFrozenSession(t *testing.T) {
+	r := New(Config{})
+	open(t, r)
+	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
+	moved := boundAt
+	moved.Incarnation = "i2"
+	step(t, r, Claimed{Head: headAt, Record: moved}, "Wait{Delay:250ms Err:"+errRecordMoved.Error()+" Say:true}")
+}
+
+// One refused by another process meanwhile refuses it too.
+func TestRefusedUnderAFrozenSession(t *testing.T) {
+	r := New(Config{})
+	open(t, r)
+	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
+	refused := boundAt
+	refused.Refused = Refusal{Fact: StreamPurged, Err: &Recorded{Said: "purged"}}
+	step(t, r, Claimed{Head: headAt, Record: refused}, "Refuse{Refusal:purged Say:true} Wait{Delay:5s Err:<nil> Say:false}")
 }

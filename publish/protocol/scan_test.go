@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 )
 
@@ -85,5 +86,68 @@ func TestScanBehindTheLastMarkers(t *testing.T) {
 	// Before the owner took the stream over, nothing is read.
 	if w, _, err := Scan(stream, s, Owner{Incarnation: inc, After: 0x100, Since: 6}); err != nil || w.Messages != 0 {
 		t.Errorf("a stream owned from its end: %v, %d messages", err, w.Messages)
+	}
+}
+
+// countingReader is a mapReader that keeps the sequences read.
+type countingReader struct {
+	mapReader
+	read []uint64
+}
+
+func (r *countingReader) At(seq uint64) (Stored, bool, error) {
+	r.read = append(r.read, seq)
+	return r.mapReader.At(seq)
+}
+
+// The scan reads back from the stream's end only until each subject shows
+// a batch before the window, then what the last markers say the window
+// holds before them: every message of the window, and no more. A late
+// publish can land a batch of the window behind one before it: the
+// markers' floor still finds it, and after incomplete markers the whole
+// region after them is read.
+func TestScanReadsWhatTheWindowNeeds(t *testing.T) {
+	complete := marker(3, 0x120, 1)
+	incomplete := complete
+	incomplete.FenceK = 2
+	for _, tc := range []struct {
+		name    string
+		stream  mapReader
+		o       Owner
+		window  []uint64
+		read    string
+		lastSeq uint64
+	}{
+		{"a late batch behind one before the window", mapReader{}.put(batchAt(1, 0x130), batchAt(2, 0x110), complete, batchAt(4, 0x140)),
+			Owner{Incarnation: inc, After: 0x120}, []uint64{1, 4}, "[4 1 2]", 4},
+		{"after complete markers", mapReader{}.put(complete, batchAt(4, 0x130), batchAt(5, 0x110), batchAt(6, 0x140)),
+			Owner{Incarnation: inc, After: 0x120}, []uint64{6}, "[6 5 1 2]", 6},
+		{"after incomplete markers", mapReader{}.put(incomplete, batchAt(4, 0x130), batchAt(5, 0x110), batchAt(6, 0x140)),
+			Owner{Incarnation: inc, After: 0x120}, []uint64{4, 6}, "[6 5 4 1 2]", 6},
+		{"markers at the owner's start", mapReader{}.put(batchAt(1, 0x110), marker(2, 0x100, 1), batchAt(3, 0x130)),
+			Owner{Incarnation: inc, After: 0x120, Since: 2}, []uint64{3}, "[3]", 3},
+		{"owned from the stream's end", mapReader{}.put(batchAt(1, 0x130), marker(2, 0x100, 1)),
+			Owner{Incarnation: inc, After: 0x120, Since: 2}, nil, "[]", 2},
+		{"back to a marker at the owner's start", mapReader{}.put(marker(2, 0x100, 1), batchAt(3, 0x110), marker(4, 0x130, 5), batchAt(5, 0x140)),
+			Owner{Incarnation: inc, After: 0x100, Since: 2}, []uint64{3, 5}, "[5 3]", 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &countingReader{mapReader: tc.stream}
+			w, _, err := Scan(r, Stream{Name: "S", LastSeq: tc.lastSeq, Marker: "m", Data: []string{"b"}}, tc.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var window []uint64
+			for seq := uint64(1); seq <= tc.lastSeq; seq++ {
+				for _, sp := range w.all {
+					if sp.seq == seq {
+						window = append(window, seq)
+					}
+				}
+			}
+			if fmt.Sprint(window) != fmt.Sprint(tc.window) || fmt.Sprint(r.read) != tc.read {
+				t.Errorf("window %v, read %v; want %v, read %s", window, r.read, tc.window, tc.read)
+			}
+		})
 	}
 }

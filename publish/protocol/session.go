@@ -75,6 +75,10 @@ func (r *Relay) claim() []Command {
 	return []Command{Claim{}}
 }
 
+// errRecordMoved is a session that found the slot's record naming another
+// incarnation once the slot streamed to it than when it read it.
+var errRecordMoved = errors.New("the slot's record names another incarnation than when this session read it: another process acted on the slot meanwhile (this one was frozen, its lease lapsed)")
+
 // claimed ties the stream to the slot's incarnation when no tailer has
 // yet (a slot made by tailer migrate, or without a record at all): only
 // an empty stream can be taken over, since batches already on it were
@@ -84,6 +88,18 @@ func (r *Relay) claimed(ev Claimed) []Command {
 	if !r.expect(claiming) {
 		return nil
 	}
+	if ev.Record.Incarnation != r.rec.Incarnation {
+		// A process frozen since it read the record, its lease lapsed
+		// meanwhile: the slot is another's now (a resync made it again).
+		return r.fail(EndLeaseLost, errRecordMoved, 0)
+	}
+	if ev.Record.Refused.Fact != NoFact {
+		// Refused by another process meanwhile.
+		return r.refuse(ev.Record.Refused)
+	}
+	// Judged as it is now: a process that lost its lease may have written
+	// it since (what it saw of the stream).
+	r.rec = ev.Record
 	r.stream = ev.Head
 	r.seen = ev.Head.Seen
 	if r.rec.StreamName == ev.Head.Name && r.rec.Seen.Known {
@@ -191,7 +207,7 @@ func Purged(now, before Seen, since uint64) bool {
 // pastSince reports whether the stream's first message is past the first
 // the incarnation published (it took the stream over after since).
 func pastSince(now Seen, since uint64) bool {
-	return now.First > since+1 && now.Last > since
+	return now.First > since+1
 }
 
 // streamChecked resumes on a stream that lost nothing.

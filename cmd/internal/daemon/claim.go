@@ -58,9 +58,15 @@ func (x *run) claim() protocol.Event {
 	if x.pub, err = d.newPublisher(ctx, x.s.q, x.nc, x.destination()); err != nil {
 		return x.ended(err)
 	}
+	// Read again now that the slot streams to this session: a process
+	// frozen since it read the record finds another incarnation there.
+	rec, err := replication.LoadRecord(ctx, x.db(), cfg.Slot)
+	if err != nil {
+		return x.ended(pgErr(err))
+	}
 	x.head = protocol.StreamHead{Name: cfg.Stream, Created: x.pub.Created(), LastSeq: x.pub.LastSeq(), Replicas: x.pub.Replicas(),
 		Seen: x.pub.Seen(), Limited: x.pub.Limited(), Foreign: x.pub.CheckOrigin(x.s.origin)}
-	return protocol.Claimed{Head: x.head}
+	return protocol.Claimed{Head: x.head, Record: recordOf(rec)}
 }
 
 // bind ties the stream to the slot's incarnation: a new incarnation for a

@@ -111,7 +111,9 @@ func (p *simProc) carry(cmd protocol.Command) {
 		p.exited = true
 		return
 	case protocol.Publish:
-		if w.db.rec.Refused.Fact != protocol.NoFact && w.db.rec.Incarnation == s.rec.Incarnation {
+		// A process whose lease lapsed while it was frozen goes on until it
+		// notices (the lease's watch): its publishes change no record.
+		if w.db.rec.Refused.Fact != protocol.NoFact && w.db.rec.Incarnation == s.rec.Incarnation && w.holdsLease(p) {
 			panic(fmt.Sprintf("session %d streams while the record refuses the slot until a resync: %v", s.id, w.db.rec.Refused))
 		}
 		s.streaming, p.refused = true, nil
@@ -261,7 +263,7 @@ func (p *simProc) claim() protocol.Event {
 	w.db.published = true
 	s.head = p.head()
 	s.readUpTo = w.db.slot.confirmed
-	return protocol.Claimed{Head: s.head}
+	return protocol.Claimed{Head: s.head, Record: w.db.rec}
 }
 
 // look is the stream as a check finds it.
@@ -442,7 +444,7 @@ func (p *simProc) send() {
 	if s.unique {
 		m.id += fmt.Sprintf("@%d", s.id)
 	}
-	w.net = append(w.net, &flight{s: s, m: m, expect: s.next})
+	w.net = append(w.net, &flight{s: s, m: m, expect: s.next, stream: w.stream})
 	s.next++
 	s.pending++
 }
