@@ -62,20 +62,23 @@ type StreamChecked struct {
 // Resumed is the scan of the stream and the session's markers: Err is a
 // *ForeignStreamError, a *WindowTrimmedError or any other failure (nil:
 // resumed); Reach is the furthest position the stream holds of the slot,
-// WAL the server's current position.
+// WAL the server's current position, Anchors what the markers stored.
 type Resumed struct {
-	Err   error
-	Reach Position
-	WAL   LSN
+	Err     error
+	Reach   Position
+	WAL     LSN
+	Anchors Anchors
 }
 
 // Checked is a look taken while the session streams: a schema or a
 // publication the tailer can no longer read tokens through, a record
-// that says the stream lacks inserts, a cause of NATS storing nothing
-// (nil: none), and the stream as its check found it.
+// that says the stream lacks inserts, or that another process refused
+// the slot meanwhile (NoFact: not), a cause of NATS storing nothing (nil:
+// none), and the stream as its check found it.
 type Checked struct {
 	Schema, Publication, NATS error
 	ResyncNeeded              bool
+	Refused                   Refusal
 	Stream                    StreamChecked
 }
 
@@ -200,9 +203,9 @@ type UniqueIDs struct{}
 // waited for the operator is cleared.
 type Publish struct{}
 
-// RecordAnchor keeps in the slot's record the newest batch the session
-// found on the stream, and what the stream held, for a tailer started
-// after this one is killed.
+// RecordAnchor keeps in the slot's record the newest message the session
+// stored and found on the stream, and what the stream held, for a tailer
+// started after this one is killed.
 type RecordAnchor struct {
 	Anchor Anchor
 	Seen   Seen

@@ -74,7 +74,7 @@ type Record struct {
 	// StreamName and StreamCreated: the stream the incarnation publishes
 	// to, and when its server created it.
 	StreamName, StreamCreated string
-	// Anchor is the newest batch a tailer of the incarnation found on the
+	// Anchor is the newest message a tailer of the incarnation found on the
 	// stream, and Seen what the stream held then; Stopped, where the
 	// stream stood at the last clean stop.
 	Anchor, Stopped Anchor

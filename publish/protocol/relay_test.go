@@ -307,6 +307,7 @@ func TestResumed(t *testing.T) {
 		{"failed", Resumed{Err: errors.New("timeout")}, false, "Wait{Delay:250ms Err:timeout Say:true}"},
 		{"past the WAL", Resumed{Reach: Position{Commit: 0x300}, WAL: 0x200}, false, "UniqueIDs{} Publish{}"},
 		{"at the WAL", Resumed{Reach: Position{Commit: 0x200}, WAL: 0x200}, false, "Publish{}"},
+		{"markers stored", Resumed{Anchors: Anchors{Last: Anchor{Seq: 7, Mark: "m7"}}}, false, "RecordAnchor{Anchor:{Seq:7 Mark:m7} Seen:{Known:true First:0 Last:0 Deleted:0}} Publish{}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := New(Config{AutoResync: tc.auto})
@@ -336,7 +337,7 @@ func TestInFlight(t *testing.T) {
 
 // While streaming, a look at what the session reads through and at the
 // stream stops it when the tokens can no longer be read or the stream
-// lost what was stored, and keeps the newest batch found in the record.
+// lost what was stored, and keeps the newest message found in the record.
 func TestChecksWhileStreaming(t *testing.T) {
 	stored := Anchors{Last: Anchor{Seq: 4, Mark: "m4"}, Batch: Anchor{Seq: 3, Mark: "id:3"}}
 	for _, tc := range []struct {
@@ -348,10 +349,11 @@ func TestChecksWhileStreaming(t *testing.T) {
 		{"publication", Checked{Publication: errors.New("no tokens table")}, "Stop{Refusal:no tokens table}"},
 		{"resync needed", Checked{ResyncNeeded: true}, "Stop{Refusal:resync_needed}"},
 		{"nats", Checked{NATS: errors.New("store full")}, "Stop{Refusal:store full}"},
+		{"refused by another", Checked{Refused: Refusal{Fact: StreamPurged, Err: &Recorded{Said: "purged"}}, NATS: errors.New("store full")}, "Stop{Refusal:purged}"},
 		{"anchor gone", Checked{Stream: StreamChecked{Created: "t1", Missing: Anchor{Seq: 3, Mark: "id:3"}}},
 			"Stop{Refusal:stream S no longer holds message 3 that this tailer stored on it (id:3): it was deleted and made again, restored from an older backup, or purged (of the batches' subject alone too): the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them}"},
 		{"another replica", Checked{Stream: StreamChecked{Created: "t9", Seen: Seen{Known: true, First: 1, Last: 4}}},
-			"RecordAnchor{Anchor:{Seq:3 Mark:id:3} Seen:{Known:true First:1 Last:4 Deleted:0}}"},
+			"RecordAnchor{Anchor:{Seq:4 Mark:m4} Seen:{Known:true First:1 Last:4 Deleted:0}}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := New(Config{})
@@ -364,10 +366,10 @@ func TestChecksWhileStreaming(t *testing.T) {
 	toStream(t, r, boundAt, headAt)
 	step(t, r, Checking{Anchors: stored}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4}]}")
 	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4}}},
-		"RecordAnchor{Anchor:{Seq:3 Mark:id:3} Seen:{Known:true First:1 Last:4 Deleted:0}}")
+		"RecordAnchor{Anchor:{Seq:4 Mark:m4} Seen:{Known:true First:1 Last:4 Deleted:0}}")
 	// Known now: looked for beside what is stored next; recorded once.
 	step(t, r, Checking{Anchors: Anchors{Last: Anchor{Seq: 6, Mark: "m6"}, Batch: Anchor{Seq: 3, Mark: "id:3"}}}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4} {Seq:6 Mark:m6}]}")
-	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4}}}, "")
+	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4}}}, "RecordAnchor{Anchor:{Seq:6 Mark:m6} Seen:{Known:true First:1 Last:4 Deleted:0}}")
 	step(t, r, Checking{Anchors: stored}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:6 Mark:m6} {Seq:4 Mark:m4}]}")
 	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4, Deleted: 1}}},
 		"Stop{Refusal:stream S no longer holds messages this slot published after sequence 0, and its configuration removes none: it was purged: the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them}")
@@ -385,7 +387,7 @@ func TestNextSessionKnowsTheStream(t *testing.T) {
 	r := New(Config{})
 	toStream(t, r, boundAt, headAt)
 	step(t, r, Checking{Anchors: Anchors{Last: Anchor{Seq: 2, Mark: "m2"}, Batch: Anchor{Seq: 1, Mark: "id:1"}}}, "CheckStream{Anchors:[{Seq:1 Mark:id:1} {Seq:2 Mark:m2}]}")
-	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 2}}}, "RecordAnchor{Anchor:{Seq:1 Mark:id:1} Seen:{Known:true First:1 Last:2 Deleted:0}}")
+	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 2}}}, "RecordAnchor{Anchor:{Seq:2 Mark:m2} Seen:{Known:true First:1 Last:2 Deleted:0}}")
 	step(t, r, Ended{Kind: EndNATS, Err: errors.New("cut"), Anchors: Anchors{Last: Anchor{Seq: 5, Mark: "m5"}, Batch: Anchor{Seq: 5, Mark: "id:5"}}}, "Wait{Delay:250ms Err:cut Say:true}")
 	open(t, r)
 	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")

@@ -227,8 +227,8 @@ func (r *Relay) streamChecked(ev StreamChecked) []Command {
 		// What the stream holds now is what a tailer started after this
 		// one is killed compares it with: a message removed meanwhile, a
 		// batch this session is about to publish among them, is seen.
-		r.recorded, r.recordedSeen = r.anchors.Batch, r.seen
-		cmds = append(cmds, RecordAnchor{Anchor: r.anchors.Batch, Seen: r.seen})
+		r.recorded, r.recordedSeen = r.anchors.Last, r.seen
+		cmds = append(cmds, RecordAnchor{Anchor: r.anchors.Last, Seen: r.seen})
 	}
 	if r.rec.Stopped.Seq != 0 {
 		cmds = append(cmds, ClearStopped{})
@@ -268,6 +268,14 @@ func (r *Relay) resumed(ev Resumed) []Command {
 		return r.fail(EndNATS, ev.Err, 0)
 	}
 	var cmds []Command
+	if a := ev.Anchors.Last; a.Seq != 0 {
+		// Kept before any batch is published: a stream restored from a
+		// backup older than the markers does not hold them, whatever older
+		// message it still holds (a resync's last).
+		r.anchors = r.anchors.with(ev.Anchors)
+		r.recorded, r.recordedSeen = a, r.seen
+		cmds = append(cmds, RecordAnchor{Anchor: a, Seen: r.seen})
+	}
 	if ev.WAL < ev.Reach.Commit || r.reusedIDs {
 		// The database is behind what the stream holds of it (a
 		// restore): its new tokens can come at positions already
@@ -305,14 +313,17 @@ func (r *Relay) checking(ev Checking) []Command {
 }
 
 // checked stops a streaming session that can no longer read tokens or
-// whose stream lost what it stored, and keeps the newest batch found on
-// the stream in the record.
+// whose stream lost what it stored, and keeps the newest message found
+// on the stream in the record.
 func (r *Relay) checked(ev Checked) []Command {
 	if !r.expect(streaming) {
 		return nil
 	}
 	if ref, ok := readable(ev.Schema, ev.Publication, ev.ResyncNeeded); ok {
 		return []Command{Stop{Refusal: ref}}
+	}
+	if ev.Refused.Fact != NoFact {
+		return []Command{Stop{Refusal: ev.Refused}}
 	}
 	if ev.NATS != nil {
 		return []Command{Stop{Refusal: Refusal{Fact: NATSStoresNothing, Err: ev.NATS}}}
@@ -321,7 +332,7 @@ func (r *Relay) checked(ev Checked) []Command {
 		return []Command{Stop{Refusal: ref}}
 	}
 	r.anchors = r.anchors.with(r.stored)
-	if a := r.anchors.Batch; a.Seq != 0 && (a.Seq != r.recorded.Seq || r.seen != r.recordedSeen) {
+	if a := r.anchors.Last; a.Seq != 0 && (a.Seq != r.recorded.Seq || r.seen != r.recordedSeen) {
 		r.recorded, r.recordedSeen = a, r.seen
 		return []Command{RecordAnchor{Anchor: a, Seen: r.seen}}
 	}

@@ -16,7 +16,7 @@ import (
 // losses that reached main before is found (CONTRIBUTING), in seconds.
 // make sim draws others.
 const (
-	defaultSchedules = "2000"
+	defaultSchedules = "4000"
 	defaultSeed      = "1"
 )
 

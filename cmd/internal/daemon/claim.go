@@ -161,5 +161,5 @@ func (x *run) resume(c protocol.Resume) protocol.Event {
 	if err != nil {
 		return x.ended(pgErr(err))
 	}
-	return protocol.Resumed{Reach: reach, WAL: protocol.LSN(current)}
+	return protocol.Resumed{Reach: reach, WAL: protocol.LSN(current), Anchors: x.pub.Anchors()}
 }

@@ -221,7 +221,9 @@ func (d *Daemon) look(ctx context.Context, conn *pgx.Conn, x *run, c protocol.Ch
 	if err != nil {
 		return ev, err
 	}
-	ev.ResyncNeeded = rec.ResyncNeeded
+	if rec.Incarnation == x.rec.Incarnation {
+		ev.ResyncNeeded, ev.Refused = rec.ResyncNeeded, recordOf(rec).Refused
+	}
 	ev.Stream, err = streamCheck(ctx, x.pub, c)
 	return ev, err
 }

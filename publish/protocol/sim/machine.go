@@ -32,8 +32,13 @@ var Profiles = []Profile{
 	{Name: "stream", MaxFaults: 4, InFlight: [2]int{0, 3}, Weights: map[string]int{"fault": 3, "tick": 2},
 		Faults: []string{"purge", "purge of the batches' subject", "a message deleted", "the stream made again", "a backup taken",
 			"the stream restored from its last backup", "a replica of the stream's own", "another replica leads"}},
-	{Name: "processes", MaxFaults: 2, InFlight: [2]int{2, 3}, Weights: map[string]int{"kill": 2, "freeze": 3, "deliver": 3},
+	{Name: "processes", MaxFaults: 2, InFlight: [2]int{1, 3}, Weights: map[string]int{"kill": 2, "freeze": 2, "freeze the holder": 2, "deliver": 3, "step": 2},
 		Faults: []string{"a replica of the stream's own", "another replica leads"}},
+	// Tailers killed and started again, and no check while streaming: what
+	// one knows of the stream is what the record says.
+	{Name: "restarts", MaxFaults: 2, InFlight: [2]int{1, 2}, Weights: map[string]int{"kill": 2, "step": 3, "deliver": 2, "resync": 1,
+		"tick": 0, "time passes": 0, "freeze": 0, "freeze the holder": 0},
+		Faults: []string{"purge", "purge of the batches' subject", "a message deleted", "the stream made again", "a backup taken", "the stream restored from its last backup"}},
 	{Name: "database", MaxFaults: 4, InFlight: [2]int{0, 3}, Weights: map[string]int{"fault": 2, "commit": 2, "resync": 0},
 		Faults: []string{"the publication changed and changed back", "the slot lost", "the database's files copied", "the database's files put back, with its slot"}},
 }
@@ -61,11 +66,15 @@ func (p Profile) Schedule(rt *rapid.T) {
 	}
 	m := &machine{w: newWorld(maxMsgs), faults: rapid.IntRange(0, p.MaxFaults).Draw(rt, "faults"), kinds: p.kinds()}
 	m.w.closing = func() bool { return rapid.Bool().Draw(rt, "lands as its session ends") }
-	m.w.inFlight = rapid.IntRange(p.InFlight[0], p.InFlight[1]).Draw(rt, "max in flight")
-	m.start()
+	m.inFlight = func(t *rapid.T) int { return rapid.IntRange(p.InFlight[0], p.InFlight[1]).Draw(t, "max in flight") }
+	m.start(rt)
 	defer func() {
-		if rt.Failed() {
+		r := recover()
+		if r != nil || rt.Failed() {
 			rt.Logf("schedule:\n%s", strings.Join(m.w.trace, "\n"))
+		}
+		if r != nil {
+			panic(r)
 		}
 	}()
 	rt.Repeat(p.weigh(m.actions()))
@@ -111,11 +120,14 @@ type machine struct {
 	// faults is how many faults the schedule may still inject, of kinds.
 	faults int
 	kinds  []faultKind
+	// inFlight draws a process's MaxInFlight: each its own, as a
+	// tailer restarted with other settings.
+	inFlight func(*rapid.T) int
 }
 
-func (m *machine) start() {
+func (m *machine) start(t *rapid.T) {
 	w := m.w
-	p := newProc(w, len(w.procs)+1)
+	p := newProc(w, len(w.procs)+1, m.inFlight(t))
 	w.procs = append(w.procs, p)
 	w.say("process %d starts", p.id)
 }
@@ -145,7 +157,7 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 				t.Skip("nothing runs")
 			}
 			p := rapid.SampledFrom(ps).Draw(t, "process")
-			for range rapid.IntRange(1, 8).Draw(t, "steps") {
+			for range rapid.IntRange(1, 24).Draw(t, "steps") {
 				p.step()
 			}
 		},
@@ -216,7 +228,7 @@ func (m *machine) kill(t *rapid.T) {
 		m.w.net = append(m.w.net[:i], m.w.net[i+1:]...)
 	}
 	if len(m.alive()) < 2 {
-		m.start()
+		m.start(t)
 	}
 }
 
@@ -234,8 +246,24 @@ func (m *machine) freeze(t *rapid.T) {
 	}
 	m.w.say("process %d frozen: %v", p.id, p.frozen)
 	if p.frozen && len(m.alive()) < 2 {
-		m.start()
+		m.start(t)
 	}
+}
+
+// freezeHolder freezes the lease's holder for longer than the lease
+// outlives it (SIGSTOP past idle_session_timeout): its publishes stay on
+// their way, and a standby may take the slot over.
+func (m *machine) freezeHolder(t *rapid.T) {
+	p := m.w.lease
+	if p == nil || p.frozen {
+		t.Skip("no running holder")
+	}
+	p.frozen, m.w.leaseUntil = true, m.w.now
+	m.w.say("process %d, the holder, frozen past its lease", p.id)
+	if len(m.alive()) < 2 {
+		m.start(t)
+	}
+	m.pass(20 * time.Second)
 }
 
 // operatorResync is tailer resync, run by the operator while no tailer
@@ -316,12 +344,26 @@ var faultKinds = []faultKind{
 		// by, may have lost any.
 		w.stream, w.causes = newStream(w.stream.name, w.stream.maxMsgs, &w.made), true
 	}},
-	{"a backup taken", func(_ *rapid.T, w *world) { w.backups = append(w.backups, w.stream.clone()) }},
+	{"a backup taken", func(_ *rapid.T, w *world) {
+		w.backups, w.backupAt = append(w.backups, w.stream.clone()), append(w.backupAt, w.anchorWrites)
+	}},
 	{"the stream restored from its last backup", func(_ *rapid.T, w *world) {
 		// A stream made again, too: refused unless it holds what the
 		// tailer knows it by.
-		if n := len(w.backups); n > 0 {
-			w.stream, w.causes = w.stream.restore(w.backups[n-1]), true
+		n := len(w.backups)
+		if n == 0 {
+			return
+		}
+		before := w.stream.keys()
+		w.stream, w.causes = w.stream.restore(w.backups[n-1]), true
+		if w.backupAt[n-1] == w.anchorWrites {
+			// No tailer recorded what it stored since the backup: what it
+			// stored after is lost unseen (docs/faults.md).
+			for k := range before {
+				if w.stream.keys()[k] == 0 {
+					w.unseen[k] = true
+				}
+			}
 		}
 	}},
 	{"a replica of the stream's own", func(_ *rapid.T, w *world) { w.stream.replicate() }},
@@ -386,7 +428,7 @@ func (m *machine) settle(t *rapid.T) {
 		p.frozen = false
 	}
 	if len(m.alive()) == 0 {
-		m.start()
+		m.start(t)
 	}
 	w.say("settling")
 	m.run(t)
@@ -403,7 +445,7 @@ func (m *machine) settle(t *rapid.T) {
 		}
 		w.lease = nil
 		w.resync()
-		m.start()
+		m.start(t)
 		m.run(t)
 		if missing := m.missing(); len(missing) > 0 {
 			t.Fatalf("after tailer resync, %d tokens are not on the stream: %v", len(missing), missing)
@@ -448,13 +490,14 @@ func (m *machine) quiet() bool {
 	w := m.w
 	for _, p := range m.alive() {
 		if p.s != nil && p.s.streaming {
-			if len(p.s.queue) > 0 || p.s.pending > 0 || len(p.s.acks) > 0 || w.db.slot == nil || w.db.slot.confirmed < w.db.wal() {
+			if p.s.queued() > 0 || p.s.pending > 0 || len(p.s.acks) > 0 || w.db.slot == nil || w.db.slot.confirmed < w.db.wal() {
 				return false
 			}
 		}
 	}
 	streams := slices.ContainsFunc(m.alive(), func(p *simProc) bool { return p.s != nil && p.s.streaming })
-	return streams || m.refused()
+	stale := slices.ContainsFunc(m.alive(), func(p *simProc) bool { return p.refused != nil && p.refusedAt < w.resyncs })
+	return (streams || m.refused()) && !stale
 }
 
 // refused reports whether a refusal stands: no process streams, and one
@@ -476,7 +519,7 @@ func (m *machine) missing() []string {
 	on := m.w.stream.keys()
 	var out []string
 	for k := range m.w.db.eligible() {
-		if on[k] == 0 && !m.w.trimmed[k] {
+		if on[k] == 0 && !m.w.trimmed[k] && !m.w.unseen[k] {
 			out = append(out, k)
 		}
 	}

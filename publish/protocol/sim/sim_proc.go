@@ -26,31 +26,39 @@ type simProc struct {
 	// refusal it said last (nil once it streams).
 	exited  bool
 	refused *protocol.Refusal
+	// refusedAt counts the resyncs before the refusal: one said before the
+	// last resync is not yet said again of the new incarnation.
+	refusedAt int
 }
 
 // simSession is a session of a process.
 type simSession struct {
-	p          *simProc
-	id         int
-	start      time.Duration
-	rec        protocol.Record
-	head       protocol.StreamHead
-	window     *protocol.Window
-	owner      protocol.Owner
-	next       int64
-	inFlight   int
-	unique     bool
-	streaming  bool
-	anchors    protocol.Anchors
-	acks       []ackOf
-	pending    int
-	readUpTo   protocol.LSN
-	left       map[protocol.LSN]int
-	order      []protocol.LSN
-	queue      []simTok
-	queueTx    protocol.LSN
+	p         *simProc
+	id        int
+	start     time.Duration
+	rec       protocol.Record
+	head      protocol.StreamHead
+	window    *protocol.Window
+	owner     protocol.Owner
+	next      int64
+	inFlight  int
+	unique    bool
+	streaming bool
+	anchors   protocol.Anchors
+	acks      []ackOf
+	pending   int
+	readUpTo  protocol.LSN
+	left      map[protocol.LSN]int
+	// commitOf is each token's transaction, read.
+	commitOf map[string]protocol.LSN
+	order    []protocol.LSN
+	// lanes are the tokens read and not yet sent, by lane (subject):
+	// each lane's batches go out in order, the lanes' in any.
+	lanes      [2][]simTok
 	stopped    *protocol.Refusal
 	markersErr error
+	// claimedAt is the record's writes when the session read it last.
+	claimedAt int
 	// cut: the database server restarted under the session.
 	cut bool
 }
@@ -58,8 +66,9 @@ type simSession struct {
 // live reports whether s is its process's running session.
 func (s *simSession) live() bool { return s.p.alive && s.p.s == s }
 
-func newProc(w *world, id int) *simProc {
-	return &simProc{w: w, id: id, relay: protocol.New(protocol.Config{Stream: "MAILROOM", MaxInFlight: w.inFlight}), alive: true}
+// newProc is process id, of MaxInFlight inFlight.
+func newProc(w *world, id, inFlight int) *simProc {
+	return &simProc{w: w, id: id, relay: protocol.New(protocol.Config{Stream: "MAILROOM", MaxInFlight: inFlight}), alive: true}
 }
 
 // runnable reports whether stepping p does anything.
@@ -77,7 +86,7 @@ func (p *simProc) step() bool {
 		return false
 	}
 	if len(p.cmds) == 0 && p.s == nil {
-		p.s = &simSession{p: p, start: p.w.now, left: map[protocol.LSN]int{}}
+		p.s = &simSession{p: p, start: p.w.now, left: map[protocol.LSN]int{}, commitOf: map[string]protocol.LSN{}}
 		p.w.sessions++
 		p.s.id = p.w.sessions
 		p.cmds = p.relay.Step(protocol.Start{})
@@ -113,7 +122,9 @@ func (p *simProc) carry(cmd protocol.Command) {
 	case protocol.Publish:
 		// A process whose lease lapsed while it was frozen goes on until it
 		// notices (the lease's watch): its publishes change no record.
-		if w.db.rec.Refused.Fact != protocol.NoFact && w.db.rec.Incarnation == s.rec.Incarnation && w.holdsLease(p) {
+		// One refused by another after this session read the record stops
+		// at its next check.
+		if w.db.rec.Refused.Fact != protocol.NoFact && w.db.rec.Incarnation == s.rec.Incarnation && w.holdsLease(p) && w.refusedAt <= s.claimedAt {
 			panic(fmt.Sprintf("session %d streams while the record refuses the slot until a resync: %v", s.id, w.db.rec.Refused))
 		}
 		s.streaming, p.refused = true, nil
@@ -231,12 +242,17 @@ func (p *simProc) write1(cmd protocol.Command) {
 				p.write(func(r *protocol.Record) {
 					if r.Refused.Fact == protocol.NoFact {
 						r.Refused = protocol.Refusal{Fact: c.Refusal.Fact, Err: &protocol.Recorded{Said: c.Refusal.Error()}}
+						w.writes++
+						w.refusedAt = w.writes
 					}
 				})
 			}
 		}
-		p.refused = &c.Refusal
+		p.refused, p.refusedAt = &c.Refusal, w.resyncs
 		w.say("session %d refused: %v", s.id, c.Refusal)
+	case protocol.StandBy:
+		// Another process owns the slot: this one refuses nothing.
+		p.refused = nil
 	case protocol.Resync:
 		w.resync()
 		p.cmds = append(p.cmds, p.relay.Step(protocol.Resynced{})...)
@@ -263,6 +279,7 @@ func (p *simProc) claim() protocol.Event {
 	w.db.published = true
 	s.head = p.head()
 	s.readUpTo = w.db.slot.confirmed
+	s.claimedAt = w.writes
 	return protocol.Claimed{Head: s.head, Record: w.db.rec}
 }
 
@@ -287,8 +304,10 @@ func (p *simProc) look(c protocol.CheckStream) protocol.Event {
 		w.say("look %+v: %+v (stream first %d last %d msgs %d)", c, ev, w.stream.first, w.stream.last, len(w.stream.msgs))
 		return ev
 	}
-	ck := protocol.Checked{Publication: w.db.publicationErr(), ResyncNeeded: w.db.rec.ResyncNeeded && w.db.rec.Incarnation == s.rec.Incarnation,
-		Stream: ev}
+	ck := protocol.Checked{Publication: w.db.publicationErr(), Stream: ev}
+	if w.db.rec.Incarnation == s.rec.Incarnation {
+		ck.ResyncNeeded, ck.Refused = w.db.rec.ResyncNeeded, w.db.rec.Refused
+	}
 	return ck
 }
 
@@ -301,7 +320,7 @@ func (p *simProc) resume(o protocol.Owner) protocol.Event {
 		// Chained to the last sequence the session opened the stream at:
 		// a stream made again since is not resumed on.
 		win, prev, err := protocol.Scan(modelReader{w.stream}, protocol.Stream{Name: w.stream.name, LastSeq: s.head.LastSeq, Limited: w.stream.maxMsgs > 0,
-			Limits: "max_msgs", Marker: "b._session", Data: []string{"b"}}, o)
+			Limits: "max_msgs", Marker: "b._session", Data: laneSubjects[:]}, o)
 		if err != nil {
 			return protocol.Resumed{Err: err}
 		}
@@ -324,7 +343,7 @@ func (p *simProc) resume(o protocol.Owner) protocol.Event {
 		if ok {
 			win.Fence = k
 			s.window, s.next = win, next
-			return protocol.Resumed{Reach: win.Max, WAL: w.db.wal()}
+			return protocol.Resumed{Reach: win.Max, WAL: w.db.wal(), Anchors: s.anchors}
 		}
 	}
 	return p.ended(protocol.EndNATS, errors.New("the stream moved on without the session"))
@@ -349,9 +368,9 @@ func (p *simProc) stream() bool {
 	switch {
 	case len(s.acks) > 0:
 		p.takeAck()
-	case len(s.queue) > 0 && s.pending < max(s.inFlight, 1):
+	case s.queued() > 0 && s.pending < max(s.inFlight, 1):
 		p.send()
-	case len(s.queue) == 0 && p.read():
+	case s.queued() < 4 && p.read():
 	default:
 		return p.confirm()
 	}
@@ -386,7 +405,9 @@ func (p *simProc) takeAck() {
 	for _, k := range strings.Split(a.m.Keys, ",") {
 		w.acked[k] = true
 	}
-	s.left[a.m.Last.Commit] -= strings.Count(a.m.Keys, ",") + 1
+	for _, k := range strings.Split(a.m.Keys, ",") {
+		s.left[s.commitOf[k]]--
+	}
 }
 
 // read reads the slot's next transaction, skipping the tokens the stream
@@ -415,30 +436,43 @@ func (p *simProc) read() bool {
 				w.acked[k.key] = true
 				continue
 			}
-			s.queue = append(s.queue, k)
+			lane := laneOf(k)
+			s.lanes[lane] = append(s.lanes[lane], k)
 			s.left[t.commit]++
+			s.commitOf[k.key] = t.commit
 		}
 		return true
 	}
 	return false
 }
 
-// send publishes the next tokens of the queue (one transaction's, up to
-// three) as a message on its way.
+// laneSubjects are the lanes' subjects (per action, as
+// MAILROOM_PER_ACTION has them).
+var laneSubjects = [2]string{"b", "c"}
+
+// laneOf is the lane of a token: by its key, as an action would part them.
+func laneOf(k simTok) int { return int(k.raw[0] & 1) }
+
+// queued is how many tokens wait in the lanes.
+func (s *simSession) queued() int { return len(s.lanes[0]) + len(s.lanes[1]) }
+
+// send publishes the next tokens (up to three) of the lane holding the
+// most as a message on its way: a lane's batch is cut when full, so the
+// lanes' messages go out in no order of their positions.
 func (p *simProc) send() {
 	w, s := p.w, p.s
-	commit := s.queue[0].pos.Commit
-	n := 0
-	for n < len(s.queue) && n < 3 && s.queue[n].pos.Commit == commit {
-		n++
+	lane := 0
+	if len(s.lanes[1]) > len(s.lanes[0]) {
+		lane = 1
 	}
-	toks := s.queue[:n]
-	s.queue = s.queue[n:]
+	n := min(3, len(s.lanes[lane]))
+	toks := s.lanes[lane][:n]
+	s.lanes[lane] = s.lanes[lane][n:]
 	keys := make([]string, n)
 	for i, k := range toks {
 		keys[i] = k.key
 	}
-	m := msg{Stored: protocol.Stored{Kind: protocol.Batch, Subject: "b", Origin: w.db.origin.String(), Incarnation: s.rec.Incarnation,
+	m := msg{Stored: protocol.Stored{Kind: protocol.Batch, Subject: laneSubjects[lane], Origin: w.db.origin.String(), Incarnation: s.rec.Incarnation,
 		First: toks[0].pos, Last: toks[n-1].pos, Keys: strings.Join(keys, ",")}}
 	m.id = toks[0].pos.String() + "-" + toks[n-1].pos.String()
 	if s.unique {
@@ -459,7 +493,7 @@ func (p *simProc) confirm() bool {
 		delete(s.left, s.order[0])
 		s.order = s.order[1:]
 	}
-	if len(s.order) == 0 && len(s.queue) == 0 && s.pending == 0 && s.readUpTo >= w.db.txEnd() {
+	if len(s.order) == 0 && s.queued() == 0 && s.pending == 0 && s.readUpTo >= w.db.txEnd() {
 		to = max(to, w.db.wal())
 	}
 	if to > w.db.slot.confirmed {
@@ -494,6 +528,7 @@ func (p *simProc) check() {
 // record keeps the newest batch found on the stream, and what the stream
 // held (SetAnchor).
 func (p *simProc) record(c protocol.RecordAnchor) {
+	p.w.anchorWrites++
 	p.write(func(r *protocol.Record) {
 		if c.Anchor.Seq > r.Anchor.Seq {
 			r.Anchor = c.Anchor

@@ -58,25 +58,32 @@ type world struct {
 	// causes says a fault that calls for a refusal happened: a refusal
 	// without one is a tailer that stopped for nothing.
 	causes bool
+	// resyncs counts the resyncs; writes the refusals written to the
+	// record, refusedAt the count when the standing one was.
+	resyncs, writes, refusedAt int
 	// limited: the stream's limits removed a message: a replay they
 	// reached is refused (WindowTrimmed).
 	limited bool
-	// inFlight is the relays' MaxInFlight.
-	inFlight int
 	// lost: acknowledged batches of the slot's incarnation are gone from
 	// the stream since the last resync (what a refusal must stand for).
 	lost bool
-	// backups are the stream's backups, dbSnaps the database's.
-	backups []*streamModel
-	dbSnaps []*dbModel
-	trace   []string
+	// backups are the stream's backups, dbSnaps the database's; backupAt,
+	// anchorWrites when each was taken.
+	backups  []*streamModel
+	backupAt []int
+	// anchorWrites counts the anchors recorded; unseen are the tokens a
+	// stream restored from a backup taken since the last one lost.
+	anchorWrites int
+	unseen       map[string]bool
+	dbSnaps      []*dbModel
+	trace        []string
 	// closing says whether a publish still on its way as its session
 	// ends reaches the server (the schedule's draw).
 	closing func() bool
 }
 
 func newWorld(maxMsgs int) *world {
-	w := &world{acked: map[string]bool{}, trimmed: map[string]bool{}, gone: map[string]bool{}, strayDup: map[string]bool{}}
+	w := &world{acked: map[string]bool{}, trimmed: map[string]bool{}, gone: map[string]bool{}, strayDup: map[string]bool{}, unseen: map[string]bool{}}
 	w.db = newDB(&w.tokens, &w.incarns)
 	w.db.newIncarnation(false, 0)
 	w.db.makeSlot()
@@ -164,6 +171,7 @@ func (w *world) takeLease(p *simProc) bool {
 // resync is tailer resync (or MAILROOM_AUTO_RESYNC's): a new slot and
 // incarnation, and every eligible token the stream lacks published, once.
 func (w *world) resync() {
+	w.resyncs++
 	w.db.makeSlot()
 	w.db.newIncarnation(false, 0)
 	// Its session's markers first, as every session's.
@@ -212,6 +220,7 @@ func (w *world) resync() {
 	if m, ok := w.stream.msgs[w.stream.last]; ok {
 		anchor = protocol.Anchor{Seq: m.Seq, Mark: m.id}
 	}
+	w.anchorWrites++
 	r := &w.db.rec
 	r.Bound, r.StreamSeq, r.StreamName, r.StreamCreated, r.Anchor, r.Seen = true, w.stream.last, w.stream.name, w.stream.created(), anchor, w.seen()
 	w.lost = false
