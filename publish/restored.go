@@ -2,7 +2,6 @@ package publish
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -32,17 +31,4 @@ func (p *Publisher) LastMark(ctx context.Context) (protocol.Anchor, protocol.See
 		return protocol.Anchor{}, seen, fmt.Errorf("read message %d of stream %s: %w", seq, p.name, err)
 	}
 	return protocol.Anchor{Seq: seq, Mark: messageMark(msg)}, seen, nil
-}
-
-// Holds reports whether the stream holds, at seq, the message of mark
-// (LastMark's): a stream made again from a backup of the one that had it.
-func (p *Publisher) Holds(ctx context.Context, seq uint64, mark string) (bool, error) {
-	msg, err := p.getMsg(ctx, seq)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("read message %d of stream %s: %w", seq, p.name, err)
-	}
-	return messageMark(msg) == mark, nil
 }

@@ -769,7 +769,7 @@ func (c *cluster) anchorRecorded() {
 		if err != nil {
 			return err
 		}
-		if anchor := c.recordedAnchor(); anchor != last {
+		if anchor := c.recordedAnchor(); anchor < last {
 			return fmt.Errorf("anchor_seq %d, the stream's last batch at %d", anchor, last)
 		}
 		return nil
@@ -832,7 +832,7 @@ func deleteLastBatch(c *cluster, js jetstream.JetStream, _ *watched) error {
 func restoreOlder(c *cluster, _ jetstream.JetStream, p *watched) error {
 	p.freeze()
 	defer p.thaw()
-	restoreStream(c.t, c, streamLastSeq(c.t, c)-1)
+	restoreStream(c.t, c, streamLastSeq(c.t, c)-1, false)
 	return nil
 }
 

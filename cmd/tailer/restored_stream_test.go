@@ -14,8 +14,9 @@ import (
 // restoreStream makes the stream again from its messages as a backup
 // restore does (nats stream restore: the same configuration, every
 // message at its sequence with its headers; another creation time), up to
-// sequence upTo (0: all of them; less: a backup older than the stream).
-func restoreStream(t *testing.T, c *cluster, upTo uint64) {
+// sequence upTo (all of them when all; less: a backup older than the
+// stream, perhaps empty).
+func restoreStream(t *testing.T, c *cluster, upTo uint64, all bool) {
 	t.Helper()
 	nc, err := nats.Connect(c.natsURL())
 	if err != nil {
@@ -39,7 +40,7 @@ func restoreStream(t *testing.T, c *cluster, upTo uint64) {
 	}
 	var msgs []*jetstream.RawStreamMsg
 	last := info.State.LastSeq
-	if upTo != 0 {
+	if !all {
 		last = upTo
 	}
 	for seq := info.State.FirstSeq; seq <= last; seq++ {
@@ -86,10 +87,11 @@ func streamLastSeq(t *testing.T, c *cluster) uint64 {
 // A stream made again from a backup taken after the tailer's clean stop
 // (the move of a stream from one NATS server to a cluster) is taken for
 // the same: it holds, where the tailer stopped, the message it last saw.
-// After a crash the newest batch a running tailer found on the stream (the
-// slot record's anchor) decides the same way. A backup older than the
-// stop or the anchor, or a crash before any anchor was recorded, is
-// refused as a stream deleted and made again, or one that lost a message.
+// After a crash the newest message a tailer recorded (the slot record's
+// anchor: its session's markers, recorded before any batch, or the newest
+// a check found) decides the same way. A backup older than the stop or
+// the anchor is refused as a stream deleted and made again, or one that
+// lost a message.
 func TestRestoredStream(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -108,7 +110,8 @@ func TestRestoredStream(t *testing.T) {
 	}{
 		{name: "backup after a clean stop", taken: "restored"},
 		{name: "backup older than the stop", older: true, refused: "was deleted and made again"},
-		{name: "backup after a crash before any anchor", crash: true, refused: "was deleted and made again"},
+		{name: "backup after a crash before any check", crash: true, taken: "judged by the messages this tailer stored last"},
+		{name: "backup older than the markers after a crash before any check", crash: true, older: true, refused: "no longer holds message"},
 		{name: "backup after a crash", crash: true, anchored: true, taken: "judged by the messages this tailer stored last"},
 		{name: "backup older than the anchor after a crash", crash: true, anchored: true, older: true, refused: "no longer holds message"},
 		{name: "backup of a clean stop before a session that crashed", again: true, refused: "was deleted and made again"},
@@ -135,8 +138,9 @@ func TestRestoredStream(t *testing.T) {
 				t.Fatalf("SIGTERM: exit %d", code)
 			}
 			var upTo uint64
+			all := !tc.older && !tc.again
 			switch {
-			case tc.older && tc.anchored:
+			case tc.older && tc.crash:
 				upTo = c.recordedAnchor() - 1
 			case tc.older:
 				upTo = streamLastSeq(t, c) - 1
@@ -149,7 +153,7 @@ func TestRestoredStream(t *testing.T) {
 				c.expectExactlyOnce(30 * time.Second)
 				p.kill()
 			}
-			restoreStream(t, c, upTo)
+			restoreStream(t, c, upTo, all)
 
 			w := c.watchedTailer()
 			c.accounts("after", 10)
@@ -187,7 +191,7 @@ func TestStreamRestoredUnderTheTailer(t *testing.T) {
 	// Frozen, so that nothing is published into the stream as it is made
 	// again; its checks run again once it is thawed.
 	p.freeze()
-	restoreStream(t, c, 0)
+	restoreStream(t, c, 0, true)
 	p.thaw()
 	c.accounts("after", 10)
 	if n := c.expectExactlyOnce(30 * time.Second); n != 35 {

@@ -39,15 +39,6 @@ type Claimed struct {
 // Bound: the record now binds the stream to the slot's incarnation.
 type Bound struct{ Record Record }
 
-// Held says whether the stream holds the message that was last on it at
-// the last clean stop, where it was (a stream restored whole from a
-// backup holds it), and what the stream holds.
-type Held struct {
-	Held    bool
-	Seen    Seen
-	Limited bool
-}
-
 // StreamChecked is the stream as a check found it: the creation time its
 // server reports, what it holds, whether its configuration removes
 // messages, and the first of the anchors it was asked about that it no
@@ -143,7 +134,6 @@ func (HeadRead) event()      {}
 func (SlotMade) event()      {}
 func (Claimed) event()       {}
 func (Bound) event()         {}
-func (Held) event()          {}
 func (StreamChecked) event() {}
 func (Resumed) event()       {}
 func (Checked) event()       {}
@@ -175,9 +165,6 @@ type Claim struct{}
 // stream from its start (Bound).
 type Adopt struct{}
 type Bind struct{}
-
-// CheckHeld asks whether the stream holds Stopped (Held).
-type CheckHeld struct{ Stopped Anchor }
 
 // CheckStream looks at the stream (StreamChecked): whether it holds
 // each of Anchors, at its sequence.
@@ -261,7 +248,6 @@ func (MakeSlot) command()         {}
 func (Claim) command()            {}
 func (Adopt) command()            {}
 func (Bind) command()             {}
-func (CheckHeld) command()        {}
 func (CheckStream) command()      {}
 func (SetStream) command()        {}
 func (ClearStopped) command()     {}

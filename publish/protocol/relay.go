@@ -133,7 +133,6 @@ const (
 	makingSlot
 	claiming
 	binding
-	holding
 	checking
 	resuming
 	streaming
@@ -221,8 +220,6 @@ func (r *Relay) Step(ev Event) []Command {
 	case Bound:
 		r.rec = ev.Record
 		return r.checkStream()
-	case Held:
-		return r.held(ev)
 	case StreamChecked:
 		return r.streamChecked(ev)
 	case Resumed:

@@ -125,27 +125,22 @@ func (r *Relay) claimed(ev Claimed) []Command {
 
 // checkStream refuses a stream that lost what the slot's incarnation
 // published to it, which JetStream acknowledged whether or not a consumer
-// had read it. It knows the stream by the newest messages stored on it:
-// by this process's last session of the same incarnation and stream, or
-// as a tailer killed before left them in the record. A stream whose
-// server reports another creation time than recorded is the same while
-// it holds them (the replicas of a stream each report their own time);
-// without any, while it holds the message that was last at the last
-// clean stop (restored from a backup taken after that stop, as a move to
-// a cluster does); otherwise it was made again.
+// had read it. It knows the stream by the messages stored on it: by this
+// process's last session of the same incarnation and stream, or as the
+// record keeps them (the newest a tailer found there, and the one last on
+// it at the last clean stop). A stream whose server reports another
+// creation time than recorded is the same while it holds them (the
+// replicas of a stream each report their own time; a restore of all it
+// held); with none, it was made again.
 func (r *Relay) checkStream() []Command {
 	if r.anchoredInc == r.rec.Incarnation && r.anchoredName == r.stream.Name {
 		r.anchors, r.stored = r.anchored, r.anchoredStored
 	}
-	if r.rec.Anchor.Seq != 0 && r.rec.StreamName == r.stream.Name {
-		r.anchors = r.anchors.with(Anchors{Batch: r.rec.Anchor})
+	if r.rec.StreamName == r.stream.Name {
+		r.anchors = r.anchors.with(Anchors{Batch: r.rec.Anchor, Last: r.rec.Stopped})
 	}
 	if r.rec.StreamName == r.stream.Name && r.rec.StreamCreated != r.stream.Created && r.anchors.with(r.stored).Unanchored() {
-		if r.rec.Stopped.Seq == 0 {
-			return r.refuse(r.replaced(r.stream.Created, r.rec.StreamCreated))
-		}
-		r.ph = holding
-		return []Command{CheckHeld{Stopped: r.rec.Stopped}}
+		return r.refuse(r.replaced(r.stream.Created, r.rec.StreamCreated))
 	}
 	r.ph = checking
 	return []Command{CheckStream{Anchors: r.anchors.all(r.stored)}}
@@ -153,19 +148,6 @@ func (r *Relay) checkStream() []Command {
 
 func (r *Relay) replaced(created, recorded string) Refusal {
 	return Refusal{Fact: StreamReplaced, Err: &StreamLoss{Fact: StreamReplaced, Stream: r.stream.Name, Created: created, Recorded: recorded}}
-}
-
-// held judges a stream made again by whether it holds what was last on
-// it at the last clean stop, and lost nothing the incarnation published.
-func (r *Relay) held(ev Held) []Command {
-	if !r.expect(holding) {
-		return nil
-	}
-	if !ev.Held || !ev.Limited && pastSince(ev.Seen, r.rec.StreamSeq) {
-		return r.refuse(r.replaced(r.stream.Created, r.rec.StreamCreated))
-	}
-	r.ph = checking
-	return []Command{CheckStream{Anchors: r.anchors.all(r.stored)}}
 }
 
 // lost is the refusal of a stream that lost messages, as a check found

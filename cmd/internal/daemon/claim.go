@@ -85,24 +85,6 @@ func (x *run) bind(cmd protocol.Command) protocol.Event {
 	return protocol.Bound{Record: recordOf(x.rec)}
 }
 
-// checkHeld asks whether the stream holds what was last on it at the last
-// clean stop.
-func (x *run) checkHeld(c protocol.CheckHeld) protocol.Event {
-	held, err := x.pub.Holds(x.ctx, c.Stopped.Seq, c.Stopped.Mark)
-	if err != nil {
-		return x.ended(natsErr(err))
-	}
-	_, seen, err := x.pub.Look(x.ctx)
-	if err != nil {
-		return x.ended(natsErr(err))
-	}
-	if held {
-		x.d.log.Warn("the stream was made again with every message the slot's incarnation published (restored): it holds, at the sequence where the last tailer stopped cleanly, the message that was last then; going on with it",
-			"stream", x.head.Name, "created", x.head.Created, "recorded_created", x.rec.StreamCreated, "stopped_seq", c.Stopped.Seq)
-	}
-	return protocol.Held{Held: held, Seen: seen, Limited: x.pub.Limited()}
-}
-
 // checkStream looks at the stream: whether it holds the anchors, and lost
 // nothing since the incarnation took it over.
 func (x *run) checkStream(c protocol.CheckStream) protocol.Event {

@@ -203,7 +203,15 @@ func (d *Daemon) checkStreaming(ctx context.Context, conn *pgx.Conn, st *streami
 // stream.
 func (d *Daemon) look(ctx context.Context, conn *pgx.Conn, x *run, c protocol.CheckStream) (protocol.Checked, error) {
 	var ev protocol.Checked
-	err := join.CheckSchema(ctx, conn, d.cfg.Schema)
+	// The record first: see inspect.
+	rec, err := replication.LoadRecord(ctx, d.db(conn), d.cfg.Slot)
+	if err != nil {
+		return ev, err
+	}
+	if rec.Incarnation == x.rec.Incarnation {
+		ev.ResyncNeeded, ev.Refused = rec.ResyncNeeded, recordOf(rec).Refused
+	}
+	err = join.CheckSchema(ctx, conn, d.cfg.Schema)
 	var schema *join.SchemaError
 	if errors.As(err, &schema) {
 		ev.Schema = schema
@@ -216,13 +224,6 @@ func (d *Daemon) look(ctx context.Context, conn *pgx.Conn, x *run, c protocol.Ch
 		ev.Publication = pub
 	} else if err != nil {
 		return ev, err
-	}
-	rec, err := replication.LoadRecord(ctx, d.db(conn), d.cfg.Slot)
-	if err != nil {
-		return ev, err
-	}
-	if rec.Incarnation == x.rec.Incarnation {
-		ev.ResyncNeeded, ev.Refused = rec.ResyncNeeded, recordOf(rec).Refused
 	}
 	ev.Stream, err = streamCheck(ctx, x.pub, c)
 	return ev, err

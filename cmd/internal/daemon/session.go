@@ -97,8 +97,6 @@ func (x *run) do(cmd protocol.Command) protocol.Event {
 		return x.claim()
 	case protocol.Adopt, protocol.Bind:
 		return x.bind(c)
-	case protocol.CheckHeld:
-		return x.checkHeld(c)
 	case protocol.CheckStream:
 		return x.checkStream(c)
 	case protocol.Resume:
@@ -211,7 +209,19 @@ func (x *run) open() protocol.Event {
 func (x *run) inspect() protocol.Event {
 	d, ctx := x.d, x.ctx
 	ev := protocol.Inspected{}
-	err := join.CheckSchema(ctx, x.s.q, d.cfg.Schema)
+	// The record first: the publication guard marks it in the transaction
+	// that changes the publication, so a change the record shows is one
+	// the publication's check below sees too.
+	var err error
+	x.rec, err = replication.LoadRecord(ctx, x.db(), d.cfg.Slot)
+	switch {
+	case errors.Is(err, replication.ErrNoRecordTable) || errors.Is(err, replication.ErrOldRecordTable):
+		ev.Schema = err
+	case err != nil:
+		return x.ended(pgErr(err))
+	}
+	ev.Record = recordOf(x.rec)
+	err = join.CheckSchema(ctx, x.s.q, d.cfg.Schema)
 	var schema *join.SchemaError
 	if errors.As(err, &schema) {
 		ev.Schema = schema
@@ -228,14 +238,6 @@ func (x *run) inspect() protocol.Event {
 	case err != nil:
 		return x.ended(pgErr(err))
 	}
-	x.rec, err = replication.LoadRecord(ctx, x.db(), d.cfg.Slot)
-	switch {
-	case errors.Is(err, replication.ErrNoRecordTable) || errors.Is(err, replication.ErrOldRecordTable):
-		ev.Schema = err
-	case err != nil:
-		return x.ended(pgErr(err))
-	}
-	ev.Record = recordOf(x.rec)
 	x.slot, err = replication.Slot(ctx, x.s.q, d.cfg.Slot)
 	switch {
 	case errors.Is(err, replication.ErrNoSlot):

@@ -196,9 +196,6 @@ func (p *simProc) do(cmd protocol.Command) protocol.Event {
 	case protocol.Bind:
 		p.write(func(r *protocol.Record) { r.Bound, r.StreamSeq = true, 0 })
 		return protocol.Bound{Record: s.rec}
-	case protocol.CheckHeld:
-		mark, ok := w.stream.mark(c.Stopped.Seq)
-		return protocol.Held{Held: ok && mark == c.Stopped.Mark, Seen: w.seen(), Limited: w.stream.maxMsgs > 0}
 	case protocol.CheckStream:
 		return p.look(c)
 	case protocol.Resume:
