@@ -75,6 +75,8 @@ func FuzzParseProgress(f *testing.F) {
 	f.Add([]byte(`{"messages":{"1":null}}`))
 	f.Add([]byte(`{"messages":{"1":{"batches":2,"attempts":{"5":1}}}}`))
 	f.Add([]byte(`{"extra":1}`))
+	f.Add([]byte(`{"version":2,"needs":1,"floor":3,"later":{"x":1},"messages":{"4":{"batches":1,"later":[]}}}`))
+	f.Add([]byte(`{"version":3,"needs":2}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		p, err := consume.ParseProgress(data)
 		if err != nil {

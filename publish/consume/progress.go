@@ -133,7 +133,21 @@ func ParseBatches(s string) (Batches, error) {
 // MAILROOM_MAX_BATCHES_PER_MESSAGE batches, so without this record a
 // reader that dies would cost every batch of the messages it held, and a
 // consumer lost with its server would start again from nowhere.
+//
+// A record says the format of its writer (Version) and the oldest format
+// a reader must know to use it (Needs); both are absent from records of
+// format 1, so that the release before them, which knows no such field,
+// reads this release's records too. A reader takes fields it does not
+// know and drops them when it writes the record back: a release that
+// adds a field whose loss would skip or repeat a batch raises Needs,
+// and a reader of an older format refuses that record, naming the way
+// back (ErrRecordAhead), rather than act on part of it.
 type Progress struct {
+	// Version is the format of the release that wrote the record (0: 1).
+	Version int `json:"version,omitempty"`
+	// Needs is the oldest format a reader must know to use the record
+	// (0: 1).
+	Needs int `json:"needs,omitempty"`
 	// Last is the newest message the durable's subscribers were given, by
 	// its place and its content: the record is of the stream that holds
 	// that message there, not of any stream of the name (see Subscriber's
@@ -277,10 +291,11 @@ func ParseProgress(data []byte) (Progress, error) {
 	if len(data) > maxRecordBytes {
 		return p, fmt.Errorf("progress record: %d bytes, more than %d", len(data), maxRecordBytes)
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&p); err != nil {
+	if err := json.Unmarshal(data, &p); err != nil {
 		return Progress{}, fmt.Errorf("progress record: %w", err)
+	}
+	if p.Needs > RecordFormat {
+		return Progress{}, fmt.Errorf("progress record of format %d: %w: it needs a reader of format %d, and this tailer subscribe reads format %d; run this durable's subscribers from the release that wrote it, or a later one", max(p.Version, p.Needs), ErrRecordAhead, p.Needs, RecordFormat)
 	}
 	for seq, m := range p.Messages {
 		switch {
@@ -301,6 +316,14 @@ func ParseProgress(data []byte) (Progress, error) {
 	}
 	return p, nil
 }
+
+// RecordFormat is the format of the durable's record this release writes,
+// and the newest it reads whole.
+const RecordFormat = 1
+
+// ErrRecordAhead is a record written by a release whose format this one
+// cannot honour (Progress.Needs past RecordFormat).
+var ErrRecordAhead = errors.New("the durable's record was written by a later release of tailer subscribe")
 
 // ErrTakenOver is returned by a ProgressStore when another subscriber
 // saved the durable's record since this one read it: the other one is
@@ -420,7 +443,11 @@ func (s *KVProgress) get(ctx context.Context) ([]byte, uint64, error) {
 // Save writes the record if it is still at revision (0: there is none),
 // returning the new revision, or ErrTakenOver.
 func (s *KVProgress) Save(ctx context.Context, p *Progress, revision uint64) (uint64, error) {
-	data, err := json.Marshal(p)
+	// Written in this release's format, whatever the record read said:
+	// the fields of a later one were dropped.
+	rec := *p
+	rec.Version, rec.Needs = 0, 0
+	data, err := json.Marshal(&rec)
 	if err != nil {
 		return 0, fmt.Errorf("save progress of %s: %w", s.key, err)
 	}
