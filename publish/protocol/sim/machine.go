@@ -39,6 +39,11 @@ var Profiles = []Profile{
 	{Name: "restarts", MaxFaults: 2, InFlight: [2]int{1, 2}, Weights: map[string]int{"kill": 2, "step": 3, "deliver": 2, "resync": 1,
 		"tick": 0, "time passes": 0, "freeze": 0, "freeze the holder": 0},
 		Faults: []string{"purge", "purge of the batches' subject", "a message deleted", "the stream made again", "a backup taken", "the stream restored from its last backup"}},
+	// The database's files put back under a stream that holds batches
+	// of what they lost: new tokens at positions already published.
+	{Name: "database put back", MaxFaults: 4, InFlight: [2]int{1, 2}, Weights: map[string]int{"commit": 3, "step": 3, "deliver": 2, "fault": 2,
+		"resync": 0, "tick": 0, "time passes": 0, "freeze": 0, "freeze the holder": 0},
+		Faults: []string{"the database's files copied", "the database's files put back, with its slot"}},
 	{Name: "database", MaxFaults: 4, InFlight: [2]int{0, 3}, Weights: map[string]int{"fault": 2, "commit": 2, "resync": 0},
 		Faults: []string{"the publication changed and changed back", "the slot lost", "the database's files copied", "the database's files put back, with its slot"}},
 }
