@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -839,7 +840,9 @@ func restoreOlder(c *cluster, _ jetstream.JetStream, p *watched) error {
 // refusedUntilResync checks that the refusal p said lasts: recorded for
 // tailer status as lasting until a resync, and said again by tailers
 // started after it, each time at once (issue 63: a purge was refused
-// once, and streamed on 5 s later, before and after a restart).
+// once, and streamed on 5 s later, before and after a restart). With
+// TAILER_REFUSAL_HOLD (a duration), p is first watched that long, every
+// 5 s, for the refusal said everywhere and no session streaming.
 func (c *cluster) refusedUntilResync(p *watched, want string, restarts int) *watched {
 	c.t.Helper()
 	tailertest.Eventually(c.t, 30*time.Second, func() error {
@@ -848,6 +851,16 @@ func (c *cluster) refusedUntilResync(p *watched, want string, restarts int) *wat
 		}
 		return nil
 	})
+	if hold, _ := time.ParseDuration(os.Getenv("TAILER_REFUSAL_HOLD")); hold > 0 {
+		streamed := strings.Count(p.out.String(), "msg=streaming")
+		for end := time.Now().Add(hold); time.Now().Before(end); time.Sleep(5 * time.Second) {
+			p.blocked(c, "stream", want)
+			if n := strings.Count(p.out.String(), "msg=streaming"); n != streamed {
+				c.t.Fatalf("streamed while refused:\n%s", p.out.String())
+			}
+		}
+		c.t.Logf("refused, naming %q, for %s", want, hold)
+	}
 	for range restarts {
 		if code := p.term(30 * time.Second); code != exitOK {
 			c.t.Fatalf("SIGTERM while refused: exit %d:\n%s", code, p.out.String())
