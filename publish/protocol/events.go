@@ -83,8 +83,13 @@ const (
 	// EndStoppedUnpublished: the process stops with tokens read and not
 	// published; they stay in the slot.
 	EndStoppedUnpublished
-	// EndRefused: the session found a refusal (Ended.Refusal).
+	// EndRefused: the session stopped on a refusal this Relay made while
+	// it streamed (Stop; Ended.Refusal).
 	EndRefused
+	// EndFound: the session found a fact about the tokens' way that the
+	// Relay judges (Ended.Found: a schema or a publication it cannot read
+	// through, a relation or an action it cannot decode, the slot lost).
+	EndFound
 	// EndLeaseLost: another process took the lease.
 	EndLeaseLost
 	// EndLeaseHeld: another process holds the slot; this one stands by.
@@ -109,12 +114,13 @@ const (
 )
 
 // Ended is how a session ended: its kind, the error it ended with, the
-// refusal it found (EndRefused), how long it lasted, and what it stored
-// on the stream.
+// refusal it stopped on (EndRefused) or the fact it found (EndFound), how
+// long it lasted, and what it stored on the stream.
 type Ended struct {
 	Kind    EndKind
 	Err     error
 	Refusal Refusal
+	Found   Fact
 	Lasted  time.Duration
 	Anchors Anchors
 	// Cause, on an EndNATS, is what keeps NATS from storing anything that

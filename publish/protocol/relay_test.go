@@ -410,7 +410,7 @@ func TestSessionEnds(t *testing.T) {
 	step(t, r, Ended{Kind: EndPostgres, Err: failed, Lasted: 2 * time.Minute}, "Wait{Delay:250ms Err:failed Say:true}")
 	// After a refusal, a failure is retried after twice the refusal's
 	// delay.
-	step(t, r, Ended{Kind: EndRefused, Refusal: Refusal{Fact: SlotLost}}, "Refuse{Refusal:slot_lost Say:true} Wait{Delay:5s Err:<nil> Say:false}")
+	step(t, r, Ended{Kind: EndFound, Found: SlotLost}, "Refuse{Refusal:slot_lost Say:true} Wait{Delay:5s Err:<nil> Say:false}")
 	step(t, r, Ended{Kind: EndPostgres, Err: failed}, "Wait{Delay:10s Err:failed Say:true}")
 	// After a session streamed, a startup setting is retried.
 	r = New(Config{})
@@ -428,7 +428,7 @@ func TestSessionEnds(t *testing.T) {
 	// Another process holds the slot: said once, looked at every second.
 	step(t, r, Ended{Kind: EndLeaseHeld, Err: failed}, "StandBy{Err:failed Say:true} Wait{Delay:1s Err:<nil> Say:false}")
 	step(t, r, Ended{Kind: EndLeaseHeld, Err: failed}, "StandBy{Err:failed Say:false} Wait{Delay:1s Err:<nil> Say:false}")
-	step(t, r, Ended{Kind: EndRefused, Refusal: Refusal{Fact: ResyncNeeded}}, "Refuse{Refusal:resync_needed Say:true} Wait{Delay:5s Err:<nil> Say:false}")
+	step(t, r, Ended{Kind: EndFound, Found: ResyncNeeded}, "Refuse{Refusal:resync_needed Say:true} Wait{Delay:5s Err:<nil> Say:false}")
 	step(t, r, Ended{Kind: EndLeaseHeld, Err: failed}, "StandBy{Err:failed Say:true} Wait{Delay:1s Err:<nil> Say:false}")
 }
 

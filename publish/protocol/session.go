@@ -352,6 +352,10 @@ func (r *Relay) ended(ev Ended) []Command {
 		return r.fail(EndPostgres, ev.Err, ev.Lasted)
 	case EndRefused:
 		return r.refuse(ev.Refusal)
+	case EndFound:
+		// None of these heals by trying again: each waits for the
+		// operator's change (the schema, the publication) or its way out.
+		return r.refuse(Refusal{Fact: ev.Found, Err: ev.Err})
 	case EndLeaseHeld:
 		say := !r.standingBy
 		r.standingBy, r.said = true, ""

@@ -19,7 +19,7 @@ func (x *run) claim() protocol.Event {
 		return x.ended(FailoverSettingError(err))
 	}
 	if err := replication.SetPublication(ctx, x.db(), cfg.Slot, cfg.Publication); errors.Is(err, replication.ErrOldSchema) {
-		return protocol.Ended{Kind: protocol.EndRefused, Refusal: protocol.Refusal{Fact: protocol.SchemaUnreadable, Err: err}}
+		return protocol.Ended{Kind: protocol.EndFound, Found: protocol.SchemaUnreadable, Err: err}
 	} else if err != nil {
 		return x.ended(pgErr(err))
 	}
@@ -47,7 +47,7 @@ func (x *run) claim() protocol.Event {
 		OnStatus: d.streamConfirmed, Timeout: cfg.ReplicationTimeout,
 	})
 	if replication.IsSlotLost(err) {
-		return protocol.Ended{Kind: protocol.EndRefused, Refusal: protocol.Refusal{Fact: protocol.SlotLost, Err: err}}
+		return protocol.Ended{Kind: protocol.EndFound, Found: protocol.SlotLost, Err: err}
 	}
 	if err != nil {
 		return x.ended(pgErr(err))

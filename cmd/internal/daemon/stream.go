@@ -124,28 +124,28 @@ func (x *run) streamEnd(err, pipeErr, cause error, pipelineFailed bool) protocol
 		relation *decoder.RelationError
 		action   *decoder.ActionError
 	)
-	refusal := func(f protocol.Fact, err error) protocol.Event {
-		return protocol.Ended{Kind: protocol.EndRefused, Refusal: protocol.Refusal{Fact: f, Err: err}}
+	found := func(f protocol.Fact, err error) protocol.Event {
+		return protocol.Ended{Kind: protocol.EndFound, Found: f, Err: err}
 	}
 	switch {
 	case ctx.Err() != nil:
 	case errors.As(cause, &refused):
 		return protocol.Ended{Kind: protocol.EndRefused, Refusal: refused.Refusal}
 	case errors.As(pipeErr, &schema):
-		return refusal(protocol.SchemaUnreadable, schema)
+		return found(protocol.SchemaUnreadable, schema)
 	case errors.As(err, &action):
-		return refusal(protocol.UnknownAction, action)
+		return found(protocol.UnknownAction, action)
 	case errors.As(err, &relation):
-		return refusal(protocol.RelationIncomplete, relation)
+		return found(protocol.RelationIncomplete, relation)
 	case replication.IsPublicationGone(err):
 		// Gone for good, or made again after the changes the slot has
 		// still to decode: which one says what to do.
 		perr := replication.CheckPublication(ctx, x.db(), d.cfg.Publication)
 		var pub *replication.PublicationError
 		if errors.As(perr, &pub) {
-			return refusal(protocol.PublicationProblem, pub)
+			return found(protocol.PublicationProblem, pub)
 		}
-		return refusal(protocol.PublicationStale, &replication.PublicationError{Publication: d.cfg.Publication, Stale: true})
+		return found(protocol.PublicationStale, &replication.PublicationError{Publication: d.cfg.Publication, Stale: true})
 	}
 	return x.ended(sessionCause(ctx, err, pipeErr, pipelineFailed))
 }

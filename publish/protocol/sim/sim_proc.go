@@ -271,7 +271,7 @@ func (p *simProc) head() protocol.StreamHead {
 func (p *simProc) claim() protocol.Event {
 	w, s := p.w, p.s
 	if w.db.slot.lost {
-		return protocol.Ended{Kind: protocol.EndRefused, Refusal: protocol.Refusal{Fact: protocol.SlotLost}}
+		return protocol.Ended{Kind: protocol.EndFound, Found: protocol.SlotLost}
 	}
 	w.db.published = true
 	s.head = p.head()
