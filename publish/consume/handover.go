@@ -249,7 +249,7 @@ func (s *Subscriber) claim(ctx context.Context, msg jetstream.Msg, p *Progress, 
 // hand gives units to the Sink. A serial reader gets them one at a time,
 // the record saved before each while a batch done is unsaved.
 func (s *Subscriber) hand(ctx context.Context, units []*Unit) error {
-	if r, ok := s.cfg.Sink.(reader); !ok || !r.serial() {
+	if r := s.reader; r == nil || !r.serial() {
 		return s.cfg.Sink.Hand(ctx, units, s.doneFunc())
 	}
 	for _, u := range units {
@@ -401,7 +401,7 @@ const (
 func (s *Subscriber) Settle(ctx context.Context, o Outcome) int {
 	var failedOn *Unit
 	inDoubt := false
-	if r, ok := s.cfg.Sink.(reader); ok {
+	if r := s.reader; r != nil {
 		failedOn, inDoubt = r.settle(o)
 	}
 	s.mu.Lock()

@@ -83,7 +83,7 @@ func (s *Subscriber) checkRecord(ctx context.Context, js jetstream.JetStream, mi
 		// had been read (wire.Chain).
 		return err
 	}
-	if _, keepsOwn := s.cfg.Sink.(Positioner); missing && !s.cfg.FromStart && !keepsOwn {
+	if keepsOwn := s.positioner != nil; missing && !s.cfg.FromStart && !keepsOwn {
 		return fmt.Errorf("consumer %s on stream %s: %w: the durable's subscribers last read sequence %d, which now holds another message or none (the stream was deleted and made again, restored from an older backup, or purged); "+
 			"start the subscriber with --from-start to deliver this stream from its first message (tokens a resync published again come again, but for those in --dedup-window), or make the consumer by hand at the sequence you know",
 			s.cfg.Durable, s.cfg.Stream, ErrStreamChanged, last.Seq)

@@ -66,6 +66,11 @@ type Config struct {
 // batches it held, not the message.
 type Subscriber struct {
 	cfg Config
+	// reader, positioner and puller are cfg.Sink as each, nil where it
+	// is not one.
+	reader     reader
+	positioner Positioner
+	puller     Puller
 
 	// consuming: Run is bound to the consumer (see Consuming).
 	consuming atomic.Bool
@@ -104,7 +109,12 @@ func NewSubscriber(c Config) (*Subscriber, error) {
 	if err := c.check(); err != nil {
 		return nil, err
 	}
-	return &Subscriber{cfg: c}, nil
+	s := &Subscriber{cfg: c}
+	// What the Sink can do beyond Hand, known once.
+	s.reader, _ = c.Sink.(reader)
+	s.positioner, _ = c.Sink.(Positioner)
+	s.puller, _ = c.Sink.(Puller)
+	return s, nil
 }
 
 // check says which setting of c does not hold.
@@ -172,7 +182,7 @@ func (s *Subscriber) Stats() Stats {
 	st.PinID = s.pinID
 	s.mu.Unlock()
 	st.Gaps, st.OpenGap = s.gaps.State()
-	if r, ok := s.cfg.Sink.(reader); ok {
+	if r := s.reader; r != nil {
 		st.InDoubt, _ = r.inDoubt()
 	}
 	return st
@@ -281,7 +291,7 @@ func (d Durable) Ensure(ctx context.Context, js jetstream.JetStream) (jetstream.
 
 // pulls is how many messages the Sink takes at once (Puller).
 func (s *Subscriber) pulls() (pull, pending int) {
-	if p, ok := s.cfg.Sink.(Puller); ok {
+	if p := s.puller; p != nil {
 		pull, pending = p.Pulls()
 	}
 	return max(pull, 1), max(pending, 2)
@@ -315,7 +325,7 @@ func (s *Subscriber) Run(ctx context.Context, js jetstream.JetStream) error {
 	if s.kick == nil {
 		s.kick = make(chan struct{}, 1)
 	}
-	if _, ok := s.cfg.Sink.(reader); !ok {
+	if s.reader == nil {
 		defer func() {
 			end, cancel := context.WithTimeout(context.WithoutCancel(ctx), progressTry)
 			defer cancel()
@@ -369,7 +379,7 @@ func (s *Subscriber) term(ctx context.Context, js jetstream.JetStream, cons *jet
 		// which of their batches are done.
 		s.held = nil
 		s.mu.Unlock()
-		if r, ok := s.cfg.Sink.(reader); ok {
+		if r := s.reader; r != nil {
 			r.forget()
 		}
 		if err := s.save(ctx); err != nil && s.cfg.Log != nil {
@@ -517,7 +527,7 @@ func (s *Subscriber) consumer(ctx context.Context, js jetstream.JetStream, lost 
 		s.mu.Lock()
 		known, floor := !s.prog.empty(), s.prog.Floor
 		s.mu.Unlock()
-		switch _, keepsOwn := s.cfg.Sink.(Positioner); {
+		switch keepsOwn := s.positioner != nil; {
 		case known && !keepsOwn:
 			d.StartSeq = floor + 1
 			if s.cfg.Log != nil {
@@ -564,7 +574,7 @@ func (s *Subscriber) fromSink(ctx context.Context, js jetstream.JetStream, d *Du
 		}
 		d.FromStart = d.FromStart || !ok
 	}
-	if _, keeps := s.cfg.Sink.(Positioner); keeps {
+	if s.positioner != nil {
 		s.mu.Lock()
 		// Of a stream that may be another now: followed afresh.
 		s.prog.Chain = wire.Chain{}
@@ -586,8 +596,8 @@ func (s *Subscriber) fromSink(ctx context.Context, js jetstream.JetStream, d *Du
 
 // sinkPosition is where the Sink's own record says the durable got to.
 func (s *Subscriber) sinkPosition(ctx context.Context) (Stored, bool, error) {
-	p, ok := s.cfg.Sink.(Positioner)
-	if !ok {
+	p := s.positioner
+	if p == nil {
 		return Stored{}, false, nil
 	}
 	return p.Position(ctx, s.cfg.Stream, s.cfg.Durable)
@@ -610,7 +620,7 @@ func (s *Subscriber) seed(at Stored) {
 // every message up to it was handled, stored or holding none of the
 // action's tokens, which the sink cannot say (seed).
 func (s *Subscriber) seedAtFloor(cons jetstream.Consumer) {
-	if _, ok := s.cfg.Sink.(Positioner); !ok || s.cfg.Action == "" {
+	if s.positioner == nil || s.cfg.Action == "" {
 		return
 	}
 	s.mu.Lock()
@@ -753,7 +763,7 @@ const groupTokens = 8000
 func (s *Subscriber) watch(ctx context.Context, cons jetstream.Consumer, cancel context.CancelCauseFunc, wg *sync.WaitGroup) {
 	wg.Add(1)
 	go func() { defer wg.Done(); s.heartbeat(ctx, cons) }()
-	if r, ok := s.cfg.Sink.(reader); ok {
+	if r := s.reader; r != nil {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.watch(ctx, cancel, s.handling.Load) }()
 	}
@@ -974,7 +984,7 @@ func (s *Subscriber) untilDrained(ctx context.Context, cons jetstream.Consumer, 
 		holding := len(s.held)
 		s.mu.Unlock()
 		inDoubt := false
-		if r, ok := s.cfg.Sink.(reader); ok {
+		if r := s.reader; r != nil {
 			_, inDoubt = r.inDoubt()
 		}
 		if !s.handling.Load() && !inDoubt && !acking && info.NumPending == 0 && info.NumAckPending == holding {
