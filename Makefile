@@ -44,6 +44,7 @@ sim:
 # v0.6.0): fails below 90% efficacy or 85% mutant coverage.
 mutate:
 	go run github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0 unleash --exclude-files 'sim/' --threshold-efficacy 90 --threshold-mcover 85 ./publish/protocol
+	go run github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0 unleash --threshold-efficacy 90 --threshold-mcover 85 ./publish/consume/protocol
 
 # Runs the whole thing end to end on a throwaway PostgreSQL.
 demo:

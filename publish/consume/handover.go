@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mailroom/tailer/publish/consume/protocol"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -72,17 +73,18 @@ func (s *Subscriber) take(ctx context.Context, msg jetstream.Msg) ([]*Unit, erro
 	}
 	s.mu.Lock()
 	rec := s.prog.message(seq, mark, len(b.Sizes))
-	if seq <= s.prog.Floor || rec.Acked || rec.Done.Len() == rec.Batches {
+	lines := s.ofAction(b.Lines())
+	fates, acknowledge := protocol.Plan(protocol.Message{Seq: seq, Floor: s.prog.Floor, Acked: rec.Acked, Batches: batchesOf(rec, lines)},
+		protocol.Rules{MaxDeliveries: s.cfg.MaxDeliveries, DeadLetters: s.cfg.DeadLetters != nil})
+	if acknowledge {
 		s.stats.Skipped += rec.Batches
 		s.mu.Unlock()
-		// Done before: its ack was lost, or the consumer was made again
-		// below it.
 		s.ackMsg(ctx, msg, seq)
 		return nil, nil
 	}
 	h := &held{msg: msg, seq: seq, rec: rec}
 	s.held = append(s.held, h)
-	units, dead := s.units(h, meta, b)
+	units, dead := s.units(h, meta, b, lines, fates)
 	s.dirty = true
 	s.mu.Unlock()
 	for _, i := range dead {
@@ -125,38 +127,51 @@ func (s *Subscriber) noteDelivery(ctx context.Context, msg jetstream.Msg, meta *
 	s.gaps.Note(ctx, s.js, s.cfg.Stream, s.cfg.Durable, s.cfg.Log, msg.Headers(), gap, func() { msg.InProgress() })
 }
 
-// units are the batches of b the Sink is to get, and those to set aside
-// as dead letters, each counted pending in h; a batch done before, or
-// with no token of the subscriber's action, is not. Called with s.mu
-// held.
-func (s *Subscriber) units(h *held, meta *jetstream.MsgMetadata, b *Decoded) (units []*Unit, dead []int) {
-	rec := h.rec
-	for i, line := range b.Lines() {
-		if rec.Done.Has(i) {
-			s.stats.Skipped++
-			continue
-		}
-		if s.cfg.MaxDeliveries > 0 && s.cfg.DeadLetters != nil && rec.Attempts[i] >= s.cfg.MaxDeliveries {
-			dead = append(dead, i)
-			h.pending++
-			continue
-		}
-		tokens := line
-		if s.cfg.Action != "" {
-			tokens = nil
-			for _, t := range line {
-				if t.Action == s.cfg.Action {
-					tokens = append(tokens, t)
-				}
+// ofAction are the tokens of each line of the subscriber's action (all
+// of them without one).
+func (s *Subscriber) ofAction(lines [][]SignedToken) [][]SignedToken {
+	if s.cfg.Action == "" {
+		return lines
+	}
+	out := make([][]SignedToken, len(lines))
+	for i, line := range lines {
+		for _, t := range line {
+			if t.Action == s.cfg.Action {
+				out[i] = append(out[i], t)
 			}
 		}
-		if len(tokens) == 0 {
-			// Nothing of it for this sink: done as it is.
-			rec.Done.Add(i)
-			continue
+	}
+	return out
+}
+
+// batchesOf is the message's batches as the plan sees them: what rec
+// says of each, and its tokens for the sink.
+func batchesOf(rec *MessageProgress, lines [][]SignedToken) []protocol.Batch {
+	out := make([]protocol.Batch, len(lines))
+	for i, line := range lines {
+		out[i] = protocol.Batch{Done: rec.Done.Has(i), Attempts: rec.Attempts[i], Tokens: len(line)}
+	}
+	return out
+}
+
+// units carries out the plan (fates) of b's batches: the units the Sink
+// is to get and the batches to set aside as dead letters, each counted
+// pending in h; a batch with nothing for the sink is done as it is.
+// Called with s.mu held.
+func (s *Subscriber) units(h *held, meta *jetstream.MsgMetadata, b *Decoded, lines [][]SignedToken, fates []protocol.Fate) (units []*Unit, dead []int) {
+	for i, fate := range fates {
+		switch fate {
+		case protocol.DoneBefore:
+			s.stats.Skipped++
+		case protocol.SetAside:
+			dead = append(dead, i)
+			h.pending++
+		case protocol.NothingForSink:
+			h.rec.Done.Add(i)
+		case protocol.Hand:
+			h.pending++
+			units = append(units, &Unit{Stream: meta.Stream, Seq: h.seq, Durable: s.cfg.Durable, ID: b.ID, KeyID: b.KeyID, Line: i, Tokens: lines[i], h: h})
 		}
-		h.pending++
-		units = append(units, &Unit{Stream: meta.Stream, Seq: h.seq, Durable: s.cfg.Durable, ID: b.ID, KeyID: b.KeyID, Line: i, Tokens: tokens, h: h})
 	}
 	return units, dead
 }
@@ -171,7 +186,7 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 	}
 	pin := msg.Headers().Get("Nats-Pin-Id")
 	s.mu.Lock()
-	stale := pin != s.pinID || len(s.held) == 0 && time.Since(s.stats.LastDelivery) > time.Second
+	stale := protocol.Stale(pin != s.pinID, len(s.held) > 0, time.Since(s.stats.LastDelivery))
 	s.pinID = pin
 	s.mu.Unlock()
 	if !stale {
@@ -188,19 +203,16 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 		}
 		s.mu.Lock()
 		holding, mine := len(s.held) > 0, newRev == s.rev
-		switch {
-		case holding && !mine:
+		switch protocol.AfterReread(holding, mine) {
+		case protocol.TakenOver:
 			s.mu.Unlock()
-			// Messages in hand while another subscriber wrote: it
-			// delivers them now.
 			return fmt.Errorf("consume %s: %w", s.cfg.Durable, ErrTakenOver)
-		case mine:
-			// Nobody wrote since this subscriber did: its record is the
-			// record, with what it decided since (a record of another
-			// stream dropped: read back, that one would skip this
-			// stream's messages at its sequences).
+		case protocol.KeepOwn:
+			// A record of another stream dropped since stays dropped:
+			// read back, that one would skip this stream's messages at
+			// its sequences.
 			p = s.prog.clone()
-		default:
+		case protocol.Merge:
 			// What this subscriber finished and had not saved yet stays
 			// known.
 			p.absorb(&s.prog)
@@ -254,7 +266,7 @@ func (s *Subscriber) hand(ctx context.Context, units []*Unit) error {
 	}
 	for _, u := range units {
 		s.mu.Lock()
-		behind := s.doneUnsaved >= maxDoneUnsaved
+		behind := protocol.SaveFirst(true, s.doneUnsaved)
 		s.mu.Unlock()
 		if behind {
 			// A message of many batches (a backlog's): what the reader
@@ -482,17 +494,6 @@ func (s *Subscriber) deadLetter(ctx context.Context, h *held, b *Decoded, i int)
 	s.done(ctx, []*Unit{{h: h, Line: i}})
 	return nil
 }
-
-// maxDoneUnsaved is how many batches a reader may finish before the
-// record that says so is saved, within a message of many: one, so that a
-// fault costs a subscriber at most that batch, the one its reader holds
-// and the one in its pipe (issue 49 asks for two). With 4, a pinned pair under cluster faults
-// wrote up to 6-9 batches again at one fault. The price, a save per
-// batch of a backlog's many-batch messages: a reader that takes lines as
-// fast as they come gets 680-700 batches a second against 3,400-3,700
-// with 4 (BenchmarkSubscriberPipeBacklog, docs/bench); a sender that
-// mails each line spends longer on it than the save.
-const maxDoneUnsaved = 1
 
 // saveNow saves the record before msg is acknowledged or the reader given
 // more of it. An ack the server confirmed is one replica's word: a

@@ -6,8 +6,8 @@ import (
 	"testing"
 )
 
-// The packages a consumer imports (this one, and the wire format, the
-// token package and the short waits it builds on) import nothing of the
+// The packages a consumer imports (this one, its decisions, and the wire
+// format, the token package and the short waits it builds on) import nothing of the
 // producer: a service that reads the stream does not link the tailer's
 // PostgreSQL, decoding or publishing code.
 func TestImportsNothingOfTheProducer(t *testing.T) {
@@ -16,10 +16,11 @@ func TestImportsNothingOfTheProducer(t *testing.T) {
 		t.Fatalf("go list: %v: %s", err, out)
 	}
 	leaves := map[string]bool{
-		"github.com/mailroom/tailer/publish/consume": true,
-		"github.com/mailroom/tailer/publish/wire":    true,
-		"github.com/mailroom/tailer/publish/token":   true,
-		"github.com/mailroom/tailer/internal/pause":  true,
+		"github.com/mailroom/tailer/publish/consume":          true,
+		"github.com/mailroom/tailer/publish/consume/protocol": true,
+		"github.com/mailroom/tailer/publish/wire":             true,
+		"github.com/mailroom/tailer/publish/token":            true,
+		"github.com/mailroom/tailer/internal/pause":           true,
 	}
 	var producer []string
 	for _, p := range strings.Fields(string(out)) {

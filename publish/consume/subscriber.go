@@ -1,7 +1,6 @@
 package consume
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/internal/pause"
+	"github.com/mailroom/tailer/publish/consume/protocol"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -792,7 +792,8 @@ func (s *Subscriber) keepPin(ctx context.Context, ttl time.Duration) {
 		return
 	}
 	next := "$JS.API.CONSUMER.MSG.NEXT." + s.cfg.Stream + "." + s.cfg.Durable
-	for sleep(ctx, ttl/4) {
+	every := protocol.KeepPinEvery(ttl)
+	for sleep(ctx, every) {
 		s.mu.Lock()
 		pin, holding := s.pinID, len(s.held) > 0
 		s.mu.Unlock()
@@ -800,7 +801,7 @@ func (s *Subscriber) keepPin(ctx context.Context, ttl time.Duration) {
 			continue
 		}
 		req, _ := json.Marshal(keepPinRequest{Batch: 1, MaxBytes: 1, NoWait: true, Group: PriorityGroup, ID: pin})
-		try, cancel := context.WithTimeout(ctx, ttl/4)
+		try, cancel := context.WithTimeout(ctx, every)
 		s.js.Conn().RequestWithContext(try, next, req)
 		cancel()
 	}
@@ -1004,7 +1005,7 @@ func (s *Subscriber) untilDrained(ctx context.Context, cons jetstream.Consumer, 
 // whatever this subscriber was started with (issue 62: a durable made with
 // --ack-wait 3s, run without the flag, had every token written 2-4 times).
 func (s *Subscriber) heartbeat(ctx context.Context, cons jetstream.Consumer) {
-	every := cmp.Or(cons.CachedInfo().Config.AckWait, s.cfg.AckWait, DefaultAckWait) / 3
+	every := protocol.InProgressEvery(cons.CachedInfo().Config.AckWait, s.cfg.AckWait, DefaultAckWait)
 	for sleep(ctx, every) {
 		s.mu.Lock()
 		for _, h := range s.held {

@@ -1,0 +1,154 @@
+package protocol
+
+import (
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+)
+
+// A message done before is acknowledged and nothing of it handed on;
+// otherwise each batch has one fate: a batch done is never handed on
+// again, one on which MaxDeliveries readers failed is set aside when
+// there is somewhere to set it, one with nothing for the sink is done as
+// it is, and every other is handed on.
+func TestPlan(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		batches := rapid.SliceOfN(rapid.Custom(func(t *rapid.T) Batch {
+			return Batch{Done: rapid.Bool().Draw(t, "done"), Attempts: rapid.IntRange(0, 4).Draw(t, "attempts"), Tokens: rapid.IntRange(0, 3).Draw(t, "tokens")}
+		}), 0, 6).Draw(t, "batches")
+		m := Message{Seq: rapid.Uint64Range(1, 10).Draw(t, "seq"), Floor: rapid.Uint64Range(0, 10).Draw(t, "floor"), Acked: rapid.Bool().Draw(t, "acked"), Batches: batches}
+		r := Rules{MaxDeliveries: rapid.IntRange(0, 3).Draw(t, "max deliveries"), DeadLetters: rapid.Bool().Draw(t, "dead letters")}
+		fates, ack := Plan(m, r)
+		allDone := true
+		for _, b := range batches {
+			allDone = allDone && b.Done
+		}
+		if want := m.Seq <= m.Floor || m.Acked || allDone; ack != want {
+			t.Fatalf("acknowledge %v, want %v", ack, want)
+		}
+		if ack {
+			if fates != nil {
+				t.Fatalf("a message done before has fates %v", fates)
+			}
+			return
+		}
+		if len(fates) != len(batches) {
+			t.Fatalf("%d fates for %d batches", len(fates), len(batches))
+		}
+		for i, b := range batches {
+			var want Fate
+			switch {
+			case b.Done:
+				want = DoneBefore
+			case r.MaxDeliveries > 0 && r.DeadLetters && b.Attempts >= r.MaxDeliveries:
+				want = SetAside
+			case b.Tokens == 0:
+				want = NothingForSink
+			default:
+				want = Hand
+			}
+			if fates[i] != want {
+				t.Fatalf("batch %d %+v: fate %d, want %d", i, b, fates[i], want)
+			}
+		}
+	})
+}
+
+// Scenarios of the plan, each a past loss or repeat.
+func TestPlanScenarios(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		m     Message
+		r     Rules
+		fates []Fate
+		ack   bool
+	}{
+		{name: "below the floor (a consumer made again below it)", m: Message{Seq: 3, Floor: 3, Batches: []Batch{{Tokens: 1}}}, ack: true},
+		{name: "acknowledged before, its ack lost", m: Message{Seq: 4, Floor: 3, Acked: true, Batches: []Batch{{Tokens: 1}}}, ack: true},
+		{name: "every batch done by a subscriber that died before its ack", m: Message{Seq: 4, Floor: 3, Batches: []Batch{{Done: true}, {Done: true}}}, ack: true},
+		{name: "redelivered after a reader died: the batch done is skipped", m: Message{Seq: 4, Floor: 3, Batches: []Batch{{Done: true, Tokens: 2}, {Tokens: 1, Attempts: 1}}},
+			fates: []Fate{DoneBefore, Hand}},
+		{name: "a batch failed as often as allowed is set aside", m: Message{Seq: 4, Batches: []Batch{{Tokens: 1, Attempts: 2}, {Tokens: 1, Attempts: 1}}},
+			r: Rules{MaxDeliveries: 2, DeadLetters: true}, fates: []Fate{SetAside, Hand}},
+		{name: "nowhere to set it aside: handed again", m: Message{Seq: 4, Batches: []Batch{{Tokens: 1, Attempts: 2}}},
+			r: Rules{MaxDeliveries: 2}, fates: []Fate{Hand}},
+		{name: "a batch of another action", m: Message{Seq: 4, Batches: []Batch{{Tokens: 0}, {Tokens: 1}}}, fates: []Fate{NothingForSink, Hand}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fates, ack := Plan(tc.m, tc.r)
+			if ack != tc.ack || len(fates) != len(tc.fates) {
+				t.Fatalf("Plan = %v, %v; want %v, %v", fates, ack, tc.fates, tc.ack)
+			}
+			for i := range fates {
+				if fates[i] != tc.fates[i] {
+					t.Fatalf("Plan = %v; want %v", fates, tc.fates)
+				}
+			}
+		})
+	}
+}
+
+// The record is read again at a new pin, or after more than a second
+// idle with nothing in hand; what was read is taken over only while this
+// subscriber holds nothing, and kept as its own only when nobody wrote.
+func TestRecordDecisions(t *testing.T) {
+	for _, tc := range []struct {
+		pin, holding bool
+		idle         time.Duration
+		stale        bool
+	}{
+		{pin: true, holding: true, stale: true},
+		{pin: true, stale: true},
+		{idle: time.Second},
+		{idle: time.Second + 1, stale: true},
+		{holding: true, idle: time.Hour},
+	} {
+		if got := Stale(tc.pin, tc.holding, tc.idle); got != tc.stale {
+			t.Errorf("Stale(%v, %v, %s) = %v", tc.pin, tc.holding, tc.idle, got)
+		}
+	}
+	for _, tc := range []struct {
+		holding, mine bool
+		want          Reread
+	}{
+		{holding: true, mine: false, want: TakenOver},
+		{holding: true, mine: true, want: KeepOwn},
+		{holding: false, mine: true, want: KeepOwn},
+		{holding: false, mine: false, want: Merge},
+	} {
+		if got := AfterReread(tc.holding, tc.mine); got != tc.want {
+			t.Errorf("AfterReread(%v, %v) = %d, want %d", tc.holding, tc.mine, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		serial bool
+		n      int
+		want   bool
+	}{{true, 0, false}, {true, 1, true}, {true, 2, true}, {false, 5, false}} {
+		if got := SaveFirst(tc.serial, tc.n); got != tc.want {
+			t.Errorf("SaveFirst(%v, %d) = %v", tc.serial, tc.n, got)
+		}
+	}
+}
+
+// The messages in hand are kept by the consumer's own ack wait, whatever
+// the subscriber's setting (issue 62: every token 2-4 times by the
+// flag's); the pin by a quarter of its TTL.
+func TestCadences(t *testing.T) {
+	for _, tc := range []struct{ consumer, setting, def, want time.Duration }{
+		{3 * time.Second, 30 * time.Second, 10 * time.Second, time.Second},
+		{0, 6 * time.Second, 10 * time.Second, 2 * time.Second},
+		{0, 0, 9 * time.Second, 3 * time.Second},
+		{0, 0, 0, 0},
+	} {
+		if got := InProgressEvery(tc.consumer, tc.setting, tc.def); got != tc.want {
+			t.Errorf("InProgressEvery(%s, %s, %s) = %s, want %s", tc.consumer, tc.setting, tc.def, got, tc.want)
+		}
+	}
+	for _, tc := range []struct{ ttl, want time.Duration }{{10 * time.Second, 2500 * time.Millisecond}, {0, 0}, {-time.Second, 0}} {
+		if got := KeepPinEvery(tc.ttl); got != tc.want {
+			t.Errorf("KeepPinEvery(%s) = %s, want %s", tc.ttl, got, tc.want)
+		}
+	}
+}

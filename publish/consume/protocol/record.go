@@ -1,0 +1,82 @@
+package protocol
+
+import "time"
+
+// Stale reports whether the durable's record must be read again before
+// a delivery is handed on: the server pinned this subscriber anew
+// (pinChanged), or it held nothing and was idle longer than a second (a
+// standby woken, or a subscriber before it on the durable died), so
+// another subscriber may have written the record since.
+func Stale(pinChanged, holding bool, idle time.Duration) bool {
+	return pinChanged || !holding && idle > time.Second
+}
+
+// Reread is what a subscriber makes of the record read again.
+type Reread uint8
+
+const (
+	// TakenOver: another subscriber wrote the record while this one
+	// held messages; it delivers them now, and this one stops.
+	TakenOver Reread = iota + 1
+	// KeepOwn: nobody wrote since this subscriber did; its own record,
+	// with what it decided since, is the record.
+	KeepOwn
+	// Merge: another wrote, and this one holds nothing: the record read,
+	// with what this one finished and had not saved, is the record.
+	Merge
+)
+
+// AfterReread decides on the record read again: holding, this
+// subscriber has messages in hand; mine, the record is at the revision
+// this subscriber last read or wrote.
+func AfterReread(holding, mine bool) Reread {
+	switch {
+	case mine:
+		return KeepOwn
+	case holding:
+		return TakenOver
+	}
+	return Merge
+}
+
+// MaxDoneUnsaved is how many batches a serial reader (a pipe's, each
+// batch done once it took the next) may finish before the record that
+// says so is saved: one, so that a fault costs at most that batch, the
+// one the reader holds and the one in its pipe (with 4, a pinned pair
+// under cluster faults wrote up to 6-9 batches again at one fault). The
+// price, a save per batch of a backlog's many-batch messages: a reader
+// that takes lines as fast as they come gets 680-700 batches a second
+// against 3,400-3,700 with 4 (BenchmarkSubscriberPipeBacklog,
+// docs/bench); a sender that mails each line spends longer on it than
+// the save.
+const MaxDoneUnsaved = 1
+
+// SaveFirst reports whether the record must be saved before a reader
+// gets its next batch: a serial reader with doneUnsaved batches finished
+// since the last save. A batch handed past a save that waits would be
+// read unrecorded, and written again by a subscriber that takes over.
+func SaveFirst(serial bool, doneUnsaved int) bool {
+	return serial && doneUnsaved >= MaxDoneUnsaved
+}
+
+// InProgressEvery is how often the messages in hand are said to be in
+// progress: a third of the consumer's own ack wait, the one the server
+// redelivers after, else of the subscriber's setting, else of def (a
+// durable made with --ack-wait 3s, run without the flag, had every token
+// written 2-4 times when the flag's was used).
+func InProgressEvery(consumer, setting, def time.Duration) time.Duration {
+	for _, d := range []time.Duration{consumer, setting, def} {
+		if d > 0 {
+			return d / 3
+		}
+	}
+	return 0
+}
+
+// KeepPinEvery is how often a subscriber holding messages asks the
+// server for none, naming its pin, so that a slow sink keeps the pin: a
+// quarter of the pinned TTL (0: no pin to keep). The server lets go of a
+// pin that asked for nothing within the TTL.
+func KeepPinEvery(pinnedTTL time.Duration) time.Duration {
+	return max(pinnedTTL, 0) / 4
+}
