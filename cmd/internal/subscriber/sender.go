@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/consume/protocol"
 )
 
 // ReportFD is the file descriptor on which a sender started with Reports
@@ -91,14 +92,11 @@ func (x *Sender) Run(ctx context.Context, sub *consume.Subscriber, lines *consum
 		p.killGroup()
 		p.endReports()
 		outcome := consume.ReaderFailed
-		switch sig := p.signal(); {
-		case code == 0 || slices.Contains(x.TransientExit, code):
-			// It chose to stop, or could not work for a reason of its own:
-			// not the batch's fault.
+		sig := p.signal()
+		switch protocol.EndOfSender(code, slices.Contains(x.TransientExit, code), sig) {
+		case protocol.SenderStopped:
 			outcome = consume.ReaderStopped
-		case killedFromOutside(sig):
-			// An OOM kill, a redeploy, an operator: said nothing of the
-			// batch. What it held comes again, counted against none.
+		case protocol.SenderKilled:
 			outcome = consume.ReaderStopped
 			x.Log.Warn("the sender was killed by a signal: what it held comes again, counted against no batch", "signal", sig.String())
 		}
@@ -106,13 +104,7 @@ func (x *Sender) Run(ctx context.Context, sub *consume.Subscriber, lines *consum
 		// tells which batches it took.
 		n := sub.Settle(context.Background(), outcome)
 		p.in.Close()
-		// A sender that got through a batch is started again at once; one
-		// that did not (a wrong command, say) is given time.
-		if sub.Stats().Batches > batches {
-			restart = 0
-		} else {
-			restart = min(max(2*restart, 250*time.Millisecond), 10*time.Second)
-		}
+		restart = protocol.RestartIn(restart, sub.Stats().Batches > batches)
 		x.Log.Warn("the sender exited: starting it again, with the lines it may not have finished", "exit", code, "messages_again", n, "in", restart)
 		select {
 		case <-ctx.Done():
@@ -227,18 +219,6 @@ func (x *Sender) stop(sub *consume.Subscriber, lines *consume.Lines, p *proc) {
 	if n := sub.Settle(context.Background(), outcome); n > 0 {
 		x.Log.Info("stopping: lines a sender may not have finished are delivered again", "messages", n)
 	}
-}
-
-// killedFromOutside reports whether sig ends a process from outside
-// (SIGKILL of the OOM killer or a redeploy, SIGTERM, SIGINT, SIGHUP) rather
-// than by its own fault (SIGSEGV, SIGABRT, ...: a crash counts against the
-// batch it held, like an exit code that is not done or transient).
-func killedFromOutside(sig syscall.Signal) bool {
-	switch sig {
-	case syscall.SIGKILL, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP:
-		return true
-	}
-	return false
 }
 
 // signal is the signal that ended the command: its own death by one, or,

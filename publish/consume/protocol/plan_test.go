@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"syscall"
 	"testing"
 	"time"
 
@@ -150,5 +151,51 @@ func TestCadences(t *testing.T) {
 		if got := KeepPinEvery(tc.ttl); got != tc.want {
 			t.Errorf("KeepPinEvery(%s) = %s, want %s", tc.ttl, got, tc.want)
 		}
+	}
+}
+
+// A sender's exit: 0 or a transient code is its own choice, a signal
+// from outside says nothing of the batch (issue 64: a killed sender was
+// counted as a failure), anything else fails the batch it held.
+func TestEndOfSender(t *testing.T) {
+	for _, tc := range []struct {
+		code      int
+		transient bool
+		sig       syscall.Signal
+		want      SenderEnd
+	}{
+		{code: 0, want: SenderStopped},
+		{code: 75, transient: true, want: SenderStopped},
+		{code: 1, want: SenderFailed},
+		{code: 137, sig: syscall.SIGKILL, want: SenderKilled},
+		{code: 143, sig: syscall.SIGTERM, want: SenderKilled},
+		{code: 130, sig: syscall.SIGINT, want: SenderKilled},
+		{code: 129, sig: syscall.SIGHUP, want: SenderKilled},
+		{code: 139, sig: syscall.SIGSEGV, want: SenderFailed},
+		{code: 134, sig: syscall.SIGABRT, want: SenderFailed},
+	} {
+		if got := EndOfSender(tc.code, tc.transient, tc.sig); got != tc.want {
+			t.Errorf("EndOfSender(%d, %v, %v) = %d, want %d", tc.code, tc.transient, tc.sig, got, tc.want)
+		}
+	}
+}
+
+// A sender that got through a batch starts again at once; one that did
+// not waits twice as long each time, from 250 ms to 10 s.
+func TestRestartIn(t *testing.T) {
+	var waits []time.Duration
+	d := time.Duration(0)
+	for range 8 {
+		d = RestartIn(d, false)
+		waits = append(waits, d)
+	}
+	want := []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 10 * time.Second, 10 * time.Second}
+	for i := range want {
+		if waits[i] != want[i] {
+			t.Fatalf("waits %v, want %v", waits, want)
+		}
+	}
+	if got := RestartIn(10*time.Second, true); got != 0 {
+		t.Fatalf("after a batch: %s", got)
 	}
 }

@@ -1,0 +1,53 @@
+package protocol
+
+import (
+	"syscall"
+	"time"
+)
+
+// SenderEnd is what a sender's exit says of the batches it held.
+type SenderEnd uint8
+
+const (
+	// SenderFailed: it failed with batches in hand (an exit code that is
+	// not 0 or transient, a crash by its own signal); the oldest batch it
+	// took and did not finish counts an attempt.
+	SenderFailed SenderEnd = iota
+	// SenderStopped: it chose to stop (exit 0) or could not work for a
+	// reason of its own (a transient code): not the batch's fault.
+	SenderStopped
+	// SenderKilled: a signal from outside ended it (the OOM killer, a
+	// redeploy, an operator): it said nothing of the batch, which comes
+	// again counted against none.
+	SenderKilled
+)
+
+// EndOfSender judges a sender's exit: its code, whether the code is one
+// of the transient ones, and the signal that ended it (0: none).
+func EndOfSender(code int, transient bool, sig syscall.Signal) SenderEnd {
+	if code == 0 || transient {
+		return SenderStopped
+	}
+	if killedFromOutside(sig) {
+		return SenderKilled
+	}
+	return SenderFailed
+}
+
+// killedFromOutside reports whether sig ends a process from outside
+// (SIGKILL, SIGTERM, SIGINT, SIGHUP) rather than by its own fault
+// (SIGSEGV, SIGABRT, ...: a crash counts against the batch it held).
+func killedFromOutside(sig syscall.Signal) bool {
+	return sig == syscall.SIGKILL || sig == syscall.SIGTERM || sig == syscall.SIGINT || sig == syscall.SIGHUP
+}
+
+// RestartIn is how long to wait before starting a sender again, after
+// the wait before (prev): at once after one that got through a batch
+// since (progressed); else, for one that did not (a wrong command, say),
+// twice the wait before, from 250 ms up to 10 s.
+func RestartIn(prev time.Duration, progressed bool) time.Duration {
+	if progressed {
+		return 0
+	}
+	return min(max(2*prev, 250*time.Millisecond), 10*time.Second)
+}
