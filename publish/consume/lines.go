@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/mailroom/tailer/publish/consume/protocol"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -59,10 +60,10 @@ type Lines struct {
 	lines map[string][]*lined
 	// written counts the bytes written to Out since the last settle.
 	written int64
-	// finished counts the units done; lastUnread, lastFinished and
-	// lastMove are Stalled's last look.
-	finished, lastUnread, lastFinished int
-	lastMove                           time.Time
+	// finished counts the units done; stall follows the reader from one
+	// look of Stalled to the next.
+	finished int
+	stall    protocol.Stall
 }
 
 // lined is a unit as lines.
@@ -105,7 +106,7 @@ func (l *Lines) SetOut(out io.Writer, pipe *Pipe) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.Out, l.Pipe = out, pipe
-	l.lastMove = time.Now()
+	l.stall.Moved(time.Now())
 }
 
 // Hand writes us to the reader as Out's kind asks.
@@ -323,12 +324,7 @@ func (l *Lines) Stalled(d time.Duration) bool {
 	if l.Pipe != nil {
 		unread = l.Pipe.Unread()
 	}
-	waiting := unread > 0 || len(l.handed) > 0
-	if !waiting || unread < l.lastUnread || l.finished != l.lastFinished || l.lastMove.IsZero() {
-		l.lastMove = time.Now()
-	}
-	l.lastUnread, l.lastFinished = unread, l.finished
-	return waiting && time.Since(l.lastMove) > d
+	return l.stall.Look(time.Now(), unread, len(l.handed), l.finished, d)
 }
 
 // watch: a reader that goes while no message comes is noticed all the

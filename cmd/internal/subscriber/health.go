@@ -15,6 +15,7 @@ import (
 
 	"github.com/mailroom/tailer/internal/pause"
 	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/consume/protocol"
 )
 
 // Probe is what the health endpoint asks of a subscriber.
@@ -268,7 +269,7 @@ func (s *Stall) Reason() string {
 // and that it moved again, looking every few seconds until ctx is done.
 func (s *Stall) Watch(ctx context.Context, log *slog.Logger) {
 	said := false
-	for pause.For(ctx, min(5*time.Second, s.Timeout/2+time.Millisecond)) == nil {
+	for pause.For(ctx, protocol.StallLookEvery(s.Timeout)) == nil {
 		switch reason := s.Reason(); {
 		case reason != "" && !said:
 			log.Error("the sender is stalled", "reason", reason)

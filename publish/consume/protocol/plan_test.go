@@ -199,3 +199,50 @@ func TestRestartIn(t *testing.T) {
 		t.Fatalf("after a batch: %s", got)
 	}
 }
+
+// A reader is stalled only while lines wait for it and it neither takes
+// a byte of them nor finishes a batch for longer than the timeout: an
+// idle one never is, a slow one that finishes a batch within the timeout
+// never is (issue 62: a slow sender is not a dead one), and one that
+// stops moving with lines waiting is, within the timeout and a look.
+func TestStall(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		d := time.Duration(rapid.IntRange(1, 10).Draw(t, "timeout s")) * time.Second
+		var s Stall
+		now := time.Unix(1000, 0)
+		unread, handed, finished := 0, 0, 0
+		var moved time.Time // when it last moved or had nothing waiting
+		for range rapid.IntRange(1, 40).Draw(t, "looks") {
+			now = now.Add(time.Duration(rapid.IntRange(0, 4000).Draw(t, "ms")) * time.Millisecond)
+			switch rapid.IntRange(0, 3).Draw(t, "reader") {
+			case 0: // lines arrive in its pipe
+				unread += rapid.IntRange(1, 100).Draw(t, "bytes")
+			case 1: // it takes some
+				if unread > 0 {
+					unread -= rapid.IntRange(1, unread).Draw(t, "taken")
+					handed++
+					moved = now
+				}
+			case 2: // it finishes a batch
+				if handed > 0 {
+					handed--
+					finished++
+					moved = now
+				}
+			}
+			waiting := unread > 0 || handed > 0
+			if !waiting || moved.IsZero() {
+				moved = now
+			}
+			got := s.Look(now, unread, handed, finished, d)
+			if want := waiting && now.Sub(moved) > d; got != want {
+				t.Fatalf("at %s: stalled %v, want %v (waiting %v, last moved %s, timeout %s)", now.Sub(time.Unix(1000, 0)), got, want, waiting, moved.Sub(time.Unix(1000, 0)), d)
+			}
+		}
+	})
+	for _, tc := range []struct{ d, want time.Duration }{{time.Minute, 5 * time.Second}, {2 * time.Second, time.Second + time.Millisecond}} {
+		if got := StallLookEvery(tc.d); got != tc.want {
+			t.Errorf("StallLookEvery(%s) = %s, want %s", tc.d, got, tc.want)
+		}
+	}
+}
