@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mailroom/tailer/publish/consume/protocol"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -73,17 +74,14 @@ func (s *Subscriber) checkRecord(ctx context.Context, js jetstream.JetStream, mi
 	if last.Seq == 0 {
 		return nil
 	}
-	same, err := StreamHolds(ctx, js, s.cfg.Stream, last.Seq, HoldsMark(last.Mark), s.cfg.Log)
-	if err != nil || same {
+	at, err := s.atLast(ctx, js, last)
+	if err != nil {
 		return err
 	}
-	if gone, err := removed(ctx, js, s.cfg.Stream, last.Seq); err != nil || gone {
-		// A limit's trim, or a purge, behind which the stream goes on:
-		// the chain says at the next message whether what was removed
-		// had been read (wire.Chain).
-		return err
-	}
-	if keepsOwn := s.positioner != nil; missing && !s.cfg.FromStart && !keepsOwn {
+	switch protocol.CheckRecord(at, missing, s.cfg.FromStart, s.positioner != nil) {
+	case protocol.KeepRecord:
+		return nil
+	case protocol.RefuseRecord:
 		return fmt.Errorf("consumer %s on stream %s: %w: the durable's subscribers last read sequence %d, which now holds another message or none (the stream was deleted and made again, restored from an older backup, or purged); "+
 			"start the subscriber with --from-start to deliver this stream from its first message (tokens a resync published again come again, but for those in --dedup-window), or make the consumer by hand at the sequence you know",
 			s.cfg.Durable, s.cfg.Stream, ErrStreamChanged, last.Seq)
@@ -100,6 +98,19 @@ func (s *Subscriber) checkRecord(ctx context.Context, js jetstream.JetStream, mi
 	s.prog, s.dirty = Progress{}, true
 	s.mu.Unlock()
 	return nil
+}
+
+// atLast is what the stream holds at the sequence the record saw last.
+func (s *Subscriber) atLast(ctx context.Context, js jetstream.JetStream, last wire.Anchor) (protocol.AtLast, error) {
+	same, err := StreamHolds(ctx, js, s.cfg.Stream, last.Seq, HoldsMark(last.Mark), s.cfg.Log)
+	if err != nil || same {
+		return protocol.SameMessage, err
+	}
+	gone, err := removed(ctx, js, s.cfg.Stream, last.Seq)
+	if err != nil || gone {
+		return protocol.Removed, err
+	}
+	return protocol.OtherMessage, nil
 }
 
 // removed reports whether stream no longer holds a message at seq and

@@ -246,3 +246,26 @@ func TestStall(t *testing.T) {
 		}
 	}
 }
+
+// A record is kept while the stream holds, where it saw last, what it
+// saw, or the stream goes on past a removed message; the record of a
+// stream made again is dropped when something else says where to go on,
+// and refused when the consumer would be made at its sequences (issue 64:
+// a stream rebuilt under a reader had its old record applied).
+func TestCheckRecord(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		at := AtLast(rapid.IntRange(0, 2).Draw(t, "at"))
+		missing, fromStart, keepsOwn := rapid.Bool().Draw(t, "missing"), rapid.Bool().Draw(t, "from start"), rapid.Bool().Draw(t, "keeps own")
+		got := CheckRecord(at, missing, fromStart, keepsOwn)
+		switch {
+		case at != OtherMessage && got != KeepRecord:
+			t.Fatalf("the stream's own record (%d): %d", at, got)
+		case at == OtherMessage && got == KeepRecord:
+			t.Fatal("another stream's record applied")
+		case at == OtherMessage && got == RefuseRecord && !(missing && !fromStart && !keepsOwn):
+			t.Fatalf("refused though something says where to go on (missing %v, from start %v, keeps own %v)", missing, fromStart, keepsOwn)
+		case at == OtherMessage && got == DropRecord && missing && !fromStart && !keepsOwn:
+			t.Fatal("dropped with nothing to say where to go on: the consumer would be made at its sequences")
+		}
+	})
+}

@@ -80,3 +80,53 @@ func InProgressEvery(consumer, setting, def time.Duration) time.Duration {
 func KeepPinEvery(pinnedTTL time.Duration) time.Duration {
 	return max(pinnedTTL, 0) / 4
 }
+
+// AtLast is what the stream holds at the sequence the durable's record
+// saw last.
+type AtLast uint8
+
+const (
+	// SameMessage: the message the record saw there: the record is this
+	// stream's, whichever replica answers and whatever creation time.
+	SameMessage AtLast = iota
+	// Removed: no message there, and the stream goes on beyond it (a
+	// limit's trim, a purge, a delete): the chain tells at the next
+	// message whether what was removed had been read.
+	Removed
+	// OtherMessage: another message, or none with nothing beyond: the
+	// stream was deleted and made again, or restored from an older
+	// backup, and the record's sequences name places of another stream.
+	OtherMessage
+)
+
+// OnRecord is what becomes of the durable's record held against the
+// stream.
+type OnRecord uint8
+
+const (
+	// KeepRecord: the record is the stream's.
+	KeepRecord OnRecord = iota
+	// DropRecord: the record is of another stream and is dropped; the
+	// consumer's own position, the stream's first message, or the sink's
+	// own record says where to go on.
+	DropRecord
+	// RefuseRecord: the record is of another stream and nothing says
+	// where to go on: the consumer made at its sequences would skip this
+	// stream's messages, so the subscriber stops, naming --from-start.
+	RefuseRecord
+)
+
+// CheckRecord decides on the durable's record, by what the stream holds
+// at the sequence it saw last (at), whether the consumer is missing from
+// the server, whether the subscriber asks for the stream from its first
+// message (fromStart), and whether its sink keeps a record of its own
+// (keepsOwn).
+func CheckRecord(at AtLast, missing, fromStart, keepsOwn bool) OnRecord {
+	if at != OtherMessage {
+		return KeepRecord
+	}
+	if missing && !fromStart && !keepsOwn {
+		return RefuseRecord
+	}
+	return DropRecord
+}
