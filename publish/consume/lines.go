@@ -379,21 +379,18 @@ func (l *Lines) settle(o Outcome) (failedOn *Unit, held bool) {
 	if l.Pipe != nil {
 		unread = int64(l.Pipe.Unread())
 	}
-	taken := l.written - unread
+	end := protocol.ReaderEnd{Done: o == ReaderDone, Failed: o == ReaderFailed, Reports: l.Reports, Pipe: l.Pipe != nil, Taken: l.written - unread}
+	for _, x := range handed {
+		end.Ends = append(end.Ends, x.end)
+	}
 	l.mu.Unlock()
-	if o == ReaderDone && !l.Reports {
+	allDone, blamed := protocol.Settle(end)
+	if allDone {
 		l.finish(handed)
 		handed = nil
 	}
-	if o == ReaderFailed {
-		// The oldest batch the reader took whole and did not finish: a
-		// reader that keeps failing on one batch fails there first.
-		for _, x := range handed {
-			if x.end <= taken || l.Pipe == nil {
-				failedOn = x.u
-				break
-			}
-		}
+	if blamed >= 0 {
+		failedOn = handed[blamed].u
 	}
 	l.forget()
 	return failedOn, len(handed) > 0

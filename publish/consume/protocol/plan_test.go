@@ -240,6 +240,16 @@ func TestStall(t *testing.T) {
 			}
 		}
 	})
+	// Lines waiting, and nothing moves: stalled only past the timeout.
+	var s Stall
+	at := time.Unix(1000, 0)
+	s.Look(at, 10, 0, 0, time.Second)
+	if s.Look(at.Add(time.Second), 10, 0, 0, time.Second) {
+		t.Fatal("stalled at the timeout, not past it")
+	}
+	if !s.Look(at.Add(time.Second+1), 10, 0, 0, time.Second) {
+		t.Fatal("not stalled past the timeout")
+	}
 	for _, tc := range []struct{ d, want time.Duration }{{time.Minute, 5 * time.Second}, {2 * time.Second, time.Second + time.Millisecond}} {
 		if got := StallLookEvery(tc.d); got != tc.want {
 			t.Errorf("StallLookEvery(%s) = %s, want %s", tc.d, got, tc.want)
@@ -268,4 +278,50 @@ func TestCheckRecord(t *testing.T) {
 			t.Fatal("dropped with nothing to say where to go on: the consumer would be made at its sequences")
 		}
 	})
+}
+
+// A reader that said it finished everything, without reports, finished
+// every batch it held; one that failed counts against the oldest batch
+// it took whole (from a pipe: the batch's end within what it took), and
+// against none that it never took.
+func TestSettle(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		sizes := rapid.SliceOfN(rapid.Int64Range(1, 50), 0, 5).Draw(t, "batch sizes")
+		e := ReaderEnd{Done: rapid.Bool().Draw(t, "done"), Reports: rapid.Bool().Draw(t, "reports"), Pipe: rapid.Bool().Draw(t, "pipe")}
+		e.Failed = !e.Done && rapid.Bool().Draw(t, "failed")
+		var written int64
+		for _, n := range sizes {
+			written += n
+			e.Ends = append(e.Ends, written)
+		}
+		e.Taken = rapid.Int64Range(0, written).Draw(t, "taken")
+		allDone, blamed := Settle(e)
+		if allDone != (e.Done && !e.Reports) {
+			t.Fatalf("all done %v", allDone)
+		}
+		want := -1
+		if e.Failed {
+			for i, end := range e.Ends {
+				if !e.Pipe || end <= e.Taken {
+					want = i
+					break
+				}
+			}
+		}
+		if blamed != want {
+			t.Fatalf("blamed %d, want %d (ends %v, taken %d, pipe %v)", blamed, want, e.Ends, e.Taken, e.Pipe)
+		}
+	})
+	// Three batches of 10 bytes, 15 taken: the first taken whole.
+	if _, b := Settle(ReaderEnd{Failed: true, Pipe: true, Taken: 15, Ends: []int64{10, 20, 30}}); b != 0 {
+		t.Fatalf("blamed %d, want the first batch", b)
+	}
+	// 10 taken: the first taken whole, to its last byte.
+	if _, b := Settle(ReaderEnd{Failed: true, Pipe: true, Taken: 10, Ends: []int64{10, 20, 30}}); b != 0 {
+		t.Fatalf("blamed %d, want the first batch", b)
+	}
+	// 5 taken: none whole, none blamed.
+	if _, b := Settle(ReaderEnd{Failed: true, Pipe: true, Taken: 5, Ends: []int64{10, 20, 30}}); b != -1 {
+		t.Fatalf("blamed %d, want none", b)
+	}
 }
