@@ -74,12 +74,22 @@ func (s *Subscriber) take(ctx context.Context, msg jetstream.Msg) ([]*Unit, erro
 	s.mu.Lock()
 	rec := s.prog.message(seq, mark, len(b.Sizes))
 	lines := s.ofAction(b.Lines())
-	fates, acknowledge := protocol.Plan(protocol.Message{Seq: seq, Floor: s.prog.Floor, Acked: rec.Acked, Batches: batchesOf(rec, lines)},
+	inHand := slices.ContainsFunc(s.held, func(h *held) bool { return h.rec == rec && !h.acking })
+	fates, acknowledge := protocol.Plan(protocol.Message{Seq: seq, Floor: s.prog.Floor, Acked: rec.Acked, Held: inHand, Batches: batchesOf(rec, lines)},
 		protocol.Rules{MaxDeliveries: s.cfg.MaxDeliveries, DeadLetters: s.cfg.DeadLetters != nil})
 	if acknowledge {
 		s.stats.Skipped += rec.Batches
 		s.mu.Unlock()
 		s.ackMsg(ctx, msg, seq)
+		return nil, nil
+	}
+	if fates == nil {
+		// Held: the delivery in hand finishes it, and its ack, by stream
+		// sequence, is this one's too.
+		s.mu.Unlock()
+		if s.cfg.Log != nil {
+			s.cfg.Log.Info("delivered again while in hand: nothing handed again", "stream_seq", seq)
+		}
 		return nil, nil
 	}
 	h := &held{msg: msg, seq: seq, rec: rec}
@@ -202,6 +212,14 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 			return err
 		}
 		s.mu.Lock()
+		theirs := newRev != s.rev
+		s.mu.Unlock()
+		if theirs {
+			if err := s.ofThisStream(ctx, &p); err != nil {
+				return err
+			}
+		}
+		s.mu.Lock()
 		holding, mine := len(s.held) > 0, newRev == s.rev
 		switch protocol.AfterReread(holding, mine) {
 		case protocol.TakenOver:
@@ -237,6 +255,29 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 		s.mu.Unlock()
 		return nil
 	}
+}
+
+// ofThisStream holds a record another subscriber wrote against the
+// stream, as the record loaded at the start is (checkRecord): one of
+// another stream, left by a subscriber killed before it saved that it
+// dropped it, is dropped, or its floor would have this one acknowledge
+// the new stream's messages unwritten.
+func (s *Subscriber) ofThisStream(ctx context.Context, p *Progress) error {
+	if p.Last.Seq == 0 && p.Floor == 0 {
+		return nil
+	}
+	at, err := s.atLast(ctx, s.js, p.Last)
+	if err != nil {
+		return err
+	}
+	if protocol.CheckRecord(at, false, s.cfg.FromStart, s.positioner != nil) == protocol.DropRecord {
+		if s.cfg.Log != nil {
+			s.cfg.Log.Warn("the durable's record read back is of another stream, or names no message: dropped", "durable", s.cfg.Durable,
+				"record_last_seq", p.Last.Seq, "record_floor", p.Floor)
+		}
+		*p = Progress{}
+	}
+	return nil
 }
 
 // claim writes p, read at revision rev, back before this subscriber hands
@@ -679,6 +720,12 @@ func (s *Subscriber) save(ctx context.Context) error {
 func (s *Subscriber) saveOver(ctx context.Context) (uint64, error) {
 	cur, rev, err := s.cfg.Progress.Load(ctx)
 	if err != nil {
+		return 0, err
+	}
+	// Late, and of a stream since made again (the simulation: the
+	// other, frozen as the stream went, saved the old record as it
+	// woke): dropped, not absorbed.
+	if err := s.ofThisStream(ctx, &cur); err != nil {
 		return 0, err
 	}
 	s.mu.Lock()

@@ -69,9 +69,9 @@ func HoldsKey(key string) func(*jetstream.RawStreamMsg) bool {
 // its sequences would skip this stream's messages.
 func (s *Subscriber) checkRecord(ctx context.Context, js jetstream.JetStream, missing bool) error {
 	s.mu.Lock()
-	last := s.prog.Last
+	last, floor := s.prog.Last, s.prog.Floor
 	s.mu.Unlock()
-	if last.Seq == 0 {
+	if last.Seq == 0 && floor == 0 {
 		return nil
 	}
 	at, err := s.atLast(ctx, js, last)
@@ -86,7 +86,12 @@ func (s *Subscriber) checkRecord(ctx context.Context, js jetstream.JetStream, mi
 			"start the subscriber with --from-start to deliver this stream from its first message (tokens a resync published again come again, but for those in --dedup-window), or make the consumer by hand at the sequence you know",
 			s.cfg.Durable, s.cfg.Stream, ErrStreamChanged, last.Seq)
 	}
-	if s.cfg.Log != nil {
+	switch {
+	case s.cfg.Log == nil:
+	case at == protocol.Unanchored:
+		s.cfg.Log.Info("the durable's record names no message, only an ack floor, which names a place in no stream in particular: dropped",
+			"durable", s.cfg.Durable, "record_floor", floor, "consumer_missing", missing)
+	default:
 		how := "the consumer on the server goes on from its own position"
 		if missing {
 			how = "the consumer is made at the stream's first message (--from-start)"
@@ -102,6 +107,9 @@ func (s *Subscriber) checkRecord(ctx context.Context, js jetstream.JetStream, mi
 
 // atLast is what the stream holds at the sequence the record saw last.
 func (s *Subscriber) atLast(ctx context.Context, js jetstream.JetStream, last wire.Anchor) (protocol.AtLast, error) {
+	if last.Seq == 0 {
+		return protocol.Unanchored, nil
+	}
 	same, err := StreamHolds(ctx, js, s.cfg.Stream, last.Seq, HoldsMark(last.Mark), s.cfg.Log)
 	if err != nil || same {
 		return protocol.SameMessage, err

@@ -277,9 +277,6 @@ func (p *Progress) absorb(q *Progress) bool {
 	return changed
 }
 
-// empty reports whether the record says nothing of the consumer.
-func (p *Progress) empty() bool { return p.Floor == 0 && len(p.Messages) == 0 }
-
 // maxRecordBytes bounds a stored record: a subscriber holds a few
 // messages at a time.
 const maxRecordBytes = 1 << 20

@@ -3,10 +3,12 @@ package consume
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mailroom/tailer/internal/testutil/natstest"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -52,5 +54,74 @@ func TestClaimKeepsWhatThisSubscriberDropped(t *testing.T) {
 	}
 	if s.prog.Floor != 0 {
 		t.Fatalf("the subscriber took floor %d of the old stream", s.prog.Floor)
+	}
+}
+
+// oneMessage starts a JetStream server for t with the stream S holding
+// one message, at sequence 1.
+func oneMessage(ctx context.Context, t *testing.T) jetstream.JetStream {
+	t.Helper()
+	_, js := natstest.JetStream(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"b"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: "b", Header: nats.Header{wire.HeaderMsgID: {"new-1"}}, Data: []byte{1}}); err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// A standby pinned on a stream made again reads back the record its
+// predecessor left, of the old stream (killed before it saved that it
+// dropped it): it is held against the stream and dropped, not merged
+// (the simulation, "rebuilt under standbys": the old floor had the new
+// stream's first message acknowledged unwritten).
+func TestRecordReadBackOfAnotherStreamIsDropped(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	js := oneMessage(ctx, t)
+	old := Progress{Floor: 5, Last: wire.Anchor{Seq: 5, Mark: "id:old-5"}}
+	store := &keptRecord{p: old, rev: 3}
+	s := &Subscriber{cfg: Config{Progress: store, Durable: "d", Stream: "S"}, js: js, rev: 2, loaded: true, pinID: "p1"}
+	if err := s.refresh(ctx, pinnedMsg{pin: "p2"}); err != nil {
+		t.Fatal(err)
+	}
+	if store.p.Floor != 0 || s.prog.Floor != 0 {
+		t.Fatalf("the old stream's floor merged: %d claimed, %d in hand", store.p.Floor, s.prog.Floor)
+	}
+}
+
+// A standby's record that names no message, only the ack floor it read
+// of a consumer since gone, is dropped when the consumer is seen again
+// (a floor names a place in no stream in particular).
+func TestFloorAloneIsDropped(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	js := oneMessage(ctx, t)
+	s := &Subscriber{cfg: Config{Durable: "d", Stream: "S"}, js: js, prog: Progress{Floor: 7}}
+	if err := s.checkRecord(ctx, js, false); err != nil {
+		t.Fatal(err)
+	}
+	if s.prog.Floor != 0 {
+		t.Fatalf("kept floor %d of a consumer since gone", s.prog.Floor)
+	}
+}
+
+// A save refused by a late write, while the server still pins this
+// subscriber, merges that write only if it is of this stream: the
+// other's, frozen as the stream was made again, saved the old record as
+// it woke (the simulation's TestLateWriteOfTheOldStream).
+func TestSaveOverDropsALateWriteOfAnotherStream(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	js := oneMessage(ctx, t)
+	store := &keptRecord{p: Progress{Floor: 5, Last: wire.Anchor{Seq: 5, Mark: "id:old-5"}}, rev: 3}
+	own := Progress{Last: wire.Anchor{Seq: 1, Mark: wire.IDMark("new-1")}}
+	s := &Subscriber{cfg: Config{Progress: store, Durable: "d", Stream: "S"}, js: js, rev: 2, prog: own}
+	if _, err := s.saveOver(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if store.p.Floor != 0 || s.prog.Floor != 0 || s.prog.Last != own.Last {
+		t.Fatalf("the late write of the old stream merged: floor %d saved, %d in hand, last %+v", store.p.Floor, s.prog.Floor, s.prog.Last)
 	}
 }

@@ -525,10 +525,10 @@ func (s *Subscriber) consumer(ctx context.Context, js jetstream.JetStream, lost 
 	}
 	if missing {
 		s.mu.Lock()
-		known, floor := !s.prog.empty(), s.prog.Floor
+		anchored, floor := s.prog.Last.Seq != 0, s.prog.Floor
 		s.mu.Unlock()
-		switch keepsOwn := s.positioner != nil; {
-		case known && !keepsOwn:
+		switch protocol.MakeAt(anchored, s.positioner != nil) {
+		case protocol.AfterFloor:
 			d.StartSeq = floor + 1
 			if s.cfg.Log != nil {
 				s.cfg.Log.Warn("the consumer was not on the server: made again where its subscribers had got to, after the last message acknowledged",

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -384,5 +386,79 @@ func TestTakeoverSeesALateSave(t *testing.T) {
 	// Messages 2 and 3, two batches each; message 1 was done.
 	if n != 4 {
 		t.Fatalf("the subscriber wrote %d lines, want 4: the batch the late save says is done was written again", n)
+	}
+}
+
+// heldSink takes units and never finishes them: a sender at work.
+type heldSink struct {
+	mu    sync.Mutex
+	given map[string]int
+}
+
+func (s *heldSink) Hand(_ context.Context, us []*consume.Unit, _ func(...*consume.Unit)) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, u := range us {
+		s.given[fmt.Sprintf("%d/%d", u.Seq, u.Line)]++
+	}
+	return nil
+}
+
+// times is how often the sink was given unit (seq/line).
+func (s *heldSink) times(unit string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.given[unit]
+}
+
+// A message the subscriber holds, delivered to it again because another
+// client's nak of an older delivery landed (the server takes a nak by
+// stream sequence), is not handed to the sink again: the simulation's
+// frozen subscriber, woken after its message went to the other, naked it
+// under that one, which wrote its batches twice.
+func TestRedeliveredWhileHeldIsNotHandedAgain(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	js := threeMessages(ctx, t)
+	cons, err := js.CreateConsumer(ctx, "S", jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait: time.Second, DeliverPolicy: jetstream.DeliverAllPolicy, MaxAckPending: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The other client: given the first message, it lets its ack wait run out.
+	batch, err := cons.Fetch(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := <-batch.Messages()
+	if first == nil {
+		t.Fatal("nothing fetched")
+	}
+	sink := &heldSink{given: map[string]int{}}
+	sub := newSubscriber(t, consume.Config{Stream: "S", Subject: "b", Durable: "d", Sink: sink, AckWait: time.Second})
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- sub.Run(runCtx, js) }()
+	defer func() { stop(); <-done }()
+	// Past the other's ack wait, the subscriber holds it too.
+	waitFor(t, 10*time.Second, func() bool { return sink.times("1/0") == 1 })
+	// The other's nak, of its delivery, lands under the subscriber.
+	if err := first.Nak(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() bool { return sub.Stats().Redelivered >= 2 })
+	time.Sleep(300 * time.Millisecond)
+	if sink.times("1/0") != 1 || sink.times("1/1") != 1 {
+		t.Fatalf("the sink was given %v: want each of the first message's 2 batches once", sink.given)
+	}
+}
+
+// waitFor waits up to d for ok.
+func waitFor(t *testing.T, d time.Duration, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(d); !ok(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("not within", d)
+		}
 	}
 }

@@ -1,12 +1,11 @@
 package protocol_test
 
 import (
-	"flag"
-	"os"
 	"testing"
 
 	"pgregory.net/rapid"
 
+	"github.com/mailroom/tailer/internal/testutil/simtest"
 	"github.com/mailroom/tailer/publish/protocol/sim"
 )
 
@@ -20,18 +19,7 @@ const (
 	defaultSeed      = "1"
 )
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	given := map[string]bool{}
-	flag.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	if !given["rapid.checks"] {
-		flag.Set("rapid.checks", defaultSchedules)
-	}
-	if !given["rapid.seed"] {
-		flag.Set("rapid.seed", defaultSeed)
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { simtest.Main(m, defaultSchedules, defaultSeed) }
 
 // TestSimulation drives the real Relay through schedules rapid chooses,
 // of each of sim.Profiles. make sim SEEDS=N runs N of each; a failing one

@@ -21,11 +21,18 @@ type Rules struct {
 
 // Message is a delivered message as the plan sees it: its stream
 // sequence, the record's floor (every message up to it is done), whether
-// the record says it was acknowledged, and its batches.
+// the record says it was acknowledged, whether this subscriber holds it
+// already, and its batches.
 type Message struct {
 	Seq, Floor uint64
 	Acked      bool
-	Batches    []Batch
+	// Held: this subscriber was given the message before and holds it,
+	// its batches with the sink or waiting for it. The server delivers
+	// it again when another subscriber's nak lands after the message
+	// went to this one: the server takes a nak by stream sequence, of
+	// whichever delivery.
+	Held    bool
+	Batches []Batch
 }
 
 // Fate is what becomes of one batch.
@@ -46,9 +53,16 @@ const (
 // Plan decides every batch of m. Acknowledge says the message was done
 // before (its ack was lost, or the consumer was made again below it): it
 // is acknowledged again and nothing of it handed on; fates is nil then.
+// Fates is nil too, and nothing acknowledged, for a message held: what
+// is in hand finishes it (handed again, its batches were written twice:
+// the simulation's frozen subscriber, woken after its message went to
+// the other, naked it under that one).
 func Plan(m Message, r Rules) (fates []Fate, acknowledge bool) {
 	if m.Seq <= m.Floor || m.Acked || allDone(m.Batches) {
 		return nil, true
+	}
+	if m.Held {
+		return nil, false
 	}
 	fates = make([]Fate, len(m.Batches))
 	for i, b := range m.Batches {

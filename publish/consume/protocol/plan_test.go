@@ -18,7 +18,8 @@ func TestPlan(t *testing.T) {
 		batches := rapid.SliceOfN(rapid.Custom(func(t *rapid.T) Batch {
 			return Batch{Done: rapid.Bool().Draw(t, "done"), Attempts: rapid.IntRange(0, 4).Draw(t, "attempts"), Tokens: rapid.IntRange(0, 3).Draw(t, "tokens")}
 		}), 0, 6).Draw(t, "batches")
-		m := Message{Seq: rapid.Uint64Range(1, 10).Draw(t, "seq"), Floor: rapid.Uint64Range(0, 10).Draw(t, "floor"), Acked: rapid.Bool().Draw(t, "acked"), Batches: batches}
+		m := Message{Seq: rapid.Uint64Range(1, 10).Draw(t, "seq"), Floor: rapid.Uint64Range(0, 10).Draw(t, "floor"), Acked: rapid.Bool().Draw(t, "acked"),
+			Held: rapid.Bool().Draw(t, "held"), Batches: batches}
 		r := Rules{MaxDeliveries: rapid.IntRange(0, 3).Draw(t, "max deliveries"), DeadLetters: rapid.Bool().Draw(t, "dead letters")}
 		fates, ack := Plan(m, r)
 		allDone := true
@@ -28,9 +29,9 @@ func TestPlan(t *testing.T) {
 		if want := m.Seq <= m.Floor || m.Acked || allDone; ack != want {
 			t.Fatalf("acknowledge %v, want %v", ack, want)
 		}
-		if ack {
+		if ack || m.Held {
 			if fates != nil {
-				t.Fatalf("a message done before has fates %v", fates)
+				t.Fatalf("a message done before or held has fates %v", fates)
 			}
 			return
 		}
@@ -74,6 +75,8 @@ func TestPlanScenarios(t *testing.T) {
 			r: Rules{MaxDeliveries: 2, DeadLetters: true}, fates: []Fate{SetAside, Hand}},
 		{name: "nowhere to set it aside: handed again", m: Message{Seq: 4, Batches: []Batch{{Tokens: 1, Attempts: 2}}},
 			r: Rules{MaxDeliveries: 2}, fates: []Fate{Hand}},
+		{name: "held, delivered again: nothing handed again", m: Message{Seq: 4, Floor: 3, Held: true, Batches: []Batch{{Done: true, Tokens: 1}, {Tokens: 1}}}},
+		{name: "held and done: acknowledged again", m: Message{Seq: 4, Floor: 3, Held: true, Batches: []Batch{{Done: true, Tokens: 1}}}, ack: true},
 		{name: "a batch of another action", m: Message{Seq: 4, Batches: []Batch{{Tokens: 0}, {Tokens: 1}}}, fates: []Fate{NothingForSink, Hand}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -264,10 +267,13 @@ func TestStall(t *testing.T) {
 // a stream rebuilt under a reader had its old record applied).
 func TestCheckRecord(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		at := AtLast(rapid.IntRange(0, 2).Draw(t, "at"))
+		at := AtLast(rapid.IntRange(0, 3).Draw(t, "at"))
 		missing, fromStart, keepsOwn := rapid.Bool().Draw(t, "missing"), rapid.Bool().Draw(t, "from start"), rapid.Bool().Draw(t, "keeps own")
 		got := CheckRecord(at, missing, fromStart, keepsOwn)
 		switch {
+		case at == Unanchored && got != DropRecord:
+			t.Fatalf("a floor that names no message kept or refused: %d", got)
+		case at == Unanchored:
 		case at != OtherMessage && got != KeepRecord:
 			t.Fatalf("the stream's own record (%d): %d", at, got)
 		case at == OtherMessage && got == KeepRecord:
@@ -278,6 +284,23 @@ func TestCheckRecord(t *testing.T) {
 			t.Fatal("dropped with nothing to say where to go on: the consumer would be made at its sequences")
 		}
 	})
+}
+
+// A consumer missing is made after the record's floor only when the
+// record names a message of this stream and the sink keeps no record of
+// its own.
+func TestMakeAt(t *testing.T) {
+	for _, anchored := range []bool{false, true} {
+		for _, keepsOwn := range []bool{false, true} {
+			want := AsSinkSays
+			if anchored && !keepsOwn {
+				want = AfterFloor
+			}
+			if got := MakeAt(anchored, keepsOwn); got != want {
+				t.Errorf("MakeAt(anchored %v, keeps own %v) = %d, want %d", anchored, keepsOwn, got, want)
+			}
+		}
+	}
 }
 
 // A reader that said it finished everything, without reports, finished

@@ -97,6 +97,12 @@ const (
 	// stream was deleted and made again, or restored from an older
 	// backup, and the record's sequences name places of another stream.
 	OtherMessage
+	// Unanchored: the record names no message, only an ack floor (a
+	// standby given nothing read the consumer's): a floor names a place
+	// in no stream in particular, and outlives the consumer it was read
+	// from (the simulation: a standby pinned on a stream made again
+	// acknowledged its first messages unwritten, below the old floor).
+	Unanchored
 )
 
 // OnRecord is what becomes of the durable's record held against the
@@ -122,11 +128,44 @@ const (
 // message (fromStart), and whether its sink keeps a record of its own
 // (keepsOwn).
 func CheckRecord(at AtLast, missing, fromStart, keepsOwn bool) OnRecord {
-	if at != OtherMessage {
+	switch at {
+	case Unanchored:
+		// Where to go on is MakeAt's: the consumer's own position, the
+		// sink's, or the configuration's.
+		return DropRecord
+	case SameMessage, Removed:
 		return KeepRecord
 	}
 	if missing && !fromStart && !keepsOwn {
 		return RefuseRecord
 	}
 	return DropRecord
+}
+
+// MadeAt is where a consumer missing from the server is made.
+type MadeAt uint8
+
+const (
+	// AfterFloor: after the record's floor, the last message every
+	// subscriber of the durable acknowledged.
+	AfterFloor MadeAt = iota + 1
+	// AsSinkSays: where the sink's own record says, from the stream's
+	// first message (--from-start), or refused for a consumer the
+	// subscriber was bound to and saw go: nothing says where it was.
+	AsSinkSays
+)
+
+// MakeAt decides where a consumer missing from the server is made: after
+// the record's floor when the record names a message of this stream
+// (anchored: the message it saw last, held against the stream by
+// CheckRecord) and the sink keeps no record of its own (keepsOwn). A
+// floor alone names no stream: a standby that had read the old
+// consumer's ack floor and been given nothing made the consumer of a
+// stream made again after it (the simulation: the new stream's first
+// message never delivered).
+func MakeAt(anchored, keepsOwn bool) MadeAt {
+	if anchored && !keepsOwn {
+		return AfterFloor
+	}
+	return AsSinkSays
 }

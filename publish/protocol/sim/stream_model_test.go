@@ -8,11 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"pgregory.net/rapid"
 
-	"github.com/mailroom/tailer/internal/embedded"
+	"github.com/mailroom/tailer/internal/testutil/natstest"
 	"github.com/mailroom/tailer/publish"
 )
 
@@ -24,20 +23,7 @@ import (
 // sequence, a duplicate, a wrong last sequence) and leave the same
 // messages, at the same sequences, with the same info (publish.SeenOf).
 func TestStreamModelAgreesWithJetStream(t *testing.T) {
-	srv, err := embedded.Start(t.TempDir(), "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := natstest.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	n := 0

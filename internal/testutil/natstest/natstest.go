@@ -1,0 +1,32 @@
+// Package natstest starts the embedded NATS server for tests.
+package natstest
+
+import (
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mailroom/tailer/internal/embedded"
+)
+
+// JetStream starts an embedded nats-server with JetStream for tb, in a
+// directory of its own, and connects to it; both end with tb.
+func JetStream(tb testing.TB) (*nats.Conn, jetstream.JetStream) {
+	tb.Helper()
+	srv, err := embedded.Start(tb.TempDir(), "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(srv.Shutdown)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return nc, js
+}

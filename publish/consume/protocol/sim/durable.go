@@ -1,0 +1,217 @@
+package sim
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+)
+
+// batchKey names one batch of one message of one incarnation of the
+// stream.
+type batchKey struct {
+	inc  int
+	seq  uint64
+	line int
+}
+
+func (k batchKey) String() string { return fmt.Sprintf("%d/%d/%d", k.inc, k.seq, k.line) }
+
+// smsg is a message on the stream: a batch of lines of tokens.
+type smsg struct {
+	seq   uint64
+	mark  string
+	lines [][]string
+}
+
+// streamModel is the stream: its messages by sequence. A purge or a
+// delete keeps the last sequence; made again, it starts over at 1.
+type streamModel struct {
+	inc  int
+	msgs map[uint64]*smsg
+	last uint64
+}
+
+func (s *streamModel) append(lines [][]string) *smsg {
+	s.last++
+	m := &smsg{seq: s.last, mark: fmt.Sprintf("m%d.%d", s.inc, s.last), lines: lines}
+	s.msgs[s.last] = m
+	return m
+}
+
+// first is the stream's first message's sequence (last+1 when empty).
+func (s *streamModel) first() uint64 {
+	f := s.last + 1
+	for seq := range s.msgs {
+		f = min(f, seq)
+	}
+	return f
+}
+
+// pending is a message delivered and not acknowledged.
+type pending struct {
+	deadline   time.Duration
+	deliveries int
+	naked      bool
+	// queued orders the naks of one moment (the redelivery queue).
+	queued int
+}
+
+// durableModel is the durable pull consumer with a pinned priority group:
+// it pins the first client that pulls when none is pinned, refuses the
+// pulls of others, and lets go of a pin that asked for nothing within
+// the pinned TTL; it redelivers a message not acknowledged within the
+// ack wait (reset by in-progress, ended by a nak), at most maxAckPending
+// at once.
+type durableModel struct {
+	gone          bool
+	ackWait, ttl  time.Duration
+	maxAckPending int
+	next          uint64
+	pend          map[uint64]*pending
+	deliveries    map[uint64]int
+	acked         map[uint64]bool
+	floor         uint64
+	// pins counts the pins given on the server, by every consumer: a
+	// pin id is unique (a nuid).
+	pin      int
+	pins     *int
+	lastPull time.Duration
+	// expired: the last message redelivered was not acknowledged
+	// within the ack wait (not naked).
+	expired   bool
+	expiredAt time.Duration
+	naks      int
+}
+
+// before reports whether p became due before q: it is redelivered first.
+func before(p, q *pending) bool {
+	if p.deadline != q.deadline {
+		return p.deadline < q.deadline
+	}
+	return p.queued < q.queued
+}
+
+func newDurable(ackWait, ttl time.Duration, from uint64, pins *int) *durableModel {
+	return &durableModel{ackWait: ackWait, ttl: ttl, maxAckPending: 2, next: from, floor: from - 1, pins: pins,
+		pend: map[uint64]*pending{}, deliveries: map[uint64]int{}, acked: map[uint64]bool{}}
+}
+
+// expire lets go of a pin that asked for nothing within the TTL.
+func (d *durableModel) expire(now time.Duration) {
+	if d.pin != 0 && now-d.lastPull > d.ttl {
+		d.pin = 0
+	}
+}
+
+// pull is a pull request naming pin (0: none): the pin the server gives
+// with the message delivered (nil: none, or the pull refused).
+func (d *durableModel) pull(s *streamModel, pin int, now time.Duration) (int, *smsg, int) {
+	d.expire(now)
+	if d.pin != 0 && pin != d.pin {
+		return 0, nil, 0
+	}
+	if d.pin != 0 {
+		d.lastPull = now
+	}
+	// The server redelivers in the order the messages became due: naked,
+	// or their ack wait run out (its redelivery queue).
+	var due uint64
+	for _, seq := range slices.Sorted(maps.Keys(d.pend)) {
+		p := d.pend[seq]
+		if s.msgs[seq] == nil {
+			delete(d.pend, seq)
+			continue
+		}
+		if (p.naked || p.deadline <= now) && (due == 0 || before(p, d.pend[due])) {
+			due = seq
+		}
+	}
+	if due != 0 {
+		p := d.pend[due]
+		d.expired, d.expiredAt = !p.naked, p.deadline
+		return d.deliver(due, s.msgs[due], now)
+	}
+	if len(d.pend) >= d.maxAckPending {
+		return d.pin, nil, 0
+	}
+	d.expired = false
+	for ; d.next <= s.last; d.next++ {
+		if m := s.msgs[d.next]; m != nil {
+			d.next++
+			return d.deliver(m.seq, m, now)
+		}
+	}
+	return d.pin, nil, 0
+}
+
+// deliver gives m to the pull: the server pins the pull's client when
+// none is pinned.
+func (d *durableModel) deliver(seq uint64, m *smsg, now time.Duration) (int, *smsg, int) {
+	if d.pin == 0 {
+		*d.pins++
+		d.pin, d.lastPull = *d.pins, now
+	}
+	d.deliveries[seq]++
+	d.pend[seq] = &pending{deadline: now + d.ackWait, deliveries: d.deliveries[seq]}
+	return d.pin, m, d.deliveries[seq]
+}
+
+// keepPin is a pull that asks for nothing, naming pin.
+func (d *durableModel) keepPin(pin int, now time.Duration) {
+	d.expire(now)
+	if pin != 0 && pin == d.pin {
+		d.lastPull = now
+	}
+}
+
+func (d *durableModel) inProgress(seq uint64, now time.Duration) {
+	if p := d.pend[seq]; p != nil {
+		p.deadline = now + d.ackWait
+	}
+}
+
+func (d *durableModel) nak(seq uint64, now time.Duration) {
+	// A message queued already keeps its place.
+	if p := d.pend[seq]; p != nil && !p.naked {
+		d.naks++
+		p.deadline, p.naked, p.queued = now, true, d.naks
+	}
+}
+
+// ack acknowledges seq, and raises the floor over what is acknowledged
+// or gone from the stream.
+func (d *durableModel) ack(s *streamModel, seq uint64) {
+	delete(d.pend, seq)
+	if seq < d.next {
+		d.acked[seq] = true
+	}
+	for d.floor+1 < d.next && (d.acked[d.floor+1] || s.msgs[d.floor+1] == nil && d.pend[d.floor+1] == nil) {
+		d.floor++
+		delete(d.acked, d.floor)
+	}
+}
+
+// purged is the stream purged whole: the consumer goes on after it.
+func (d *durableModel) purged(last uint64) {
+	d.pend = map[uint64]*pending{}
+	d.next = max(d.next, last+1)
+	d.floor = max(d.floor, last)
+}
+
+// due is when something changes at the server without a request: a
+// redelivery, a pin let go.
+func (d *durableModel) due(now time.Duration) time.Duration {
+	next := never
+	for _, p := range d.pend {
+		if p.deadline > now {
+			next = min(next, p.deadline)
+		}
+	}
+	if d.pin != 0 {
+		next = min(next, d.lastPull+d.ttl+time.Millisecond)
+	}
+	return next
+}
+
+const never = time.Duration(1<<63 - 1)
