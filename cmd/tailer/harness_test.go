@@ -165,7 +165,13 @@ func (c *cluster) tailer(extraEnv ...string) *proc {
 // command starts the tailer binary with args, configured for the cluster.
 func (c *cluster) command(args []string, extraEnv ...string) *proc {
 	c.t.Helper()
-	cmd := exec.Command(tailerBin, args...)
+	return c.commandOf(tailerBin, args, extraEnv...)
+}
+
+// commandOf is command with the tailer binary bin (another release's).
+func (c *cluster) commandOf(bin string, args []string, extraEnv ...string) *proc {
+	c.t.Helper()
+	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(),
 		"MAILROOM_DATABASE_URL="+c.URL,
 		"MAILROOM_SECRET_KEY="+goodKey,

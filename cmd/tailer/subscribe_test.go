@@ -28,12 +28,18 @@ import (
 // subscriber runs tailer subscribe with stdout appended to out.
 func (c *cluster) subscriber(out string, args ...string) *proc {
 	c.t.Helper()
+	return c.subscriberOf(tailerBin, out, args...)
+}
+
+// subscriberOf is subscriber with the tailer binary bin.
+func (c *cluster) subscriberOf(bin, out string, args ...string) *proc {
+	c.t.Helper()
 	f, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	defer f.Close()
-	cmd := exec.Command(tailerBin, append([]string{"subscribe"}, args...)...)
+	cmd := exec.Command(bin, append([]string{"subscribe"}, args...)...)
 	cmd.Env = append(os.Environ(), "MAILROOM_NATS_URL="+c.natsURL())
 	p := &proc{t: c.t, cmd: cmd, out: &tailertest.Buffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = f, p.out
