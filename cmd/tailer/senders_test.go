@@ -495,6 +495,21 @@ func TestPoisonBatch(t *testing.T) {
 		t.Fatalf("dead-letters list: exit %d:\n%s", code, list.out.String())
 	}
 	t.Logf("dead-letters list:\n%s", list.out.String())
+	// A sender that cannot start (exit 127), and one that fails every
+	// time: resend ends, exit 1, naming the fix, and the dead letter
+	// stays (it ran until stopped).
+	for _, broken := range []string{"no-such-sender-here", "exit 1"} {
+		start := time.Now()
+		r := c.command([]string{"dead-letters", "resend", "--durable", "poison", "--exec", broken})
+		if code := r.exit(30 * time.Second); code != exitFailure || !strings.Contains(r.out.String(), "run it again") {
+			t.Fatalf("dead-letters resend --exec %q: exit %d:\n%s", broken, code, r.out.String())
+		}
+		t.Logf("dead-letters resend --exec %q: exit 1 after %s: %s", broken, time.Since(start).Round(100*time.Millisecond), grepLines(r.out.String(), "cannot do its work"))
+		list := c.command([]string{"dead-letters", "list", "--durable", "poison"})
+		if code := list.exit(30 * time.Second); code != 0 || strings.Count(list.out.String(), "\n") != 2 {
+			t.Fatalf("dead-letters list after a resend with --exec %q: exit %d:\n%s", broken, code, list.out.String())
+		}
+	}
 	// The sender is fixed: resend delivers the batch, once, and removes
 	// it, also run twice at once (issue 45: both wrote it), and again. The
 	// first time by the mailroom sender, which exits 1 at the end of its

@@ -93,7 +93,7 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 	// a signal that ends the process before it can.
 	signal.Ignore(syscall.SIGPIPE)
 	sender := &subscriber.Sender{Command: f.exec, Reports: f.reports, DoneExit: done, TransientExit: transient,
-		StopTimeout: f.stopTimeout, Stdout: stdout, Stderr: stderr, Log: log}
+		StopTimeout: f.stopTimeout, Stdout: stdout, Stderr: stderr, Log: log, Once: resend}
 	stop, err := f.watchReader(ctx, cfg, js, sub, lines, sender, log)
 	if err != nil {
 		return bad("--health-addr: %v", err)
@@ -156,6 +156,9 @@ func subscribeEnded(sub *consume.Subscriber, err error, log *slog.Logger) int {
 	switch {
 	case errors.Is(err, consume.ErrReaderGone):
 		log.Error("the reader of the lines is gone", "err", err)
+		return exitFailure
+	case errors.Is(err, subscriber.ErrSenderFailing):
+		log.Error("stopped: what the sender had not finished stays where it was", "err", err)
 		return exitFailure
 	case err != nil:
 		log.Error("subscribe failed", "err", err)

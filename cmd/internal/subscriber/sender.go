@@ -42,7 +42,11 @@ type Sender struct {
 	TransientExit []int
 	// StopTimeout bounds the wait for the command to finish its input when
 	// the subscriber stops; then its process group is killed.
-	StopTimeout    time.Duration
+	StopTimeout time.Duration
+	// Once: the run must end (tailer dead-letters resend): a command
+	// that cannot start, or keeps ending without finishing a batch, ends
+	// Run with ErrSenderFailing instead of being started again.
+	Once           bool
 	Stdout, Stderr io.Writer
 	Log            *slog.Logger
 
@@ -67,7 +71,7 @@ const killGrace = 5 * time.Second
 // exits with a DoneExit code (with Reports: what it reported). Run returns
 // nil when stopped by ctx.
 func (x *Sender) Run(ctx context.Context, sub *consume.Subscriber, lines *consume.Lines, js jetstream.JetStream) error {
-	for restart := time.Duration(0); ; {
+	for restart, ends := time.Duration(0), 0; ; {
 		batches := sub.Stats().Batches
 		p, err := x.start(lines)
 		if err != nil {
@@ -104,7 +108,14 @@ func (x *Sender) Run(ctx context.Context, sub *consume.Subscriber, lines *consum
 		// tells which batches it took.
 		n := sub.Settle(context.Background(), outcome)
 		p.in.Close()
-		restart = protocol.RestartIn(restart, sub.Stats().Batches > batches)
+		progressed := sub.Stats().Batches > batches
+		if ends++; progressed {
+			ends = 0
+		}
+		if err := x.giveUp(code, ends); err != nil {
+			return err
+		}
+		restart = protocol.RestartIn(restart, progressed)
 		x.Log.Warn("the sender exited: starting it again, with the lines it may not have finished", "exit", code, "messages_again", n, "in", restart)
 		select {
 		case <-ctx.Done():
@@ -112,6 +123,26 @@ func (x *Sender) Run(ctx context.Context, sub *consume.Subscriber, lines *consum
 		case <-time.After(restart):
 		}
 	}
+}
+
+// ErrSenderFailing: a run that must end (Once) stopped on a sender that
+// cannot start or keeps failing; what it had not finished stays.
+var ErrSenderFailing = errors.New("the sender cannot do its work")
+
+// giveUp is ErrSenderFailing, wrapped with what the sender did, when a
+// run that must end stops on it: its exit code, ends in a row without a
+// batch finished.
+func (x *Sender) giveUp(code, ends int) error {
+	if !x.Once {
+		return nil
+	}
+	switch protocol.OnceAfter(code, ends) {
+	case protocol.CannotStart:
+		return fmt.Errorf("%w: the shell cannot run %q (exit %d: not found or not executable); fix --exec and run it again", ErrSenderFailing, x.Command, code)
+	case protocol.KeepsFailing:
+		return fmt.Errorf("%w: it ended %d times in a row without finishing a line (last exit %d); fix your sender (its output above says why) and run it again", ErrSenderFailing, ends, code)
+	}
+	return nil
 }
 
 // proc is one run of the command.

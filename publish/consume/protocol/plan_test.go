@@ -348,3 +348,24 @@ func TestSettle(t *testing.T) {
 		t.Fatalf("blamed %d, want none", b)
 	}
 }
+
+// A run that must end stops on a command the shell cannot run, at once,
+// and on a sender that ended GiveUpAfter times in a row without a batch.
+func TestOnceAfter(t *testing.T) {
+	for _, tc := range []struct {
+		code, ends int
+		want       Once
+	}{
+		{127, 1, CannotStart},
+		{126, 1, CannotStart},
+		{1, 1, StartAgain},
+		{1, GiveUpAfter - 1, StartAgain},
+		{1, GiveUpAfter, KeepsFailing},
+		{75, GiveUpAfter + 1, KeepsFailing},
+		{0, 0, StartAgain},
+	} {
+		if got := OnceAfter(tc.code, tc.ends); got != tc.want {
+			t.Errorf("OnceAfter(exit %d, %d ends in a row) = %d, want %d", tc.code, tc.ends, got, tc.want)
+		}
+	}
+}

@@ -51,3 +51,38 @@ func RestartIn(prev time.Duration, progressed bool) time.Duration {
 	}
 	return min(max(2*prev, 250*time.Millisecond), 10*time.Second)
 }
+
+// GiveUpAfter is how many ends in a row without a batch finished a
+// sender of a run that must end (tailer dead-letters resend) is started
+// again before the run stops: with the backoff of RestartIn, a few
+// seconds.
+const GiveUpAfter = 3
+
+// Once is what becomes of a run that must end (a resend, not a
+// subscriber kept by a supervisor) after its sender ended with code.
+type Once uint8
+
+const (
+	// StartAgain: start the sender again after RestartIn.
+	StartAgain Once = iota
+	// CannotStart: the shell could not run the command (126: not
+	// executable, 127: not found); starting it again changes nothing.
+	CannotStart
+	// KeepsFailing: it ended GiveUpAfter times in a row without
+	// finishing a batch.
+	KeepsFailing
+)
+
+// OnceAfter decides, for a run that must end, on a sender that ended
+// with code, having ended endsInARow times in a row without finishing
+// a batch, this one included (tailer dead-letters resend with a sender
+// that cannot start ran until stopped, restarting it every 10 s).
+func OnceAfter(code, endsInARow int) Once {
+	switch {
+	case code == 126 || code == 127:
+		return CannotStart
+	case endsInARow >= GiveUpAfter:
+		return KeepsFailing
+	}
+	return StartAgain
+}
