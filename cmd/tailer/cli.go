@@ -55,8 +55,10 @@ func execute(ctx context.Context, args []string, env func(string) (string, bool)
 	if c != nil {
 		path = c.CommandPath()
 	}
-	msg := err.Error()
+	msg := commandFirst(err.Error(), args, c)
 	if strings.HasPrefix(msg, "unknown command") && c != nil {
+		// Set on the root alone, as cobra's other settings are.
+		c.SuggestionsMinimumDistance = root.SuggestionsMinimumDistance
 		if s := c.SuggestionsFor(firstWord(args, c)); len(s) > 0 {
 			msg += "; did you mean " + strings.Join(s, " or ") + "?"
 		}
@@ -70,6 +72,37 @@ func execute(ctx context.Context, args []string, env func(string) (string, bool)
 		json.NewEncoder(stdout).Encode(map[string]any{"ok": false, "error": msg})
 	}
 	return exitConfig
+}
+
+// commandFirst is msg, cobra's refusal of a flag, said of the command
+// where the command is what is wrong: a flag given to a command that
+// only groups others (tailer dead-letters --durable x: which of them?),
+// or after a mistyped command (tailer subcribe --durable x: cobra
+// parses the flag as the parent's first).
+func commandFirst(msg string, args []string, c *cobra.Command) string {
+	if c == nil || !c.HasAvailableSubCommands() || !strings.HasPrefix(msg, "unknown flag") && !strings.HasPrefix(msg, "unknown shorthand flag") {
+		return msg
+	}
+	if word := firstWord(args, c); word != "" && !flagValue(args, word) {
+		return fmt.Sprintf("unknown command %q for %q", word, c.CommandPath())
+	}
+	if !c.HasParent() {
+		return "give a command before the flags"
+	}
+	var names []string
+	for _, sub := range c.Commands() {
+		if sub.IsAvailableCommand() {
+			names = append(names, sub.Name())
+		}
+	}
+	return "give " + strings.Join(names, " or ") + " before the flags"
+}
+
+// flagValue reports whether word comes right after a flag that does not
+// hold its value (--durable x): it is the value, not a command.
+func flagValue(args []string, word string) bool {
+	i := slices.Index(args, word)
+	return i > 0 && strings.HasPrefix(args[i-1], "-") && !strings.Contains(args[i-1], "=")
 }
 
 // firstWord is the argument cobra did not know as a command under c.

@@ -54,6 +54,10 @@ func TestEveryCommandLine(t *testing.T) {
 		{[]string{"dead-letters"}, env, "give list or resend"},
 		{[]string{"nosuch"}, env, `unknown command "nosuch" for "tailer"`},
 		{[]string{"stauts"}, env, `did you mean status?`},
+		{[]string{"subcribe", "--durable", "x"}, env, `unknown command "subcribe" for "tailer"; did you mean subscribe?`},
+		{[]string{"dead-letters", "--durable", "x"}, env, `give list or resend before the flags`},
+		{[]string{"dead-letters", "lst", "--durable", "x"}, env, `did you mean list?`},
+		{[]string{"--durable", "x"}, env, `give a command before the flags`},
 	} {
 		checkCommandLine(t, tc.args, func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }, exitConfig, tc.want)
 	}
