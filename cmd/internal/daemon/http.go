@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"time"
+
+	"github.com/mailroom/tailer/cmd/internal/config"
 )
 
 // Readiness is the body of /readyz.
@@ -84,7 +86,8 @@ func (d *Daemon) pubAckWaitReason() string {
 func (d *Daemon) serveHTTP() (stop func(), err error) {
 	ln, err := net.Listen("tcp", d.cfg.HTTPAddr)
 	if err != nil {
-		return nil, fmt.Errorf("listen on MAILROOM_HTTP_ADDR %s: %w", d.cfg.HTTPAddr, err)
+		// The operator's to fix, as the NATS port in use is: exit 2.
+		return nil, &config.Error{Var: "MAILROOM_HTTP_ADDR", Err: fmt.Errorf("%s cannot be listened on (another process holds it: ss -ltnp; give a free host:port, or empty for no endpoint): %w", d.cfg.HTTPAddr, err)}
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", d.metrics.Handler())
