@@ -61,6 +61,14 @@ func TestEveryCommandLine(t *testing.T) {
 	} {
 		checkCommandLine(t, tc.args, func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }, exitConfig, tc.want)
 	}
+	// PostgreSQL that does not answer: the work failed (exit 1), said in
+	// one line as a configuration error is (migrate logged it, status
+	// said it in three lines).
+	down := map[string]string{"MAILROOM_DATABASE_URL": "postgres://u@127.0.0.1:1/db"}
+	for _, args := range [][]string{{"migrate"}, {"status"}} {
+		checkCommandLine(t, args, func(k string) (string, bool) { v, ok := down[k]; return v, ok }, exitFailure,
+			"cannot connect to PostgreSQL at 127.0.0.1:1 (MAILROOM_DATABASE_URL): dial error: dial tcp 127.0.0.1:1: connect: connection refused; is the server up")
+	}
 }
 
 // checkCommandLine runs tailer args and checks its exit code, and that

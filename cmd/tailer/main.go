@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
@@ -107,12 +109,28 @@ func runTailer(ctx context.Context, cfg *config.Config, lookupEnv func(string) (
 // configuration error (exit 2, one line) when only the operator can fix it:
 // a password or user refused, a database that does not exist, a TLS
 // certificate not accepted.
-func connectError(err error) error {
-	if cerr := daemon.StartupConfigError(err); cerr != nil {
+func connectError(err error, cfg *config.Config) error {
+	if cerr := daemon.StartupConfigError(err, cfg); cerr != nil {
 		return cerr
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		// Of each address tried, pgconn says one line: the last says why.
+		lines := strings.Split(strings.TrimSpace(ce.Unwrap().Error()), "\n")
+		why := strings.TrimSpace(lines[len(lines)-1])
+		if i := strings.Index(why, "): "); i > 0 {
+			why = why[i+3:]
+		}
+		return &unreachableError{fmt.Sprintf("cannot connect to PostgreSQL at %s:%d (MAILROOM_DATABASE_URL): %s; is the server up, and the URL's host and port its own?", ce.Config.Host, ce.Config.Port, why)}
 	}
 	return fmt.Errorf("connect to PostgreSQL: %w", err)
 }
+
+// unreachableError: PostgreSQL did not answer (down, or another host or
+// port): one line, exit 1; the settings may well be right.
+type unreachableError struct{ msg string }
+
+func (e *unreachableError) Error() string { return e.msg }
 
 // exitCode reports a command's failure: a configuration error as one line
 // (exit 2), anything else logged (exit 1).
@@ -121,6 +139,11 @@ func exitCode(stderr io.Writer, cmd string, log *slog.Logger, err error) int {
 	if errors.As(err, &cfgErr) {
 		fmt.Fprintf(stderr, "tailer %s: %v\n", cmd, cfgErr)
 		return exitConfig
+	}
+	var down *unreachableError
+	if errors.As(err, &down) {
+		fmt.Fprintf(stderr, "tailer %s: %v\n", cmd, down)
+		return exitFailure
 	}
 	log.Error("tailer "+cmd+" failed", "err", err)
 	return exitFailure

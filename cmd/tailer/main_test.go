@@ -311,7 +311,7 @@ func TestWrongCredentialsAtStartup(t *testing.T) {
 		{"database name", dbURL(dbPass, "nosuchdb"), natsURL(natsPass), `MAILROOM_DATABASE_URL: database "nosuchdb" does not exist`, dbPass, nil},
 		{"NATS password", dbURL(dbPass, "postgres"), natsURL("wrong-nats-pass"), "MAILROOM_NATS_URL: cannot connect to nats://REDACTED@", "wrong-nats-pass", nil},
 		{"database password apart from the URL", fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", pg.Port), natsURL(natsPass),
-			"MAILROOM_DATABASE_URL: authentication failed", "wrong/db pass@", []string{"MAILROOM_DATABASE_PASSWORD=wrong/db pass@"}},
+			"MAILROOM_DATABASE_PASSWORD: the server refused it for the user of MAILROOM_DATABASE_URL", "wrong/db pass@", []string{"MAILROOM_DATABASE_PASSWORD=wrong/db pass@"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := exec.Command(tailerBin, "run", "--http-addr=", "--lag-interval=60000")

@@ -68,7 +68,7 @@ func migrate(ctx context.Context, cfg *config.Config, direction string, stderr i
 	log := daemon.NewLogger(cfg.LogFormat, cfg.LogLevel, stderr)
 	conn, err := replication.Open(ctx, cfg.DatabaseURL, "tailer migrate", nil)
 	if err != nil {
-		return exitCode(stderr, "migrate", log, connectError(err))
+		return exitCode(stderr, "migrate", log, connectError(err, cfg))
 	}
 	defer conn.Close(context.Background())
 	if direction == "down" {

@@ -131,7 +131,7 @@ func status(ctx context.Context, cfg *config.Config, asJSON bool, stdout, stderr
 func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error) {
 	conn, err := replication.Open(ctx, cfg.DatabaseURL, "tailer status", nil)
 	if err != nil {
-		return statusReport{}, connectError(err)
+		return statusReport{}, connectError(err, cfg)
 	}
 	defer conn.Close(context.Background())
 	slot, err := replication.Slot(ctx, conn, cfg.Slot)

@@ -25,6 +25,10 @@ import (
 // Config is the tailer's configuration.
 type Config struct {
 	DatabaseURL string
+	// PasswordApart: the password in DatabaseURL came from
+	// MAILROOM_DATABASE_PASSWORD (or its file), where a refused one is
+	// to be fixed.
+	PasswordApart bool
 	// InboxURL is the consumer's database, for tailer subscribe --into.
 	InboxURL string
 	// Keys signs (its primary key) and verifies tokens: the keyring file,
@@ -177,7 +181,7 @@ var Vars = []Var{
 		if err != nil {
 			return err
 		}
-		c.DatabaseURL = u
+		c.DatabaseURL, c.PasswordApart = u, true
 		return nil
 	}},
 	{Env: "MAILROOM_INBOX_URL", Cmds: Subscribe, Flag: "inbox-url", Type: "url", Group: GroupPostgreSQL, Usage: "PostgreSQL URL of the consumer's database, for tailer subscribe --into inbox or river", Secret: true, set: func(c *Config, v string) error {

@@ -53,7 +53,7 @@ func natsErr(err error) error {
 // error, so that the first start fails with exit code 2 instead of retrying
 // forever. Later, the same errors are retried: a password may be rotated
 // while the tailer runs.
-func StartupConfigError(err error) error {
+func StartupConfigError(err error, cfg *config.Config) error {
 	var (
 		unknownCA x509.UnknownAuthorityError
 		hostname  x509.HostnameError
@@ -76,7 +76,12 @@ func StartupConfigError(err error) error {
 		return nil
 	}
 	switch pgErr.Code {
-	case pgerrcode.InvalidPassword, pgerrcode.InvalidAuthorizationSpecification:
+	case pgerrcode.InvalidPassword:
+		if cfg.PasswordApart {
+			return &config.Error{Var: "MAILROOM_DATABASE_PASSWORD", Err: fmt.Errorf("the server refused it for the user of MAILROOM_DATABASE_URL: %s (SQLSTATE %s)", pgErr.Message, pgErr.Code)}
+		}
+		return &config.Error{Var: "MAILROOM_DATABASE_URL", Err: fmt.Errorf("authentication failed: %s (SQLSTATE %s)", pgErr.Message, pgErr.Code)}
+	case pgerrcode.InvalidAuthorizationSpecification:
 		return &config.Error{Var: "MAILROOM_DATABASE_URL", Err: fmt.Errorf("authentication failed: %s (SQLSTATE %s)", pgErr.Message, pgErr.Code)}
 	case pgerrcode.InvalidCatalogName:
 		return &config.Error{Var: "MAILROOM_DATABASE_URL", Err: fmt.Errorf("%s (SQLSTATE %s)", pgErr.Message, pgErr.Code)}

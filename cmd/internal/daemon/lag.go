@@ -75,7 +75,7 @@ func (d *Daemon) sampleSlot(ctx context.Context) {
 		}
 		// A configuration error at startup is the session loop's to
 		// report, as the one line before exit.
-		if err != nil && !failing && (d.streamed() || StartupConfigError(err) == nil) {
+		if err != nil && !failing && (d.streamed() || StartupConfigError(err, d.cfg) == nil) {
 			d.log.Warn("cannot sample the slot's lag", "err", err)
 		}
 		failing = err != nil

@@ -168,8 +168,8 @@ func (d *Daemon) endOf(ctx context.Context, err error, start time.Time) protocol
 		ev.Kind = protocol.EndStoppedUnpublished
 	case ctx.Err() != nil || err == nil:
 		ev.Kind = protocol.EndStopped
-	case StartupConfigError(err) != nil:
-		ev.Kind, ev.Err = protocol.EndStartupConfig, StartupConfigError(err)
+	case StartupConfigError(err, d.cfg) != nil:
+		ev.Kind, ev.Err = protocol.EndStartupConfig, StartupConfigError(err, d.cfg)
 	case errors.As(err, &cfgErr):
 		ev.Kind = protocol.EndConfig
 	case errors.As(err, &streamCfg):
