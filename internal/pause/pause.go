@@ -1,6 +1,3 @@
-// Package pause waits short times, for the loops that poll for a state
-// nothing can wake them on: a transaction becoming visible, a pipe's
-// reader taking its bytes.
 package pause
 
 import (

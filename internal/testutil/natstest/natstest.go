@@ -1,4 +1,3 @@
-// Package natstest starts the embedded NATS server for tests.
 package natstest
 
 import (

@@ -1,5 +1,3 @@
-// Package puretest checks that a package is a pure core: no IO, no
-// clock, no goroutine.
 package puretest
 
 import (

@@ -1,5 +1,3 @@
-// Package simtest holds what the tests of the deterministic simulations
-// share.
 package simtest
 
 import (
