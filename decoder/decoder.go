@@ -465,7 +465,7 @@ func (rel *relation) decodeTuple(r *reader, tok *Token) (rowErr, err error) {
 		}
 	}
 	if rowErr != nil {
-		return rowErr, nil
+		return withID(rowErr, seen[0], tok.ID), nil
 	}
 	for i, name := range [...]string{"id", "action", "secret", "code", "account"} {
 		if !seen[i] {
@@ -474,11 +474,22 @@ func (rel *relation) decodeTuple(r *reader, tok *Token) (rowErr, err error) {
 	}
 	if spec, _ := tok.Action.Spec(); spec.CodeLen > 0 && (tok.CodeNull || int(tok.CodeLen) != spec.CodeLen) {
 		if tok.CodeNull {
-			return fmt.Errorf("%s token has a NULL code", spec.Label), nil
+			return withID(fmt.Errorf("%s token has a NULL code", spec.Label), true, tok.ID), nil
 		}
-		return fmt.Errorf("%s token code is %d bytes, want %d", spec.Label, tok.CodeLen, spec.CodeLen), nil
+		return withID(fmt.Errorf("%s token code is %d bytes, want %d", spec.Label, tok.CodeLen, spec.CodeLen), true, tok.ID), nil
 	}
 	return nil, nil
+}
+
+// withID names the token of a row error by its id, when the id was
+// decoded: the operator finds the row by it (a log line that named only
+// its WAL position sent them to pg_waldump). It is part of the message,
+// which a transaction spilled to disk keeps.
+func withID(err error, decoded bool, id int64) error {
+	if !decoded {
+		return err
+	}
+	return fmt.Errorf("token id %d: %w", id, err)
 }
 
 // intValue reads an integer column of any width (smallint, integer or

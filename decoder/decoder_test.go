@@ -244,10 +244,11 @@ func TestDecodeBadRows(t *testing.T) {
 		row  []col
 		want string
 	}{
-		{"short secret", textRow(1, "activation", secret(1)[:16], text("01234"), 1), "secret is 16 bytes, want 32"},
-		{"short binary secret", binRow(1, "activation", secret(1)[:31], text("01234"), 1), "secret is 31 bytes, want 32"},
-		{"null code for recovery", textRow(1, "password_recovery", secret(1), null(), 1), "NULL code"},
-		{"short code for recovery", textRow(1, "password_recovery", secret(1), text("123"), 1), "code is 3 bytes, want 5"},
+		// The token's id, once decoded, names the row.
+		{"short secret", textRow(1, "activation", secret(1)[:16], text("01234"), 1), "token id 1: secret is 16 bytes, want 32"},
+		{"short binary secret", binRow(1, "activation", secret(1)[:31], text("01234"), 1), "token id 1: secret is 31 bytes, want 32"},
+		{"null code for recovery", textRow(1, "password_recovery", secret(1), null(), 1), "token id 1: password_recovery token has a NULL code"},
+		{"short code for recovery", textRow(1, "password_recovery", secret(1), text("123"), 1), "token id 1: password_recovery token code is 3 bytes, want 5"},
 		{"null id", append([]col{null()}, textRow(1, "activation", secret(1), text("0"), 1)[1:]...), "id is NULL"},
 		{"escape bytea", append(textRow(1, "activation", nil, text("0"), 1)[:2], append([]col{text("abc")}, textRow(1, "activation", nil, text("0"), 1)[3:]...)...), "bytea hex format"},
 		{"bad integer", append([]col{text("12a")}, textRow(1, "activation", secret(1), text("0"), 1)[1:]...), `id: "12a" is not an integer`},

@@ -42,7 +42,7 @@ func TestDocsNameRealTests(t *testing.T) {
 			t.Errorf("CONTRIBUTING.md names %s, which no test file defines", m[1])
 		}
 	}
-	for _, doc := range []string{"README.md", "docs/operations.md", "docs/faults.md", "docs/monitoring.md", "docs/subscribers.md", "docs/deploy.md", "docs/configuration.md", "docs/wire-format.md"} {
+	for _, doc := range []string{"README.md", "docs/operations.md", "docs/faults.md", "docs/monitoring.md", "docs/subscribers.md", "docs/deploy.md", "docs/configuration.md", "docs/wire-format.md", "docs/tokens.md", "docs/consumers.md", "docs/ownership.md"} {
 		text, err := os.ReadFile("../../" + doc)
 		if err != nil {
 			t.Fatal(err)

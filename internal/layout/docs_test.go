@@ -109,3 +109,21 @@ func slug(heading string) string {
 	}
 	return b.String()
 }
+
+// TestDocsShort holds every user doc to 5,000 words: a page past that is
+// two pages (a reader at 3 a.m. reads one).
+func TestDocsShort(t *testing.T) {
+	pages, err := filepath.Glob(filepath.Join("..", "..", "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range append(pages, filepath.Join("..", "..", "README.md")) {
+		text, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(strings.Fields(string(text))); n > 5000 {
+			t.Errorf("%s is %d words: split it (at most 5,000)", p, n)
+		}
+	}
+}

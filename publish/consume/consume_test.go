@@ -192,7 +192,7 @@ func TestDedupWindow(t *testing.T) {
 }
 
 // A consumer's loop body: decode a message, send each token once, then
-// acknowledge (docs/wire-format.md, "Consuming"). Compiled, not run: it
+// acknowledge (docs/consumers.md, "In Go"). Compiled, not run: it
 // needs a stream.
 func Example_decodeAndDedup() {
 	send := func(email, login, tok, code string) {}

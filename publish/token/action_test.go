@@ -42,16 +42,16 @@ func TestActionsTable(t *testing.T) {
 	}
 }
 
-// docs/wire-format.md's table of actions is this table.
+// docs/tokens.md's table of actions is this table.
 func TestDocsListEveryAction(t *testing.T) {
-	doc, err := os.ReadFile("../../docs/wire-format.md")
+	doc, err := os.ReadFile("../../docs/tokens.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	row := regexp.MustCompile("(?m)^\\| (\\d+) \\| `([a-z_]+)` \\| `([^ ]+) ‖ secret( ‖ code)?` \\| (none|\\d+ characters) \\| `([a-z_]+)` \\|$")
 	rows := row.FindAllStringSubmatch(string(doc), -1)
 	if len(rows) != len(Actions) {
-		t.Fatalf("docs/wire-format.md lists %d actions, the table has %d", len(rows), len(Actions))
+		t.Fatalf("docs/tokens.md lists %d actions, the table has %d", len(rows), len(Actions))
 	}
 	for i, r := range rows {
 		s := Actions[i]
@@ -60,7 +60,7 @@ func TestDocsListEveryAction(t *testing.T) {
 			code = strconv.Itoa(s.CodeLen) + " characters"
 		}
 		if r[1] != strconv.Itoa(i+1) || r[2] != s.Label || r[3] != s.Prefix || (r[4] != "") != (s.CodeLen > 0) || r[5] != code || r[6] != s.Status {
-			t.Fatalf("docs/wire-format.md row %q; the table has %+v as action %d", r[0], s, i+1)
+			t.Fatalf("docs/tokens.md row %q; the table has %+v as action %d", r[0], s, i+1)
 		}
 	}
 }

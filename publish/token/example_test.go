@@ -9,7 +9,7 @@ import (
 )
 
 // A backend verifies a token from a link with the tailer's keyring, no
-// database call (docs/wire-format.md, "Verifying tokens server-side").
+// database call (docs/tokens.md, "Verifying tokens in Go, or from a shell").
 func Example_verify() {
 	keyringFile := []byte("k1 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08 primary\n")
 	ring, err := token.ParseRing(keyringFile) // or token.SingleKey(key)
