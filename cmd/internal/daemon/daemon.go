@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -144,6 +145,12 @@ func (d *Daemon) streamed() bool {
 // the current session; a new one starts after a capped backoff and resumes
 // from the slot. Run returns nil after a graceful stop.
 func (d *Daemon) Run(ctx context.Context) error {
+	if ring := d.cfg.Keys; ring != nil {
+		// A rotation is seen here and in tailer_signing_key, not only by
+		// verifying a new token.
+		d.log.Info("signing keys", "primary", ring.PrimaryID(), "key_ids", strings.Join(ring.IDs(), ","))
+		d.metrics.setKeys(ring.IDs(), ring.PrimaryID())
+	}
 	nc, store, shutdown, err := natsconn.Connect(d.cfg, d.log, natsconn.Own,
 		nats.Name("tailer"),
 		nats.ErrorHandler(d.natsError),

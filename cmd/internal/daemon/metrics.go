@@ -38,6 +38,7 @@ type Metrics struct {
 	slotHeld       prometheus.Gauge
 	slotLost       prometheus.Gauge
 	blocked        *prometheus.GaugeVec
+	signingKeys    *prometheus.GaugeVec
 	ready          prometheus.Gauge
 	reconnects     *prometheus.CounterVec
 	pending        prometheus.GaugeFunc
@@ -58,6 +59,7 @@ var MetricNames = []string{
 	"tailer_last_done_commit_lsn",
 	"tailer_confirmed_lsn",
 	"tailer_slot_lag_bytes",
+	"tailer_signing_key",
 	"tailer_slot_retained_bytes",
 	"tailer_slot_confirmed_lsn",
 	"tailer_slot_sample_timestamp_seconds",
@@ -100,7 +102,7 @@ func NewMetrics(pending, lag, pubAckWait func() float64) *Metrics {
 		m.blocked.WithLabelValues(r)
 	}
 	m.reg.MustRegister(m.published, m.skipped, m.batches, m.batchSize, m.publishLatency, m.messageBatches, m.messageLatency, m.commitToAck, m.joinLatency,
-		m.lastDone, m.confirmed, m.slotLag, m.slotRetained, m.slotConfirmed, m.slotSampled, m.slotHeld, m.slotLost, m.blocked, m.ready,
+		m.lastDone, m.confirmed, m.slotLag, m.slotRetained, m.slotConfirmed, m.slotSampled, m.slotHeld, m.slotLost, m.blocked, m.signingKeys, m.ready,
 		m.reconnects, m.pending, m.lagSeconds, m.pubAckWait,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -166,6 +168,9 @@ func (m *Metrics) slotMetrics() {
 	m.blocked = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "tailer_blocked", Help: "1 while the tailer waits for the operator, by reason: resync (tailer resync is the way out), schema (a table or column it reads changed), publication (it does not carry token inserts), stream (the stream lost what it acknowledged, or is another's), nats (NATS stores nothing: its store full, the tailer's user denied).",
 	}, []string{"reason"})
+	m.signingKeys = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tailer_signing_key", Help: "1 for each key of the keyring this tailer verifies with, by id; primary=\"true\" on the one that signs new tokens (a rotation shows here as the primary's id changing).",
+	}, []string{"key_id", "primary"})
 	m.slotHeld = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "tailer_slot_held", Help: "1 while this instance streams from the slot, 0 while it stands by or reconnects.",
 	})
@@ -209,6 +214,21 @@ func (m *Metrics) statusSent(lsn pglogrepl.LSN) { m.confirmed.Set(float64(lsn)) 
 func (m *Metrics) reconnect(target string)      { m.reconnects.WithLabelValues(target).Inc() }
 func (m *Metrics) setHeld(held bool)            { m.slotHeld.Set(b2f(held)) }
 func (m *Metrics) setReady(ready bool)          { m.ready.Set(b2f(ready)) }
+
+// setKeys shows the keyring's keys, the primary marked.
+func (m *Metrics) setKeys(ids []string, primary string) {
+	m.signingKeys.Reset()
+	for _, id := range ids {
+		m.signingKeys.WithLabelValues(id, b2s(id == primary)).Set(1)
+	}
+}
+
+func b2s(b bool) string {
+	if b {
+		return "true"
+	}
+	return "false"
+}
 
 // setBlocked marks reason as why the tailer waits ("": it does not).
 func (m *Metrics) setBlocked(reason string) {
