@@ -969,3 +969,59 @@ func TestNATSEntrypointTLS(t *testing.T) {
 		}
 	}
 }
+
+// A slot dropped under a running tailer sets tailer_slot_invalidated, and
+// the rule the runbook names (TailerSlotLost) fires on the value scraped
+// from it, as promtool evaluates the rules (it stayed 0: only
+// TailerBlocked fired).
+func TestDroppedSlotFiresTheAlert(t *testing.T) {
+	t.Parallel()
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("promtool is missing: .ci/run installs it from Debian's prometheus package")
+		}
+		t.Skip("promtool not installed (apt-get install prometheus); CI runs this check")
+	}
+	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
+	port, _ := pgtest.FreePort()
+	url := fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
+	p := c.tailer("MAILROOM_HTTP_ADDR=127.0.0.1:"+strconv.Itoa(port), "MAILROOM_LAG_INTERVAL=100")
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	awaitMetrics(t, url, "\ntailer_slot_invalidated 0\n")
+	// The tailer's walsender ended, the slot dropped before it comes back.
+	tailertest.Eventually(t, 30*time.Second, func() error {
+		c.Conn.Exec(c.ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'mailroom' AND active_pid IS NOT NULL`)
+		_, err := c.Conn.Exec(c.ctx, `SELECT pg_drop_replication_slot('mailroom')`)
+		return err
+	})
+	page := awaitMetrics(t, url, "\ntailer_slot_invalidated 1\n")
+	value := regexp.MustCompile(`\ntailer_slot_invalidated (\S+)\n`).FindStringSubmatch(page)[1]
+	rules, err := filepath.Abs(infra + "prometheus/rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	test := filepath.Join(t.TempDir(), "dropped_test.yml")
+	if err := os.WriteFile(test, []byte(fmt.Sprintf(`rule_files: [%q]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'tailer_slot_invalidated{instance="a"}'
+        values: '0 %[2]s %[2]s'
+    alert_rule_test:
+      - eval_time: 2m
+        alertname: TailerSlotLost
+        exp_alerts:
+          - exp_labels: {severity: critical}
+            exp_annotations:
+              summary: "mailroom replication slot lost (wal_status lost, or dropped)"
+              description: "Tokens are not being published. tailer status and /readyz say how to recover; see docs/operations.md, 'When the slot is lost'."
+`, rules, value)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(promtool, "test", "rules", test).CombinedOutput()
+	if err != nil {
+		t.Fatalf("promtool test rules on the scraped tailer_slot_invalidated %s: %v\n%s", value, err, out)
+	}
+}

@@ -62,6 +62,9 @@ func (d *Daemon) sampleSlot(ctx context.Context) {
 			return
 		}
 		d.lag.Store(&lagSample{at: time.Now(), slot: s, err: err})
+		if errors.Is(err, replication.ErrNoSlot) {
+			d.slotGone(ctx, conn)
+		}
 		if err == nil {
 			d.metrics.slotSample(s)
 			d.clock.saw(s.CurrentLSN, at)
@@ -85,6 +88,18 @@ func (d *Daemon) sampleSlot(ctx context.Context) {
 			return
 		case <-ticker.C:
 		}
+	}
+}
+
+// slotGone sets tailer_slot_invalidated while the slot the record names
+// is gone (dropped, or removed with its WAL): the alert TailerSlotLost
+// names the runbook of both, and a slot dropped showed only as
+// tailer_blocked. A slot never made (no record: tailer migrate not run
+// yet) is no loss.
+func (d *Daemon) slotGone(ctx context.Context, conn *pgx.Conn) {
+	rec, err := replication.LoadRecord(ctx, d.db(conn), d.cfg.Slot)
+	if err == nil {
+		d.metrics.slotLost.Set(b2f(rec.Exists))
 	}
 }
 

@@ -163,7 +163,7 @@ func (m *Metrics) slotMetrics() {
 		Name: "tailer_slot_sample_timestamp_seconds", Help: "When the slot was last sampled successfully (Unix time).",
 	})
 	m.slotLost = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "tailer_slot_invalidated", Help: "1 when the slot is lost (wal_status lost): WAL it needed was removed and its tokens cannot be read.",
+		Name: "tailer_slot_invalidated", Help: "1 when the slot is lost (wal_status lost: WAL it needed was removed) or dropped (the slot its record names is gone): its tokens cannot be read from it.",
 	})
 	m.blocked = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "tailer_blocked", Help: "1 while the tailer waits for the operator, by reason: resync (tailer resync is the way out), schema (a table or column it reads changed), publication (it does not carry token inserts), stream (the stream lost what it acknowledged, or is another's), nats (NATS stores nothing: its store full, the tailer's user denied).",
