@@ -69,7 +69,15 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 	}
 	log := daemon.NewLogger("text", "info", stderr)
 	url := natsconn.URL(cfg)
-	nc, err := nats.Connect(url, append(cfg.NATSOptions(), nats.Name("tailer subscribe"), nats.MaxReconnects(-1))...)
+	server := config.RedactURL(url)
+	nc, err := nats.Connect(url, append(cfg.NATSOptions(), nats.Name("tailer subscribe"), nats.MaxReconnects(-1),
+		// Said at once: nothing else is while the server is away.
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			log.Warn("NATS disconnected: nothing is delivered until it is back; reconnecting", "server", server, "err", err)
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) {
+			log.Warn("NATS reconnected: delivering again", "server", c.ConnectedUrlRedacted())
+		}))...)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: MAILROOM_NATS_URL: cannot connect to %s: %v\n", command, config.RedactURL(url), err)
 		return exitConfig
@@ -132,7 +140,7 @@ func (f *subscribeFlags) watchReader(ctx context.Context, cfg *config.Config, js
 	stall := &subscriber.Stall{Reader: reader, Timeout: f.stall, Stalled: lines.Stalled}
 	stopServing := func() {}
 	if f.healthAddr != "" {
-		probe := &subscriber.Probe{Stream: cfg.Stream, Durable: f.durable, JS: js, Consuming: sub.Consuming, Stats: sub.Stats, GroupStall: f.stall}
+		probe := &subscriber.Probe{Stream: cfg.Stream, Durable: f.durable, JS: js, Server: config.RedactURL(natsconn.URL(cfg)), Consuming: sub.Consuming, Stats: sub.Stats, GroupStall: f.stall}
 		if f.stall > 0 {
 			probe.Stalled = stall.Reason
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
+	"github.com/mailroom/tailer/cmd/internal/natsconn"
 	"github.com/mailroom/tailer/cmd/internal/subscriber"
 	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/consume/inbox"
@@ -63,7 +64,7 @@ func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate
 		return exitFailure
 	}
 	if healthAddr != "" {
-		stop, err := subscriber.Serve(healthAddr, &subscriber.Probe{Stream: c.Stream, Durable: c.Durable, JS: js, Consuming: sub.Consuming, Stats: sub.Stats})
+		stop, err := subscriber.Serve(healthAddr, &subscriber.Probe{Stream: c.Stream, Durable: c.Durable, JS: js, Server: config.RedactURL(natsconn.URL(cfg)), Consuming: sub.Consuming, Stats: sub.Stats})
 		if err != nil {
 			fmt.Fprintf(stderr, "tailer subscribe: --health-addr: %v\n", err)
 			return exitConfig

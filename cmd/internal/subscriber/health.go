@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,6 +23,9 @@ import (
 type Probe struct {
 	Stream, Durable string
 	JS              jetstream.JetStream
+	// Server names the NATS server /readyz says does not answer, its
+	// credentials redacted.
+	Server string
 	// Consuming reports whether the subscriber is bound to its consumer (a
 	// sender between two starts is not).
 	Consuming func() bool
@@ -129,6 +133,11 @@ func (p *Probe) state(ctx context.Context) state {
 	st := state{consuming: p.Consuming(), stats: p.Stats()}
 	if p.Stalled != nil {
 		st.stalled = p.Stalled()
+	}
+	if nc := p.JS.Conn(); !nc.IsConnected() {
+		// Asked, the consumer would say "context deadline exceeded".
+		st.err = fmt.Errorf("NATS at %s does not answer (the connection is %s; it reconnects by itself)", p.Server, strings.ToLower(nc.Status().String()))
+		return st
 	}
 	c, err := p.JS.Consumer(ctx, p.Stream, p.Durable)
 	if err == nil {
