@@ -298,3 +298,17 @@ func leaseHolder(ctx context.Context, q Querier, key int64) (Holder, error) {
 	}
 	return h, nil
 }
+
+// TailerRuns lists the backends of tailer run processes connected to the
+// database, by the application names they connect with, but the asking
+// session's: a tailer run that waits for a resync to let go of the slot
+// is among them, and goes on by itself once it does.
+func TailerRuns(ctx context.Context, q Querier) ([]int32, error) {
+	var pids []int32
+	err := q.QueryRow(ctx, `SELECT coalesce(array_agg(pid ORDER BY pid), '{}') FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name IN ('tailer', 'tailer run') AND pid <> pg_backend_pid()`).Scan(&pids)
+	if err != nil {
+		return nil, fmt.Errorf("list tailer run sessions: %w", err)
+	}
+	return pids, nil
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 
@@ -48,8 +49,22 @@ func resyncSlot(ctx context.Context, cfg *config.Config, stderr io.Writer) int {
 	if err != nil {
 		return exitCode(stderr, "resync", log, daemon.Advise(err))
 	}
-	rep.Log(log, "slot resynced: start tailer run")
+	rep.Log(log, resynced(ctx, cfg))
 	return exitOK
+}
+
+// resynced is what to do after a resync: start tailer run, unless one is
+// connected, waiting for the slot, which goes on by itself.
+func resynced(ctx context.Context, cfg *config.Config) string {
+	conn, err := replication.Open(ctx, cfg.DatabaseURL, "tailer resync", nil)
+	if err != nil {
+		return "slot resynced: start tailer run (if none runs: none could be looked for)"
+	}
+	defer conn.Close(context.Background())
+	if pids, err := replication.TailerRuns(ctx, conn); err == nil && len(pids) > 0 {
+		return fmt.Sprintf("slot resynced: the tailer run connected (backend pid %v) streams from it by itself", pids)
+	}
+	return "slot resynced: start tailer run"
 }
 
 // runResync recreates cfg's slot from a snapshot and publishes what the
