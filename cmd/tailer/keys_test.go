@@ -71,8 +71,8 @@ func TestKeyRotation(t *testing.T) {
 		from[i] = c.lastSeq()
 		p = c.tailer(env...)
 		p.waitLog("msg=streaming", 1, 30*time.Second)
-		// The keys in use, said at start (and in tailer_signing_key).
-		p.waitLog(fmt.Sprintf(`msg="signing keys" primary=%s key_ids=%s`, rings[i].PrimaryID(), strings.Join(rings[i].IDs(), ",")), 1, 5*time.Second)
+		// The keys in use, on the streaming line (and in tailer_signing_key).
+		p.waitLog(fmt.Sprintf(`signing_key=%s key_ids=%s`, rings[i].PrimaryID(), strings.Join(rings[i].IDs(), ",")), 1, 5*time.Second)
 		before := c.streamMsgs()
 		tailertest.Eventually(t, 30*time.Second, func() error {
 			if c.streamMsgs() < before+3 {

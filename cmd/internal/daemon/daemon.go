@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -146,9 +145,8 @@ func (d *Daemon) streamed() bool {
 // from the slot. Run returns nil after a graceful stop.
 func (d *Daemon) Run(ctx context.Context) error {
 	if ring := d.cfg.Keys; ring != nil {
-		// A rotation is seen here and in tailer_signing_key, not only by
+		// A rotation is seen here and on the streaming line, not only by
 		// verifying a new token.
-		d.log.Info("signing keys", "primary", ring.PrimaryID(), "key_ids", strings.Join(ring.IDs(), ","))
 		d.metrics.setKeys(ring.IDs(), ring.PrimaryID())
 	}
 	nc, store, shutdown, err := natsconn.Connect(d.cfg, d.log, natsconn.Own,

@@ -3,6 +3,8 @@ package daemon
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -13,6 +15,7 @@ import (
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/join"
 	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -35,7 +38,8 @@ func (x *run) stream() protocol.Event {
 	defer d.publishingEnds()
 	d.log.Info("streaming", "slot", cfg.Slot, "incarnation", x.rec.Incarnation, "from", x.slot.ConfirmedFlush,
 		"on_stream_messages", x.window, "on_stream_tokens", x.tokens, "markers", x.fence,
-		"stream", cfg.Stream, "subject", cfg.Subject, "replicas", x.pub.Replicas(), "batch_limit", cfg.BatchLimit, "batch_timeout", cfg.BatchTimeout, "max_in_flight", x.inFlight)
+		"stream", cfg.Stream, "subject", cfg.Subject, "replicas", x.pub.Replicas(), "batch_limit", cfg.BatchLimit, "batch_timeout", cfg.BatchTimeout, "max_in_flight", x.inFlight,
+		keysInUse(cfg.Keys))
 	drained := make(chan struct{})
 	feeder, pipeline, err := d.pipeline(ctx, x, drained)
 	if err != nil {
@@ -276,4 +280,14 @@ func (d *Daemon) pipeline(ctx context.Context, x *run, drained chan struct{}) (*
 		Log:         d.log,
 		Tracer:      d.Tracer,
 	}, nil
+}
+
+// keysInUse are the keys a session signs with (the primary) and verifies
+// with, for its streaming line: a rotation is seen there and in
+// tailer_signing_key, not only by verifying a new token.
+func keysInUse(ring *token.Ring) slog.Attr {
+	if ring == nil {
+		return slog.Group("")
+	}
+	return slog.Group("", "signing_key", ring.PrimaryID(), "key_ids", strings.Join(ring.IDs(), ","))
 }
