@@ -4,11 +4,13 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
+	"github.com/mailroom/tailer/internal/pgname"
 )
 
 // stopError is a graceful stop that could not publish every token it had
@@ -85,6 +87,29 @@ func StartupConfigError(err error, cfg *config.Config) error {
 		return &config.Error{Var: "MAILROOM_DATABASE_URL", Err: fmt.Errorf("authentication failed: %s (SQLSTATE %s)", pgErr.Message, pgErr.Code)}
 	case pgerrcode.InvalidCatalogName:
 		return &config.Error{Var: "MAILROOM_DATABASE_URL", Err: fmt.Errorf("%s (SQLSTATE %s)", pgErr.Message, pgErr.Code)}
+	case pgerrcode.InsufficientPrivilege:
+		return &config.Error{Var: "MAILROOM_DATABASE_URL", Err: fmt.Errorf("its user lacks a grant: %s (SQLSTATE %s); %s", pgErr.Message, pgErr.Code, missingGrant(pgErr.Message, cfg.Schema))}
 	}
 	return nil
+}
+
+// tableGrants are the privileges the tailer's role needs on each table it
+// reads or writes (migrations 3, 4 and 5 grant them to a role named tailer).
+var tableGrants = map[string]string{
+	"tokens": "SELECT", "accounts": "SELECT",
+	"tailer_slot": "SELECT, INSERT, UPDATE, DELETE", "tailer_resync": "SELECT, INSERT, UPDATE, DELETE",
+}
+
+// missingGrant names the statement that gives what PostgreSQL's refusal
+// (msg) says is missing.
+func missingGrant(msg string, schema pgname.Schema) string {
+	if table, ok := strings.CutPrefix(msg, "permission denied for table "); ok {
+		if grant, ok := tableGrants[table]; ok {
+			return fmt.Sprintf("as the tables' owner, GRANT %s ON %s TO that user", grant, schema.Name(table))
+		}
+	}
+	if strings.Contains(msg, "replication") {
+		return "as a superuser, ALTER ROLE that user REPLICATION (streaming from a slot needs it)"
+	}
+	return "grant it as the object's owner (docs/deploy.md, 'Locked down by default', lists the tailer role's grants)"
 }
