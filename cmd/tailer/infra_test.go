@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -803,9 +804,30 @@ func startComposeDB(t *testing.T, settings ...string) *composeDB {
 		s.passwords[role] = hostilePassword(rng)
 		script.Env = append(script.Env, env+"_DB_PASSWORD_FILE="+secretFile(t, s.passwords[role]))
 	}
-	if out, err := script.CombinedOutput(); err != nil {
-		t.Fatalf("01-roles.sh: %v\n%s", err, out)
+	var out bytes.Buffer
+	script.Stdout, script.Stderr = &out, &out
+	if err := script.Start(); err != nil {
+		t.Fatal(err)
 	}
+	// While it runs, no process's command line or environment holds a
+	// password (psql's -v held all four): sampled until it exits.
+	done := make(chan error, 1)
+	go func() { done <- script.Wait() }()
+	samples := 0
+	for running := true; running; samples++ {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("01-roles.sh: %v\n%s", err, out.String())
+			}
+			running = false
+		default:
+		}
+		if where := passwordInProcesses(s.passwords); where != "" {
+			t.Fatalf("a role password is in %s while 01-roles.sh runs", where)
+		}
+	}
+	t.Logf("01-roles.sh: no password in any process's command line or environment (%d samples)", samples)
 	var super bool
 	if err := admin.QueryRow(ctx, `SELECT bool_or(rolsuper) FROM pg_roles WHERE rolname IN ('mailroom_owner', 'tailer', 'mailroom_app', 'postgres_exporter')`).Scan(&super); err != nil || super {
 		t.Fatalf("a service role is a superuser (%v)", err)
@@ -1024,4 +1046,24 @@ tests:
 	if err != nil {
 		t.Fatalf("promtool test rules on the scraped tailer_slot_invalidated %s: %v\n%s", value, err, out)
 	}
+}
+
+// passwordInProcesses names the /proc file (a command line or an
+// environment) that holds one of passwords, or "".
+func passwordInProcesses(passwords map[string]string) string {
+	pids, _ := filepath.Glob("/proc/[0-9]*")
+	for _, dir := range pids {
+		for _, f := range []string{"cmdline", "environ"} {
+			data, err := os.ReadFile(filepath.Join(dir, f))
+			if err != nil {
+				continue
+			}
+			for role, pw := range passwords {
+				if bytes.Contains(data, []byte(pw)) {
+					return fmt.Sprintf("%s/%s (the password of %s)", dir, f, role)
+				}
+			}
+		}
+	}
+	return ""
 }

@@ -3,7 +3,9 @@
 # the superuser (which no service uses). Four roles, passwords from the
 # files OWNER_DB_PASSWORD_FILE and so on name (compose secrets; each
 # *_PASSWORD variable instead where no file is named), quoted by psql: any
-# characters work:
+# characters but a newline work. They reach psql on its standard input
+# (\prompt, with -f), never on a command line or in its environment,
+# where any process of the host could read them:
 #   mailroom_owner  owns the schema and runs `tailer migrate` (not a
 #                   superuser: CREATE on the database, the public schema,
 #                   and REPLICATION to create the slot);
@@ -29,9 +31,13 @@ OWNER_DB_PASSWORD=$(secret OWNER_DB_PASSWORD)
 TAILER_DB_PASSWORD=$(secret TAILER_DB_PASSWORD)
 APP_DB_PASSWORD=$(secret APP_DB_PASSWORD)
 EXPORTER_DB_PASSWORD=$(secret EXPORTER_DB_PASSWORD)
-psql -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname "$POSTGRES_DB" \
-  -v owner_pw="$OWNER_DB_PASSWORD" -v tailer_pw="$TAILER_DB_PASSWORD" -v app_pw="$APP_DB_PASSWORD" \
-  -v exporter_pw="$EXPORTER_DB_PASSWORD" <<'EOSQL'
+sql=$(mktemp)
+trap 'rm -f "$sql"' EXIT
+cat > "$sql" <<'EOSQL'
+\prompt owner_pw
+\prompt tailer_pw
+\prompt app_pw
+\prompt exporter_pw
 CREATE ROLE mailroom_owner WITH LOGIN REPLICATION PASSWORD :'owner_pw';
 CREATE ROLE tailer WITH LOGIN REPLICATION PASSWORD :'tailer_pw';
 CREATE ROLE mailroom_app WITH LOGIN PASSWORD :'app_pw';
@@ -48,3 +54,7 @@ ALTER DEFAULT PRIVILEGES FOR ROLE mailroom_owner IN SCHEMA public
 ALTER DEFAULT PRIVILEGES FOR ROLE mailroom_owner IN SCHEMA public
   GRANT USAGE ON SEQUENCES TO mailroom_app;
 EOSQL
+# printf is the shell's own: the passwords go from this shell to psql's
+# standard input, a line each, in the order of the \prompt lines.
+printf '%s\n' "$OWNER_DB_PASSWORD" "$TAILER_DB_PASSWORD" "$APP_DB_PASSWORD" "$EXPORTER_DB_PASSWORD" |
+  psql -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname "$POSTGRES_DB" -f "$sql"
