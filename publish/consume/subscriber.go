@@ -988,7 +988,8 @@ func (s *Subscriber) untilDrained(ctx context.Context, cons jetstream.Consumer, 
 		if r := s.reader; r != nil {
 			_, inDoubt = r.inDoubt()
 		}
-		if !s.handling.Load() && !inDoubt && !acking && info.NumPending == 0 && info.NumAckPending == holding {
+		if protocol.Drained(protocol.Drain{Handling: s.handling.Load(), InDoubt: inDoubt, Acking: acking,
+			Pending: int(info.NumPending), AckPending: info.NumAckPending, Holding: holding}) {
 			if s.cfg.Log != nil {
 				s.cfg.Log.Info("drained: nothing left to deliver", "durable", s.cfg.Durable, "ack_pending", info.NumAckPending,
 					"delivered_stream_seq", info.Delivered.Stream, "ack_floor_stream_seq", info.AckFloor.Stream)

@@ -369,3 +369,27 @@ func TestOnceAfter(t *testing.T) {
 		}
 	}
 }
+
+// A subscriber that runs until drained stops only with nothing left to
+// deliver, nothing handled, in doubt or being acknowledged, and every
+// message awaiting an ack its own.
+func TestDrained(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		d    Drain
+		want bool
+	}{
+		{"nothing at all", Drain{}, true},
+		{"its last message held, done and acknowledged", Drain{AckPending: 1, Holding: 1}, true},
+		{"an ack on its way (issue 45)", Drain{Acking: true, AckPending: 1, Holding: 1}, false},
+		{"a delivery being handed on", Drain{Handling: true}, false},
+		{"a pipe's reader with batches in doubt", Drain{InDoubt: true, AckPending: 1, Holding: 1}, false},
+		{"messages not delivered yet", Drain{Pending: 1}, false},
+		{"a message another resend holds", Drain{AckPending: 1}, false},
+		{"another's and its own", Drain{AckPending: 2, Holding: 1}, false},
+	} {
+		if got := Drained(tc.d); got != tc.want {
+			t.Errorf("%s: Drained(%+v) = %v, want %v", tc.name, tc.d, got, tc.want)
+		}
+	}
+}

@@ -34,3 +34,26 @@ func Settle(e ReaderEnd) (allDone bool, blamed int) {
 	}
 	return false, -1
 }
+
+// Drain is what a subscriber that runs until drained (tailer dead-letters
+// resend) sees of itself and of its consumer.
+type Drain struct {
+	// Handling: a delivery is being taken or handed on; InDoubt: a pipe's
+	// reader has batches it has not settled by waiting for more; Acking:
+	// a message's ack is on its way, unanswered.
+	Handling, InDoubt, Acking bool
+	// Pending: messages the consumer has not delivered; AckPending: those
+	// delivered and not acknowledged; Holding: those this subscriber
+	// holds.
+	Pending, AckPending, Holding int
+}
+
+// Drained reports whether a subscriber that runs until drained may stop:
+// nothing left to deliver, every message delivered held here, none being
+// handled or acknowledged, nothing in doubt. Stopped while an ack was on
+// its way, the ack was cut short, the message came again to a subscriber
+// whose record said it was done, and the dead letter, delivered, was
+// never removed (issue 45: two resends at once).
+func Drained(d Drain) bool {
+	return !d.Handling && !d.InDoubt && !d.Acking && d.Pending == 0 && d.AckPending == d.Holding
+}
