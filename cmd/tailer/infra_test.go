@@ -425,8 +425,10 @@ func TestDashboardAndRulesUseExportedMetrics(t *testing.T) {
 	}
 }
 
-func TestPromtoolCheckRules(t *testing.T) {
-	t.Parallel()
+// promtoolPath is promtool's path; without it the test is skipped, but
+// in CI, which installs it.
+func promtoolPath(t *testing.T) string {
+	t.Helper()
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
 		if os.Getenv("CI") != "" {
@@ -434,6 +436,12 @@ func TestPromtoolCheckRules(t *testing.T) {
 		}
 		t.Skip("promtool not installed (apt-get install prometheus); CI runs this check")
 	}
+	return promtool
+}
+
+func TestPromtoolCheckRules(t *testing.T) {
+	t.Parallel()
+	promtool := promtoolPath(t)
 	out, err := exec.Command(promtool, "check", "rules", infra+"prometheus/rules.yml").CombinedOutput()
 	if err != nil {
 		t.Fatalf("promtool check rules: %v\n%s", err, out)
@@ -998,13 +1006,7 @@ func TestNATSEntrypointTLS(t *testing.T) {
 // TailerBlocked fired).
 func TestDroppedSlotFiresTheAlert(t *testing.T) {
 	t.Parallel()
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("promtool is missing: .ci/run installs it from Debian's prometheus package")
-		}
-		t.Skip("promtool not installed (apt-get install prometheus); CI runs this check")
-	}
+	promtool := promtoolPath(t)
 	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
 	port, _ := pgtest.FreePort()
 	url := fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
