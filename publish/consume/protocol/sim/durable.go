@@ -50,9 +50,8 @@ func (s *streamModel) first() uint64 {
 
 // pending is a message delivered and not acknowledged.
 type pending struct {
-	deadline   time.Duration
-	deliveries int
-	naked      bool
+	deadline time.Duration
+	naked    bool
 	// queued orders the naks of one moment (the redelivery queue).
 	queued int
 }
@@ -153,7 +152,7 @@ func (d *durableModel) deliver(seq uint64, m *smsg, now time.Duration) (int, *sm
 		d.pin, d.lastPull = *d.pins, now
 	}
 	d.deliveries[seq]++
-	d.pend[seq] = &pending{deadline: now + d.ackWait, deliveries: d.deliveries[seq]}
+	d.pend[seq] = &pending{deadline: now + d.ackWait}
 	return d.pin, m, d.deliveries[seq]
 }
 
