@@ -610,6 +610,7 @@ func TestComposeNATSAccounts(t *testing.T) {
 		cancel()
 	}
 	checkOperatorUsers(t, c, tailerPW, adminPW, systemPW)
+	checkTailerLeavesConsumers(t, c, tailerPW, "sender")
 
 	if code := p.term(15 * time.Second); code != 0 {
 		t.Fatalf("tailer exit %d", code)
@@ -1068,4 +1069,39 @@ func passwordInProcesses(passwords map[string]string) string {
 		}
 	}
 	return ""
+}
+
+// checkTailerLeavesConsumers: the tailer's NATS user is refused editing,
+// pulling from and acknowledging durable's consumer (it was allowed all
+// three: its resync read back through an ordered consumer of a random
+// name).
+func checkTailerLeavesConsumers(t *testing.T, c *cluster, tailerPW, durable string) {
+	t.Helper()
+	violations := make(chan error, 8)
+	nc, err := nats.Connect(c.natsURL(), nats.UserInfo("tailer", tailerPW),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { violations <- err }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
+	defer cancel()
+	if _, err := js.UpdateConsumer(ctx, "MAILROOM", jetstream.ConsumerConfig{Durable: durable, AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 1}); err == nil {
+		t.Errorf("the tailer's user may edit consumer %s", durable)
+	}
+	next, _ := json.Marshal(map[string]any{"batch": 1, "no_wait": true})
+	if _, err := nc.Request("$JS.API.CONSUMER.MSG.NEXT.MAILROOM."+durable, next, 2*time.Second); err == nil {
+		t.Errorf("the tailer's user may pull from consumer %s", durable)
+	}
+	nc.Publish("$JS.ACK.MAILROOM."+durable+".1.1.1.0.0", []byte("+ACK"))
+	nc.Flush()
+	select {
+	case err := <-violations:
+		if !strings.Contains(err.Error(), "Permissions Violation") {
+			t.Errorf("an ack of consumer %s as the tailer's user: %v", durable, err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Errorf("the tailer's user may acknowledge consumer %s's messages", durable)
+	}
 }

@@ -2,6 +2,7 @@ package consume
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -30,13 +31,11 @@ func KeysSince(ctx context.Context, stream jetstream.Stream, since time.Time, la
 	if info := stream.CachedInfo(); info != nil {
 		name = info.Config.Name
 	}
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		DeliverPolicy: jetstream.DeliverByStartTimePolicy,
-		OptStartTime:  &since,
-	})
+	cons, err := readBack(ctx, stream, since)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read stream %s since %s: %w", name, since.Format(time.RFC3339), err)
 	}
+	defer stream.DeleteConsumer(context.WithoutCancel(ctx), ReadBackConsumer)
 	info, err := cons.Info(ctx)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read stream %s: %w", name, err)
@@ -49,7 +48,7 @@ func KeysSince(ctx context.Context, stream jetstream.Stream, since time.Time, la
 		return nil, 0, fmt.Errorf("read stream %s: %w", name, err)
 	}
 	defer it.Stop()
-	for {
+	for want := uint64(1); ; want++ {
 		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
 			return nil, 0, fmt.Errorf("read stream %s: %w", name, err)
@@ -57,6 +56,12 @@ func KeysSince(ctx context.Context, stream jetstream.Stream, since time.Time, la
 		meta, err := msg.Metadata()
 		if err != nil {
 			return nil, 0, fmt.Errorf("read stream %s: %w", name, err)
+		}
+		if meta.Sequence.Consumer != want {
+			// Unacknowledged deliveries lost on the way (a connection
+			// cut): their keys would be taken for missing, and their
+			// tokens published again.
+			return nil, 0, fmt.Errorf("read stream %s: delivery %d came where %d was due: messages lost on the way; run it again", name, meta.Sequence.Consumer, want)
 		}
 		h := msg.Headers()
 		switch {
@@ -72,6 +77,32 @@ func KeysSince(ctx context.Context, stream jetstream.Stream, since time.Time, la
 			return keys, setAside, nil
 		}
 	}
+}
+
+// ReadBackConsumer is the consumer KeysSince reads through: one of its
+// own name, so that the tailer's NATS user may be allowed it and no
+// subscriber's durable (infra/nats/nats.conf: it could edit, pull from
+// and acknowledge any consumer of the stream when its read-back was an
+// ordered consumer of a random name). One resync at a time holds the
+// slot's lease, and so the name.
+const ReadBackConsumer = "tailer_resync"
+
+// readBack makes ReadBackConsumer afresh, from since, acknowledging
+// nothing; one a killed resync left is removed first (the server also
+// removes it once idle).
+func readBack(ctx context.Context, stream jetstream.Stream, since time.Time) (jetstream.Consumer, error) {
+	if err := stream.DeleteConsumer(ctx, ReadBackConsumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, err
+	}
+	return stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		Name:              ReadBackConsumer,
+		Description:       "tailer resync: the keys on the stream, read back",
+		DeliverPolicy:     jetstream.DeliverByStartTimePolicy,
+		OptStartTime:      &since,
+		AckPolicy:         jetstream.AckNonePolicy,
+		InactiveThreshold: time.Minute,
+		MemoryStorage:     true,
+	})
 }
 
 // validKeys reports whether a Mailroom-Token-Keys value is a list of keys.
