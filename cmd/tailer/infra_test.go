@@ -581,14 +581,8 @@ func TestComposeNATSAccounts(t *testing.T) {
 			t.Fatalf("tailer %s as the subscriber's user:\n%s", strings.Join(args, " "), r.out.String())
 		}
 	}
-	nc, err := nats.Connect(c.natsURL(), nats.UserInfo("subscriber", subscriberPW),
-		// The refusals below are the point: no need to print them.
-		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	// The refusals below are the point: no need to print them.
+	_, js := c.connectAs(t, "subscriber", subscriberPW, func(error) {})
 	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
 	defer cancel()
 	s, err := js.Stream(ctx, "MAILROOM")
@@ -1071,6 +1065,21 @@ func passwordInProcesses(passwords map[string]string) string {
 	return ""
 }
 
+// connectAs connects to the cluster's NATS as user, each asynchronous
+// error (a permissions violation) given to onErr; the connection ends
+// with t.
+func (c *cluster) connectAs(t *testing.T, user, pw string, onErr func(error)) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(c.natsURL(), nats.UserInfo(user, pw),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { onErr(err) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	return nc, js
+}
+
 // checkTailerLeavesConsumers: the tailer's NATS user is refused editing,
 // pulling from and acknowledging durable's consumer (it was allowed all
 // three: its resync read back through an ordered consumer of a random
@@ -1078,13 +1087,7 @@ func passwordInProcesses(passwords map[string]string) string {
 func checkTailerLeavesConsumers(t *testing.T, c *cluster, tailerPW, durable string) {
 	t.Helper()
 	violations := make(chan error, 8)
-	nc, err := nats.Connect(c.natsURL(), nats.UserInfo("tailer", tailerPW),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { violations <- err }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	nc, js := c.connectAs(t, "tailer", tailerPW, func(err error) { violations <- err })
 	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
 	defer cancel()
 	if _, err := js.UpdateConsumer(ctx, "MAILROOM", jetstream.ConsumerConfig{Durable: durable, AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 1}); err == nil {
