@@ -206,9 +206,20 @@ func TestFailoverSlotSurvivesPromotion(t *testing.T) {
 	}
 	defer sconn.Close(context.Background())
 	confirmed := f.ConfirmedLSN("mailroom")
+	nudged := time.Time{}
 	tailertest.Eventually(t, 60*time.Second, func() error {
 		var synced bool
 		var lsn *string
+		// The standby keeps its copy only once the primary's restart_lsn
+		// has passed the WAL the standby reserved for it, and restart_lsn
+		// moves at running-xacts records, which the background writer
+		// logs every 15 s at best: on a loaded machine that took longer
+		// than this wait. A record written here (once a second) moves it
+		// at the tailer's next confirmation.
+		if time.Since(nudged) > time.Second {
+			f.Exec(`SELECT pg_log_standby_snapshot()`)
+			nudged = time.Now()
+		}
 		sconn.Exec(ctx, `SELECT pg_sync_replication_slots()`)
 		err := sconn.QueryRow(ctx, `SELECT synced AND NOT temporary, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'mailroom'`).Scan(&synced, &lsn)
 		if err == nil && synced && lsn != nil {
