@@ -220,8 +220,9 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 			}
 		}
 		s.mu.Lock()
-		holding, mine := len(s.held) > 0, newRev == s.rev
-		switch protocol.AfterReread(holding, mine) {
+		holding := len(s.held) > 0
+		decided := protocol.AfterReread(holding, newRev == s.rev)
+		switch decided {
 		case protocol.TakenOver:
 			s.mu.Unlock()
 			return fmt.Errorf("consume %s: %w", s.cfg.Durable, ErrTakenOver)
@@ -246,7 +247,9 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 		}
 		s.mu.Lock()
 		s.rev = rev
-		if !mine {
+		if decided == protocol.Merge {
+			// The record written is this subscriber's from now on; with
+			// KeepOwn it already was.
 			s.prog = p
 		}
 		if !holding {

@@ -6,6 +6,7 @@
 // failing or killed; an inbox table that keeps each token once), and
 // tailer subscribe processes that compose the decisions of
 // publish/consume/protocol as publish/consume does, killed, frozen and
-// started again. Schedule draws schedules over them. It holds no
+// started again; in the profile resends, tailer dead-letters resend
+// runs, each ending once drained. Schedule draws schedules over them. It holds no
 // production code: publish/consume/protocol's TestSimulation runs it.
 package sim

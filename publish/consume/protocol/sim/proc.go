@@ -17,6 +17,8 @@ type heldMsg struct {
 	rec     *msgRec
 	pending int
 	acking  bool
+	// landsAt is when its ack, on its way, reaches the server.
+	landsAt time.Duration
 }
 
 // unit is one batch handed to the sink (consume.Unit).
@@ -48,6 +50,10 @@ type proc struct {
 	// be written again.
 	epoch   int
 	refused string
+	// exited: a resend that ended, drained or giving up on its sender
+	// (gaveUp).
+	exited, gaveUp bool
+	endsInARow     int
 
 	loaded, reloading bool
 	kept              record
@@ -61,6 +67,7 @@ type proc struct {
 	toHand            []*unit
 	taking            *delivery
 	acking            []*heldMsg
+	inFlight          []*heldMsg
 	missed            int
 	// bound is the consumer the process consumes from.
 	bound *durableModel
@@ -85,7 +92,7 @@ func (p *proc) now() time.Duration { return p.w.now }
 func (p *proc) cfg() *config       { return &p.w.cfg }
 
 func (p *proc) runs() bool {
-	return p.alive && p.refused == "" && p.now() >= p.frozenUntil
+	return p.alive && !p.exited && p.refused == "" && p.now() >= p.frozenUntil
 }
 
 // start loads the record and holds it against the stream, as Run does
@@ -172,6 +179,7 @@ func (p *proc) step() {
 	if p.reloading {
 		p.reload()
 	}
+	p.landAcks()
 	p.timers()
 	p.sink()
 	if len(p.acking) > 0 {
@@ -188,6 +196,9 @@ func (p *proc) step() {
 	}
 	p.handNext()
 	p.pull()
+	if p.cfg().resend {
+		p.untilDrained()
+	}
 }
 
 // blocked: the consume loop waits in handle (a delivery on the record,
@@ -242,7 +253,7 @@ func (p *proc) timers() {
 
 // due is the next time something of the process is due.
 func (p *proc) due() time.Duration {
-	if !p.alive || p.refused != "" {
+	if !p.alive || p.exited || p.refused != "" {
 		return never
 	}
 	if p.now() < p.frozenUntil {
@@ -260,6 +271,12 @@ func (p *proc) due() time.Duration {
 	}
 	if p.committing != nil {
 		t = min(t, p.commitAt)
+	}
+	for _, h := range p.inFlight {
+		t = min(t, h.landsAt)
+	}
+	if p.cfg().resend {
+		t = min(t, p.now()+250*time.Millisecond)
 	}
 	return t
 }
@@ -439,7 +456,8 @@ func (p *proc) refresh(d *delivery) bool {
 			cur = p.ofThisStream(cur)
 		}
 		var r record
-		switch protocol.AfterReread(holding, mine) {
+		decided := protocol.AfterReread(holding, mine)
+		switch decided {
 		case protocol.TakenOver:
 			p.w.dur.nak(d.m.seq, p.now())
 			p.standBy("taken over (the record read again)")
@@ -459,7 +477,7 @@ func (p *proc) refresh(d *delivery) bool {
 			return false
 		}
 		p.rev = newRev
-		if !mine {
+		if decided == protocol.Merge {
 			p.rec = r
 		}
 		p.saved()
@@ -563,13 +581,35 @@ func (p *proc) finish(hs ...*heldMsg) {
 		return
 	}
 	for _, h := range ready {
-		if h.inc == p.w.stream.inc {
-			p.w.ack(p, h.m.seq)
+		if d := p.cfg().ackDelay; d > 0 {
+			// Held until the server answers, as consume's held.acking.
+			h.landsAt = p.now() + d
+			p.inFlight = append(p.inFlight, h)
+			continue
 		}
-		p.held = slices.DeleteFunc(p.held, func(x *heldMsg) bool { return x == h })
-		h.rec.acked = true
-		p.dirty = true
+		p.acked(h)
 	}
+}
+
+// acked is h's ack answered by the server.
+func (p *proc) acked(h *heldMsg) {
+	if h.inc == p.w.stream.inc {
+		p.w.ack(p, h.m.seq)
+	}
+	p.held = slices.DeleteFunc(p.held, func(x *heldMsg) bool { return x == h })
+	h.rec.acked = true
+	p.dirty = true
+}
+
+// landAcks lands the acks on their way that reach the server by now.
+func (p *proc) landAcks() {
+	p.inFlight = slices.DeleteFunc(p.inFlight, func(h *heldMsg) bool {
+		if h.landsAt > p.now() {
+			return false
+		}
+		p.acked(h)
+		return true
+	})
 }
 
 // settle lets go of what the process held as its reader ended
@@ -631,7 +671,7 @@ func (p *proc) reload() {
 // held cannot be acknowledged, and the consumer is made again.
 func (p *proc) consumerLost() {
 	p.w.logf("p%d: the consumer is gone", p.id)
-	p.held, p.toHand, p.taking, p.acking, p.committing = nil, nil, nil, nil, nil
+	p.held, p.toHand, p.taking, p.acking, p.committing, p.inFlight = nil, nil, nil, nil, nil, nil
 	if p.inHand != nil {
 		// Forgotten: the sender writes the line it has.
 		u := p.inHand
@@ -662,8 +702,26 @@ func (p *proc) senderEnds(sig syscall.Signal, wrote bool) {
 	p.w.logf("p%d's sender ends (signal %d, wrote %v, failed %v)", p.id, sig, wrote, failed)
 	p.settle(failed)
 	p.restartIn = protocol.RestartIn(p.restartIn, p.progressed)
+	if p.endsInARow++; p.progressed {
+		p.endsInARow = 1
+	}
 	p.progressed = false
 	p.senderDown, p.restartAt = true, p.now()+p.restartIn
+	if p.cfg().resend && protocol.OnceAfter(code, p.endsInARow) != protocol.StartAgain {
+		// A resend stops on a sender that keeps failing (Sender.giveUp),
+		// its dead letters left for the next.
+		p.w.logf("p%d gives up on its sender (%d ends in a row)", p.id, p.endsInARow)
+		*p = proc{w: p.w, id: p.id, epoch: p.epoch, exited: true, gaveUp: true}
+	}
+}
+
+// runAgain is the process started again: a resend run anew after it
+// ended.
+func (p *proc) runAgain() {
+	if p.exited {
+		*p = proc{w: p.w, id: p.id, epoch: p.epoch}
+	}
+	p.alive = true
 }
 
 // kill ends the process at once: its sender with it, maybe after writing

@@ -23,6 +23,9 @@ type Profile struct {
 	Standbys bool
 	// Weights draws an action that many times as often (default 1).
 	Weights map[string]int
+	// Resend: the processes are tailer dead-letters resend runs, on a
+	// stream of dead letters, each ending once drained.
+	Resend bool
 }
 
 var allFaults = []string{"kill", "freeze", "sender killed", "sender fails", "stream made again", "purge", "a message deleted", "bucket unanswered"}
@@ -52,6 +55,11 @@ var Profiles = []Profile{
 		LineTime: [2]time.Duration{10 * time.Millisecond, time.Second}, Weights: map[string]int{"fault": 3, "saver": 0}},
 	{Name: "processes", Faults: []string{"kill", "freeze", "bucket unanswered"}, MaxFaults: 3,
 		LineTime: [2]time.Duration{10 * time.Millisecond, 3 * time.Second}, Weights: map[string]int{"fault": 3, "start": 2}},
+	// Two or three resends at once on one durable's dead letters, their
+	// acks slow to land, killed, frozen, their senders killed or
+	// failing, run again.
+	{Name: "resends", Faults: []string{"kill", "freeze", "sender killed", "sender fails"}, MaxFaults: 4, Standbys: true, Resend: true,
+		LineTime: [2]time.Duration{10 * time.Millisecond, time.Second}, Weights: map[string]int{"fault": 2, "start": 2}},
 }
 
 // Schedule runs one schedule of p: tailer subscribe processes composing
@@ -71,6 +79,11 @@ func (p Profile) Schedule(rt *rapid.T) {
 	if p.Standbys {
 		least = 2
 	}
+	if p.Resend {
+		for range rapid.IntRange(1, 5).Draw(rt, "dead letters") {
+			w.publish(1, rapid.IntRange(1, 2).Draw(rt, "tokens"))
+		}
+	}
 	for i := range rapid.IntRange(least, 3).Draw(rt, "processes") {
 		w.procs = append(w.procs, &proc{w: w, id: i, alive: true})
 	}
@@ -89,6 +102,18 @@ func (p Profile) Schedule(rt *rapid.T) {
 
 func (p Profile) config(rt *rapid.T) config {
 	d := func(name string, ds ...time.Duration) time.Duration { return rapid.SampledFrom(ds).Draw(rt, name) }
+	if p.Resend {
+		// A resend reads a dead-letter stream from its first message,
+		// sets nothing aside, and hands on to a sender.
+		return config{
+			resend:    true,
+			ackDelay:  time.Duration(rapid.IntRange(1, 300).Draw(rt, "ack delay ms")) * time.Millisecond,
+			lineTime:  time.Duration(rapid.Int64Range(int64(p.LineTime[0]), int64(p.LineTime[1])).Draw(rt, "line time")).Round(time.Millisecond),
+			ttl:       d("pinned ttl", 5*time.Second, 10*time.Second),
+			ackWait:   d("ack wait", 3*time.Second, 10*time.Second, 30*time.Second),
+			fromStart: true,
+		}
+	}
 	return config{
 		inbox:         rapid.IntRange(0, 2).Draw(rt, "inbox") == 0,
 		lineTime:      time.Duration(rapid.Int64Range(int64(p.LineTime[0]), int64(p.LineTime[1])).Draw(rt, "line time")).Round(time.Millisecond),
@@ -133,7 +158,11 @@ func (s *schedule) actions() map[string]func(*rapid.T) {
 				s.idle(t)
 				return
 			}
-			w.publish(rapid.IntRange(1, 3).Draw(t, "batches"), rapid.IntRange(1, 2).Draw(t, "tokens"))
+			batches := 1
+			if !w.cfg.resend {
+				batches = rapid.IntRange(1, 3).Draw(t, "batches")
+			}
+			w.publish(batches, rapid.IntRange(1, 2).Draw(t, "tokens"))
 			s.advance(t, 0)
 		},
 		"tick":        func(t *rapid.T) { s.advance(t, time.Duration(rapid.IntRange(1, 1000).Draw(t, "ms"))*time.Millisecond) },
@@ -149,12 +178,12 @@ func (s *schedule) actions() map[string]func(*rapid.T) {
 			s.advance(t, 0)
 		},
 		"start": func(t *rapid.T) {
-			p := s.pick(t, func(p *proc) bool { return !p.alive })
+			p := s.pick(t, func(p *proc) bool { return !p.alive || p.exited })
 			if p == nil {
 				s.idle(t)
 				return
 			}
-			p.alive = true
+			p.runAgain()
 			w.lastFault = w.now
 			w.logf("p%d started", p.id)
 			s.advance(t, 0)
@@ -265,6 +294,10 @@ func (s *schedule) settle(t *rapid.T) {
 		p.alive, p.frozenUntil = true, min(p.frozenUntil, w.now)
 	}
 	w.lastFault = w.now
+	if w.cfg.resend {
+		s.settleResends(t)
+		return
+	}
 	for i := 0; i < 200 && w.outstanding(); i++ {
 		s.advance(t, 30*time.Second)
 	}
@@ -274,5 +307,32 @@ func (s *schedule) settle(t *rapid.T) {
 	}
 	if w.outstanding() && !refused {
 		t.Fatalf("batches neither written nor set aside after the faults stopped (%s of running)", w.now)
+	}
+}
+
+// settleResends runs every resend again that is not running, as an
+// operator would, until each ended drained: then no dead letter is
+// listed, and each was written.
+func (s *schedule) settleResends(t *rapid.T) {
+	w := s.w
+	for _, p := range w.procs {
+		if p.exited {
+			p.runAgain()
+		}
+	}
+	running := func() bool { return slices.ContainsFunc(w.procs, func(p *proc) bool { return !p.exited }) }
+	for i := 0; i < 200 && running(); i++ {
+		s.advance(t, 30*time.Second)
+		for _, p := range w.procs {
+			if p.refused != "" || p.gaveUp {
+				t.Fatalf("p%d stopped after the faults: %s (gave up: %v)", p.id, p.refused, p.gaveUp)
+			}
+		}
+	}
+	if running() {
+		t.Fatalf("resends still running after the faults stopped (%s of running)", w.now)
+	}
+	if w.outstanding() {
+		t.Fatal("dead letters neither written nor removed after every resend ended drained")
 	}
 }

@@ -20,6 +20,11 @@ type config struct {
 	ttl, ackWait, ackWaitFlag time.Duration
 	maxDeliveries             int
 	fromStart                 bool
+	// resend: the processes are tailer dead-letters resend, each ending
+	// once drained, the stream the dead letters; an ack reaches the
+	// server ackDelay after it is sent.
+	resend   bool
+	ackDelay time.Duration
 }
 
 // msgKey names a message of one incarnation of the stream.
