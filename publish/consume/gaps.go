@@ -8,25 +8,36 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mailroom/tailer/publish/consume/protocol"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
 // Gaps is what a reader found of gaps in the stream (wire.Gap): how many,
-// and the newest that no resync's message has followed yet.
+// the newest that no resync's message has followed yet, and how many
+// messages another client of the durable was given.
 type Gaps struct {
 	mu    sync.Mutex
 	count int
 	open  string
+	taken int
 }
 
 // Note takes what wire.Chain.Follow said (nil: no gap) of a message with
 // headers h, read by durable from stream: a gap is counted and said, unless
 // the stream still holds its predecessor; a resync's message closes the
-// open gap (it publishes every token the stream lacks again). keep (nil:
-// none) keeps the message held while the stream is asked.
-func (g *Gaps) Note(ctx context.Context, js jetstream.JetStream, stream, durable string, log *slog.Logger, h wire.Header, gap *wire.Gap, keep func()) {
-	if gap != nil && !gap.Resynced && PredecessorThere(ctx, js, stream, gap, keep) {
-		gap = nil
+// open gap (it publishes every token the stream lacks again). A
+// predecessor the stream holds, on a durable that does not pin one
+// subscriber (pinned false), went to another client: said as an error.
+// keep (nil: none) keeps the message held while the stream is asked.
+func (g *Gaps) Note(ctx context.Context, js jetstream.JetStream, stream, durable string, pinned bool, log *slog.Logger, h wire.Header, gap *wire.Gap, keep func()) {
+	if gap != nil && !gap.Resynced {
+		switch protocol.OnGap(PredecessorThere(ctx, js, stream, gap, keep), pinned) {
+		case protocol.NotMissing:
+			gap = nil
+		case protocol.TakenElsewhere:
+			g.takenElsewhere(durable, log, gap)
+			return
+		}
 	}
 	g.mu.Lock()
 	healed := g.open != "" && h.Get(wire.HeaderResync) != ""
@@ -53,11 +64,31 @@ func (g *Gaps) Note(ctx context.Context, js jetstream.JetStream, stream, durable
 	}
 }
 
+// takenElsewhere counts and says gap's predecessor given to a client
+// that is not this subscriber.
+func (g *Gaps) takenElsewhere(durable string, log *slog.Logger, gap *wire.Gap) {
+	g.mu.Lock()
+	g.taken++
+	g.mu.Unlock()
+	if log != nil {
+		log.Error("a message of this durable was given to another client, not to this subscriber, which never wrote its tokens: the consumer does not pin one subscriber, so any client pulling from it (a second subscriber, nats consumer next) takes messages; stop that client, and delete the consumer to have tailer subscribe make it again pinned",
+			"durable", durable, "taken_stream_seq", gap.Prev.Seq, "taken_mark", gap.Prev.Mark, "next_stream_seq", gap.Seq, "subject", gap.Subject)
+	}
+}
+
 // State returns how many gaps were found, and the open one ("": none).
 func (g *Gaps) State() (count int, open string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.count, g.open
+}
+
+// Taken returns how many messages of the durable were found given to
+// another client.
+func (g *Gaps) Taken() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.taken
 }
 
 // predecessorPatience is how long PredecessorThere asks a stream that

@@ -164,6 +164,9 @@ type Stats struct {
 	// resync's message has followed yet ("": none).
 	Gaps    int
 	OpenGap string
+	// TakenElsewhere counts the messages of the durable found given to
+	// another client (on a consumer that does not pin one subscriber).
+	TakenElsewhere int
 	// InDoubt is the batches handed to the reader and not done.
 	InDoubt int
 	// LastDelivery is when the last message came; LastDone when a batch
@@ -182,10 +185,19 @@ func (s *Subscriber) Stats() Stats {
 	st.PinID = s.pinID
 	s.mu.Unlock()
 	st.Gaps, st.OpenGap = s.gaps.State()
+	st.TakenElsewhere = s.gaps.Taken()
 	if r := s.reader; r != nil {
 		st.InDoubt, _ = r.inDoubt()
 	}
 	return st
+}
+
+// pinsOne reports whether the consumer Run is bound to pins one
+// subscriber at a time (a consumer made before tailer subscribe pinned,
+// or by hand, does not).
+func (s *Subscriber) pinsOne() bool {
+	c := s.Consumer()
+	return c != nil && c.CachedInfo().Config.PriorityPolicy == jetstream.PriorityPolicyPinned
 }
 
 // Consuming reports whether Run is bound to its consumer: false before the

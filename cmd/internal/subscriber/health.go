@@ -55,6 +55,7 @@ var MetricNames = []string{
 	"mailroom_subscriber_consumer_recreated_total",
 	"mailroom_subscriber_stream_gaps_total",
 	"mailroom_subscriber_stream_gap_open",
+	"mailroom_subscriber_taken_elsewhere_total",
 	"mailroom_subscriber_in_doubt_batches",
 	"mailroom_subscriber_last_delivery_timestamp_seconds",
 	"mailroom_subscriber_pending_messages",
@@ -188,6 +189,7 @@ func (c *collector) desc(name string) *prometheus.Desc {
 			"mailroom_subscriber_consumer_recreated_total":        "Times the consumer was found gone from the server and made again.",
 			"mailroom_subscriber_stream_gaps_total":               "Places where the stream lacked messages the durable had not read (removed before it read them): their tokens reach no reader until tailer resync.",
 			"mailroom_subscriber_stream_gap_open":                 "1 while a gap in the stream has been found and no resync's message has followed it.",
+			"mailroom_subscriber_taken_elsewhere_total":           "Messages of the durable found given to another client, not to a subscriber of it (a consumer that does not pin one subscriber): their tokens were not written by tailer subscribe.",
 			"mailroom_subscriber_in_doubt_batches":                "Batches handed to the reader and not known finished.",
 			"mailroom_subscriber_last_delivery_timestamp_seconds": "When the last message was delivered (Unix time; 0: none yet).",
 			"mailroom_subscriber_pending_messages":                "Messages on the stream the consumer has yet to deliver.",
@@ -238,6 +240,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter("mailroom_subscriber_consumer_recreated_total", s.Recreated)
 	counter("mailroom_subscriber_stream_gaps_total", s.Gaps)
 	gauge("mailroom_subscriber_stream_gap_open", b(s.OpenGap != ""))
+	counter("mailroom_subscriber_taken_elsewhere_total", s.TakenElsewhere)
 	gauge("mailroom_subscriber_in_doubt_batches", float64(s.InDoubt))
 	last := 0.0
 	if !s.LastDelivery.IsZero() {

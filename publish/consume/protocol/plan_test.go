@@ -393,3 +393,19 @@ func TestDrained(t *testing.T) {
 		}
 	}
 }
+
+func TestOnGap(t *testing.T) {
+	for _, c := range []struct {
+		there, pinned bool
+		want          Missing
+	}{
+		{false, true, RemovedFirst},
+		{false, false, RemovedFirst},
+		{true, true, NotMissing},
+		{true, false, TakenElsewhere},
+	} {
+		if got := OnGap(c.there, c.pinned); got != c.want {
+			t.Errorf("OnGap(there %v, pinned %v) = %d, want %d", c.there, c.pinned, got, c.want)
+		}
+	}
+}

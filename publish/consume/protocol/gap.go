@@ -1,0 +1,36 @@
+package protocol
+
+// Missing is what became of a message a subject's chain says came
+// before the one delivered, and that this subscriber was never given.
+type Missing uint8
+
+const (
+	// NotMissing: the stream holds it, and the durable pins one
+	// subscriber at a time: a subscriber of the durable had it before
+	// this one took over (and died before its record said so).
+	NotMissing Missing = iota
+	// RemovedFirst: the stream no longer holds it: removed (a limit, a
+	// purge, a delete) before this durable read it; its tokens reach no
+	// reader until tailer resync publishes them again.
+	RemovedFirst
+	// TakenElsewhere: the stream holds it, and the durable does not pin
+	// one subscriber: another client of the durable was given it (a
+	// second subscriber, nats consumer next), and this subscriber never
+	// wrote its tokens.
+	TakenElsewhere
+)
+
+// OnGap decides what a gap in the chain is, by whether the stream holds
+// the message it names where it names it (there) and whether the
+// durable pins one subscriber (pinned). On a pinned durable a client
+// that is not the pinned subscriber is refused by the server, so a
+// message the stream holds went to a subscriber of the durable.
+func OnGap(there, pinned bool) Missing {
+	switch {
+	case !there:
+		return RemovedFirst
+	case pinned:
+		return NotMissing
+	}
+	return TakenElsewhere
+}
