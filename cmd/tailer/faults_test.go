@@ -1022,34 +1022,3 @@ func TestKilledInsideALargeTransaction(t *testing.T) {
 	}
 	t.Logf("%d tokens, %d on the stream at the kill; the restart: %s", total, before, line)
 }
-
-// A subscriber says at once when NATS goes away and when it is back, and
-// /readyz names the server that does not answer (it said nothing in the
-// log, and "context deadline exceeded").
-func TestSubscriberSaysNATSIsAway(t *testing.T) {
-	t.Parallel()
-	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
-	c.tailer().waitLog("msg=streaming", 1, 30*time.Second)
-	port, _ := pgtest.FreePort()
-	ready := fmt.Sprintf("http://127.0.0.1:%d/readyz", port)
-	p := c.execSubscriber(t, "away", "cat > /dev/null", "--health-addr", fmt.Sprintf("127.0.0.1:%d", port))
-	p.waitLog("consuming", 1, 30*time.Second)
-	stopped := time.Now()
-	c.stopNATS()
-	p.waitLog(`level=WARN msg="NATS disconnected: nothing is delivered until it is back; reconnecting" server=nats://127.0.0.1:`, 1, 10*time.Second)
-	t.Logf("the disconnect said %s after NATS stopped", time.Since(stopped).Round(10*time.Millisecond))
-	tailertest.Eventually(t, 10*time.Second, func() error {
-		if code, body := httpGet(ready); code != 503 || !strings.Contains(body, "NATS at nats://127.0.0.1:") || !strings.Contains(body, "does not answer") {
-			return fmt.Errorf("/readyz: %d %s", code, body)
-		}
-		return nil
-	})
-	c.startNATS()
-	p.waitLog(`level=WARN msg="NATS reconnected: delivering again"`, 1, 30*time.Second)
-	tailertest.Eventually(t, 30*time.Second, func() error {
-		if code, body := httpGet(ready); code != 200 {
-			return fmt.Errorf("/readyz after NATS came back: %d %s", code, body)
-		}
-		return nil
-	})
-}

@@ -305,17 +305,14 @@ func TestWrongCredentialsAtStartup(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name, db, nats, want, secret string
-		extra                        []string
 	}{
-		{"database password", dbURL("wrong-db-pass", "postgres"), natsURL(natsPass), "MAILROOM_DATABASE_URL: authentication failed", "wrong-db-pass", nil},
-		{"database name", dbURL(dbPass, "nosuchdb"), natsURL(natsPass), `MAILROOM_DATABASE_URL: database "nosuchdb" does not exist`, dbPass, nil},
-		{"NATS password", dbURL(dbPass, "postgres"), natsURL("wrong-nats-pass"), "MAILROOM_NATS_URL: cannot connect to nats://REDACTED@", "wrong-nats-pass", nil},
-		{"database password apart from the URL", fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", pg.Port), natsURL(natsPass),
-			"MAILROOM_DATABASE_PASSWORD: the server refused it for the user of MAILROOM_DATABASE_URL", "wrong/db pass@", []string{"MAILROOM_DATABASE_PASSWORD=wrong/db pass@"}},
+		{"database password", dbURL("wrong-db-pass", "postgres"), natsURL(natsPass), "MAILROOM_DATABASE_URL: authentication failed", "wrong-db-pass"},
+		{"database name", dbURL(dbPass, "nosuchdb"), natsURL(natsPass), `MAILROOM_DATABASE_URL: database "nosuchdb" does not exist`, dbPass},
+		{"NATS password", dbURL(dbPass, "postgres"), natsURL("wrong-nats-pass"), "MAILROOM_NATS_URL: cannot connect to nats://REDACTED@", "wrong-nats-pass"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := exec.Command(tailerBin, "run", "--http-addr=", "--lag-interval=60000")
-			cmd.Env = append(append(os.Environ(), "MAILROOM_DATABASE_URL="+tc.db, "MAILROOM_SECRET_KEY="+goodKey, "MAILROOM_NATS_URL="+tc.nats), tc.extra...)
+			cmd.Env = append(os.Environ(), "MAILROOM_DATABASE_URL="+tc.db, "MAILROOM_SECRET_KEY="+goodKey, "MAILROOM_NATS_URL="+tc.nats)
 			var out bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &out
 			done := make(chan error, 1)

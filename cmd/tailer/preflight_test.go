@@ -83,22 +83,3 @@ func TestWrongPasswordIsConfiguration(t *testing.T) {
 		}
 	}
 }
-
-// A role without the grants the tailer needs: tailer run stops at start,
-// exit 2, one line naming the grant to run (it said "permission denied for
-// table tailer_slot" and no more).
-func TestMissingGrantNamed(t *testing.T) {
-	t.Parallel()
-	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
-	// Roles are the server's: a name of this test's own.
-	c.Exec(`DO $$ BEGIN CREATE ROLE tailer_nogrants LOGIN REPLICATION; EXCEPTION WHEN duplicate_object THEN NULL; END $$`)
-	bare := strings.Replace(c.URL, "postgres://postgres@", "postgres://tailer_nogrants@", 1)
-	p := c.tailer("MAILROOM_DATABASE_URL=" + bare)
-	code := p.exit(30 * time.Second)
-	out := strings.TrimSpace(p.out.String())
-	if code != exitConfig || strings.Count(out, "\n") != 0 || !strings.Contains(out, "tailer run: MAILROOM_DATABASE_URL: its user lacks a grant: permission denied for table ") ||
-		!strings.Contains(out, " TO that user") || !strings.Contains(out, "GRANT ") {
-		t.Fatalf("a role without grants: exit %d:\n%s", code, out)
-	}
-	t.Logf("%s", out)
-}

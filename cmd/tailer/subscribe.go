@@ -72,8 +72,11 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 	server := config.RedactURL(url)
 	nc, err := nats.Connect(url, append(cfg.NATSOptions(), nats.Name("tailer subscribe"), nats.MaxReconnects(-1),
 		// Said at once: nothing else is while the server is away.
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			log.Warn("NATS disconnected: nothing is delivered until it is back; reconnecting", "server", server, "err", err)
+		nats.DisconnectErrHandler(func(c *nats.Conn, err error) {
+			// Not when this process closes it, at its end.
+			if !c.IsClosed() {
+				log.Warn("NATS disconnected: nothing is delivered until it is back; reconnecting", "server", server, "err", err)
+			}
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {
 			log.Warn("NATS reconnected: delivering again", "server", c.ConnectedUrlRedacted())
