@@ -123,9 +123,30 @@ services=(postgres nats migrate tailer postgres-exporter nats-exporter prometheu
 [ "${CLUSTER:-}" = 1 ] && services+=(nats-2 nats-3)
 # The whole stack but Grafana, as docs/deploy.md brings it up where
 # Grafana's image cannot be had.
+#
+# Sampled all through this first up, PostgreSQL's first setup
+# (01-roles.sh) included: no password on the command line or in the
+# environment of any process, the host's or a container's (theirs are
+# the host's too). The random part of each password stands for it.
+for name in "${secrets[@]}"; do pw=$(cat "$work/infra/secrets/$name"); printf '%s\n' "${pw:0:12}"; done >"$work/patterns"
+(
+  n=0
+  until [ -e "$work/up-done" ]; do
+    for f in $(grep -lF -f "$work/patterns" /proc/[0-9]*/cmdline /proc/[0-9]*/environ 2>/dev/null); do
+      echo "$f: $(tr '\0' ' ' <"${f%/*}/cmdline" 2>/dev/null | cut -c1-120)"
+    done
+    n=$((n + 1))
+  done
+  echo "sweeps $n"
+) >"$work/sampled" &
+sampler=$!
 say "up -d --wait --pull never --scale grafana=0"
 dc up -d --no-build --wait --wait-timeout 300 --pull never --scale grafana=0 >/dev/null
+touch "$work/up-done"
+wait "$sampler"
+grep -v '^sweeps ' "$work/sampled" && fail "a password on a command line or in an environment during the first up (above)"
 say "healthy: $(dc ps --format '{{.Service}}={{.Health}}' | tr '\n' ' ')"
+say "no password on any process's command line or in its environment during the first up ($(tail -1 "$work/sampled") of /proc)"
 
 # Every published port on loopback only.
 if dc ps --format '{{.Publishers}}' | grep -o 'URL:[^ ]*' | grep -v 'URL:127.0.0.1'; then
@@ -400,7 +421,7 @@ if [ "${CLUSTER:-}" != 1 ] && [ "${TLS:-}" != 1 ] && [ "${MOVE:-1}" = 1 ]; then
     cli backup restore stream "$b/$s" --replicas 3 --no-progress >"$work/restore.log" 2>&1 || { cat "$work/restore.log"; fail "nats backup restore stream $s"; }
   done
   # 5. Everything up again.
-  dc up -d --no-build --wait --wait-timeout 300 "${services[@]}" nats-2 nats-3 >/dev/null
+  dc up -d --no-build --wait --wait-timeout 300 --pull never --scale grafana=0 >/dev/null
   say "moved: $(dc ps --format '{{.Service}}={{.Health}}' | tr '\n' ' ')"
   after=$(consumer)
   read -r durable floor _ <<<"$before"

@@ -259,22 +259,36 @@ func (c *cluster) slotDropped(t *testing.T, run *proc, metrics string) string {
 	return fmt.Sprintf("%s\ntailer_slot_invalidated %v", grepLines(run.out.String(), "does not exist, but this database recorded it"), v)
 }
 
-// natsAway stops NATS under a running subscriber: its log within 10 s,
-// and its /readyz; then starts it again: said, and ready again.
+// natsAwayFor is how long natsAway keeps NATS stopped.
+const natsAwayFor = 90 * time.Second
+
+// natsAway stops NATS under a running subscriber for natsAwayFor: its
+// log within 10 s, and its /readyz throughout; then starts it again:
+// said, and ready again.
 func (c *cluster) natsAway(t *testing.T) (int, string) {
 	port, _ := pgtest.FreePort()
 	p := c.execSubscriber(t, "away", "cat > /dev/null", "--health-addr", fmt.Sprintf("127.0.0.1:%d", port))
 	p.waitLog("consuming", 1, 30*time.Second)
+	stopped := time.Now()
 	c.stopNATS()
 	p.waitLog("NATS disconnected", 1, 10*time.Second)
+	said := time.Since(stopped)
 	var ready string
 	tailertest.Eventually(t, 10*time.Second, func() error {
 		code, body := httpGet(fmt.Sprintf("http://127.0.0.1:%d/readyz", port))
-		if ready = fmt.Sprintf("/readyz %d: %s", code, body); code != 503 || !strings.Contains(body, "NATS at") {
+		if ready = fmt.Sprintf("/readyz %d: %s", code, strings.TrimSpace(body)); code != 503 || !strings.Contains(body, "NATS at") {
 			return fmt.Errorf("%s", ready)
 		}
 		return nil
 	})
+	// Away for 90 s, as the operator saw it: /readyz says so throughout.
+	for time.Since(stopped) < natsAwayFor {
+		time.Sleep(time.Second)
+		if code, body := httpGet(fmt.Sprintf("http://127.0.0.1:%d/readyz", port)); code != 503 || !strings.Contains(body, "NATS at") {
+			t.Fatalf("/readyz %s after NATS stopped: %d %s", time.Since(stopped).Round(time.Second), code, body)
+		}
+	}
+	ready += fmt.Sprintf("\n(said %s after NATS stopped; /readyz 503 naming it every second for %s)", said.Round(time.Millisecond), natsAwayFor)
 	c.startNATS()
 	p.waitLog(`level=WARN msg="NATS reconnected: delivering again"`, 1, 30*time.Second)
 	tailertest.Eventually(t, 30*time.Second, func() error {
