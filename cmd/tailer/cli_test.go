@@ -16,7 +16,7 @@ func TestEveryCommandLine(t *testing.T) {
 	env := map[string]string{"MAILROOM_DATABASE_URL": "postgres://u@127.0.0.1:1/db", "MAILROOM_SECRET_KEY": goodKey}
 	get := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	commands := [][]string{{"run"}, {"migrate"}, {"resync"}, {"status"}, {"status", "--json"}, {"health"}, {"verify"}, {"subscribe"},
-		{"dead-letters", "list"}, {"dead-letters", "resend"}, {"nats-metrics"}, {"version"}}
+		{"dead-letters", "list"}, {"dead-letters", "resend"}, {"nats-metrics"}, {"nats-passwd"}, {"version"}}
 	for _, cmd := range commands {
 		path := "tailer " + strings.Join(strings.Fields(strings.ReplaceAll(strings.Join(cmd, " "), "--json", "")), " ")
 		extra := []string{"bogus"}

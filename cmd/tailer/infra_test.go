@@ -640,10 +640,11 @@ func subscriberHealth(addr string) (int, string) {
 	return exitOK, string(out)
 }
 
-// bcryptOf is pw hashed with bcrypt, as nats-auth.sh's nats server passwd
+// bcryptOf is pw hashed with bcrypt, as nats-auth.sh's tailer nats-passwd
 // hashes it: the form the compose stack's servers get. At the least cost,
-// not the CLI's 11: the server here runs in the test's process under the
-// race detector, and checks the hash at every connection.
+// not its 11: the server here runs in the test's process under the race
+// detector, and checks the hash at every connection
+// (TestNATSPasswdHashLogsIn checks the command's own).
 func bcryptOf(t *testing.T, pw string) string {
 	t.Helper()
 	h, err := bcrypt.GenerateFromPassword([]byte(pw), bcrypt.MinCost)
@@ -651,6 +652,52 @@ func bcryptOf(t *testing.T, pw string) string {
 		t.Fatal(err)
 	}
 	return string(h)
+}
+
+// tailer nats-passwd, as nats-auth.sh runs it (the password file on
+// stdin, its line end taken off as every _FILE setting's), prints a hash
+// a NATS server takes for the password the clients give from that file:
+// a URL-hostile one logs in, a wrong one does not; a short one is
+// refused in one line, exit 2, not repeated.
+func TestNATSPasswdHashLogsIn(t *testing.T) {
+	t.Parallel()
+	pw := hostilePassword(rand.New(rand.NewPCG(7, 7)))
+	hash := func(stdin string) (int, string) {
+		cmd := exec.Command(tailerBin, "nats-passwd")
+		cmd.Stdin = strings.NewReader(stdin)
+		out, _ := cmd.Output()
+		return cmd.ProcessState.ExitCode(), strings.TrimSpace(string(out))
+	}
+	code, h := hash(pw + "\n")
+	if code != exitOK || !strings.HasPrefix(h, "$2a$11$") {
+		t.Fatalf("tailer nats-passwd: exit %d, %q", code, h)
+	}
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
+		Users: []*server.User{{Username: "tailer", Password: h}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	t.Cleanup(ns.Shutdown)
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("NATS not ready")
+	}
+	if nc, err := nats.Connect(ns.ClientURL(), nats.UserInfo("tailer", pw)); err != nil {
+		t.Fatalf("the password the hash is of: %v", err)
+	} else {
+		nc.Close()
+	}
+	if nc, err := nats.Connect(ns.ClientURL(), nats.UserInfo("tailer", pw+"x")); err == nil {
+		nc.Close()
+		t.Fatal("another password logged in")
+	}
+	cmd := exec.Command(tailerBin, "nats-passwd")
+	cmd.Stdin = strings.NewReader("short-pw\n")
+	out, _ := cmd.CombinedOutput()
+	if code := cmd.ProcessState.ExitCode(); code != exitConfig || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 ||
+		!strings.Contains(string(out), "the password is 8 characters") || strings.Contains(string(out), "short-pw") {
+		t.Fatalf("a short password: exit %d: %s", code, out)
+	}
 }
 
 // hostilePassword is a random password that holds every character that

@@ -96,8 +96,7 @@ func (f *Flags) Config(lookupEnv func(string) (string, bool)) (*Config, error) {
 			if err != nil {
 				return nil, &Error{Var: v.Env + "_FILE", Err: fmt.Errorf("cannot read %s: %v", path, pathErr(err))}
 			}
-			// Files end in a newline more often than passwords do.
-			val = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+			val = FileValue(b)
 		}
 		if err := v.set(c, val); err != nil {
 			return nil, &Error{Var: v.Env, Err: v.shown(err, val)}
@@ -141,4 +140,12 @@ func varsByEnv() map[string]Var {
 		byEnv[v.Env] = v
 	}
 	return byEnv
+}
+
+// FileValue is the value a setting's file holds (<Env>_FILE): its
+// content, one line end taken off (files end in a newline more often than
+// passwords do). Whatever else reads a secret's file for the stack
+// (tailer nats-passwd) reads it so, or a hash of it would not match.
+func FileValue(b []byte) string {
+	return strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
 }
