@@ -293,19 +293,35 @@ insert 50 first
 await_delivery "before the fault"
 
 # The tailer's NATS user may not touch a subscriber's consumer: asked, as
-# that user, to delete the subscriber's, the server refuses (no answer),
-# and it is still there.
+# that user, to delete, edit, pull from or acknowledge on the
+# subscriber's, the server refuses (a permissions violation, or no
+# answer), and the consumer is as it was.
 net=$(docker inspect -f '{{range $k, $v := .NetworkSettings.Networks}}{{$k}}{{end}}' "$(dc ps -q nats)")
 tlsca=()
 [ "${TLS:-}" = 1 ] && tlsca=(-v "$work/infra/secrets/tls/ca.crt:/ca.crt:ro")
-if docker run --rm --network "$net" -v "$work/infra/secrets/nats_tailer_password:/pw:ro" "${tlsca[@]}" -e TLS="${TLS:-}" -e HOME=/tmp \
+as_tailer() { # the NATS CLI as the tailer's user (its password from the secret's file), then the CLI's arguments
+  docker run --rm --network "$net" -v "$work/infra/secrets/nats_tailer_password:/pw:ro" "${tlsca[@]}" -e TLS="${TLS:-}" -e HOME=/tmp \
     --entrypoint /busybox/sh mailroom/nats-cli:local -c \
-    'NATS_USER=tailer NATS_PASSWORD=$(cat /pw) exec nats -s nats://nats:4222 ${TLS:+--tlsca /ca.crt} --timeout 3s consumer rm MAILROOM sender -f' >"$work/consumer-rm.log" 2>&1; then
-  fail "the tailer's NATS user deleted the subscriber's consumer: $(cat "$work/consumer-rm.log")"
-fi
-"${compose[@]}" -p "$project" "${files[@]}" run --rm -T nats-cli consumer info MAILROOM sender >/dev/null 2>&1 ||
-  fail "the subscriber's consumer is gone after the tailer's user asked to delete it"
-say "the tailer's NATS user is refused CONSUMER.DELETE: $(tail -1 "$work/consumer-rm.log")"
+    'NATS_USER=tailer NATS_PASSWORD=$(cat /pw) exec nats -s nats://nats:4222 ${TLS:+--tlsca /ca.crt} --timeout 3s "$@"' as-tailer "$@"
+}
+sender_state() { "${compose[@]}" -p "$project" "${files[@]}" run --rm -T nats-cli consumer info MAILROOM sender --json 2>/dev/null |
+  python3 -c 'import json,sys; c=json.load(sys.stdin); print(c["config"].get("max_deliver"), c["delivered"]["stream_seq"], c["ack_floor"]["stream_seq"])'; }
+state=$(sender_state) || fail "no consumer sender before the tailer's user tries it"
+# Each as the CLI's command (which looks the consumer up first, and is
+# refused there), and as the API request itself.
+for try in "consumer rm MAILROOM sender -f" "consumer edit MAILROOM sender --max-deliver 1 -f" "consumer next MAILROOM sender --count 1" \
+    'req $JS.API.CONSUMER.DURABLE.CREATE.MAILROOM.sender {"stream_name":"MAILROOM","config":{"durable_name":"sender","max_deliver":1,"ack_policy":"explicit"}}' \
+    'req $JS.API.CONSUMER.MSG.NEXT.MAILROOM.sender {"batch":1,"group":"mailroom"}' \
+    'pub $JS.ACK.MAILROOM.sender.1.1.1.0.0 +ACK'; do
+  # shellcheck disable=SC2086 # each try is the CLI's words
+  out=$(as_tailer $try 2>&1) && case "$out" in *"Permissions Violation"*) ;; *) fail "the tailer's NATS user was not refused '$try': $out" ;; esac
+  case "$out" in
+    *"Permissions Violation"* | *timeout* | *"context deadline exceeded"* | *"unknown consumer"*) ;;
+    *) fail "the tailer's NATS user, '$try': not a refusal: $out" ;;
+  esac
+  [ "$(sender_state)" = "$state" ] || fail "the subscriber's consumer changed after the tailer's user tried '$try': $(sender_state), was $state"
+  say "the tailer's NATS user is refused '$try': $(printf '%s' "$out" | tail -1)"
+done
 say "memory in use: $(docker stats --no-stream --format '{{.Name}}={{.MemUsage}}' $(dc ps -q) | sed "s/$project-//" | tr '\n' ' ')"
 
 # A restart of PostgreSQL is a clean shutdown (SIGINT: fast), not a
