@@ -30,6 +30,7 @@ import (
 	"github.com/mailroom/tailer/cmd/internal/natsmetrics"
 	"github.com/mailroom/tailer/cmd/internal/subscriber"
 	"github.com/mailroom/tailer/internal/embedded"
+	"github.com/mailroom/tailer/internal/testutil/natstest"
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
 )
@@ -672,16 +673,7 @@ func TestNATSPasswdHashLogsIn(t *testing.T) {
 	if code != exitOK || !strings.HasPrefix(h, "$2a$11$") {
 		t.Fatalf("tailer nats-passwd: exit %d, %q", code, h)
 	}
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
-		Users: []*server.User{{Username: "tailer", Password: h}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("NATS not ready")
-	}
+	ns := natstest.Server(t, &server.Options{Host: "127.0.0.1", Port: -1, Users: []*server.User{{Username: "tailer", Password: h}}})
 	if nc, err := nats.Connect(ns.ClientURL(), nats.UserInfo("tailer", pw)); err != nil {
 		t.Fatalf("the password the hash is of: %v", err)
 	} else {

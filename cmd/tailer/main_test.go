@@ -20,6 +20,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/mailroom/tailer/internal/testutil/natstest"
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 )
 
@@ -288,15 +289,7 @@ func TestWrongCredentialsAtStartup(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pg.Close() })
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, Username: "tailer", Password: natsPass, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("NATS not ready")
-	}
+	ns := natstest.Server(t, &server.Options{Host: "127.0.0.1", Port: -1, Username: "tailer", Password: natsPass, JetStream: true, StoreDir: t.TempDir()})
 	natsURL := func(pass string) string {
 		return fmt.Sprintf("nats://tailer:%s@%s", pass, strings.TrimPrefix(ns.ClientURL(), "nats://"))
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"golang.org/x/sys/unix"
 
+	"github.com/mailroom/tailer/internal/testutil/natstest"
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 )
 
@@ -79,16 +80,8 @@ func TestPublishDeniedAndAllowed(t *testing.T) {
 			{Username: "tailer", Password: "tailer-pw", Permissions: &server.Permissions{Publish: &server.SubjectPermission{Allow: []string{">"}, Deny: deny}}},
 		}
 	}
-	opts := &server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true, Users: users()}
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Start()
-	t.Cleanup(srv.Shutdown)
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("NATS server not ready")
-	}
+	opts := &server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: t.TempDir(), Users: users()}
+	srv := natstest.Server(t, opts)
 	reload := func(deny ...string) {
 		t.Helper()
 		o := opts.Clone()

@@ -2,7 +2,9 @@ package natstest
 
 import (
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -28,4 +30,21 @@ func JetStream(tb testing.TB) (*nats.Conn, jetstream.JetStream) {
 		tb.Fatal(err)
 	}
 	return nc, js
+}
+
+// Server starts a nats-server with opts for tb (quiet, no signal
+// handlers), and waits until it takes connections; it stops with tb.
+func Server(tb testing.TB, opts *server.Options) *server.Server {
+	tb.Helper()
+	opts.NoLog, opts.NoSigs = true, true
+	s, err := server.NewServer(opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s.Start()
+	tb.Cleanup(s.Shutdown)
+	if !s.ReadyForConnections(10 * time.Second) {
+		tb.Fatal("NATS server not ready")
+	}
+	return s
 }
