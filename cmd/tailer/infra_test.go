@@ -674,12 +674,16 @@ func TestNATSPasswdHashLogsIn(t *testing.T) {
 		t.Fatalf("tailer nats-passwd: exit %d, %q", code, h)
 	}
 	ns := natstest.Server(t, &server.Options{Host: "127.0.0.1", Port: -1, Users: []*server.User{{Username: "tailer", Password: h}}})
-	if nc, err := nats.Connect(ns.ClientURL(), nats.UserInfo("tailer", pw)); err != nil {
+	// The server checks the hash at its cost, 11, under the race
+	// detector here: longer than a client's usual wait on a loaded
+	// machine.
+	slow := nats.Timeout(time.Minute)
+	if nc, err := nats.Connect(ns.ClientURL(), nats.UserInfo("tailer", pw), slow); err != nil {
 		t.Fatalf("the password the hash is of: %v", err)
 	} else {
 		nc.Close()
 	}
-	if nc, err := nats.Connect(ns.ClientURL(), nats.UserInfo("tailer", pw+"x")); err == nil {
+	if nc, err := nats.Connect(ns.ClientURL(), nats.UserInfo("tailer", pw+"x"), slow); err == nil {
 		nc.Close()
 		t.Fatal("another password logged in")
 	}

@@ -70,17 +70,8 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 	log := daemon.NewLogger("text", "info", stderr)
 	url := natsconn.URL(cfg)
 	server := config.RedactURL(url)
-	nc, err := nats.Connect(url, append(cfg.NATSOptions(), nats.Name("tailer subscribe"), nats.MaxReconnects(-1),
-		// Said at once: nothing else is while the server is away.
-		nats.DisconnectErrHandler(func(c *nats.Conn, err error) {
-			// Not when this process closes it, at its end.
-			if !c.IsClosed() {
-				log.Warn("NATS disconnected: nothing is delivered until it is back; reconnecting", "server", server, "err", err)
-			}
-		}),
-		nats.ReconnectHandler(func(c *nats.Conn) {
-			log.Warn("NATS reconnected: delivering again", "server", c.ConnectedUrlRedacted())
-		}))...)
+	nc, err := nats.Connect(url, append(append(cfg.NATSOptions(), nats.Name("tailer subscribe"), nats.MaxReconnects(-1)),
+		saysAway(log, server)...)...)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: MAILROOM_NATS_URL: cannot connect to %s: %v\n", command, config.RedactURL(url), err)
 		return exitConfig
@@ -331,5 +322,21 @@ func stopped(sub *consume.Subscriber, js jetstream.JetStream, log *slog.Logger) 
 		log.Warn("stopping: cannot ask the server what is still unacknowledged; whatever is comes again", "durable", c.Durable, "err", err)
 	case info.NumAckPending > 0:
 		log.Info("stopping: the server awaits acks for messages it will deliver to the next subscriber, without the batches recorded done", "durable", c.Durable, "messages", info.NumAckPending)
+	}
+}
+
+// saysAway are the options that say at once when NATS goes away and when
+// it is back (nothing else does while the server is away); not when this
+// process closes the connection itself, at its end.
+func saysAway(log *slog.Logger, server string) []nats.Option {
+	return []nats.Option{
+		nats.DisconnectErrHandler(func(c *nats.Conn, err error) {
+			if !c.IsClosed() {
+				log.Warn("NATS disconnected: nothing is delivered until it is back; reconnecting", "server", server, "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) {
+			log.Warn("NATS reconnected: delivering again", "server", c.ConnectedUrlRedacted())
+		}),
 	}
 }
