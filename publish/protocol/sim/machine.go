@@ -361,9 +361,11 @@ var faultKinds = []faultKind{
 		}
 		before := w.stream.keys()
 		w.stream, w.causes = w.stream.restore(w.backups[n-1]), true
-		if w.backupAt[n-1] == w.anchorWrites {
-			// No tailer recorded what it stored since the backup: what it
-			// stored after is lost unseen (docs/faults.md).
+		if w.backupAt[n-1] == w.anchorWrites || w.holdsRecord() {
+			// No tailer recorded what it stored since the backup, or what
+			// it recorded since is in the backup too (the markers a
+			// session records before its batches go out): what it stored
+			// after is lost unseen (docs/faults.md, "What it cannot see").
 			for k := range before {
 				if w.stream.keys()[k] == 0 {
 					w.unseen[k] = true

@@ -230,5 +230,18 @@ func (w *world) resync() {
 // errStreamGone is a session's stream gone under it between two reads.
 var errStreamGone = errors.New("a message of the window left the stream")
 
+// holdsRecord reports whether the stream holds, at their sequences, the
+// messages the slot's record knows it by (its anchor and where the last
+// clean stop left it): a tailer that judges it by the record alone finds
+// nothing missing.
+func (w *world) holdsRecord() bool {
+	for _, a := range []protocol.Anchor{w.db.rec.Anchor, w.db.rec.Stopped} {
+		if m, ok := w.stream.msgs[a.Seq]; a.Seq != 0 && (!ok || m.id != a.Mark) {
+			return false
+		}
+	}
+	return true
+}
+
 // seen is what the stream holds, as its info says.
 func (w *world) seen() protocol.Seen { return w.stream.seen() }
