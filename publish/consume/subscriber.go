@@ -557,11 +557,11 @@ func (s *Subscriber) consumer(ctx context.Context, js jetstream.JetStream, lost 
 		return nil, err
 	}
 	s.seedAtFloor(cons)
-	if s.cfg.Pinned && cons.CachedInfo().Config.PriorityPolicy != jetstream.PriorityPolicyPinned && s.cfg.Log != nil {
+	s.cons.Store(&cons)
+	if s.cfg.Pinned && !s.pinsOne() && s.cfg.Log != nil {
 		s.cfg.Log.Warn("the consumer does not pin one subscriber (made before, or the server is older than 2.11): a second subscriber on it would interleave; delete it to have it made again pinned",
 			"durable", s.cfg.Durable)
 	}
-	s.cons.Store(&cons)
 	return cons, nil
 }
 
