@@ -4,6 +4,14 @@
 
 CREATE EXTENSION IF NOT EXISTS pgcrypto;
 
+-- pgcrypto may have been installed before, in another schema than this one
+-- (public, or a schema of extensions): tokens.secret's default,
+-- gen_random_bytes, is looked up there. The default keeps the function
+-- itself, not its name, so no session's search_path matters later.
+SELECT set_config('search_path', format('%I, %I, pg_temp', current_schema(), n.nspname), false)
+FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+WHERE e.extname = 'pgcrypto';
+
 DO $$
 BEGIN
     CREATE TYPE account_status AS ENUM ('provisioned', 'active', 'suspended');
@@ -127,3 +135,6 @@ CREATE TRIGGER after_token_consumed
     FOR EACH ROW
     WHEN (NEW.consumed_at IS NOT NULL AND OLD.consumed_at IS NULL)
     EXECUTE FUNCTION trg_after_token_consumed();
+
+-- The search_path tailer migrate set: this schema alone.
+SELECT set_config('search_path', format('%I, pg_temp', current_schema()), false);

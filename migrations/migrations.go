@@ -5,6 +5,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"hash/fnv"
 
 	"github.com/golang-migrate/migrate/v4"
 	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
@@ -29,31 +30,62 @@ func Up(ctx context.Context, databaseURL string, schema pgname.Schema) error {
 	return run(ctx, databaseURL, schema, "up", (*migrate.Migrate).Up)
 }
 
-// GuardSQL makes the publication guard (migration 7's
-// tailer_publication_guard, in schema) an event trigger. It takes a
+// GuardName is the event trigger that runs schema's publication guard.
+// Event triggers are the database's, not a schema's: each schema of a
+// database gets one of its own (the first had "tailer_publication_guard",
+// which the check of a guard still finds by its function).
+func GuardName(schema pgname.Schema) string {
+	h := fnv.New32a()
+	h.Write([]byte(schema))
+	return fmt.Sprintf("tailer_publication_guard_%08x", h.Sum32())
+}
+
+// GuardSQL makes the publication guard (migration 10's
+// tailer_publication_guard, in schema) an event trigger that fires in
+// every session, those with session_replication_role = replica too (a
+// restore, a replication tool): ENABLE ALWAYS, where an event trigger
+// made the plain way fires in origin sessions alone. It takes a
 // superuser: tailer migrate runs it when it can, and says so when it
 // cannot.
 func GuardSQL(schema pgname.Schema) string {
-	return `CREATE EVENT TRIGGER tailer_publication_guard ON ddl_command_end
+	name := pgx.Identifier{GuardName(schema)}.Sanitize()
+	return `CREATE EVENT TRIGGER ` + name + ` ON ddl_command_end
 	WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION', 'DROP PUBLICATION', 'ALTER TABLE', 'DROP TABLE', 'ALTER SCHEMA', 'DROP SCHEMA')
-	EXECUTE FUNCTION ` + schema.Name("tailer_publication_guard") + `()`
+	EXECUTE FUNCTION ` + schema.Name("tailer_publication_guard") + `();
+ALTER EVENT TRIGGER ` + name + ` ENABLE ALWAYS`
 }
 
-// InstallGuard runs GuardSQL unless the guard is there already. It
-// reports false, and no error, when the role may not create event
-// triggers.
+// InstallGuard makes schema's publication guard fire in every session:
+// it runs GuardSQL when no event trigger runs the schema's guard, and
+// enables one that does always. It reports false, and no error, when the
+// role may not.
 func InstallGuard(ctx context.Context, conn *pgx.Conn, schema pgname.Schema) (bool, error) {
-	var there bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_event_trigger WHERE evtname = 'tailer_publication_guard')`).Scan(&there); err != nil {
-		return false, fmt.Errorf("look up the publication guard: %w", err)
+	var name *string
+	var enabled string
+	err := conn.QueryRow(ctx, `SELECT evtname::text, evtenabled::text FROM pg_event_trigger
+		WHERE evtfoid = to_regprocedure($1) ORDER BY evtenabled = 'A' DESC, evtname LIMIT 1`, schema.Name("tailer_publication_guard")+"()").Scan(&name, &enabled)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return false, fmt.Errorf("look up the publication guard of schema %s: %w", schema.Ident(), err)
 	}
-	if there {
+	sql := GuardSQL(schema)
+	switch {
+	case name != nil && enabled == "A":
 		return true, nil
+	case name != nil:
+		sql = `ALTER EVENT TRIGGER ` + pgx.Identifier{*name}.Sanitize() + ` ENABLE ALWAYS`
 	}
-	_, err := conn.Exec(ctx, GuardSQL(schema))
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return false, fmt.Errorf("install the publication guard: %w", err)
+	}
+	defer tx.Rollback(context.Background())
+	_, err = tx.Exec(ctx, sql)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.InsufficientPrivilege {
 		return false, nil
+	}
+	if err == nil {
+		err = tx.Commit(ctx)
 	}
 	if err != nil {
 		return false, fmt.Errorf("install the publication guard: %w", err)

@@ -3,6 +3,7 @@ package migrations
 import (
 	"context"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/golang-migrate/migrate/v4"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/mailroom/tailer/internal/pgname"
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 )
 
@@ -332,11 +334,54 @@ func TestPublicationGuard(t *testing.T) {
 			}
 		})
 	}
-	if _, err := conn.Exec(ctx, `DROP EVENT TRIGGER tailer_publication_guard; CREATE ROLE guard_test_nobody; SET ROLE guard_test_nobody`); err != nil {
+	if _, err := conn.Exec(ctx, `DROP EVENT TRIGGER `+GuardName("public")+`; CREATE ROLE guard_test_nobody; SET ROLE guard_test_nobody`); err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Exec(context.Background(), `RESET ROLE; DROP ROLE guard_test_nobody`)
 	if on, err := InstallGuard(ctx, conn, "public"); err != nil || on {
 		t.Fatalf("InstallGuard as a role that may not = %v, %v; want false and no error", on, err)
+	}
+}
+
+// Each schema of a database gets a guard of its own, which fires in every
+// session: two schemas migrated give two event triggers, both enabled
+// always, each marking its own schema's slot. A guard made the old way
+// (one name for the database, fired in origin sessions alone) is found
+// by its function and enabled always, not made twice.
+func TestGuardPerSchemaFiresAlways(t *testing.T) {
+	ctx, conn, url := setup(t)
+	if _, err := conn.Exec(ctx, `CREATE EVENT TRIGGER tailer_publication_guard ON ddl_command_end
+		WHEN TAG IN ('ALTER PUBLICATION') EXECUTE FUNCTION public.tailer_publication_guard()`); err != nil {
+		t.Fatal(err)
+	}
+	if err := Up(ctx, url, "app"); err != nil {
+		t.Fatal(err)
+	}
+	for _, schema := range []pgname.Schema{"public", "app"} {
+		if on, err := InstallGuard(ctx, conn, schema); err != nil || !on {
+			t.Fatalf("InstallGuard(%s) = %v, %v", schema, on, err)
+		}
+	}
+	rows, err := conn.Query(ctx, `SELECT evtname::text || ' ' || evtfoid::regproc::text || ' ' || evtenabled::text FROM pg_event_trigger ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	want := []string{"tailer_publication_guard tailer_publication_guard A", GuardName("app") + " app.tailer_publication_guard A"}
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("event triggers %q (%v), want %q", got, err, want)
+	}
+	for _, sql := range []string{
+		`CREATE PUBLICATION mailroom_app FOR TABLE app.tokens WITH (publish = 'insert')`,
+		`INSERT INTO app.tailer_slot (slot, incarnation, created_by, publication) VALUES ('app', 'i', 'test', 'mailroom_app')`,
+		`BEGIN; SET LOCAL session_replication_role = replica; ALTER PUBLICATION mailroom_app DROP TABLE app.tokens; ALTER PUBLICATION mailroom_app ADD TABLE app.tokens; COMMIT`,
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	var needed bool
+	if err := conn.QueryRow(ctx, `SELECT resync_needed FROM app.tailer_slot WHERE slot = 'app'`).Scan(&needed); err != nil || !needed {
+		t.Fatalf("app's slot after its publication changed in a replica session: resync_needed %v, %v", needed, err)
 	}
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/mailroom/tailer/internal/pgname"
 )
 
 // PublicationError is a publication that does not carry the tokens table's
@@ -73,15 +75,38 @@ func SetPublication(ctx context.Context, db SchemaConn, slot, publication string
 	return nil
 }
 
-// GuardInstalled reports whether the publication guard (migration 7's
-// tailer_publication_guard) runs as an event trigger in this database.
-func GuardInstalled(ctx context.Context, q Querier) (bool, error) {
-	var on bool
-	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_event_trigger WHERE evtname = 'tailer_publication_guard' AND evtenabled <> 'D')`).Scan(&on)
+// Guard is how the publication guard of a schema (migration 10's
+// tailer_publication_guard) runs in the database, as an event trigger
+// that runs that schema's function: each schema needs its own.
+type Guard uint8
+
+const (
+	// GuardMissing: no event trigger runs the schema's guard (or it is
+	// disabled).
+	GuardMissing Guard = iota
+	// GuardOriginOnly: it fires in ordinary sessions alone; a session
+	// with session_replication_role = replica (a restore, a replication
+	// tool) changes a publication unseen.
+	GuardOriginOnly
+	// GuardAlways: it fires in every session.
+	GuardAlways
+)
+
+// GuardOf reports how schema's publication guard runs in this database.
+func GuardOf(ctx context.Context, q Querier, schema pgname.Schema) (Guard, error) {
+	var on, always bool
+	err := q.QueryRow(ctx, `SELECT count(*) > 0, coalesce(bool_or(evtenabled = 'A'), false) FROM pg_event_trigger
+		WHERE evtfoid = to_regprocedure($1) AND evtenabled IN ('A', 'O')`, schema.Name("tailer_publication_guard")+"()").Scan(&on, &always)
 	if err != nil {
-		return false, fmt.Errorf("look up the publication guard: %w", err)
+		return GuardMissing, fmt.Errorf("look up the publication guard: %w", err)
 	}
-	return on, nil
+	switch {
+	case !on:
+		return GuardMissing, nil
+	case always:
+		return GuardAlways, nil
+	}
+	return GuardOriginOnly, nil
 }
 
 // IsPublicationGone reports whether err is the walsender failing to find

@@ -6,6 +6,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -78,8 +79,9 @@ type cluster struct {
 	// natsURLs, when set, replaces the one server's URL (a NATS cluster).
 	natsURLs string
 	// streamName, when set, is the stream the test reads instead of
-	// MAILROOM.
-	streamName string
+	// MAILROOM; tokens, the tokens table whose rows it expects there
+	// instead of public's.
+	streamName, tokens string
 	limit      int
 	timeout    time.Duration
 	// streamCache keeps the stream's messages between polls.
@@ -425,7 +427,7 @@ func (c *cluster) tokenCounts() map[int64]int {
 func (c *cluster) expectExactlyOnce(within time.Duration) int {
 	c.t.Helper()
 	var want []int64
-	rows, _ := c.Conn.Query(c.ctx, `SELECT id FROM tokens ORDER BY id`)
+	rows, _ := c.Conn.Query(c.ctx, `SELECT id FROM `+cmp.Or(c.tokens, "public.tokens")+` ORDER BY id`)
 	want, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
 		c.t.Fatal(err)

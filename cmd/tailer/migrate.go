@@ -92,9 +92,9 @@ func migrate(ctx context.Context, cfg *config.Config, direction string, stderr i
 		return exitFailure
 	}
 	if !guard {
-		log.Warn("the publication guard is not installed: creating an event trigger takes a superuser. Without it a publication changed and changed back between two of tailer run's checks "+
+		log.Warn("the publication guard of this schema is not installed, or does not fire in every session: making an event trigger, or enabling it always, takes a superuser. Without it a publication changed and changed back between two of tailer run's checks "+
 			"(every MAILROOM_LAG_INTERVAL) leaves the token inserts of that time out of the slot's stream unseen. Have a superuser run `tailer migrate` again, or this in the database",
-			"sql", strings.Join(strings.Fields(migrations.GuardSQL(cfg.Schema)), " "))
+			"schema", cfg.Schema, "sql", strings.Join(strings.Fields(migrations.GuardSQL(cfg.Schema)), " "))
 	}
 	created, code, ok := ensureSlot(ctx, cfg, conn, log, stderr)
 	if !ok {
@@ -104,7 +104,7 @@ func migrate(ctx context.Context, cfg *config.Config, direction string, stderr i
 		log.Error("migrate", "err", err)
 		return exitFailure
 	}
-	log.Info("schema up to date", "version", version, "publication", migrations.Publication, "slot", cfg.Slot, "slot_created", created, "publication_guard", guard)
+	log.Info("schema up to date", "version", version, "schema", cfg.Schema, "publication", cfg.Publication, "slot", cfg.Slot, "slot_created", created, "publication_guard", guard)
 	return exitOK
 }
 
@@ -203,11 +203,33 @@ func ensureSlot(ctx context.Context, cfg *config.Config, conn *pgx.Conn, log *sl
 		fmt.Fprintf(stderr, "tailer migrate: %v\n", err)
 		return false, exitConfig, false
 	}
+	// A slot made before its publication can never stream: PostgreSQL
+	// looks the publication up as the catalog was at each change, and
+	// finds none before it was made.
+	var pub *replication.PublicationError
+	if err := replication.CheckPublication(ctx, cfg.InSchema(conn), cfg.Publication); errors.As(err, &pub) {
+		fmt.Fprintf(stderr, "tailer migrate: the schema is up to date, but the slot was not made: %v. %s\n", pub, publicationFix(cfg, pub))
+		return false, exitConfig, false
+	} else if err != nil {
+		log.Error("migrate", "err", err)
+		return false, exitFailure, false
+	}
 	if _, err := replication.CreateSlot(ctx, cfg.InSchema(conn), cfg.Slot, "tailer migrate", false, failover); err != nil {
 		log.Error("migrate", "err", err)
 		return false, exitFailure, false
 	}
 	return true, 0, true
+}
+
+// publicationFix says how to give the slot a publication that carries the
+// schema's tokens table.
+func publicationFix(cfg *config.Config, pub *replication.PublicationError) string {
+	name, table := pgx.Identifier{cfg.Publication}.Sanitize(), cfg.Schema.Name("tokens")
+	other := "set MAILROOM_PUBLICATION to a publication that carries it; each schema of a database needs a publication of its own"
+	if pub.Problem == "does not exist" {
+		return fmt.Sprintf("Make it, then run tailer migrate again: CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true) (or %s)", name, table, other)
+	}
+	return fmt.Sprintf("Fix it, then run tailer migrate again: ALTER PUBLICATION %s SET TABLE %s (or %s)", name, table, other)
 }
 
 // leaseWait is how long resync and migrate wait for a lease held by a

@@ -60,18 +60,21 @@ type statusReport struct {
 	// Refused is a refusal that lasts until a resync, as tailer run
 	// recorded it (the stream lost what it had acknowledged).
 	Refused string `json:"refused,omitempty"`
-	// PublicationGuard: the event trigger that marks the slot for a resync
-	// in the transaction of a publication change is installed (it takes a
-	// superuser to install).
-	PublicationGuard bool     `json:"publication_guard"`
-	Problems         []string `json:"problems,omitempty"`
-	Stream           string   `json:"stream"`
-	StreamMessages   *uint64  `json:"stream_messages"`
-	StreamLastSeq    *uint64  `json:"stream_last_seq"`
-	StreamReplicas   *int     `json:"stream_replicas"`
-	StreamError      string   `json:"stream_error,omitempty"`
-	MaxLagBytes      int64    `json:"max_lag_bytes"`
-	OK               bool     `json:"ok"`
+	// PublicationGuard: an event trigger runs this schema's guard, which
+	// marks the slot for a resync in the transaction of a publication
+	// change, in every session (it takes a superuser to install);
+	// PublicationGuardOriginOnly: one runs it, but not in sessions with
+	// session_replication_role = replica.
+	PublicationGuard           bool     `json:"publication_guard"`
+	PublicationGuardOriginOnly bool     `json:"publication_guard_origin_only,omitempty"`
+	Problems                   []string `json:"problems,omitempty"`
+	Stream                     string   `json:"stream"`
+	StreamMessages             *uint64  `json:"stream_messages"`
+	StreamLastSeq              *uint64  `json:"stream_last_seq"`
+	StreamReplicas             *int     `json:"stream_replicas"`
+	StreamError                string   `json:"stream_error,omitempty"`
+	MaxLagBytes                int64    `json:"max_lag_bytes"`
+	OK                         bool     `json:"ok"`
 }
 
 func (x *cli) statusCmd() *cobra.Command {
@@ -181,9 +184,11 @@ func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error
 			rep.Refused = "since " + rec.RefusedAt.UTC().Format(time.RFC3339) + ", until a resync: " + rec.Refused
 		}
 	}
-	if rep.PublicationGuard, err = replication.GuardInstalled(ctx, conn); err != nil {
+	guard, err := replication.GuardOf(ctx, conn, cfg.Schema)
+	if err != nil {
 		return statusReport{}, err
 	}
+	rep.PublicationGuard, rep.PublicationGuardOriginOnly = guard == replication.GuardAlways, guard == replication.GuardOriginOnly
 	for _, err := range []error{join.CheckSchema(ctx, conn, cfg.Schema), replication.CheckPublication(ctx, cfg.InSchema(conn), cfg.Publication)} {
 		var pubErr *replication.PublicationError
 		switch {
@@ -281,9 +286,12 @@ func (rep *statusReport) writeText(w io.Writer) {
 	for _, p := range rep.Problems {
 		fmt.Fprintf(w, "PROBLEM         %s\n", p)
 	}
-	if rep.PublicationGuard {
+	switch {
+	case rep.PublicationGuard:
 		fmt.Fprintf(w, "publication     guarded: a change that stops it carrying token inserts marks the slot for a resync as it is made\n")
-	} else {
+	case rep.PublicationGuardOriginOnly:
+		fmt.Fprintf(w, "publication     guarded, but not in sessions with session_replication_role = replica: a change made there and undone between two checks goes unseen (a superuser's `tailer migrate` enables the guard always)\n")
+	default:
 		fmt.Fprintf(w, "publication     checked every MAILROOM_LAG_INTERVAL only: a change undone between two checks goes unseen (a superuser's `tailer migrate` installs the guard)\n")
 	}
 	if rep.StreamError != "" {

@@ -142,10 +142,61 @@ func CheckSchema(ctx context.Context, conn Conn, schema pgname.Schema) error {
 		}
 		problems = append(problems, p...)
 	}
+	rls, err := rowSecurity(ctx, conn, schema)
+	if err != nil {
+		return err
+	}
+	problems = append(problems, rls...)
 	if problems != nil {
 		return &SchemaError{Problems: problems}
 	}
 	return nil
+}
+
+// rowSecurity names the tables of tokens and accounts whose row-level
+// security applies to the connection's role. A policy that hides a row
+// from the tailer would have it skip that row's token as deleted, without
+// a word; every connection of the tailer sets row_security off
+// (pgname.Isolate), so that a query such a policy would filter fails
+// instead, and this says which policy and the way out.
+func rowSecurity(ctx context.Context, conn Conn, schema pgname.Schema) ([]string, error) {
+	rows, err := conn.Query(ctx, `
+		SELECT format('%I.%I', n.nspname, c.relname), quote_ident(current_user),
+		       coalesce((SELECT string_agg(quote_ident(p.polname), ', ' ORDER BY p.polname) FROM pg_policy p WHERE p.polrelid = c.oid), '')
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.oid IN (to_regclass(format('%I.tokens', $1::text)), to_regclass(format('%I.accounts', $1::text)))
+		  AND c.relrowsecurity
+		  AND NOT (SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user)
+		  AND (c.relforcerowsecurity OR NOT pg_has_role(current_user, c.relowner, 'USAGE'))
+		ORDER BY c.relname DESC`, string(schema))
+	if err != nil {
+		return nil, fmt.Errorf("read the row-level security of tokens and accounts: %w", err)
+	}
+	var problems []string
+	for rows.Next() {
+		var table, role, policies string
+		if err := rows.Scan(&table, &role, &policies); err != nil {
+			return nil, fmt.Errorf("read the row-level security of tokens and accounts: %w", err)
+		}
+		problems = append(problems, RowSecurityProblem(table, role, policies))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the row-level security of tokens and accounts: %w", err)
+	}
+	return problems, nil
+}
+
+// RowSecurityProblem says that row-level security on table (its
+// policies, "" for none) applies to role, and the ways out; table and
+// role are quoted as SQL identifiers where they need it.
+func RowSecurityProblem(table, role, policies string) string {
+	which := "no policy, so every row is hidden"
+	if policies != "" {
+		which = "policies " + policies
+	}
+	return fmt.Sprintf("row-level security on %s (%s) applies to role %s, and the tailer does not read through it: a token whose row or account a policy hid would be skipped as deleted, never mailed. "+
+		"As a superuser, ALTER ROLE %s BYPASSRLS; or ALTER TABLE %s DISABLE ROW LEVEL SECURITY",
+		table, which, role, role, table)
 }
 
 // unknownActions names the labels of tokens.action's enum type that are no

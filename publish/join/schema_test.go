@@ -1,11 +1,15 @@
 package join
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/internal/pgname"
 )
 
 // A change of integer width (expires_at to bigint and back, on a Joiner
@@ -98,4 +102,66 @@ func containsAll(s string, parts []string) bool {
 		}
 	}
 	return true
+}
+
+// Row-level security that hides rows from the tailer's role: with
+// row_security left on, the join would take the hidden token for deleted;
+// on a connection pgname.Isolate set up (row_security off) it fails
+// instead, with a SchemaError naming the table, its policy and the way
+// out, and CheckSchema says the same before any join.
+func TestJoinRefusesRowSecurity(t *testing.T) {
+	ctx, url, conn := setup(t)
+	for _, sql := range []string{
+		`DO $$ BEGIN CREATE ROLE rls_reader LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$`,
+		`GRANT USAGE ON SCHEMA public TO rls_reader`,
+		`GRANT SELECT ON tokens, accounts TO rls_reader`,
+		`INSERT INTO accounts (email, login, status) VALUES ('a@x', 'a', 'active')`,
+		`DO $$ BEGIN CREATE ROLE rls_app NOLOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$`,
+		`CREATE POLICY app_only ON accounts TO rls_app USING (true)`,
+		`ALTER TABLE accounts ENABLE ROW LEVEL SECURITY`,
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	tok := insertToken(t, ctx, conn, "a", "password_recovery", "")
+	connect := func(isolate bool) *pgx.Conn {
+		t.Helper()
+		cfg, err := pgx.ParseConfig(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.User = "rls_reader"
+		if isolate {
+			pgname.Isolate(cfg.RuntimeParams)
+		}
+		c, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(context.Background()) })
+		return c
+	}
+
+	rows := make([]TokenState, 1)
+	if err := NewJoiner(connect(false), "public").Join(ctx, []decoder.Token{tok}, rows); err != nil || rows[0].Skip != SkipDeleted {
+		t.Fatalf("with row_security on: %+v, %v; want the token taken for deleted (what Isolate prevents)", rows, err)
+	}
+	want := []string{"row-level security on public.accounts (policies app_only) applies to role rls_reader", "ALTER ROLE rls_reader BYPASSRLS"}
+	iso := connect(true)
+	var schema *SchemaError
+	rows = make([]TokenState, 1)
+	if err := NewJoiner(iso, "public").Join(ctx, []decoder.Token{tok}, rows); !errors.As(err, &schema) || !containsAll(err.Error(), want) {
+		t.Fatalf("join under row-level security = %+v, %v; want a SchemaError naming %q", rows, err, want)
+	}
+	if err := CheckSchema(ctx, iso, "public"); !errors.As(err, &schema) || !containsAll(err.Error(), want) {
+		t.Fatalf("CheckSchema = %v, want it to name %q", err, want)
+	}
+	if _, err := conn.Exec(ctx, `ALTER TABLE accounts DISABLE ROW LEVEL SECURITY`); err != nil {
+		t.Fatal(err)
+	}
+	rows = make([]TokenState, 1)
+	if err := NewJoiner(iso, "public").Join(ctx, []decoder.Token{tok}, rows); err != nil || rows[0].Skip != Publish {
+		t.Fatalf("row-level security off: %+v, %v", rows, err)
+	}
 }

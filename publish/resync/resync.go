@@ -112,7 +112,7 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 	}
 	defer q.Close(context.Background())
 	db := replication.SchemaConn{Querier: q, Schema: opts.Schema}
-	rec, failover, err := begin(ctx, db, opts, &rep)
+	rec, failover, err := begin(ctx, q, db, opts, &rep)
 	if err != nil {
 		return rep, err
 	}
@@ -165,8 +165,7 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 
 // begin refuses what the server cannot do before anything changes, then
 // drops the slot and records the new incarnation's resync as pending.
-func begin(ctx context.Context, db replication.SchemaConn, opts Options, rep *Report) (replication.Record, bool, error) {
-	q := db.Querier
+func begin(ctx context.Context, q *pgx.Conn, db replication.SchemaConn, opts Options, rep *Report) (replication.Record, bool, error) {
 	major, err := replication.ServerMajor(ctx, q)
 	if err != nil {
 		return replication.Record{}, false, err
@@ -174,6 +173,11 @@ func begin(ctx context.Context, db replication.SchemaConn, opts Options, rep *Re
 	failover, err := replication.WantFailover(opts.Failover, major)
 	if err != nil {
 		return replication.Record{}, false, fmt.Errorf("slot failover: %w", err)
+	}
+	// A schema the tailer cannot read (row-level security among it) would
+	// fail the snapshot's read half way, the old slot gone.
+	if err := join.CheckSchema(ctx, q, db.Schema); err != nil {
+		return replication.Record{}, false, fmt.Errorf("nothing was changed: %w", err)
 	}
 	// A slot made now that a publication does not feed would miss the
 	// inserts from its snapshot on, as the old one did.

@@ -338,18 +338,23 @@ func connectQuery(ctx context.Context, url string) (*pgx.Conn, error) {
 // db is q in the schema of the tailer's tables.
 func (d *Daemon) db(q replication.Querier) replication.SchemaConn { return d.cfg.InSchema(q) }
 
-// sayGuard warns, once a process, when the publication guard is not
-// installed: what that leaves unseen.
+// sayGuard warns, once a process, when the schema's publication guard is
+// not installed, or fires in ordinary sessions alone: what that leaves
+// unseen.
 func (d *Daemon) sayGuard(ctx context.Context, q *pgx.Conn) {
 	if !d.guardSaid.CompareAndSwap(false, true) {
 		return
 	}
-	on, err := replication.GuardInstalled(ctx, q)
-	if err != nil || on {
-		return
+	guard, err := replication.GuardOf(ctx, q, d.cfg.Schema)
+	switch {
+	case err != nil || guard == replication.GuardAlways:
+	case guard == replication.GuardOriginOnly:
+		d.log.Warn("the publication guard does not fire in sessions with session_replication_role = replica (a restore, a replication tool): a publication changed and changed back there between two checks "+
+			"(every MAILROOM_LAG_INTERVAL) would leave the token inserts of that time out of the slot's stream unseen. A superuser's `tailer migrate` enables it always", "publication", d.cfg.Publication, "schema", d.cfg.Schema)
+	default:
+		d.log.Warn("the publication guard of this schema is not installed (it takes a superuser to run `tailer migrate`): a publication changed and changed back between two checks "+
+			"(every MAILROOM_LAG_INTERVAL) would leave the token inserts of that time out of the slot's stream unseen", "publication", d.cfg.Publication, "schema", d.cfg.Schema)
 	}
-	d.log.Warn("the publication guard is not installed (it takes a superuser to run `tailer migrate`): a publication changed and changed back between two checks "+
-		"(every MAILROOM_LAG_INTERVAL) would leave the token inserts of that time out of the slot's stream unseen", "publication", d.cfg.Publication)
 }
 
 // newPublisher opens the stream. A stream the tailer refuses to publish to
