@@ -82,8 +82,8 @@ type cluster struct {
 	// MAILROOM; tokens, the tokens table whose rows it expects there
 	// instead of public's.
 	streamName, tokens string
-	limit      int
-	timeout    time.Duration
+	limit              int
+	timeout            time.Duration
 	// streamCache keeps the stream's messages between polls.
 	streamCache tailertest.StreamCache
 	// writers counts the writers started: each names its accounts apart.
