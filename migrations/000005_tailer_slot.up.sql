@@ -49,10 +49,16 @@ BEGIN
 END
 $$;
 
+-- Only where no other schema of the database has a tailer_slot: there, the
+-- slots are that schema's tailer's (a tailer from before incarnations had
+-- no such table anywhere), and a second mailroom schema adopting them
+-- would stream them through its own publication.
 INSERT INTO tailer_slot (slot, incarnation, created_by, stream_seq, legacy)
 SELECT slot_name, replace(gen_random_uuid()::text, '-', ''), 'unknown (before incarnations)', 0, true
 FROM pg_replication_slots
 WHERE database = current_database() AND plugin = 'pgoutput' AND slot_type = 'logical'
+  AND NOT EXISTS (SELECT FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                  WHERE c.relname = 'tailer_slot' AND n.nspname <> current_schema())
 ON CONFLICT (slot) DO NOTHING;
 
 DO $$

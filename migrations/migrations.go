@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
+	"strings"
 
 	"github.com/golang-migrate/migrate/v4"
 	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
@@ -50,29 +52,43 @@ func GuardName(schema pgname.Schema) string {
 func GuardSQL(schema pgname.Schema) string {
 	name := pgx.Identifier{GuardName(schema)}.Sanitize()
 	return `CREATE EVENT TRIGGER ` + name + ` ON ddl_command_end
-	WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION', 'DROP PUBLICATION', 'ALTER TABLE', 'DROP TABLE', 'ALTER SCHEMA', 'DROP SCHEMA')
+	WHEN TAG IN ('` + strings.Join(guardTags, "', '") + `')
 	EXECUTE FUNCTION ` + schema.Name("tailer_publication_guard") + `();
 ALTER EVENT TRIGGER ` + name + ` ENABLE ALWAYS`
 }
+
+// guardTags are the commands after which the guard runs: those that can
+// change what a publication carries, and those that make or attach a
+// partition of tokens (CREATE TABLE, to see a partition empty as it is
+// made; ALTER TABLE, for ATTACH and DETACH PARTITION).
+var guardTags = []string{"CREATE PUBLICATION", "ALTER PUBLICATION", "DROP PUBLICATION", "CREATE TABLE", "ALTER TABLE", "DROP TABLE", "ALTER SCHEMA", "DROP SCHEMA"}
 
 // InstallGuard makes schema's publication guard fire in every session:
 // it runs GuardSQL when no event trigger runs the schema's guard, and
 // enables one that does always. It reports false, and no error, when the
 // role may not.
 func InstallGuard(ctx context.Context, conn *pgx.Conn, schema pgname.Schema) (bool, error) {
-	var name *string
-	var enabled string
-	err := conn.QueryRow(ctx, `SELECT evtname::text, evtenabled::text FROM pg_event_trigger
-		WHERE evtfoid = to_regprocedure($1) ORDER BY evtenabled = 'A' DESC, evtname LIMIT 1`, schema.Name("tailer_publication_guard")+"()").Scan(&name, &enabled)
+	var (
+		name    *string
+		enabled string
+		tags    []string
+	)
+	err := conn.QueryRow(ctx, `SELECT evtname::text, evtenabled::text, coalesce(evttags, '{}') FROM pg_event_trigger
+		WHERE evtfoid = to_regprocedure($1) ORDER BY evtenabled = 'A' DESC, evtname LIMIT 1`, schema.Name("tailer_publication_guard")+"()").Scan(&name, &enabled, &tags)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return false, fmt.Errorf("look up the publication guard of schema %s: %w", schema.Ident(), err)
 	}
 	sql := GuardSQL(schema)
+	slices.Sort(tags)
 	switch {
-	case name != nil && enabled == "A":
+	case name != nil && enabled == "A" && slices.Equal(tags, sortedGuardTags()):
 		return true, nil
 	case name != nil:
-		sql = `ALTER EVENT TRIGGER ` + pgx.Identifier{*name}.Sanitize() + ` ENABLE ALWAYS`
+		// Made by an older tailer: without ENABLE ALWAYS, or without the
+		// commands that make a partition. Event triggers' commands cannot
+		// be changed: it is made again.
+		sql = `DROP EVENT TRIGGER ` + pgx.Identifier{*name}.Sanitize() + `;
+` + sql
 	}
 	tx, err := conn.Begin(ctx)
 	if err != nil {
@@ -91,6 +107,12 @@ func InstallGuard(ctx context.Context, conn *pgx.Conn, schema pgname.Schema) (bo
 		return false, fmt.Errorf("install the publication guard: %w", err)
 	}
 	return true, nil
+}
+
+func sortedGuardTags() []string {
+	tags := slices.Clone(guardTags)
+	slices.Sort(tags)
+	return tags
 }
 
 // Down reverts every migration of schema.

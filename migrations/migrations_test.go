@@ -39,7 +39,7 @@ func TestUpIsIdempotentAndReversible(t *testing.T) {
 		t.Fatalf("second Up: %v", err)
 	}
 	v, dirty, err := Version(ctx, url, "public")
-	if err != nil || v != 13 || dirty {
+	if err != nil || v != 14 || dirty {
 		t.Fatalf("Version = %d, %v, %v", v, dirty, err)
 	}
 	if on, err := InstallGuard(ctx, conn, "public"); err != nil || !on {
@@ -346,8 +346,9 @@ func TestPublicationGuard(t *testing.T) {
 // Each schema of a database gets a guard of its own, which fires in every
 // session: two schemas migrated give two event triggers, both enabled
 // always, each marking its own schema's slot. A guard made the old way
-// (one name for the database, fired in origin sessions alone) is found
-// by its function and enabled always, not made twice.
+// (one name for the database, fired in origin sessions alone, without the
+// commands that make partitions) is found by its function and made again
+// as it is now, not made twice.
 func TestGuardPerSchemaFiresAlways(t *testing.T) {
 	ctx, conn, url := setup(t)
 	if _, err := conn.Exec(ctx, `CREATE EVENT TRIGGER tailer_publication_guard ON ddl_command_end
@@ -367,7 +368,7 @@ func TestGuardPerSchemaFiresAlways(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	want := []string{"tailer_publication_guard tailer_publication_guard A", GuardName("app") + " app.tailer_publication_guard A"}
+	want := []string{GuardName("app") + " app.tailer_publication_guard A", GuardName("public") + " tailer_publication_guard A"}
 	if err != nil || !slices.Equal(got, want) {
 		t.Fatalf("event triggers %q (%v), want %q", got, err, want)
 	}

@@ -6,9 +6,13 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/mailroom/tailer/internal/pgname"
 )
 
 // Lease is the exclusive right to act on a slot: to stream from it, drop
@@ -27,6 +31,8 @@ import (
 // frozen and stops pinging (idle_session_timeout): a standby can then take
 // over without waiting for the holder to come back.
 type Lease struct {
+	// mu guards conn: the watch and the holder's writes share it.
+	mu   sync.Mutex
 	conn *pgx.Conn
 	slot string
 
@@ -209,8 +215,9 @@ func (l *Lease) watch(ctx context.Context, key int64, ping, patience time.Durati
 		var held bool
 		qctx, cancel := context.WithTimeout(ctx, patience)
 		classid, objid := lockTag(key)
-		err := l.conn.QueryRow(qctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
-			AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1 AND granted)`, classid, objid).Scan(&held)
+		l.mu.Lock()
+		err := l.conn.QueryRow(qctx, `SELECT `+heldSQL, classid, objid).Scan(&held)
+		l.mu.Unlock()
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -224,6 +231,37 @@ func (l *Lease) watch(ctx context.Context, key int64, ping, patience time.Durati
 			return
 		}
 	}
+}
+
+// heldSQL is true while the asking session holds the lease whose key's
+// lock tag is ($1, $2).
+const heldSQL = `EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
+	AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1 AND granted)`
+
+// SetConfirmLimit records in the slot's record (in schema) that the
+// holder may confirm the slot up to at, on the
+// lease's own connection and only while it holds the lease: written
+// before the holder confirms past it, so that a slot confirmed further
+// was advanced by another process (a tailer of another schema configured
+// with the same slot, a slot advanced by hand). It never moves the limit
+// back, and fails when the lease is no longer held.
+func (l *Lease) SetConfirmLimit(ctx context.Context, schema pgname.Schema, at pglogrepl.LSN) error {
+	classid, objid := lockTag(leaseKey(l.slot))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var held bool
+	err := l.conn.QueryRow(ctx, `WITH limited AS (
+			UPDATE `+schema.Name("tailer_slot")+` SET confirm_limit = $4::pg_lsn
+			WHERE slot = $3 AND (confirm_limit IS NULL OR confirm_limit < $4::pg_lsn) AND `+heldSQL+`
+			RETURNING 1)
+		SELECT `+heldSQL, classid, objid, l.slot, at.String()).Scan(&held)
+	if err == nil && !held {
+		err = errors.New("the lease is no longer held")
+	}
+	if err != nil {
+		return fmt.Errorf("record how far slot %s may be confirmed: %w", l.slot, err)
+	}
+	return nil
 }
 
 // Lost is closed when the lease was lost (its connection failed or was
@@ -247,6 +285,8 @@ func (l *Lease) Err() error {
 func (l *Lease) Release() {
 	l.stop()
 	<-l.done
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	if l.Err() == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		// On failure the close below ends the session, and the lock with it.

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/mailroom/tailer/internal/pgname"
 )
 
 // Record is what the database says about a slot the tailer owns (table
@@ -76,6 +78,15 @@ type Record struct {
 	// words it was said with, since RefusedAt; empty while there is none.
 	RefusedFact, Refused string
 	RefusedAt            time.Time
+	// ResyncCause says why the publication guard marked the slot for a
+	// resync, when it was not the publication (a table attached to tokens
+	// holding rows); empty otherwise.
+	ResyncCause string
+	// ConfirmLimit is the furthest position a tailer of the incarnation
+	// may have confirmed to the slot (Lease.SetConfirmLimit, written before
+	// it confirms past it); zero until one was written. The slot confirmed
+	// further was advanced by another process.
+	ConfirmLimit pglogrepl.LSN
 }
 
 // StreamSeen is what a stream held when a tailer looked at it: its first
@@ -116,7 +127,8 @@ func NewIncarnation() string {
 const recordColumns = `incarnation, created_by, created_at, resync_pending, resync_needed, consistent_point::text, stream_seq, legacy, collector_last_seq, collector_cutover,
 	coalesce(blocked, ''), coalesce(blocked_at, 'epoch'), coalesce(stream_name, ''), coalesce(stream_created, ''),
 	coalesce(stopped_seq, 0), coalesce(stopped_msg_id, ''), coalesce(anchor_seq, 0), coalesce(anchor_mark, ''),
-	coalesce(refused_fact, ''), coalesce(refused, ''), coalesce(refused_at, 'epoch'), seen_first, seen_last, seen_deleted`
+	coalesce(refused_fact, ''), coalesce(refused, ''), coalesce(refused_at, 'epoch'), seen_first, seen_last, seen_deleted,
+	coalesce(resync_cause, ''), confirm_limit::text`
 
 // LoadRecord reads slot's record; Exists is false when there is none.
 func LoadRecord(ctx context.Context, db SchemaConn, slot string) (Record, error) {
@@ -129,11 +141,12 @@ func LoadRecord(ctx context.Context, db SchemaConn, slot string) (Record, error)
 		stoppedSeq int64
 		anchorSeq  int64
 		seen       [3]*int64
+		limit      *string
 	)
 	err := db.QueryRow(ctx, `SELECT `+recordColumns+` FROM `+db.slots()+` WHERE slot = $1`, slot).
 		Scan(&r.Incarnation, &r.CreatedBy, &r.CreatedAt, &r.ResyncPending, &r.ResyncNeeded, &cp, &seq, &r.Legacy, &lastSeq, &cutoverAt, &r.Blocked, &r.BlockedAt,
 			&r.StreamName, &r.StreamCreated, &stoppedSeq, &r.StoppedMsgID, &anchorSeq, &r.AnchorMark, &r.RefusedFact, &r.Refused, &r.RefusedAt,
-			&seen[0], &seen[1], &seen[2])
+			&seen[0], &seen[1], &seen[2], &r.ResyncCause, &limit)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -153,6 +166,11 @@ func LoadRecord(ctx context.Context, db SchemaConn, slot string) (Record, error)
 	if cp != nil {
 		if r.ConsistentPoint, err = pglogrepl.ParseLSN(*cp); err != nil {
 			return r, fmt.Errorf("record of slot %s: consistent point: %w", slot, err)
+		}
+	}
+	if limit != nil {
+		if r.ConfirmLimit, err = pglogrepl.ParseLSN(*limit); err != nil {
+			return r, fmt.Errorf("record of slot %s: confirm limit: %w", slot, err)
 		}
 	}
 	if seq != nil {
@@ -181,29 +199,35 @@ func saveRecord(ctx context.Context, db SchemaConn, r *Record) error {
 	if r.Cutover != nil {
 		lastSeq, cutoverAt = &r.Cutover.LastSeq, &r.Cutover.At
 	}
-	var cp *string
+	var cp, limit *string
 	if r.ConsistentPoint != 0 {
 		s := r.ConsistentPoint.String()
 		cp = &s
 	}
+	if r.ConfirmLimit != 0 {
+		s := r.ConfirmLimit.String()
+		limit = &s
+	}
 	err := db.QueryRow(ctx, `
-		INSERT INTO `+db.slots()+` AS s (slot, incarnation, created_by, created_at, resync_pending, consistent_point, stream_seq, legacy, collector_last_seq, collector_cutover)
-		VALUES ($1, $2, $3, now(), $4, $5::pg_lsn, $6, false, $7, $8)
+		INSERT INTO `+db.slots()+` AS s (slot, incarnation, created_by, created_at, resync_pending, consistent_point, stream_seq, legacy, collector_last_seq, collector_cutover, confirm_limit)
+		VALUES ($1, $2, $3, now(), $4, $5::pg_lsn, $6, false, $7, $8, $9::pg_lsn)
 		ON CONFLICT (slot) DO UPDATE SET incarnation = EXCLUDED.incarnation, created_by = EXCLUDED.created_by,
 			created_at = EXCLUDED.created_at, resync_pending = EXCLUDED.resync_pending, consistent_point = EXCLUDED.consistent_point,
-			stream_seq = EXCLUDED.stream_seq, legacy = false, resync_needed = false, blocked = NULL, blocked_at = NULL,
+			stream_seq = EXCLUDED.stream_seq, legacy = false, resync_needed = false, resync_cause = NULL, blocked = NULL, blocked_at = NULL,
+			confirm_limit = EXCLUDED.confirm_limit,
 			stopped_seq = NULL, stopped_msg_id = NULL, anchor_seq = NULL, anchor_mark = NULL,
 			seen_first = NULL, seen_last = NULL, seen_deleted = NULL, refused_fact = NULL, refused = NULL, refused_at = NULL,
 			collector_last_seq = coalesce(EXCLUDED.collector_last_seq, s.collector_last_seq),
 			collector_cutover = coalesce(EXCLUDED.collector_cutover, s.collector_cutover)
 		RETURNING created_at, collector_last_seq, collector_cutover`,
-		r.Slot, r.Incarnation, r.CreatedBy, r.ResyncPending, cp, seq, lastSeq, cutoverAt).Scan(&r.CreatedAt, &lastSeq, &cutoverAt)
+		r.Slot, r.Incarnation, r.CreatedBy, r.ResyncPending, cp, seq, lastSeq, cutoverAt, limit).Scan(&r.CreatedAt, &lastSeq, &cutoverAt)
 	if err != nil {
 		return fmt.Errorf("record slot %s (has `tailer migrate` run?): %w", r.Slot, err)
 	}
 	r.Exists, r.Legacy, r.StoppedSeq, r.StoppedMsgID = true, false, 0, ""
 	r.AnchorSeq, r.AnchorMark, r.Seen = 0, "", nil
 	r.RefusedFact, r.Refused, r.RefusedAt = "", "", time.Time{}
+	r.ResyncNeeded, r.ResyncCause = false, ""
 	if lastSeq != nil && cutoverAt != nil {
 		r.Cutover = &Cutover{LastSeq: *lastSeq, At: *cutoverAt}
 	}
@@ -218,24 +242,37 @@ func CreateSlot(ctx context.Context, db SchemaConn, slot, by string, bound, fail
 	if err := ValidateName(slot); err != nil {
 		return Record{}, fmt.Errorf("slot name: %w", err)
 	}
-	create := `SELECT pg_create_logical_replication_slot($1, $2)`
+	create := `pg_create_logical_replication_slot($1, $2)`
 	if failover {
 		// (name, plugin, temporary, twophase, failover): PostgreSQL 17+.
-		create = `SELECT pg_create_logical_replication_slot($1, $2, false, false, true)`
+		create = `pg_create_logical_replication_slot($1, $2, false, false, true)`
 	}
-	if _, err := db.Exec(ctx, create, slot, Plugin); err != nil {
+	var at string
+	if err := db.QueryRow(ctx, `SELECT lsn::text FROM `+create, slot, Plugin).Scan(&at); err != nil {
 		return Record{}, fmt.Errorf("create slot %s: %w", slot, err)
+	}
+	made, err := pglogrepl.ParseLSN(at)
+	if err != nil {
+		return Record{}, fmt.Errorf("create slot %s: its position: %w", slot, err)
 	}
 	// A crash between the two leaves a slot without a record, which tailer
 	// run adopts only beside an empty stream, as it would bind this one.
-	r := Record{Slot: slot, CreatedBy: by, Bound: bound}
+	r := Record{Slot: slot, CreatedBy: by, Bound: bound, ConfirmLimit: made}
 	return r, saveRecord(ctx, db, &r)
 }
 
 // AdoptSlot records a new incarnation for a slot that exists without a
 // record (made by hand, or by an older tailer), beside an empty stream.
 func AdoptSlot(ctx context.Context, db SchemaConn, slot string) (Record, error) {
-	r := Record{Slot: slot, CreatedBy: "adopted by tailer run", Bound: true}
+	var at string
+	if err := db.QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()`, slot).Scan(&at); err != nil {
+		return Record{}, fmt.Errorf("adopt slot %s: its position: %w", slot, err)
+	}
+	confirmed, err := pglogrepl.ParseLSN(at)
+	if err != nil {
+		return Record{}, fmt.Errorf("adopt slot %s: its position: %w", slot, err)
+	}
+	r := Record{Slot: slot, CreatedBy: "adopted by tailer run", Bound: true, ConfirmLimit: confirmed}
 	return r, saveRecord(ctx, db, &r)
 }
 
@@ -255,7 +292,7 @@ func BeginResync(ctx context.Context, db SchemaConn, slot, by string, cutover *C
 // names another incarnation: a resync that lost its lease has been
 // superseded, and must not say the slot is ready.
 func FinishResync(ctx context.Context, db SchemaConn, r *Record, cp pglogrepl.LSN, stream StreamIdentity, streamSeq uint64, lastMark string, seen StreamSeen) error {
-	tag, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET resync_pending = false, consistent_point = $3::pg_lsn, stream_seq = $4, stream_name = $5, stream_created = $6,
+	tag, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET resync_pending = false, consistent_point = $3::pg_lsn, confirm_limit = $3::pg_lsn, stream_seq = $4, stream_name = $5, stream_created = $6,
 			anchor_seq = nullif($7, 0), anchor_mark = nullif($8, ''), seen_first = $9, seen_last = $10, seen_deleted = $11
 		WHERE slot = $1 AND incarnation = $2 AND resync_pending`, r.Slot, r.Incarnation, cp.String(), int64(streamSeq), stream.Name, stream.Created,
 		int64(streamSeq), lastMark, int64(seen.First), int64(seen.Last), int64(seen.Deleted))
@@ -265,7 +302,7 @@ func FinishResync(ctx context.Context, db SchemaConn, r *Record, cp pglogrepl.LS
 	if tag.RowsAffected() != 1 {
 		return fmt.Errorf("record the end of the resync of slot %s: its record no longer names incarnation %s: another resync took the slot over", r.Slot, r.Incarnation)
 	}
-	r.ResyncPending, r.ConsistentPoint, r.Bound, r.StreamSeq = false, cp, true, streamSeq
+	r.ResyncPending, r.ConsistentPoint, r.ConfirmLimit, r.Bound, r.StreamSeq = false, cp, cp, true, streamSeq
 	r.StreamName, r.StreamCreated = stream.Name, stream.Created
 	r.AnchorSeq, r.AnchorMark, r.Seen = streamSeq, lastMark, &seen
 	return nil
@@ -393,4 +430,33 @@ func SetRefused(ctx context.Context, db SchemaConn, r *Record, fact, said string
 		r.RefusedFact, r.Refused = fact, said
 	}
 	return nil
+}
+
+// SharedWith lists the other schemas of the database whose record
+// (tailer_slot) names slot: the tailer of each would stream it through its
+// own publication. Schemas whose record the role may not read are listed
+// apart: whether they name it cannot be told.
+func SharedWith(ctx context.Context, db SchemaConn, slot string) (shared, unreadable []string, err error) {
+	var schemas []string
+	err = db.QueryRow(ctx, `SELECT coalesce(array_agg(n.nspname::text ORDER BY n.nspname), '{}') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relname = 'tailer_slot' AND c.relkind IN ('r', 'p') AND n.nspname <> $1`, string(db.Schema)).Scan(&schemas)
+	if err != nil {
+		return nil, nil, fmt.Errorf("look for other schemas' records of slot %s: %w", slot, err)
+	}
+	for _, s := range schemas {
+		var named bool
+		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+pgname.Schema(s).Name("tailer_slot")+` WHERE slot = $1)`, slot).Scan(&named)
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.InsufficientPrivilege:
+			unreadable = append(unreadable, s)
+		case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedColumn:
+			// An older schema's table: no slot column to name it by.
+		case err != nil:
+			return nil, nil, fmt.Errorf("read schema %s's record of slot %s: %w", s, slot, err)
+		case named:
+			shared = append(shared, s)
+		}
+	}
+	return shared, unreadable, nil
 }

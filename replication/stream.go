@@ -35,6 +35,14 @@ type Options struct {
 	StatusInterval time.Duration
 	// OnStatus, if set, is told every position reported as flushed.
 	OnStatus func(confirmed pglogrepl.LSN)
+	// BeforeConfirm, if set, is asked before a position past any it
+	// allowed before (or past Confirmed) is reported as flushed: the
+	// position is reported only once it returned nil, and until then the
+	// last one it allowed is (Lease.SetConfirmLimit writes it down first).
+	BeforeConfirm func(ctx context.Context, confirmed pglogrepl.LSN) error
+	// Confirmed is the slot's confirmed position as the stream starts,
+	// which BeforeConfirm need not be asked for.
+	Confirmed pglogrepl.LSN
 	// Timeout is how long the server may stay silent (no message and no
 	// keepalive) while the stream is read before the connection is given
 	// up as dead; after half of it the server is asked for a reply. A
@@ -97,6 +105,8 @@ type Receiver struct {
 	received pglogrepl.LSN
 	sent     pglogrepl.LSN
 	lastSent time.Time
+	// allowed is the furthest position BeforeConfirm allowed.
+	allowed pglogrepl.LSN
 }
 
 // Start begins streaming the slot from its confirmed position.
@@ -125,7 +135,7 @@ func Start(ctx context.Context, conn *pgconn.PgConn, opts Options) (*Receiver, e
 	if err != nil {
 		return nil, fmt.Errorf("start replication on slot %s: %w", opts.Slot, err)
 	}
-	return &Receiver{conn: conn, opts: opts}, nil
+	return &Receiver{conn: conn, opts: opts, allowed: opts.Confirmed}, nil
 }
 
 // minStatusGap bounds how often a moved confirmed position is reported.
@@ -328,6 +338,7 @@ func (r *Receiver) endCopy() {
 // given explicitly: pglogrepl fills a zero flush position with the write
 // position, which would confirm data not yet published.
 func (r *Receiver) sendStatus(confirmed pglogrepl.LSN, reply bool) error {
+	confirmed = r.allow(confirmed)
 	if confirmed == 0 {
 		// Nothing known yet; a zero flush would be replaced by the write
 		// position, so say nothing.
@@ -352,6 +363,23 @@ func (r *Receiver) sendStatus(confirmed pglogrepl.LSN, reply bool) error {
 		r.opts.OnStatus(confirmed)
 	}
 	return nil
+}
+
+// allow is the furthest of confirmed that BeforeConfirm allows: confirmed
+// itself once it said yes, else the last it allowed. A no is not the
+// stream's failure: the status still goes out, at the allowed position,
+// and the next asks again.
+func (r *Receiver) allow(confirmed pglogrepl.LSN) pglogrepl.LSN {
+	if r.opts.BeforeConfirm == nil || confirmed <= r.allowed {
+		return confirmed
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.opts.StatusInterval*5)
+	defer cancel()
+	if err := r.opts.BeforeConfirm(ctx, confirmed); err != nil {
+		return r.allowed
+	}
+	r.allowed = confirmed
+	return confirmed
 }
 
 // Sent returns the last position reported as flushed.

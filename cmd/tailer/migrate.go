@@ -19,6 +19,7 @@ import (
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
 	"github.com/mailroom/tailer/migrations"
+	"github.com/mailroom/tailer/publish/protocol"
 	"github.com/mailroom/tailer/publish/resync"
 	"github.com/mailroom/tailer/replication"
 )
@@ -95,6 +96,18 @@ func migrate(ctx context.Context, cfg *config.Config, direction string, stderr i
 		log.Warn("the publication guard of this schema is not installed, or does not fire in every session: making an event trigger, or enabling it always, takes a superuser. Without it a publication changed and changed back between two of tailer run's checks "+
 			"(every MAILROOM_LAG_INTERVAL) leaves the token inserts of that time out of the slot's stream unseen. Have a superuser run `tailer migrate` again, or this in the database",
 			"schema", cfg.Schema, "sql", strings.Join(strings.Fields(migrations.GuardSQL(cfg.Schema)), " "))
+	}
+	shared, unreadable, err := replication.SharedWith(ctx, cfg.InSchema(conn), cfg.Slot)
+	if err != nil {
+		log.Error("migrate", "err", err)
+		return exitFailure
+	}
+	if len(shared) > 0 {
+		fmt.Fprintf(stderr, "tailer migrate: the schema is up to date, but the slot was neither made nor adopted: %s\n", daemon.SlotSharedMessage(cfg.Slot, &protocol.SlotSharedError{Schemas: shared}))
+		return exitConfig
+	}
+	if len(unreadable) > 0 {
+		log.Warn("the records of other mailroom schemas of this database cannot be read by this role: whether one names this slot too is not checked", "slot", cfg.Slot, "schemas", unreadable)
 	}
 	created, code, ok := ensureSlot(ctx, cfg, conn, log, stderr)
 	if !ok {
@@ -198,14 +211,19 @@ func ensureSlot(ctx context.Context, cfg *config.Config, conn *pgx.Conn, log *sl
 			cfg.Slot, rec.Describe()))
 		return false, exitFailure, false
 	}
+	return makeSlot(ctx, cfg, conn, log, stderr)
+}
+
+// makeSlot makes the missing slot, refusing a publication that does not
+// carry the schema's tokens: a slot made before its publication can
+// never stream (PostgreSQL looks the publication up as the catalog was
+// at each change, and finds none before it was made).
+func makeSlot(ctx context.Context, cfg *config.Config, conn *pgx.Conn, log *slog.Logger, stderr io.Writer) (created bool, code int, ok bool) {
 	failover, err := wantFailover(ctx, conn, cfg.SlotFailover)
 	if err != nil {
 		fmt.Fprintf(stderr, "tailer migrate: %v\n", err)
 		return false, exitConfig, false
 	}
-	// A slot made before its publication can never stream: PostgreSQL
-	// looks the publication up as the catalog was at each change, and
-	// finds none before it was made.
 	var pub *replication.PublicationError
 	if err := replication.CheckPublication(ctx, cfg.InSchema(conn), cfg.Publication); errors.As(err, &pub) {
 		fmt.Fprintf(stderr, "tailer migrate: the schema is up to date, but the slot was not made: %v. %s\n", pub, publicationFix(cfg, pub))

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
+	"github.com/mailroom/tailer/replication"
 )
 
 // restrictedRole makes the role tailer (LOGIN REPLICATION, no superuser)
@@ -202,6 +203,167 @@ func TestPgcryptoInAnotherSchema(t *testing.T) {
 			}
 			if n := c.expectExactlyOnce(30 * time.Second); n != 12 {
 				t.Fatalf("%d tokens once, want 12", n)
+			}
+		})
+	}
+}
+
+// Two mailroom schemas configured with the same MAILROOM_SLOT: a tailer
+// of each would stream it through its own publication and confirm it past
+// the other's tokens. The second tailer migrate refuses to adopt it, and
+// a tailer run of either refuses it while both records name it, each
+// naming the other schema. A slot advanced by anyone but its tailer (the
+// other schema's tailer before these checks, or by hand) is refused until
+// a resync, across restarts, by the record's confirm limit; resynced,
+// every token once.
+func TestSharedSlotIsRefused(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
+	c.Exec(`CREATE SCHEMA app`)
+	c.Exec(`CREATE PUBLICATION mailroom_app FOR TABLES IN SCHEMA app WITH (publish = 'insert', publish_via_partition_root = true)`)
+	env := []string{"MAILROOM_SCHEMA=app", "MAILROOM_PUBLICATION=mailroom_app", "MAILROOM_SLOT=mailroom",
+		"MAILROOM_NATS_STREAM=APP", "MAILROOM_NATS_SUBJECT=app.batches"}
+	code, out := c.migrateSchema(env)
+	if code != exitConfig || !strings.Contains(out, "slot mailroom: the slot is recorded in schema public too") || !strings.Contains(out, "MAILROOM_SLOT of its own") {
+		t.Fatalf("migrate of a second schema with the first's slot: exit %d, want %d naming schema public:\n%s", code, exitConfig, out)
+	}
+	var recorded int
+	if err := c.Conn.QueryRow(c.ctx, `SELECT count(*) FROM app.tailer_slot`).Scan(&recorded); err != nil || recorded != 0 {
+		t.Fatalf("app recorded %d slots (%v), want none", recorded, err)
+	}
+
+	// As an older tailer left it: the second schema's record names the
+	// slot too. Neither tailer streams it.
+	c.Exec(`INSERT INTO app.tailer_slot (slot, incarnation, created_by) VALUES ('mailroom', 'older', 'adopted by tailer run')`)
+	app := c.watchedTailer(env...)
+	app.blocked(c, "schema", "the slot is recorded in schema public too")
+	pub := c.watchedTailer()
+	pub.blocked(c, "schema", "the slot is recorded in schema app too")
+	app.term(30 * time.Second)
+	pub.term(30 * time.Second)
+	c.Exec(`DELETE FROM app.tailer_slot`)
+
+	p := c.tailer()
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	c.accounts("before", 10)
+	c.expectExactlyOnce(30 * time.Second)
+	if code := p.term(30 * time.Second); code != exitOK {
+		t.Fatalf("SIGTERM: exit %d", code)
+	}
+	// What the other schema's tailer did to the slot, by hand: tokens
+	// committed, and the slot confirmed past them.
+	c.accounts("skipped", 20)
+	c.Exec(`SELECT pg_replication_slot_advance('mailroom', pg_current_wal_lsn())`)
+	for i := range 2 {
+		w := c.watchedTailer()
+		w.blocked(c, "resync", "another process advanced it")
+		if !strings.Contains(w.out.String(), "tailer resync") {
+			t.Errorf("run %d: the log does not name the way out:\n%s", i, w.out.String())
+		}
+		w.term(30 * time.Second)
+	}
+	r := c.command([]string{"resync"})
+	if code := r.exit(60 * time.Second); code != exitOK {
+		t.Fatalf("resync: exit %d:\n%s", code, r.out.String())
+	}
+	p = c.tailer()
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	c.accounts("after", 5)
+	if n := c.expectExactlyOnce(60 * time.Second); n != 35 {
+		t.Fatalf("%d tokens once, want 35", n)
+	}
+}
+
+// partitionTokens makes public.tokens a table partitioned by id, with one
+// partition (tokens_a, ids below a million), published through its root,
+// before the slot is made.
+func (c *cluster) partitionTokens() {
+	c.t.Helper()
+	for _, sql := range []string{
+		`ALTER PUBLICATION mailroom DROP TABLE tokens`,
+		`ALTER TABLE tokens RENAME TO tokens_plain`,
+		`ALTER SEQUENCE tokens_id_seq OWNED BY NONE`,
+		`CREATE TABLE tokens (LIKE tokens_plain INCLUDING DEFAULTS INCLUDING CONSTRAINTS) PARTITION BY RANGE (id)`,
+		`ALTER TABLE tokens ADD PRIMARY KEY (id)`,
+		`CREATE TABLE tokens_a PARTITION OF tokens FOR VALUES FROM (1) TO (1000000)`,
+		`DROP TABLE tokens_plain`,
+		`ALTER PUBLICATION mailroom ADD TABLE tokens`,
+	} {
+		c.Exec(sql)
+	}
+	if _, err := replication.CreateSlot(c.ctx, replication.SchemaConn{Querier: c.Conn, Schema: "public"}, "mailroom", "tailer migrate", false, false); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// Partitions that come and go under a partitioned tokens table: a table
+// attached holding rows, and a partition detached concurrently under a
+// writer that goes on writing into it, then attached again. Those rows
+// entered tokens without an insert the slot carried: the publication
+// guard marks the slot for a resync in the attach's transaction, naming
+// the table; resynced, every token of tokens once. A partition made empty
+// and filled by inserts is carried as any other.
+func TestPartitionsComeAndGo(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []string{"attached with rows", "detached concurrently and attached again under a writer"} {
+		t.Run(tc, func(t *testing.T) {
+			t.Parallel()
+			c := newClusterWithoutSlot(t, pgtest.Shared(t), 10, 50*time.Millisecond)
+			c.partitionTokens()
+			p := c.watchedTailer()
+			p.waitLog("msg=streaming", 1, 30*time.Second)
+			c.Exec(`INSERT INTO accounts (email, login, status) SELECT 'p' || g || '@x', 'p' || g, 'active' FROM generate_series(1, 10) g`)
+			c.Exec(`CREATE TABLE tokens_c PARTITION OF tokens FOR VALUES FROM (3000000) TO (4000000)`)
+			c.Exec(`INSERT INTO tokens (id, account, action) SELECT 3000000 + g, (SELECT min(id) FROM accounts), 'password_recovery' FROM generate_series(1, 10) g`)
+			c.expectExactlyOnce(30 * time.Second)
+			var table string
+			switch tc {
+			case "attached with rows":
+				table = "tokens_b"
+				c.Exec(`CREATE TABLE tokens_b (LIKE tokens INCLUDING DEFAULTS)`)
+				c.Exec(`INSERT INTO tokens_b (id, account, action) SELECT 1000000 + g, (SELECT min(id) FROM accounts), 'password_recovery' FROM generate_series(1, 50) g`)
+				c.Exec(`ALTER TABLE tokens ATTACH PARTITION tokens_b FOR VALUES FROM (1000000) TO (2000000)`)
+			default:
+				table = "tokens_a"
+				conn, err := pgx.Connect(c.ctx, c.URL)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Close(c.ctx)
+				stop, done := make(chan struct{}), make(chan error)
+				go func() {
+					for {
+						select {
+						case <-stop:
+							done <- nil
+							return
+						default:
+						}
+						if _, err := conn.Exec(c.ctx, `INSERT INTO tokens_a (account, action) SELECT min(id), 'password_recovery' FROM accounts`); err != nil {
+							done <- err
+							return
+						}
+						time.Sleep(5 * time.Millisecond)
+					}
+				}()
+				time.Sleep(200 * time.Millisecond)
+				c.Exec(`ALTER TABLE tokens DETACH PARTITION tokens_a CONCURRENTLY`)
+				time.Sleep(300 * time.Millisecond)
+				c.Exec(`ALTER TABLE tokens ATTACH PARTITION tokens_a FOR VALUES FROM (1) TO (1000000)`)
+				time.Sleep(200 * time.Millisecond)
+				close(stop)
+				if err := <-done; err != nil {
+					t.Fatal(err)
+				}
+			}
+			p.blocked(c, "resync", "table public."+table+" was attached to public.tokens holding rows")
+			r := c.command([]string{"resync"})
+			if code := r.exit(60 * time.Second); code != exitOK {
+				t.Fatalf("resync: exit %d:\n%s", code, r.out.String())
+			}
+			c.accounts("after", 5)
+			if n := c.expectExactlyOnce(60 * time.Second); n < 25 {
+				t.Fatalf("%d tokens once, want at least 25", n)
 			}
 		})
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/mailroom/tailer/cmd/internal/daemon"
 	"github.com/mailroom/tailer/cmd/internal/natsconn"
 	"github.com/mailroom/tailer/publish/join"
+	"github.com/mailroom/tailer/publish/protocol"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -198,7 +199,7 @@ func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error
 			rep.Problems = append(rep.Problems, err.Error())
 		}
 	}
-	rep.judgeStreaming(cfg, rec)
+	rep.judgeStreaming(cfg, slot, rec)
 	rep.OK = !missing && rep.LagBytes <= cfg.MaxLag && !slot.Lost() && !rec.ResyncPending && !rec.ResyncNeeded && rep.Blocked == "" && rep.Refused == "" && len(rep.Problems) == 0
 	if info, err := streamInfo(ctx, cfg); err != nil {
 		rep.StreamError = err.Error()
@@ -215,7 +216,7 @@ func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error
 // missing slot (naming the way out), no tailer holding the slot for longer
 // than MAILROOM_MAX_UNHELD_SECONDS (or ever), a lag in time past
 // MAILROOM_MAX_LAG_SECONDS.
-func (rep *statusReport) judgeStreaming(cfg *config.Config, rec replication.Record) {
+func (rep *statusReport) judgeStreaming(cfg *config.Config, slot replication.SlotInfo, rec replication.Record) {
 	switch {
 	case rep.Missing && rec.Exists:
 		rep.Problems = append(rep.Problems, daemon.DroppedSlotMessage(rep.Slot, rec.CreatedBy))
@@ -225,6 +226,10 @@ func (rep *statusReport) judgeStreaming(cfg *config.Config, rec replication.Reco
 	case rep.Missing:
 		rep.Problems = append(rep.Problems, fmt.Sprintf("slot %s does not exist: tailer migrate makes it (or tailer run, on a first start)", rep.Slot))
 		return
+	case rec.ConfirmLimit != 0 && slot.ConfirmedFlush > rec.ConfirmLimit && rec.RefusedFact == "":
+		// The slot was read before the record: a tailer writes the limit
+		// down before it confirms past it.
+		rep.Problems = append(rep.Problems, daemon.SlotAdvancedMessage(rep.Slot, &protocol.SlotAdvancedError{Confirmed: protocol.LSN(slot.ConfirmedFlush), Limit: protocol.LSN(rec.ConfirmLimit)}))
 	}
 	if rep.Owner == "" {
 		switch {

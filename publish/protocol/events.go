@@ -18,6 +18,9 @@ type Inspected struct {
 	Schema, Publication error
 	Record              Record
 	Slot                Slot
+	// Shared are the other schemas of the database whose record names
+	// the slot.
+	Shared []string
 }
 
 // HeadRead is the stream's head, read for a slot that is missing.
@@ -69,6 +72,7 @@ type Resumed struct {
 type Checked struct {
 	Schema, Publication, NATS error
 	ResyncNeeded              bool
+	ResyncCause               string
 	Refused                   Refusal
 	Stream                    StreamChecked
 }

@@ -64,12 +64,22 @@ const (
 	// operator must remove (its store full, the tailer's user denied). It
 	// goes on by itself once it stores again.
 	NATSStoresNothing
+	// SlotAdvanced: the slot is confirmed past the furthest position a
+	// tailer of its record wrote down before confirming (another process
+	// advanced it: a tailer of another schema with the same slot, or by
+	// hand): the tokens committed in between never reached the stream.
+	SlotAdvanced
+	// SlotShared: the record of another mailroom schema of the database
+	// names the slot too: a tailer of each would stream it through its own
+	// publication and confirm past the other's tokens. It goes on once
+	// one of them is given another slot.
+	SlotShared
 	numFacts
 )
 
 var factNames = [numFacts]string{"", "schema_unreadable", "unknown_action", "publication_problem", "publication_stale", "relation_incomplete",
 	"resync_needed", "resync_pending", "slot_lost", "slot_dropped", "slot_unrecorded", "earlier_batches", "foreign_stream",
-	"stream_replaced", "stream_purged", "stream_lost_anchor", "window_trimmed", "nats_stores_nothing"}
+	"stream_replaced", "stream_purged", "stream_lost_anchor", "window_trimmed", "nats_stores_nothing", "slot_advanced", "slot_shared"}
 
 // String is the fact's name, as the slot's record keeps it.
 func (f Fact) String() string {
@@ -107,11 +117,11 @@ var Reasons = []string{ReasonResync, ReasonSchema, ReasonPublication, ReasonStre
 // Reason is f's label.
 func (f Fact) Reason() string {
 	switch f {
-	case SchemaUnreadable, UnknownAction:
+	case SchemaUnreadable, UnknownAction, SlotShared:
 		return ReasonSchema
 	case PublicationProblem, PublicationStale, RelationIncomplete:
 		return ReasonPublication
-	case ResyncNeeded, ResyncPending, SlotDropped, SlotUnrecorded, EarlierBatches:
+	case ResyncNeeded, ResyncPending, SlotDropped, SlotUnrecorded, EarlierBatches, SlotAdvanced:
 		return ReasonResync
 	case ForeignStream, StreamReplaced, StreamPurged, StreamLostAnchor, WindowTrimmed:
 		return ReasonStream
@@ -130,7 +140,7 @@ func (f Fact) Reason() string {
 // came back (issue 63: a purge refused once, then streamed on 5 s later).
 func (f Fact) Lasting() bool {
 	switch f {
-	case StreamReplaced, StreamPurged, StreamLostAnchor, WindowTrimmed:
+	case StreamReplaced, StreamPurged, StreamLostAnchor, WindowTrimmed, SlotAdvanced:
 		return true
 	}
 	return false
@@ -201,4 +211,25 @@ func (e *StreamLoss) Error() string {
 	}
 	b.WriteString(": the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them")
 	return b.String()
+}
+
+// SlotAdvancedError is a slot confirmed past the record's limit: how far
+// it is confirmed, and the furthest a tailer of its record confirmed it.
+type SlotAdvancedError struct {
+	Confirmed, Limit LSN
+}
+
+func (e *SlotAdvancedError) Error() string {
+	return fmt.Sprintf("the slot is confirmed at %s, past %s, the furthest a tailer of this database's record of it confirmed it: another process advanced it "+
+		"(a tailer of another schema configured with the same MAILROOM_SLOT, or pg_replication_slot_advance), and the tokens committed in between never reached the stream", e.Confirmed, e.Limit)
+}
+
+// SlotSharedError names the other schemas whose record names the slot.
+type SlotSharedError struct {
+	Schemas []string
+}
+
+func (e *SlotSharedError) Error() string {
+	return fmt.Sprintf("the slot is recorded in schema %s too (its tailer_slot): a tailer of each schema would stream it through its own publication, and confirm it past the other's tokens",
+		strings.Join(e.Schemas, ", "))
 }

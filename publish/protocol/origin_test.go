@@ -115,7 +115,7 @@ func TestFacts(t *testing.T) {
 	if ParseFact("") != NoFact || ParseFact("nonsense") != NoFact || NoFact.Reason() != "" || Fact(99).String() != "fact(99)" {
 		t.Error("no fact")
 	}
-	lasting := map[Fact]bool{StreamReplaced: true, StreamPurged: true, StreamLostAnchor: true, WindowTrimmed: true}
+	lasting := map[Fact]bool{StreamReplaced: true, StreamPurged: true, StreamLostAnchor: true, WindowTrimmed: true, SlotAdvanced: true}
 	wayOut := map[Fact]bool{PublicationStale: true, ResyncNeeded: true, ResyncPending: true, SlotLost: true, SlotDropped: true, SlotUnrecorded: true, EarlierBatches: true, WindowTrimmed: true}
 	marks := map[Fact]bool{PublicationProblem: true, RelationIncomplete: true}
 	for f := NoFact; f < numFacts; f++ {
@@ -126,7 +126,7 @@ func TestFacts(t *testing.T) {
 	reasons := map[Fact]string{SchemaUnreadable: ReasonSchema, UnknownAction: ReasonSchema, PublicationProblem: ReasonPublication, PublicationStale: ReasonPublication,
 		RelationIncomplete: ReasonPublication, ResyncNeeded: ReasonResync, ResyncPending: ReasonResync, SlotDropped: ReasonResync, SlotUnrecorded: ReasonResync,
 		EarlierBatches: ReasonResync, ForeignStream: ReasonStream, StreamReplaced: ReasonStream, StreamPurged: ReasonStream, StreamLostAnchor: ReasonStream,
-		WindowTrimmed: ReasonStream, NATSStoresNothing: ReasonNATS, SlotLost: ReasonSlotLost}
+		WindowTrimmed: ReasonStream, NATSStoresNothing: ReasonNATS, SlotLost: ReasonSlotLost, SlotAdvanced: ReasonResync, SlotShared: ReasonSchema}
 	for f, want := range reasons {
 		if f.Reason() != want {
 			t.Errorf("fact %v: reason %q, want %q", f, f.Reason(), want)

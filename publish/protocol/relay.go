@@ -71,6 +71,9 @@ type Record struct {
 	// Legacy: the slot predates incarnations.
 	Legacy                      bool
 	ResyncPending, ResyncNeeded bool
+	// ResyncCause says why the stream lacks inserts, when the publication
+	// guard recorded a cause other than the publication ("": none).
+	ResyncCause string
 	// StreamName and StreamCreated: the stream the incarnation publishes
 	// to, and when its server created it.
 	StreamName, StreamCreated string
@@ -81,6 +84,9 @@ type Record struct {
 	Seen            Seen
 	// Refused is a refusal that lasts until a resync (NoFact: none).
 	Refused Refusal
+	// ConfirmLimit is the furthest position a tailer of the record may
+	// have confirmed the slot to, written before it did (0: none written).
+	ConfirmLimit LSN
 }
 
 // Slot is the replication slot, as a session found it.

@@ -8,17 +8,26 @@ import (
 // readable is the refusal of a slot whose tokens cannot be read: a schema
 // or a publication the tailer cannot read them through, or a stream that
 // lacks inserts the publication did not carry.
-func readable(schema, publication error, resyncNeeded bool) (Refusal, bool) {
+func readable(schema, publication error, resyncNeeded bool, cause string) (Refusal, bool) {
 	switch {
 	case schema != nil:
 		return Refusal{Fact: SchemaUnreadable, Err: schema}, true
 	case publication != nil:
 		return Refusal{Fact: PublicationProblem, Err: publication}, true
+	case resyncNeeded && cause != "":
+		return Refusal{Fact: ResyncNeeded, Err: &ResyncCause{Cause: cause}}, true
 	case resyncNeeded:
 		return Refusal{Fact: ResyncNeeded}, true
 	}
 	return Refusal{}, false
 }
+
+// ResyncCause is why the slot's stream lacks inserts for good, when it is
+// not the publication: as the publication guard recorded it (a table
+// attached to tokens holding rows).
+type ResyncCause struct{ Cause string }
+
+func (e *ResyncCause) Error() string { return e.Cause }
 
 // inspected judges what the session found before it streams. Nothing is
 // judged before the lease is held: a standby only learns that another
@@ -28,10 +37,14 @@ func (r *Relay) inspected(ev Inspected) []Command {
 		return nil
 	}
 	r.rec, r.slot = ev.Record, ev.Slot
-	if ref, ok := readable(ev.Schema, ev.Publication, ev.Record.ResyncNeeded); ok {
+	if ref, ok := readable(ev.Schema, ev.Publication, ev.Record.ResyncNeeded, ev.Record.ResyncCause); ok {
 		return r.refuse(ref)
 	}
 	switch {
+	case len(ev.Shared) > 0:
+		// Before anything else of the slot is judged: what the other
+		// schema's tailer did to it says nothing of this one's.
+		return r.refuse(Refusal{Fact: SlotShared, Err: &SlotSharedError{Schemas: ev.Shared}})
 	case r.rec.ResyncPending:
 		return r.refuse(Refusal{Fact: ResyncPending})
 	case r.rec.Refused.Fact != NoFact:
@@ -42,6 +55,8 @@ func (r *Relay) inspected(ev Inspected) []Command {
 		return r.fail(EndPostgres, r.slot.Foreign, 0)
 	case r.slot.Present && r.slot.Lost:
 		return r.refuse(Refusal{Fact: SlotLost})
+	case r.slot.Present && r.rec.ConfirmLimit != 0 && r.slot.Confirmed > r.rec.ConfirmLimit:
+		return r.refuse(Refusal{Fact: SlotAdvanced, Err: &SlotAdvancedError{Confirmed: r.slot.Confirmed, Limit: r.rec.ConfirmLimit}})
 	case !r.slot.Present:
 		// Made here only on a first start, when nothing says one
 		// existed: otherwise the tokens committed since the old one was
@@ -301,7 +316,7 @@ func (r *Relay) checked(ev Checked) []Command {
 	if !r.expect(streaming) {
 		return nil
 	}
-	if ref, ok := readable(ev.Schema, ev.Publication, ev.ResyncNeeded); ok {
+	if ref, ok := readable(ev.Schema, ev.Publication, ev.ResyncNeeded, ev.ResyncCause); ok {
 		return []Command{Stop{Refusal: ref}}
 	}
 	if ev.Refused.Fact != NoFact {

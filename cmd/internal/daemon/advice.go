@@ -100,10 +100,27 @@ func WindowTrimmedMessage(e *protocol.WindowTrimmedError) string {
 }
 
 // ResyncNeededMessage says why tailer run waits for a resync although the
-// publication carries token inserts again.
-func ResyncNeededMessage(slot, publication string) string {
+// publication carries token inserts again: cause, as the publication
+// guard recorded it, or the publication.
+func ResyncNeededMessage(slot, publication, cause string) string {
+	if cause != "" {
+		return fmt.Sprintf("%s: slot %s's stream lacks those tokens for good; streaming on would skip them. "+resyncWayOut, cause, slot)
+	}
 	return fmt.Sprintf("publication %s could not carry token inserts for a while, and slot %s's stream lacks the ones made then for good "+
 		"(PostgreSQL decodes each change with the catalog as it was then); streaming on would skip them. "+resyncWayOut, publication, slot)
+}
+
+// SlotSharedMessage says why tailer run does not stream from a slot
+// another schema's record names, and the way out.
+func SlotSharedMessage(slot string, e *protocol.SlotSharedError) string {
+	return fmt.Sprintf("slot %s: %v. A slot serves one tailer of one schema: give this schema a MAILROOM_SLOT of its own (then tailer migrate makes it); the tailer goes on by itself once no other schema's record names this one", slot, e)
+}
+
+// SlotAdvancedMessage says why tailer run does not stream from a slot
+// another process advanced, and the way out.
+func SlotAdvancedMessage(slot string, e *protocol.SlotAdvancedError) string {
+	return fmt.Sprintf("slot %s: %v. A slot serves one tailer of one schema: give each schema a MAILROOM_SLOT of its own, stop whatever else reads or advances it, "+
+		"then run `tailer resync`, which recreates the slot and publishes, once, every still-eligible token the stream lacks", slot, e)
 }
 
 // PendingResyncMessage says what a resync started and not finished means,

@@ -55,7 +55,7 @@ func TestAdvice(t *testing.T) {
 		{"stream MAILROOM's limits (max_msgs=5) removed message 7", WindowTrimmedMessage(&protocol.WindowTrimmedError{Stream: "MAILROOM", Seq: 7, Limits: "max_msgs=5"}), []string{"tailer resync", "Raise the stream's limits"}},
 		{"stream MAILROOM no longer holds message 7 that this tailer stored on it", StreamLossMessage(&protocol.StreamLoss{Fact: protocol.StreamLostAnchor, Stream: "MAILROOM", Anchor: protocol.Anchor{Seq: 7, Mark: "id:a"}}), []string{"tailer resync"}},
 		{"stream MAILROOM no longer holds messages this slot published after sequence 7", StreamLossMessage(&protocol.StreamLoss{Fact: protocol.StreamPurged, Stream: "MAILROOM", Since: 7}), []string{"tailer resync"}},
-		{"publication mailroom could not carry token inserts", ResyncNeededMessage("mailroom", "mailroom"), []string{"tailer resync", "MAILROOM_AUTO_RESYNC"}},
+		{"publication mailroom could not carry token inserts", ResyncNeededMessage("mailroom", "mailroom", ""), []string{"tailer resync", "MAILROOM_AUTO_RESYNC"}},
 		{"slot mailroom does not exist, but this database recorded it", DroppedSlotMessage("mailroom", "made by tailer run"), []string{"tailer resync", "MAILROOM_AUTO_RESYNC", "MAILROOM_NATS_STREAM"}},
 		{"slot mailroom does not exist, but stream MAILROOM holds batches", UnrecordedSlotMessage("mailroom", "MAILROOM", 9), []string{"tailer resync", "MAILROOM_NATS_STREAM"}},
 		{"a resync of slot mailroom was started and did not finish", PendingResyncMessage("mailroom"), []string{"tailer resync", "tailer migrate"}},

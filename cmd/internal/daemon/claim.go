@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 
+	"github.com/jackc/pglogrepl"
+
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/protocol"
 	"github.com/mailroom/tailer/replication"
@@ -45,6 +47,7 @@ func (x *run) claim() protocol.Event {
 	x.receiver, err = replication.Start(ctx, x.s.rc, replication.Options{
 		Slot: cfg.Slot, Publication: cfg.Publication, ProtoVersion: cfg.ProtoVersion, Binary: cfg.Binary, Messages: cfg.HeartbeatInterval > 0,
 		OnStatus: d.streamConfirmed, Timeout: cfg.ReplicationTimeout,
+		Confirmed: x.slot.ConfirmedFlush, BeforeConfirm: x.beforeConfirm,
 	})
 	if replication.IsSlotLost(err) {
 		return protocol.Ended{Kind: protocol.EndFound, Found: protocol.SlotLost, Err: err}
@@ -67,6 +70,18 @@ func (x *run) claim() protocol.Event {
 	x.head = protocol.StreamHead{Name: cfg.Stream, Created: x.pub.Created(), LastSeq: x.pub.LastSeq(), Replicas: x.pub.Replicas(),
 		Seen: x.pub.Seen(), Limited: x.pub.Limited(), Foreign: x.pub.CheckOrigin(x.s.origin)}
 	return protocol.Claimed{Head: x.head, Record: recordOf(rec)}
+}
+
+// beforeConfirm writes down, under the lease, how far the slot may be
+// confirmed before the stream confirms it there: a slot found confirmed
+// further was advanced by another process (protocol.SlotAdvanced).
+// Failing costs only the confirmation, which the next status asks again.
+func (x *run) beforeConfirm(ctx context.Context, at pglogrepl.LSN) error {
+	err := x.s.lease.SetConfirmLimit(ctx, x.d.cfg.Schema, at)
+	if err != nil {
+		x.d.log.Warn("cannot record how far the slot may be confirmed; it is confirmed no further until this can be", "slot", x.d.cfg.Slot, "err", err)
+	}
+	return err
 }
 
 // bind ties the stream to the slot's incarnation: a new incarnation for a

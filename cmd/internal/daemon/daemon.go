@@ -77,8 +77,9 @@ type Daemon struct {
 	nc      atomic.Pointer[nats.Conn]
 	lag     atomic.Pointer[lagSample]
 	// guardSaid: whether the publication guard is missing was looked at;
-	// limitsSaid: the stream's limits were warned of.
-	guardSaid, limitsSaid atomic.Bool
+	// limitsSaid: the stream's limits were warned of; sharedSaid: other
+	// schemas' records that cannot be read were.
+	guardSaid, limitsSaid, sharedSaid atomic.Bool
 	// relay is the protocol the sessions carry out; stepped from the
 	// session, the slot sampler and NATS's handlers, one at a time.
 	relay   *protocol.Relay

@@ -98,6 +98,9 @@ func (d *Daemon) words(x *run, ref protocol.Refusal) string {
 		trimmed  *protocol.WindowTrimmedError
 		loss     *protocol.StreamLoss
 		schema   *join.SchemaError
+		advanced *protocol.SlotAdvancedError
+		shared   *protocol.SlotSharedError
+		cause    *protocol.ResyncCause
 	)
 	cfg := d.cfg
 	switch err := ref.Err; {
@@ -117,10 +120,16 @@ func (d *Daemon) words(x *run, ref protocol.Refusal) string {
 		return StreamLossMessage(loss)
 	case errors.As(err, &schema):
 		return schema.Error()
+	case errors.As(err, &advanced):
+		return SlotAdvancedMessage(cfg.Slot, advanced)
+	case errors.As(err, &shared):
+		return SlotSharedMessage(cfg.Slot, shared)
+	case errors.As(err, &cause):
+		return ResyncNeededMessage(cfg.Slot, cfg.Publication, cause.Cause)
 	}
 	switch ref.Fact {
 	case protocol.ResyncNeeded:
-		return ResyncNeededMessage(cfg.Slot, cfg.Publication)
+		return ResyncNeededMessage(cfg.Slot, cfg.Publication, "")
 	case protocol.ResyncPending:
 		return PendingResyncMessage(cfg.Slot)
 	case protocol.SlotLost:

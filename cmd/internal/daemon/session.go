@@ -238,6 +238,15 @@ func (x *run) inspect() protocol.Event {
 	case err != nil:
 		return x.ended(pgErr(err))
 	}
+	shared, unreadable, err := replication.SharedWith(ctx, x.db(), d.cfg.Slot)
+	if err != nil {
+		return x.ended(pgErr(err))
+	}
+	ev.Shared = shared
+	if len(unreadable) > 0 && !d.sharedSaid.Swap(true) {
+		d.log.Warn("the records of other mailroom schemas of this database cannot be read by this tailer's role: whether one names this slot too is not checked "+
+			"(a slot another schema's tailer advanced is still refused, by its confirm limit)", "slot", d.cfg.Slot, "schemas", unreadable)
+	}
 	x.slot, err = replication.Slot(ctx, x.s.q, d.cfg.Slot)
 	switch {
 	case errors.Is(err, replication.ErrNoSlot):
@@ -253,8 +262,9 @@ func (x *run) inspect() protocol.Event {
 // recordOf is the record as the relay judges it.
 func recordOf(r replication.Record) protocol.Record {
 	p := protocol.Record{Exists: r.Exists, Incarnation: r.Incarnation, Bound: r.Bound, StreamSeq: r.StreamSeq, Legacy: r.Legacy,
-		ResyncPending: r.ResyncPending, ResyncNeeded: r.ResyncNeeded, StreamName: r.StreamName, StreamCreated: r.StreamCreated,
-		Anchor: protocol.Anchor{Seq: r.AnchorSeq, Mark: r.AnchorMark}, Stopped: protocol.Anchor{Seq: r.StoppedSeq, Mark: r.StoppedMsgID}}
+		ResyncPending: r.ResyncPending, ResyncNeeded: r.ResyncNeeded, ResyncCause: r.ResyncCause, StreamName: r.StreamName, StreamCreated: r.StreamCreated,
+		Anchor: protocol.Anchor{Seq: r.AnchorSeq, Mark: r.AnchorMark}, Stopped: protocol.Anchor{Seq: r.StoppedSeq, Mark: r.StoppedMsgID},
+		ConfirmLimit: protocol.LSN(r.ConfirmLimit)}
 	if r.Seen != nil {
 		p.Seen = protocol.Seen{Known: true, First: r.Seen.First, Last: r.Seen.Last, Deleted: r.Seen.Deleted}
 	}
