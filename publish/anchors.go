@@ -20,16 +20,29 @@ import (
 // where they were) does not hold them.
 type Anchors = protocol.Anchors
 
-// anchors guards a Publisher's Anchors: PubAcks note them, the stream
-// checks read them.
+// anchors guards a Publisher's Anchors and its count of batch messages
+// sent and stored: PubAcks note them, the stream checks read them.
 type anchors struct {
 	mu sync.Mutex
 	a  Anchors
+	// sentN and ackedN count the session's batch messages sent and
+	// acknowledged (PubAck in hand), settled signalled as each is;
+	// appendedN those the stream did not hold before (not a duplicate).
+	sentN, ackedN, appendedN uint64
+	settled                  sync.Cond
+}
+
+// sent counts a batch message sent.
+func (a *anchors) sent() {
+	a.mu.Lock()
+	a.sentN++
+	a.mu.Unlock()
 }
 
 // stored notes msg, stored at seq (its PubAck), as the newest message,
-// and the newest batch when it is one.
-func (p *Publisher) stored(seq uint64, msg *nats.Msg, batch bool) {
+// and the newest batch when it is one; duplicate: the stream held it
+// before (its PubAck says so).
+func (p *Publisher) stored(seq uint64, msg *nats.Msg, batch, duplicate bool) {
 	a := protocol.Anchor{Seq: seq, Mark: wire.Mark(msg.Subject, msg.Header, msg.Data)}
 	p.anchors.mu.Lock()
 	defer p.anchors.mu.Unlock()
@@ -38,6 +51,15 @@ func (p *Publisher) stored(seq uint64, msg *nats.Msg, batch bool) {
 	}
 	if batch && seq >= p.anchors.a.Batch.Seq {
 		p.anchors.a.Batch = a
+	}
+	if batch {
+		p.anchors.ackedN++
+		if !duplicate {
+			p.anchors.appendedN++
+		}
+		if p.anchors.settled.L != nil {
+			p.anchors.settled.Broadcast()
+		}
 	}
 }
 
@@ -49,12 +71,12 @@ func (p *Publisher) Anchors() Anchors {
 	return p.anchors.a
 }
 
-// MissingAnchor returns the first of anchors the stream no longer holds (its
-// message gone, or another at its sequence), read from the stream's
-// leader; zero when it holds them all. On a stream whose limits remove
-// old messages, one below the stream's first sequence went by those
-// limits, and counts as held.
-func (p *Publisher) MissingAnchor(ctx context.Context, anchors []protocol.Anchor) (protocol.Anchor, error) {
+// MissingAnchors returns the anchors the stream no longer holds at their
+// sequence (the message gone, or another there), read from the stream's
+// leader, whatever removed them: whether its limits did is the relay's
+// to judge.
+func (p *Publisher) MissingAnchors(ctx context.Context, anchors []protocol.Anchor) ([]protocol.Anchor, error) {
+	var missing []protocol.Anchor
 	for _, want := range anchors {
 		if want.Seq == 0 {
 			continue
@@ -62,27 +84,12 @@ func (p *Publisher) MissingAnchor(ctx context.Context, anchors []protocol.Anchor
 		msg, err := p.getMsg(ctx, want.Seq)
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
-			if trimmed, err := p.trimmed(ctx, want.Seq); err != nil || !trimmed {
-				return want, err
-			}
+			missing = append(missing, want)
 		case err != nil:
-			return protocol.Anchor{}, fmt.Errorf("read message %d of stream %s: %w", want.Seq, p.name, err)
+			return nil, fmt.Errorf("read message %d of stream %s: %w", want.Seq, p.name, err)
 		case messageMark(msg) != want.Mark:
-			return want, nil
+			missing = append(missing, want)
 		}
 	}
-	return protocol.Anchor{}, nil
-}
-
-// trimmed reports whether the stream's limits removed the message at seq:
-// the stream has limits, and its first sequence is past seq.
-func (p *Publisher) trimmed(ctx context.Context, seq uint64) (bool, error) {
-	if !p.limited {
-		return false, nil
-	}
-	s, err := p.js.Stream(ctx, p.name)
-	if err != nil {
-		return false, fmt.Errorf("stream %s: %w", p.name, err)
-	}
-	return s.CachedInfo().State.FirstSeq > seq, nil
+	return missing, nil
 }

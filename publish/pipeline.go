@@ -470,7 +470,7 @@ func (p *Pipeline) awaitAcks(ctx context.Context, acks <-chan inFlight, inFlight
 						p.Log.Info("message was already on the stream", "message", it.id, "seq", ack.Sequence)
 					}
 				}
-				p.Publisher.stored(ack.Sequence, it.fut.Msg(), true)
+				p.Publisher.stored(ack.Sequence, it.fut.Msg(), true, ack.Duplicate)
 			case err := <-it.fut.Err():
 				endSpans(it.spans, err)
 				if isWrongLastSequence(err) {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -127,8 +128,7 @@ type Publisher struct {
 	lastTime time.Time
 	// lastSeq is the stream's last sequence when the session started, and
 	// next the last sequence the next publish expects; limited says its
-	// configuration removes old messages (max_msgs, max_bytes,
-	// max_msgs_per_subject).
+	// configuration removed old messages as the session started (Trims).
 	lastSeq, next uint64
 	limited       bool
 	// limits says them, for the operator ("" when limited is false).
@@ -140,6 +140,9 @@ type Publisher struct {
 	window *protocol.Window
 	// anchors: see Anchors.
 	anchors anchors
+	// sending is held by each send, and held whole by a quiet look
+	// (Quietly), which waits for what was sent before to be stored.
+	sending sync.RWMutex
 	// prev is, by lane, the last batch message on its subject
 	// (wire.HeaderPrev of the next), read once the session's markers are
 	// on the stream and moved by each publish (zero before Resume: none
@@ -163,23 +166,6 @@ func resumable(c jetstream.StreamConfig) error {
 	}
 	return nil
 }
-
-// limitsOf says which of c's limits remove old messages ("" for none).
-func limitsOf(c jetstream.StreamConfig) string {
-	var l []string
-	for _, v := range []struct {
-		name string
-		n    int64
-	}{{"max_msgs", c.MaxMsgs}, {"max_bytes", c.MaxBytes}, {"max_msgs_per_subject", c.MaxMsgsPerSubject}} {
-		if v.n > 0 {
-			l = append(l, v.name+"="+strconv.FormatInt(v.n, 10))
-		}
-	}
-	return strings.Join(l, ", ")
-}
-
-// Limits says the stream's limits that remove old messages ("" for none).
-func (p *Publisher) Limits() string { return p.limits }
 
 // SubjectMatches reports whether subject is matched by pattern under NATS
 // rules: tokens separated by '.', '*' matching one token, '>' as the last
@@ -252,8 +238,7 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Destination) (*Publish
 	}
 	p := &Publisher{js: js, stream: stream, name: cfg.Name, subject: cfg.Subject, subjects: subjects, marker: marker, replicas: max(info.Config.Replicas, 1),
 		created: info.Created.UTC().Format(time.RFC3339Nano),
-		limited: info.Config.MaxMsgs > 0 || info.Config.MaxBytes > 0 || info.Config.MaxMsgsPerSubject > 0,
-		limits:  limitsOf(info.Config), prev: make([]wire.Anchor, len(subjects))}
+		limited: Trims(info.Config), limits: limitsOf(info.Config), prev: make([]wire.Anchor, len(subjects))}
 	p.sawLeader(info)
 	if cfg.Origin.SystemID != "" {
 		p.origin = cfg.Origin.String()
@@ -267,11 +252,11 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg Destination) (*Publish
 // readLast loads the stream's last sequence, which the next publish is
 // chained to, and what its last message says about where it comes from.
 func (p *Publisher) readLast(ctx context.Context) error {
-	info, err := p.stream.Info(ctx)
+	info, err := p.stream.Info(ctx, jetstream.WithSubjectFilter(">"))
 	if err != nil {
 		return fmt.Errorf("stream info: %w", err)
 	}
-	p.lastSeq, p.next, p.seen = info.State.LastSeq, info.State.LastSeq, SeenOf(info.State)
+	p.lastSeq, p.next, p.seen = info.State.LastSeq, info.State.LastSeq, p.seenOf(info)
 	p.last, p.lastTime = protocol.Stored{}, time.Time{}
 	if info.State.LastSeq == 0 {
 		return nil
@@ -391,35 +376,6 @@ func (p *Publisher) Created() string { return p.created }
 // Seen is what the stream held when the publisher started.
 func (p *Publisher) Seen() protocol.Seen { return p.seen }
 
-// Limited reports whether the stream's configuration removes old
-// messages (max_msgs, max_bytes, max_msgs_per_subject).
-func (p *Publisher) Limited() bool { return p.limited }
-
-// Look reads the stream's info as it is now: when its server created it
-// (another time than Created: another stream under its name, or another
-// replica answering) and what it holds. It may run beside the publishing
-// goroutine.
-func (p *Publisher) Look(ctx context.Context) (created string, seen protocol.Seen, err error) {
-	s, err := p.js.Stream(ctx, p.name)
-	if err != nil {
-		return "", protocol.Seen{}, fmt.Errorf("stream %s: %w", p.name, err)
-	}
-	info := s.CachedInfo()
-	p.sawLeader(info)
-	return info.Created.UTC().Format(time.RFC3339Nano), SeenOf(info.State), nil
-}
-
-// SeenOf is what a stream's state says it holds. A stream that never
-// held a message has first sequence zero; one purged empty, one past its
-// last.
-func SeenOf(st jetstream.StreamState) protocol.Seen {
-	seen := protocol.Seen{Known: true, First: st.FirstSeq, Last: st.LastSeq, Deleted: st.NumDeleted}
-	if st.LastSeq == 0 {
-		seen.First = 0
-	}
-	return seen
-}
-
 // sawLeader notes which server leads the stream, as info says.
 func (p *Publisher) sawLeader(info *jetstream.StreamInfo) {
 	if info.Cluster != nil && info.Cluster.Leader != "" {
@@ -515,10 +471,13 @@ func (p *Publisher) PublishAsync(m *Message) (jetstream.PubAckFuture, error) {
 		msg.Header[wire.HeaderPrev] = []string{prev.Mark}
 		msg.Header[wire.HeaderPrevSeq] = []string{strconv.FormatUint(prev.Seq, 10)}
 	}
+	p.sending.RLock()
+	defer p.sending.RUnlock()
 	fut, err := p.js.PublishMsgAsync(msg, jetstream.WithMsgID(id), jetstream.WithExpectLastSequence(p.next))
 	if err != nil {
 		return nil, fmt.Errorf("publish batch %s: %w", id, err)
 	}
+	p.anchors.sent()
 	p.next++
 	// Stored, it is at the sequence it expects after.
 	p.prev[m.Lane] = wire.Anchor{Seq: p.next, Mark: wire.IDMark(id)}

@@ -18,11 +18,11 @@ func messageMark(m *jetstream.RawStreamMsg) string { return wire.Mark(m.Subject,
 // itself: where it stands once every publish of the session has its
 // PubAck.
 func (p *Publisher) LastMark(ctx context.Context) (protocol.Anchor, protocol.Seen, error) {
-	info, err := p.stream.Info(ctx)
+	info, err := p.stream.Info(ctx, jetstream.WithSubjectFilter(">"))
 	if err != nil {
 		return protocol.Anchor{}, protocol.Seen{}, fmt.Errorf("read stream %s: %w", p.name, err)
 	}
-	seen, seq := SeenOf(info.State), info.State.LastSeq
+	seen, seq := p.seenOf(info), info.State.LastSeq
 	if seq == 0 {
 		return protocol.Anchor{}, seen, nil
 	}

@@ -137,7 +137,7 @@ func (p *Publisher) publishMarkers(ctx context.Context, o Owner, w *protocol.Win
 	futs := make([]jetstream.PubAckFuture, 0, k)
 	for i := 1; i <= k; i++ {
 		msg := nats.NewMsg(p.marker)
-		msg.Header.Set(nats.MsgIdHdr, fmt.Sprintf("marker-%x-%d/%d", nonce, i, k))
+		msg.Header.Set(nats.MsgIdHdr, fmt.Sprintf("%s%x-%d/%d", protocol.MarkerID, nonce, i, k))
 		msg.Header.Set(wire.HeaderFence, strconv.Itoa(i)+"/"+strconv.Itoa(k))
 		msg.Header.Set(wire.HeaderInFlight, strconv.Itoa(max(o.InFlight, 1)))
 		msg.Header.Set(wire.HeaderWindowAfter, o.After.String())
@@ -158,7 +158,7 @@ func (p *Publisher) publishMarkers(ctx context.Context, o Owner, w *protocol.Win
 	for i, fut := range futs {
 		select {
 		case ack := <-fut.Ok():
-			p.stored(ack.Sequence, fut.Msg(), false)
+			p.stored(ack.Sequence, fut.Msg(), false, ack.Duplicate)
 		case err := <-fut.Err():
 			if isWrongLastSequence(err) {
 				return fmt.Errorf("session marker %d of %d: %w: %w", i+1, k, ErrStreamMoved, err)

@@ -14,7 +14,33 @@ const (
 	jsInsufficientResources = 10023
 	jsMemoryExceeded        = 10028
 	jsStorageExceeded       = 10047
+	// jsAccountResources: the account's JetStream limits (its
+	// max_storage) reached; jsStoreFailed carries why a store failed, a
+	// stream's discard new limit among the reasons (Full).
+	jsAccountResources = 10002
+	jsStoreFailed      = 10077
 )
+
+// fullReasons are jsStoreFailed's descriptions of a stream whose limits,
+// with discard new, refuse new messages.
+var fullReasons = []string{"maximum messages exceeded", "maximum bytes exceeded", "maximum messages per subject exceeded"}
+
+// Full reports whether err is the stream refusing a message because its
+// own limits are reached and its discard policy is new, and which limit
+// (the server's words): it removes none to make room, so nothing is
+// stored until the limits are raised or messages removed.
+func Full(err error) (limit string, full bool) {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || apiErr.ErrorCode != jsStoreFailed {
+		return "", false
+	}
+	for _, r := range fullReasons {
+		if strings.Contains(apiErr.Description, r) {
+			return r, true
+		}
+	}
+	return "", false
+}
 
 // NoRoom reports whether err is the stream's server refusing a message,
 // or the stream, for want of room: JetStream's limits reached, its store's
@@ -25,10 +51,13 @@ func NoRoom(err error) bool {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		switch apiErr.ErrorCode {
-		case jsInsufficientResources, jsMemoryExceeded, jsStorageExceeded,
+		case jsInsufficientResources, jsMemoryExceeded, jsStorageExceeded, jsAccountResources,
 			jetstream.JSErrCodeJetStreamNotEnabled, jetstream.JSErrCodeJetStreamNotEnabledForAccount:
 			return true
 		}
+	}
+	if _, full := Full(err); full {
+		return true
 	}
 	return errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) ||
 		err != nil && (strings.Contains(err.Error(), "no space left on device") || strings.Contains(err.Error(), "insufficient resources"))

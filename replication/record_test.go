@@ -133,26 +133,27 @@ func TestRecordAnchor(t *testing.T) {
 		seq         uint64
 		mark        string
 		seen        StreamSeen
-	}{{r.Incarnation, 10, "id:a", StreamSeen{1, 10, 0}}, {r.Incarnation, 5, "id:older", StreamSeen{1, 11, 1}}, {"another", 20, "id:another", StreamSeen{3, 20, 0}}} {
+	}{{r.Incarnation, 10, "id:a", StreamSeen{First: 1, Last: 10}}, {r.Incarnation, 5, "id:older", StreamSeen{First: 1, Last: 11, Deleted: 1, Batches: 7, Trims: true, Quiet: true}},
+		{"another", 20, "id:another", StreamSeen{First: 3, Last: 20}}} {
 		if err := SetAnchor(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s", a.incarnation, a.seq, a.mark, a.seen); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// An older anchor keeps the newer, and what the stream held is the
 	// latest look's.
-	anchor(10, "id:a", &StreamSeen{1, 11, 1})
+	anchor(10, "id:a", &StreamSeen{First: 1, Last: 11, Deleted: 1, Batches: 7, Trims: true, Quiet: true})
 	if err := SetStream(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, &r, StreamIdentity{Name: "S", Created: "another replica's time"}); err != nil {
 		t.Fatal(err)
 	}
-	anchor(10, "id:a", &StreamSeen{1, 11, 1})
+	anchor(10, "id:a", &StreamSeen{First: 1, Last: 11, Deleted: 1, Batches: 7, Trims: true, Quiet: true})
 	if err := SetStream(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, &r, StreamIdentity{Name: "OTHER", Created: "t"}); err != nil || r.AnchorSeq != 0 {
 		t.Fatalf("SetStream of another name kept the anchor %d (%v)", r.AnchorSeq, err)
 	}
 	anchor(0, "", nil)
-	if err := SetAnchor(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s", r.Incarnation, 12, "id:b", StreamSeen{1, 12, 0}); err != nil {
+	if err := SetAnchor(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s", r.Incarnation, 12, "id:b", StreamSeen{First: 1, Last: 12}); err != nil {
 		t.Fatal(err)
 	}
-	anchor(12, "id:b", &StreamSeen{1, 12, 0})
+	anchor(12, "id:b", &StreamSeen{First: 1, Last: 12})
 	if _, err := BeginResync(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s", "tailer resync", nil); err != nil {
 		t.Fatal(err)
 	}

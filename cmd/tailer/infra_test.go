@@ -507,13 +507,20 @@ func TestRunsAsRestrictedRole(t *testing.T) {
 // the cluster at it.
 func (c *cluster) startNATSConfig(path string) {
 	c.t.Helper()
+	c.startNATSConfigIn(path, c.t.TempDir())
+}
+
+// startNATSConfigIn is startNATSConfig with its store in store (a restart
+// on the same store).
+func (c *cluster) startNATSConfigIn(path, store string) {
+	c.t.Helper()
 	opts, err := server.ProcessConfigFile(path)
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	c.stopNATS()
 	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", c.natsPort, 0
-	opts.StoreDir, opts.NoSigs, opts.NoLog = c.t.TempDir(), true, true
+	opts.StoreDir, opts.NoSigs, opts.NoLog = store, true, true
 	s, err := server.NewServer(opts)
 	if err != nil {
 		c.t.Fatal(err)

@@ -231,7 +231,10 @@ func (rep *statusReport) judgeStreaming(cfg *config.Config, slot replication.Slo
 		// down before it confirms past it.
 		rep.Problems = append(rep.Problems, daemon.SlotAdvancedMessage(rep.Slot, &protocol.SlotAdvancedError{Confirmed: protocol.LSN(slot.ConfirmedFlush), Limit: protocol.LSN(rec.ConfirmLimit)}))
 	}
-	if rep.Owner == "" {
+	if rep.Owner == "" && rep.Blocked == "" {
+		// A tailer run that waits for the operator says why (BLOCKED), and
+		// holds the slot only while it looks again: "start tailer run"
+		// would be the wrong way out.
 		switch {
 		case rep.LagSeconds == nil:
 			rep.Problems = append(rep.Problems, fmt.Sprintf("no tailer holds slot %s, and none has recorded streaming from it: start tailer run", rep.Slot))

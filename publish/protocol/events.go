@@ -37,20 +37,25 @@ type SlotMade struct {
 type Claimed struct {
 	Head   StreamHead
 	Record Record
+	// Confirmed is the slot's confirmed position read once it streams to
+	// the session: where its stream starts, which no other process can
+	// move from then on.
+	Confirmed LSN
 }
 
 // Bound: the record now binds the stream to the slot's incarnation.
 type Bound struct{ Record Record }
 
 // StreamChecked is the stream as a check found it: the creation time its
-// server reports, what it holds, whether its configuration removes
-// messages, and the first of the anchors it was asked about that it no
-// longer holds (zero: all held).
+// server reports, what it holds (and whether its configuration removes
+// messages then: Seen.Trims), every anchor it was asked about that it no
+// longer holds at its sequence (whatever removed it), and how many batch
+// messages the session had stored on it (PubAck in hand) when it looked.
 type StreamChecked struct {
 	Created string
 	Seen    Seen
-	Limited bool
-	Missing Anchor
+	Missing []Anchor
+	Stored  uint64
 }
 
 // Resumed is the scan of the stream and the session's markers: Err is a
@@ -178,7 +183,13 @@ type Bind struct{}
 
 // CheckStream looks at the stream (StreamChecked): whether it holds
 // each of Anchors, at its sequence.
-type CheckStream struct{ Anchors []Anchor }
+type CheckStream struct {
+	Anchors []Anchor
+	// Quiet asks for a look with nothing of the session's on its way to
+	// the stream (Seen.Quiet): its figures and the batches stored are
+	// then of one moment, and tell whether messages gone were batches.
+	Quiet bool
+}
 
 // SetStream records the stream the incarnation publishes to.
 type SetStream struct{ Name, Created string }

@@ -191,11 +191,13 @@ type StreamLoss struct {
 	Fact   Fact
 	Stream string
 	// Anchor is the message gone (StreamLostAnchor); Since the sequence
-	// after which messages were purged (StreamPurged); Created and
-	// Recorded the stream's creation time and the one the slot published
-	// to (StreamReplaced).
+	// after which messages were purged, and Batches how many batch
+	// messages went, when counted (StreamPurged); Created and Recorded
+	// the stream's creation time and the one the slot published to
+	// (StreamReplaced).
 	Anchor            Anchor
 	Since             uint64
+	Batches           uint64
 	Created, Recorded string
 }
 
@@ -206,6 +208,9 @@ func (e *StreamLoss) Error() string {
 		fmt.Fprintf(&b, "stream %s no longer holds message %d that this tailer stored on it (%s): it was deleted and made again, restored from an older backup, or purged (of the batches' subject alone too)", e.Stream, e.Anchor.Seq, e.Anchor.Mark)
 	case StreamPurged:
 		fmt.Fprintf(&b, "stream %s no longer holds messages this slot published after sequence %d, and its configuration removes none: it was purged", e.Stream, e.Since)
+		if e.Batches > 0 {
+			fmt.Fprintf(&b, " (%d batch messages gone)", e.Batches)
+		}
 	default:
 		fmt.Fprintf(&b, "stream %s was deleted and made again (the server created it at %s; this slot published to one created at %s)", e.Stream, e.Created, e.Recorded)
 	}

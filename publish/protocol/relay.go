@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -23,6 +24,13 @@ type Anchor struct {
 	Seq  uint64
 	Mark string
 }
+
+// MarkerID begins the Nats-Msg-Id of every session marker; its mark
+// (wire.IDMark) says a message is one.
+const MarkerID = "marker-"
+
+// IsMarker reports whether a is a session marker, by its mark.
+func (a Anchor) IsMarker() bool { return strings.HasPrefix(a.Mark, "id:"+MarkerID) }
 
 // Anchors are the newest message a process stored on the stream (a batch
 // or a session marker, each with an id of its own), and the newest batch.
@@ -101,14 +109,31 @@ type Slot struct {
 }
 
 // Seen is what a stream held when it was looked at: its first and last
-// sequences, and how many messages within them were gone (JetStream's
-// FirstSeq, LastSeq and NumDeleted). On a stream whose configuration
-// removes no message, every message gone since was removed by someone.
-// Known says it was looked at (a record without one has it false).
+// sequences, how many messages within them were gone (JetStream's
+// FirstSeq, LastSeq and NumDeleted) and how many were batches (on the
+// batches' subjects), and whether its configuration then removed old
+// messages (Trims: limits that discard the oldest, or a per-subject limit
+// that does; not max_msgs or max_bytes with discard new, which refuse
+// new ones instead). While the configuration removes no message, every
+// message gone was removed by someone. Quiet: no message of the tailer's
+// was on its way then (a look with publishing held, or at a clean stop),
+// so that the batches it counted are all the tailer had stored. Known
+// says it was looked at (a record without one has it false).
 type Seen struct {
 	Known       bool
 	First, Last uint64
 	Deleted     int
+	Batches     uint64
+	Trims       bool
+	Quiet       bool
+}
+
+// recordable is s as the record keeps it while a session streams: not
+// quiet, since the session publishes on after it (only a clean stop, or
+// a resync's end, records a quiet one).
+func (s Seen) recordable() Seen {
+	s.Quiet = false
+	return s
 }
 
 // held reports whether the stream held a message when it was seen.
@@ -119,10 +144,9 @@ type StreamHead struct {
 	Name, Created string
 	LastSeq       uint64
 	Replicas      int
-	// Seen is what it held; Limited says its configuration removes old
-	// messages (max_msgs, max_bytes, max_msgs_per_subject).
-	Seen    Seen
-	Limited bool
+	// Seen is what it held, and whether its configuration removes old
+	// messages.
+	Seen Seen
 	// Foreign says the stream's last message was published from another
 	// database than this one (nil: not).
 	Foreign error
@@ -164,8 +188,17 @@ type Relay struct {
 	anchored, anchoredStored  Anchors
 	anchoredInc, anchoredName string
 	// seen is what the stream last held as the session saw it, or as the
-	// record says a tailer of the incarnation saw it.
-	seen Seen
+	// record says a tailer of the incarnation saw it; judged: a check
+	// found it lost nothing then (the record's was too), so that what is
+	// gone since is judged against it alone.
+	seen   Seen
+	judged bool
+	// count is a quiet look the batches are counted from: how many the
+	// stream held then, and how many the session had stored (valid: one
+	// was taken since the configuration last removed messages).
+	count batchCount
+	// askedQuiet: the check while streaming asked for a quiet look.
+	askedQuiet bool
 	// stored are what the session stored since its last check: known by
 	// the stream once a check found them beside the anchors.
 	stored Anchors
@@ -250,7 +283,7 @@ func (r *Relay) start() []Command {
 		return nil
 	}
 	r.ph = opening
-	r.rec, r.slot, r.stream, r.anchors, r.stored, r.seen = Record{}, Slot{}, StreamHead{}, Anchors{}, Anchors{}, Seen{}
+	r.rec, r.slot, r.stream, r.anchors, r.stored, r.seen, r.judged, r.count = Record{}, Slot{}, StreamHead{}, Anchors{}, Anchors{}, Seen{}, false, batchCount{}
 	return []Command{Open{}}
 }
 

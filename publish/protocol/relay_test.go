@@ -53,8 +53,9 @@ func toStream(t *testing.T, r *Relay, rec Record, head StreamHead) {
 	t.Helper()
 	open(t, r)
 	step(t, r, Inspected{Record: rec, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: head, Record: rec}, "CheckStream{Anchors:[]}")
-	step(t, r, StreamChecked{Created: head.Created, Seen: head.Seen}, "RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+	step(t, r, Claimed{Head: head, Record: rec}, "CheckStream{Anchors:[] Quiet:false}")
+	step(t, r, StreamChecked{Created: head.Created, Seen: head.Seen},
+		fmt.Sprintf("RecordAnchor{Anchor:{Seq:0 Mark:} Seen:%+v} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}", head.Seen.recordable()))
 	step(t, r, Resumed{}, "Publish{}")
 }
 
@@ -66,9 +67,9 @@ func TestFirstStart(t *testing.T) {
 	step(t, r, Inspected{}, "ReadHead{}")
 	step(t, r, HeadRead{Head: StreamHead{Name: "S"}}, "MakeSlot{}")
 	step(t, r, SlotMade{Record: Record{Exists: true, Incarnation: "i1", Bound: true}, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: headAt, Record: Record{Exists: true, Incarnation: "i1", Bound: true}}, "CheckStream{Anchors:[]}")
+	step(t, r, Claimed{Head: headAt, Record: Record{Exists: true, Incarnation: "i1", Bound: true}}, "CheckStream{Anchors:[] Quiet:false}")
 	step(t, r, StreamChecked{Created: "t1", Seen: seen0},
-		"SetStream{Name:S Created:t1} RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+		"SetStream{Name:S Created:t1} RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
 	step(t, r, Resumed{WAL: 0x200}, "Publish{}")
 	// Events of another phase are passed over.
 	step(t, r, Resumed{}, "")
@@ -160,8 +161,8 @@ func TestTakingTheStreamOver(t *testing.T) {
 	open(t, r)
 	step(t, r, Inspected{Slot: slotAt}, "Claim{}")
 	step(t, r, Claimed{Head: headAt}, "Adopt{}")
-	step(t, r, Bound{Record: Record{Exists: true, Incarnation: "i2", Bound: true}}, "CheckStream{Anchors:[]}")
-	step(t, r, StreamChecked{Created: "t1", Seen: seen0}, "SetStream{Name:S Created:t1} RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0}} "+
+	step(t, r, Bound{Record: Record{Exists: true, Incarnation: "i2", Bound: true}}, "CheckStream{Anchors:[] Quiet:false}")
+	step(t, r, StreamChecked{Created: "t1", Seen: seen0}, "SetStream{Name:S Created:t1} RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Quiet:false}} "+
 		"Resume{Owner:{Origin:/0/ Incarnation:i2 Since:0 Legacy:false After:0/100 InFlight:1}}")
 }
 
@@ -180,10 +181,10 @@ func TestStreamOfAnotherCreationTime(t *testing.T) {
 	r := New(Config{})
 	open(t, r)
 	step(t, r, Inspected{Record: anchored, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: head, Record: anchored}, "CheckStream{Anchors:[{Seq:5 Mark:id:5}]}")
+	step(t, r, Claimed{Head: head, Record: anchored}, "CheckStream{Anchors:[{Seq:5 Mark:id:5}] Quiet:false}")
 	lost := "Refuse{Refusal:stream S no longer holds message 5 that this tailer stored on it (id:5): it was deleted and made again, restored from an older backup, or purged (of the batches' subject alone too): " +
 		"the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}"
-	step(t, r, StreamChecked{Created: "t2", Missing: Anchor{Seq: 5, Mark: "id:5"}}, lost)
+	step(t, r, StreamChecked{Created: "t2", Missing: []Anchor{{Seq: 5, Mark: "id:5"}}}, lost)
 
 	r = New(Config{})
 	open(t, r)
@@ -196,15 +197,15 @@ func TestStreamOfAnotherCreationTime(t *testing.T) {
 	r = New(Config{})
 	open(t, r)
 	step(t, r, Inspected{Record: stopped, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: head, Record: stopped}, "CheckStream{Anchors:[{Seq:6 Mark:id:6}]}")
+	step(t, r, Claimed{Head: head, Record: stopped}, "CheckStream{Anchors:[{Seq:6 Mark:id:6}] Quiet:false}")
 	step(t, r, StreamChecked{Created: "t2", Seen: Seen{Known: true, First: 1, Last: 6}},
-		"SetStream{Name:S Created:t2} RecordAnchor{Anchor:{Seq:6 Mark:id:6} Seen:{Known:true First:1 Last:6 Deleted:0}} ClearStopped{} "+
+		"SetStream{Name:S Created:t2} RecordAnchor{Anchor:{Seq:6 Mark:id:6} Seen:{Known:true First:1 Last:6 Deleted:0 Batches:0 Trims:false Quiet:false}} ClearStopped{} "+
 			"Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:2}}")
 	r = New(Config{})
 	open(t, r)
 	step(t, r, Inspected{Record: stopped, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: head, Record: stopped}, "CheckStream{Anchors:[{Seq:6 Mark:id:6}]}")
-	step(t, r, StreamChecked{Created: "t2", Seen: Seen{Known: true, First: 1, Last: 4}, Missing: Anchor{Seq: 6, Mark: "id:6"}},
+	step(t, r, Claimed{Head: head, Record: stopped}, "CheckStream{Anchors:[{Seq:6 Mark:id:6}] Quiet:false}")
+	step(t, r, StreamChecked{Created: "t2", Seen: Seen{Known: true, First: 1, Last: 4}, Missing: []Anchor{{Seq: 6, Mark: "id:6"}}},
 		"Refuse{Refusal:stream S no longer holds message 6 that this tailer stored on it (id:6): it was deleted and made again, restored from an older backup, or purged (of the batches' subject alone too): "+
 			"the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}")
 }
@@ -226,17 +227,26 @@ func TestPurged(t *testing.T) {
 		{Seen{Known: true, First: 4, Last: 12, Deleted: 1}, 3, true},
 		{Seen{Known: true, First: 3, Last: 3}, 3, false},
 	} {
-		if got := Purged(tc.now, before, tc.since); got != tc.want {
+		if got := Purged(tc.now, before, tc.since, false); got != tc.want {
 			t.Errorf("Purged(%+v, %+v, %d) = %v, want %v", tc.now, before, tc.since, got, tc.want)
 		}
 	}
 	// Seen holding one message, its first sequence moved on since.
-	if !Purged(Seen{Known: true, First: 4, Last: 5}, Seen{Known: true, First: 3, Last: 3}, 3) {
+	if !Purged(Seen{Known: true, First: 4, Last: 5}, Seen{Known: true, First: 3, Last: 3}, 3, false) {
 		t.Error("a stream of one message seen before, its first sequence past it now, was not purged")
 	}
 	// Nothing seen before: only the incarnation's own first message counts.
-	if Purged(Seen{Known: true, First: 3, Last: 9}, Seen{}, 2) || !Purged(Seen{Known: true, First: 4, Last: 9}, Seen{}, 2) {
+	if Purged(Seen{Known: true, First: 3, Last: 9}, Seen{}, 2, false) || !Purged(Seen{Known: true, First: 4, Last: 9}, Seen{}, 2, false) {
 		t.Error("with nothing seen before, a stream is purged when its first sequence is past since+1")
+	}
+	// Judged against a look that found nothing lost (a limit since taken
+	// off had moved the first sequence past since): only what is gone
+	// since that look counts.
+	if Purged(Seen{Known: true, First: 5, Last: 12, Deleted: 1}, Seen{Known: true, First: 5, Last: 9, Deleted: 1}, 2, true) {
+		t.Error("a first sequence past since+1, as seen by a judged look, is no purge")
+	}
+	if !Purged(Seen{Known: true, First: 6, Last: 12}, Seen{Known: true, First: 5, Last: 9}, 2, true) {
+		t.Error("a first sequence moved on since a judged look is a purge")
 	}
 }
 
@@ -254,8 +264,8 @@ func TestStreamChecks(t *testing.T) {
 	}{
 		{"purged", StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 10, Last: 9}}, purged},
 		{"a message deleted", StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 9, Deleted: 1}}, purged},
-		{"limits", StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 10, Last: 12}, Limited: true},
-			"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:10 Last:12 Deleted:0}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}"},
+		{"limits", StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 10, Last: 12, Trims: true}},
+			"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:10 Last:12 Deleted:0 Batches:0 Trims:true Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}"},
 		{"as seen", StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 9}},
 			"Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}"},
 		{"made again, held nothing", StreamChecked{Created: "t2", Seen: Seen{Known: true, First: 1, Last: 9}},
@@ -265,7 +275,7 @@ func TestStreamChecks(t *testing.T) {
 			r := New(Config{})
 			open(t, r)
 			step(t, r, Inspected{Record: rec, Slot: slotAt}, "Claim{}")
-			step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t1", Replicas: 1}, Record: rec}, "CheckStream{Anchors:[]}")
+			step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t1", Replicas: 1}, Record: rec}, "CheckStream{Anchors:[] Quiet:false}")
 			step(t, r, tc.ev, tc.want)
 		})
 	}
@@ -274,7 +284,7 @@ func TestStreamChecks(t *testing.T) {
 	r := New(Config{})
 	open(t, r)
 	step(t, r, Inspected{Record: rec, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t1", LastSeq: 9, Replicas: 1}, Record: rec}, "CheckStream{Anchors:[]}")
+	step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t1", LastSeq: 9, Replicas: 1}, Record: rec}, "CheckStream{Anchors:[] Quiet:false}")
 	step(t, r, StreamChecked{Created: "t2", Seen: Seen{Known: true}},
 		"Refuse{Refusal:stream S was deleted and made again (the server created it at t2; this slot published to one created at t1): the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}")
 }
@@ -297,15 +307,15 @@ func TestResumed(t *testing.T) {
 		{"failed", Resumed{Err: errors.New("timeout")}, false, "Wait{Delay:250ms Err:timeout Say:true}"},
 		{"past the WAL", Resumed{Reach: Position{Commit: 0x300}, WAL: 0x200}, false, "UniqueIDs{} Publish{}"},
 		{"at the WAL", Resumed{Reach: Position{Commit: 0x200}, WAL: 0x200}, false, "Publish{}"},
-		{"markers stored", Resumed{Anchors: Anchors{Last: Anchor{Seq: 7, Mark: "m7"}}}, false, "RecordAnchor{Anchor:{Seq:7 Mark:m7} Seen:{Known:true First:0 Last:0 Deleted:0}} Publish{}"},
+		{"markers stored", Resumed{Anchors: Anchors{Last: Anchor{Seq: 7, Mark: "m7"}}}, false, "RecordAnchor{Anchor:{Seq:7 Mark:m7} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Quiet:false}} Publish{}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := New(Config{AutoResync: tc.auto})
 			open(t, r)
 			step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
-			step(t, r, Claimed{Head: headAt, Record: boundAt}, "CheckStream{Anchors:[]}")
+			step(t, r, Claimed{Head: headAt, Record: boundAt}, "CheckStream{Anchors:[] Quiet:false}")
 			step(t, r, StreamChecked{Created: "t1", Seen: seen0},
-				"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+				"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
 			step(t, r, tc.ev, tc.want)
 		})
 	}
@@ -340,28 +350,32 @@ func TestChecksWhileStreaming(t *testing.T) {
 		{"resync needed", Checked{ResyncNeeded: true}, "Stop{Refusal:resync_needed}"},
 		{"nats", Checked{NATS: errors.New("store full")}, "Stop{Refusal:store full}"},
 		{"refused by another", Checked{Refused: Refusal{Fact: StreamPurged, Err: &Recorded{Said: "purged"}}, NATS: errors.New("store full")}, "Stop{Refusal:purged}"},
-		{"anchor gone", Checked{Stream: StreamChecked{Created: "t1", Missing: Anchor{Seq: 3, Mark: "id:3"}}},
+		{"anchor gone", Checked{Stream: StreamChecked{Created: "t1", Missing: []Anchor{{Seq: 3, Mark: "id:3"}}}},
 			"Stop{Refusal:stream S no longer holds message 3 that this tailer stored on it (id:3): it was deleted and made again, restored from an older backup, or purged (of the batches' subject alone too): the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them}"},
 		{"another replica", Checked{Stream: StreamChecked{Created: "t9", Seen: Seen{Known: true, First: 1, Last: 4}}},
-			"RecordAnchor{Anchor:{Seq:4 Mark:m4} Seen:{Known:true First:1 Last:4 Deleted:0}}"},
+			"RecordAnchor{Anchor:{Seq:4 Mark:m4} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Quiet:false}}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := New(Config{})
 			toStream(t, r, boundAt, headAt)
-			step(t, r, Checking{Anchors: stored}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4}]}")
+			step(t, r, Checking{Anchors: stored}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4}] Quiet:false}")
 			step(t, r, tc.ev, tc.want)
 		})
 	}
 	r := New(Config{})
 	toStream(t, r, boundAt, headAt)
-	step(t, r, Checking{Anchors: stored}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4}]}")
+	step(t, r, Checking{Anchors: stored}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4}] Quiet:false}")
 	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4}}},
-		"RecordAnchor{Anchor:{Seq:4 Mark:m4} Seen:{Known:true First:1 Last:4 Deleted:0}}")
+		"RecordAnchor{Anchor:{Seq:4 Mark:m4} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Quiet:false}}")
 	// Known now: looked for beside what is stored next; recorded once.
-	step(t, r, Checking{Anchors: Anchors{Last: Anchor{Seq: 6, Mark: "m6"}, Batch: Anchor{Seq: 3, Mark: "id:3"}}}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4} {Seq:6 Mark:m6}]}")
-	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4}}}, "RecordAnchor{Anchor:{Seq:6 Mark:m6} Seen:{Known:true First:1 Last:4 Deleted:0}}")
-	step(t, r, Checking{Anchors: stored}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:6 Mark:m6} {Seq:4 Mark:m4}]}")
+	step(t, r, Checking{Anchors: Anchors{Last: Anchor{Seq: 6, Mark: "m6"}, Batch: Anchor{Seq: 3, Mark: "id:3"}}}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4} {Seq:6 Mark:m6}] Quiet:false}")
+	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4}}}, "RecordAnchor{Anchor:{Seq:6 Mark:m6} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Quiet:false}}")
+	step(t, r, Checking{Anchors: stored}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:6 Mark:m6} {Seq:4 Mark:m4}] Quiet:false}")
+	// A message gone: a quiet look tells whether batches were, and with no
+	// quiet look to count from (the first one was not), it was.
 	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4, Deleted: 1}}},
+		"CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:6 Mark:m6} {Seq:4 Mark:m4}] Quiet:true}")
+	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4, Deleted: 1, Quiet: true}}},
 		"Stop{Refusal:stream S no longer holds messages this slot published after sequence 0, and its configuration removes none: it was purged: the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them}")
 	step(t, r, NATSTrouble{Err: errors.New("denied")}, "Stop{Refusal:denied}")
 	// Once the session ended, a late look is passed over.
@@ -376,12 +390,12 @@ func TestChecksWhileStreaming(t *testing.T) {
 func TestNextSessionKnowsTheStream(t *testing.T) {
 	r := New(Config{})
 	toStream(t, r, boundAt, headAt)
-	step(t, r, Checking{Anchors: Anchors{Last: Anchor{Seq: 2, Mark: "m2"}, Batch: Anchor{Seq: 1, Mark: "id:1"}}}, "CheckStream{Anchors:[{Seq:1 Mark:id:1} {Seq:2 Mark:m2}]}")
-	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 2}}}, "RecordAnchor{Anchor:{Seq:2 Mark:m2} Seen:{Known:true First:1 Last:2 Deleted:0}}")
+	step(t, r, Checking{Anchors: Anchors{Last: Anchor{Seq: 2, Mark: "m2"}, Batch: Anchor{Seq: 1, Mark: "id:1"}}}, "CheckStream{Anchors:[{Seq:1 Mark:id:1} {Seq:2 Mark:m2}] Quiet:false}")
+	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 2}}}, "RecordAnchor{Anchor:{Seq:2 Mark:m2} Seen:{Known:true First:1 Last:2 Deleted:0 Batches:0 Trims:false Quiet:false}}")
 	step(t, r, Ended{Kind: EndNATS, Err: errors.New("cut"), Anchors: Anchors{Last: Anchor{Seq: 5, Mark: "m5"}, Batch: Anchor{Seq: 5, Mark: "id:5"}}}, "Wait{Delay:250ms Err:cut Say:true}")
 	open(t, r)
 	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t2", LastSeq: 5, Replicas: 1}, Record: boundAt}, "CheckStream{Anchors:[{Seq:1 Mark:id:1} {Seq:2 Mark:m2} {Seq:5 Mark:id:5} {Seq:5 Mark:m5}]}")
+	step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t2", LastSeq: 5, Replicas: 1}, Record: boundAt}, "CheckStream{Anchors:[{Seq:1 Mark:id:1} {Seq:2 Mark:m2} {Seq:5 Mark:id:5} {Seq:5 Mark:m5}] Quiet:false}")
 }
 
 // How a session ended: exit, stand by, refuse, or retry after a delay
@@ -440,15 +454,15 @@ func TestPubAckEnds(t *testing.T) {
 	step(t, r, Ended{Kind: EndReusedID, Err: errors.New("reused")}, "Wait{Delay:250ms Err:reused Say:true}")
 	open(t, r)
 	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: headAt, Record: boundAt}, "CheckStream{Anchors:[]}")
-	step(t, r, StreamChecked{Created: "t1", Seen: seen0}, "RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+	step(t, r, Claimed{Head: headAt, Record: boundAt}, "CheckStream{Anchors:[] Quiet:false}")
+	step(t, r, StreamChecked{Created: "t1", Seen: seen0}, "RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
 	step(t, r, Resumed{}, "UniqueIDs{} Publish{}")
 	step(t, r, Ended{Kind: EndBatchGone, Err: errors.New("gone")}, "Refuse{Refusal:gone Say:true} Wait{Delay:5s Err:<nil> Say:false}")
 	if f := r.rec.Refused.Fact; f != NoFact {
 		t.Fatalf("the relay wrote the record itself: %v", f)
 	}
 	limited := headAt
-	limited.Limited = true
+	limited.Seen.Trims = true
 	r = New(Config{AutoResync: true})
 	toStream(t, r, boundAt, limited)
 	step(t, r, Ended{Kind: EndBatchGone, Err: errors.New("gone")}, "Resync{Refusal:gone}")
@@ -493,4 +507,113 @@ func TestRefusedUnderAFrozenSession(t *testing.T) {
 	refused := boundAt
 	refused.Refused = Refusal{Fact: StreamPurged, Err: &Recorded{Said: "purged"}}
 	step(t, r, Claimed{Head: headAt, Record: refused}, "Refuse{Refusal:purged Say:true} Wait{Delay:5s Err:<nil> Say:false}")
+}
+
+// What a stream whose configuration removes nothing lost is told by its
+// batches: with a quiet look to count from (the session's first, or the
+// record's at a clean stop), messages gone are no loss while the stream
+// holds every batch it held then and every one stored since (the session
+// markers' subject purged), and a loss naming how many otherwise. A look
+// while messages are on their way asks once for a quiet one; a limit
+// taken off after it removed messages is no purge, across restarts.
+func TestBatchesCounted(t *testing.T) {
+	quietAt := func(r *Relay, rec Record, seen Seen) {
+		t.Helper()
+		open(t, r)
+		step(t, r, Inspected{Record: rec, Slot: slotAt}, "Claim{}")
+		step(t, r, Claimed{Head: headAt, Record: rec}, "CheckStream{Anchors:[] Quiet:false}")
+		seen.Quiet = true
+		step(t, r, StreamChecked{Created: "t1", Seen: seen},
+			fmt.Sprintf("RecordAnchor{Anchor:{Seq:0 Mark:} Seen:%+v} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}", seen.recordable()))
+		step(t, r, Resumed{}, "Publish{}")
+	}
+	start := Seen{Known: true, First: 1, Last: 10, Batches: 6}
+	markers := Seen{Known: true, First: 3, Last: 14, Deleted: 2, Batches: 10}
+	r := New(Config{})
+	quietAt(r, boundAt, start)
+	step(t, r, Checking{}, "CheckStream{Anchors:[] Quiet:false}")
+	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: markers, Stored: 3}}, "CheckStream{Anchors:[] Quiet:true}")
+	// Something on its way all the same: the next check looks again.
+	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: markers, Stored: 3}}, "")
+	step(t, r, Checking{}, "CheckStream{Anchors:[] Quiet:false}")
+	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: markers, Stored: 3}}, "CheckStream{Anchors:[] Quiet:true}")
+	quiet := markers
+	quiet.Quiet = true
+	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: quiet, Stored: 4}}, "")
+	// A batch gone: counted from the last quiet look.
+	gone := Seen{Known: true, First: 3, Last: 16, Deleted: 3, Batches: 11, Quiet: true}
+	step(t, r, Checking{}, "CheckStream{Anchors:[] Quiet:false}")
+	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: gone, Stored: 6}},
+		"Stop{Refusal:stream S no longer holds messages this slot published after sequence 0, and its configuration removes none: it was purged (1 batch messages gone): the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them}")
+
+	// The record's look at a clean stop counts for the next session: the
+	// markers purged while no tailer ran lost no batch; one more gone did.
+	stopped := boundAt
+	stopped.Seen = Seen{Known: true, First: 1, Last: 10, Batches: 6, Quiet: true}
+	r = New(Config{})
+	open(t, r)
+	step(t, r, Inspected{Record: stopped, Slot: slotAt}, "Claim{}")
+	step(t, r, Claimed{Head: headAt, Record: stopped}, "CheckStream{Anchors:[] Quiet:false}")
+	step(t, r, StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 4, Last: 10, Deleted: 1, Batches: 6, Quiet: true}},
+		"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:4 Last:10 Deleted:1 Batches:6 Trims:false Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+	r = New(Config{})
+	open(t, r)
+	step(t, r, Inspected{Record: stopped, Slot: slotAt}, "Claim{}")
+	step(t, r, Claimed{Head: headAt, Record: stopped}, "CheckStream{Anchors:[] Quiet:false}")
+	step(t, r, StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 4, Last: 10, Deleted: 1, Batches: 5, Quiet: true}},
+		"Refuse{Refusal:stream S no longer holds messages this slot published after sequence 0, and its configuration removes none: it was purged (1 batch messages gone): "+
+			"the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}")
+	// Recorded by a session that went on publishing (killed since): what
+	// it stored after is not known, and a message gone is a purge.
+	killed := stopped
+	killed.Seen.Quiet = false
+	r = New(Config{})
+	open(t, r)
+	step(t, r, Inspected{Record: killed, Slot: slotAt}, "Claim{}")
+	step(t, r, Claimed{Head: headAt, Record: killed}, "CheckStream{Anchors:[] Quiet:false}")
+	step(t, r, StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 4, Last: 10, Deleted: 1, Batches: 6, Quiet: true}},
+		"Refuse{Refusal:stream S no longer holds messages this slot published after sequence 0, and its configuration removes none: it was purged: "+
+			"the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}")
+
+	// A limit seen trimming, then taken off: its first sequence past the
+	// incarnation's is no purge, now or after a restart.
+	trimmed := boundAt
+	trimmed.StreamSeq, trimmed.Seen = 2, Seen{Known: true, First: 40, Last: 52, Trims: true}
+	r = New(Config{})
+	open(t, r)
+	step(t, r, Inspected{Record: trimmed, Slot: slotAt}, "Claim{}")
+	step(t, r, Claimed{Head: headAt, Record: trimmed}, "CheckStream{Anchors:[] Quiet:false}")
+	off := Seen{Known: true, First: 41, Last: 60, Quiet: true}
+	step(t, r, StreamChecked{Created: "t1", Seen: off},
+		"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:41 Last:60 Deleted:0 Batches:0 Trims:false Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}")
+	after := boundAt
+	after.StreamSeq, after.Seen = 2, off.recordable()
+	r = New(Config{})
+	open(t, r)
+	step(t, r, Inspected{Record: after, Slot: slotAt}, "Claim{}")
+	step(t, r, Claimed{Head: headAt, Record: after}, "CheckStream{Anchors:[] Quiet:false}")
+	step(t, r, StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 41, Last: 62, Quiet: true}},
+		"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:41 Last:62 Deleted:0 Batches:0 Trims:false Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}")
+}
+
+// An anchor gone is a loss unless it is a session marker (by its mark):
+// then only the batches' count can tell; one below the first sequence of
+// a stream that trims went by its limits.
+func TestAnchorsGone(t *testing.T) {
+	r := New(Config{})
+	marker := Anchor{Seq: 9, Mark: "id:" + MarkerID + "ab-1/1"}
+	if !marker.IsMarker() || (Anchor{Seq: 9, Mark: "id:0/16:0-0/16:2"}).IsMarker() {
+		t.Fatal("IsMarker")
+	}
+	batch, other := r.gone(StreamChecked{Missing: []Anchor{marker}}, false)
+	if batch.Seq != 0 || other != marker {
+		t.Errorf("a marker gone: batch %v, marker %v", batch, other)
+	}
+	b := Anchor{Seq: 5, Mark: "id:x"}
+	if batch, _ := r.gone(StreamChecked{Missing: []Anchor{marker, b}}, false); batch != b {
+		t.Errorf("a batch gone beside a marker: %v", batch)
+	}
+	if batch, other := r.gone(StreamChecked{Seen: Seen{First: 8}, Missing: []Anchor{b}}, true); batch.Seq != 0 || other.Seq != 0 {
+		t.Errorf("an anchor below the first sequence of a stream that trims: %v %v", batch, other)
+	}
 }

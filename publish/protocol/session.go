@@ -112,15 +112,24 @@ func (r *Relay) claimed(ev Claimed) []Command {
 		// Refused by another process meanwhile.
 		return r.refuse(ev.Record.Refused)
 	}
+	if lim := ev.Record.ConfirmLimit; lim != 0 && ev.Confirmed > lim {
+		// Advanced between the look at the slot and its stream's start.
+		return r.refuse(Refusal{Fact: SlotAdvanced, Err: &SlotAdvancedError{Confirmed: ev.Confirmed, Limit: lim}})
+	}
 	// Judged as it is now: a process that lost its lease may have written
 	// it since (what it saw of the stream).
 	r.rec = ev.Record
 	r.stream = ev.Head
-	r.seen = ev.Head.Seen
+	r.seen, r.judged, r.count = ev.Head.Seen, false, batchCount{}
 	if r.rec.StreamName == ev.Head.Name && r.rec.Seen.Known {
-		// What a tailer of the incarnation saw before: messages gone
-		// since, while no tailer looked, were removed meanwhile.
-		r.seen = r.rec.Seen
+		// What a tailer of the incarnation saw before, once its check
+		// found nothing lost: messages gone since, while no tailer
+		// looked, were removed meanwhile. Seen at a clean stop, its
+		// batches are all there were until this session publishes.
+		r.seen, r.judged = r.rec.Seen, true
+		if r.rec.Seen.Quiet && !r.rec.Seen.Trims {
+			r.count = batchCount{valid: true, batches: r.rec.Seen.Batches}
+		}
 	}
 	if r.rec.Exists && r.rec.Bound {
 		return r.checkStream()
@@ -165,20 +174,35 @@ func (r *Relay) replaced(created, recorded string) Refusal {
 	return Refusal{Fact: StreamReplaced, Err: &StreamLoss{Fact: StreamReplaced, Stream: r.stream.Name, Created: created, Recorded: recorded}}
 }
 
-// lost is the refusal of a stream that lost messages, as a check found
-// it (false: it lost none): a stored message gone, made again since the
-// session opened it holding messages, with nothing stored yet to know it
-// by, or purged (Purged). It keeps what the stream held as the last
-// seen.
-func (r *Relay) lost(ev StreamChecked) (Refusal, bool) {
+// lost judges what a check found of the stream: the refusal of a stream
+// that lost batches (a batch it was known by gone, made again since the
+// session opened it holding messages with nothing stored yet to know it
+// by, or batches purged or deleted), or whether to look again, quietly
+// (again: messages gone, which only a quiet look can tell batches from
+// session markers among), or neither. What the stream held is kept as
+// the last seen when it lost nothing.
+func (r *Relay) lost(ev StreamChecked) (ref Refusal, again, refused bool) {
 	loss := &StreamLoss{Stream: r.stream.Name}
+	// Messages gone that the configuration may have removed, now or
+	// before this look (a limit taken off since it trimmed), say nothing.
+	trims := ev.Seen.Trims || r.seen.Trims
+	batch, marker := r.gone(ev, trims)
+	removed := !trims && (marker.Seq != 0 || Purged(ev.Seen, r.seen, r.rec.StreamSeq, r.judged))
 	switch {
-	case ev.Missing.Seq != 0:
-		loss.Fact, loss.Anchor = StreamLostAnchor, ev.Missing
+	case batch.Seq != 0:
+		loss.Fact, loss.Anchor = StreamLostAnchor, batch
 	case ev.Created != r.stream.Created && r.anchors.with(r.stored).Unanchored() && r.stream.LastSeq > 0:
 		loss.Fact, loss.Created, loss.Recorded = StreamReplaced, ev.Created, r.stream.Created
-	case !ev.Limited && Purged(ev.Seen, r.seen, r.rec.StreamSeq):
+	case removed && !ev.Seen.Quiet:
+		return Refusal{}, true, false
+	case removed && marker.Seq != 0 && !r.count.valid:
+		// A message it stored gone, the batches beside it not counted.
+		loss.Fact, loss.Anchor = StreamLostAnchor, marker
+	case removed && (!r.count.valid || r.count.removed(ev) > 0):
 		loss.Fact, loss.Since = StreamPurged, r.rec.StreamSeq
+		if r.count.valid {
+			loss.Batches = r.count.removed(ev)
+		}
 	default:
 		if r.anchors.with(r.stored).Unanchored() {
 			// Empty when the session opened it, and nothing stored since:
@@ -186,19 +210,62 @@ func (r *Relay) lost(ev StreamChecked) (Refusal, bool) {
 			// lost nothing, and is the one the session publishes to.
 			r.stream.Created = ev.Created
 		}
-		r.seen = ev.Seen
-		return Refusal{}, false
+		r.seen, r.judged = ev.Seen, true
+		switch {
+		case trims:
+			r.count = batchCount{}
+		case ev.Seen.Quiet:
+			r.count = batchCount{valid: true, batches: ev.Seen.Batches, stored: ev.Stored}
+		}
+		return Refusal{}, false, false
 	}
-	return Refusal{Fact: loss.Fact, Err: loss}, true
+	return Refusal{Fact: loss.Fact, Err: loss}, false, true
+}
+
+// batchCount is a quiet look the stream's batches are counted from.
+type batchCount struct {
+	valid           bool
+	batches, stored uint64
+}
+
+// removed is how many batch messages a quiet look finds gone since the
+// count: those the stream held then and the session stored since, less
+// those it holds now.
+func (c batchCount) removed(ev StreamChecked) uint64 {
+	had := c.batches + ev.Stored - c.stored
+	if ev.Seen.Batches >= had {
+		return 0
+	}
+	return had - ev.Seen.Batches
+}
+
+// gone sorts the anchors the stream no longer holds: the first that may
+// be a batch, and the first session marker (by its mark: its loss alone
+// says nothing of the batches). One below the stream's first sequence
+// while its configuration removes old messages went by those limits.
+func (r *Relay) gone(ev StreamChecked, trims bool) (batch, marker Anchor) {
+	for _, a := range ev.Missing {
+		switch {
+		case trims && a.Seq < ev.Seen.First:
+		case a.IsMarker():
+			if marker.Seq == 0 {
+				marker = a
+			}
+		case batch.Seq == 0:
+			batch = a
+		}
+	}
+	return batch, marker
 }
 
 // Purged reports whether a stream whose configuration removes no
-// message, seen now, lost messages: its first sequence past the messages
-// of the incarnation (which took the stream over after since), or past
-// the first it held when seen before (a resync's batches, or any earlier
-// message), or more messages gone within than then.
-func Purged(now, before Seen, since uint64) bool {
-	return pastSince(now, since) || before.held() && now.First > before.First || now.Deleted > before.Deleted
+// message, seen now, lost messages since it was seen before (judged: a
+// check found it lost nothing then): more messages gone within, or its
+// first sequence moved on; or, before a judged look, its first sequence
+// past the messages of the incarnation (which took the stream over after
+// since).
+func Purged(now, before Seen, since uint64, judged bool) bool {
+	return !judged && pastSince(now, since) || before.held() && now.First > before.First || now.Deleted > before.Deleted
 }
 
 // pastSince reports whether the stream's first message is past the first
@@ -212,20 +279,24 @@ func (r *Relay) streamChecked(ev StreamChecked) []Command {
 	if !r.expect(checking) {
 		return nil
 	}
-	if ref, ok := r.lost(ev); ok {
+	if ref, again, refused := r.lost(ev); refused {
 		return r.refuse(ref)
+	} else if again {
+		// Nothing is on its way before the session publishes: this look
+		// was quiet, and again is never asked here.
+		return r.refuse(Refusal{Fact: StreamPurged, Err: &StreamLoss{Fact: StreamPurged, Stream: r.stream.Name, Since: r.rec.StreamSeq}})
 	}
 	r.anchors, r.stored = r.anchors.with(r.stored), Anchors{}
 	var cmds []Command
 	if r.rec.StreamName != r.stream.Name || r.rec.StreamCreated != r.stream.Created {
 		cmds = append(cmds, SetStream{Name: r.stream.Name, Created: r.stream.Created})
 	}
-	if r.rec.Seen != r.seen {
+	if r.rec.Seen != r.seen.recordable() {
 		// What the stream holds now is what a tailer started after this
 		// one is killed compares it with: a message removed meanwhile, a
 		// batch this session is about to publish among them, is seen.
-		r.recorded, r.recordedSeen = r.anchors.Last, r.seen
-		cmds = append(cmds, RecordAnchor{Anchor: r.anchors.Last, Seen: r.seen})
+		r.recorded, r.recordedSeen = r.anchors.Last, r.seen.recordable()
+		cmds = append(cmds, RecordAnchor{Anchor: r.anchors.Last, Seen: r.seen.recordable()})
 	}
 	if r.rec.Stopped.Seq != 0 {
 		cmds = append(cmds, ClearStopped{})
@@ -270,8 +341,8 @@ func (r *Relay) resumed(ev Resumed) []Command {
 		// backup older than the markers does not hold them, whatever older
 		// message it still holds (a resync's last).
 		r.anchors = r.anchors.with(ev.Anchors)
-		r.recorded, r.recordedSeen = a, r.seen
-		cmds = append(cmds, RecordAnchor{Anchor: a, Seen: r.seen})
+		r.recorded, r.recordedSeen = a, r.seen.recordable()
+		cmds = append(cmds, RecordAnchor{Anchor: a, Seen: r.seen.recordable()})
 	}
 	if ev.WAL < ev.Reach.Commit || r.reusedIDs {
 		// The database is behind what the stream holds of it (a
@@ -305,7 +376,7 @@ func (r *Relay) checking(ev Checking) []Command {
 	if !r.expect(streaming) {
 		return nil
 	}
-	r.stored = ev.Anchors
+	r.stored, r.askedQuiet = ev.Anchors, false
 	return []Command{CheckStream{Anchors: r.anchors.all(ev.Anchors)}}
 }
 
@@ -325,13 +396,20 @@ func (r *Relay) checked(ev Checked) []Command {
 	if ev.NATS != nil {
 		return []Command{Stop{Refusal: Refusal{Fact: NATSStoresNothing, Err: ev.NATS}}}
 	}
-	if ref, ok := r.lost(ev.Stream); ok {
+	if ref, again, refused := r.lost(ev.Stream); refused {
 		return []Command{Stop{Refusal: ref}}
+	} else if again && !r.askedQuiet {
+		r.askedQuiet = true
+		return []Command{CheckStream{Anchors: r.anchors.all(r.stored), Quiet: true}}
+	} else if again {
+		// Asked quietly, and something was on its way all the same: the
+		// next check looks again.
+		return nil
 	}
 	r.anchors = r.anchors.with(r.stored)
-	if a := r.anchors.Last; a.Seq != 0 && (a.Seq != r.recorded.Seq || r.seen != r.recordedSeen) {
-		r.recorded, r.recordedSeen = a, r.seen
-		return []Command{RecordAnchor{Anchor: a, Seen: r.seen}}
+	if a := r.anchors.Last; a.Seq != 0 && (a.Seq != r.recorded.Seq || r.seen.recordable() != r.recordedSeen) {
+		r.recorded, r.recordedSeen = a, r.seen.recordable()
+		return []Command{RecordAnchor{Anchor: a, Seen: r.seen.recordable()}}
 	}
 	return nil
 }
@@ -380,7 +458,7 @@ func (r *Relay) ended(ev Ended) []Command {
 	case EndBatchGone:
 		// Removed by the limits of a stream that has them (a replay
 		// they reached), or purged or deleted from one without.
-		if r.stream.Limited {
+		if r.seen.Trims || r.stream.Seen.Trims {
 			return r.refuse(Refusal{Fact: WindowTrimmed, Err: ev.Err})
 		}
 		return r.refuse(Refusal{Fact: StreamLostAnchor, Err: ev.Err})

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 
@@ -67,9 +68,14 @@ func (x *run) claim() protocol.Event {
 	if err != nil {
 		return x.ended(pgErr(err))
 	}
+	// Where the slot's stream starts: no other process can move it now.
+	slot, err := replication.Slot(ctx, x.s.q, cfg.Slot)
+	if err != nil {
+		return x.ended(pgErr(err))
+	}
 	x.head = protocol.StreamHead{Name: cfg.Stream, Created: x.pub.Created(), LastSeq: x.pub.LastSeq(), Replicas: x.pub.Replicas(),
-		Seen: x.pub.Seen(), Limited: x.pub.Limited(), Foreign: x.pub.CheckOrigin(x.s.origin)}
-	return protocol.Claimed{Head: x.head, Record: recordOf(rec)}
+		Seen: x.pub.Seen(), Foreign: x.pub.CheckOrigin(x.s.origin)}
+	return protocol.Claimed{Head: x.head, Record: recordOf(rec), Confirmed: protocol.LSN(slot.ConfirmedFlush)}
 }
 
 // beforeConfirm writes down, under the lease, how far the slot may be
@@ -101,8 +107,10 @@ func (x *run) bind(cmd protocol.Command) protocol.Event {
 }
 
 // checkStream looks at the stream: whether it holds the anchors, and lost
-// nothing since the incarnation took it over.
+// nothing since the incarnation took it over. Nothing is published yet:
+// the look is quiet.
 func (x *run) checkStream(c protocol.CheckStream) protocol.Event {
+	c.Quiet = true
 	ev, err := streamCheck(x.ctx, x.pub, c)
 	if err != nil {
 		return x.ended(natsErr(err))
@@ -114,17 +122,30 @@ func (x *run) checkStream(c protocol.CheckStream) protocol.Event {
 	return ev
 }
 
-// streamCheck is pub's stream as CheckStream asks to look at it.
+// quietWait bounds how long a quiet look holds publishing for the PubAcks
+// of what was sent before.
+const quietWait = 5 * time.Second
+
+// streamCheck is pub's stream as CheckStream asks to look at it: quietly
+// (publishing held until what was sent is stored) when it asks.
 func streamCheck(ctx context.Context, pub *publish.Publisher, c protocol.CheckStream) (protocol.StreamChecked, error) {
-	created, seen, err := pub.Look(ctx)
+	var ev protocol.StreamChecked
+	var err error
+	if c.Quiet {
+		qctx, cancel := context.WithTimeout(ctx, quietWait)
+		ev.Created, ev.Seen, ev.Stored, err = pub.LookQuietly(qctx)
+		cancel()
+	} else {
+		ev.Stored = pub.StoredBatches()
+		ev.Created, ev.Seen, err = pub.Look(ctx)
+	}
 	if err != nil {
 		return protocol.StreamChecked{}, err
 	}
-	missing, err := pub.MissingAnchor(ctx, c.Anchors)
-	if err != nil {
+	if ev.Missing, err = pub.MissingAnchors(ctx, c.Anchors); err != nil {
 		return protocol.StreamChecked{}, err
 	}
-	return protocol.StreamChecked{Created: created, Seen: seen, Limited: pub.Limited(), Missing: missing}, nil
+	return ev, nil
 }
 
 // resume resumes the publisher past what the stream holds of the slot.

@@ -190,24 +190,24 @@ func (d *Daemon) heartbeat(ctx context.Context) {
 // record. A look that fails is taken again at the next sample.
 func (d *Daemon) checkStreaming(ctx context.Context, conn *pgx.Conn, st *streaming) {
 	x := st.x
-	for _, cmd := range d.step(protocol.Checking{Anchors: x.pub.Anchors()}) {
-		c, ok := cmd.(protocol.CheckStream)
-		if !ok {
-			continue
-		}
-		ev, err := d.look(ctx, conn, x, c)
-		if err != nil {
-			return
-		}
-		for _, cmd := range d.step(ev) {
-			switch c := cmd.(type) {
-			case protocol.Stop:
-				st.stop(&refusalCause{c.Refusal})
-			case protocol.RecordAnchor:
-				err := replication.SetAnchor(ctx, d.db(conn), d.cfg.Slot, x.rec.Incarnation, c.Anchor.Seq, c.Anchor.Mark, seenOf(c.Seen))
-				if err != nil && ctx.Err() == nil && !d.anchorSaid.Swap(true) {
-					d.log.Warn("cannot record the newest batch found on the stream; a tailer started after this one is killed checks the stream by an older one", "err", err)
-				}
+	cmds := d.step(protocol.Checking{Anchors: x.pub.Anchors()})
+	for len(cmds) > 0 {
+		cmd := cmds[0]
+		cmds = cmds[1:]
+		switch c := cmd.(type) {
+		case protocol.CheckStream:
+			// The first look, or a quiet one the relay asks for after it.
+			ev, err := d.look(ctx, conn, x, c)
+			if err != nil {
+				return
+			}
+			cmds = append(cmds, d.step(ev)...)
+		case protocol.Stop:
+			st.stop(&refusalCause{c.Refusal})
+		case protocol.RecordAnchor:
+			err := replication.SetAnchor(ctx, d.db(conn), d.cfg.Slot, x.rec.Incarnation, c.Anchor.Seq, c.Anchor.Mark, seenOf(c.Seen))
+			if err != nil && ctx.Err() == nil && !d.anchorSaid.Swap(true) {
+				d.log.Warn("cannot record the newest batch found on the stream; a tailer started after this one is killed checks the stream by an older one", "err", err)
 			}
 		}
 	}

@@ -227,13 +227,20 @@ func sessionCause(ctx context.Context, streamErr, pipeErr error, pipelineFirst b
 func (d *Daemon) recordStop(x *run) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	last, _, err := x.pub.LastMark(ctx)
+	last, seen, err := x.pub.LastMark(ctx)
 	if err == nil && last.Seq != 0 {
 		// A connection of its own: the session's may have been cut by the
 		// cancellation of a query in flight.
 		var q *pgx.Conn
 		if q, err = connectQuery(ctx, d.cfg.DatabaseURL); err == nil {
 			err = replication.SetStopped(ctx, d.db(q), &x.rec, last.Seq, last.Mark)
+			// Every batch is stored, and none comes before the next
+			// session: what the stream holds now is quiet, and its batches
+			// are all the next session counts on (protocol.Seen).
+			seen.Quiet = true
+			if err == nil {
+				err = replication.SetAnchor(ctx, d.db(q), d.cfg.Slot, x.rec.Incarnation, last.Seq, last.Mark, seenOf(seen))
+			}
 			q.Close(context.Background())
 		}
 	}

@@ -76,6 +76,19 @@ func (db *dbModel) commit(n int) {
 	db.txs = append(db.txs, t)
 }
 
+// attach commits n tokens that enter tokens without an insert the slot
+// carries (a table attached holding rows); the publication guard marks the
+// slot in the attach's transaction, saying why.
+func (db *dbModel) attach(n int) {
+	broken := db.broken
+	db.broken = true
+	db.commit(n)
+	db.broken = broken
+	if db.guarded && db.published && db.rec.Exists {
+		db.rec.ResyncNeeded, db.rec.ResyncCause = true, "a table was attached to tokens holding rows"
+	}
+}
+
 // wal is the WAL's current position.
 func (db *dbModel) wal() protocol.LSN { return db.next }
 
@@ -83,6 +96,9 @@ func (db *dbModel) wal() protocol.LSN { return db.next }
 func (db *dbModel) newIncarnation(bound bool, streamSeq uint64) {
 	*db.incarnations++
 	db.rec = protocol.Record{Exists: true, Incarnation: fmt.Sprintf("i%d", *db.incarnations), Bound: bound, StreamSeq: streamSeq}
+	if db.slot != nil {
+		db.rec.ConfirmLimit = db.slot.confirmed
+	}
 }
 
 // makeSlot makes the slot at the WAL's end.

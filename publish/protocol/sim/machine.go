@@ -30,8 +30,8 @@ type Profile struct {
 var Profiles = []Profile{
 	{Name: "everything", MaxFaults: 3, InFlight: [2]int{0, 3}},
 	{Name: "stream", MaxFaults: 4, InFlight: [2]int{0, 3}, Weights: map[string]int{"fault": 3, "tick": 2},
-		Faults: []string{"purge", "purge of the batches' subject", "a message deleted", "the stream made again", "a backup taken",
-			"the stream restored from its last backup", "a replica of the stream's own", "another replica leads"}},
+		Faults: []string{"purge", "purge of the batches' subject", "purge of the session markers' subject", "a message deleted", "the stream made again", "a backup taken",
+			"the stream restored from its last backup", "a replica of the stream's own", "another replica leads", "the stream's limits edited"}},
 	{Name: "processes", MaxFaults: 2, InFlight: [2]int{1, 3}, Weights: map[string]int{"kill": 2, "freeze": 2, "freeze the holder": 2, "deliver": 3, "step": 2},
 		Faults: []string{"a replica of the stream's own", "another replica leads"}},
 	// Tailers killed and started again, and no check while streaming: what
@@ -45,7 +45,8 @@ var Profiles = []Profile{
 		"resync": 0, "tick": 0, "time passes": 0, "freeze": 0, "freeze the holder": 0},
 		Faults: []string{"the database's files copied", "the database's files put back, with its slot"}},
 	{Name: "database", MaxFaults: 4, InFlight: [2]int{0, 3}, Weights: map[string]int{"fault": 2, "commit": 2, "resync": 0},
-		Faults: []string{"the publication changed and changed back", "the slot lost", "the database's files copied", "the database's files put back, with its slot"}},
+		Faults: []string{"the publication changed and changed back", "the slot lost", "the database's files copied", "the database's files put back, with its slot",
+			"a table attached to tokens holding rows", "the slot advanced by another process"}},
 }
 
 // Schedule returns the schedules of profile p: each runs the real Relay,
@@ -64,12 +65,14 @@ var Profiles = []Profile{
 // one), and after its way out every token is. A failing schedule logs
 // its steps.
 func (p Profile) Schedule(rt *rapid.T) {
-	limited := rapid.IntRange(0, 3).Draw(rt, "limited") == 0
-	maxMsgs := 0
-	if limited {
-		maxMsgs = 12
+	m := &machine{w: newWorld(0), faults: rapid.IntRange(0, p.MaxFaults).Draw(rt, "faults"), kinds: p.kinds()}
+	switch rapid.IntRange(0, 5).Draw(rt, "limited") {
+	case 0:
+		m.w.stream.limit(12, false)
+	case 1:
+		// Discard new, a limit never reached: it removes nothing.
+		m.w.stream.limit(1000, true)
 	}
-	m := &machine{w: newWorld(maxMsgs), faults: rapid.IntRange(0, p.MaxFaults).Draw(rt, "faults"), kinds: p.kinds()}
 	m.w.closing = func() bool { return rapid.Bool().Draw(rt, "lands as its session ends") }
 	m.inFlight = func(t *rapid.T) int { return rapid.IntRange(p.InFlight[0], p.InFlight[1]).Draw(t, "max in flight") }
 	m.start(rt)
@@ -293,6 +296,10 @@ func (m *machine) fault(t *rapid.T) {
 	before, held := w.stream.keys(), w.stream.marks()
 	kind.do(t, w)
 	w.say("fault: %s", kind.name)
+	if kind.config {
+		// What the configuration removes is no loss to refuse.
+		return
+	}
 	w.noteLost(before)
 	w.noteRemoved(held)
 }
@@ -321,7 +328,7 @@ func (w *world) noteLost(before map[string]int) {
 	for k := range before {
 		switch {
 		case after[k] > 0:
-		case w.stream.maxMsgs > 0:
+		case w.stream.trims():
 			w.trimmed[k], w.gone[k] = true, true
 		default:
 			w.lost, w.gone[k] = true, true
@@ -333,26 +340,52 @@ func (w *world) noteLost(before map[string]int) {
 type faultKind struct {
 	name string
 	do   func(t *rapid.T, w *world)
+	// config: the operator's configuration changed, nothing removed by
+	// hand (what its limits remove, a consumer may have read).
+	config bool
 }
 
 var faultKinds = []faultKind{
-	{"purge", func(_ *rapid.T, w *world) { w.stream.purge("") }},
-	{"purge of the batches' subject", func(_ *rapid.T, w *world) { w.stream.purge("b") }},
-	{"a message deleted", func(t *rapid.T, w *world) {
+	{name: "purge", do: func(_ *rapid.T, w *world) { w.stream.purge("") }},
+	{name: "purge of the batches' subject", do: func(_ *rapid.T, w *world) { w.stream.purge("b") }},
+	{name: "purge of the session markers' subject", do: func(_ *rapid.T, w *world) { w.stream.purge("b._session") }},
+	{name: "the stream's limits edited", do: func(t *rapid.T, w *world) {
+		before, held := w.stream.keys(), len(w.stream.msgs)
+		switch rapid.IntRange(0, 2).Draw(t, "limits now") {
+		case 0:
+			w.stream.limit(0, false)
+		case 1:
+			w.stream.limit(12, false)
+		default:
+			w.stream.limit(1000, true)
+		}
+		w.limited = w.limited || len(w.stream.msgs) < held
+		w.noteTrimmed(before)
+		if w.stream.trims() {
+			// Messages removed before the limit was set, and not yet
+			// judged, are what it could have removed: the tailer cannot
+			// tell them from its work (docs/faults.md, "What it cannot
+			// see"; the audit finds them).
+			for k := range w.gone {
+				w.trimmed[k] = true
+			}
+		}
+	}, config: true},
+	{name: "a message deleted", do: func(t *rapid.T, w *world) {
 		if seqs := w.stream.seqs(); len(seqs) > 0 {
 			w.stream.deleteMsg(rapid.SampledFrom(seqs).Draw(t, "deleted"))
 		}
 	}},
-	{"the stream made again", func(_ *rapid.T, w *world) {
+	{name: "the stream made again", do: func(_ *rapid.T, w *world) {
 		// Refused even when it held nothing yet: a stream of another
 		// creation time, without a message the tailer stored to know it
 		// by, may have lost any.
 		w.stream, w.causes = newStream(w.stream.name, w.stream.maxMsgs, &w.made), true
 	}},
-	{"a backup taken", func(_ *rapid.T, w *world) {
+	{name: "a backup taken", do: func(_ *rapid.T, w *world) {
 		w.backups, w.backupAt = append(w.backups, w.stream.clone()), append(w.backupAt, w.anchorWrites)
 	}},
-	{"the stream restored from its last backup", func(_ *rapid.T, w *world) {
+	{name: "the stream restored from its last backup", do: func(_ *rapid.T, w *world) {
 		// A stream made again, too: refused unless it holds what the
 		// tailer knows it by.
 		n := len(w.backups)
@@ -373,19 +406,38 @@ var faultKinds = []faultKind{
 			}
 		}
 	}},
-	{"a replica of the stream's own", func(_ *rapid.T, w *world) { w.stream.replicate() }},
-	{"another replica leads", func(_ *rapid.T, w *world) {
+	{name: "a replica of the stream's own", do: func(_ *rapid.T, w *world) { w.stream.replicate() }},
+	{name: "another replica leads", do: func(_ *rapid.T, w *world) {
 		w.stream.leader = (w.stream.leader + 1) % len(w.stream.replicas)
 	}},
-	{"the publication changed and changed back", func(t *rapid.T, w *world) {
+	{name: "the publication changed and changed back", do: func(t *rapid.T, w *world) {
 		w.causes = true
 		w.db.breakPublication()
 		w.db.commit(rapid.IntRange(1, 2).Draw(t, "tokens"))
 		w.db.broken = false
 	}},
-	{"the slot lost", func(_ *rapid.T, w *world) { w.db.slot.lost, w.causes = true, true }},
-	{"the database's files copied", func(_ *rapid.T, w *world) { w.dbSnaps = append(w.dbSnaps, w.db.clone()) }},
-	{"the database's files put back, with its slot", func(_ *rapid.T, w *world) {
+	{name: "the slot lost", do: func(_ *rapid.T, w *world) { w.db.slot.lost, w.causes = true, true }},
+	{name: "the slot advanced by another process", do: func(_ *rapid.T, w *world) {
+		// pg_replication_slot_advance, or a tailer of another schema
+		// configured with the same slot: what it skipped never reaches
+		// this stream from the slot.
+		if w.db.slot == nil || w.db.slot.lost {
+			return
+		}
+		for _, tx := range w.db.replay(w.db.slot.confirmed) {
+			for _, k := range tx.toks {
+				w.skipped[k.key] = true
+			}
+		}
+		w.db.confirm(w.db.wal())
+		w.causes = true
+	}},
+	{name: "a table attached to tokens holding rows", do: func(t *rapid.T, w *world) {
+		w.db.attach(rapid.IntRange(1, 3).Draw(t, "rows"))
+		w.causes = true
+	}},
+	{name: "the database's files copied", do: func(_ *rapid.T, w *world) { w.dbSnaps = append(w.dbSnaps, w.db.clone()) }},
+	{name: "the database's files put back, with its slot", do: func(_ *rapid.T, w *world) {
 		if n := len(w.dbSnaps); n > 0 {
 			// The server restarts on them: every session's connections
 			// (the lease's, the walsender's) are cut.
@@ -419,7 +471,7 @@ func (m *machine) invariants(t *rapid.T) {
 			continue
 		}
 		for _, k := range tx.toks {
-			if !w.acked[k.key] {
+			if !w.acked[k.key] && !w.skipped[k.key] {
 				t.Fatalf("the slot is confirmed at %s, past token %s at %s, which no PubAck acknowledged", w.db.slot.confirmed, k.key, k.pos)
 			}
 		}

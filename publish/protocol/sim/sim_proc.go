@@ -47,8 +47,11 @@ type simSession struct {
 	anchors   protocol.Anchors
 	acks      []ackOf
 	pending   int
-	readUpTo  protocol.LSN
-	left      map[protocol.LSN]int
+	// stored counts the batch messages the session added to the stream
+	// (PubAcks taken, not duplicates).
+	stored   uint64
+	readUpTo protocol.LSN
+	left     map[protocol.LSN]int
 	// commitOf is each token's transaction, read.
 	commitOf map[string]protocol.LSN
 	order    []protocol.LSN
@@ -260,7 +263,7 @@ func (p *simProc) write1(cmd protocol.Command) {
 func (p *simProc) head() protocol.StreamHead {
 	w := p.w
 	h := protocol.StreamHead{Name: w.stream.name, Created: w.stream.created(), LastSeq: w.stream.last, Replicas: len(w.stream.replicas),
-		Seen: w.seen(), Limited: w.stream.maxMsgs > 0}
+		Seen: w.seen()}
 	if m, ok := w.stream.at(w.stream.last); ok {
 		h.Foreign = protocol.CheckOrigin(w.stream.name, m, w.db.origin)
 	}
@@ -277,24 +280,20 @@ func (p *simProc) claim() protocol.Event {
 	s.head = p.head()
 	s.readUpTo = w.db.slot.confirmed
 	s.claimedAt = w.writes
-	return protocol.Claimed{Head: s.head, Record: w.db.rec}
+	return protocol.Claimed{Head: s.head, Record: w.db.rec, Confirmed: w.db.slot.confirmed}
 }
 
-// look is the stream as a check finds it.
+// look is the stream as a check finds it: quiet (Seen.Quiet) when it
+// asks and nothing of the session's is on its way or unanswered (a
+// session that has not published yet, or whose publishes are all
+// answered); the anchors gone, whatever removed them.
 func (p *simProc) look(c protocol.CheckStream) protocol.Event {
 	w, s := p.w, p.s
-	ev := protocol.StreamChecked{Created: w.stream.created(), Seen: w.seen(), Limited: w.stream.maxMsgs > 0}
+	ev := protocol.StreamChecked{Created: w.stream.created(), Seen: w.seen(), Stored: s.stored}
+	ev.Seen.Quiet = (c.Quiet || !s.streaming) && s.pending == 0 && len(s.acks) == 0
 	for _, want := range c.Anchors {
-		if want.Seq == 0 {
-			continue
-		}
-		mark, ok := w.stream.mark(want.Seq)
-		if !ok && w.stream.maxMsgs > 0 && w.stream.first > want.Seq {
-			continue
-		}
-		if !ok || mark != want.Mark {
-			ev.Missing = want
-			break
+		if mark, ok := w.stream.mark(want.Seq); want.Seq != 0 && (!ok || mark != want.Mark) {
+			ev.Missing = append(ev.Missing, want)
 		}
 	}
 	if !s.streaming {
@@ -303,7 +302,7 @@ func (p *simProc) look(c protocol.CheckStream) protocol.Event {
 	}
 	ck := protocol.Checked{Publication: w.db.publicationErr(), Stream: ev}
 	if w.db.rec.Incarnation == s.rec.Incarnation {
-		ck.ResyncNeeded, ck.Refused = w.db.rec.ResyncNeeded, w.db.rec.Refused
+		ck.ResyncNeeded, ck.ResyncCause, ck.Refused = w.db.rec.ResyncNeeded, w.db.rec.ResyncCause, w.db.rec.Refused
 	}
 	return ck
 }
@@ -316,7 +315,7 @@ func (p *simProc) resume(o protocol.Owner) protocol.Event {
 	{
 		// Chained to the last sequence the session opened the stream at:
 		// a stream made again since is not resumed on.
-		win, prev, err := protocol.Scan(modelReader{w.stream}, protocol.Stream{Name: w.stream.name, LastSeq: s.head.LastSeq, Limited: w.stream.maxMsgs > 0,
+		win, prev, err := protocol.Scan(modelReader{w.stream}, protocol.Stream{Name: w.stream.name, LastSeq: s.head.LastSeq, Limited: w.stream.trims(),
 			Limits: "max_msgs", Marker: "b._session", Data: laneSubjects[:]}, o)
 		if err != nil {
 			return protocol.Resumed{Err: err}
@@ -328,13 +327,13 @@ func (p *simProc) resume(o protocol.Owner) protocol.Event {
 			m := msg{Stored: protocol.Stored{Kind: protocol.Marker, Subject: "b._session", Origin: w.db.origin.String(), Incarnation: o.Incarnation,
 				FenceN: i, FenceK: k, InFlight: max(o.InFlight, 1), After: o.After, Floor: floor}}
 			*w.db.tokens++
-			m.id = fmt.Sprintf("marker-%d", *w.db.tokens)
+			m.id = fmt.Sprintf("%s%d", protocol.MarkerID, *w.db.tokens)
 			seq, _, err := w.put(m, next)
 			if err != nil {
 				ok = false
 				break
 			}
-			s.anchors.Last = protocol.Anchor{Seq: seq, Mark: m.id}
+			s.anchors.Last = protocol.Anchor{Seq: seq, Mark: m.mark()}
 			next++
 		}
 		if ok {
@@ -397,8 +396,11 @@ func (p *simProc) takeAck() {
 			return
 		}
 	}
-	s.anchors.Last = protocol.Anchor{Seq: a.seq, Mark: a.m.id}
+	s.anchors.Last = protocol.Anchor{Seq: a.seq, Mark: a.m.mark()}
 	s.anchors.Batch = s.anchors.Last
+	if !a.dup {
+		s.stored++
+	}
 	for _, k := range strings.Split(a.m.Keys, ",") {
 		w.acked[k] = true
 	}
@@ -494,6 +496,8 @@ func (p *simProc) confirm() bool {
 		to = max(to, w.db.wal())
 	}
 	if to > w.db.slot.confirmed {
+		// The record's limit first, under the lease (Lease.SetConfirmLimit).
+		w.db.rec.ConfirmLimit = max(w.db.rec.ConfirmLimit, to)
 		w.db.confirm(to)
 		return true
 	}
@@ -506,18 +510,17 @@ func (p *simProc) check() {
 	if s == nil || !s.streaming || s.stopped != nil || len(p.cmds) > 0 {
 		return
 	}
-	for _, cmd := range p.relay.Step(protocol.Checking{Anchors: s.anchors}) {
-		c, ok := cmd.(protocol.CheckStream)
-		if !ok {
-			continue
-		}
-		for _, cmd := range p.relay.Step(p.look(c)) {
-			switch c := cmd.(type) {
-			case protocol.Stop:
-				s.stopped = &c.Refusal
-			case protocol.RecordAnchor:
-				p.record(c)
-			}
+	cmds := p.relay.Step(protocol.Checking{Anchors: s.anchors})
+	for len(cmds) > 0 {
+		cmd := cmds[0]
+		cmds = cmds[1:]
+		switch c := cmd.(type) {
+		case protocol.CheckStream:
+			cmds = append(cmds, p.relay.Step(p.look(c))...)
+		case protocol.Stop:
+			s.stopped = &c.Refusal
+		case protocol.RecordAnchor:
+			p.record(c)
 		}
 	}
 }

@@ -53,8 +53,9 @@ type world struct {
 	// the ones a fault removed since they last landed.
 	acked, trimmed, gone map[string]bool
 	// strayDup are the tokens a publish chained to a stream since made
-	// again or restored landed on the new one (see deliver).
-	strayDup map[string]bool
+	// again or restored landed on the new one (see deliver); skipped, the
+	// ones another process advanced the slot past.
+	strayDup, skipped map[string]bool
 	// causes says a fault that calls for a refusal happened: a refusal
 	// without one is a tailer that stopped for nothing.
 	causes bool
@@ -83,10 +84,10 @@ type world struct {
 }
 
 func newWorld(maxMsgs int) *world {
-	w := &world{acked: map[string]bool{}, trimmed: map[string]bool{}, gone: map[string]bool{}, strayDup: map[string]bool{}, unseen: map[string]bool{}}
+	w := &world{acked: map[string]bool{}, trimmed: map[string]bool{}, gone: map[string]bool{}, strayDup: map[string]bool{}, skipped: map[string]bool{}, unseen: map[string]bool{}}
 	w.db = newDB(&w.tokens, &w.incarns)
-	w.db.newIncarnation(false, 0)
 	w.db.makeSlot()
+	w.db.newIncarnation(false, 0)
 	// tailer migrate made the slot and named the publication.
 	w.db.published = true
 	w.stream = newStream("MAILROOM", maxMsgs, &w.made)
@@ -139,7 +140,7 @@ func (w *world) put(m msg, expect int64) (uint64, bool, error) {
 
 // noteTrimmed keeps the keys the stream's limits removed since before.
 func (w *world) noteTrimmed(before map[string]int) {
-	if w.stream.maxMsgs == 0 {
+	if !w.stream.trims() {
 		return
 	}
 	after := w.stream.keys()
@@ -185,7 +186,7 @@ func (w *world) resync() {
 		m := msg{Stored: protocol.Stored{Kind: protocol.Marker, Subject: "b._session", Origin: w.db.origin.String(), Incarnation: o.Incarnation,
 			FenceN: i, FenceK: k, InFlight: 1, Floor: floor}}
 		*w.db.tokens++
-		m.id = fmt.Sprintf("marker-%d", *w.db.tokens)
+		m.id = fmt.Sprintf("%s%d", protocol.MarkerID, *w.db.tokens)
 		if _, _, err := w.put(m, int64(w.stream.last)); err != nil {
 			panic(err)
 		}
@@ -209,7 +210,7 @@ func (w *world) resync() {
 		if err != nil {
 			panic(err)
 		}
-		anchor = protocol.Anchor{Seq: seq, Mark: m.id}
+		anchor = protocol.Anchor{Seq: seq, Mark: m.mark()}
 		for _, k := range keys[:n] {
 			w.acked[k] = true
 		}
@@ -218,11 +219,14 @@ func (w *world) resync() {
 	// The incarnation owns the stream past what is on it now, and knows
 	// it by its last message (FinishResync).
 	if m, ok := w.stream.msgs[w.stream.last]; ok {
-		anchor = protocol.Anchor{Seq: m.Seq, Mark: m.id}
+		anchor = protocol.Anchor{Seq: m.Seq, Mark: m.mark()}
 	}
 	w.anchorWrites++
 	r := &w.db.rec
-	r.Bound, r.StreamSeq, r.StreamName, r.StreamCreated, r.Anchor, r.Seen = true, w.stream.last, w.stream.name, w.stream.created(), anchor, w.seen()
+	seen := w.seen()
+	seen.Quiet = true
+	r.Bound, r.StreamSeq, r.StreamName, r.StreamCreated, r.Anchor, r.Seen = true, w.stream.last, w.stream.name, w.stream.created(), anchor, seen
+	r.ConfirmLimit = w.db.slot.confirmed
 	w.lost = false
 	w.say("resync: incarnation %s, stream seq %d", w.db.rec.Incarnation, w.stream.last)
 }
@@ -236,7 +240,7 @@ var errStreamGone = errors.New("a message of the window left the stream")
 // nothing missing.
 func (w *world) holdsRecord() bool {
 	for _, a := range []protocol.Anchor{w.db.rec.Anchor, w.db.rec.Stopped} {
-		if m, ok := w.stream.msgs[a.Seq]; a.Seq != 0 && (!ok || m.id != a.Mark) {
+		if m, ok := w.stream.msgs[a.Seq]; a.Seq != 0 && (!ok || m.mark() != a.Mark) {
 			return false
 		}
 	}

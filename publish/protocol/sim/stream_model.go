@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -19,21 +20,31 @@ type msg struct {
 	id string
 }
 
+// mark is what wire.Mark makes of a message: its id's mark.
+func (m msg) mark() string { return "id:" + m.id }
+
 // errWrongLastSeq is JetStream's refusal of a publish whose expected last
-// sequence is not the stream's.
-var errWrongLastSeq = errors.New("wrong last sequence")
+// sequence is not the stream's; errFull, a stream whose max_msgs with
+// discard new is reached ("maximum messages exceeded").
+var (
+	errWrongLastSeq = errors.New("wrong last sequence")
+	errFull         = errors.New("maximum messages exceeded")
+)
 
 // streamModel is one stream: its messages, and what its replicas report.
 type streamModel struct {
-	name     string
-	msgs     map[uint64]msg
-	first    uint64
-	last     uint64
-	deleted  int
-	ids      map[string]uint64
-	maxMsgs  int
-	replicas []string
-	leader   int
+	name    string
+	msgs    map[uint64]msg
+	first   uint64
+	last    uint64
+	deleted int
+	ids     map[string]uint64
+	// maxMsgs > 0 limits the stream: it removes the oldest message for a
+	// new one, or with discardNew refuses the new one.
+	maxMsgs    int
+	discardNew bool
+	replicas   []string
+	leader     int
 	// made counts the streams made under the name, for creation times.
 	made *int
 }
@@ -46,14 +57,40 @@ func newStream(name string, maxMsgs int, made *int) *streamModel {
 	return s
 }
 
-// seen is what the stream holds, as its info says (publish's seenOf): a
-// stream that never held a message has first sequence zero.
+// seen is what the stream holds, as its info says (publish.SeenOf): a
+// stream that never held a message has first sequence zero; its batches
+// are the messages on the batches' subjects.
 func (s *streamModel) seen() protocol.Seen {
 	first := s.first
 	if s.last == 0 {
 		first = 0
 	}
-	return protocol.Seen{Known: true, First: first, Last: s.last, Deleted: s.deleted}
+	seen := protocol.Seen{Known: true, First: first, Last: s.last, Deleted: s.deleted, Trims: s.trims()}
+	for _, m := range s.msgs {
+		if slices.Contains(laneSubjects[:], m.Subject) {
+			seen.Batches++
+		}
+	}
+	return seen
+}
+
+// trims reports whether the stream's configuration removes old messages
+// (publish.Trims): a limit that discards the oldest.
+func (s *streamModel) trims() bool { return s.maxMsgs > 0 && !s.discardNew }
+
+// limit changes the stream's limit, as an edit of its configuration: a
+// lower one that discards the oldest removes them at once.
+func (s *streamModel) limit(maxMsgs int, discardNew bool) {
+	s.maxMsgs, s.discardNew = maxMsgs, discardNew
+	s.trim()
+}
+
+// trim removes the oldest messages past a limit that discards them.
+func (s *streamModel) trim() {
+	for s.trims() && len(s.msgs) > s.maxMsgs {
+		s.remove(s.first)
+		s.advanceFirst()
+	}
 }
 
 // created is the creation time the leader reports.
@@ -73,6 +110,9 @@ func (s *streamModel) publish(m msg, expect int64) (seq uint64, dup bool, err er
 			return seq, true, nil
 		}
 	}
+	if s.maxMsgs > 0 && s.discardNew && len(s.msgs) >= s.maxMsgs {
+		return 0, false, errFull
+	}
 	s.last++
 	m.Seq = s.last
 	s.msgs[m.Seq] = m
@@ -82,10 +122,7 @@ func (s *streamModel) publish(m msg, expect int64) (seq uint64, dup bool, err er
 	if s.first == 0 {
 		s.first = m.Seq
 	}
-	for s.maxMsgs > 0 && len(s.msgs) > s.maxMsgs {
-		s.remove(s.first)
-		s.advanceFirst()
-	}
+	s.trim()
 	return m.Seq, false, nil
 }
 
@@ -149,16 +186,17 @@ func (s *streamModel) lastOn(subject string) (protocol.Stored, bool) {
 	return best.Stored, best.Seq != 0
 }
 
-// mark is what wire.Mark makes of a message: its id.
+// mark is what wire.Mark makes of the message at seq.
 func (s *streamModel) mark(seq uint64) (string, bool) {
 	m, ok := s.msgs[seq]
-	return m.id, ok
+	return m.mark(), ok
 }
 
 // restore makes the stream again from a backup: the messages up to seq
 // (a snapshot of s taken then), under a new creation time.
 func (s *streamModel) restore(backup *streamModel) *streamModel {
 	r := newStream(s.name, s.maxMsgs, s.made)
+	r.discardNew = s.discardNew
 	for seq, m := range backup.msgs {
 		r.msgs[seq] = m
 		r.ids[m.id] = seq
@@ -216,7 +254,7 @@ func (s *streamModel) seqs() []uint64 {
 func (s *streamModel) marks() map[uint64]string {
 	out := make(map[uint64]string, len(s.msgs))
 	for seq, m := range s.msgs {
-		out[seq] = m.id
+		out[seq] = m.mark()
 	}
 	return out
 }

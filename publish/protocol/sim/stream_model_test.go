@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,11 +18,15 @@ import (
 
 // The stream model does what a real JetStream stream does with the
 // operations the simulation uses: the same sequences of publishes (with
-// an id or none, expecting a last sequence or not), purges (whole and of
-// a subject), deletions, max_msgs limits and the stream made again, on
-// the model and on an embedded nats-server, give the same answers (the
-// sequence, a duplicate, a wrong last sequence) and leave the same
-// messages, at the same sequences, with the same info (publish.SeenOf).
+// an id or none, expecting a last sequence or not), purges (whole, of the
+// batches' subject, of the session markers' subject), deletions, max_msgs
+// limits that discard the oldest or refuse the new, limits edited while
+// the stream is in use (set, lowered, taken off, their discard policy
+// changed) and the stream made again, on the model and on an embedded
+// nats-server, give the same answers (the sequence, a duplicate, a wrong
+// last sequence, a full stream's refusal) and leave the same messages, at
+// the same sequences, with the same info (publish.SeenOf: the batches
+// counted, whether its configuration removes old messages).
 func TestStreamModelAgreesWithJetStream(t *testing.T) {
 	_, js := natstest.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -31,12 +36,15 @@ func TestStreamModelAgreesWithJetStream(t *testing.T) {
 		n++
 		c := &streamCheck{ctx: ctx, js: js, name: "S" + strconv.Itoa(n)}
 		c.maxMsgs = rapid.SampledFrom([]int{0, 3}).Draw(rt, "max_msgs")
+		c.discardNew = rapid.Bool().Draw(rt, "discard new")
 		c.made = new(int)
 		c.make(rt)
 		rt.Repeat(map[string]func(*rapid.T){
 			"publish":        c.publish,
 			"purge":          func(rt *rapid.T) { c.purge(rt, "") },
 			"purge subject":  func(rt *rapid.T) { c.purge(rt, "b") },
+			"purge markers":  func(rt *rapid.T) { c.purge(rt, "b._session") },
+			"edit limits":    c.editLimits,
 			"delete":         c.delete,
 			"made again":     c.make,
 			"":               c.agree,
@@ -48,29 +56,51 @@ func TestStreamModelAgreesWithJetStream(t *testing.T) {
 
 // streamCheck runs each operation on the model and on a real stream.
 type streamCheck struct {
-	ctx     context.Context
-	js      jetstream.JetStream
-	name    string
-	maxMsgs int
-	made    *int
-	model   *streamModel
-	real    jetstream.Stream
-	ids     []string
+	ctx        context.Context
+	js         jetstream.JetStream
+	name       string
+	maxMsgs    int
+	discardNew bool
+	made       *int
+	model      *streamModel
+	real       jetstream.Stream
+	ids        []string
 }
 
 func (c *streamCheck) make(rt *rapid.T) {
 	if err := c.js.DeleteStream(c.ctx, c.name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 		rt.Fatal(err)
 	}
-	cfg := jetstream.StreamConfig{Name: c.name, Subjects: []string{c.name + ".>"}, Storage: jetstream.MemoryStorage, Duplicates: time.Minute}
-	if c.maxMsgs > 0 {
-		cfg.MaxMsgs = int64(c.maxMsgs)
-	}
-	s, err := c.js.CreateStream(c.ctx, cfg)
+	s, err := c.js.CreateStream(c.ctx, c.config())
 	if err != nil {
 		rt.Fatal(err)
 	}
 	c.real, c.model = s, newStream(c.name, c.maxMsgs, c.made)
+	c.model.discardNew = c.discardNew
+	c.agree(rt)
+}
+
+// config is the real stream's configuration, as the check's limits say.
+func (c *streamCheck) config() jetstream.StreamConfig {
+	cfg := jetstream.StreamConfig{Name: c.name, Subjects: []string{c.name + ".>"}, Storage: jetstream.MemoryStorage, Duplicates: time.Minute, MaxMsgs: -1}
+	if c.maxMsgs > 0 {
+		cfg.MaxMsgs = int64(c.maxMsgs)
+	}
+	if c.discardNew {
+		cfg.Discard = jetstream.DiscardNew
+	}
+	return cfg
+}
+
+// editLimits edits the stream's limit while it is in use: set, lowered or
+// taken off, discarding the oldest or refusing the new.
+func (c *streamCheck) editLimits(rt *rapid.T) {
+	c.maxMsgs = rapid.SampledFrom([]int{0, 2, 3, 5}).Draw(rt, "max_msgs now")
+	c.discardNew = rapid.Bool().Draw(rt, "discard new now")
+	if _, err := c.js.UpdateStream(c.ctx, c.config()); err != nil {
+		rt.Fatal(err)
+	}
+	c.model.limit(c.maxMsgs, c.discardNew)
 	c.agree(rt)
 }
 
@@ -131,6 +161,10 @@ func (c *streamCheck) put(rt *rapid.T, subject, id string, expect int64) {
 		if !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence {
 			rt.Fatalf("publish %q expecting %d: the model refused it (wrong last sequence), JetStream answered %+v, %v", id, expect, ack, err)
 		}
+	case errors.Is(wantErr, errFull):
+		if !errors.As(err, &apiErr) || !strings.Contains(apiErr.Description, errFull.Error()) {
+			rt.Fatalf("publish %q expecting %d: the model refused it (full), JetStream answered %+v, %v", id, expect, ack, err)
+		}
 	case err != nil:
 		rt.Fatalf("publish %q expecting %d: the model stored it at %d (duplicate %v), JetStream refused it: %v", id, expect, wantSeq, wantDup, err)
 	case ack.Sequence != wantSeq || ack.Duplicate != wantDup:
@@ -166,11 +200,11 @@ func (c *streamCheck) delete(rt *rapid.T) {
 
 // agree compares the stream's info and every message with the model's.
 func (c *streamCheck) agree(rt *rapid.T) {
-	info, err := c.real.Info(c.ctx)
+	info, err := c.real.Info(c.ctx, jetstream.WithSubjectFilter(">"))
 	if err != nil {
 		rt.Fatal(err)
 	}
-	if got, want := publish.SeenOf(info.State), c.model.seen(); got != want {
+	if got, want := publish.SeenOf(info, c.name+".b"), c.model.seen(); got != want {
 		rt.Fatalf("stream info: JetStream %+v (state %+v), the model %+v", got, info.State, want)
 	}
 	for seq := uint64(1); seq <= c.model.last; seq++ {
