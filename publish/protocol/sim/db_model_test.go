@@ -22,31 +22,95 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 // The slot model replays what a real pgoutput slot replays: the same
 // transactions of tokens, committed before the slot was made or after,
 // some while the publication left the tokens table out (a change and its
-// change back between two checks), with the slot confirmed at some of
+// change back between two checks), some into a table attached to a
+// partitioned tokens table holding them, or into a partition detached
+// concurrently and attached again, with the slot confirmed at some of
 // them, give the same transactions, with the same tokens, from the
 // confirmed position on, however often replayed, on the model and on
 // PostgreSQL (pg_logical_slot_peek_binary_changes through the mailroom
 // publication, pg_replication_slot_advance).
 func TestSlotModelAgreesWithPostgreSQL(t *testing.T) {
-	db := tailertest.NewDB(t, pgtest.Shared(t))
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	n := 0
-	rapid.Check(t, func(rt *rapid.T) {
-		n++
-		c := &slotCheck{ctx: ctx, conn: db.Conn, slot: fmt.Sprintf("model_%d", n), model: newDB(new(int), new(int))}
-		for range rapid.IntRange(0, 2).Draw(rt, "before the slot") {
-			c.commit(rt)
-		}
-		c.makeSlot(rt)
-		defer c.exec(rt, `SELECT pg_drop_replication_slot($1)`, c.slot)
-		rt.Repeat(map[string]func(*rapid.T){
-			"commit":                    c.commit,
-			"publication changed, back": c.publicationChanged,
-			"confirm":                   c.confirm,
-			"":                          c.agree,
+	for _, partitioned := range []bool{false, true} {
+		t.Run(fmt.Sprintf("partitioned %v", partitioned), func(t *testing.T) {
+			db := tailertest.NewDB(t, pgtest.Shared(t))
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			if partitioned {
+				partitionTokens(t, ctx, db.Conn)
+			}
+			n, attached := 0, 0
+			rapid.Check(t, func(rt *rapid.T) {
+				n++
+				c := &slotCheck{ctx: ctx, conn: db.Conn, slot: fmt.Sprintf("model_%d", n), model: newDB(new(int), new(int)), attached: &attached}
+				for range rapid.IntRange(0, 2).Draw(rt, "before the slot") {
+					c.commit(rt)
+				}
+				c.makeSlot(rt)
+				defer c.exec(rt, `SELECT pg_drop_replication_slot($1)`, c.slot)
+				// The tables attached go with the check: each one more
+				// partition slows every insert and decode after it.
+				defer func() {
+					for _, table := range c.tables {
+						c.exec(rt, `DROP TABLE `+table)
+					}
+				}()
+				ops := map[string]func(*rapid.T){
+					"commit":                    c.commit,
+					"publication changed, back": c.publicationChanged,
+					"confirm":                   c.confirm,
+					"":                          c.agree,
+				}
+				if partitioned {
+					ops["a table attached holding rows"] = c.attachWithRows
+					ops["detached concurrently, written, attached again"] = c.detachWriteAttach
+				}
+				rt.Repeat(ops)
+			})
 		})
-	})
+	}
+}
+
+// partitionTokens makes tokens a table partitioned by id, its rows in
+// tokens_main (ids below a billion), published through its root.
+func partitionTokens(t *testing.T, ctx context.Context, conn *pgx.Conn) {
+	for _, sql := range []string{
+		`ALTER PUBLICATION mailroom DROP TABLE tokens`,
+		`ALTER TABLE tokens RENAME TO tokens_plain`,
+		`ALTER SEQUENCE tokens_id_seq OWNED BY NONE`,
+		`CREATE TABLE tokens (LIKE tokens_plain INCLUDING DEFAULTS INCLUDING CONSTRAINTS) PARTITION BY RANGE (id)`,
+		`CREATE TABLE tokens_main PARTITION OF tokens FOR VALUES FROM (1) TO (1000000000)`,
+		`INSERT INTO tokens SELECT * FROM tokens_plain`,
+		`DROP TABLE tokens_plain`,
+		`ALTER PUBLICATION mailroom ADD TABLE tokens`,
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+}
+
+// attachWithRows attaches a table holding 1 to 3 tokens to tokens: they
+// enter it without an insert the slot carries.
+func (c *slotCheck) attachWithRows(rt *rapid.T) {
+	n := rapid.IntRange(1, 3).Draw(rt, "rows")
+	*c.attached++
+	table, lo := fmt.Sprintf("tokens_attached_%d", *c.attached), 1000000000+*c.attached*1000
+	c.exec(rt, `CREATE TABLE `+table+` (LIKE tokens INCLUDING DEFAULTS)`)
+	c.exec(rt, `INSERT INTO `+table+` (id, account, action) SELECT $1::bigint + g, 1, 'password_recovery' FROM generate_series(1, $2::int) g`, lo, n)
+	c.exec(rt, fmt.Sprintf(`ALTER TABLE tokens ATTACH PARTITION %s FOR VALUES FROM (%d) TO (%d)`, table, lo, lo+1000))
+	c.tables = append(c.tables, table)
+	c.model.attach(n)
+}
+
+// detachWriteAttach detaches tokens_main concurrently, writes 1 to 3
+// tokens into it, and attaches it again: they too enter tokens without
+// an insert the slot carries.
+func (c *slotCheck) detachWriteAttach(rt *rapid.T) {
+	n := rapid.IntRange(1, 3).Draw(rt, "rows")
+	c.exec(rt, `ALTER TABLE tokens DETACH PARTITION tokens_main CONCURRENTLY`)
+	c.exec(rt, `INSERT INTO tokens_main (account, action) SELECT 1, 'password_recovery' FROM generate_series(1, $1::int)`, n)
+	c.exec(rt, `ALTER TABLE tokens ATTACH PARTITION tokens_main FOR VALUES FROM (1) TO (1000000000)`)
+	c.model.attach(n)
 }
 
 // slotCheck runs each operation on the model and on a real slot; ends are
@@ -57,6 +121,10 @@ type slotCheck struct {
 	slot  string
 	model *dbModel
 	ends  map[protocol.LSN]pglogrepl.LSN
+	// attached counts the tables attached in the database, for their
+	// names and ranges; tables are the check's.
+	attached *int
+	tables   []string
 }
 
 func (c *slotCheck) exec(rt *rapid.T, sql string, args ...any) {
