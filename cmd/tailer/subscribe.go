@@ -70,7 +70,8 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 	log := daemon.NewLogger("text", "info", stderr)
 	url := natsconn.URL(cfg)
 	server := config.RedactURL(url)
-	nc, err := nats.Connect(url, append(append(cfg.NATSOptions(), nats.Name("tailer subscribe"), nats.MaxReconnects(-1)),
+	denials := &subscriber.Denials{Log: log}
+	nc, err := nats.Connect(url, append(append(cfg.NATSOptions(), nats.Name("tailer subscribe"), nats.MaxReconnects(-1), nats.ErrorHandler(denials.Handler)),
 		saysAway(log, server)...)...)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: MAILROOM_NATS_URL: cannot connect to %s: %v\n", command, config.RedactURL(url), err)
@@ -84,19 +85,20 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 	}
 	if f.into != "" {
 		c := consume.Config{Stream: cfg.Stream, Subject: cfg.Subject, Durable: f.durable, FromStart: f.fromStart, Action: f.action, AckWait: f.ackWait, Log: log}
-		return subscribeInto(ctx, cfg, f.into, f.migrate, c, js, f.healthAddr, stderr, log)
+		return subscribeInto(ctx, cfg, f.into, f.migrate, c, js, f.healthAddr, denials, stderr, log)
 	}
 	sub, lines, err := f.subscriber(ctx, cfg, js, stdout, log, resend)
 	if err != nil {
 		log.Error("subscribe failed", "err", err)
 		return exitFailure
 	}
+	denials.Watch(func() int { return sub.Stats().Acked })
 	// A reader gone is an error to handle (its batches handed back), not
 	// a signal that ends the process before it can.
 	signal.Ignore(syscall.SIGPIPE)
 	sender := &subscriber.Sender{Command: f.exec, Reports: f.reports, DoneExit: done, TransientExit: transient,
 		StopTimeout: f.stopTimeout, Stdout: stdout, Stderr: stderr, Log: log, Once: resend}
-	stop, err := f.watchReader(ctx, cfg, js, sub, lines, sender, log)
+	stop, err := f.watchReader(ctx, cfg, js, sub, lines, sender, denials, log)
 	if err != nil {
 		return bad("--health-addr: %v", err)
 	}
@@ -126,7 +128,7 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 // watchReader serves the health endpoint (--health-addr) and says in the
 // log when the reader stalls (--stall-timeout); stop ends both.
 func (f *subscribeFlags) watchReader(ctx context.Context, cfg *config.Config, js jetstream.JetStream, sub *consume.Subscriber, lines *consume.Lines,
-	sender *subscriber.Sender, log *slog.Logger) (stop func(), err error) {
+	sender *subscriber.Sender, denials *subscriber.Denials, log *slog.Logger) (stop func(), err error) {
 	reader := func() string { return "the reader of the standard output" }
 	if f.exec != "" {
 		reader = sender.Name
@@ -134,7 +136,8 @@ func (f *subscribeFlags) watchReader(ctx context.Context, cfg *config.Config, js
 	stall := &subscriber.Stall{Reader: reader, Timeout: f.stall, Stalled: lines.Stalled}
 	stopServing := func() {}
 	if f.healthAddr != "" {
-		probe := &subscriber.Probe{Stream: cfg.Stream, Durable: f.durable, JS: js, Server: config.RedactURL(natsconn.URL(cfg)), Consuming: sub.Consuming, Stats: sub.Stats, GroupStall: f.stall}
+		probe := &subscriber.Probe{Stream: cfg.Stream, Durable: f.durable, JS: js, Server: config.RedactURL(natsconn.URL(cfg)), Consuming: sub.Consuming, Stats: sub.Stats, GroupStall: f.stall,
+			Denied: denials.Denied}
 		if f.stall > 0 {
 			probe.Stalled = stall.Reason
 		}

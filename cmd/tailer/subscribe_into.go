@@ -18,7 +18,7 @@ import (
 // subscribeInto stores the tokens of durable's messages in the database at
 // MAILROOM_INBOX_URL, exactly once: into (inbox or river) says as what.
 func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate bool, c consume.Config, js jetstream.JetStream,
-	healthAddr string, stderr io.Writer, log *slog.Logger) int {
+	healthAddr string, denials *subscriber.Denials, stderr io.Writer, log *slog.Logger) int {
 	pool, err := inbox.Connect(ctx, cfg.InboxURL)
 	if err != nil {
 		fmt.Fprintf(stderr, "tailer subscribe: MAILROOM_INBOX_URL: %v\n", err)
@@ -63,8 +63,10 @@ func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate
 		log.Error("subscribe failed", "err", err)
 		return exitFailure
 	}
+	denials.Watch(func() int { return sub.Stats().Acked })
 	if healthAddr != "" {
-		stop, err := subscriber.Serve(healthAddr, &subscriber.Probe{Stream: c.Stream, Durable: c.Durable, JS: js, Server: config.RedactURL(natsconn.URL(cfg)), Consuming: sub.Consuming, Stats: sub.Stats})
+		stop, err := subscriber.Serve(healthAddr, &subscriber.Probe{Stream: c.Stream, Durable: c.Durable, JS: js, Server: config.RedactURL(natsconn.URL(cfg)), Consuming: sub.Consuming, Stats: sub.Stats,
+			Denied: denials.Denied})
 		if err != nil {
 			fmt.Fprintf(stderr, "tailer subscribe: --health-addr: %v\n", err)
 			return exitConfig

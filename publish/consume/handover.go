@@ -447,6 +447,10 @@ const (
 	// ReaderFailed: it failed with batches in hand; the oldest batch it
 	// took and did not finish counts an attempt (see MaxDeliveries).
 	ReaderFailed
+	// ReaderTook: it ended on its own saying it finished what it took
+	// (exit 0 before the end of its input): the batches it took whole
+	// are done, the others delivered again.
+	ReaderTook
 )
 
 // Settle ends the doubt about the batches a reader may have had when it

@@ -178,7 +178,12 @@ func (l *Lines) handPipe(ctx context.Context, ls []*lined) error {
 		x.end = l.written
 		l.handed = append(l.handed, x)
 		l.mu.Unlock()
-		if err := l.write(x.data); err != nil {
+		if n, err := l.writeSome(x.data); err != nil {
+			// What did not reach the pipe (a reader gone: EPIPE) was not
+			// written, and its reader cannot have taken it whole.
+			l.mu.Lock()
+			l.written -= int64(len(x.data) - n)
+			l.mu.Unlock()
 			return err
 		}
 		if err := l.Pipe.Taken(ctx); err != nil {
@@ -237,13 +242,20 @@ func (l *Lines) render(u *Unit) *lined {
 }
 
 func (l *Lines) write(buf []byte) error {
-	if _, err := l.Out.Write(buf); err != nil {
+	_, err := l.writeSome(buf)
+	return err
+}
+
+// writeSome writes buf, and says how much of it went out when it fails.
+func (l *Lines) writeSome(buf []byte) (int, error) {
+	n, err := l.Out.Write(buf)
+	if err != nil {
 		if errors.Is(err, syscall.EPIPE) {
 			err = ErrReaderGone
 		}
-		return fmt.Errorf("write lines: %w", err)
+		return n, fmt.Errorf("write lines: %w", err)
 	}
-	return nil
+	return n, nil
 }
 
 // finish marks ls done and tells the Subscriber.
@@ -379,19 +391,17 @@ func (l *Lines) settle(o Outcome) (failedOn *Unit, held bool) {
 	if l.Pipe != nil {
 		unread = int64(l.Pipe.Unread())
 	}
-	end := protocol.ReaderEnd{Done: o == ReaderDone, Failed: o == ReaderFailed, Reports: l.Reports, Pipe: l.Pipe != nil, Taken: l.written - unread}
+	end := protocol.ReaderEnd{Done: o == ReaderDone, Failed: o == ReaderFailed, Took: o == ReaderTook, Reports: l.Reports, Pipe: l.Pipe != nil, Taken: l.written - unread}
 	for _, x := range handed {
 		end.Ends = append(end.Ends, x.end)
 	}
 	l.mu.Unlock()
-	allDone, blamed := protocol.Settle(end)
-	if allDone {
-		l.finish(handed)
-		handed = nil
-	}
+	done, blamed := protocol.Settle(end)
+	l.finish(handed[:done])
 	if blamed >= 0 {
 		failedOn = handed[blamed].u
 	}
+	handed = handed[done:]
 	l.forget()
 	return failedOn, len(handed) > 0
 }

@@ -35,6 +35,9 @@ type Probe struct {
 	// has had work waiting for longer than the stall timeout without
 	// taking or finishing any (Stall).
 	Stalled func() string
+	// Denied, if set, says a publish the server denies the subscriber's
+	// user ("": none), as Denials keeps it.
+	Denied func() string
 	// GroupStall, when not 0, fails /readyz once the durable has messages
 	// waiting and no subscriber of it (this one or another) has had one
 	// delivered or acknowledged for that long: the pair stuck, both
@@ -86,6 +89,8 @@ func Serve(addr string, p *Probe) (stop func(), err error) {
 		switch {
 		case !st.consuming:
 			http.Error(w, "not ready: not consuming", http.StatusServiceUnavailable)
+		case st.denied != "":
+			http.Error(w, "not ready: "+st.denied, http.StatusServiceUnavailable)
 		case st.err != nil:
 			http.Error(w, "not ready: consumer "+p.Durable+": "+st.err.Error(), http.StatusServiceUnavailable)
 		case st.stats.OpenGap != "":
@@ -110,6 +115,7 @@ func Serve(addr string, p *Probe) (stop func(), err error) {
 type state struct {
 	consuming bool
 	stalled   string
+	denied    string
 	stats     consume.Stats
 	info      *jetstream.ConsumerInfo
 	err       error
@@ -134,6 +140,9 @@ func (p *Probe) state(ctx context.Context) state {
 	st := state{consuming: p.Consuming(), stats: p.Stats()}
 	if p.Stalled != nil {
 		st.stalled = p.Stalled()
+	}
+	if p.Denied != nil {
+		st.denied = p.Denied()
 	}
 	if nc := p.JS.Conn(); !nc.IsConnected() {
 		// Asked, the consumer would say "context deadline exceeded".

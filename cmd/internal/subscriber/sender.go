@@ -92,12 +92,14 @@ func (x *Sender) Run(ctx context.Context, sub *consume.Subscriber, lines *consum
 			x.Log.Info("the sender is stopped", "exit", code)
 			return err
 		}
-		code := p.wait()
+		code := x.waitGone(ctx, p)
 		p.killGroup()
 		p.endReports()
 		outcome := consume.ReaderFailed
 		sig := p.signal()
 		switch protocol.EndOfSender(code, slices.Contains(x.TransientExit, code), sig) {
+		case protocol.SenderFinished:
+			outcome = consume.ReaderTook
 		case protocol.SenderStopped:
 			outcome = consume.ReaderStopped
 		case protocol.SenderKilled:
@@ -123,6 +125,33 @@ func (x *Sender) Run(ctx context.Context, sub *consume.Subscriber, lines *consum
 		case <-time.After(restart):
 		}
 	}
+}
+
+// waitGone waits for a sender that stopped reading its input to exit,
+// and returns its exit code. One that lives on past StopTimeout (its
+// input closed, or the subscriber stopping meanwhile) has its process
+// group stopped: the subscriber never waits on it for longer than its
+// stop timeout, whatever it does.
+func (x *Sender) waitGone(ctx context.Context, p *proc) int {
+	timeout := time.NewTimer(x.StopTimeout)
+	defer timeout.Stop()
+	select {
+	case <-p.exited:
+		return p.wait()
+	case <-timeout.C:
+		x.Log.Warn("the sender stopped reading its input and did not exit within the stop timeout: stopping its process group", "timeout", x.StopTimeout)
+	case <-ctx.Done():
+		stop := time.NewTimer(x.StopTimeout)
+		defer stop.Stop()
+		select {
+		case <-p.exited:
+			return p.wait()
+		case <-stop.C:
+			x.Log.Warn("stopping: the sender stopped reading its input and did not exit within the stop timeout; stopping its process group", "timeout", x.StopTimeout)
+		}
+	}
+	p.killGroup()
+	return p.wait()
 }
 
 // ErrSenderFailing: a run that must end (Once) stopped on a sender that

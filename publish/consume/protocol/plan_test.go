@@ -167,7 +167,7 @@ func TestEndOfSender(t *testing.T) {
 		sig       syscall.Signal
 		want      SenderEnd
 	}{
-		{code: 0, want: SenderStopped},
+		{code: 0, want: SenderFinished},
 		{code: 75, transient: true, want: SenderStopped},
 		{code: 1, want: SenderFailed},
 		{code: 137, sig: syscall.SIGKILL, want: SenderKilled},
@@ -304,23 +304,38 @@ func TestMakeAt(t *testing.T) {
 }
 
 // A reader that said it finished everything, without reports, finished
-// every batch it held; one that failed counts against the oldest batch
-// it took whole (from a pipe: the batch's end within what it took), and
-// against none that it never took.
+// every batch it held; one that ended on its own saying it finished what
+// it took (exit 0) finished the batches it took whole; one that failed
+// counts against the oldest batch it took whole (from a pipe: the batch's
+// end within what it took), and against none that it never took.
 func TestSettle(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		sizes := rapid.SliceOfN(rapid.Int64Range(1, 50), 0, 5).Draw(t, "batch sizes")
 		e := ReaderEnd{Done: rapid.Bool().Draw(t, "done"), Reports: rapid.Bool().Draw(t, "reports"), Pipe: rapid.Bool().Draw(t, "pipe")}
 		e.Failed = !e.Done && rapid.Bool().Draw(t, "failed")
+		e.Took = !e.Done && !e.Failed && rapid.Bool().Draw(t, "took")
 		var written int64
 		for _, n := range sizes {
 			written += n
 			e.Ends = append(e.Ends, written)
 		}
 		e.Taken = rapid.Int64Range(0, written).Draw(t, "taken")
-		allDone, blamed := Settle(e)
-		if allDone != (e.Done && !e.Reports) {
-			t.Fatalf("all done %v", allDone)
+		done, blamed := Settle(e)
+		wantDone := 0
+		switch {
+		case e.Reports:
+		case e.Done:
+			wantDone = len(e.Ends)
+		case e.Took:
+			for _, end := range e.Ends {
+				if e.Pipe && end > e.Taken {
+					break
+				}
+				wantDone++
+			}
+		}
+		if done != wantDone {
+			t.Fatalf("done %d, want %d (ends %v, taken %d, pipe %v)", done, wantDone, e.Ends, e.Taken, e.Pipe)
 		}
 		want := -1
 		if e.Failed {
@@ -346,6 +361,10 @@ func TestSettle(t *testing.T) {
 	// 5 taken: none whole, none blamed.
 	if _, b := Settle(ReaderEnd{Failed: true, Pipe: true, Taken: 5, Ends: []int64{10, 20, 30}}); b != -1 {
 		t.Fatalf("blamed %d, want none", b)
+	}
+	// head -n 1: one batch taken, then exit 0: that one is done.
+	if d, b := Settle(ReaderEnd{Took: true, Pipe: true, Taken: 10, Ends: []int64{10, 20}}); d != 1 || b != -1 {
+		t.Fatalf("done %d blamed %d, want the first done", d, b)
 	}
 }
 

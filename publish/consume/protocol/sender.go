@@ -13,19 +13,26 @@ const (
 	// not 0 or transient, a crash by its own signal); the oldest batch it
 	// took and did not finish counts an attempt.
 	SenderFailed SenderEnd = iota
-	// SenderStopped: it chose to stop (exit 0) or could not work for a
-	// reason of its own (a transient code): not the batch's fault.
+	// SenderStopped: it could not work for a reason of its own (a
+	// transient code): not the batch's fault, and nothing done.
 	SenderStopped
 	// SenderKilled: a signal from outside ended it (the OOM killer, a
 	// redeploy, an operator): it said nothing of the batch, which comes
 	// again counted against none.
 	SenderKilled
+	// SenderFinished: it exited 0 on its own, before the end of its
+	// input: it is done with every line it took (head -n 1 takes one
+	// line, writes it, and exits).
+	SenderFinished
 )
 
 // EndOfSender judges a sender's exit: its code, whether the code is one
 // of the transient ones, and the signal that ended it (0: none).
 func EndOfSender(code int, transient bool, sig syscall.Signal) SenderEnd {
-	if code == 0 || transient {
+	switch {
+	case code == 0:
+		return SenderFinished
+	case transient:
 		return SenderStopped
 	}
 	if killedFromOutside(sig) {

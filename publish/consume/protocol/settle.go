@@ -4,8 +4,10 @@ package protocol
 // it.
 type ReaderEnd struct {
 	// Done: it read to the end of its input and said it finished
-	// everything; Failed: it failed with batches in hand.
-	Done, Failed bool
+	// everything; Failed: it failed with batches in hand; Took: it ended
+	// on its own saying it finished what it took (exit 0), which a
+	// pipe's reader took whole.
+	Done, Failed, Took bool
 	// Reports: it reports each line it finished, and only those are done.
 	Reports bool
 	// Pipe: it read from a pipe, of which it took Taken bytes; Ends are
@@ -15,24 +17,33 @@ type ReaderEnd struct {
 	Ends  []int64
 }
 
-// Settle decides the batches a reader held as it ended: all of them done
-// (it said it finished everything, and does not report line by line),
-// and the one its failure counts against (-1: none), the oldest it took
-// whole: a reader that keeps failing on one batch fails there first. A
-// reader not fed through a pipe took each batch handed to it.
-func Settle(e ReaderEnd) (allDone bool, blamed int) {
-	if e.Done && !e.Reports {
-		return true, -1
+// Settle decides the batches a reader held as it ended: how many of
+// them, oldest first, are done (all when it said it finished everything,
+// those it took whole when it said it finished what it took; none from
+// a reader that reports line by line), and the one its failure counts
+// against (-1: none), the oldest it took whole: a reader that keeps
+// failing on one batch fails there first. A reader not fed through a
+// pipe took each batch handed to it.
+func Settle(e ReaderEnd) (done int, blamed int) {
+	switch {
+	case e.Reports:
+	case e.Done:
+		return len(e.Ends), -1
+	case e.Took:
+		for done < len(e.Ends) && (!e.Pipe || e.Ends[done] <= e.Taken) {
+			done++
+		}
+		return done, -1
 	}
 	if !e.Failed {
-		return false, -1
+		return 0, -1
 	}
 	for i, end := range e.Ends {
 		if end <= e.Taken || !e.Pipe {
-			return false, i
+			return 0, i
 		}
 	}
-	return false, -1
+	return 0, -1
 }
 
 // Drain is what a subscriber that runs until drained (tailer dead-letters
