@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
 )
@@ -139,4 +141,48 @@ accounts { MR { jetstream: enabled, users: [
 	if n := strings.Count(s.out.String(), "denies this subscriber's user a publish"); n != 1 {
 		t.Errorf("the denial said %d times, want once:\n%s", n, s.out.String())
 	}
+}
+
+// The durable's record cannot be saved: its bucket full (made small by an
+// operator). The subscriber names it, once in the log and on /readyz,
+// with the server's words and the way out, and goes on once the bucket
+// is grown: every token written.
+func TestProgressBucketFullIsNamed(t *testing.T) {
+	t.Parallel()
+	c, want := newSingleTokenMessages(t, 4, 2)
+	js := c.jsOf()
+	if _, err := js.CreateKeyValue(c.ctx, jetstream.KeyValueConfig{Bucket: "MAILROOM_subscribers", History: 1, MaxBytes: 64}); err != nil {
+		t.Fatal(err)
+	}
+	port, err := pgtest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	out := filepath.Join(t.TempDir(), "lines")
+	s := c.subscriber(out, "--durable", "full", "--from-start", "--health-addr", addr)
+	const words = "the server has no room for the durable's record of which batches are done (maximum bytes exceeded)"
+	tailertest.Eventually(t, 30*time.Second, func() error {
+		code, body := httpGet("http://" + addr + "/readyz")
+		if code != 503 || !strings.Contains(body, words) {
+			return fmt.Errorf("/readyz %d %s", code, body)
+		}
+		if !strings.Contains(s.out.String(), words) {
+			return fmt.Errorf("the log does not say it:\n%s", s.out.String())
+		}
+		return nil
+	})
+	if n := strings.Count(s.out.String(), "cannot save which batches are done"); n != 1 {
+		t.Errorf("said %d times, want once:\n%s", n, s.out.String())
+	}
+	if _, err := js.UpdateKeyValue(c.ctx, jetstream.KeyValueConfig{Bucket: "MAILROOM_subscribers", History: 1, MaxBytes: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	waitOutput(t, out, len(want))
+	tailertest.Eventually(t, 30*time.Second, func() error {
+		if code, body := httpGet("http://" + addr + "/readyz"); code != 200 {
+			return fmt.Errorf("/readyz %d %s", code, body)
+		}
+		return nil
+	})
 }

@@ -572,6 +572,7 @@ func (s *Subscriber) untilSaved(ctx context.Context, msg jetstream.Msg, save fun
 		try, cancel := context.WithTimeout(ctx, progressTry)
 		err := save(try)
 		cancel()
+		s.noRoom(err)
 		if err == nil || errors.Is(err, ErrTakenOver) || ctx.Err() != nil {
 			return err
 		}
@@ -582,6 +583,25 @@ func (s *Subscriber) untilSaved(ctx context.Context, msg jetstream.Msg, save fun
 		if !sleep(ctx, 250*time.Millisecond) {
 			return ctx.Err()
 		}
+	}
+}
+
+// noRoom keeps, and says once, a save the server refused for want of
+// room (the record's bucket full, or the account's JetStream limits):
+// retrying alone would say nothing while nothing goes on. A save that
+// lands forgets it.
+func (s *Subscriber) noRoom(err error) {
+	why := ""
+	if err != nil && wire.NoRoom(err) {
+		why = fmt.Sprintf("the server has no room for the durable's record of which batches are done (%s): grow its bucket (max_bytes) or the account's JetStream storage; "+
+			"nothing more is handed on until a save lands", wire.ServerWords(err))
+	}
+	s.mu.Lock()
+	said := s.stats.NoRoom
+	s.stats.NoRoom = why
+	s.mu.Unlock()
+	if why != "" && said == "" && s.cfg.Log != nil {
+		s.cfg.Log.Error("cannot save which batches are done", "durable", s.cfg.Durable, "err", why)
 	}
 }
 
@@ -623,6 +643,7 @@ func (s *Subscriber) saver(ctx context.Context, cancel context.CancelCauseFunc) 
 		s.readFloor(saveCtx)
 		err := s.save(saveCtx)
 		cancelSave()
+		s.noRoom(err)
 		switch {
 		case errors.Is(err, ErrTakenOver):
 			s.mu.Lock()

@@ -176,6 +176,10 @@ type Stats struct {
 	// consumer: the subscriber is the active one while the server's
 	// pinned id is this.
 	PinID string
+	// NoRoom says why the durable's record cannot be saved, when the
+	// server has no room for it ("": it can): nothing more is handed on
+	// until it has.
+	NoRoom string
 }
 
 // Stats returns a copy of the counts.

@@ -5,16 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/internal/embedded"
 	"github.com/mailroom/tailer/internal/pause"
-	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/wire"
 )
 
 // The causes of a NATS server that takes no batches, which retrying does
@@ -106,34 +104,13 @@ func (d *Daemon) natsCause(err error, start time.Time) string {
 	if dn := d.denied.Load(); dn != nil && !dn.at.Before(start) {
 		return d.deniedMessage()
 	}
-	if limit, full := publish.Full(err); full {
+	if limit, full := wire.Full(err); full {
 		return fmt.Sprintf("stream %s is full (%s): its limits refuse new messages (discard new) and remove none to make room. Raise them (nats stream edit %s), or remove what consumers have read; "+
 			"the tailer confirms nothing meanwhile, and publishes what waits in the slot by itself once the stream takes messages again", d.cfg.Stream, limit, d.cfg.Stream)
 	}
-	if publish.NoRoom(err) {
+	if wire.NoRoom(err) {
 		return fmt.Sprintf("the NATS server has no room for stream %s's batches (%s): free or grow its store (its disk, JetStream's max_file_store, the account's max_storage). "+
-			"The tailer confirms nothing meanwhile, and publishes what waits in the slot by itself once the server has room", d.cfg.Stream, natsWords(err))
+			"The tailer confirms nothing meanwhile, and publishes what waits in the slot by itself once the server has room", d.cfg.Stream, wire.ServerWords(err))
 	}
 	return ""
-}
-
-// natsWords is what the server said of err: a JetStream API error's
-// description, or the innermost error's text.
-func natsWords(err error) string {
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		return apiErr.Description
-	}
-	return strings.TrimPrefix(rootCause(err), "nats: ")
-}
-
-// rootCause is the innermost error's text.
-func rootCause(err error) string {
-	for {
-		next := errors.Unwrap(err)
-		if next == nil {
-			return err.Error()
-		}
-		err = next
-	}
 }

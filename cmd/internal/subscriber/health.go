@@ -91,6 +91,8 @@ func Serve(addr string, p *Probe) (stop func(), err error) {
 			http.Error(w, "not ready: not consuming", http.StatusServiceUnavailable)
 		case st.denied != "":
 			http.Error(w, "not ready: "+st.denied, http.StatusServiceUnavailable)
+		case st.stats.NoRoom != "":
+			http.Error(w, "not ready: "+st.stats.NoRoom, http.StatusServiceUnavailable)
 		case st.err != nil:
 			http.Error(w, "not ready: consumer "+p.Durable+": "+st.err.Error(), http.StatusServiceUnavailable)
 		case st.stats.OpenGap != "":

@@ -1,4 +1,4 @@
-package publish
+package wire
 
 import (
 	"errors"
@@ -42,11 +42,13 @@ func Full(err error) (limit string, full bool) {
 	return "", false
 }
 
-// NoRoom reports whether err is the stream's server refusing a message,
-// or the stream, for want of room: JetStream's limits reached, its store's
-// disk full, or JetStream shut down (a server whose disk filled does so).
-// It passes when the server has room again, without the tailer doing
-// anything but trying again.
+// NoRoom reports whether err is a server refusing a message, or a
+// stream, for want of room: JetStream's limits reached (the account's
+// too), a stream full under its discard new limits, its store's disk
+// full, or JetStream shut down (a server whose disk filled does so). It
+// passes when the server has room again, without the writer (the tailer
+// publishing, a subscriber saving its progress) doing anything but
+// trying again.
 func NoRoom(err error) bool {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
@@ -61,4 +63,20 @@ func NoRoom(err error) bool {
 	}
 	return errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) ||
 		err != nil && (strings.Contains(err.Error(), "no space left on device") || strings.Contains(err.Error(), "insufficient resources"))
+}
+
+// ServerWords is what the server said of err: a JetStream API error's
+// description, or the innermost error's text.
+func ServerWords(err error) string {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.Description
+	}
+	for {
+		next := errors.Unwrap(err)
+		if next == nil {
+			return strings.TrimPrefix(err.Error(), "nats: ")
+		}
+		err = next
+	}
 }
