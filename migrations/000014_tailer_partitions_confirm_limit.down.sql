@@ -17,6 +17,7 @@ $migration$;
 DROP TABLE IF EXISTS tailer_partitions;
 ALTER TABLE tailer_slot DROP COLUMN IF EXISTS resync_cause;
 ALTER TABLE tailer_slot DROP COLUMN IF EXISTS seen_quiet;
+ALTER TABLE tailer_slot DROP COLUMN IF EXISTS seen_keeps;
 ALTER TABLE tailer_slot DROP COLUMN IF EXISTS seen_trims;
 ALTER TABLE tailer_slot DROP COLUMN IF EXISTS seen_batches;
 ALTER TABLE tailer_slot DROP COLUMN IF EXISTS confirm_limit;

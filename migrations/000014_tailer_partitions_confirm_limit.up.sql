@@ -18,7 +18,8 @@ ALTER TABLE tailer_slot ADD COLUMN IF NOT EXISTS confirm_limit pg_lsn;
 ALTER TABLE tailer_slot ADD COLUMN IF NOT EXISTS resync_cause text;
 
 -- With what the stream held (seen_*): how many of its messages were
--- batches, whether its configuration then removed old messages, and
+-- batches, whether its configuration then removed old messages (and the
+-- most messages it kept, when a limit of messages alone did), and
 -- whether no message of the tailer's was on its way then (a clean stop).
 -- A stream whose configuration removes nothing and that holds as many
 -- batches as then, those stored since added, lost none, whatever else is
@@ -26,6 +27,7 @@ ALTER TABLE tailer_slot ADD COLUMN IF NOT EXISTS resync_cause text;
 -- removed messages is no purge.
 ALTER TABLE tailer_slot ADD COLUMN IF NOT EXISTS seen_batches bigint;
 ALTER TABLE tailer_slot ADD COLUMN IF NOT EXISTS seen_trims boolean;
+ALTER TABLE tailer_slot ADD COLUMN IF NOT EXISTS seen_keeps bigint;
 ALTER TABLE tailer_slot ADD COLUMN IF NOT EXISTS seen_quiet boolean;
 
 CREATE TABLE IF NOT EXISTS tailer_partitions (relid oid PRIMARY KEY);

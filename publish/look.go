@@ -26,6 +26,17 @@ func Trims(c jetstream.StreamConfig) bool {
 	return old || perSubject || c.MaxAge > 0 || c.Retention != jetstream.LimitsPolicy
 }
 
+// keeps is the most messages a stream of configuration c keeps when a
+// limit of messages alone removes its old ones (max_msgs, discard old);
+// 0 when something else may remove them too, or nothing does.
+func keeps(c jetstream.StreamConfig) uint64 {
+	if c.Discard != jetstream.DiscardOld || c.MaxMsgs <= 0 || c.MaxBytes > 0 || c.MaxAge > 0 ||
+		c.MaxMsgsPerSubject > 0 && !c.DiscardNewPerSubject || c.Retention != jetstream.LimitsPolicy {
+		return 0
+	}
+	return uint64(c.MaxMsgs)
+}
+
 // limitsOf says which of c's limits remove old messages ("" for none).
 func limitsOf(c jetstream.StreamConfig) string {
 	var l []string
@@ -77,7 +88,7 @@ func (p *Publisher) seenOf(info *jetstream.StreamInfo) protocol.Seen { return Se
 // (read with a subject filter); whether it trims is its configuration's.
 func SeenOf(info *jetstream.StreamInfo, subject string) protocol.Seen {
 	st := info.State
-	seen := protocol.Seen{Known: true, First: st.FirstSeq, Last: st.LastSeq, Deleted: st.NumDeleted, Trims: Trims(info.Config)}
+	seen := protocol.Seen{Known: true, First: st.FirstSeq, Last: st.LastSeq, Deleted: st.NumDeleted, Trims: Trims(info.Config), Keeps: keeps(info.Config)}
 	if st.LastSeq == 0 {
 		seen.First = 0
 	}

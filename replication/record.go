@@ -98,6 +98,7 @@ type StreamSeen struct {
 	Deleted      int
 	Batches      uint64
 	Trims, Quiet bool
+	Keeps        uint64
 }
 
 // Cutover is where mailroom's collector stopped: it sent the tokens up to
@@ -132,7 +133,7 @@ const recordColumns = `incarnation, created_by, created_at, resync_pending, resy
 	coalesce(blocked, ''), coalesce(blocked_at, 'epoch'), coalesce(stream_name, ''), coalesce(stream_created, ''),
 	coalesce(stopped_seq, 0), coalesce(stopped_msg_id, ''), coalesce(anchor_seq, 0), coalesce(anchor_mark, ''),
 	coalesce(refused_fact, ''), coalesce(refused, ''), coalesce(refused_at, 'epoch'), seen_first, seen_last, seen_deleted,
-	coalesce(resync_cause, ''), confirm_limit::text, coalesce(seen_batches, 0), coalesce(seen_trims, false), coalesce(seen_quiet, false)`
+	coalesce(resync_cause, ''), confirm_limit::text, coalesce(seen_batches, 0), coalesce(seen_trims, false), coalesce(seen_quiet, false), coalesce(seen_keeps, 0)`
 
 // LoadRecord reads slot's record; Exists is false when there is none.
 func LoadRecord(ctx context.Context, db SchemaConn, slot string) (Record, error) {
@@ -151,7 +152,7 @@ func LoadRecord(ctx context.Context, db SchemaConn, slot string) (Record, error)
 	err := db.QueryRow(ctx, `SELECT `+recordColumns+` FROM `+db.slots()+` WHERE slot = $1`, slot).
 		Scan(&r.Incarnation, &r.CreatedBy, &r.CreatedAt, &r.ResyncPending, &r.ResyncNeeded, &cp, &seq, &r.Legacy, &lastSeq, &cutoverAt, &r.Blocked, &r.BlockedAt,
 			&r.StreamName, &r.StreamCreated, &stoppedSeq, &r.StoppedMsgID, &anchorSeq, &r.AnchorMark, &r.RefusedFact, &r.Refused, &r.RefusedAt,
-			&seen[0], &seen[1], &seen[2], &r.ResyncCause, &limit, &seenKind.Batches, &seenKind.Trims, &seenKind.Quiet)
+			&seen[0], &seen[1], &seen[2], &r.ResyncCause, &limit, &seenKind.Batches, &seenKind.Trims, &seenKind.Quiet, &seenKind.Keeps)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -167,7 +168,7 @@ func LoadRecord(ctx context.Context, db SchemaConn, slot string) (Record, error)
 	r.StoppedSeq, r.AnchorSeq = uint64(stoppedSeq), uint64(anchorSeq)
 	if seen[0] != nil && seen[1] != nil && seen[2] != nil {
 		r.Seen = &StreamSeen{First: uint64(*seen[0]), Last: uint64(*seen[1]), Deleted: int(*seen[2]),
-			Batches: seenKind.Batches, Trims: seenKind.Trims, Quiet: seenKind.Quiet}
+			Batches: seenKind.Batches, Trims: seenKind.Trims, Quiet: seenKind.Quiet, Keeps: seenKind.Keeps}
 	}
 	if cp != nil {
 		if r.ConsistentPoint, err = pglogrepl.ParseLSN(*cp); err != nil {
@@ -222,7 +223,7 @@ func saveRecord(ctx context.Context, db SchemaConn, r *Record) error {
 			stream_seq = EXCLUDED.stream_seq, legacy = false, resync_needed = false, resync_cause = NULL, blocked = NULL, blocked_at = NULL,
 			confirm_limit = EXCLUDED.confirm_limit,
 			stopped_seq = NULL, stopped_msg_id = NULL, anchor_seq = NULL, anchor_mark = NULL,
-			seen_first = NULL, seen_last = NULL, seen_deleted = NULL, seen_batches = NULL, seen_trims = NULL, seen_quiet = NULL,
+			seen_first = NULL, seen_last = NULL, seen_deleted = NULL, seen_batches = NULL, seen_trims = NULL, seen_quiet = NULL, seen_keeps = NULL,
 			refused_fact = NULL, refused = NULL, refused_at = NULL,
 			collector_last_seq = coalesce(EXCLUDED.collector_last_seq, s.collector_last_seq),
 			collector_cutover = coalesce(EXCLUDED.collector_cutover, s.collector_cutover)
@@ -301,9 +302,9 @@ func BeginResync(ctx context.Context, db SchemaConn, slot, by string, cutover *C
 func FinishResync(ctx context.Context, db SchemaConn, r *Record, cp pglogrepl.LSN, stream StreamIdentity, streamSeq uint64, lastMark string, seen StreamSeen) error {
 	tag, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET resync_pending = false, consistent_point = $3::pg_lsn, confirm_limit = $3::pg_lsn, stream_seq = $4, stream_name = $5, stream_created = $6,
 			anchor_seq = nullif($7, 0), anchor_mark = nullif($8, ''), seen_first = $9, seen_last = $10, seen_deleted = $11,
-			seen_batches = $12, seen_trims = $13, seen_quiet = $14
+			seen_batches = $12, seen_trims = $13, seen_quiet = $14, seen_keeps = $15
 		WHERE slot = $1 AND incarnation = $2 AND resync_pending`, r.Slot, r.Incarnation, cp.String(), int64(streamSeq), stream.Name, stream.Created,
-		int64(streamSeq), lastMark, int64(seen.First), int64(seen.Last), int64(seen.Deleted), int64(seen.Batches), seen.Trims, seen.Quiet)
+		int64(streamSeq), lastMark, int64(seen.First), int64(seen.Last), int64(seen.Deleted), int64(seen.Batches), seen.Trims, seen.Quiet, int64(seen.Keeps))
 	if err != nil {
 		return fmt.Errorf("record the end of the resync of slot %s: %w", r.Slot, err)
 	}
@@ -331,7 +332,8 @@ func SetStream(ctx context.Context, db SchemaConn, r *Record, stream StreamIdent
 			anchor_seq = CASE WHEN stream_name = $3 THEN anchor_seq END, anchor_mark = CASE WHEN stream_name = $3 THEN anchor_mark END,
 			seen_first = CASE WHEN stream_name = $3 THEN seen_first END, seen_last = CASE WHEN stream_name = $3 THEN seen_last END,
 			seen_deleted = CASE WHEN stream_name = $3 THEN seen_deleted END, seen_batches = CASE WHEN stream_name = $3 THEN seen_batches END,
-			seen_trims = CASE WHEN stream_name = $3 THEN seen_trims END, seen_quiet = CASE WHEN stream_name = $3 THEN seen_quiet END
+			seen_trims = CASE WHEN stream_name = $3 THEN seen_trims END, seen_quiet = CASE WHEN stream_name = $3 THEN seen_quiet END,
+			seen_keeps = CASE WHEN stream_name = $3 THEN seen_keeps END
 		WHERE slot = $1 AND incarnation = $2`,
 		r.Slot, r.Incarnation, stream.Name, stream.Created)
 	if err != nil {
@@ -353,9 +355,9 @@ func SetAnchor(ctx context.Context, db SchemaConn, slot, incarnation string, seq
 	_, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET
 			anchor_seq = CASE WHEN coalesce(anchor_seq, 0) < $3 THEN $3 ELSE anchor_seq END,
 			anchor_mark = CASE WHEN coalesce(anchor_seq, 0) < $3 THEN $4 ELSE anchor_mark END,
-			seen_first = $5, seen_last = $6, seen_deleted = $7, seen_batches = $8, seen_trims = $9, seen_quiet = $10
+			seen_first = $5, seen_last = $6, seen_deleted = $7, seen_batches = $8, seen_trims = $9, seen_quiet = $10, seen_keeps = $11
 		WHERE slot = $1 AND incarnation = $2`, slot, incarnation, int64(seq), mark, int64(seen.First), int64(seen.Last), int64(seen.Deleted),
-		int64(seen.Batches), seen.Trims, seen.Quiet)
+		int64(seen.Batches), seen.Trims, seen.Quiet, int64(seen.Keeps))
 	if err != nil {
 		return fmt.Errorf("record the newest batch slot %s found on its stream: %w", slot, err)
 	}

@@ -125,7 +125,19 @@ type Seen struct {
 	Deleted     int
 	Batches     uint64
 	Trims       bool
-	Quiet       bool
+	// Keeps is the most messages a stream that trims keeps, when a limit
+	// of messages alone makes it trim (max_msgs, discard old); 0: no such
+	// bound (a limit of bytes, of messages per subject, or none).
+	Keeps uint64
+	Quiet bool
+}
+
+// holds is how many messages the stream held when it was seen.
+func (s Seen) holds() uint64 {
+	if !s.held() {
+		return 0
+	}
+	return s.Last - s.First + 1 - uint64(s.Deleted)
 }
 
 // recordable is s as the record keeps it while a session streams: not

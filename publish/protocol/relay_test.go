@@ -69,7 +69,7 @@ func TestFirstStart(t *testing.T) {
 	step(t, r, SlotMade{Record: Record{Exists: true, Incarnation: "i1", Bound: true}, Slot: slotAt}, "Claim{}")
 	step(t, r, Claimed{Head: headAt, Record: Record{Exists: true, Incarnation: "i1", Bound: true}}, "CheckStream{Anchors:[] Quiet:false}")
 	step(t, r, StreamChecked{Created: "t1", Seen: seen0},
-		"SetStream{Name:S Created:t1} RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+		"SetStream{Name:S Created:t1} RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
 	step(t, r, Resumed{WAL: 0x200}, "Publish{}")
 	// Events of another phase are passed over.
 	step(t, r, Resumed{}, "")
@@ -162,7 +162,7 @@ func TestTakingTheStreamOver(t *testing.T) {
 	step(t, r, Inspected{Slot: slotAt}, "Claim{}")
 	step(t, r, Claimed{Head: headAt}, "Adopt{}")
 	step(t, r, Bound{Record: Record{Exists: true, Incarnation: "i2", Bound: true}}, "CheckStream{Anchors:[] Quiet:false}")
-	step(t, r, StreamChecked{Created: "t1", Seen: seen0}, "SetStream{Name:S Created:t1} RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Quiet:false}} "+
+	step(t, r, StreamChecked{Created: "t1", Seen: seen0}, "SetStream{Name:S Created:t1} RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}} "+
 		"Resume{Owner:{Origin:/0/ Incarnation:i2 Since:0 Legacy:false After:0/100 InFlight:1}}")
 }
 
@@ -199,7 +199,7 @@ func TestStreamOfAnotherCreationTime(t *testing.T) {
 	step(t, r, Inspected{Record: stopped, Slot: slotAt}, "Claim{}")
 	step(t, r, Claimed{Head: head, Record: stopped}, "CheckStream{Anchors:[{Seq:6 Mark:id:6}] Quiet:false}")
 	step(t, r, StreamChecked{Created: "t2", Seen: Seen{Known: true, First: 1, Last: 6}},
-		"SetStream{Name:S Created:t2} RecordAnchor{Anchor:{Seq:6 Mark:id:6} Seen:{Known:true First:1 Last:6 Deleted:0 Batches:0 Trims:false Quiet:false}} ClearStopped{} "+
+		"SetStream{Name:S Created:t2} RecordAnchor{Anchor:{Seq:6 Mark:id:6} Seen:{Known:true First:1 Last:6 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}} ClearStopped{} "+
 			"Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:2}}")
 	r = New(Config{})
 	open(t, r)
@@ -265,7 +265,7 @@ func TestStreamChecks(t *testing.T) {
 		{"purged", StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 10, Last: 9}}, purged},
 		{"a message deleted", StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 9, Deleted: 1}}, purged},
 		{"limits", StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 10, Last: 12, Trims: true}},
-			"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:10 Last:12 Deleted:0 Batches:0 Trims:true Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}"},
+			"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:10 Last:12 Deleted:0 Batches:0 Trims:true Keeps:0 Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}"},
 		{"as seen", StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 9}},
 			"Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}"},
 		{"made again, held nothing", StreamChecked{Created: "t2", Seen: Seen{Known: true, First: 1, Last: 9}},
@@ -307,7 +307,7 @@ func TestResumed(t *testing.T) {
 		{"failed", Resumed{Err: errors.New("timeout")}, false, "Wait{Delay:250ms Err:timeout Say:true}"},
 		{"past the WAL", Resumed{Reach: Position{Commit: 0x300}, WAL: 0x200}, false, "UniqueIDs{} Publish{}"},
 		{"at the WAL", Resumed{Reach: Position{Commit: 0x200}, WAL: 0x200}, false, "Publish{}"},
-		{"markers stored", Resumed{Anchors: Anchors{Last: Anchor{Seq: 7, Mark: "m7"}}}, false, "RecordAnchor{Anchor:{Seq:7 Mark:m7} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Quiet:false}} Publish{}"},
+		{"markers stored", Resumed{Anchors: Anchors{Last: Anchor{Seq: 7, Mark: "m7"}}}, false, "RecordAnchor{Anchor:{Seq:7 Mark:m7} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}} Publish{}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := New(Config{AutoResync: tc.auto})
@@ -315,7 +315,7 @@ func TestResumed(t *testing.T) {
 			step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
 			step(t, r, Claimed{Head: headAt, Record: boundAt}, "CheckStream{Anchors:[] Quiet:false}")
 			step(t, r, StreamChecked{Created: "t1", Seen: seen0},
-				"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+				"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
 			step(t, r, tc.ev, tc.want)
 		})
 	}
@@ -353,7 +353,7 @@ func TestChecksWhileStreaming(t *testing.T) {
 		{"anchor gone", Checked{Stream: StreamChecked{Created: "t1", Missing: []Anchor{{Seq: 3, Mark: "id:3"}}}},
 			"Stop{Refusal:stream S no longer holds message 3 that this tailer stored on it (id:3): it was deleted and made again, restored from an older backup, or purged (of the batches' subject alone too): the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them}"},
 		{"another replica", Checked{Stream: StreamChecked{Created: "t9", Seen: Seen{Known: true, First: 1, Last: 4}}},
-			"RecordAnchor{Anchor:{Seq:4 Mark:m4} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Quiet:false}}"},
+			"RecordAnchor{Anchor:{Seq:4 Mark:m4} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := New(Config{})
@@ -366,10 +366,10 @@ func TestChecksWhileStreaming(t *testing.T) {
 	toStream(t, r, boundAt, headAt)
 	step(t, r, Checking{Anchors: stored}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4}] Quiet:false}")
 	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4}}},
-		"RecordAnchor{Anchor:{Seq:4 Mark:m4} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Quiet:false}}")
+		"RecordAnchor{Anchor:{Seq:4 Mark:m4} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}}")
 	// Known now: looked for beside what is stored next; recorded once.
 	step(t, r, Checking{Anchors: Anchors{Last: Anchor{Seq: 6, Mark: "m6"}, Batch: Anchor{Seq: 3, Mark: "id:3"}}}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4} {Seq:6 Mark:m6}] Quiet:false}")
-	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4}}}, "RecordAnchor{Anchor:{Seq:6 Mark:m6} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Quiet:false}}")
+	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4}}}, "RecordAnchor{Anchor:{Seq:6 Mark:m6} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}}")
 	step(t, r, Checking{Anchors: stored}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:6 Mark:m6} {Seq:4 Mark:m4}] Quiet:false}")
 	// A message gone: a quiet look tells whether batches were, and with no
 	// quiet look to count from (the first one was not), it was.
@@ -391,7 +391,7 @@ func TestNextSessionKnowsTheStream(t *testing.T) {
 	r := New(Config{})
 	toStream(t, r, boundAt, headAt)
 	step(t, r, Checking{Anchors: Anchors{Last: Anchor{Seq: 2, Mark: "m2"}, Batch: Anchor{Seq: 1, Mark: "id:1"}}}, "CheckStream{Anchors:[{Seq:1 Mark:id:1} {Seq:2 Mark:m2}] Quiet:false}")
-	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 2}}}, "RecordAnchor{Anchor:{Seq:2 Mark:m2} Seen:{Known:true First:1 Last:2 Deleted:0 Batches:0 Trims:false Quiet:false}}")
+	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 2}}}, "RecordAnchor{Anchor:{Seq:2 Mark:m2} Seen:{Known:true First:1 Last:2 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}}")
 	step(t, r, Ended{Kind: EndNATS, Err: errors.New("cut"), Anchors: Anchors{Last: Anchor{Seq: 5, Mark: "m5"}, Batch: Anchor{Seq: 5, Mark: "id:5"}}}, "Wait{Delay:250ms Err:cut Say:true}")
 	open(t, r)
 	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
@@ -455,7 +455,7 @@ func TestPubAckEnds(t *testing.T) {
 	open(t, r)
 	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
 	step(t, r, Claimed{Head: headAt, Record: boundAt}, "CheckStream{Anchors:[] Quiet:false}")
-	step(t, r, StreamChecked{Created: "t1", Seen: seen0}, "RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+	step(t, r, StreamChecked{Created: "t1", Seen: seen0}, "RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
 	step(t, r, Resumed{}, "UniqueIDs{} Publish{}")
 	step(t, r, Ended{Kind: EndBatchGone, Err: errors.New("gone")}, "Refuse{Refusal:gone Say:true} Wait{Delay:5s Err:<nil> Say:false}")
 	if f := r.rec.Refused.Fact; f != NoFact {
@@ -555,7 +555,7 @@ func TestBatchesCounted(t *testing.T) {
 	step(t, r, Inspected{Record: stopped, Slot: slotAt}, "Claim{}")
 	step(t, r, Claimed{Head: headAt, Record: stopped}, "CheckStream{Anchors:[] Quiet:false}")
 	step(t, r, StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 4, Last: 10, Deleted: 1, Batches: 6, Quiet: true}},
-		"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:4 Last:10 Deleted:1 Batches:6 Trims:false Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+		"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:4 Last:10 Deleted:1 Batches:6 Trims:false Keeps:0 Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
 	r = New(Config{})
 	open(t, r)
 	step(t, r, Inspected{Record: stopped, Slot: slotAt}, "Claim{}")
@@ -585,7 +585,7 @@ func TestBatchesCounted(t *testing.T) {
 	step(t, r, Claimed{Head: headAt, Record: trimmed}, "CheckStream{Anchors:[] Quiet:false}")
 	off := Seen{Known: true, First: 41, Last: 60, Quiet: true}
 	step(t, r, StreamChecked{Created: "t1", Seen: off},
-		"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:41 Last:60 Deleted:0 Batches:0 Trims:false Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}")
+		"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:41 Last:60 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}")
 	after := boundAt
 	after.StreamSeq, after.Seen = 2, off.recordable()
 	r = New(Config{})
@@ -593,7 +593,7 @@ func TestBatchesCounted(t *testing.T) {
 	step(t, r, Inspected{Record: after, Slot: slotAt}, "Claim{}")
 	step(t, r, Claimed{Head: headAt, Record: after}, "CheckStream{Anchors:[] Quiet:false}")
 	step(t, r, StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 41, Last: 62, Quiet: true}},
-		"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:41 Last:62 Deleted:0 Batches:0 Trims:false Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}")
+		"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:41 Last:62 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}")
 }
 
 // An anchor gone is a loss unless it is a session marker (by its mark):
@@ -615,5 +615,27 @@ func TestAnchorsGone(t *testing.T) {
 	}
 	if batch, other := r.gone(StreamChecked{Seen: Seen{First: 8}, Missing: []Anchor{b}}, true); batch.Seq != 0 || other.Seq != 0 {
 		t.Errorf("an anchor below the first sequence of a stream that trims: %v %v", batch, other)
+	}
+}
+
+// A limit of messages bounds what it could have removed: a stream seen
+// keeping at most 12, then without the limit, that lost more than the
+// limit could have taken was purged; one that lost what it could have
+// taken was trimmed. A limit of bytes bounds nothing.
+func TestBeyondLimits(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		before, now Seen
+		want        bool
+	}{
+		{"purged below the limit", Seen{Known: true, Trims: true, Keeps: 12}, Seen{Known: true, First: 4, Last: 3}, true},
+		{"trimmed to the limit", Seen{Known: true, First: 1, Last: 12, Trims: true, Keeps: 12}, Seen{Known: true, First: 6, Last: 17}, false},
+		{"more than the limit took", Seen{Known: true, First: 1, Last: 12, Trims: true, Keeps: 12}, Seen{Known: true, First: 8, Last: 17}, true},
+		{"a lower limit now", Seen{Known: true, First: 1, Last: 12, Trims: true, Keeps: 12}, Seen{Known: true, First: 10, Last: 14, Trims: true, Keeps: 5}, false},
+		{"a limit of bytes", Seen{Known: true, First: 1, Last: 12, Trims: true}, Seen{Known: true, First: 12, Last: 14}, false},
+	} {
+		if got := beyondLimits(tc.before, tc.now); got != tc.want {
+			t.Errorf("%s: beyondLimits = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

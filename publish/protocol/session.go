@@ -187,7 +187,10 @@ func (r *Relay) lost(ev StreamChecked) (ref Refusal, again, refused bool) {
 	// before this look (a limit taken off since it trimmed), say nothing.
 	trims := ev.Seen.Trims || r.seen.Trims
 	batch, marker := r.gone(ev, trims)
-	removed := !trims && (marker.Seq != 0 || Purged(ev.Seen, r.seen, r.rec.StreamSeq, r.judged))
+	// A marker gone at or past the first sequence went by no limit, nor
+	// more messages than a limit of messages could have removed.
+	purged := Purged(ev.Seen, r.seen, r.rec.StreamSeq, r.judged)
+	removed := marker.Seq != 0 || purged && (!trims || beyondLimits(r.seen, ev.Seen))
 	switch {
 	case batch.Seq != 0:
 		loss.Fact, loss.Anchor = StreamLostAnchor, batch
@@ -220,6 +223,31 @@ func (r *Relay) lost(ev StreamChecked) (ref Refusal, again, refused bool) {
 		return Refusal{}, false, false
 	}
 	return Refusal{Fact: loss.Fact, Err: loss}, false, true
+}
+
+// beyondLimits reports whether more messages are gone between two looks
+// than limits of messages (Seen.Keeps) could have removed: a stream that
+// kept at most k messages removed only those past k. Limits of bytes, or
+// of messages per subject, set no such bound: all that went may be
+// theirs.
+func beyondLimits(before, now Seen) bool {
+	keeps := uint64(0)
+	for _, s := range []Seen{before, now} {
+		switch {
+		case !s.Trims:
+		case s.Keeps == 0:
+			return false
+		case keeps == 0 || s.Keeps < keeps:
+			keeps = s.Keeps
+		}
+	}
+	if now.Last < before.Last {
+		return false
+	}
+	had := before.holds() + (now.Last - before.Last)
+	gone := had - min(had, now.holds())
+	removable := had - min(had, keeps)
+	return gone > removable
 }
 
 // batchCount is a quiet look the stream's batches are counted from.

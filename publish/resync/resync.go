@@ -157,7 +157,7 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 	}
 	rep.StreamSeq = last.Seq
 	if err := replication.FinishResync(ctx, db, &rec, s.snap.ConsistentPoint, replication.StreamIdentity{Name: dest.Name, Created: pub.Created()}, rep.StreamSeq,
-		last.Mark, replication.StreamSeen{First: seen.First, Last: seen.Last, Deleted: seen.Deleted, Batches: seen.Batches, Trims: seen.Trims, Quiet: true}); err != nil {
+		last.Mark, replication.StreamSeen{First: seen.First, Last: seen.Last, Deleted: seen.Deleted, Batches: seen.Batches, Trims: seen.Trims, Quiet: true, Keeps: seen.Keeps}); err != nil {
 		return rep, err
 	}
 	return rep, nil

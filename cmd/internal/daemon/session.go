@@ -266,7 +266,7 @@ func recordOf(r replication.Record) protocol.Record {
 		Anchor: protocol.Anchor{Seq: r.AnchorSeq, Mark: r.AnchorMark}, Stopped: protocol.Anchor{Seq: r.StoppedSeq, Mark: r.StoppedMsgID},
 		ConfirmLimit: protocol.LSN(r.ConfirmLimit)}
 	if r.Seen != nil {
-		p.Seen = protocol.Seen{Known: true, First: r.Seen.First, Last: r.Seen.Last, Deleted: r.Seen.Deleted, Batches: r.Seen.Batches, Trims: r.Seen.Trims, Quiet: r.Seen.Quiet}
+		p.Seen = protocol.Seen{Known: true, First: r.Seen.First, Last: r.Seen.Last, Deleted: r.Seen.Deleted, Batches: r.Seen.Batches, Trims: r.Seen.Trims, Quiet: r.Seen.Quiet, Keeps: r.Seen.Keeps}
 	}
 	if f := protocol.ParseFact(r.RefusedFact); f != protocol.NoFact {
 		p.Refused = protocol.Refusal{Fact: f, Err: &protocol.Recorded{Said: r.Refused}}
@@ -277,7 +277,7 @@ func recordOf(r replication.Record) protocol.Record {
 // seenOf is what the relay asks to record the stream held, as the record
 // keeps it.
 func seenOf(s protocol.Seen) replication.StreamSeen {
-	return replication.StreamSeen{First: s.First, Last: s.Last, Deleted: s.Deleted, Batches: s.Batches, Trims: s.Trims, Quiet: s.Quiet}
+	return replication.StreamSeen{First: s.First, Last: s.Last, Deleted: s.Deleted, Batches: s.Batches, Trims: s.Trims, Quiet: s.Quiet, Keeps: s.Keeps}
 }
 
 // destination is where the session publishes.

@@ -380,7 +380,9 @@ var faultKinds = []faultKind{
 		// Refused even when it held nothing yet: a stream of another
 		// creation time, without a message the tailer stored to know it
 		// by, may have lost any.
+		discardNew := w.stream.discardNew
 		w.stream, w.causes = newStream(w.stream.name, w.stream.maxMsgs, &w.made), true
+		w.stream.discardNew = discardNew
 	}},
 	{name: "a backup taken", do: func(_ *rapid.T, w *world) {
 		w.backups, w.backupAt = append(w.backups, w.stream.clone()), append(w.backupAt, w.anchorWrites)

@@ -66,6 +66,9 @@ func (s *streamModel) seen() protocol.Seen {
 		first = 0
 	}
 	seen := protocol.Seen{Known: true, First: first, Last: s.last, Deleted: s.deleted, Trims: s.trims()}
+	if seen.Trims {
+		seen.Keeps = uint64(s.maxMsgs)
+	}
 	for _, m := range s.msgs {
 		if slices.Contains(laneSubjects[:], m.Subject) {
 			seen.Batches++
