@@ -16,6 +16,10 @@ END
 $migration$;
 DROP TABLE IF EXISTS tailer_partitions;
 ALTER TABLE tailer_slot DROP COLUMN IF EXISTS resync_cause;
+ALTER TABLE tailer_slot DROP COLUMN IF EXISTS heal_asked_at;
+ALTER TABLE tailer_slot DROP COLUMN IF EXISTS audit_missing;
+ALTER TABLE tailer_slot DROP COLUMN IF EXISTS audit_missing_at;
+ALTER TABLE tailer_slot DROP COLUMN IF EXISTS audit_through;
 ALTER TABLE tailer_slot DROP COLUMN IF EXISTS seen_quiet;
 ALTER TABLE tailer_slot DROP COLUMN IF EXISTS seen_keeps;
 ALTER TABLE tailer_slot DROP COLUMN IF EXISTS seen_trims;

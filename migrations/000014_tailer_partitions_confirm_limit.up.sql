@@ -30,6 +30,18 @@ ALTER TABLE tailer_slot ADD COLUMN IF NOT EXISTS seen_trims boolean;
 ALTER TABLE tailer_slot ADD COLUMN IF NOT EXISTS seen_keeps bigint;
 ALTER TABLE tailer_slot ADD COLUMN IF NOT EXISTS seen_quiet boolean;
 
+-- The audit (tailer audit, and tailer run's own): heal_asked_at, when a
+-- tailer audit --heal asked a streaming tailer run to let go of the
+-- slot's lease for a while; audit_missing, the ids of the tokens an
+-- audit found missing from the stream and not yet healed or acknowledged
+-- (for /readyz and tailer status), since audit_missing_at; audit_through,
+-- how far tailer run's audit got (the tokens created before it are
+-- audited).
+ALTER TABLE tailer_slot ADD COLUMN IF NOT EXISTS heal_asked_at timestamptz;
+ALTER TABLE tailer_slot ADD COLUMN IF NOT EXISTS audit_missing text;
+ALTER TABLE tailer_slot ADD COLUMN IF NOT EXISTS audit_missing_at timestamptz;
+ALTER TABLE tailer_slot ADD COLUMN IF NOT EXISTS audit_through timestamptz;
+
 CREATE TABLE IF NOT EXISTS tailer_partitions (relid oid PRIMARY KEY);
 
 DO $migration$

@@ -87,6 +87,13 @@ type Record struct {
 	// it confirms past it); zero until one was written. The slot confirmed
 	// further was advanced by another process.
 	ConfirmLimit pglogrepl.LSN
+	// HealAsked: a tailer audit --heal asked for the lease within the
+	// last minute (AskHeal). AuditMissing are the ids of the tokens an
+	// audit found missing from the stream, not healed or acknowledged
+	// since AuditMissingAt ("": none).
+	HealAsked      bool
+	AuditMissing   string
+	AuditMissingAt time.Time
 }
 
 // StreamSeen is what a stream held when a tailer looked at it: its first
@@ -133,7 +140,8 @@ const recordColumns = `incarnation, created_by, created_at, resync_pending, resy
 	coalesce(blocked, ''), coalesce(blocked_at, 'epoch'), coalesce(stream_name, ''), coalesce(stream_created, ''),
 	coalesce(stopped_seq, 0), coalesce(stopped_msg_id, ''), coalesce(anchor_seq, 0), coalesce(anchor_mark, ''),
 	coalesce(refused_fact, ''), coalesce(refused, ''), coalesce(refused_at, 'epoch'), seen_first, seen_last, seen_deleted,
-	coalesce(resync_cause, ''), confirm_limit::text, coalesce(seen_batches, 0), coalesce(seen_trims, false), coalesce(seen_quiet, false), coalesce(seen_keeps, 0)`
+	coalesce(resync_cause, ''), confirm_limit::text, coalesce(seen_batches, 0), coalesce(seen_trims, false), coalesce(seen_quiet, false), coalesce(seen_keeps, 0),
+	coalesce(heal_asked_at > now() - interval '1 minute', false), coalesce(audit_missing, ''), coalesce(audit_missing_at, 'epoch')`
 
 // LoadRecord reads slot's record; Exists is false when there is none.
 func LoadRecord(ctx context.Context, db SchemaConn, slot string) (Record, error) {
@@ -152,7 +160,8 @@ func LoadRecord(ctx context.Context, db SchemaConn, slot string) (Record, error)
 	err := db.QueryRow(ctx, `SELECT `+recordColumns+` FROM `+db.slots()+` WHERE slot = $1`, slot).
 		Scan(&r.Incarnation, &r.CreatedBy, &r.CreatedAt, &r.ResyncPending, &r.ResyncNeeded, &cp, &seq, &r.Legacy, &lastSeq, &cutoverAt, &r.Blocked, &r.BlockedAt,
 			&r.StreamName, &r.StreamCreated, &stoppedSeq, &r.StoppedMsgID, &anchorSeq, &r.AnchorMark, &r.RefusedFact, &r.Refused, &r.RefusedAt,
-			&seen[0], &seen[1], &seen[2], &r.ResyncCause, &limit, &seenKind.Batches, &seenKind.Trims, &seenKind.Quiet, &seenKind.Keeps)
+			&seen[0], &seen[1], &seen[2], &r.ResyncCause, &limit, &seenKind.Batches, &seenKind.Trims, &seenKind.Quiet, &seenKind.Keeps,
+			&r.HealAsked, &r.AuditMissing, &r.AuditMissingAt)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -471,4 +480,34 @@ func SharedWith(ctx context.Context, db SchemaConn, slot string) (shared, unread
 		}
 	}
 	return shared, unreadable, nil
+}
+
+// AskHeal asks the tailer run that streams from slot to let go of its
+// lease for a while (HealAsked), for a tailer audit --heal; ClearHeal
+// says the heal is done. A request not cleared lapses after a minute.
+func AskHeal(ctx context.Context, db SchemaConn, slot string) error {
+	if _, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET heal_asked_at = now() WHERE slot = $1`, slot); err != nil {
+		return fmt.Errorf("ask the tailer run of slot %s for its lease: %w", slot, err)
+	}
+	return nil
+}
+
+// ClearHeal clears AskHeal's request.
+func ClearHeal(ctx context.Context, db SchemaConn, slot string) error {
+	if _, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET heal_asked_at = NULL WHERE slot = $1`, slot); err != nil {
+		return fmt.Errorf("clear the heal request of slot %s: %w", slot, err)
+	}
+	return nil
+}
+
+// SetAuditMissing records the ids of the tokens an audit found missing
+// from the stream (empty: none now; healed, or acknowledged), for
+// tailer status and tailer run's /readyz.
+func SetAuditMissing(ctx context.Context, db SchemaConn, slot, ids string) error {
+	_, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET audit_missing = nullif($2, ''),
+		audit_missing_at = CASE WHEN $2 = '' THEN NULL WHEN coalesce(audit_missing, '') = $2 THEN audit_missing_at ELSE now() END WHERE slot = $1`, slot, ids)
+	if err != nil {
+		return fmt.Errorf("record what the audit of slot %s found missing: %w", slot, err)
+	}
+	return nil
 }

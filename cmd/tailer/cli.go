@@ -176,7 +176,7 @@ func (x *cli) root() *cobra.Command {
 		c.GroupID = "consume"
 		root.AddCommand(c)
 	}
-	for _, c := range []*cobra.Command{x.statusCmd(), x.healthCmd(), x.verifyCmd(), x.natsMetricsCmd(), x.natsPasswdCmd(), x.versionCmd()} {
+	for _, c := range []*cobra.Command{x.statusCmd(), x.auditCmd(), x.healthCmd(), x.verifyCmd(), x.natsMetricsCmd(), x.natsPasswdCmd(), x.versionCmd()} {
 		c.GroupID = "operate"
 		root.AddCommand(c)
 	}

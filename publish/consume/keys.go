@@ -24,44 +24,62 @@ import (
 // for tokens on the stream.
 func KeysSince(ctx context.Context, stream jetstream.Stream, since time.Time, last uint64) (keys *token.KeySet, setAside int, err error) {
 	keys = &token.KeySet{}
-	if last == 0 {
-		return keys, 0, nil
-	}
-	var name string
-	if info := stream.CachedInfo(); info != nil {
-		name = info.Config.Name
-	}
-	cons, err := readBack(ctx, stream, since)
+	_, setAside, err = ReadKeys(ctx, stream, ReadBackConsumer, since, last, func(_ uint64, k string) { keys.Add(k) })
 	if err != nil {
-		return nil, 0, fmt.Errorf("read stream %s since %s: %w", name, since.Format(time.RFC3339), err)
+		return nil, 0, err
 	}
-	defer stream.DeleteConsumer(context.WithoutCancel(ctx), ReadBackConsumer)
+	return keys, setAside, nil
+}
+
+// ReadKeys calls f with the stream sequence and key of every token in
+// stream's batches stored at or after since, up to sequence last (0:
+// none), read through the consumer name (made afresh, acknowledging
+// nothing, removed after), and returns the first sequence it read (0:
+// none); messages that are not the tailer's batches are set aside (see
+// KeysSince). A delivery lost on the way is an error: its keys would be
+// taken for missing.
+func ReadKeys(ctx context.Context, stream jetstream.Stream, name string, since time.Time, last uint64, f func(seq uint64, key string)) (first uint64, setAside int, err error) {
+	if last == 0 {
+		return 0, 0, nil
+	}
+	var sname string
+	if info := stream.CachedInfo(); info != nil {
+		sname = info.Config.Name
+	}
+	cons, err := readBack(ctx, stream, name, since)
+	if err != nil {
+		return 0, 0, fmt.Errorf("read stream %s since %s: %w", sname, since.Format(time.RFC3339), err)
+	}
+	defer stream.DeleteConsumer(context.WithoutCancel(ctx), name)
 	info, err := cons.Info(ctx)
 	if err != nil {
-		return nil, 0, fmt.Errorf("read stream %s: %w", name, err)
+		return 0, 0, fmt.Errorf("read stream %s: %w", sname, err)
 	}
 	if info.NumPending == 0 {
-		return keys, 0, nil
+		return 0, 0, nil
 	}
 	it, err := cons.Messages()
 	if err != nil {
-		return nil, 0, fmt.Errorf("read stream %s: %w", name, err)
+		return 0, 0, fmt.Errorf("read stream %s: %w", sname, err)
 	}
 	defer it.Stop()
 	for want := uint64(1); ; want++ {
 		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
-			return nil, 0, fmt.Errorf("read stream %s: %w", name, err)
+			return 0, 0, fmt.Errorf("read stream %s: %w", sname, err)
 		}
 		meta, err := msg.Metadata()
 		if err != nil {
-			return nil, 0, fmt.Errorf("read stream %s: %w", name, err)
+			return 0, 0, fmt.Errorf("read stream %s: %w", sname, err)
 		}
 		if meta.Sequence.Consumer != want {
 			// Unacknowledged deliveries lost on the way (a connection
 			// cut): their keys would be taken for missing, and their
 			// tokens published again.
-			return nil, 0, fmt.Errorf("read stream %s: delivery %d came where %d was due: messages lost on the way; run it again", name, meta.Sequence.Consumer, want)
+			return 0, 0, fmt.Errorf("read stream %s: delivery %d came where %d was due: messages lost on the way; run it again", sname, meta.Sequence.Consumer, want)
+		}
+		if first == 0 {
+			first = meta.Sequence.Stream
 		}
 		h := msg.Headers()
 		switch {
@@ -70,11 +88,11 @@ func KeysSince(ctx context.Context, stream jetstream.Stream, since time.Time, la
 			setAside++
 		default:
 			for _, k := range strings.Split(h.Get(wire.HeaderTokenKeys), ",") {
-				keys.Add(k)
+				f(meta.Sequence.Stream, k)
 			}
 		}
 		if meta.Sequence.Stream >= last || meta.NumPending == 0 {
-			return keys, setAside, nil
+			return first, setAside, nil
 		}
 	}
 }
@@ -84,19 +102,25 @@ func KeysSince(ctx context.Context, stream jetstream.Stream, since time.Time, la
 // subscriber's durable (infra/nats/nats.conf: it could edit, pull from
 // and acknowledge any consumer of the stream when its read-back was an
 // ordered consumer of a random name). One resync at a time holds the
-// slot's lease, and so the name.
-const ReadBackConsumer = "tailer_resync"
+// slot's lease, and so the name. An audit reads through AuditConsumer
+// (tailer audit) or AuditRunConsumer (tailer run's own).
+const (
+	ReadBackConsumer = "tailer_resync"
+	AuditConsumer    = "tailer_audit"
+	AuditRunConsumer = "tailer_audit_run"
+)
 
-// readBack makes ReadBackConsumer afresh, from since, acknowledging
-// nothing; one a killed resync left is removed first (the server also
-// removes it once idle).
-func readBack(ctx context.Context, stream jetstream.Stream, since time.Time) (jetstream.Consumer, error) {
-	if err := stream.DeleteConsumer(ctx, ReadBackConsumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+// readBack makes the consumer name afresh, from since, acknowledging
+// nothing, headers alone; one a killed reader left is removed first (the
+// server also removes it once idle).
+func readBack(ctx context.Context, stream jetstream.Stream, name string, since time.Time) (jetstream.Consumer, error) {
+	if err := stream.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil, err
 	}
 	return stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
-		Name:              ReadBackConsumer,
-		Description:       "tailer resync: the keys on the stream, read back",
+		Name:              name,
+		Description:       "tailer: the keys on the stream, read back",
+		HeadersOnly:       true,
 		DeliverPolicy:     jetstream.DeliverByStartTimePolicy,
 		OptStartTime:      &since,
 		AckPolicy:         jetstream.AckNonePolicy,

@@ -78,8 +78,10 @@ type Checked struct {
 	Schema, Publication, NATS error
 	ResyncNeeded              bool
 	ResyncCause               string
-	Refused                   Refusal
-	Stream                    StreamChecked
+	// HealAsked: tailer audit --heal waits for the slot's lease.
+	HealAsked bool
+	Refused   Refusal
+	Stream    StreamChecked
 }
 
 // EndKind is how a session ended, as the driver tells it from the

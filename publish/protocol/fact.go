@@ -74,12 +74,16 @@ const (
 	// publication and confirm past the other's tokens. It goes on once
 	// one of them is given another slot.
 	SlotShared
+	// HealAsked: tailer audit --heal asked for the slot's lease, to
+	// publish tokens the stream lacks without two writers on it: the
+	// session lets go of it for a while, and streams again after.
+	HealAsked
 	numFacts
 )
 
 var factNames = [numFacts]string{"", "schema_unreadable", "unknown_action", "publication_problem", "publication_stale", "relation_incomplete",
 	"resync_needed", "resync_pending", "slot_lost", "slot_dropped", "slot_unrecorded", "earlier_batches", "foreign_stream",
-	"stream_replaced", "stream_purged", "stream_lost_anchor", "window_trimmed", "nats_stores_nothing", "slot_advanced", "slot_shared"}
+	"stream_replaced", "stream_purged", "stream_lost_anchor", "window_trimmed", "nats_stores_nothing", "slot_advanced", "slot_shared", "heal_asked"}
 
 // String is the fact's name, as the slot's record keeps it.
 func (f Fact) String() string {
@@ -121,7 +125,7 @@ func (f Fact) Reason() string {
 		return ReasonSchema
 	case PublicationProblem, PublicationStale, RelationIncomplete:
 		return ReasonPublication
-	case ResyncNeeded, ResyncPending, SlotDropped, SlotUnrecorded, EarlierBatches, SlotAdvanced:
+	case ResyncNeeded, ResyncPending, SlotDropped, SlotUnrecorded, EarlierBatches, SlotAdvanced, HealAsked:
 		return ReasonResync
 	case ForeignStream, StreamReplaced, StreamPurged, StreamLostAnchor, WindowTrimmed:
 		return ReasonStream

@@ -126,7 +126,7 @@ func TestFacts(t *testing.T) {
 	reasons := map[Fact]string{SchemaUnreadable: ReasonSchema, UnknownAction: ReasonSchema, PublicationProblem: ReasonPublication, PublicationStale: ReasonPublication,
 		RelationIncomplete: ReasonPublication, ResyncNeeded: ReasonResync, ResyncPending: ReasonResync, SlotDropped: ReasonResync, SlotUnrecorded: ReasonResync,
 		EarlierBatches: ReasonResync, ForeignStream: ReasonStream, StreamReplaced: ReasonStream, StreamPurged: ReasonStream, StreamLostAnchor: ReasonStream,
-		WindowTrimmed: ReasonStream, NATSStoresNothing: ReasonNATS, SlotLost: ReasonSlotLost, SlotAdvanced: ReasonResync, SlotShared: ReasonSchema}
+		WindowTrimmed: ReasonStream, NATSStoresNothing: ReasonNATS, SlotLost: ReasonSlotLost, SlotAdvanced: ReasonResync, SlotShared: ReasonSchema, HealAsked: ReasonResync}
 	for f, want := range reasons {
 		if f.Reason() != want {
 			t.Errorf("fact %v: reason %q, want %q", f, f.Reason(), want)

@@ -95,6 +95,9 @@ type Record struct {
 	// ConfirmLimit is the furthest position a tailer of the record may
 	// have confirmed the slot to, written before it did (0: none written).
 	ConfirmLimit LSN
+	// HealAsked: tailer audit --heal waits for the slot's lease (asked
+	// within the last minute).
+	HealAsked bool
 }
 
 // Slot is the replication slot, as a session found it.

@@ -41,6 +41,9 @@ func (r *Relay) inspected(ev Inspected) []Command {
 		return r.refuse(ref)
 	}
 	switch {
+	case ev.Record.HealAsked:
+		// Not judged, nor held: tailer audit --heal takes the lease.
+		return r.refuse(Refusal{Fact: HealAsked})
 	case len(ev.Shared) > 0:
 		// Before anything else of the slot is judged: what the other
 		// schema's tailer did to it says nothing of this one's.
@@ -420,6 +423,9 @@ func (r *Relay) checked(ev Checked) []Command {
 	}
 	if ev.Refused.Fact != NoFact {
 		return []Command{Stop{Refusal: ev.Refused}}
+	}
+	if ev.HealAsked {
+		return []Command{Stop{Refusal: Refusal{Fact: HealAsked}}}
 	}
 	if ev.NATS != nil {
 		return []Command{Stop{Refusal: Refusal{Fact: NATSStoresNothing, Err: ev.NATS}}}

@@ -145,7 +145,7 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 	if err != nil {
 		return rep, err
 	}
-	if err := publishSnapshot(ctx, s.tx, s.jtx, pub, nc, opts, inFlight, s.snap, lastSeq, cutoverAt, onStream, &rep); err != nil {
+	if err := publishSnapshot(ctx, s.tx, s.jtx, pub, nc, opts, inFlight, s.snap.ConsistentPoint.String(), lastSeq, cutoverAt, nil, onStream, &rep); err != nil {
 		return rep, err
 	}
 	s.close()
@@ -306,8 +306,8 @@ func countTokens(ctx context.Context, tx pgx.Tx, pub *publish.Publisher, opts Op
 
 // publishSnapshot feeds the snapshot's tokens that the stream lacks to a
 // publish.Pipeline, cut into batches as tailer run cuts them.
-func publishSnapshot(ctx context.Context, tx, jtx pgx.Tx, pub *publish.Publisher, nc *nats.Conn, opts Options, inFlight int, snap replication.Snapshot,
-	lastSeq, cutoverAt *int64, onStream *token.KeySet, rep *Report) error {
+func publishSnapshot(ctx context.Context, tx, jtx pgx.Tx, pub *publish.Publisher, nc *nats.Conn, opts Options, inFlight int, name string,
+	lastSeq, cutoverAt *int64, ids []int64, onStream *token.KeySet, rep *Report) error {
 	batcher := batch.NewBatcher(opts.BatchLimit, time.Hour, nil)
 	if opts.Destination.PerAction {
 		batcher.SetLanes(batch.ByAction)
@@ -324,7 +324,7 @@ func publishSnapshot(ctx context.Context, tx, jtx pgx.Tx, pub *publish.Publisher
 		Done:        batcher.Recycle,
 		Observer:    count,
 		Log:         opts.Log,
-		Snapshot:    snap.ConsistentPoint.String(),
+		Snapshot:    name,
 	}
 	in := make(chan *batch.Batch, 4)
 	pipeCtx, stopPipe := context.WithCancel(ctx)
@@ -340,7 +340,7 @@ func publishSnapshot(ctx context.Context, tx, jtx pgx.Tx, pub *publish.Publisher
 			return fmt.Errorf("publish the snapshot: %w", err)
 		}
 	}
-	err := readCandidates(ctx, tx, opts.Schema, lastSeq, cutoverAt, func(t *decoder.Token) error {
+	err := readCandidates(ctx, tx, opts.Schema, lastSeq, cutoverAt, ids, func(t *decoder.Token) error {
 		if onStream.Has(token.RawKeyOf(&t.Secret)) {
 			rep.OnStream++
 			return nil
@@ -373,9 +373,9 @@ func publishSnapshot(ctx context.Context, tx, jtx pgx.Tx, pub *publish.Publisher
 
 // readCandidates calls f with every token of the snapshot still to be
 // mailed, in id order. A row that cannot be signed is logged and left out.
-func readCandidates(ctx context.Context, tx pgx.Tx, schema pgname.Schema, lastSeq, cutoverAt *int64, f func(*decoder.Token) error, log *slog.Logger) error {
+func readCandidates(ctx context.Context, tx pgx.Tx, schema pgname.Schema, lastSeq, cutoverAt *int64, ids []int64, f func(*decoder.Token) error, log *slog.Logger) error {
 	rows, err := tx.Query(ctx, `SELECT t.id, t.action::text, t.secret, t.code FROM `+tokensJoinAccounts(schema)+` WHERE `+
-		join.Eligible()+` AND `+notSent+` ORDER BY t.id`, lastSeq, cutoverAt)
+		join.Eligible()+` AND `+notSent+` AND ($3::bigint[] IS NULL OR t.id = ANY($3)) ORDER BY t.id`, lastSeq, cutoverAt, ids)
 	if err != nil {
 		return fmt.Errorf("read eligible tokens: %w", err)
 	}

@@ -123,6 +123,17 @@ func decode(token string) (raw [SecretSize + sha256.Size]byte, err error) {
 	return raw, nil
 }
 
+// KeyOfToken is the token key of a signed token, read from the secret it
+// carries, without checking its MAC (false: not a token's form): what a
+// reader of a line that holds the token can be checked by.
+func KeyOfToken(token string) (RawKey, bool) {
+	raw, err := decode(token)
+	if err != nil {
+		return RawKey{}, false
+	}
+	return RawKeyOf((*[SecretSize]byte)(raw[:SecretSize])), true
+}
+
 // matches reports, in constant time, whether mac is s's for the token's
 // input.
 func (s *Signer) matches(action Action, secret *[SecretSize]byte, code string, mac []byte) (bool, error) {

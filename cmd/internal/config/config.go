@@ -84,6 +84,11 @@ type Config struct {
 	Pprof bool
 	// AutoResync lets tailer run resync a lost or vanished slot by itself.
 	AutoResync bool
+	// AuditInterval is how often tailer run audits the tokens confirmed
+	// since its last audit (0: never); AuditHeal lets it publish what the
+	// audit finds missing.
+	AuditInterval time.Duration
+	AuditHeal     bool
 	// SlotFailover is MAILROOM_SLOT_FAILOVER: auto, true or false.
 	SlotFailover string
 }
@@ -105,6 +110,9 @@ const (
 	Verify
 	Health
 	Subscribe
+	// Audit is tailer audit: Resync's settings (its --heal publishes as a
+	// resync does), and the consumer's database for --into.
+	Audit
 )
 
 // For returns the settings cmd takes, in help order: what a command passes
@@ -184,7 +192,7 @@ var Vars = []Var{
 		c.DatabaseURL, c.PasswordApart = u, true
 		return nil
 	}},
-	{Env: "MAILROOM_INBOX_URL", Cmds: Subscribe, Flag: "inbox-url", Type: "url", Group: GroupPostgreSQL, Usage: "PostgreSQL URL of the consumer's database, for tailer subscribe --into inbox or river", Secret: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_INBOX_URL", Cmds: Subscribe | Audit, Flag: "inbox-url", Type: "url", Group: GroupPostgreSQL, Usage: "PostgreSQL URL of the consumer's database, for tailer subscribe --into inbox or river", Secret: true, set: func(c *Config, v string) error {
 		if v == "" {
 			return nil
 		}
@@ -197,7 +205,7 @@ var Vars = []Var{
 		c.InboxURL = v
 		return nil
 	}},
-	{Env: "MAILROOM_INBOX_PASSWORD", Cmds: Subscribe, Flag: "inbox-password", Type: "string", Group: GroupPostgreSQL, Usage: "password of MAILROOM_INBOX_URL's user, any characters, no percent-encoding", Secret: true, set: func(c *Config, v string) error {
+	{Env: "MAILROOM_INBOX_PASSWORD", Cmds: Subscribe | Audit, Flag: "inbox-password", Type: "string", Group: GroupPostgreSQL, Usage: "password of MAILROOM_INBOX_URL's user, any characters, no percent-encoding", Secret: true, set: func(c *Config, v string) error {
 		if v == "" {
 			return nil
 		}
@@ -211,7 +219,7 @@ var Vars = []Var{
 		c.InboxURL = u
 		return nil
 	}},
-	{Env: "MAILROOM_INBOX_SCHEMA", Cmds: Subscribe, Flag: "inbox-schema", Type: "name", Group: GroupPostgreSQL, Default: "public", Usage: "schema of the inbox table and River's tables in the consumer's database; every query names it, never the search_path", set: func(c *Config, v string) error {
+	{Env: "MAILROOM_INBOX_SCHEMA", Cmds: Subscribe | Audit, Flag: "inbox-schema", Type: "name", Group: GroupPostgreSQL, Default: "public", Usage: "schema of the inbox table and River's tables in the consumer's database; every query names it, never the search_path", set: func(c *Config, v string) error {
 		c.InboxSchema = pgname.Schema(v)
 		return schemaName(c.InboxSchema)
 	}},
@@ -438,6 +446,8 @@ var Vars = []Var{
 		return invalid("must be auto, true or false")
 	}},
 	{Env: "MAILROOM_AUTO_RESYNC", Cmds: Run, Flag: "auto-resync", Type: "bool", Group: GroupPostgreSQL, Default: "false", Usage: "when the slot is lost or gone, recreate it and publish the still-eligible tokens the stream lacks (tailer resync) instead of waiting for the operator", Shown: true, set: boolVar(func(c *Config) *bool { return &c.AutoResync })},
+	{Env: "MAILROOM_AUDIT_INTERVAL", Cmds: Run, Flag: "audit-interval", Type: "ms", Group: GroupOperations, Default: "60000", Usage: "milliseconds between audits of the tokens confirmed since the last one, by content: each eligible token against the keys the stream holds (tailer audit); 0: none", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.AuditInterval }, 0, 86_400_000)},
+	{Env: "MAILROOM_AUDIT_HEAL", Cmds: Run, Flag: "audit-heal", Type: "bool", Group: GroupOperations, Default: "false", Usage: "publish, once, the still-eligible tokens an audit finds missing from the stream (as tailer audit --heal does) instead of only saying so", Shown: true, set: boolVar(func(c *Config) *bool { return &c.AuditHeal })},
 	{Env: "MAILROOM_LOG_FORMAT", Cmds: Run | Resync, Flag: "log-format", Type: "text|json", Group: GroupOperations, Default: "text", Usage: "log format: text or json", Shown: true, set: func(c *Config, v string) error {
 		if v != "text" && v != "json" {
 			return invalid("must be text or json")

@@ -224,7 +224,7 @@ func (d *Daemon) look(ctx context.Context, conn *pgx.Conn, x *run, c protocol.Ch
 		return ev, err
 	}
 	if rec.Incarnation == x.rec.Incarnation {
-		ev.ResyncNeeded, ev.ResyncCause, ev.Refused = rec.ResyncNeeded, rec.ResyncCause, recordOf(rec).Refused
+		ev.ResyncNeeded, ev.ResyncCause, ev.Refused, ev.HealAsked = rec.ResyncNeeded, rec.ResyncCause, recordOf(rec).Refused, rec.HealAsked
 	}
 	err = join.CheckSchema(ctx, conn, d.cfg.Schema)
 	var schema *join.SchemaError

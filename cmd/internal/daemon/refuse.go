@@ -34,9 +34,12 @@ func (d *Daemon) refused(x *run, c protocol.Refuse) {
 	if !c.Say {
 		return
 	}
-	if f == protocol.NATSStoresNothing {
+	switch f {
+	case protocol.HealAsked:
+		d.log.Info(msg)
+	case protocol.NATSStoresNothing:
 		d.log.Error("NATS stores no batches: the tailer confirms nothing and goes on by itself once it does", "err", msg)
-	} else {
+	default:
 		d.log.Error("replication slot cannot be streamed from", "err", msg)
 	}
 }
@@ -128,6 +131,8 @@ func (d *Daemon) words(x *run, ref protocol.Refusal) string {
 		return ResyncNeededMessage(cfg.Slot, cfg.Publication, cause.Cause)
 	}
 	switch ref.Fact {
+	case protocol.HealAsked:
+		return "letting go of slot " + cfg.Slot + " for tailer audit --heal, which publishes the tokens an audit found missing: streaming again once it is done"
 	case protocol.ResyncNeeded:
 		return ResyncNeededMessage(cfg.Slot, cfg.Publication, "")
 	case protocol.ResyncPending:

@@ -264,7 +264,7 @@ func recordOf(r replication.Record) protocol.Record {
 	p := protocol.Record{Exists: r.Exists, Incarnation: r.Incarnation, Bound: r.Bound, StreamSeq: r.StreamSeq, Legacy: r.Legacy,
 		ResyncPending: r.ResyncPending, ResyncNeeded: r.ResyncNeeded, ResyncCause: r.ResyncCause, StreamName: r.StreamName, StreamCreated: r.StreamCreated,
 		Anchor: protocol.Anchor{Seq: r.AnchorSeq, Mark: r.AnchorMark}, Stopped: protocol.Anchor{Seq: r.StoppedSeq, Mark: r.StoppedMsgID},
-		ConfirmLimit: protocol.LSN(r.ConfirmLimit)}
+		ConfirmLimit: protocol.LSN(r.ConfirmLimit), HealAsked: r.HealAsked}
 	if r.Seen != nil {
 		p.Seen = protocol.Seen{Known: true, First: r.Seen.First, Last: r.Seen.Last, Deleted: r.Seen.Deleted, Batches: r.Seen.Batches, Trims: r.Seen.Trims, Quiet: r.Seen.Quiet, Keeps: r.Seen.Keeps}
 	}
