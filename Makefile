@@ -13,7 +13,7 @@ GO_TEST = TMPDIR=$$(bash scripts/test-tmpdir.sh) go test -race -count=1 -p 4 -pa
 # The soak tests: kill loops, takeovers and outages run many times, which
 # cost more CPU than all the other tests together. make test-soak runs them,
 # with the tailer they start built with the race detector; CI runs both.
-SOAK_TESTS = TestSlowSender|TestReadersKilled|TestShortReadersGroupCommit|TestMailroomSenderStoppedCleanly|TestStandbySubscribers|TestSubscribeIntoPostgres|TestFrozenOwnerIsCutOff|TestLatePublishOrderingsR3|TestRestoredSnapshotWithItsSlot|TestConcurrentResyncs|TestPostgresFaults|TestNATSOutage|TestStandbyStaysUp|TestSubscribeSenderDies|TestCrashLoop|TestStreamConfigurations|TestNATSClusterLosesNodes|TestSubscribeSurvivesKills|TestLagSeconds|TestSenderKilledOnIdleStream|TestFrozenStreamLeader|TestNATSClusterFaults|TestAlternatingReleases
+SOAK_TESTS = TestAuditAtDefaults|TestSlowSender|TestReadersKilled|TestShortReadersGroupCommit|TestMailroomSenderStoppedCleanly|TestStandbySubscribers|TestSubscribeIntoPostgres|TestFrozenOwnerIsCutOff|TestLatePublishOrderingsR3|TestRestoredSnapshotWithItsSlot|TestConcurrentResyncs|TestPostgresFaults|TestNATSOutage|TestStandbyStaysUp|TestSubscribeSenderDies|TestCrashLoop|TestStreamConfigurations|TestNATSClusterLosesNodes|TestSubscribeSurvivesKills|TestLagSeconds|TestSenderKilledOnIdleStream|TestFrozenStreamLeader|TestNATSClusterFaults|TestAlternatingReleases
 
 # The test command: formatting, vet, and every test but the soak tests with
 # the race detector against a real PostgreSQL and embedded NATS. go test
@@ -55,8 +55,9 @@ demo:
 
 # Drain rate, CPU, growth, live latency and memory against a throwaway
 # PostgreSQL and embedded JetStream; prints a table, writes bench-results.json.
+# BENCH_FLAGS picks other runs: "-audit 1000000 -audit-pairs 5", the audit's.
 bench:
-	go run ./cmd/bench
+	go run ./cmd/bench $(BENCH_FLAGS)
 
 # The integration suites on another PostgreSQL: make test-pg VERSION=17
 # (15 is Debian's; 16-18 come from the npm registry, see scripts/pg-install.sh).

@@ -39,7 +39,7 @@ func TestUpIsIdempotentAndReversible(t *testing.T) {
 		t.Fatalf("second Up: %v", err)
 	}
 	v, dirty, err := Version(ctx, url, "public")
-	if err != nil || v != 14 || dirty {
+	if err != nil || v != 15 || dirty {
 		t.Fatalf("Version = %d, %v, %v", v, dirty, err)
 	}
 	if on, err := InstallGuard(ctx, conn, "public"); err != nil || !on {

@@ -52,6 +52,9 @@ type LeaseOptions struct {
 	// waited for: only one that checks the slot without streaming (a
 	// tailer run waiting for a resync) or a command that ends.
 	Wait time.Duration
+	// Asked: the holder was asked to let go (AskHeal), and is waited for
+	// even while it streams.
+	Asked bool
 	// Ping is how often the holder checks that it still holds the lease
 	// (default 2s); Lost is closed when it does not.
 	Ping time.Duration
@@ -162,7 +165,7 @@ func AcquireLease(ctx context.Context, url, slot string, opts LeaseOptions) (*Le
 			break
 		}
 		streaming := false
-		if opts.Wait > 0 {
+		if opts.Wait > 0 && !opts.Asked {
 			s, err := Slot(ctx, conn, slot)
 			streaming = err == nil && s.Active
 		}

@@ -88,12 +88,17 @@ type Record struct {
 	// further was advanced by another process.
 	ConfirmLimit pglogrepl.LSN
 	// HealAsked: a tailer audit --heal asked for the lease within the
-	// last minute (AskHeal). AuditMissing are the ids of the tokens an
-	// audit found missing from the stream, not healed or acknowledged
-	// since AuditMissingAt ("": none).
-	HealAsked      bool
-	AuditMissing   string
-	AuditMissingAt time.Time
+	// last minute (AskHeal). AuditMissing are the ids (the first
+	// thousand, comma-separated) of the AuditMissingCount tokens an audit
+	// found missing from the stream, not healed or acknowledged since
+	// AuditMissingAt ("" and 0: none). AuditThrough is how far tailer
+	// run's audit got: the tokens created before it are audited (zero:
+	// none yet).
+	HealAsked         bool
+	AuditMissing      string
+	AuditMissingCount int64
+	AuditMissingAt    time.Time
+	AuditThrough      time.Time
 }
 
 // StreamSeen is what a stream held when a tailer looked at it: its first
@@ -141,7 +146,8 @@ const recordColumns = `incarnation, created_by, created_at, resync_pending, resy
 	coalesce(stopped_seq, 0), coalesce(stopped_msg_id, ''), coalesce(anchor_seq, 0), coalesce(anchor_mark, ''),
 	coalesce(refused_fact, ''), coalesce(refused, ''), coalesce(refused_at, 'epoch'), seen_first, seen_last, seen_deleted,
 	coalesce(resync_cause, ''), confirm_limit::text, coalesce(seen_batches, 0), coalesce(seen_trims, false), coalesce(seen_quiet, false), coalesce(seen_keeps, 0),
-	coalesce(heal_asked_at > now() - interval '1 minute', false), coalesce(audit_missing, ''), coalesce(audit_missing_at, 'epoch')`
+	coalesce(heal_asked_at > now() - interval '1 minute', false), coalesce(audit_missing, ''), coalesce(audit_missing_at, 'epoch'),
+	coalesce(audit_missing_count, 0), audit_through`
 
 // LoadRecord reads slot's record; Exists is false when there is none.
 func LoadRecord(ctx context.Context, db SchemaConn, slot string) (Record, error) {
@@ -156,12 +162,13 @@ func LoadRecord(ctx context.Context, db SchemaConn, slot string) (Record, error)
 		seen       [3]*int64
 		limit      *string
 		seenKind   StreamSeen
+		through    *time.Time
 	)
 	err := db.QueryRow(ctx, `SELECT `+recordColumns+` FROM `+db.slots()+` WHERE slot = $1`, slot).
 		Scan(&r.Incarnation, &r.CreatedBy, &r.CreatedAt, &r.ResyncPending, &r.ResyncNeeded, &cp, &seq, &r.Legacy, &lastSeq, &cutoverAt, &r.Blocked, &r.BlockedAt,
 			&r.StreamName, &r.StreamCreated, &stoppedSeq, &r.StoppedMsgID, &anchorSeq, &r.AnchorMark, &r.RefusedFact, &r.Refused, &r.RefusedAt,
 			&seen[0], &seen[1], &seen[2], &r.ResyncCause, &limit, &seenKind.Batches, &seenKind.Trims, &seenKind.Quiet, &seenKind.Keeps,
-			&r.HealAsked, &r.AuditMissing, &r.AuditMissingAt)
+			&r.HealAsked, &r.AuditMissing, &r.AuditMissingAt, &r.AuditMissingCount, &through)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -178,6 +185,9 @@ func LoadRecord(ctx context.Context, db SchemaConn, slot string) (Record, error)
 	if seen[0] != nil && seen[1] != nil && seen[2] != nil {
 		r.Seen = &StreamSeen{First: uint64(*seen[0]), Last: uint64(*seen[1]), Deleted: int(*seen[2]),
 			Batches: seenKind.Batches, Trims: seenKind.Trims, Quiet: seenKind.Quiet, Keeps: seenKind.Keeps}
+	}
+	if through != nil {
+		r.AuditThrough = *through
 	}
 	if cp != nil {
 		if r.ConsistentPoint, err = pglogrepl.ParseLSN(*cp); err != nil {
@@ -500,14 +510,66 @@ func ClearHeal(ctx context.Context, db SchemaConn, slot string) error {
 	return nil
 }
 
-// SetAuditMissing records the ids of the tokens an audit found missing
-// from the stream (empty: none now; healed, or acknowledged), for
-// tailer status and tailer run's /readyz.
-func SetAuditMissing(ctx context.Context, db SchemaConn, slot, ids string) error {
-	_, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET audit_missing = nullif($2, ''),
-		audit_missing_at = CASE WHEN $2 = '' THEN NULL WHEN coalesce(audit_missing, '') = $2 THEN audit_missing_at ELSE now() END WHERE slot = $1`, slot, ids)
+// AddAuditMissing adds ids to what an audit found missing from the
+// stream (for tailer status and tailer run's /readyz), keeping the first
+// thousand ids and the count of all; a token already named is not counted
+// again. It returns how many are missing then.
+func AddAuditMissing(ctx context.Context, db SchemaConn, slot string, ids []int64) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, `WITH listed AS (
+			SELECT coalesce(string_to_array(nullif(audit_missing, ''), ',')::bigint[], '{}') AS ids, coalesce(audit_missing_count, 0) AS n
+			FROM `+db.slots()+` WHERE slot = $1),
+		added AS (
+			SELECT array_agg(id ORDER BY id) AS ids FROM (SELECT DISTINCT unnest($2::bigint[]) AS id) a, listed WHERE NOT a.id = ANY(listed.ids))
+		UPDATE `+db.slots()+` s SET
+			audit_missing = array_to_string((listed.ids || coalesce(added.ids, '{}'))[1:1000], ','),
+			audit_missing_count = listed.n + coalesce(cardinality(added.ids), 0),
+			audit_missing_at = coalesce(s.audit_missing_at, now())
+		FROM listed, added WHERE s.slot = $1
+		RETURNING s.audit_missing_count`, slot, ids).Scan(&n)
 	if err != nil {
-		return fmt.Errorf("record what the audit of slot %s found missing: %w", slot, err)
+		return 0, fmt.Errorf("record what the audit of slot %s found missing: %w", slot, err)
+	}
+	return n, nil
+}
+
+// SetAuditThrough records how far tailer run's audit got.
+func SetAuditThrough(ctx context.Context, db SchemaConn, slot string, through time.Time) error {
+	if _, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET audit_through = $2 WHERE slot = $1`, slot, through); err != nil {
+		return fmt.Errorf("record how far the audit of slot %s got: %w", slot, err)
+	}
+	return nil
+}
+
+// RemoveAuditMissing takes ids, healed, out of what audits found
+// missing. Of the tokens past the first thousand, which are counted but
+// not listed, those of ids not listed are taken for healed.
+func RemoveAuditMissing(ctx context.Context, db SchemaConn, slot string, ids []int64) error {
+	_, err := db.Exec(ctx, `WITH listed AS (
+			SELECT coalesce(string_to_array(nullif(audit_missing, ''), ',')::bigint[], '{}') AS ids, coalesce(audit_missing_count, 0) AS n
+			FROM `+db.slots()+` WHERE slot = $1),
+		left_ AS (
+			SELECT ARRAY(SELECT x FROM unnest(listed.ids) x WHERE NOT x = ANY($2::bigint[])) AS ids,
+				listed.n - cardinality(listed.ids) AS unlisted,
+				cardinality(ARRAY(SELECT DISTINCT x FROM unnest($2::bigint[]) x WHERE NOT x = ANY(listed.ids))) AS healed_unlisted
+			FROM listed),
+		counted AS (SELECT ids, cardinality(ids) + greatest(unlisted - healed_unlisted, 0) AS n FROM left_)
+		UPDATE `+db.slots()+` s SET audit_missing = nullif(array_to_string(counted.ids, ','), ''),
+			audit_missing_count = nullif(counted.n, 0),
+			audit_missing_at = CASE WHEN counted.n = 0 THEN NULL ELSE s.audit_missing_at END
+		FROM counted WHERE s.slot = $1`, slot, ids)
+	if err != nil {
+		return fmt.Errorf("take what was healed out of what the audit of slot %s found missing: %w", slot, err)
+	}
+	return nil
+}
+
+// ClearAuditMissing clears what audits found missing: healed, or
+// acknowledged by the operator.
+func ClearAuditMissing(ctx context.Context, db SchemaConn, slot string) error {
+	_, err := db.Exec(ctx, `UPDATE `+db.slots()+` SET audit_missing = NULL, audit_missing_count = NULL, audit_missing_at = NULL WHERE slot = $1`, slot)
+	if err != nil {
+		return fmt.Errorf("clear what the audit of slot %s found missing: %w", slot, err)
 	}
 	return nil
 }

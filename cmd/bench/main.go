@@ -44,6 +44,8 @@ type options struct {
 	subscribers      bool
 	restart          string
 	nats             string
+	audit            int
+	auditPairs       int
 }
 
 // Results is the JSON document.
@@ -75,7 +77,13 @@ type Results struct {
 	// Restarts are -restart's runs: a restart in the middle of one
 	// transaction.
 	Restarts []Restart `json:"restarts,omitempty"`
-	Targets  Targets   `json:"targets"`
+	// Audit is -audit's tailer audit of a drained backlog; AuditDrains
+	// its drains with tailer run's audit on and off, interleaved, and
+	// AuditOnOverOff their median rates' ratio.
+	Audit          *AuditRun    `json:"audit,omitempty"`
+	AuditDrains    []AuditDrain `json:"audit_drains,omitempty"`
+	AuditOnOverOff float64      `json:"audit_on_over_off,omitempty"`
+	Targets        Targets      `json:"targets"`
 }
 
 // Targets are the ratios the tailer is judged by (see docs/performance.md).
@@ -128,6 +136,8 @@ func main() {
 	var natsSync string
 	flag.StringVar(&natsSync, "nats-sync", "always", "the NATS server's store sync: always (fsync before every PubAck, as tailer run's embedded server) or an interval such as 2m (nats-server's own default)")
 	flag.StringVar(&o.restart, "restart", "", "instead of the other runs: for each size (comma-separated, e.g. 1000000,5000000), one transaction of that many tokens, the tailer SIGKILLed at 70% and started again (peak RSS of both, exactly once)")
+	flag.IntVar(&o.audit, "audit", 0, "instead of the other runs: tailer audit over a drained backlog of this many tokens (time, peak RSS)")
+	flag.IntVar(&o.auditPairs, "audit-pairs", 0, "instead of the other runs (after -audit's): pairs of -tokens drains with tailer run's audit on (every second) and off, interleaved")
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the tailer during the first drain to this file")
 	flag.StringVar(&o.liveProfile, "live-cpuprofile", "", "write a CPU profile of the tailer during the live run (5 s, from 2 s into the writing) to this file; with several rates, the last rate's")
 	flag.Parse()
@@ -184,6 +194,18 @@ func run(o options) error {
 		if res.Restarts, err = restarts(ctx, o, pg, o.restart); err != nil {
 			return err
 		}
+		return writeResults(res, o.out)
+	}
+	if o.audit > 0 || o.auditPairs > 0 {
+		run, drains, err := audits(ctx, o, pg, o.audit, o.auditPairs)
+		res.AuditDrains, res.AuditOnOverOff = drains, auditCost(drains)
+		if o.audit > 0 {
+			res.Audit = &run
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Printf("drain with the audit on over off (medians): %.3f\n", res.AuditOnOverOff)
 		return writeResults(res, o.out)
 	}
 	if o.designs {

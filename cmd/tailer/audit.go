@@ -31,7 +31,7 @@ import (
 // auditFlags are tailer audit's own flags.
 type auditFlags struct {
 	since, durable, into, lines string
-	grace                       time.Duration
+	grace, wait                 time.Duration
 	asJSON, heal, acknowledge   bool
 }
 
@@ -43,8 +43,8 @@ func (x *cli) auditCmd() *cobra.Command {
 and compare them by token key: every token created in the window that was
 eligible when the slot confirmed past it must be on the stream, once. With
 --durable, every token of the messages that durable acknowledged must be in
-what it delivered (--into inbox|river: the consumer's database; --lines
-FILE: a pipe's output). Changes nothing, but with --heal, which publishes
+what it delivered: --into inbox|river, the consumer's database; --lines
+FILE, a pipe's output; neither, what its subscriber's record says done. Changes nothing, but with --heal, which publishes
 once the missing tokens still eligible (a tailer run streaming from the
 slot lets go of it meanwhile), and --acknowledge, which clears what tailer
 run's audit found. Exit 0: nothing missing; 1: something missing, or the
@@ -54,7 +54,8 @@ audit could not finish (it says why); 2: bad input.`,
 	fs := c.Flags()
 	fs.StringVar(&f.since, "since", "15m", "the window's start: a duration before now (15m, 24h) or an RFC 3339 time; its end is where the slot is confirmed, less --grace")
 	fs.DurationVar(&f.grace, "grace", time.Minute, "how long after its creation a token's batch may have been cut: within it, a token's expiry, consumption or account change leaves it undecided")
-	fs.StringVar(&f.durable, "durable", "", "also check what this durable consumer delivered (with --into or --lines)")
+	fs.DurationVar(&f.wait, "wait", 30*time.Second, "how long to wait for the slot to be confirmed past the audit's snapshot: until then a token the stream lacks is pending, not missing, unless its transaction ended before the slot's restart point")
+	fs.StringVar(&f.durable, "durable", "", "also check what this durable consumer delivered: by its subscriber's record of the batches done (a pipe or --exec sender), or its output with --into or --lines")
 	fs.StringVar(&f.into, "into", "", "the durable stores into the consumer's database: inbox or river (MAILROOM_INBOX_URL)")
 	fs.StringVar(&f.lines, "lines", "", "the durable feeds a pipe whose output is this `file` of lines")
 	fs.BoolVar(&f.asJSON, "json", false, "print the report as JSON (also on every error: {\"ok\": false, \"error\": ...})")
@@ -87,12 +88,12 @@ func (f *auditFlags) check(cfg *config.Config) string {
 	switch {
 	case f.into != "" && f.into != "inbox" && f.into != "river":
 		return fmt.Sprintf("--into %q: want inbox or river", f.into)
-	case f.durable != "" && f.into == "" && f.lines == "":
-		return "--durable needs --into inbox|river (the consumer's database) or --lines FILE (a pipe's output): what it delivered is read there"
 	case f.durable == "" && (f.into != "" || f.lines != ""):
 		return "--into and --lines need --durable NAME"
 	case f.into != "" && cfg.InboxURL == "":
 		return "--into needs MAILROOM_INBOX_URL, the consumer's database"
+	case f.wait <= 0 || f.grace < 0:
+		return "--wait must be positive and --grace not negative"
 	case f.heal && f.acknowledge:
 		return "--heal and --acknowledge: choose one (--heal clears what it published)"
 	}
@@ -125,48 +126,67 @@ func (f *auditFlags) start(now time.Time) (time.Time, error) {
 // audit is tailer audit with its settings.
 func (x *cli) audit(ctx context.Context, cfg *config.Config, f *auditFlags) int {
 	log := daemon.NewLogger(cfg.LogFormat, cfg.LogLevel, x.stderr)
-	conn, err := replication.Open(ctx, cfg.DatabaseURL, "tailer audit", nil)
-	if err != nil {
-		return x.auditFailed(f.asJSON, connectError(err, cfg), exitCode(x.stderr, "audit", log, connectError(err, cfg)))
-	}
-	defer conn.Close(context.Background())
-	if f.acknowledge {
-		if err := replication.SetAuditMissing(ctx, cfg.InSchema(conn), cfg.Slot, ""); err != nil {
-			return x.auditFailed(f.asJSON, err, exitCode(x.stderr, "audit", log, err))
+	rep, err := x.runAudit(ctx, cfg, f, log)
+	var cfgErr *config.Error
+	switch {
+	case errors.As(err, &cfgErr):
+		return x.auditFailed(f.asJSON, err, exitCode(x.stderr, "audit", log, err))
+	case err != nil:
+		if !errors.Is(err, audit.ErrIncomplete) {
+			err = fmt.Errorf("%w: %w", audit.ErrIncomplete, err)
 		}
+		fmt.Fprintf(x.stderr, "tailer audit: %v\n", err)
+		return x.auditFailed(f.asJSON, err, exitFailure)
+	case f.acknowledge:
 		log.Info("what the audit found missing is acknowledged: no longer said on /readyz nor by tailer status", "slot", cfg.Slot)
 		return exitOK
 	}
-	nc, _, shutdown, err := natsconn.Connect(cfg, log, natsconn.Share, nats.Name("tailer audit"))
+	return x.auditReport(rep, f, cfg)
+}
+
+// runAudit connects, audits, and heals or acknowledges as asked. What
+// keeps it from PostgreSQL or NATS (down, away) leaves it incomplete;
+// wrong credentials are a configuration error.
+func (x *cli) runAudit(ctx context.Context, cfg *config.Config, f *auditFlags, log *slog.Logger) (audit.Report, error) {
+	conn, err := replication.Open(ctx, cfg.DatabaseURL, "tailer audit", nil)
 	if err != nil {
-		return x.auditFailed(f.asJSON, err, exitCode(x.stderr, "audit", log, err))
+		return audit.Report{}, connectError(err, cfg)
+	}
+	defer conn.Close(context.Background())
+	if f.acknowledge {
+		return audit.Report{}, replication.ClearAuditMissing(ctx, cfg.InSchema(conn), cfg.Slot)
+	}
+	nc, _, shutdown, err := natsconn.Connect(cfg, log, natsconn.Share, nats.Name("tailer audit"))
+	if errors.Is(err, nats.ErrNoServers) || errors.Is(err, nats.ErrTimeout) {
+		return audit.Report{}, fmt.Errorf("NATS did not answer: %w", errors.Unwrap(err))
+	}
+	if err != nil {
+		return audit.Report{}, err
 	}
 	defer shutdown()
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return x.auditFailed(f.asJSON, err, exitFailure)
+		return audit.Report{}, err
 	}
 	stream, err := js.Stream(ctx, cfg.Stream)
 	if err != nil {
-		err = fmt.Errorf("stream %s: %w", cfg.Stream, err)
-		return x.auditFailed(f.asJSON, err, exitCode(x.stderr, "audit", log, err))
+		return audit.Report{}, fmt.Errorf("stream %s: %w", cfg.Stream, err)
 	}
 	opts, closeDurable, err := f.options(ctx, cfg, js)
 	if err != nil {
-		return x.auditFailed(f.asJSON, err, exitCode(x.stderr, "audit", log, err))
+		return audit.Report{}, err
 	}
 	defer closeDurable()
 	rep, err := audit.Audit(ctx, conn, stream, opts)
 	if err != nil {
-		fmt.Fprintf(x.stderr, "tailer audit: %v\n", err)
-		return x.auditFailed(f.asJSON, err, exitFailure)
+		return rep, err
 	}
 	if f.heal && len(rep.Missing) > 0 {
 		if err := heal(ctx, cfg, log, nc, rep.Missing); err != nil {
-			return x.auditFailed(f.asJSON, err, exitCode(x.stderr, "audit", log, err))
+			return rep, fmt.Errorf("heal: %w", err)
 		}
 	}
-	return x.auditReport(rep, f, cfg)
+	return rep, nil
 }
 
 // options are the audit's, with the durable's output opened (closed by
@@ -174,11 +194,13 @@ func (x *cli) audit(ctx context.Context, cfg *config.Config, f *auditFlags) int 
 func (f *auditFlags) options(ctx context.Context, cfg *config.Config, js jetstream.JetStream) (audit.Options, func(), error) {
 	since, _ := f.start(time.Now())
 	opts := audit.Options{Schema: cfg.Schema, Slot: cfg.Slot, Since: since, Grace: f.grace, Lines: cfg.Format == wire.FormatLine,
-		ClockSkew: 10 * time.Second, Consumer: consume.AuditConsumer}
+		ClockSkew: 10 * time.Second, Consumer: consume.AuditConsumer, Settle: f.wait}
 	floor := audit.Floor{JS: js, Stream: cfg.Stream, Durable: f.durable}
 	switch {
 	case f.lines != "":
 		opts.Durable = audit.Lines{Floor: floor, Path: f.lines}
+	case f.durable != "" && f.into == "":
+		opts.Durable = audit.Record{Floor: floor, Consumer: consume.AuditConsumer}
 	case f.into != "":
 		pool, err := inbox.Connect(ctx, cfg.InboxURL)
 		if err != nil {
@@ -194,36 +216,13 @@ func (f *auditFlags) options(ctx context.Context, cfg *config.Config, js jetstre
 // streaming from the slot is asked to let go of it meanwhile (it looks
 // every MAILROOM_LAG_INTERVAL), and streams again after.
 func heal(ctx context.Context, cfg *config.Config, log *slog.Logger, nc *nats.Conn, ids []int64) error {
-	conn, err := replication.Open(ctx, cfg.DatabaseURL, "tailer audit", nil)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	db := cfg.InSchema(conn)
-	lease, err := replication.AcquireLease(ctx, cfg.DatabaseURL, cfg.Slot, replication.LeaseOptions{Application: "tailer audit", Wait: time.Second})
-	var held *replication.LeaseHeldError
-	if errors.As(err, &held) {
-		log.Info("asking the tailer run that holds the slot to let go of it for the heal", "slot", cfg.Slot, "holder", held.Holder.String())
-		if err := replication.AskHeal(ctx, db, cfg.Slot); err != nil {
-			return err
-		}
-		defer replication.ClearHeal(context.WithoutCancel(ctx), db, cfg.Slot)
-		lease, err = replication.AcquireLease(ctx, cfg.DatabaseURL, cfg.Slot, replication.LeaseOptions{Application: "tailer audit", Wait: leaseWait + cfg.LagInterval})
-	}
-	if err != nil {
-		return leaseRefusal(err, "audit --heal")
-	}
-	defer lease.Release()
 	opts, err := cfg.ResyncOptions(log, "tailer audit --heal")
 	if err != nil {
 		return err
 	}
-	rep, err := resync.Heal(ctx, lease, nc, opts, ids)
+	rep, err := resync.HealAsking(ctx, nc, opts, ids, "tailer audit", leaseWait+cfg.LagInterval)
 	if err != nil {
-		return err
-	}
-	if err := replication.SetAuditMissing(ctx, db, cfg.Slot, ""); err != nil {
-		return err
+		return leaseRefusal(err, "audit --heal")
 	}
 	log.Info("healed: the missing tokens still eligible are published once", "asked", len(ids), "eligible", rep.Eligible,
 		"already_on_stream", rep.OnStream, "published", rep.Published, "messages", rep.Messages, "stream_seq", rep.StreamSeq)
@@ -233,7 +232,7 @@ func heal(ctx context.Context, cfg *config.Config, log *slog.Logger, nc *nats.Co
 // auditReport prints rep, and returns the exit code: 1 when something is
 // missing.
 func (x *cli) auditReport(rep audit.Report, f *auditFlags, cfg *config.Config) int {
-	ok := len(rep.Missing) == 0 && len(rep.Undelivered) == 0
+	ok := len(rep.Missing) == 0 && len(rep.Undelivered) == 0 && len(rep.Pending) == 0
 	if f.asJSON {
 		enc := json.NewEncoder(x.stdout)
 		enc.SetIndent("", "  ")
@@ -248,6 +247,10 @@ func (x *cli) auditReport(rep audit.Report, f *auditFlags, cfg *config.Config) i
 		fmt.Fprintf(w, "stream          %s, sequences %d .. %d read (%d messages not the tailer's set aside)\n", cfg.Stream, rep.StreamFirst, rep.StreamLast, rep.SetAside)
 		fmt.Fprintf(w, "tokens          %d read: %d on the stream, %d not eligible, %d undecided, %d trimmed by the stream's limits\n", rep.Read, rep.Checked, rep.NotEligible, rep.Undecided, rep.Trimmed)
 		fmt.Fprintf(w, "missing         %d%s\n", len(rep.Missing), idList(rep.Missing))
+		if !rep.Settled && rep.Until.After(rep.Since) {
+			fmt.Fprintf(w, "pending         %d%s: not on the stream, and the slot (confirmed to %s) has not confirmed past the audit's snapshot (%s): tailer run is behind or stopped; run the audit again once it streams\n",
+				len(rep.Pending), idList(rep.Pending), rep.Confirmed, rep.Snapshot)
+		}
 		fmt.Fprintf(w, "twice           %d%s\n", len(rep.Twice), idList(rep.Twice))
 		if f.durable != "" {
 			fmt.Fprintf(w, "durable         %s acknowledged through sequence %d: %d delivered, %d missing%s\n", f.durable, rep.Through, rep.Delivered, len(rep.Undelivered), idList(rep.Undelivered))

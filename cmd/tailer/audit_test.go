@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
@@ -60,6 +61,25 @@ func (c *cluster) confirmedPast() {
 	})
 }
 
+// slotPastTokens waits until the slot's restart point is past every
+// token's transaction (a checkpoint logs what runs, and a tailer's
+// confirmations move the slot on to it): an audit then names the tokens
+// the stream lacks missing even while the slot stays behind (the tailer
+// refusing the stream).
+func (c *cluster) slotPastTokens() {
+	c.t.Helper()
+	c.Exec(`CHECKPOINT`)
+	tailertest.Eventually(c.t, 60*time.Second, func() error {
+		var behind int
+		err := c.Conn.QueryRow(c.ctx, `SELECT count(*) FROM tokens t, pg_replication_slots s WHERE s.slot_name = 'mailroom' AND NOT age(t.xmin) > age(s.catalog_xmin)`).Scan(&behind)
+		if err != nil || behind > 0 {
+			c.Exec(`CHECKPOINT`)
+			return fmt.Errorf("%d tokens' transactions not before the slot's restart point (%v)", behind, err)
+		}
+		return nil
+	})
+}
+
 // tokenIDs are the ids of the tokens of the accounts whose login begins
 // with prefix.
 func (c *cluster) tokenIDs(prefix string) []int64 {
@@ -97,6 +117,7 @@ func TestAuditFindsLosses(t *testing.T) {
 	c.expectExactlyOnce(30 * time.Second)
 	waitOutput(t, out, 26)
 	c.confirmedPast()
+	c.slotPastTokens()
 	inboxEnv := "MAILROOM_INBOX_URL=" + consumerURL
 	tailertest.Eventually(t, 30*time.Second, func() error {
 		rep, code := c.runAuditEnv([]string{inboxEnv}, "--since", "1h", "--durable", "inbox", "--into", "inbox")
@@ -108,6 +129,14 @@ func TestAuditFindsLosses(t *testing.T) {
 	if rep, code := c.runAudit("--since", "1h", "--durable", "pipe", "--lines", out); code != exitOK || len(rep.Missing) != 0 || len(rep.Undelivered) != 0 || rep.Delivered != 26 {
 		t.Fatalf("audit of the pipe: exit %d, %+v", code, rep)
 	}
+	// The same durable with no output to read: its own record says.
+	tailertest.Eventually(t, 30*time.Second, func() error {
+		rep, code := c.runAudit("--since", "1h", "--durable", "pipe")
+		if code != exitOK || len(rep.Undelivered) != 0 || rep.Delivered != 26 {
+			return fmt.Errorf("audit of the pipe by its record: exit %d, %+v", code, rep)
+		}
+		return nil
+	})
 	pipe.term(30 * time.Second)
 	into.term(30 * time.Second)
 
@@ -149,8 +178,17 @@ func TestAuditFindsLosses(t *testing.T) {
 		t.Fatal(err)
 	}
 	rep, code = c.runAudit("--since", "1h")
-	if code != exitFailure || !slices.Contains(rep.Missing, a[len(a)-1]) {
-		t.Fatalf("audit after a message was deleted: exit %d, missing %v, want it to name %d", code, rep.Missing, a[len(a)-1])
+	if code != exitFailure || !slices.Equal(rep.Missing, a[len(a)-1:]) {
+		t.Fatalf("audit after a message was deleted: exit %d, missing %v, want %d", code, rep.Missing, a[len(a)-1])
+	}
+
+	// The batches' subject purged by hand: every token missing, by id.
+	if err := s.Purge(c.ctx, jetstream.WithPurgeSubject("mailroom.batches")); err != nil {
+		t.Fatal(err)
+	}
+	rep, code = c.runAudit("--since", "1h", "--wait", "1s")
+	if all := c.tokenIDs(""); code != exitFailure || !slices.Equal(rep.Missing, all) {
+		t.Fatalf("audit after a purge: exit %d, missing %v, want %v", code, rep.Missing, all)
 	}
 }
 
@@ -180,4 +218,49 @@ func (c *cluster) runAuditEnv(env []string, args ...string) (auditReport, int) {
 		}
 	}
 	return rep, code
+}
+
+// tailer audit that cannot finish says so, names why, and names nothing
+// missing: NATS away; PostgreSQL restarting while it waits for the slot to
+// confirm past its snapshot (the tailer stopped). Its exit code is 1.
+func TestAuditCannotFinish(t *testing.T) {
+	t.Parallel()
+	pg, err := pgtest.Start(pgtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Close() })
+	c := newCluster(t, pg, 10, 50*time.Millisecond)
+	p := c.tailer()
+	p.waitLog("msg=streaming", 1, 30*time.Second)
+	c.accounts("a", 10)
+	c.expectExactlyOnce(30 * time.Second)
+	c.confirmedPast()
+	if rep, code := c.runAudit("--since", "1h"); code != exitOK || rep.Checked != 10 {
+		t.Fatalf("audit: exit %d, %+v", code, rep)
+	}
+
+	c.stopNATS()
+	rep, code := c.runAudit("--since", "1h")
+	if code != exitFailure || len(rep.Missing) != 0 || !strings.Contains(rep.Error, "could not finish") || !strings.Contains(rep.Error, "NATS") {
+		t.Fatalf("audit with NATS away: exit %d, %+v", code, rep)
+	}
+	t.Logf("NATS away: %s", rep.Error)
+	c.startNATS()
+
+	// The tailer stopped: the slot stays behind the audit's snapshot,
+	// which it waits for, and PostgreSQL restarts meanwhile.
+	if code := p.term(30 * time.Second); code != exitOK {
+		t.Fatalf("SIGTERM: exit %d", code)
+	}
+	c.accounts("b", 1)
+	audit := c.command([]string{"audit", "--json", "--grace", "1s", "--since", "1h"})
+	time.Sleep(3 * time.Second)
+	c.restartServer(pg, func() {})
+	code = audit.exit(2 * time.Minute)
+	out := audit.out.String()
+	if code != exitFailure || !strings.Contains(out, "could not finish") || strings.Contains(out, `"Missing": [`) {
+		t.Fatalf("audit with PostgreSQL restarting: exit %d:\n%s", code, out)
+	}
+	t.Logf("PostgreSQL restarting: %s", grepLines(out, "could not finish"))
 }

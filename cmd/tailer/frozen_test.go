@@ -152,3 +152,6 @@ func newFreezeLink(t *testing.T, target string) *freezeLink {
 }
 
 func (l *freezeLink) freeze() { l.frozen.Store(true) }
+
+// thaw passes on what was held, and everything after.
+func (l *freezeLink) thaw() { l.frozen.Store(false) }

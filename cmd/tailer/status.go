@@ -69,13 +69,18 @@ type statusReport struct {
 	PublicationGuard           bool     `json:"publication_guard"`
 	PublicationGuardOriginOnly bool     `json:"publication_guard_origin_only,omitempty"`
 	Problems                   []string `json:"problems,omitempty"`
-	Stream                     string   `json:"stream"`
-	StreamMessages             *uint64  `json:"stream_messages"`
-	StreamLastSeq              *uint64  `json:"stream_last_seq"`
-	StreamReplicas             *int     `json:"stream_replicas"`
-	StreamError                string   `json:"stream_error,omitempty"`
-	MaxLagBytes                int64    `json:"max_lag_bytes"`
-	OK                         bool     `json:"ok"`
+	// AuditMissing: how many tokens audits found missing from the stream,
+	// not healed nor acknowledged; AuditThrough, how far tailer run's
+	// audit got (the tokens created before it are audited).
+	AuditMissing   int64      `json:"audit_missing"`
+	AuditThrough   *time.Time `json:"audit_through"`
+	Stream         string     `json:"stream"`
+	StreamMessages *uint64    `json:"stream_messages"`
+	StreamLastSeq  *uint64    `json:"stream_last_seq"`
+	StreamReplicas *int       `json:"stream_replicas"`
+	StreamError    string     `json:"stream_error,omitempty"`
+	MaxLagBytes    int64      `json:"max_lag_bytes"`
+	OK             bool       `json:"ok"`
 }
 
 func (x *cli) statusCmd() *cobra.Command {
@@ -175,16 +180,7 @@ func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error
 	if err != nil {
 		return statusReport{}, err
 	}
-	if rec.Exists {
-		rep.Incarnation, rep.CreatedBy, rep.ResyncPending = rec.Incarnation, rec.CreatedBy+" at "+rec.CreatedAt.UTC().Format(time.RFC3339), rec.ResyncPending
-		rep.ResyncNeeded = rec.ResyncNeeded
-		if rec.Blocked != "" {
-			rep.Blocked = "since " + rec.BlockedAt.UTC().Format(time.RFC3339) + ": " + rec.Blocked
-		}
-		if rec.Refused != "" {
-			rep.Refused = "since " + rec.RefusedAt.UTC().Format(time.RFC3339) + ", until a resync: " + rec.Refused
-		}
-	}
+	rep.fromRecord(rec)
 	guard, err := replication.GuardOf(ctx, conn, cfg.Schema)
 	if err != nil {
 		return statusReport{}, err
@@ -210,6 +206,28 @@ func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error
 		rep.StreamMessages, rep.StreamLastSeq, rep.StreamReplicas = &info.State.Msgs, &info.State.LastSeq, &info.Config.Replicas
 	}
 	return rep, nil
+}
+
+// fromRecord adds what the slot's record says: its incarnation, a resync
+// pending or needed, what blocks or refused it, what the audit found.
+func (rep *statusReport) fromRecord(rec replication.Record) {
+	if !rec.Exists {
+		return
+	}
+	rep.Incarnation, rep.CreatedBy, rep.ResyncPending = rec.Incarnation, rec.CreatedBy+" at "+rec.CreatedAt.UTC().Format(time.RFC3339), rec.ResyncPending
+	rep.ResyncNeeded = rec.ResyncNeeded
+	if rec.Blocked != "" {
+		rep.Blocked = "since " + rec.BlockedAt.UTC().Format(time.RFC3339) + ": " + rec.Blocked
+	}
+	if rec.Refused != "" {
+		rep.Refused = "since " + rec.RefusedAt.UTC().Format(time.RFC3339) + ", until a resync: " + rec.Refused
+	}
+	if rep.AuditMissing = rec.AuditMissingCount; rep.AuditMissing > 0 {
+		rep.Problems = append(rep.Problems, daemon.AuditMissingMessage(rec.AuditMissingCount, rec.AuditMissingAt, rec.AuditMissing))
+	}
+	if !rec.AuditThrough.IsZero() {
+		rep.AuditThrough = &rec.AuditThrough
+	}
 }
 
 // judgeStreaming adds to the problems what says nothing streams: a
@@ -293,6 +311,9 @@ func (rep *statusReport) writeText(w io.Writer) {
 	}
 	for _, p := range rep.Problems {
 		fmt.Fprintf(w, "PROBLEM         %s\n", p)
+	}
+	if rep.AuditThrough != nil {
+		fmt.Fprintf(w, "audited         every token created before %s, by content (%d missing)\n", rep.AuditThrough.UTC().Format(time.RFC3339), rep.AuditMissing)
 	}
 	switch {
 	case rep.PublicationGuard:

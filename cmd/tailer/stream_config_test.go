@@ -141,12 +141,10 @@ func TestLimitsChangedAreNoPurge(t *testing.T) {
 			p := c.watchedTailer()
 			p.waitLog("msg=streaming", 1, 30*time.Second)
 			if how == "set while streaming" {
-				c.accountsApart("first", 4)
-				c.waitStreamLast(js, 4)
+				c.accountsOnStream("first", 4)
 				c.editStream(js, func(cfg *jetstream.StreamConfig) { cfg.MaxMsgs = 3 })
 			}
-			c.accountsApart("trimmed", 6)
-			c.waitStreamLast(js, 6)
+			c.accountsOnStream("trimmed", 6)
 			switch how {
 			case "stopped":
 				if code := p.term(30 * time.Second); code != exitOK {
@@ -188,19 +186,16 @@ func (c *cluster) accountsApart(prefix string, n int) {
 	}
 }
 
-// waitStreamLast waits until the stream's last sequence is past seq.
-func (c *cluster) waitStreamLast(js jetstream.JetStream, seq uint64) {
+// accountsOnStream inserts n accounts of prefix, one a transaction, each
+// once its predecessor's token is on the stream: each is a message of its
+// own however slow the machine.
+func (c *cluster) accountsOnStream(prefix string, n int) {
 	c.t.Helper()
-	tailertest.Eventually(c.t, 30*time.Second, func() error {
-		s, err := js.Stream(c.ctx, "MAILROOM")
-		if err != nil {
-			return err
-		}
-		if last := s.CachedInfo().State.LastSeq; last <= seq {
-			return errLastSeq(last, seq)
-		}
-		return nil
-	})
+	for i := range n {
+		name := fmt.Sprintf("%s%d_", prefix, i)
+		c.accounts(name, 1)
+		c.waitTokens(name, 1)
+	}
 }
 
 // waitTokens waits until the stream holds the n tokens of the accounts
@@ -301,10 +296,6 @@ func TestFullStreamIsNamed(t *testing.T) {
 		t.Fatalf("%d tokens once, want 8", n)
 	}
 	p.ready(c)
-}
-
-func errLastSeq(last, seq uint64) error {
-	return fmt.Errorf("the stream's last sequence is %d, waiting for more than %d", last, seq)
 }
 
 func errTokenCount(id int64, n int) error {

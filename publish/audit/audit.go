@@ -7,7 +7,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/internal/pgname"
@@ -22,14 +24,22 @@ import (
 type Options struct {
 	Schema pgname.Schema
 	Slot   string
-	// Since is the window's start: the tokens created from then on. Until
-	// is its end; zero: as far as the slot's record says it is confirmed
-	// (confirmed_through), less Grace.
+	// Since is the window's start: the tokens created from then on (not
+	// before the slot was made, unless a resync published what was before
+	// it). Until is its end; zero: as far as the slot's record says it is
+	// confirmed (confirmed_through), less Grace. MaxSpan, when set, bounds
+	// the window's length: a catching-up audit's cost.
 	Since, Until time.Time
+	MaxSpan      time.Duration
 	// Grace is how long after its creation a token's batch may be cut
 	// (the batch timeout and the lag); within it a token's expiry,
 	// consumption or account's change leaves its eligibility undecided.
-	Grace time.Duration
+	// CutBySettle: a token's state is judged through the time the slot
+	// confirmed past the audit's snapshot instead, when it did: every
+	// batch of the window was cut by then, whatever the lag (tailer run's
+	// audit, of the tokens of the last minutes).
+	Grace       time.Duration
+	CutBySettle bool
 	// Lines: the stream carries lines (a token unsafe for one is
 	// skipped); else JSON.
 	Lines bool
@@ -41,6 +51,18 @@ type Options struct {
 	Consumer string
 	// Durable, when set, is what a durable delivered.
 	Durable Durable
+	// read, in tests, is called as each key is read back from the stream.
+	read func(seq uint64)
+	// Settle is how long to wait for the slot to confirm past the audit's
+	// snapshot before the stream is read (default 30 s): then every token
+	// the snapshot holds was published, and one the stream lacks is
+	// missing, whatever its transaction's length. A slot that does not
+	// (tailer run behind or stopped) leaves what the stream lacks pending.
+	Settle time.Duration
+	// Settled: an audit whose slot is not confirmed past its snapshot
+	// within Settle reads nothing more, and could not finish (tailer
+	// run's audit, while the tailer catches up).
+	Settled bool
 }
 
 // Durable is what a durable consumer delivered: Through reads the stream
@@ -66,11 +88,33 @@ type Report struct {
 	// stream whose limits remove old messages (their absence proves
 	// nothing).
 	SetAside, Trimmed int
+	// Snapshot is the WAL position of the audit's snapshot, Confirmed the
+	// slot's confirmed position when the stream was read, and Settled
+	// whether it had reached the snapshot's: if not, the tokens the
+	// stream lacks are Pending, not Missing (a transaction that committed
+	// them may not be confirmed yet), but those of transactions that
+	// ended before the slot's restart point.
+	Snapshot, Confirmed string
+	Settled             bool
+	SettledAt           time.Time
+	Pending             []int64
+	// horizon is the slot's catalog_xmin before the stream was read: a
+	// transaction older than it ended before the slot's restart point,
+	// and its tokens were published, whether or not the slot is settled.
+	horizon *string
 }
 
 // ErrIncomplete wraps why an audit could not finish: it then reports
 // nothing missing.
 var ErrIncomplete = errors.New("the audit could not finish")
+
+// ErrBehind is why an audit with Options.Settled could not finish: the
+// tailer is behind (wrapped with ErrIncomplete).
+var ErrBehind = errors.New("the tailer is behind")
+
+// ErrNothingConfirmed is why an audit of a slot no tailer confirmed
+// anything of yet could not finish (wrapped with ErrIncomplete).
+var ErrNothingConfirmed = errors.New("no tailer has confirmed anything of the slot yet")
 
 // Audit compares the tokens of the slot's database, read from one
 // snapshot on conn, with the keys stream holds, read after it (each token
@@ -85,13 +129,24 @@ func Audit(ctx context.Context, conn *pgx.Conn, stream jetstream.Stream, opts Op
 		return Report{}, incomplete("read the database", err)
 	}
 	defer tx.Rollback(context.Background())
+	// The snapshot's first statement: every commit it sees lies before.
+	var snapshot pglogrepl.LSN
+	if err := tx.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()`).Scan(&snapshot); err != nil {
+		return Report{}, incomplete("read the database's WAL position", err)
+	}
 	w, err := window(ctx, tx, opts)
 	if err != nil {
 		return Report{}, err
 	}
-	rep := Report{Since: w.since, Until: w.until}
+	rep := Report{Since: w.since, Until: w.until, Snapshot: snapshot.String()}
 	if !w.until.After(w.since) {
 		return rep, nil
+	}
+	if err := rep.settle(ctx, tx, opts, snapshot); err != nil {
+		return Report{}, err
+	}
+	if opts.Settled && !rep.Settled {
+		return rep, fmt.Errorf("%w: %w: the slot (confirmed to %s) is not confirmed past the audit's snapshot (%s) yet", ErrIncomplete, ErrBehind, rep.Confirmed, rep.Snapshot)
 	}
 	keys, acked, err := readStream(ctx, stream, opts, &rep)
 	if err != nil {
@@ -99,12 +154,12 @@ func Audit(ctx context.Context, conn *pgx.Conn, stream jetstream.Stream, opts Op
 	}
 	var delivered, deliverable *Counts
 	if opts.Durable != nil {
-		if delivered, err = opts.Durable.Delivered(ctx, w.since); err != nil {
+		if delivered, err = opts.Durable.Delivered(ctx, w.since.Add(-opts.ClockSkew)); err != nil {
 			return Report{}, incomplete("read what the durable delivered", err)
 		}
 		deliverable = acked.from(rep.From, delivered)
 	}
-	err = tokens(ctx, tx, opts.Schema, w, func(row Row) {
+	err = tokens(ctx, tx, opts.Schema, w, rep.horizon, func(row Row) {
 		rep.count(row, opts, keys, deliverable, delivered)
 	})
 	if err != nil {
@@ -113,8 +168,48 @@ func Audit(ctx context.Context, conn *pgx.Conn, stream jetstream.Stream, opts Op
 	return rep, nil
 }
 
+// settle waits, up to opts.Settle, for the slot to confirm past the
+// snapshot's position: every token the snapshot holds was then published
+// before the stream is read. The slot's view is read in the snapshot's
+// transaction, and is current all the same.
+func (rep *Report) settle(ctx context.Context, tx pgx.Tx, opts Options, snapshot pglogrepl.LSN) error {
+	wait := opts.Settle
+	if wait <= 0 {
+		wait = 30 * time.Second
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		var confirmed *pglogrepl.LSN
+		err := tx.QueryRow(ctx, `SELECT confirmed_flush_lsn, catalog_xmin::text FROM pg_replication_slots WHERE slot_name = $1`, opts.Slot).Scan(&confirmed, &rep.horizon)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return incomplete("read the slot's confirmed position", err)
+		}
+		if confirmed != nil {
+			rep.Confirmed = confirmed.String()
+			rep.Settled, rep.SettledAt = *confirmed >= snapshot, time.Now()
+		}
+		if rep.Settled || !time.Now().Before(deadline) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return incomplete("wait for the slot to confirm past the audit's snapshot", ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 func incomplete(what string, err error) error {
 	return fmt.Errorf("%w: %s: %w", ErrIncomplete, what, err)
+}
+
+// streamIncomplete is incomplete for a read of the stream, naming NATS
+// when it did not answer.
+func streamIncomplete(what string, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrNoResponders) {
+		return incomplete(what+": NATS did not answer (away, or the stream without a leader)", err)
+	}
+	return incomplete(what, err)
 }
 
 // count judges row: a token whose message a trimming stream may have
@@ -130,7 +225,15 @@ func (rep *Report) count(row Row, opts Options, keys *streamKeys, deliverable, d
 	if delivered != nil && deliverable.Of(row.Key) > 0 {
 		d = delivered
 	}
-	rep.Count(row, int64(opts.Grace.Seconds()), opts.Lines, keys.counts, d)
+	cutBy := row.Created + int64(opts.Grace.Seconds())
+	if opts.CutBySettle && rep.Settled {
+		cutBy = rep.SettledAt.Add(opts.ClockSkew).Unix() + 1
+	}
+	missing := len(rep.Missing)
+	rep.Count(row, cutBy, opts.Lines, keys.counts, d)
+	if !rep.Settled && !row.Decoded && len(rep.Missing) > missing {
+		rep.Pending, rep.Missing = append(rep.Pending, row.ID), rep.Missing[:missing]
+	}
 }
 
 // span is the window an audit reads: tokens created in [since, until],
@@ -147,25 +250,32 @@ func window(ctx context.Context, tx pgx.Tx, opts Options) (span, error) {
 		through *time.Time
 		made    time.Time
 		by      string
+		pending bool
 		w       = span{since: opts.Since, until: opts.Until}
 	)
-	err := tx.QueryRow(ctx, `SELECT confirmed_through, created_at, created_by, collector_last_seq, collector_cutover FROM `+opts.Schema.Name("tailer_slot")+` WHERE slot = $1`, opts.Slot).
-		Scan(&through, &made, &by, &w.cutSeq, &w.cutAt)
+	err := tx.QueryRow(ctx, `SELECT confirmed_through, created_at, created_by, collector_last_seq, collector_cutover, resync_pending FROM `+opts.Schema.Name("tailer_slot")+` WHERE slot = $1`, opts.Slot).
+		Scan(&through, &made, &by, &w.cutSeq, &w.cutAt, &pending)
 	switch {
+	case err == nil && pending:
+		// The stream is being rebuilt: what it lacks now may be on its way.
+		return w, fmt.Errorf("%w: a tailer resync of slot %s is under way, or was stopped half way (tailer status): run the audit once it is done", ErrIncomplete, opts.Slot)
 	case errors.Is(err, pgx.ErrNoRows):
 		return w, fmt.Errorf("%w: slot %s has no record: no tailer has made it (tailer migrate)", ErrIncomplete, opts.Slot)
 	case err != nil:
 		return w, incomplete("read the slot's record", err)
 	case through == nil:
-		return w, fmt.Errorf("%w: no tailer has confirmed anything of slot %s yet", ErrIncomplete, opts.Slot)
-	}
-	if limit := through.Add(-opts.Grace); w.until.IsZero() || w.until.After(limit) {
-		w.until = limit
+		return w, fmt.Errorf("%w: slot %s: %w", ErrIncomplete, opts.Slot, ErrNothingConfirmed)
 	}
 	// A slot made by tailer migrate or tailer run captured nothing from
 	// before it; one a resync made published its snapshot.
 	if !resynced(by) && made.After(w.since) {
 		w.since = made
+	}
+	if limit := through.Add(-opts.Grace); w.until.IsZero() || w.until.After(limit) {
+		w.until = limit
+	}
+	if limit := w.since.Add(opts.MaxSpan); opts.MaxSpan > 0 && w.until.After(limit) {
+		w.until = limit
 	}
 	return w, nil
 }
@@ -201,12 +311,15 @@ func readStream(ctx context.Context, stream jetstream.Stream, opts Options, rep 
 	}
 	before, err := stream.Info(ctx)
 	if err != nil {
-		return nil, nil, incomplete("read the stream", err)
+		return nil, nil, streamIncomplete("read the stream", err)
 	}
 	keys := &streamKeys{counts: &Counts{}, trims: publish.Trims(before.Config)}
 	acked := &ackedKeys{}
 	from := rep.Since.Add(-opts.ClockSkew)
-	first, aside, err := consume.ReadKeys(ctx, stream, opts.Consumer, from, before.State.LastSeq, func(seq uint64, k string) {
+	first, aside, err := consume.ReadKeys(ctx, stream, opts.Consumer, from, before.State.LastSeq, func(seq uint64, _ int, k string) {
+		if opts.read != nil {
+			opts.read(seq)
+		}
 		if raw, ok := token.ParseRawKey(k); ok {
 			keys.counts.keys, keys.counts.sorted = append(keys.counts.keys, raw), false
 			if seq <= through {
@@ -215,11 +328,11 @@ func readStream(ctx context.Context, stream jetstream.Stream, opts Options, rep 
 		}
 	})
 	if err != nil {
-		return nil, nil, incomplete("read the stream's keys", err)
+		return nil, nil, streamIncomplete("read the stream's keys", err)
 	}
 	after, err := stream.Info(ctx)
 	if err != nil {
-		return nil, nil, incomplete("read the stream", err)
+		return nil, nil, streamIncomplete("read the stream", err)
 	}
 	if !after.Created.Equal(before.Created) || after.State.FirstSeq > max(first, before.State.FirstSeq) && !keys.trims ||
 		after.State.NumDeleted > before.State.NumDeleted && !keys.trims {
@@ -254,13 +367,14 @@ func (a *ackedKeys) from(from uint64, delivered *Counts) *Counts {
 
 // tokens reads, in the audit's snapshot, every token created in w (but
 // those the collector sent), with what decides its eligibility.
-func tokens(ctx context.Context, tx pgx.Tx, schema pgname.Schema, w span, f func(Row)) error {
+func tokens(ctx context.Context, tx pgx.Tx, schema pgname.Schema, w span, horizon *string, f func(Row)) error {
 	rows, err := tx.Query(ctx, `SELECT t.id, t.secret, t.created_at::bigint, t.expires_at::bigint, t.consumed_at::bigint,
-			`+join.StatusFits()+`, coalesce(a.status_changed_at, 0)::bigint, a.email::text, a.login::text
+			`+join.StatusFits()+`, coalesce(a.status_changed_at, 0)::bigint, a.email::text, a.login::text,
+			coalesce(age(t.xmin) > age($5::xid), false)
 		FROM `+schema.Name("tokens")+` t JOIN `+schema.Name("accounts")+` a ON a.id = t.account
 		WHERE t.created_at >= $3 AND t.created_at <= $4
 		  AND ($1::bigint IS NULL OR NOT (t.id <= $1::bigint AND t.created_at <= $2::bigint))`,
-		w.cutSeq, w.cutAt, w.since.Unix(), w.until.Unix())
+		w.cutSeq, w.cutAt, w.since.Unix(), w.until.Unix(), horizon)
 	if err != nil {
 		return err
 	}
@@ -272,7 +386,7 @@ func tokens(ctx context.Context, tx pgx.Tx, schema pgname.Schema, w span, f func
 			consumed     *int64
 			email, login string
 		)
-		if err := rows.Scan(&row.ID, &secret, &row.Created, &row.Expires, &consumed, &row.StatusFits, &row.StatusChanged, &email, &login); err != nil {
+		if err := rows.Scan(&row.ID, &secret, &row.Created, &row.Expires, &consumed, &row.StatusFits, &row.StatusChanged, &email, &login, &row.Decoded); err != nil {
 			return err
 		}
 		if len(secret) != token.SecretSize {

@@ -106,3 +106,35 @@ func (l Lines) Delivered(context.Context, time.Time) (*Counts, error) {
 	}
 	return c, sc.Err()
 }
+
+// Record is a durable feeding a pipe or an --exec sender, whose output
+// the audit cannot read: what it delivered is what its own record (the
+// subscriber's progress, in the stream's key-value bucket) says its
+// readers finished, the tokens of the messages through its floor and of
+// the batches it says done, read from the stream through consumer.
+type Record struct {
+	Floor
+	Consumer string
+}
+
+// Delivered reads the record, and the keys of what it says done.
+func (r Record) Delivered(ctx context.Context, since time.Time) (*Counts, error) {
+	p, err := consume.ReadProgress(ctx, r.JS, r.Stream, r.Durable)
+	if err != nil {
+		return nil, err
+	}
+	stream, err := r.JS.Stream(ctx, r.Stream)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", r.Stream, err)
+	}
+	c := &Counts{}
+	_, _, err = consume.ReadKeys(ctx, stream, r.Consumer, since, stream.CachedInfo().State.LastSeq, func(seq uint64, batch int, k string) {
+		if m := p.Messages[seq]; seq <= p.Floor || m != nil && m.Done.Has(batch) {
+			c.Add(k)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the stream for the record of %s: %w", r.Durable, err)
+	}
+	return c, nil
+}

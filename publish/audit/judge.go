@@ -22,6 +22,9 @@ type Row struct {
 	StatusChanged int64
 	// LineSafe: its email and login may go into a line.
 	LineSafe bool
+	// Decoded: its transaction ended before the slot's restart point
+	// (older than its catalog_xmin): the slot has confirmed past it.
+	Decoded bool
 }
 
 // Verdict is what the audit can say of a token the stream may lack.
@@ -41,15 +44,15 @@ const (
 )
 
 // Judge says whether t was eligible when the tailer cut its batch, some
-// time within grace seconds of its creation (the batch timeout and the
-// lag), for a stream of lines (lines) or of JSON.
-func Judge(t Row, grace int64, lines bool) Verdict {
+// time from its creation through cutBy (epoch seconds: the batch timeout
+// and the lag after it), for a stream of lines (lines) or of JSON.
+func Judge(t Row, cutBy int64, lines bool) Verdict {
 	switch {
 	case lines && !t.LineSafe:
 		return NotEligible
 	case t.Expires <= t.Created:
 		return NotEligible
-	case t.Expires <= t.Created+grace, t.HasConsumed && t.Consumed <= t.Created+grace:
+	case t.Expires <= cutBy, t.HasConsumed && t.Consumed <= cutBy:
 		return Undecided
 	case t.StatusChanged != 0 && t.StatusChanged >= t.Created:
 		// Changed since the token was made: what it was when the batch
@@ -123,15 +126,16 @@ type Tally struct {
 	Undelivered []int64
 }
 
-// Count judges row against the stream's keys (and the durable's, when
-// delivered is not nil), adding to the tally.
-func (t *Tally) Count(row Row, grace int64, lines bool, stream *Counts, delivered *Counts) {
+// Count judges row, whose batch was cut by cutBy, against the stream's
+// keys (and the durable's, when delivered is not nil), adding to the
+// tally.
+func (t *Tally) Count(row Row, cutBy int64, lines bool, stream *Counts, delivered *Counts) {
 	t.Read++
 	n := stream.Of(row.Key)
 	if n > 1 {
 		t.Twice = append(t.Twice, row.ID)
 	}
-	switch v := Judge(row, grace, lines); {
+	switch v := Judge(row, cutBy, lines); {
 	case n > 0:
 		t.Checked++
 		if delivered != nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,21 +26,22 @@ import (
 // for tokens on the stream.
 func KeysSince(ctx context.Context, stream jetstream.Stream, since time.Time, last uint64) (keys *token.KeySet, setAside int, err error) {
 	keys = &token.KeySet{}
-	_, setAside, err = ReadKeys(ctx, stream, ReadBackConsumer, since, last, func(_ uint64, k string) { keys.Add(k) })
+	_, setAside, err = ReadKeys(ctx, stream, ReadBackConsumer, since, last, func(_ uint64, _ int, k string) { keys.Add(k) })
 	if err != nil {
 		return nil, 0, err
 	}
 	return keys, setAside, nil
 }
 
-// ReadKeys calls f with the stream sequence and key of every token in
+// ReadKeys calls f with the stream sequence, batch (its index in the
+// message, by Mailroom-Batch-Sizes) and key of every token in
 // stream's batches stored at or after since, up to sequence last (0:
 // none), read through the consumer name (made afresh, acknowledging
 // nothing, removed after), and returns the first sequence it read (0:
 // none); messages that are not the tailer's batches are set aside (see
 // KeysSince). A delivery lost on the way is an error: its keys would be
 // taken for missing.
-func ReadKeys(ctx context.Context, stream jetstream.Stream, name string, since time.Time, last uint64, f func(seq uint64, key string)) (first uint64, setAside int, err error) {
+func ReadKeys(ctx context.Context, stream jetstream.Stream, name string, since time.Time, last uint64, f func(seq uint64, batch int, key string)) (first uint64, setAside int, err error) {
 	if last == 0 {
 		return 0, 0, nil
 	}
@@ -87,8 +90,9 @@ func ReadKeys(ctx context.Context, stream jetstream.Stream, name string, since t
 		case !wire.IsBatch(h) || !validKeys(h.Get(wire.HeaderTokenKeys)):
 			setAside++
 		default:
-			for _, k := range strings.Split(h.Get(wire.HeaderTokenKeys), ",") {
-				f(meta.Sequence.Stream, k)
+			batchOf := batchIndex(h.Get(wire.HeaderBatchSizes))
+			for i, k := range strings.Split(h.Get(wire.HeaderTokenKeys), ",") {
+				f(meta.Sequence.Stream, batchOf(i), k)
 			}
 		}
 		if meta.Sequence.Stream >= last || meta.NumPending == 0 {
@@ -140,3 +144,22 @@ func validKeys(v string) bool {
 }
 
 const base64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+
+// batchIndex maps a token's place in a message to its batch's, by the
+// message's Mailroom-Batch-Sizes (absent or unreadable: one batch).
+func batchIndex(sizes string) func(i int) int {
+	var ends []int
+	total := 0
+	for f := range strings.SplitSeq(sizes, ",") {
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return func(int) int { return 0 }
+		}
+		total += n
+		ends = append(ends, total)
+	}
+	return func(i int) int {
+		b, _ := slices.BinarySearch(ends, i+1)
+		return b
+	}
+}

@@ -360,6 +360,20 @@ func OpenProgress(ctx context.Context, js jetstream.JetStream, stream, durable s
 	return &KVProgress{kv: kv, js: js, key: safeName(durable)}, nil
 }
 
+// ReadProgress reads durable's record as it is, making nothing: none
+// (the zero Progress) when there is no bucket or no record.
+func ReadProgress(ctx context.Context, js jetstream.JetStream, stream, durable string) (Progress, error) {
+	kv, err := js.KeyValue(ctx, ProgressBucket(stream))
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return Progress{}, nil
+	}
+	if err != nil {
+		return Progress{}, fmt.Errorf("open key-value bucket %s (subscriber progress): %w", ProgressBucket(stream), err)
+	}
+	p, _, err := (&KVProgress{kv: kv, js: js, key: safeName(durable)}).Load(ctx)
+	return p, err
+}
+
 // openBucket opens the bucket of stream's subscriber records, making it
 // if missing.
 func openBucket(ctx context.Context, js jetstream.JetStream, stream, bucket string) (jetstream.KeyValue, error) {

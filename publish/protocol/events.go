@@ -193,9 +193,6 @@ type CheckStream struct {
 	Quiet bool
 }
 
-// SetStream records the stream the incarnation publishes to.
-type SetStream struct{ Name, Created string }
-
 // ClearStopped forgets where the stream stood at the last clean stop:
 // this session publishes from now on.
 type ClearStopped struct{}
@@ -216,10 +213,20 @@ type Publish struct{}
 // RecordAnchor keeps in the slot's record the newest message the session
 // stored and found on the stream, and what the stream held, for a tailer
 // started after this one is killed.
+// With Stream set, the stream the incarnation publishes to is recorded
+// in the same write (its anchor and what it held, of another stream, are
+// forgotten first): a session's first markers and the stream they name
+// are kept together, so that no record names a stream with nothing
+// stored on it to know it by.
 type RecordAnchor struct {
 	Anchor Anchor
 	Seen   Seen
+	Stream StreamID
 }
+
+// StreamID is a stream as the record names it: its name and the creation
+// time its server reported ("": not to be recorded).
+type StreamID struct{ Name, Created string }
 
 // Stop ends the streaming session with Refusal.
 type Stop struct{ Refusal Refusal }
@@ -272,7 +279,6 @@ func (Claim) command()            {}
 func (Adopt) command()            {}
 func (Bind) command()             {}
 func (CheckStream) command()      {}
-func (SetStream) command()        {}
 func (ClearStopped) command()     {}
 func (Resume) command()           {}
 func (UniqueIDs) command()        {}

@@ -55,7 +55,7 @@ func toStream(t *testing.T, r *Relay, rec Record, head StreamHead) {
 	step(t, r, Inspected{Record: rec, Slot: slotAt}, "Claim{}")
 	step(t, r, Claimed{Head: head, Record: rec}, "CheckStream{Anchors:[] Quiet:false}")
 	step(t, r, StreamChecked{Created: head.Created, Seen: head.Seen},
-		fmt.Sprintf("RecordAnchor{Anchor:{Seq:0 Mark:} Seen:%+v} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}", head.Seen.recordable()))
+		fmt.Sprintf("RecordAnchor{Anchor:{Seq:0 Mark:} Seen:%+v Stream:{Name: Created:}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}", head.Seen.recordable()))
 	step(t, r, Resumed{}, "Publish{}")
 }
 
@@ -69,8 +69,9 @@ func TestFirstStart(t *testing.T) {
 	step(t, r, SlotMade{Record: Record{Exists: true, Incarnation: "i1", Bound: true}, Slot: slotAt}, "Claim{}")
 	step(t, r, Claimed{Head: headAt, Record: Record{Exists: true, Incarnation: "i1", Bound: true}}, "CheckStream{Anchors:[] Quiet:false}")
 	step(t, r, StreamChecked{Created: "t1", Seen: seen0},
-		"SetStream{Name:S Created:t1} RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
-	step(t, r, Resumed{WAL: 0x200}, "Publish{}")
+		"Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+	step(t, r, Resumed{WAL: 0x200, Anchors: Anchors{Last: Anchor{Seq: 1, Mark: "m1"}}},
+		"RecordAnchor{Anchor:{Seq:1 Mark:m1} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name:S Created:t1}} Publish{}")
 	// Events of another phase are passed over.
 	step(t, r, Resumed{}, "")
 	step(t, r, Start{}, "")
@@ -162,8 +163,33 @@ func TestTakingTheStreamOver(t *testing.T) {
 	step(t, r, Inspected{Slot: slotAt}, "Claim{}")
 	step(t, r, Claimed{Head: headAt}, "Adopt{}")
 	step(t, r, Bound{Record: Record{Exists: true, Incarnation: "i2", Bound: true}}, "CheckStream{Anchors:[] Quiet:false}")
-	step(t, r, StreamChecked{Created: "t1", Seen: seen0}, "SetStream{Name:S Created:t1} RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}} "+
-		"Resume{Owner:{Origin:/0/ Incarnation:i2 Since:0 Legacy:false After:0/100 InFlight:1}}")
+	step(t, r, StreamChecked{Created: "t1", Seen: seen0}, "Resume{Owner:{Origin:/0/ Incarnation:i2 Since:0 Legacy:false After:0/100 InFlight:1}}")
+}
+
+// The stream is named in the record with the session's first markers,
+// in one write, never before: a tailer killed before its markers were
+// stored, followed by another creation time (another replica of the
+// stream answering), finds a record naming no stream, and takes the
+// stream for its own (it refused it as made again: a false refusal,
+// docs/faults.md).
+func TestStreamNamedWithItsMarkers(t *testing.T) {
+	unnamed := Record{Exists: true, Incarnation: "i1", Bound: true}
+	r := New(Config{Stream: "S"})
+	open(t, r)
+	step(t, r, Inspected{Record: unnamed, Slot: slotAt}, "Claim{}")
+	step(t, r, Claimed{Head: headAt, Record: unnamed}, "CheckStream{Anchors:[] Quiet:false}")
+	step(t, r, StreamChecked{Created: "t1", Seen: seen0}, "Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+	// Killed here; the next finds the record as it was, and another
+	// creation time.
+	r = New(Config{Stream: "S"})
+	open(t, r)
+	other := headAt
+	other.Created = "t2"
+	step(t, r, Inspected{Record: unnamed, Slot: slotAt}, "Claim{}")
+	step(t, r, Claimed{Head: other, Record: unnamed}, "CheckStream{Anchors:[] Quiet:false}")
+	step(t, r, StreamChecked{Created: "t2", Seen: seen0}, "Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+	step(t, r, Resumed{WAL: 0x200, Anchors: Anchors{Last: Anchor{Seq: 1, Mark: "m1"}}},
+		"RecordAnchor{Anchor:{Seq:1 Mark:m1} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name:S Created:t2}} Publish{}")
 }
 
 // A stream whose server reports another creation time than recorded is
@@ -199,7 +225,7 @@ func TestStreamOfAnotherCreationTime(t *testing.T) {
 	step(t, r, Inspected{Record: stopped, Slot: slotAt}, "Claim{}")
 	step(t, r, Claimed{Head: head, Record: stopped}, "CheckStream{Anchors:[{Seq:6 Mark:id:6}] Quiet:false}")
 	step(t, r, StreamChecked{Created: "t2", Seen: Seen{Known: true, First: 1, Last: 6}},
-		"SetStream{Name:S Created:t2} RecordAnchor{Anchor:{Seq:6 Mark:id:6} Seen:{Known:true First:1 Last:6 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}} ClearStopped{} "+
+		"RecordAnchor{Anchor:{Seq:6 Mark:id:6} Seen:{Known:true First:1 Last:6 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}} ClearStopped{} "+
 			"Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:2}}")
 	r = New(Config{})
 	open(t, r)
@@ -265,11 +291,11 @@ func TestStreamChecks(t *testing.T) {
 		{"purged", StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 10, Last: 9}}, purged},
 		{"a message deleted", StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 9, Deleted: 1}}, purged},
 		{"limits", StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 10, Last: 12, Trims: true}},
-			"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:10 Last:12 Deleted:0 Batches:0 Trims:true Keeps:0 Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}"},
+			"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:10 Last:12 Deleted:0 Batches:0 Trims:true Keeps:0 Quiet:false} Stream:{Name: Created:}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}"},
 		{"as seen", StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 9}},
 			"Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}"},
 		{"made again, held nothing", StreamChecked{Created: "t2", Seen: Seen{Known: true, First: 1, Last: 9}},
-			"SetStream{Name:S Created:t2} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}"},
+			"Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := New(Config{})
@@ -307,7 +333,7 @@ func TestResumed(t *testing.T) {
 		{"failed", Resumed{Err: errors.New("timeout")}, false, "Wait{Delay:250ms Err:timeout Say:true}"},
 		{"past the WAL", Resumed{Reach: Position{Commit: 0x300}, WAL: 0x200}, false, "UniqueIDs{} Publish{}"},
 		{"at the WAL", Resumed{Reach: Position{Commit: 0x200}, WAL: 0x200}, false, "Publish{}"},
-		{"markers stored", Resumed{Anchors: Anchors{Last: Anchor{Seq: 7, Mark: "m7"}}}, false, "RecordAnchor{Anchor:{Seq:7 Mark:m7} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}} Publish{}"},
+		{"markers stored", Resumed{Anchors: Anchors{Last: Anchor{Seq: 7, Mark: "m7"}}}, false, "RecordAnchor{Anchor:{Seq:7 Mark:m7} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}} Publish{}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := New(Config{AutoResync: tc.auto})
@@ -315,7 +341,7 @@ func TestResumed(t *testing.T) {
 			step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
 			step(t, r, Claimed{Head: headAt, Record: boundAt}, "CheckStream{Anchors:[] Quiet:false}")
 			step(t, r, StreamChecked{Created: "t1", Seen: seen0},
-				"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+				"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
 			step(t, r, tc.ev, tc.want)
 		})
 	}
@@ -353,7 +379,7 @@ func TestChecksWhileStreaming(t *testing.T) {
 		{"anchor gone", Checked{Stream: StreamChecked{Created: "t1", Missing: []Anchor{{Seq: 3, Mark: "id:3"}}}},
 			"Stop{Refusal:stream S no longer holds message 3 that this tailer stored on it (id:3): it was deleted and made again, restored from an older backup, or purged (of the batches' subject alone too): the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them}"},
 		{"another replica", Checked{Stream: StreamChecked{Created: "t9", Seen: Seen{Known: true, First: 1, Last: 4}}},
-			"RecordAnchor{Anchor:{Seq:4 Mark:m4} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}}"},
+			"RecordAnchor{Anchor:{Seq:4 Mark:m4} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := New(Config{})
@@ -366,10 +392,10 @@ func TestChecksWhileStreaming(t *testing.T) {
 	toStream(t, r, boundAt, headAt)
 	step(t, r, Checking{Anchors: stored}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4}] Quiet:false}")
 	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4}}},
-		"RecordAnchor{Anchor:{Seq:4 Mark:m4} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}}")
+		"RecordAnchor{Anchor:{Seq:4 Mark:m4} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}}")
 	// Known now: looked for beside what is stored next; recorded once.
 	step(t, r, Checking{Anchors: Anchors{Last: Anchor{Seq: 6, Mark: "m6"}, Batch: Anchor{Seq: 3, Mark: "id:3"}}}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4} {Seq:6 Mark:m6}] Quiet:false}")
-	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4}}}, "RecordAnchor{Anchor:{Seq:6 Mark:m6} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}}")
+	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4}}}, "RecordAnchor{Anchor:{Seq:6 Mark:m6} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}}")
 	step(t, r, Checking{Anchors: stored}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:6 Mark:m6} {Seq:4 Mark:m4}] Quiet:false}")
 	// A message gone: a quiet look tells whether batches were, and with no
 	// quiet look to count from (the first one was not), it was.
@@ -391,7 +417,7 @@ func TestNextSessionKnowsTheStream(t *testing.T) {
 	r := New(Config{})
 	toStream(t, r, boundAt, headAt)
 	step(t, r, Checking{Anchors: Anchors{Last: Anchor{Seq: 2, Mark: "m2"}, Batch: Anchor{Seq: 1, Mark: "id:1"}}}, "CheckStream{Anchors:[{Seq:1 Mark:id:1} {Seq:2 Mark:m2}] Quiet:false}")
-	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 2}}}, "RecordAnchor{Anchor:{Seq:2 Mark:m2} Seen:{Known:true First:1 Last:2 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}}")
+	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 2}}}, "RecordAnchor{Anchor:{Seq:2 Mark:m2} Seen:{Known:true First:1 Last:2 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}}")
 	step(t, r, Ended{Kind: EndNATS, Err: errors.New("cut"), Anchors: Anchors{Last: Anchor{Seq: 5, Mark: "m5"}, Batch: Anchor{Seq: 5, Mark: "id:5"}}}, "Wait{Delay:250ms Err:cut Say:true}")
 	open(t, r)
 	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
@@ -455,7 +481,7 @@ func TestPubAckEnds(t *testing.T) {
 	open(t, r)
 	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
 	step(t, r, Claimed{Head: headAt, Record: boundAt}, "CheckStream{Anchors:[] Quiet:false}")
-	step(t, r, StreamChecked{Created: "t1", Seen: seen0}, "RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+	step(t, r, StreamChecked{Created: "t1", Seen: seen0}, "RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
 	step(t, r, Resumed{}, "UniqueIDs{} Publish{}")
 	step(t, r, Ended{Kind: EndBatchGone, Err: errors.New("gone")}, "Refuse{Refusal:gone Say:true} Wait{Delay:5s Err:<nil> Say:false}")
 	if f := r.rec.Refused.Fact; f != NoFact {
@@ -524,7 +550,7 @@ func TestBatchesCounted(t *testing.T) {
 		step(t, r, Claimed{Head: headAt, Record: rec}, "CheckStream{Anchors:[] Quiet:false}")
 		seen.Quiet = true
 		step(t, r, StreamChecked{Created: "t1", Seen: seen},
-			fmt.Sprintf("RecordAnchor{Anchor:{Seq:0 Mark:} Seen:%+v} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}", seen.recordable()))
+			fmt.Sprintf("RecordAnchor{Anchor:{Seq:0 Mark:} Seen:%+v Stream:{Name: Created:}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}", seen.recordable()))
 		step(t, r, Resumed{}, "Publish{}")
 	}
 	start := Seen{Known: true, First: 1, Last: 10, Batches: 6}
@@ -555,7 +581,7 @@ func TestBatchesCounted(t *testing.T) {
 	step(t, r, Inspected{Record: stopped, Slot: slotAt}, "Claim{}")
 	step(t, r, Claimed{Head: headAt, Record: stopped}, "CheckStream{Anchors:[] Quiet:false}")
 	step(t, r, StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 4, Last: 10, Deleted: 1, Batches: 6, Quiet: true}},
-		"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:4 Last:10 Deleted:1 Batches:6 Trims:false Keeps:0 Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+		"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:4 Last:10 Deleted:1 Batches:6 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
 	r = New(Config{})
 	open(t, r)
 	step(t, r, Inspected{Record: stopped, Slot: slotAt}, "Claim{}")
@@ -585,7 +611,7 @@ func TestBatchesCounted(t *testing.T) {
 	step(t, r, Claimed{Head: headAt, Record: trimmed}, "CheckStream{Anchors:[] Quiet:false}")
 	off := Seen{Known: true, First: 41, Last: 60, Quiet: true}
 	step(t, r, StreamChecked{Created: "t1", Seen: off},
-		"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:41 Last:60 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}")
+		"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:41 Last:60 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}")
 	after := boundAt
 	after.StreamSeq, after.Seen = 2, off.recordable()
 	r = New(Config{})
@@ -593,7 +619,7 @@ func TestBatchesCounted(t *testing.T) {
 	step(t, r, Inspected{Record: after, Slot: slotAt}, "Claim{}")
 	step(t, r, Claimed{Head: headAt, Record: after}, "CheckStream{Anchors:[] Quiet:false}")
 	step(t, r, StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 41, Last: 62, Quiet: true}},
-		"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:41 Last:62 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}")
+		"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:41 Last:62 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}")
 }
 
 // An anchor gone is a loss unless it is a session marker (by its mark):

@@ -319,10 +319,7 @@ func (r *Relay) streamChecked(ev StreamChecked) []Command {
 	}
 	r.anchors, r.stored = r.anchors.with(r.stored), Anchors{}
 	var cmds []Command
-	if r.rec.StreamName != r.stream.Name || r.rec.StreamCreated != r.stream.Created {
-		cmds = append(cmds, SetStream{Name: r.stream.Name, Created: r.stream.Created})
-	}
-	if r.rec.Seen != r.seen.recordable() {
+	if r.rec.StreamName == r.stream.Name && r.rec.Seen != r.seen.recordable() {
 		// What the stream holds now is what a tailer started after this
 		// one is killed compares it with: a message removed meanwhile, a
 		// batch this session is about to publish among them, is seen.
@@ -373,7 +370,7 @@ func (r *Relay) resumed(ev Resumed) []Command {
 		// message it still holds (a resync's last).
 		r.anchors = r.anchors.with(ev.Anchors)
 		r.recorded, r.recordedSeen = a, r.seen.recordable()
-		cmds = append(cmds, RecordAnchor{Anchor: a, Seen: r.seen.recordable()})
+		cmds = append(cmds, r.recordAnchor(a))
 	}
 	if ev.WAL < ev.Reach.Commit || r.reusedIDs {
 		// The database is behind what the stream holds of it (a
@@ -443,9 +440,24 @@ func (r *Relay) checked(ev Checked) []Command {
 	r.anchors = r.anchors.with(r.stored)
 	if a := r.anchors.Last; a.Seq != 0 && (a.Seq != r.recorded.Seq || r.seen.recordable() != r.recordedSeen) {
 		r.recorded, r.recordedSeen = a, r.seen.recordable()
-		return []Command{RecordAnchor{Anchor: a, Seen: r.seen.recordable()}}
+		return []Command{r.recordAnchor(a)}
 	}
 	return nil
+}
+
+// recordAnchor records a, the newest message stored on the stream, and
+// the stream with it when the record names another (or another creation
+// time): named with the markers, never before them, since a tailer killed
+// in between, followed by another creation time (another replica
+// answering), would find a record naming a stream with nothing to know it
+// by, and refuse it.
+func (r *Relay) recordAnchor(a Anchor) RecordAnchor {
+	rec := RecordAnchor{Anchor: a, Seen: r.seen.recordable()}
+	if r.rec.StreamName != r.stream.Name || r.rec.StreamCreated != r.stream.Created {
+		rec.Stream = StreamID{Name: r.stream.Name, Created: r.stream.Created}
+		r.rec.StreamName, r.rec.StreamCreated = r.stream.Name, r.stream.Created
+	}
+	return rec
 }
 
 // natsTrouble stops a streaming session whose NATS stores nothing.

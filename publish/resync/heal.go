@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -79,6 +80,41 @@ func Heal(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opt
 	rep.StreamSeq = last.Seq
 	return rep, replication.SetAnchor(ctx, db, opts.Slot, rec.Incarnation, last.Seq, last.Mark,
 		replication.StreamSeen{First: seen.First, Last: seen.Last, Deleted: seen.Deleted, Batches: seen.Batches, Trims: seen.Trims, Quiet: true, Keeps: seen.Keeps})
+}
+
+// HealAsking is Heal under the slot's lease, taken for it: a tailer run
+// that holds the lease is asked to let go of it (replication.AskHeal: it
+// looks at each of its checks, and streams again once the request is
+// cleared) and waited for up to wait. The ids healed are taken out of
+// what audits found missing. app names the healer in pg_stat_activity.
+func HealAsking(ctx context.Context, nc *nats.Conn, opts Options, ids []int64, app string, wait time.Duration) (Report, error) {
+	q, err := replication.Open(ctx, opts.DatabaseURL, app, nil)
+	if err != nil {
+		return Report{Slot: opts.Slot}, err
+	}
+	defer q.Close(context.Background())
+	db := replication.SchemaConn{Querier: q, Schema: opts.Schema}
+	lease, err := replication.AcquireLease(ctx, opts.DatabaseURL, opts.Slot, replication.LeaseOptions{Application: app, Wait: time.Second})
+	var held *replication.LeaseHeldError
+	if errors.As(err, &held) {
+		if opts.Log != nil {
+			opts.Log.Info("asking the tailer run that holds the slot to let go of it for the heal", "slot", opts.Slot, "holder", held.Holder.String())
+		}
+		if err := replication.AskHeal(ctx, db, opts.Slot); err != nil {
+			return Report{Slot: opts.Slot}, err
+		}
+		defer replication.ClearHeal(context.WithoutCancel(ctx), db, opts.Slot)
+		lease, err = replication.AcquireLease(ctx, opts.DatabaseURL, opts.Slot, replication.LeaseOptions{Application: app, Wait: wait, Asked: true})
+	}
+	if err != nil {
+		return Report{Slot: opts.Slot}, err
+	}
+	defer lease.Release()
+	rep, err := Heal(ctx, lease, nc, opts, ids)
+	if err != nil {
+		return rep, err
+	}
+	return rep, replication.RemoveAuditMissing(ctx, db, opts.Slot, ids)
 }
 
 // healTokens publishes the tokens of ids still eligible that the stream

@@ -85,9 +85,10 @@ type Config struct {
 	// AutoResync lets tailer run resync a lost or vanished slot by itself.
 	AutoResync bool
 	// AuditInterval is how often tailer run audits the tokens confirmed
-	// since its last audit (0: never); AuditHeal lets it publish what the
-	// audit finds missing.
+	// since its last audit (0: never), AuditGrace how long after their
+	// creation; AuditHeal lets it publish what the audit finds missing.
 	AuditInterval time.Duration
+	AuditGrace    time.Duration
 	AuditHeal     bool
 	// SlotFailover is MAILROOM_SLOT_FAILOVER: auto, true or false.
 	SlotFailover string
@@ -447,6 +448,7 @@ var Vars = []Var{
 	}},
 	{Env: "MAILROOM_AUTO_RESYNC", Cmds: Run, Flag: "auto-resync", Type: "bool", Group: GroupPostgreSQL, Default: "false", Usage: "when the slot is lost or gone, recreate it and publish the still-eligible tokens the stream lacks (tailer resync) instead of waiting for the operator", Shown: true, set: boolVar(func(c *Config) *bool { return &c.AutoResync })},
 	{Env: "MAILROOM_AUDIT_INTERVAL", Cmds: Run, Flag: "audit-interval", Type: "ms", Group: GroupOperations, Default: "60000", Usage: "milliseconds between audits of the tokens confirmed since the last one, by content: each eligible token against the keys the stream holds (tailer audit); 0: none", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.AuditInterval }, 0, 86_400_000)},
+	{Env: "MAILROOM_AUDIT_GRACE", Cmds: Run, Flag: "audit-grace", Type: "ms", Group: GroupOperations, Default: "60000", Usage: "milliseconds after their creation tokens are audited (at least twice MAILROOM_LAG_INTERVAL and MAILROOM_BATCH_TIMEOUT together): tokens a transaction commits later than this after it began are left to tailer audit", Shown: true, set: millisVar(func(c *Config) *time.Duration { return &c.AuditGrace }, 1000, 86_400_000)},
 	{Env: "MAILROOM_AUDIT_HEAL", Cmds: Run, Flag: "audit-heal", Type: "bool", Group: GroupOperations, Default: "false", Usage: "publish, once, the still-eligible tokens an audit finds missing from the stream (as tailer audit --heal does) instead of only saying so", Shown: true, set: boolVar(func(c *Config) *bool { return &c.AuditHeal })},
 	{Env: "MAILROOM_LOG_FORMAT", Cmds: Run | Resync, Flag: "log-format", Type: "text|json", Group: GroupOperations, Default: "text", Usage: "log format: text or json", Shown: true, set: func(c *Config, v string) error {
 		if v != "text" && v != "json" {

@@ -127,10 +127,17 @@ func (x *run) checkStream(c protocol.CheckStream) protocol.Event {
 const quietWait = 5 * time.Second
 
 // streamCheck is pub's stream as CheckStream asks to look at it: quietly
-// (publishing held until what was sent is stored) when it asks.
+// (publishing held until what was sent is stored) when it asks. The
+// anchors are looked up before the stream's state and configuration are
+// read: one a limit set in between removed then lies below the first
+// sequence of a stream seen to trim, not beside a configuration that
+// removes nothing.
 func streamCheck(ctx context.Context, pub *publish.Publisher, c protocol.CheckStream) (protocol.StreamChecked, error) {
 	var ev protocol.StreamChecked
 	var err error
+	if ev.Missing, err = pub.MissingAnchors(ctx, c.Anchors); err != nil {
+		return protocol.StreamChecked{}, err
+	}
 	if c.Quiet {
 		qctx, cancel := context.WithTimeout(ctx, quietWait)
 		ev.Created, ev.Seen, ev.Stored, err = pub.LookQuietly(qctx)
@@ -140,9 +147,6 @@ func streamCheck(ctx context.Context, pub *publish.Publisher, c protocol.CheckSt
 		ev.Created, ev.Seen, err = pub.Look(ctx)
 	}
 	if err != nil {
-		return protocol.StreamChecked{}, err
-	}
-	if ev.Missing, err = pub.MissingAnchors(ctx, c.Anchors); err != nil {
 		return protocol.StreamChecked{}, err
 	}
 	return ev, nil

@@ -98,6 +98,8 @@ type Daemon struct {
 	// taking messages (nil: nothing). See natscause.go.
 	denied       atomic.Pointer[denial]
 	storeProblem atomic.Pointer[string]
+	// auditState is what the audits found missing (audit.go).
+	auditState atomic.Pointer[auditState]
 }
 
 // publishing is what /readyz and the metrics read of a streaming
@@ -174,6 +176,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go d.sampleSlot(ctx)
 	if d.cfg.HeartbeatInterval > 0 {
 		go d.heartbeat(ctx)
+	}
+	if d.cfg.AuditInterval > 0 {
+		go d.audits(ctx, nc)
 	}
 
 	if d.cfg.HTTPAddr != "" {

@@ -41,6 +41,9 @@ func (d *Daemon) readiness() Readiness {
 	if reason := d.pubAckWaitReason(); reason != "" {
 		r.Reasons = append(r.Reasons, reason)
 	}
+	if reason := d.auditReason(); reason != "" {
+		r.Reasons = append(r.Reasons, reason)
+	}
 	switch s := d.lag.Load(); {
 	case s == nil:
 		r.Reasons = append(r.Reasons, "slot lag not sampled yet")

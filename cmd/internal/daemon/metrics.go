@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/mailroom/tailer/batch"
+	"github.com/mailroom/tailer/publish/audit"
 	"github.com/mailroom/tailer/publish/join"
 	"github.com/mailroom/tailer/replication"
 )
@@ -44,6 +45,10 @@ type Metrics struct {
 	pending        prometheus.GaugeFunc
 	lagSeconds     prometheus.GaugeFunc
 	pubAckWait     prometheus.GaugeFunc
+	auditMissing   prometheus.Gauge
+	auditChecked   prometheus.Counter
+	auditTwice     prometheus.Counter
+	auditLast      prometheus.Gauge
 }
 
 // MetricNames lists the tailer's own metric families.
@@ -71,6 +76,10 @@ var MetricNames = []string{
 	"tailer_tokens_pending",
 	"tailer_lag_seconds",
 	"tailer_puback_wait_seconds",
+	"tailer_audit_missing_tokens",
+	"tailer_audit_checked_tokens_total",
+	"tailer_audit_twice_tokens_total",
+	"tailer_audit_last_complete_timestamp_seconds",
 }
 
 // NewMetrics registers the metrics. pending reports the tokens read from the
@@ -80,6 +89,7 @@ func NewMetrics(pending, lag, pubAckWait func() float64) *Metrics {
 	m := &Metrics{reg: prometheus.NewRegistry()}
 	m.publishMetrics()
 	m.slotMetrics()
+	m.auditMetrics()
 	m.pending = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tailer_tokens_pending", Help: "Tokens read from the WAL and not yet published or skipped.",
 	}, pending)
@@ -103,7 +113,7 @@ func NewMetrics(pending, lag, pubAckWait func() float64) *Metrics {
 	}
 	m.reg.MustRegister(m.published, m.skipped, m.batches, m.batchSize, m.publishLatency, m.messageBatches, m.messageLatency, m.commitToAck, m.joinLatency,
 		m.lastDone, m.confirmed, m.slotLag, m.slotRetained, m.slotConfirmed, m.slotSampled, m.slotHeld, m.slotLost, m.blocked, m.signingKeys, m.ready,
-		m.reconnects, m.pending, m.lagSeconds, m.pubAckWait,
+		m.reconnects, m.pending, m.lagSeconds, m.pubAckWait, m.auditMissing, m.auditChecked, m.auditTwice, m.auditLast,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -180,6 +190,29 @@ func (m *Metrics) slotMetrics() {
 	m.reconnects = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tailer_reconnects_total", Help: "Reconnects by target (postgres, nats): sessions restarted after a failure, and NATS client reconnects.",
 	}, []string{"target"})
+}
+
+// auditMetrics makes the metrics of the continuous audit.
+func (m *Metrics) auditMetrics() {
+	m.auditMissing = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tailer_audit_missing_tokens", Help: "Tokens an audit found missing from the stream (eligible when the slot confirmed past them), not healed nor acknowledged since (tailer audit --heal, --acknowledge): the slot's record, read every MAILROOM_AUDIT_INTERVAL.",
+	})
+	m.auditChecked = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tailer_audit_checked_tokens_total", Help: "Tokens tailer run's audit found on the stream by key.",
+	})
+	m.auditTwice = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tailer_audit_twice_tokens_total", Help: "Tokens tailer run's audit found on the stream more than once (consumers that drop a token they have by key deliver them once).",
+	})
+	m.auditLast = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tailer_audit_last_complete_timestamp_seconds", Help: "When tailer run's audit last finished (Unix time): it stays behind while the audit cannot finish (NATS or PostgreSQL away, the stream changing as it is read, the tailer behind).",
+	})
+}
+
+// audited counts what a complete audit found.
+func (m *Metrics) audited(rep audit.Report) {
+	m.auditChecked.Add(float64(rep.Checked))
+	m.auditTwice.Add(float64(len(rep.Twice)))
+	m.auditLast.SetToCurrentTime()
 }
 
 // Handler serves the metrics.

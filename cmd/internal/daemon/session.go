@@ -112,8 +112,6 @@ func (x *run) write(cmd protocol.Command) protocol.Event {
 	d := x.d
 	var err error
 	switch c := cmd.(type) {
-	case protocol.SetStream:
-		err = replication.SetStream(x.ctx, x.db(), &x.rec, replication.StreamIdentity{Name: c.Name, Created: c.Created})
 	case protocol.ClearStopped:
 		err = replication.SetStopped(x.ctx, x.db(), &x.rec, 0, "")
 	case protocol.UniqueIDs:
@@ -121,7 +119,7 @@ func (x *run) write(cmd protocol.Command) protocol.Event {
 		d.log.Warn("the stream holds batches past this server's WAL, or of other tokens under the ids of this session's batches (a restored database): " +
 			"the tokens the stream holds are known by key and skipped, every other one is published; batch ids carry the session")
 	case protocol.RecordAnchor:
-		err = replication.SetAnchor(x.ctx, x.db(), d.cfg.Slot, x.rec.Incarnation, c.Anchor.Seq, c.Anchor.Mark, seenOf(c.Seen))
+		err = x.recordAnchor(c)
 	case protocol.MarkResyncNeeded:
 		err = replication.SetResyncNeeded(x.ctx, x.db(), d.cfg.Slot)
 	case protocol.Refuse:
@@ -137,6 +135,29 @@ func (x *run) write(cmd protocol.Command) protocol.Event {
 		return x.ended(pgErr(err))
 	}
 	return nil
+}
+
+// recordAnchor keeps the anchor, and the stream with it when asked, in
+// one transaction.
+func (x *run) recordAnchor(c protocol.RecordAnchor) error {
+	set := func(db replication.SchemaConn) error {
+		return replication.SetAnchor(x.ctx, db, x.d.cfg.Slot, x.rec.Incarnation, c.Anchor.Seq, c.Anchor.Mark, seenOf(c.Seen))
+	}
+	if c.Stream.Name == "" {
+		return set(x.db())
+	}
+	rec := x.rec
+	err := pgx.BeginFunc(x.ctx, x.s.q, func(tx pgx.Tx) error {
+		db := x.d.db(tx)
+		if err := replication.SetStream(x.ctx, db, &rec, replication.StreamIdentity{Name: c.Stream.Name, Created: c.Stream.Created}); err != nil {
+			return err
+		}
+		return set(db)
+	})
+	if err == nil {
+		x.rec = rec
+	}
+	return err
 }
 
 // db is the session's query connection in the tailer's schema.

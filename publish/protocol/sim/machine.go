@@ -493,7 +493,7 @@ func (m *machine) settle(t *rapid.T) {
 	}
 	w.say("settling")
 	m.run(t)
-	if m.refused() && !w.causes && !(w.limited && m.refusedFor(protocol.WindowTrimmed)) && !m.replicaMistaken() {
+	if m.refused() && !w.causes && !(w.limited && m.refusedFor(protocol.WindowTrimmed)) {
 		t.Fatalf("a refusal stands, and no fault called for one: %v", m.refusals())
 	}
 	if missing := m.missing(); len(missing) > 0 {
@@ -614,18 +614,6 @@ func (m *machine) fingerprint() string {
 	return fmt.Sprintf("%d/%d/%s/%d/%d/%d/%+v", w.stream.last, len(w.stream.msgs), confirmed, len(w.acked), streaming, len(w.net), w.db.rec)
 }
 
-// refusals are what the processes say.
-// replicaMistaken reports whether the refusals standing are the known
-// false one: a record that names the stream by a replica's creation time
-// and by no message cannot tell another replica from a stream made again
-// (one made again after a tailer killed before recording a message it
-// stored loses it), so another replica answering is refused.
-func (m *machine) replicaMistaken() bool {
-	r := m.w.db.rec
-	return len(m.w.stream.replicas) > 1 && r.Anchor.Seq == 0 && r.Stopped.Seq == 0 && r.StreamCreated != m.w.stream.created() &&
-		m.refusedFor(protocol.StreamReplaced)
-}
-
 // refusedFor reports whether every refusal standing is of fact f.
 func (m *machine) refusedFor(f protocol.Fact) bool {
 	for _, p := range m.alive() {
@@ -636,6 +624,7 @@ func (m *machine) refusedFor(f protocol.Fact) bool {
 	return true
 }
 
+// refusals are what the processes say.
 func (m *machine) refusals() []string {
 	var out []string
 	for _, p := range m.alive() {

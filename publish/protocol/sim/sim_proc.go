@@ -221,13 +221,6 @@ func (p *simProc) write(change func(*protocol.Record)) {
 func (p *simProc) write1(cmd protocol.Command) {
 	w, s := p.w, p.s
 	switch c := cmd.(type) {
-	case protocol.SetStream:
-		p.write(func(r *protocol.Record) {
-			if r.StreamName != c.Name {
-				r.Anchor = protocol.Anchor{}
-			}
-			r.StreamName, r.StreamCreated = c.Name, c.Created
-		})
 	case protocol.ClearStopped:
 		p.write(func(r *protocol.Record) { r.Stopped = protocol.Anchor{} })
 	case protocol.UniqueIDs:
@@ -530,6 +523,12 @@ func (p *simProc) check() {
 func (p *simProc) record(c protocol.RecordAnchor) {
 	p.w.anchorWrites++
 	p.write(func(r *protocol.Record) {
+		if id := c.Stream; id.Name != "" {
+			if r.StreamName != id.Name {
+				r.Anchor = protocol.Anchor{}
+			}
+			r.StreamName, r.StreamCreated = id.Name, id.Created
+		}
 		if c.Anchor.Seq > r.Anchor.Seq {
 			r.Anchor = c.Anchor
 		}
