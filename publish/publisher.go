@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/publish/jsio"
 	"slices"
 	"strconv"
 	"strings"
@@ -57,8 +58,8 @@ func (s Destination) LaneSubjects() []string {
 const minMaxPayload = 8 << 10
 
 // apiTimeout bounds a JetStream API request of the session's that has no
-// deadline of its own (wire.GetMsg's is the same).
-const apiTimeout = wire.RequestTimeout
+// deadline of its own (jsio.GetMsg's is the same).
+const apiTimeout = jsio.RequestTimeout
 
 // StreamConfigError is a stream (or server) the tailer cannot keep its
 // promise with: retrying does not change it, the operator must.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -164,6 +165,11 @@ func Audit(ctx context.Context, conn *pgx.Conn, stream jetstream.Stream, opts Op
 	})
 	if err != nil {
 		return Report{}, incomplete("read the tokens", err)
+	}
+	// Rows come in the order of their creation times; ids are said in
+	// their own.
+	for _, ids := range [][]int64{rep.Missing, rep.Twice, rep.Undelivered, rep.Pending} {
+		slices.Sort(ids)
 	}
 	return rep, nil
 }

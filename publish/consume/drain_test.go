@@ -3,6 +3,7 @@ package consume_test
 import (
 	"bytes"
 	"context"
+	"github.com/mailroom/tailer/publish/consume/protocol"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,7 +23,7 @@ type slowSaves struct {
 	delay time.Duration
 }
 
-func (s *slowSaves) Save(ctx context.Context, p *consume.Progress, revision uint64) (uint64, error) {
+func (s *slowSaves) Save(ctx context.Context, p *protocol.Progress, revision uint64) (uint64, error) {
 	time.Sleep(s.delay)
 	return s.ProgressStore.Save(ctx, p, revision)
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/mailroom/tailer/publish/consume/protocol"
 	"strings"
 	"testing"
 	"time"
@@ -25,11 +26,11 @@ type previousRecord struct {
 }
 
 type previousMessage struct {
-	Mark     string          `json:"mark,omitempty"`
-	Batches  int             `json:"batches"`
-	Done     consume.Batches `json:"done,omitempty"`
-	Acked    bool            `json:"acked,omitempty"`
-	Attempts map[int]int     `json:"attempts,omitempty"`
+	Mark     string           `json:"mark,omitempty"`
+	Batches  int              `json:"batches"`
+	Done     protocol.Batches `json:"done,omitempty"`
+	Acked    bool             `json:"acked,omitempty"`
+	Attempts map[int]int      `json:"attempts,omitempty"`
 }
 
 // A record of format 1 is one the release before reads (a rolling
@@ -37,8 +38,8 @@ type previousMessage struct {
 // of it while it needs no more, and refused, naming the way back, once it
 // does.
 func TestRecordFormats(t *testing.T) {
-	p := consume.Progress{Floor: 7, Last: wire.Anchor{Seq: 9, Mark: "id:9"}, Messages: map[uint64]*consume.MessageProgress{
-		8: {Mark: "id:8", Batches: 3, Done: consume.Batches{}, Acked: false, Attempts: map[int]int{2: 1}},
+	p := protocol.Progress{Floor: 7, Last: wire.Anchor{Seq: 9, Mark: "id:9"}, Messages: map[uint64]*protocol.MessageProgress{
+		8: {Mark: "id:8", Batches: 3, Done: protocol.Batches{}, Acked: false, Attempts: map[int]int{2: 1}},
 	}}
 	p.Messages[8].Done.Add(0)
 	data, err := json.Marshal(&p)
@@ -56,7 +57,7 @@ func TestRecordFormats(t *testing.T) {
 	}
 
 	later := `{"version":2,"floor":7,"later":{"x":[1,2]},"messages":{"8":{"batches":3,"done":"0-1","later":true}}}`
-	got, err := consume.ParseProgress([]byte(later))
+	got, err := protocol.ParseProgress([]byte(later))
 	if err != nil {
 		t.Fatalf("a later release's record that needs no more than format 1: %v", err)
 	}
@@ -65,8 +66,8 @@ func TestRecordFormats(t *testing.T) {
 	}
 
 	for _, ahead := range []string{`{"version":2,"needs":2,"floor":7}`, `{"needs":3}`} {
-		_, err := consume.ParseProgress([]byte(ahead))
-		if !errors.Is(err, consume.ErrRecordAhead) {
+		_, err := protocol.ParseProgress([]byte(ahead))
+		if !errors.Is(err, protocol.ErrRecordAhead) {
 			t.Fatalf("%s: %v, want ErrRecordAhead", ahead, err)
 		}
 		if !strings.Contains(err.Error(), "run this durable's subscribers from the release that wrote it") {
@@ -106,7 +107,7 @@ func TestRecordOfALaterRelease(t *testing.T) {
 			if tc.ahead {
 				select {
 				case err := <-done:
-					if !errors.Is(err, consume.ErrRecordAhead) {
+					if !errors.Is(err, protocol.ErrRecordAhead) {
 						t.Fatalf("Run = %v, want ErrRecordAhead", err)
 					}
 				case <-time.After(10 * time.Second):

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
+	"github.com/mailroom/tailer/publish/jsio"
 	"slices"
 	"sync"
 	"time"
@@ -19,7 +19,7 @@ import (
 type held struct {
 	msg jetstream.Msg
 	seq uint64
-	rec *MessageProgress
+	rec *protocol.MessageProgress
 	// pending counts its batches not done.
 	pending int
 	// acking: every batch is done and the ack is on its way.
@@ -72,7 +72,7 @@ func (s *Subscriber) take(ctx context.Context, msg jetstream.Msg) ([]*Unit, erro
 		return nil, nil
 	}
 	s.mu.Lock()
-	rec := s.prog.message(seq, mark, len(b.Sizes))
+	rec := s.prog.MessageAt(seq, mark, len(b.Sizes))
 	lines := s.ofAction(b.Lines())
 	inHand := slices.ContainsFunc(s.held, func(h *held) bool { return h.rec == rec && !h.acking })
 	fates, acknowledge := protocol.Plan(protocol.Message{Seq: seq, Floor: s.prog.Floor, Acked: rec.Acked, Held: inHand, Batches: batchesOf(rec, lines)},
@@ -114,7 +114,7 @@ func (s *Subscriber) take(ctx context.Context, msg jetstream.Msg) ([]*Unit, erro
 func (s *Subscriber) noteDelivery(ctx context.Context, msg jetstream.Msg, meta *jetstream.MsgMetadata, mark string) {
 	seq, again := meta.Sequence.Stream, meta.NumDelivered > 1
 	s.mu.Lock()
-	if s.prog.saw(seq, mark) {
+	if s.prog.Saw(seq, mark) {
 		s.dirty = true
 	}
 	var gap *wire.Gap
@@ -156,7 +156,7 @@ func (s *Subscriber) ofAction(lines [][]SignedToken) [][]SignedToken {
 
 // batchesOf is the message's batches as the plan sees them: what rec
 // says of each, and its tokens for the sink.
-func batchesOf(rec *MessageProgress, lines [][]SignedToken) []protocol.Batch {
+func batchesOf(rec *protocol.MessageProgress, lines [][]SignedToken) []protocol.Batch {
 	out := make([]protocol.Batch, len(lines))
 	for i, line := range lines {
 		out[i] = protocol.Batch{Done: rec.Done.Has(i), Attempts: rec.Attempts[i], Tokens: len(line)}
@@ -230,11 +230,11 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 			// A record of another stream dropped since stays dropped:
 			// read back, that one would skip this stream's messages at
 			// its sequences.
-			p = s.prog.clone()
+			p = s.prog.Clone()
 		case protocol.Merge:
 			// What this subscriber finished and had not saved yet stays
 			// known.
-			p.absorb(&s.prog)
+			p.Absorb(&s.prog)
 		}
 		s.mu.Unlock()
 		rev, err := s.claim(ctx, msg, &p, newRev)
@@ -265,7 +265,7 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 // another stream, left by a subscriber killed before it saved that it
 // dropped it, is dropped, or its floor would have this one acknowledge
 // the new stream's messages unwritten.
-func (s *Subscriber) ofThisStream(ctx context.Context, p *Progress) error {
+func (s *Subscriber) ofThisStream(ctx context.Context, p *protocol.Progress) error {
 	if p.Last.Seq == 0 && p.Floor == 0 {
 		return nil
 	}
@@ -278,7 +278,7 @@ func (s *Subscriber) ofThisStream(ctx context.Context, p *Progress) error {
 			s.cfg.Log.Warn("the durable's record read back is of another stream, or names no message: dropped", "durable", s.cfg.Durable,
 				"record_last_seq", p.Last.Seq, "record_floor", p.Floor)
 		}
-		*p = Progress{}
+		*p = protocol.Progress{}
 	}
 	return nil
 }
@@ -293,7 +293,7 @@ func (s *Subscriber) ofThisStream(ctx context.Context, p *Progress) error {
 // on its way is refused (it stops handing on batches), and one that
 // landed first fails this write (ErrTakenOver), and the record is read
 // again.
-func (s *Subscriber) claim(ctx context.Context, msg jetstream.Msg, p *Progress, rev uint64) (uint64, error) {
+func (s *Subscriber) claim(ctx context.Context, msg jetstream.Msg, p *protocol.Progress, rev uint64) (uint64, error) {
 	var newRev uint64
 	err := s.untilSaved(ctx, msg, func(try context.Context) (err error) {
 		newRev, err = s.cfg.Progress.Save(try, p, rev)
@@ -350,8 +350,7 @@ func (s *Subscriber) done(ctx context.Context, units []*Unit) {
 			continue
 		}
 		u.done = true
-		u.h.rec.Done.Add(u.Line)
-		delete(u.h.rec.Attempts, u.Line)
+		u.h.rec.Finished(u.Line)
 		s.stats.Batches++
 		s.stats.LastDone = time.Now()
 		s.dirty = true
@@ -469,10 +468,7 @@ func (s *Subscriber) Settle(ctx context.Context, o Outcome) int {
 		s.stats.ReaderFailures++
 	}
 	if u := failedOn; u != nil {
-		if u.h.rec.Attempts == nil {
-			u.h.rec.Attempts = make(map[int]int)
-		}
-		u.h.rec.Attempts[u.Line]++
+		u.h.rec.Failed(u.Line)
 		s.dirty = true
 	}
 	// Every message in hand but those being acknowledged: some of their
@@ -576,7 +572,7 @@ func (s *Subscriber) untilSaved(ctx context.Context, msg jetstream.Msg, save fun
 		if err == nil || errors.Is(err, ErrTakenOver) || ctx.Err() != nil {
 			return err
 		}
-		if wire.Unanswered(err) && s.js != nil {
+		if jsio.Unanswered(err) && s.js != nil {
 			stranded.Missed(s.js.Conn(), s.cfg.Log, s.cfg.Durable, "no answer to the save of which batches are done")
 		}
 		msg.InProgress()
@@ -592,9 +588,9 @@ func (s *Subscriber) untilSaved(ctx context.Context, msg jetstream.Msg, save fun
 // lands forgets it.
 func (s *Subscriber) noRoom(err error) {
 	why := ""
-	if err != nil && wire.NoRoom(err) {
+	if err != nil && jsio.NoRoom(err) {
 		why = fmt.Sprintf("the server has no room for the durable's record of which batches are done (%s): grow its bucket (max_bytes) or the account's JetStream storage; "+
-			"nothing more is handed on until a save lands", wire.ServerWords(err))
+			"nothing more is handed on until a save lands", jsio.ServerWords(err))
 	}
 	s.mu.Lock()
 	said := s.stats.NoRoom
@@ -683,7 +679,7 @@ func (s *Subscriber) readFloor(ctx context.Context) {
 	s.mu.Lock()
 	if f := info.AckFloor.Stream; f > s.prog.Floor {
 		// Messages in hand are above the floor: they are not acknowledged.
-		s.prog.prune(f)
+		s.prog.Prune(f)
 		s.dirty = true
 	}
 	s.mu.Unlock()
@@ -707,7 +703,7 @@ func (s *Subscriber) save(ctx context.Context) error {
 		}
 		return nil
 	}
-	p := s.prog.clone()
+	p := s.prog.Clone()
 	rev := s.rev
 	s.dirty = false
 	saving := s.doneUnsaved
@@ -758,22 +754,8 @@ func (s *Subscriber) saveOver(ctx context.Context) (uint64, error) {
 	}
 	s.mu.Lock()
 	// In place: the messages in hand keep their records.
-	s.prog.absorb(&cur)
-	p := s.prog.clone()
+	s.prog.Absorb(&cur)
+	p := s.prog.Clone()
 	s.mu.Unlock()
 	return s.cfg.Progress.Save(ctx, &p, rev)
-}
-
-// clone copies p deeply.
-func (p *Progress) clone() Progress {
-	c := *p
-	c.Messages = make(map[uint64]*MessageProgress, len(p.Messages))
-	for seq, m := range p.Messages {
-		mc := *m
-		mc.Done = slices.Clone(m.Done)
-		mc.Attempts = maps.Clone(m.Attempts)
-		c.Messages[seq] = &mc
-	}
-	c.Chain.Subjects = maps.Clone(p.Chain.Subjects)
-	return c
 }

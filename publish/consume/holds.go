@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/publish/jsio"
 	"log/slog"
 	"slices"
 	"strings"
@@ -22,12 +23,12 @@ import (
 var ErrStreamChanged = errors.New("the stream does not hold the message read there")
 
 // StreamHolds reports whether stream holds at seq a message for which
-// match is true, read from the stream's leader (wire.GetMsg). A message
+// match is true, read from the stream's leader (jsio.GetMsg). A message
 // gone is false; a server that cannot answer now (a leader being
 // elected, a node away) is asked again until ctx ends.
 func StreamHolds(ctx context.Context, js jetstream.JetStream, stream string, seq uint64, match func(*jetstream.RawStreamMsg) bool, log *slog.Logger) (bool, error) {
 	for delay := 250 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
-		msg, err := wire.GetMsg(ctx, js.Conn(), stream, seq, "")
+		msg, err := jsio.GetMsg(ctx, js.Conn(), stream, seq, "")
 		switch {
 		case err == nil:
 			return match(msg), nil
@@ -100,7 +101,7 @@ func (s *Subscriber) checkRecord(ctx context.Context, js jetstream.JetStream, mi
 			"durable", s.cfg.Durable, "record_last_seq", last.Seq)
 	}
 	s.mu.Lock()
-	s.prog, s.dirty = Progress{}, true
+	s.prog, s.dirty = protocol.Progress{}, true
 	s.mu.Unlock()
 	return nil
 }
@@ -127,7 +128,7 @@ func (s *Subscriber) atLast(ctx context.Context, js jetstream.JetStream, last wi
 // stream made again would have; the chain of the messages after it
 // tells whether what was removed had been read.
 func removed(ctx context.Context, js jetstream.JetStream, stream string, seq uint64) (bool, error) {
-	_, err := wire.GetMsg(ctx, js.Conn(), stream, seq, "")
+	_, err := jsio.GetMsg(ctx, js.Conn(), stream, seq, "")
 	if !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return false, nil
 	}
@@ -147,7 +148,7 @@ func untilAnswered[T any](ctx context.Context, open func(context.Context) (T, er
 		try, cancel := context.WithTimeout(ctx, 5*time.Second)
 		v, err := open(try)
 		cancel()
-		if err == nil || !wire.Unanswered(err) || ctx.Err() != nil || !sleep(ctx, delay) {
+		if err == nil || !jsio.Unanswered(err) || ctx.Err() != nil || !sleep(ctx, delay) {
 			return v, err
 		}
 	}

@@ -67,7 +67,12 @@ func ReadKeys(ctx context.Context, stream jetstream.Stream, name string, since t
 	}
 	defer it.Stop()
 	for want := uint64(1); ; want++ {
-		msg, err := it.Next(jetstream.NextContext(ctx))
+		nctx, cancel := context.WithTimeout(ctx, readBackWait)
+		msg, err := it.Next(jetstream.NextContext(nctx))
+		cancel()
+		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return 0, 0, fmt.Errorf("read stream %s: no delivery within %s with messages pending: the stream or its read-back consumer %s went away (deleted, made again) or the servers do not answer", sname, readBackWait, name)
+		}
 		if err != nil {
 			return 0, 0, fmt.Errorf("read stream %s: %w", sname, err)
 		}
@@ -100,6 +105,12 @@ func ReadKeys(ctx context.Context, stream jetstream.Stream, name string, since t
 		}
 	}
 }
+
+// readBackWait bounds the wait for a delivery while the read-back
+// consumer has messages pending, which a server that answers serves at
+// once: a stream deleted under the read leaves a pull that waits on a
+// consumer gone, which no error ends.
+const readBackWait = 10 * time.Second
 
 // ReadBackConsumer is the consumer KeysSince reads through: one of its
 // own name, so that the tailer's NATS user may be allowed it and no

@@ -6,8 +6,9 @@ import (
 	"testing"
 )
 
-// The packages a consumer imports (this one, its decisions, and the wire
-// format, the token package and the short waits it builds on) import nothing of the
+// The packages a consumer imports (this one, its decisions, the wire
+// format, the servers' answers read one way, the token package and the
+// short waits it builds on) import nothing of the
 // producer: a service that reads the stream does not link the tailer's
 // PostgreSQL, decoding or publishing code.
 func TestImportsNothingOfTheProducer(t *testing.T) {
@@ -19,6 +20,7 @@ func TestImportsNothingOfTheProducer(t *testing.T) {
 		"github.com/mailroom/tailer/publish/consume":          true,
 		"github.com/mailroom/tailer/publish/consume/protocol": true,
 		"github.com/mailroom/tailer/publish/wire":             true,
+		"github.com/mailroom/tailer/publish/jsio":             true,
 		"github.com/mailroom/tailer/publish/token":            true,
 		"github.com/mailroom/tailer/internal/pause":           true,
 	}

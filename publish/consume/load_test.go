@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/publish/consume/protocol"
 	"strings"
 	"testing"
 	"time"
@@ -21,14 +22,16 @@ type flakyProgress struct {
 	loads int
 }
 
-func (f *flakyProgress) Load(context.Context) (Progress, uint64, error) {
+func (f *flakyProgress) Load(context.Context) (protocol.Progress, uint64, error) {
 	if f.loads++; f.loads <= f.fails {
-		return Progress{}, 0, f.err
+		return protocol.Progress{}, 0, f.err
 	}
-	return Progress{Floor: 7}, 3, nil
+	return protocol.Progress{Floor: 7}, 3, nil
 }
 
-func (f *flakyProgress) Save(context.Context, *Progress, uint64) (uint64, error) { return 0, nil }
+func (f *flakyProgress) Save(context.Context, *protocol.Progress, uint64) (uint64, error) {
+	return 0, nil
+}
 
 // A record the server cannot give now (a node lost, a leader being
 // elected) is asked for again; one that does not parse is an error at once.
@@ -52,15 +55,15 @@ func TestLoadProgressRetries(t *testing.T) {
 // leader frozen.
 type unanswered struct{ loads int }
 
-func (u *unanswered) Load(ctx context.Context) (Progress, uint64, error) {
+func (u *unanswered) Load(ctx context.Context) (protocol.Progress, uint64, error) {
 	if u.loads++; u.loads == 1 {
 		<-ctx.Done()
-		return Progress{}, 0, ctx.Err()
+		return protocol.Progress{}, 0, ctx.Err()
 	}
-	return Progress{Floor: 9}, 4, nil
+	return protocol.Progress{Floor: 9}, 4, nil
 }
 
-func (u *unanswered) Save(context.Context, *Progress, uint64) (uint64, error) { return 0, nil }
+func (u *unanswered) Save(context.Context, *protocol.Progress, uint64) (uint64, error) { return 0, nil }
 
 // A read of the record that goes unanswered is given up after a try's
 // time and asked again (issue 49: a read asked of a frozen leader waited
@@ -81,9 +84,11 @@ func TestProgressReadAskedAgain(t *testing.T) {
 // saves never land.
 type saveless struct{}
 
-func (saveless) Load(context.Context) (Progress, uint64, error) { return Progress{Floor: 1}, 3, nil }
+func (saveless) Load(context.Context) (protocol.Progress, uint64, error) {
+	return protocol.Progress{Floor: 1}, 3, nil
+}
 
-func (saveless) Save(context.Context, *Progress, uint64) (uint64, error) {
+func (saveless) Save(context.Context, *protocol.Progress, uint64) (uint64, error) {
 	return 0, nats.ErrNoResponders
 }
 
@@ -93,7 +98,7 @@ func (saveless) Save(context.Context, *Progress, uint64) (uint64, error) {
 // at one fault, one of them by itself, pinned again a moment later).
 func TestStandbyKeepsWhatItFinished(t *testing.T) {
 	s := &Subscriber{cfg: Config{Progress: saveless{}}, loaded: true}
-	s.prog.message(5, "m5", 2).Done.Add(0)
+	s.prog.MessageAt(5, "m5", 2).Done.Add(0)
 	s.dirty, s.doneUnsaved = true, 1
 	if err := s.standBy(context.Background(), errPinLost); err != nil {
 		t.Fatal(err)

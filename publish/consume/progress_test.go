@@ -3,6 +3,7 @@ package consume_test
 import (
 	"context"
 	"errors"
+	"github.com/mailroom/tailer/publish/consume/protocol"
 	"testing"
 	"time"
 
@@ -86,7 +87,7 @@ func TestKVProgressReadsTheLeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := consume.Progress{Floor: 7}
+	p := protocol.Progress{Floor: 7}
 	rev, err := a.Save(ctx, &p, 0)
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package consume
 
 import (
 	"context"
+	"github.com/mailroom/tailer/publish/consume/protocol"
 	"testing"
 	"time"
 
@@ -14,17 +15,19 @@ import (
 
 // keptRecord is a record store that keeps what was saved last.
 type keptRecord struct {
-	p   Progress
+	p   protocol.Progress
 	rev uint64
 }
 
-func (k *keptRecord) Load(context.Context) (Progress, uint64, error) { return k.p.clone(), k.rev, nil }
+func (k *keptRecord) Load(context.Context) (protocol.Progress, uint64, error) {
+	return k.p.Clone(), k.rev, nil
+}
 
-func (k *keptRecord) Save(_ context.Context, p *Progress, rev uint64) (uint64, error) {
+func (k *keptRecord) Save(_ context.Context, p *protocol.Progress, rev uint64) (uint64, error) {
 	if rev != k.rev {
 		return 0, ErrTakenOver
 	}
-	k.p, k.rev = p.clone(), k.rev+1
+	k.p, k.rev = p.Clone(), k.rev+1
 	return k.rev, nil
 }
 
@@ -43,7 +46,7 @@ func (m pinnedMsg) InProgress() error    { return nil }
 // stream, would skip this stream's messages below it (issue 64: a claim
 // that wrote back the record it had read lost 10 of 60 tokens).
 func TestClaimKeepsWhatThisSubscriberDropped(t *testing.T) {
-	old := Progress{Floor: 50, Last: wire.Anchor{Seq: 50, Mark: "id:old-50"}}
+	old := protocol.Progress{Floor: 50, Last: wire.Anchor{Seq: 50, Mark: "id:old-50"}}
 	store := &keptRecord{p: old, rev: 3}
 	s := &Subscriber{cfg: Config{Progress: store, Durable: "d"}, rev: 3, loaded: true, pinID: "p1"}
 	if err := s.refresh(context.Background(), pinnedMsg{pin: "p2"}); err != nil {
@@ -80,7 +83,7 @@ func TestRecordReadBackOfAnotherStreamIsDropped(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	js := oneMessage(ctx, t)
-	old := Progress{Floor: 5, Last: wire.Anchor{Seq: 5, Mark: "id:old-5"}}
+	old := protocol.Progress{Floor: 5, Last: wire.Anchor{Seq: 5, Mark: "id:old-5"}}
 	store := &keptRecord{p: old, rev: 3}
 	s := &Subscriber{cfg: Config{Progress: store, Durable: "d", Stream: "S"}, js: js, rev: 2, loaded: true, pinID: "p1"}
 	if err := s.refresh(ctx, pinnedMsg{pin: "p2"}); err != nil {
@@ -98,7 +101,7 @@ func TestFloorAloneIsDropped(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	js := oneMessage(ctx, t)
-	s := &Subscriber{cfg: Config{Durable: "d", Stream: "S"}, js: js, prog: Progress{Floor: 7}}
+	s := &Subscriber{cfg: Config{Durable: "d", Stream: "S"}, js: js, prog: protocol.Progress{Floor: 7}}
 	if err := s.checkRecord(ctx, js, false); err != nil {
 		t.Fatal(err)
 	}
@@ -115,8 +118,8 @@ func TestSaveOverDropsALateWriteOfAnotherStream(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	js := oneMessage(ctx, t)
-	store := &keptRecord{p: Progress{Floor: 5, Last: wire.Anchor{Seq: 5, Mark: "id:old-5"}}, rev: 3}
-	own := Progress{Last: wire.Anchor{Seq: 1, Mark: wire.IDMark("new-1")}}
+	store := &keptRecord{p: protocol.Progress{Floor: 5, Last: wire.Anchor{Seq: 5, Mark: "id:old-5"}}, rev: 3}
+	own := protocol.Progress{Last: wire.Anchor{Seq: 1, Mark: wire.IDMark("new-1")}}
 	s := &Subscriber{cfg: Config{Progress: store, Durable: "d", Stream: "S"}, js: js, rev: 2, prog: own}
 	if _, err := s.saveOver(ctx); err != nil {
 		t.Fatal(err)

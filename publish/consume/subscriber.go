@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/publish/jsio"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -89,7 +90,7 @@ type Subscriber struct {
 	// held are the messages delivered and not yet acknowledged, in
 	// delivery order.
 	held   []*held
-	prog   Progress
+	prog   protocol.Progress
 	rev    uint64
 	loaded bool
 	dirty  bool
@@ -448,14 +449,14 @@ func (s *Subscriber) standBy(ctx context.Context, why error) error {
 	// batches again (issue 49's fault runs: a subscriber that lost its pin
 	// with a batch done and unsaved, pinned again a moment later, wrote it
 	// again itself). It reaches the record with the claim (refresh).
-	kept := s.prog.clone()
+	kept := s.prog.Clone()
 	s.loaded, s.takenOver, s.pinID = false, false, ""
 	s.mu.Unlock()
 	if err := s.load(ctx); err != nil {
 		return err
 	}
 	s.mu.Lock()
-	s.prog.absorb(&kept)
+	s.prog.Absorb(&kept)
 	s.mu.Unlock()
 	return nil
 }
@@ -466,8 +467,8 @@ func (s *Subscriber) standBy(ctx context.Context, why error) error {
 // Each try is given progressTry, as each save is: a read asked of a frozen
 // leader went unanswered for 10 s before it was asked again (issue 49:
 // stretches of 19-44 s without a line while the bucket's leader moved).
-func (s *Subscriber) loadProgress(ctx context.Context, wait func()) (Progress, uint64, error) {
-	load := func() (Progress, uint64, error) {
+func (s *Subscriber) loadProgress(ctx context.Context, wait func()) (protocol.Progress, uint64, error) {
+	load := func() (protocol.Progress, uint64, error) {
 		try, cancel := context.WithTimeout(ctx, progressTry)
 		defer cancel()
 		return s.cfg.Progress.Load(try)
@@ -478,7 +479,7 @@ func (s *Subscriber) loadProgress(ctx context.Context, wait func()) (Progress, u
 		if delay == 250*time.Millisecond && s.cfg.Log != nil {
 			s.cfg.Log.Warn("cannot read which batches are done; trying again", "durable", s.cfg.Durable, "err", err)
 		}
-		if wire.TemporarilyUnavailable(err) && s.js != nil {
+		if jsio.TemporarilyUnavailable(err) && s.js != nil {
 			// Its server is cut off from the cluster, and says so to every
 			// read until the cut heals (a standby waited out a 60 s
 			// partition so). A read that goes unanswered is not counted:

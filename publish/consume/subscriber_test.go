@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/publish/consume/protocol"
 	"os"
 	"strings"
 	"sync"
@@ -217,10 +218,10 @@ func TestSaveOverALateWrite(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		late := &consume.MessageProgress{Batches: 2}
+		late := &protocol.MessageProgress{Batches: 2}
 		late.Done.Add(1)
 		if p.Messages == nil {
-			p.Messages = map[uint64]*consume.MessageProgress{}
+			p.Messages = map[uint64]*protocol.MessageProgress{}
 		}
 		p.Messages[99] = late
 		// The subscriber may save between the read and the write.
@@ -260,7 +261,7 @@ type stalledSaves struct {
 	stalled atomic.Bool
 }
 
-func (s *stalledSaves) Save(ctx context.Context, p *consume.Progress, revision uint64) (uint64, error) {
+func (s *stalledSaves) Save(ctx context.Context, p *protocol.Progress, revision uint64) (uint64, error) {
 	if s.stalled.Load() {
 		<-ctx.Done()
 		return 0, ctx.Err()
@@ -314,7 +315,7 @@ type lateSave struct {
 	save  func()
 }
 
-func (l *lateSave) Load(ctx context.Context) (consume.Progress, uint64, error) {
+func (l *lateSave) Load(ctx context.Context) (protocol.Progress, uint64, error) {
 	p, rev, err := l.ProgressStore.Load(ctx)
 	if err == nil && l.sub.Consuming() && !l.fired.Swap(true) {
 		l.save()
@@ -359,8 +360,8 @@ func TestTakeoverSeesALateSave(t *testing.T) {
 		}
 		m := p.Messages[1]
 		if m == nil {
-			m = &consume.MessageProgress{Mark: mark, Batches: 2}
-			p.Messages = map[uint64]*consume.MessageProgress{1: m}
+			m = &protocol.MessageProgress{Mark: mark, Batches: 2}
+			p.Messages = map[uint64]*protocol.MessageProgress{1: m}
 		}
 		m.Done.Add(batch)
 		if _, err := other.Save(ctx, &p, rev); err != nil {

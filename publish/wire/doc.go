@@ -2,10 +2,12 @@
 // header names of a published batch and of a session marker, the body
 // formats and the rule for what may go into a collector line. The producer
 // (package publish) writes it and consumers (package consume) read it;
-// neither owns it. The token itself, and its key, are package token's.
-// GetMsg is how both ends read a message back: from the stream's leader.
+// neither owns it. The token itself, and its key, are package token's;
+// reading a message back from the servers is package jsio's.
 //
-// It depends on the standard library and nats.go only.
+// It depends on the standard library only and does no IO, so that the
+// subscriber's core (package consume/protocol) may hold its anchors and
+// chains.
 //
 // A leaf both ends share: what publish writes and publish/consume reads.
 package wire

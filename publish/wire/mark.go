@@ -3,8 +3,6 @@ package wire
 import (
 	"crypto/sha256"
 	"encoding/hex"
-
-	"github.com/nats-io/nats.go"
 )
 
 // Mark names a stored message by what it carries: its Nats-Msg-Id, or for
@@ -15,8 +13,8 @@ import (
 // sequence, subject, headers and data) or not. A stream deleted and made
 // again, or restored from an older backup, holds another mark there, or
 // nothing.
-func Mark(subject string, h nats.Header, data []byte) string {
-	if id := h.Get(nats.MsgIdHdr); id != "" {
+func Mark(subject string, h Header, data []byte) string {
+	if id := h.Get(HeaderMsgID); id != "" {
 		return IDMark(id)
 	}
 	d := sha256.New()

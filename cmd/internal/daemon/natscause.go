@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/publish/jsio"
 	"regexp"
 	"time"
 
@@ -12,7 +13,6 @@ import (
 	"github.com/mailroom/tailer/internal/embedded"
 	"github.com/mailroom/tailer/internal/pause"
 	"github.com/mailroom/tailer/publish/protocol"
-	"github.com/mailroom/tailer/publish/wire"
 )
 
 // The causes of a NATS server that takes no batches, which retrying does
@@ -104,13 +104,13 @@ func (d *Daemon) natsCause(err error, start time.Time) string {
 	if dn := d.denied.Load(); dn != nil && !dn.at.Before(start) {
 		return d.deniedMessage()
 	}
-	if limit, full := wire.Full(err); full {
+	if limit, full := jsio.Full(err); full {
 		return fmt.Sprintf("stream %s is full (%s): its limits refuse new messages (discard new) and remove none to make room. Raise them (nats stream edit %s), or remove what consumers have read; "+
 			"the tailer confirms nothing meanwhile, and publishes what waits in the slot by itself once the stream takes messages again", d.cfg.Stream, limit, d.cfg.Stream)
 	}
-	if wire.NoRoom(err) {
+	if jsio.NoRoom(err) {
 		return fmt.Sprintf("the NATS server has no room for stream %s's batches (%s): free or grow its store (its disk, JetStream's max_file_store, the account's max_storage). "+
-			"The tailer confirms nothing meanwhile, and publishes what waits in the slot by itself once the server has room", d.cfg.Stream, wire.ServerWords(err))
+			"The tailer confirms nothing meanwhile, and publishes what waits in the slot by itself once the server has room", d.cfg.Stream, jsio.ServerWords(err))
 	}
 	return ""
 }

@@ -14,7 +14,7 @@ import (
 type heldMsg struct {
 	m       *smsg
 	inc     int
-	rec     *msgRec
+	rec     *protocol.MessageProgress
 	pending int
 	acking  bool
 	// landsAt is when its ack, on its way, reaches the server.
@@ -56,8 +56,8 @@ type proc struct {
 	endsInARow     int
 
 	loaded, reloading bool
-	kept              record
-	rec               record
+	kept              protocol.Progress
+	rec               protocol.Progress
 	rev               uint64
 	dirty, takenOver  bool
 	doneUnsaved       int
@@ -118,15 +118,15 @@ func (p *proc) start() {
 func (p *proc) remake(lost bool) bool {
 	w := p.w
 	missing := w.dur == nil || w.dur.gone
-	if p.rec.last.seq != 0 || p.rec.floor != 0 {
-		switch protocol.CheckRecord(w.atLast(p.rec.last), missing, p.cfg().fromStart, p.cfg().inbox) {
+	if p.rec.Last.Seq != 0 || p.rec.Floor != 0 {
+		switch protocol.CheckRecord(w.atLast(p.rec.Last), missing, p.cfg().fromStart, p.cfg().inbox) {
 		case protocol.RefuseRecord:
-			p.refused = fmt.Sprintf("the record's last sequence %d holds another message: --from-start", p.rec.last.seq)
+			p.refused = fmt.Sprintf("the record's last sequence %d holds another message: --from-start", p.rec.Last.Seq)
 			w.logf("p%d refuses: %s", p.id, p.refused)
 			return false
 		case protocol.DropRecord:
-			w.logf("p%d drops the record (last %d)", p.id, p.rec.last.seq)
-			p.rec, p.dirty = record{}, true
+			w.logf("p%d drops the record (last %d)", p.id, p.rec.Last.Seq)
+			p.rec, p.dirty = protocol.Progress{}, true
 		}
 	}
 	if missing {
@@ -148,8 +148,8 @@ func (p *proc) remake(lost bool) bool {
 func (p *proc) makeAt(lost bool) (uint64, bool) {
 	w, cfg := p.w, p.cfg()
 	switch {
-	case protocol.MakeAt(p.rec.last.seq != 0, cfg.inbox) == protocol.AfterFloor:
-		return p.rec.floor + 1, true
+	case protocol.MakeAt(p.rec.Last.Seq != 0, cfg.inbox) == protocol.AfterFloor:
+		return p.rec.Floor + 1, true
 	case cfg.inbox || cfg.fromStart:
 		return w.stream.first(), true
 	case lost:
@@ -300,8 +300,8 @@ func (p *proc) watchPin() {
 
 // saverTick reads the ack floor and saves the record if it changed.
 func (p *proc) saverTick() {
-	if f := p.w.dur.floor; f > p.rec.floor {
-		p.rec.prune(f)
+	if f := p.w.dur.floor; f > p.rec.Floor {
+		p.rec.Prune(f)
 		p.dirty = true
 	}
 	if err := p.save(); errors.Is(err, errTaken) && len(p.held) > 0 {
@@ -317,14 +317,15 @@ func (p *proc) save() error {
 		}
 		return nil
 	}
-	r, rev, saving := p.rec.clone(), p.rev, p.doneUnsaved
+	r, rev, saving := p.rec.Clone(), p.rev, p.doneUnsaved
 	p.dirty = false
 	kv := p.w.kv
 	newRev, err := kv.update(r, rev)
 	if errors.Is(err, errTaken) && p.pin != 0 && p.w.dur.pin == p.pin {
-		var cur record
+		var cur protocol.Progress
 		if cur, rev, err = kv.get(); err == nil {
-			p.rec.absorb(p.ofThisStream(cur))
+			theirs := p.ofThisStream(cur)
+			p.rec.Absorb(&theirs)
 			newRev, err = kv.update(p.rec, rev)
 		}
 	}
@@ -348,7 +349,7 @@ func (p *proc) save() error {
 // are no longer unsaved.
 func (p *proc) saved() {
 	for k := range p.unsaved {
-		if m := p.rec.msgs[k.seq]; k.inc != p.w.stream.inc || m != nil && m.done[k.line] || k.seq <= p.rec.floor {
+		if m := p.rec.Messages[k.seq]; k.inc != p.w.stream.inc || m != nil && m.Done.Has(k.line) || k.seq <= p.rec.Floor {
 			delete(p.unsaved, k)
 		}
 	}
@@ -372,13 +373,13 @@ func (p *proc) letGo(inHand bool) {
 // ofThisStream is r, a record another wrote, held against the stream
 // (Subscriber.ofThisStream): of another stream, or naming no message,
 // it is dropped.
-func (p *proc) ofThisStream(r record) record {
-	if r.last.seq == 0 && r.floor == 0 {
+func (p *proc) ofThisStream(r protocol.Progress) protocol.Progress {
+	if r.Last.Seq == 0 && r.Floor == 0 {
 		return r
 	}
-	if protocol.CheckRecord(p.w.atLast(r.last), false, p.cfg().fromStart, p.cfg().inbox) == protocol.DropRecord {
-		p.w.logf("p%d drops the record read back (last %d, floor %d)", p.id, r.last.seq, r.floor)
-		return record{}
+	if protocol.CheckRecord(p.w.atLast(r.Last), false, p.cfg().fromStart, p.cfg().inbox) == protocol.DropRecord {
+		p.w.logf("p%d drops the record read back (last %d, floor %d)", p.id, r.Last.Seq, r.Floor)
+		return protocol.Progress{}
 	}
 	return r
 }
@@ -390,16 +391,16 @@ func (p *proc) take(d *delivery) {
 	}
 	m := d.m
 	p.lastDelivery = p.now()
-	if p.rec.saw(m.seq, m.mark) {
+	if p.rec.Saw(m.seq, m.mark) {
 		p.dirty = true
 	}
-	rec := p.rec.message(m.seq, m.mark, len(m.lines))
+	rec := p.rec.MessageAt(m.seq, m.mark, len(m.lines))
 	batches := make([]protocol.Batch, len(m.lines))
 	for i, line := range m.lines {
-		batches[i] = protocol.Batch{Done: rec.done[i], Attempts: rec.attempts[i], Tokens: len(line)}
+		batches[i] = protocol.Batch{Done: rec.Done.Has(i), Attempts: rec.Attempts[i], Tokens: len(line)}
 	}
 	held := slices.ContainsFunc(p.held, func(h *heldMsg) bool { return h.rec == rec && !h.acking })
-	fates, ack := protocol.Plan(protocol.Message{Seq: m.seq, Floor: p.rec.floor, Acked: rec.acked, Held: held, Batches: batches},
+	fates, ack := protocol.Plan(protocol.Message{Seq: m.seq, Floor: p.rec.Floor, Acked: rec.Acked, Held: held, Batches: batches},
 		protocol.Rules{MaxDeliveries: p.cfg().maxDeliveries, DeadLetters: true})
 	if ack {
 		p.w.ack(p, m.seq)
@@ -418,14 +419,14 @@ func (p *proc) take(d *delivery) {
 			h.pending++
 			dead = append(dead, &unit{h: h, line: i})
 		case protocol.NothingForSink:
-			rec.done[i] = true
+			rec.Done.Add(i)
 		case protocol.Hand:
 			h.pending++
 			p.toHand = append(p.toHand, &unit{h: h, line: i})
 		}
 	}
 	for _, u := range dead {
-		p.w.deadLetter(u.key(), rec.attempts[u.line])
+		p.w.deadLetter(u.key(), rec.Attempts[u.line])
 		p.done(u)
 	}
 	if h.pending == 0 {
@@ -455,7 +456,7 @@ func (p *proc) refresh(d *delivery) bool {
 		if !mine {
 			cur = p.ofThisStream(cur)
 		}
-		var r record
+		var r protocol.Progress
 		decided := protocol.AfterReread(holding, mine)
 		switch decided {
 		case protocol.TakenOver:
@@ -463,10 +464,10 @@ func (p *proc) refresh(d *delivery) bool {
 			p.standBy("taken over (the record read again)")
 			return false
 		case protocol.KeepOwn:
-			r = p.rec.clone()
+			r = p.rec.Clone()
 		case protocol.Merge:
 			r = cur
-			r.absorb(p.rec)
+			r.Absorb(&p.rec)
 		}
 		newRev, err := kv.update(r, rev)
 		if errors.Is(err, errTaken) {
@@ -549,8 +550,7 @@ func (p *proc) done(units ...*unit) {
 			continue
 		}
 		u.done = true
-		u.h.rec.done[u.line] = true
-		delete(u.h.rec.attempts, u.line)
+		u.h.rec.Finished(u.line)
 		p.dirty = true
 		p.doneUnsaved++
 		if u.h.pending--; u.h.pending == 0 {
@@ -597,7 +597,7 @@ func (p *proc) acked(h *heldMsg) {
 		p.w.ack(p, h.m.seq)
 	}
 	p.held = slices.DeleteFunc(p.held, func(x *heldMsg) bool { return x == h })
-	h.rec.acked = true
+	h.rec.Acked = true
 	p.dirty = true
 }
 
@@ -624,7 +624,7 @@ func (p *proc) settle(failed bool) {
 	}
 	if _, blamed := protocol.Settle(end); blamed >= 0 {
 		u := handed[blamed]
-		u.h.rec.attempts[u.line]++
+		u.h.rec.Failed(u.line)
 		p.dirty = true
 	}
 	var nak []*heldMsg
@@ -653,7 +653,7 @@ func (p *proc) standBy(why string) {
 		p.dirty = false
 	}
 	p.settle(false)
-	p.kept, p.reloading = p.rec.clone(), true
+	p.kept, p.reloading = p.rec.Clone(), true
 	p.takenOver, p.pin = false, 0
 	p.reload()
 }
@@ -664,7 +664,7 @@ func (p *proc) reload() {
 		return
 	}
 	p.rec, p.rev, p.reloading = cur, rev, false
-	p.rec.absorb(p.kept)
+	p.rec.Absorb(&p.kept)
 }
 
 // consumerLost: the consumer is gone from the server; what the process

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/mailroom/tailer/publish/consume/protocol"
+	"github.com/mailroom/tailer/publish/wire"
 )
 
 // config is a schedule's settings: the sink, the durable's and the
@@ -96,15 +97,15 @@ func (w *world) fail(format string, args ...any) {
 }
 
 // atLast is what the stream holds where the record saw last.
-func (w *world) atLast(a anchor) protocol.AtLast {
-	if a.seq == 0 {
+func (w *world) atLast(a wire.Anchor) protocol.AtLast {
+	if a.Seq == 0 {
 		return protocol.Unanchored
 	}
-	m := w.stream.msgs[a.seq]
+	m := w.stream.msgs[a.Seq]
 	switch {
-	case m != nil && m.mark == a.mark:
+	case m != nil && m.mark == a.Mark:
 		return protocol.SameMessage
-	case m == nil && w.stream.last > a.seq:
+	case m == nil && w.stream.last > a.Seq:
 		return protocol.Removed
 	}
 	return protocol.OtherMessage

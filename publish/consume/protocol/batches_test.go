@@ -1,12 +1,11 @@
-package consume_test
+package protocol_test
 
 import (
 	"encoding/json"
+	"github.com/mailroom/tailer/publish/consume/protocol"
 	"math/rand/v2"
 	"slices"
 	"testing"
-
-	"github.com/mailroom/tailer/publish/consume"
 )
 
 func TestBatches(t *testing.T) {
@@ -21,7 +20,7 @@ func TestBatches(t *testing.T) {
 		{[]int{0, 2, 1, 5, 4, 7}, "0-2,4-5,7"},
 		{[]int{9, 9, 8, 0}, "0,8-9"},
 	} {
-		var b consume.Batches
+		var b protocol.Batches
 		for _, i := range tc.add {
 			b.Add(i)
 		}
@@ -31,20 +30,20 @@ func TestBatches(t *testing.T) {
 		if b.Len() != len(uniq(tc.add)) {
 			t.Errorf("add %v: Len %d", tc.add, b.Len())
 		}
-		back, err := consume.ParseBatches(tc.want)
+		back, err := protocol.ParseBatches(tc.want)
 		if err != nil || back.String() != tc.want {
 			t.Errorf("ParseBatches(%q) = %v, %v", tc.want, back, err)
 		}
 	}
 	for _, bad := range []string{"-1", "1-1", "3-2", "2,1", "0-2,3", "0,0", "a", "1-", "01", "1048576", ",", "0,,1"} {
-		if b, err := consume.ParseBatches(bad); err == nil {
+		if b, err := protocol.ParseBatches(bad); err == nil {
 			t.Errorf("ParseBatches(%q) = %v, want an error", bad, b)
 		}
 	}
 	// Against a plain set, at random.
 	rng := rand.New(rand.NewPCG(1, 2))
 	for range 200 {
-		var b consume.Batches
+		var b protocol.Batches
 		set := map[int]bool{}
 		for range rng.IntN(40) {
 			i := rng.IntN(30)
@@ -78,7 +77,7 @@ func FuzzParseProgress(f *testing.F) {
 	f.Add([]byte(`{"version":2,"needs":1,"floor":3,"later":{"x":1},"messages":{"4":{"batches":1,"later":[]}}}`))
 	f.Add([]byte(`{"version":3,"needs":2}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		p, err := consume.ParseProgress(data)
+		p, err := protocol.ParseProgress(data)
 		if err != nil {
 			return
 		}
@@ -93,7 +92,7 @@ func FuzzParseProgress(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		again, err := consume.ParseProgress(out)
+		again, err := protocol.ParseProgress(out)
 		if err != nil {
 			t.Fatalf("%s does not read back: %v", out, err)
 		}
@@ -109,7 +108,7 @@ func FuzzParseBatches(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		b, err := consume.ParseBatches(s)
+		b, err := protocol.ParseBatches(s)
 		if err != nil {
 			return
 		}

@@ -1,4 +1,4 @@
-package consume
+package protocol
 
 import (
 	"testing"
@@ -34,7 +34,7 @@ func TestProgressAbsorb(t *testing.T) {
 			14: {Mark: "id:other", Batches: 5},
 		}}
 	p.Messages[14] = &MessageProgress{Mark: "id:14", Batches: 5, Done: done(4)}
-	if !p.absorb(&q) {
+	if !p.Absorb(&q) {
 		t.Fatal("absorb said nothing changed")
 	}
 	switch {
@@ -49,7 +49,7 @@ func TestProgressAbsorb(t *testing.T) {
 	case p.Messages[14].Done.Len() != 1 || !p.Messages[14].Done.Has(4):
 		t.Fatalf("message 14 of other content merged: %+v", p.Messages[14])
 	}
-	if p.absorb(&q) {
+	if p.Absorb(&q) {
 		t.Fatal("absorbing the same record twice changed it")
 	}
 }
