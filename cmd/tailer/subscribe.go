@@ -253,7 +253,7 @@ func (f *subscribeFlags) subscriber(ctx context.Context, cfg *config.Config, js 
 		// The durable's dead letters, through a consumer of their own, once
 		// each, until none is left.
 		c.Stream, c.Subject = consume.DeadStream(cfg.Stream), consume.DeadSubject(cfg.Stream, f.durable)
-		c.Durable, c.FromStart, c.UntilDrained, c.Pinned = f.durable+"-resend", true, true, false
+		c.Durable, c.FromStart, c.UntilDrained = f.durable+"-resend", true, true
 		c.MaxDeliveries = 0
 	}
 	var err error
