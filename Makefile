@@ -13,7 +13,7 @@ GO_TEST = TMPDIR=$$(bash scripts/test-tmpdir.sh) go test -race -count=1 -p 4 -pa
 # The soak tests: kill loops, takeovers and outages run many times, which
 # cost more CPU than all the other tests together. make test-soak runs them,
 # with the tailer they start built with the race detector; CI runs both.
-SOAK_TESTS = TestAuditAtDefaults|TestResendsAtOnce|TestSlowSender|TestReadersKilled|TestShortReadersGroupCommit|TestMailroomSenderStoppedCleanly|TestStandbySubscribers|TestSubscribeIntoPostgres|TestFrozenOwnerIsCutOff|TestLatePublishOrderingsR3|TestRestoredSnapshotWithItsSlot|TestConcurrentResyncs|TestPostgresFaults|TestNATSOutage|TestStandbyStaysUp|TestSubscribeSenderDies|TestCrashLoop|TestStreamConfigurations|TestNATSClusterLosesNodes|TestSubscribeSurvivesKills|TestLagSeconds|TestSenderKilledOnIdleStream|TestFrozenStreamLeader|TestNATSClusterFaults|TestAlternatingReleases
+SOAK_TESTS = TestAuditAtDefaults|TestResendsAtOnce|TestSharedInboxDurable|TestSlowSender|TestReadersKilled|TestShortReadersGroupCommit|TestMailroomSenderStoppedCleanly|TestStandbySubscribers|TestSubscribeIntoPostgres|TestFrozenOwnerIsCutOff|TestLatePublishOrderingsR3|TestRestoredSnapshotWithItsSlot|TestConcurrentResyncs|TestPostgresFaults|TestNATSOutage|TestStandbyStaysUp|TestSubscribeSenderDies|TestCrashLoop|TestStreamConfigurations|TestNATSClusterLosesNodes|TestSubscribeSurvivesKills|TestLagSeconds|TestSenderKilledOnIdleStream|TestFrozenStreamLeader|TestNATSClusterFaults|TestAlternatingReleases
 
 # The test command: formatting, vet, and every test but the soak tests with
 # the race detector against a real PostgreSQL and embedded NATS. go test

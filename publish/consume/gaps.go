@@ -28,10 +28,21 @@ type Gaps struct {
 // open gap (it publishes every token the stream lacks again). A
 // predecessor the stream holds, on a durable that does not pin one
 // subscriber (pinned false), went to another client: said as an error.
-// keep (nil: none) keeps the message held while the stream is asked.
-func (g *Gaps) Note(ctx context.Context, js jetstream.JetStream, stream, durable string, pinned bool, log *slog.Logger, h wire.Header, gap *wire.Gap, keep func()) {
+// A durable shared by its subscribers (shared: an inbox's or River's)
+// gives each a share of every chain: see protocol.OnGap. A stream that
+// did not answer before the subscriber stopped judges nothing: the
+// subscriber says so, and no gap. keep (nil: none) keeps the message
+// held while the stream is asked.
+func (g *Gaps) Note(ctx context.Context, js jetstream.JetStream, stream, durable string, pinned, shared bool, log *slog.Logger, h wire.Header, gap *wire.Gap, keep func()) {
 	if gap != nil && !gap.Resynced {
-		switch protocol.OnGap(PredecessorThere(ctx, js, stream, gap, keep), pinned) {
+		there, known := PredecessorThere(ctx, js, stream, gap, keep)
+		if !known {
+			if log != nil {
+				log.Info("stopping before the stream said whether a message before this one is still there: not judged", "durable", durable, "gap", gap.Error())
+			}
+			return
+		}
+		switch protocol.OnGap(there, pinned, shared) {
 		case protocol.NotMissing:
 			gap = nil
 		case protocol.TakenElsewhere:
@@ -104,18 +115,29 @@ const predecessorPatience = 2 * time.Minute
 // whose record this one had not seen (one that took over from a subscriber
 // whose last saves had not landed). A stream that cannot answer is asked
 // again, keep called between tries, for predecessorPatience; after that
-// it counts as not holding it: the gap is said.
-func PredecessorThere(ctx context.Context, js jetstream.JetStream, stream string, gap *wire.Gap, keep func()) bool {
+// it counts as not holding it: the gap is said. Asked to stop meanwhile
+// (ctx done), it asks once more, briefly: a stream that does not answer
+// then leaves it unknown (known false), not missing: a subscriber stopped
+// while it asked said messages missing that were not (issue 71).
+func PredecessorThere(ctx context.Context, js jetstream.JetStream, stream string, gap *wire.Gap, keep func()) (there, known bool) {
 	if gap.Prev.Seq == 0 || js == nil {
-		return false
+		return false, true
 	}
 	give := time.Now().Add(predecessorPatience)
 	for {
 		try, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if ctx.Err() != nil {
+			try, cancel = context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		}
 		there, err := StreamHolds(try, js, stream, gap.Prev.Seq, HoldsMark(gap.Prev.Mark), nil)
 		cancel()
-		if err == nil || ctx.Err() != nil || time.Now().After(give) {
-			return err == nil && there
+		switch {
+		case err == nil:
+			return there, true
+		case ctx.Err() != nil:
+			return false, false
+		case time.Now().After(give):
+			return false, true
 		}
 		if keep != nil {
 			keep()

@@ -35,7 +35,7 @@ func TestGapsCheckTheStream(t *testing.T) {
 	// The record said m1; m2 went to a subscriber that died; m3 comes.
 	given := wire.Anchor{Seq: 1, Mark: marks[0]}
 	gap := &wire.Gap{Subject: "b", Seq: 3, Prev: wire.Anchor{Seq: 2, Mark: marks[1]}, Given: given}
-	gaps.Note(ctx, js, "S", "d", true, nil, nats.Header{}, gap, nil)
+	gaps.Note(ctx, js, "S", "d", true, false, nil, nats.Header{}, gap, nil)
 	if n, open := gaps.State(); n != 0 || open != "" {
 		t.Fatalf("the predecessor is on the stream: %d gaps, open %q", n, open)
 	}
@@ -46,17 +46,17 @@ func TestGapsCheckTheStream(t *testing.T) {
 	if err := s.DeleteMsg(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
-	gaps.Note(ctx, js, "S", "d", true, nil, nats.Header{}, gap, nil)
+	gaps.Note(ctx, js, "S", "d", true, false, nil, nats.Header{}, gap, nil)
 	if n, open := gaps.State(); n != 1 || open == "" {
 		t.Fatalf("the predecessor was removed: %d gaps, open %q", n, open)
 	}
 	// Another at the predecessor's place is no predecessor either.
 	other := &wire.Gap{Subject: "b", Seq: 4, Prev: wire.Anchor{Seq: 3, Mark: "id:other"}, Given: given}
-	gaps.Note(ctx, js, "S", "d", true, nil, nats.Header{}, other, nil)
+	gaps.Note(ctx, js, "S", "d", true, false, nil, nats.Header{}, other, nil)
 	if n, _ := gaps.State(); n != 2 {
 		t.Fatalf("another message at the predecessor's place: %d gaps, want 2", n)
 	}
-	gaps.Note(ctx, js, "S", "d", true, nil, nats.Header{wire.HeaderResync: {"0/1"}}, nil, nil)
+	gaps.Note(ctx, js, "S", "d", true, false, nil, nats.Header{wire.HeaderResync: {"0/1"}}, nil, nil)
 	if n, open := gaps.State(); n != 2 || open != "" {
 		t.Fatalf("after a resync's message: %d gaps, open %q", n, open)
 	}
@@ -115,11 +115,38 @@ func TestGapsWaitForTheStream(t *testing.T) {
 	gap := &wire.Gap{Subject: "late", Seq: 3, Prev: wire.Anchor{Seq: 2, Mark: wire.IDMark("m2")}, Given: wire.Anchor{Seq: 1, Mark: wire.IDMark("m1")}}
 	var gaps consume.Gaps
 	var kept atomic.Int32
-	gaps.Note(ctx, js, "LATE", "d", true, nil, nats.Header{}, gap, func() { kept.Add(1) })
+	gaps.Note(ctx, js, "LATE", "d", true, false, nil, nats.Header{}, gap, func() { kept.Add(1) })
 	if n, open := gaps.State(); n != 0 || open != "" {
 		t.Fatalf("the stream answered late, holding the predecessor: %d gaps, open %q", n, open)
 	}
 	if kept.Load() == 0 {
 		t.Fatal("the message was not kept while the stream was asked again")
+	}
+}
+
+// A subscriber asked to stop while the stream does not answer judges no
+// gap: the predecessor is not known missing (issue 71: subscribers
+// stopped during their check said "messages missing" of messages the
+// stream held, sending the operator to resync for nothing).
+func TestGapsNotJudgedWhenStopped(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	nc, err := nats.Connect("nats://"+addr, nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	gap := &wire.Gap{Subject: "s", Seq: 3, Prev: wire.Anchor{Seq: 2, Mark: wire.IDMark("m2")}, Given: wire.Anchor{Seq: 1, Mark: wire.IDMark("m1")}}
+	var gaps consume.Gaps
+	gaps.Note(ctx, js, "S", "d", true, false, nil, nats.Header{}, gap, nil)
+	if n, open := gaps.State(); n != 0 || open != "" {
+		t.Fatalf("stopped while the stream did not answer: %d gaps, open %q, want none judged", n, open)
 	}
 }

@@ -134,7 +134,7 @@ func (s *Subscriber) noteDelivery(ctx context.Context, msg jetstream.Msg, meta *
 	if again && s.cfg.Log != nil {
 		s.cfg.Log.Info("delivered again: a reader may have had its tokens before", "stream_seq", seq, "deliveries", meta.NumDelivered, "batches_done_before", done)
 	}
-	s.gaps.Note(ctx, s.js, s.cfg.Stream, s.cfg.Durable, s.pinsOne(), s.cfg.Log, msg.Headers(), gap, func() { msg.InProgress() })
+	s.gaps.Note(ctx, s.js, s.cfg.Stream, s.cfg.Durable, s.pinsOne(), s.positioner != nil, s.cfg.Log, msg.Headers(), gap, func() { msg.InProgress() })
 }
 
 // ofAction are the tokens of each line of the subscriber's action (all

@@ -236,21 +236,34 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, s pgname.Schema) error {
 	if err := ensureSchema(ctx, pool, s); err != nil {
 		return err
 	}
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('mailroom_inbox migration ' || $1))`, string(s)); err != nil {
+	var err error
+	for try := 0; try < migrateTries; try++ {
+		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('mailroom_inbox migration ' || $1))`, string(s)); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1, true)`, s.Ident()+", pg_temp"); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, schema)
 			return err
+		})
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != pgerrcode.DeadlockDetected {
+			break
 		}
-		if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1, true)`, s.Ident()+", pg_temp"); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, schema)
-		return err
-	})
+	}
 	if err != nil {
 		return fmt.Errorf("make the inbox table: %w", err)
 	}
 	return nil
 }
+
+// migrateTries bounds the tries of a migration that PostgreSQL ended as a
+// deadlock: its ALTER TABLE waits on the rows other subscribers of the
+// durable store meanwhile, which may wait on the lock it took before (a
+// subscriber restarted with --migrate beside two others exited 1 so).
+const migrateTries = 5
 
 // ensureSchema makes schema s if it does not exist. It looks first: CREATE
 // SCHEMA IF NOT EXISTS needs the right to create schemas in the database

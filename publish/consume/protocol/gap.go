@@ -7,7 +7,8 @@ type Missing uint8
 const (
 	// NotMissing: the stream holds it, and the durable pins one
 	// subscriber at a time: a subscriber of the durable had it before
-	// this one took over (and died before its record said so).
+	// this one took over (and died before its record said so); or the
+	// durable is shared by its subscribers, one of which had it.
 	NotMissing Missing = iota
 	// RemovedFirst: the stream no longer holds it: removed (a limit, a
 	// purge, a delete) before this durable read it; its tokens reach no
@@ -21,15 +22,20 @@ const (
 )
 
 // OnGap decides what a gap in the chain is, by whether the stream holds
-// the message it names where it names it (there) and whether the
-// durable pins one subscriber (pinned). On a pinned durable a client
-// that is not the pinned subscriber is refused by the server, so a
-// message the stream holds went to a subscriber of the durable.
-func OnGap(there, pinned bool) Missing {
+// the message it names where it names it (there), whether the durable
+// pins one subscriber (pinned), and whether it is shared by design
+// (shared: its sink keeps each token once by key and a record of its
+// own, the inbox or River, so that several subscribers pull from one
+// durable, each given a share of every chain). On a pinned durable a
+// client that is not the pinned subscriber is refused by the server, so
+// a message the stream holds went to a subscriber of the durable; on a
+// shared one it went to another of its subscribers, and what reached the
+// sink is proved by content (tailer audit --durable).
+func OnGap(there, pinned, shared bool) Missing {
 	switch {
 	case !there:
 		return RemovedFirst
-	case pinned:
+	case pinned, shared:
 		return NotMissing
 	}
 	return TakenElsewhere

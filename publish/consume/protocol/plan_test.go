@@ -415,16 +415,19 @@ func TestDrained(t *testing.T) {
 
 func TestOnGap(t *testing.T) {
 	for _, c := range []struct {
-		there, pinned bool
-		want          Missing
+		there, pinned, shared bool
+		want                  Missing
 	}{
-		{false, true, RemovedFirst},
-		{false, false, RemovedFirst},
-		{true, true, NotMissing},
-		{true, false, TakenElsewhere},
+		{false, true, false, RemovedFirst},
+		{false, false, false, RemovedFirst},
+		{false, false, true, RemovedFirst},
+		{true, true, false, NotMissing},
+		{true, false, true, NotMissing},
+		{true, true, true, NotMissing},
+		{true, false, false, TakenElsewhere},
 	} {
-		if got := OnGap(c.there, c.pinned); got != c.want {
-			t.Errorf("OnGap(there %v, pinned %v) = %d, want %d", c.there, c.pinned, got, c.want)
+		if got := OnGap(c.there, c.pinned, c.shared); got != c.want {
+			t.Errorf("OnGap(there %v, pinned %v, shared %v) = %d, want %d", c.there, c.pinned, c.shared, got, c.want)
 		}
 	}
 }
