@@ -41,7 +41,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-say "building tailer"
+say "work directory $WORK, removed at exit (KEEP=1 make demo keeps it); ports: PostgreSQL $PGPORT, NATS $NATSPORT, HTTP $HTTPPORT"
+say "building tailer (on a cold build cache this compiles every dependency: a minute or more)"
 go build -o "$WORK/tailer" ./cmd/tailer
 chmod 755 "$WORK"
 

@@ -63,6 +63,11 @@ func execute(ctx context.Context, args []string, env func(string) (string, bool)
 			msg += "; did you mean " + strings.Join(s, " or ") + "?"
 		}
 	}
+	if name, ok := strings.CutPrefix(msg, "unknown flag: --"); ok && c != nil {
+		if s := flagSuggestions(c, name); len(s) > 0 {
+			msg += "; did you mean --" + strings.Join(s, " or --") + "?"
+		}
+	}
 	var use *usageError
 	if !errors.As(err, &use) {
 		msg += " (" + path + " --help lists what it takes)"
@@ -270,4 +275,41 @@ func usage(c *cobra.Command) error {
 	}
 	fmt.Fprintf(w, "\nFor every command:\n%s", c.InheritedFlags().FlagUsagesWrapped(100))
 	return nil
+}
+
+// flagSuggestions are the flags of c within two edits of name, or that
+// begin with it, as cobra suggests commands.
+func flagSuggestions(c *cobra.Command, name string) []string {
+	var out []string
+	seen := map[string]bool{}
+	visit := func(f *pflag.Flag) {
+		if !seen[f.Name] && !f.Hidden && (editDistance(name, f.Name) <= 2 || len(name) > 2 && strings.HasPrefix(f.Name, name)) {
+			seen[f.Name] = true
+			out = append(out, f.Name)
+		}
+	}
+	c.Flags().VisitAll(visit)
+	c.InheritedFlags().VisitAll(visit)
+	return out
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }

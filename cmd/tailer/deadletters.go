@@ -69,7 +69,7 @@ func listDeadLetters(ctx context.Context, cfg *config.Config, durable string, st
 	url := natsconn.URL(cfg)
 	nc, err := nats.Connect(url, append(cfg.NATSOptions(), nats.Name("tailer dead-letters"))...)
 	if err != nil {
-		fmt.Fprintf(stderr, "tailer dead-letters list: MAILROOM_NATS_URL: cannot connect to %s: %v\n", config.RedactURL(url), err)
+		fmt.Fprintf(stderr, "tailer dead-letters list: cannot connect to NATS at %s (%s): %v\n", config.RedactURL(url), natsconn.Source(cfg), err)
 		return exitConfig
 	}
 	defer nc.Close()

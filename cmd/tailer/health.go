@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -56,7 +58,11 @@ func health(ctx context.Context, cfg *config.Config, stdout, stderr io.Writer) i
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		fmt.Fprintf(stderr, "tailer health: %v\n", err)
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err
+		}
+		fmt.Fprintf(stderr, "tailer health: nothing answers at %s (MAILROOM_HTTP_ADDR, or --http-addr): is tailer run, or the subscriber asked, running with this setting? (%v)\n", req.URL, err)
 		return exitFailure
 	}
 	defer resp.Body.Close()

@@ -200,7 +200,7 @@ func collectStatus(ctx context.Context, cfg *config.Config) (statusReport, error
 	if info, err := streamInfo(ctx, cfg); err != nil {
 		rep.StreamError = err.Error()
 		if cfg.NATSURL == "" {
-			rep.StreamError += " (MAILROOM_NATS_URL unset: no tailer run on MAILROOM_DATA_DIR says where its embedded server listens, and none answers at MAILROOM_NATS_LISTEN)"
+			rep.StreamError += " (" + natsconn.Source(cfg) + ")"
 		}
 	} else {
 		rep.StreamMessages, rep.StreamLastSeq, rep.StreamReplicas = &info.State.Msgs, &info.State.LastSeq, &info.Config.Replicas

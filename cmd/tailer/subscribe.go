@@ -74,7 +74,7 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 	nc, err := nats.Connect(url, append(append(cfg.NATSOptions(), nats.Name("tailer subscribe"), nats.MaxReconnects(-1), nats.ErrorHandler(denials.Handler)),
 		saysAway(log, server)...)...)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: MAILROOM_NATS_URL: cannot connect to %s: %v\n", command, config.RedactURL(url), err)
+		fmt.Fprintf(stderr, "%s: cannot connect to NATS at %s (%s): %v\n", command, config.RedactURL(url), natsconn.Source(cfg), err)
 		return exitConfig
 	}
 	defer nc.Close()

@@ -65,6 +65,20 @@ func verifyAction(label, code string) (token.Action, error) {
 	return coded, nil
 }
 
+// uncodedFit is the label of the first action that signs no code for
+// which tok is valid ("": none).
+func uncodedFit(cfg *config.Config, tok string) string {
+	for i, spec := range token.Actions {
+		if spec.CodeLen > 0 {
+			continue
+		}
+		if _, _, err := cfg.Keys.Verify(tok, token.Action(i+1), ""); err == nil {
+			return spec.Label
+		}
+	}
+	return ""
+}
+
 // codedLabels are the labels of the actions that sign a code.
 func codedLabels() []string {
 	var out []string
@@ -82,8 +96,13 @@ func verify(cfg *config.Config, tok string, action token.Action, code string, st
 	id, secret, err := cfg.Keys.Verify(tok, action, code)
 	if err != nil {
 		hint := ""
-		if code == "" && errors.Is(err, token.ErrInvalidToken) {
+		switch {
+		case code == "" && errors.Is(err, token.ErrInvalidToken):
 			hint = fmt.Sprintf(" (a %s token is signed with its code: give it with --code CODE)", strings.Join(codedLabels(), " or "))
+		case code != "":
+			if label := uncodedFit(cfg, tok); label != "" {
+				hint = fmt.Sprintf(" (it is a valid %s token, which is signed without a code: drop --code)", label)
+			}
 		}
 		fmt.Fprintf(stdout, "invalid %s token: %v%s\n", action, err, hint)
 		return exitFailure

@@ -127,6 +127,14 @@ func TestInspectionRefuses(t *testing.T) {
 			"Wait{Delay:250ms Err:slot of another plugin Say:true}"},
 		{"slot lost", Inspected{Record: boundAt, Slot: Slot{Present: true, Lost: true}}, false,
 			"Refuse{Refusal:slot_lost Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
+		{"resync needed, with its cause", Inspected{Record: Record{Exists: true, ResyncNeeded: true, ResyncCause: "the publication was altered"}, Slot: slotAt}, false,
+			"Refuse{Refusal:the publication was altered Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
+		{"a heal asked", Inspected{Record: Record{Exists: true, Bound: true, HealAsked: true}, Slot: slotAt}, false,
+			"Refuse{Refusal:heal_asked Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
+		{"the slot shared with another schema", Inspected{Record: boundAt, Slot: slotAt, Shared: []string{"other"}}, false,
+			"Refuse{Refusal:the slot is recorded in schema other too (its tailer_slot): a tailer of each schema would stream it through its own publication, and confirm it past the other's tokens Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
+		{"the slot advanced past the confirm limit", Inspected{Record: Record{Exists: true, Bound: true, ConfirmLimit: 0x80}, Slot: slotAt}, false,
+			"Refuse{Refusal:the slot is confirmed at 0/100, past 0/80, the furthest a tailer of this database's record of it confirmed it: another process advanced it (a tailer of another schema configured with the same MAILROOM_SLOT, or pg_replication_slot_advance), and the tokens committed in between never reached the stream Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := New(Config{AutoResync: tc.auto})
@@ -659,9 +667,37 @@ func TestBeyondLimits(t *testing.T) {
 		{"more than the limit took", Seen{Known: true, First: 1, Last: 12, Trims: true, Keeps: 12}, Seen{Known: true, First: 8, Last: 17}, true},
 		{"a lower limit now", Seen{Known: true, First: 1, Last: 12, Trims: true, Keeps: 12}, Seen{Known: true, First: 10, Last: 14, Trims: true, Keeps: 5}, false},
 		{"a limit of bytes", Seen{Known: true, First: 1, Last: 12, Trims: true}, Seen{Known: true, First: 12, Last: 14}, false},
+		{"a limit set since", Seen{Known: true, First: 1, Last: 12}, Seen{Known: true, First: 10, Last: 14, Trims: true, Keeps: 5}, false},
+		{"a limit set since, and more gone", Seen{Known: true, First: 1, Last: 12}, Seen{Known: true, First: 13, Last: 14, Trims: true, Keeps: 5}, true},
+		{"a stream shorter than before", Seen{Known: true, First: 1, Last: 12, Trims: true, Keeps: 5}, Seen{Known: true, First: 1, Last: 3, Trims: true, Keeps: 5}, false},
 	} {
 		if got := beyondLimits(tc.before, tc.now); got != tc.want {
 			t.Errorf("%s: beyondLimits = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A stream whose configuration removes nothing was purged when its first
+// sequence moved on, or more messages within it are gone; before a
+// judged look, when its first message is past the incarnation's first.
+func TestPurgedSeen(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		now, before Seen
+		since       uint64
+		judged      bool
+		want        bool
+	}{
+		{"nothing moved", Seen{Known: true, First: 1, Last: 9}, Seen{Known: true, First: 1, Last: 5}, 0, true, false},
+		{"the first sequence moved on", Seen{Known: true, First: 3, Last: 9}, Seen{Known: true, First: 1, Last: 5}, 0, true, true},
+		{"a message deleted within", Seen{Known: true, First: 1, Last: 9, Deleted: 1}, Seen{Known: true, First: 1, Last: 5}, 0, true, true},
+		{"empty before, then held", Seen{Known: true, First: 6, Last: 9}, Seen{Known: true}, 0, true, false},
+		{"not judged yet, past the incarnation's first", Seen{Known: true, First: 7, Last: 9}, Seen{}, 5, false, true},
+		{"not judged yet, at the incarnation's first", Seen{Known: true, First: 6, Last: 9}, Seen{}, 5, false, false},
+		{"judged, past the incarnation's first", Seen{Known: true, First: 7, Last: 9}, Seen{Known: true, First: 7, Last: 8}, 5, true, false},
+	} {
+		if got := Purged(tc.now, tc.before, tc.since, tc.judged); got != tc.want {
+			t.Errorf("%s: Purged = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

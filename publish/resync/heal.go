@@ -34,15 +34,8 @@ func Heal(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opt
 	if len(ids) == 0 {
 		return rep, nil
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
+	ctx, cancel := whileHeld(ctx, lease)
 	defer cancel(nil)
-	go func() {
-		select {
-		case <-lease.Lost():
-			cancel(lease.Err())
-		case <-ctx.Done():
-		}
-	}()
 	q, err := replication.Open(ctx, opts.DatabaseURL, "tailer audit", nil)
 	if err != nil {
 		return rep, err

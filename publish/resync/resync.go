@@ -96,15 +96,8 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 	if opts.ClockSkew <= 0 {
 		opts.ClockSkew = 5 * time.Minute
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
+	ctx, cancel := whileHeld(ctx, lease)
 	defer cancel(nil)
-	go func() {
-		select {
-		case <-lease.Lost():
-			cancel(lease.Err())
-		case <-ctx.Done():
-		}
-	}()
 
 	q, err := replication.Open(ctx, opts.DatabaseURL, "tailer resync", nil)
 	if err != nil {
@@ -476,4 +469,18 @@ func CollectorCursor(ctx context.Context, db replication.SchemaConn) (*replicati
 		c.LastSeq = *seq
 	}
 	return c, nil
+}
+
+// whileHeld is ctx, ended with the lease's error once the lease is lost:
+// the work under it stops rather than go on unowned.
+func whileHeld(ctx context.Context, lease *replication.Lease) (context.Context, context.CancelCauseFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		select {
+		case <-lease.Lost():
+			cancel(lease.Err())
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }

@@ -1,7 +1,11 @@
-// Package daemon wires the tailer's packages into the running service:
-// replication -> decoder -> batch -> join -> publish, with the embedded NATS
-// server, metrics and the retry loop around it.
+// Package daemon is tailer run: it wires replication → decoder → batch →
+// join → publish into the running service, with the embedded NATS
+// server, the HTTP endpoints and metrics, the slot's sampler and the
+// continuous audit. It decides nothing of a session's protocol: it
+// carries out the commands of publish/protocol's Relay (open, claim,
+// check the stream, publish, stop, wait, retry) and tells it, as events,
+// what the IO found.
 //
-// Wiring: runs the data path (replication → decoder → batch → publish)
-// for tailer run.
+// Wiring: cmd/tailer's run command builds a Daemon; nothing below cmd
+// imports it.
 package daemon

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgerrcode"
@@ -197,7 +198,7 @@ func (d *Daemon) checkStreaming(ctx context.Context, conn *pgx.Conn, st *streami
 		switch c := cmd.(type) {
 		case protocol.CheckStream:
 			// The first look, or a quiet one the relay asks for after it.
-			ev, err := d.look(ctx, conn, x, c)
+			ev, err := d.look(ctx, conn, st, c)
 			if err != nil {
 				return
 			}
@@ -205,10 +206,16 @@ func (d *Daemon) checkStreaming(ctx context.Context, conn *pgx.Conn, st *streami
 		case protocol.Stop:
 			st.stop(&refusalCause{c.Refusal})
 		case protocol.RecordAnchor:
-			err := replication.SetAnchor(ctx, d.db(conn), d.cfg.Slot, x.rec.Incarnation, c.Anchor.Seq, c.Anchor.Mark, seenOf(c.Seen))
+			_, err := d.recordAnchor(ctx, conn, st.rec, c)
 			if err != nil && ctx.Err() == nil && !d.anchorSaid.Swap(true) {
 				d.log.Warn("cannot record the newest batch found on the stream; a tailer started after this one is killed checks the stream by an older one", "err", err)
 			}
+		default:
+			// The relay answers a look while streaming with these alone;
+			// another would be a command nobody carries out.
+			d.log.Error("internal error: a command of the relay's while streaming that the slot's sampler cannot carry out; stopping the session", "command", fmt.Sprintf("%T", c))
+			st.stop(fmt.Errorf("the relay asked the slot's sampler to carry out %T", c))
+			return
 		}
 	}
 }
@@ -216,14 +223,14 @@ func (d *Daemon) checkStreaming(ctx context.Context, conn *pgx.Conn, st *streami
 // look is what a check while streaming finds: the schema, the
 // publication, the record's word that the stream lacks inserts, and the
 // stream.
-func (d *Daemon) look(ctx context.Context, conn *pgx.Conn, x *run, c protocol.CheckStream) (protocol.Checked, error) {
+func (d *Daemon) look(ctx context.Context, conn *pgx.Conn, st *streaming, c protocol.CheckStream) (protocol.Checked, error) {
 	var ev protocol.Checked
 	// The record first: see inspect.
 	rec, err := replication.LoadRecord(ctx, d.db(conn), d.cfg.Slot)
 	if err != nil {
 		return ev, err
 	}
-	if rec.Incarnation == x.rec.Incarnation {
+	if rec.Incarnation == st.rec.Incarnation {
 		ev.ResyncNeeded, ev.ResyncCause, ev.Refused, ev.HealAsked = rec.ResyncNeeded, rec.ResyncCause, recordOf(rec).Refused, rec.HealAsked
 	}
 	err = join.CheckSchema(ctx, conn, d.cfg.Schema)
@@ -240,6 +247,6 @@ func (d *Daemon) look(ctx context.Context, conn *pgx.Conn, x *run, c protocol.Ch
 	} else if err != nil {
 		return ev, err
 	}
-	ev.Stream, err = streamCheck(ctx, x.pub, c)
+	ev.Stream, err = streamCheck(ctx, st.x.pub, c)
 	return ev, err
 }

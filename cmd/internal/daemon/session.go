@@ -140,24 +140,31 @@ func (x *run) write(cmd protocol.Command) protocol.Event {
 // recordAnchor keeps the anchor, and the stream with it when asked, in
 // one transaction.
 func (x *run) recordAnchor(c protocol.RecordAnchor) error {
-	set := func(db replication.SchemaConn) error {
-		return replication.SetAnchor(x.ctx, db, x.d.cfg.Slot, x.rec.Incarnation, c.Anchor.Seq, c.Anchor.Mark, seenOf(c.Seen))
-	}
-	if c.Stream.Name == "" {
-		return set(x.db())
-	}
-	rec := x.rec
-	err := pgx.BeginFunc(x.ctx, x.s.q, func(tx pgx.Tx) error {
-		db := x.d.db(tx)
-		if err := replication.SetStream(x.ctx, db, &rec, replication.StreamIdentity{Name: c.Stream.Name, Created: c.Stream.Created}); err != nil {
-			return err
-		}
-		return set(db)
-	})
+	rec, err := x.d.recordAnchor(x.ctx, x.s.q, x.rec, c)
 	if err == nil {
 		x.rec = rec
 	}
 	return err
+}
+
+// recordAnchor carries out c on conn for the record rec of the session's
+// incarnation: the anchor, and the stream with it in one transaction when
+// c names one. It returns the record as written.
+func (d *Daemon) recordAnchor(ctx context.Context, conn *pgx.Conn, rec replication.Record, c protocol.RecordAnchor) (replication.Record, error) {
+	set := func(db replication.SchemaConn) error {
+		return replication.SetAnchor(ctx, db, d.cfg.Slot, rec.Incarnation, c.Anchor.Seq, c.Anchor.Mark, seenOf(c.Seen))
+	}
+	if c.Stream.Name == "" {
+		return rec, set(d.db(conn))
+	}
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		db := d.db(tx)
+		if err := replication.SetStream(ctx, db, &rec, replication.StreamIdentity{Name: c.Stream.Name, Created: c.Stream.Created}); err != nil {
+			return err
+		}
+		return set(db)
+	})
+	return rec, err
 }
 
 // db is the session's query connection in the tailer's schema.

@@ -23,6 +23,10 @@ import (
 // goroutines: the slot sampler's checks, NATS's asynchronous errors.
 type streaming struct {
 	x *run
+	// rec is the slot's record as the session began to stream: the
+	// sampler writes for its incarnation, not reading the session's own
+	// copy while the session writes it.
+	rec replication.Record
 	// stop ends the session, with why.
 	stop context.CancelCauseFunc
 }
@@ -70,7 +74,7 @@ func (x *run) stream() protocol.Event {
 		case <-runCtx.Done():
 		}
 	}()
-	d.streaming.Store(&streaming{x: x, stop: cancelRun})
+	d.streaming.Store(&streaming{x: x, rec: x.rec, stop: cancelRun})
 	defer d.streaming.Store(nil)
 
 	err = x.receiver.Run(runCtx, feeder)
@@ -160,6 +164,28 @@ func (x *run) streamEnd(err, pipeErr, cause error, pipelineFailed bool) protocol
 // storing anything, when that is known).
 func (d *Daemon) endOf(ctx context.Context, err error, start time.Time) protocol.Event {
 	ev := protocol.Ended{Err: err, Lasted: time.Since(start)}
+	startupErr := StartupConfigError(err, d.cfg)
+	ev.Kind = endKind(err, ctx.Err() != nil, startupErr != nil)
+	switch ev.Kind {
+	case protocol.EndStartupConfig:
+		ev.Err = startupErr
+	case protocol.EndNATS:
+		if cause := d.natsCause(err, start); cause != "" {
+			ev.Cause = errors.New(cause)
+		}
+	}
+	var se *sessionError
+	if errors.As(err, &se) && ev.Kind != protocol.EndLeaseHeld && ev.Kind != protocol.EndStopped {
+		d.metrics.reconnect(se.target)
+	}
+	return ev
+}
+
+// endKind is what the error that ended a session means to the relay
+// (stopped: the daemon was asked to stop; startupConfig: the error is a
+// configuration the operator must fix before a first start), the first
+// case that fits, in order: the table TestEndKinds holds it to.
+func endKind(err error, stopped, startupConfig bool) protocol.EndKind {
 	var (
 		stop      *stopError
 		cfgErr    *config.Error
@@ -169,33 +195,25 @@ func (d *Daemon) endOf(ctx context.Context, err error, start time.Time) protocol
 	)
 	switch {
 	case errors.As(err, &stop):
-		ev.Kind = protocol.EndStoppedUnpublished
-	case ctx.Err() != nil || err == nil:
-		ev.Kind = protocol.EndStopped
-	case StartupConfigError(err, d.cfg) != nil:
-		ev.Kind, ev.Err = protocol.EndStartupConfig, StartupConfigError(err, d.cfg)
+		return protocol.EndStoppedUnpublished
+	case stopped || err == nil:
+		return protocol.EndStopped
+	case startupConfig:
+		return protocol.EndStartupConfig
 	case errors.As(err, &cfgErr):
-		ev.Kind = protocol.EndConfig
+		return protocol.EndConfig
 	case errors.As(err, &streamCfg):
-		ev.Kind = protocol.EndStreamConfig
+		return protocol.EndStreamConfig
 	case errors.As(err, &held) || replication.IsSlotInUse(err):
-		ev.Kind = protocol.EndLeaseHeld
+		return protocol.EndLeaseHeld
 	case errors.Is(err, publish.ErrReusedID):
-		ev.Kind = protocol.EndReusedID
+		return protocol.EndReusedID
 	case errors.Is(err, publish.ErrDuplicateGone):
-		ev.Kind = protocol.EndBatchGone
+		return protocol.EndBatchGone
 	case errors.As(err, &se) && se.target == targetNATS:
-		ev.Kind = protocol.EndNATS
-		if cause := d.natsCause(err, start); cause != "" {
-			ev.Cause = errors.New(cause)
-		}
-	default:
-		ev.Kind = protocol.EndPostgres
+		return protocol.EndNATS
 	}
-	if errors.As(err, &se) && ev.Kind != protocol.EndLeaseHeld && ev.Kind != protocol.EndStopped {
-		d.metrics.reconnect(se.target)
-	}
-	return ev
+	return protocol.EndPostgres
 }
 
 // sessionCause says why a session ended, blaming the side that failed

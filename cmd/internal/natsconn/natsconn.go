@@ -94,6 +94,20 @@ func startEmbedded(cfg *config.Config, log *slog.Logger) (*embedded.Store, func(
 	return store, func() { srv.Shutdown(); srv.WaitForShutdown(); claim.Release() }, nil
 }
 
+// Source names the setting URL took its address from, for an error that
+// cannot connect there: MAILROOM_NATS_URL; or, unset, the data
+// directory's tailer run or MAILROOM_NATS_LISTEN, with the way to name
+// the servers.
+func Source(cfg *config.Config) string {
+	switch {
+	case cfg.NATSURL != "":
+		return "MAILROOM_NATS_URL"
+	case func() bool { _, ok := embedded.Running(cfg.DataDir); return ok }():
+		return "MAILROOM_NATS_URL unset: the embedded server of the tailer run on MAILROOM_DATA_DIR"
+	}
+	return "MAILROOM_NATS_URL unset: no tailer run on MAILROOM_DATA_DIR says where its embedded server listens, so MAILROOM_NATS_LISTEN; set MAILROOM_NATS_URL to your NATS servers"
+}
+
 // URL is where a command that only connects (status, subscribe,
 // dead-letters) finds NATS: MAILROOM_NATS_URL; else the embedded server of
 // the tailer running on MAILROOM_DATA_DIR; else MAILROOM_NATS_LISTEN, where
