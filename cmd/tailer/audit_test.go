@@ -112,7 +112,7 @@ func TestAuditFindsLosses(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "lines")
 	pipe := c.subscriber(out, "--durable", "pipe", "--from-start")
 	into := c.command([]string{"subscribe", "--durable", "inbox", "--into", "inbox", "--migrate", "--from-start"}, "MAILROOM_INBOX_URL="+consumerURL)
-	c.accountsApart("a", 6)
+	c.accountsOnStream("a", 6)
 	c.accounts("b", 20)
 	c.expectExactlyOnce(30 * time.Second)
 	waitOutput(t, out, 26)
