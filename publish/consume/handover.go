@@ -196,7 +196,7 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 	}
 	pin := msg.Headers().Get("Nats-Pin-Id")
 	s.mu.Lock()
-	stale := protocol.Stale(pin != s.pinID, len(s.held) > 0, time.Since(s.stats.LastDelivery))
+	stale := protocol.MustReread(pin != s.pinID, len(s.held) > 0, time.Since(s.stats.LastDelivery))
 	s.pinID = pin
 	s.mu.Unlock()
 	if !stale {

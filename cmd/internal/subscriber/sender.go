@@ -165,7 +165,7 @@ func (x *Sender) giveUp(code, ends int) error {
 	if !x.Once {
 		return nil
 	}
-	switch protocol.OnceAfter(code, ends) {
+	switch protocol.AfterSenderEnd(code, ends) {
 	case protocol.CannotStart:
 		return fmt.Errorf("%w: the shell cannot run %q (exit %d: not found or not executable); fix --exec and run it again", ErrSenderFailing, x.Command, code)
 	case protocol.KeepsFailing:

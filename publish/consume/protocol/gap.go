@@ -1,15 +1,15 @@
 package protocol
 
-// Missing is what became of a message a subject's chain says came
+// GapVerdict is what became of a message a subject's chain says came
 // before the one delivered, and that this subscriber was never given.
-type Missing uint8
+type GapVerdict uint8
 
 const (
 	// NotMissing: the stream holds it, and the durable pins one
 	// subscriber at a time: a subscriber of the durable had it before
 	// this one took over (and died before its record said so); or the
 	// durable is shared by its subscribers, one of which had it.
-	NotMissing Missing = iota
+	NotMissing GapVerdict = iota
 	// RemovedFirst: the stream no longer holds it: removed (a limit, a
 	// purge, a delete) before this durable read it; its tokens reach no
 	// reader until tailer resync publishes them again.
@@ -31,7 +31,7 @@ const (
 // a message the stream holds went to a subscriber of the durable; on a
 // shared one it went to another of its subscribers, and what reached the
 // sink is proved by content (tailer audit --durable).
-func OnGap(there, pinned, shared bool) Missing {
+func OnGap(there, pinned, shared bool) GapVerdict {
 	switch {
 	case !there:
 		return RemovedFirst

@@ -108,8 +108,8 @@ func TestRecordDecisions(t *testing.T) {
 		{idle: time.Second + 1, stale: true},
 		{holding: true, idle: time.Hour},
 	} {
-		if got := Stale(tc.pin, tc.holding, tc.idle); got != tc.stale {
-			t.Errorf("Stale(%v, %v, %s) = %v", tc.pin, tc.holding, tc.idle, got)
+		if got := MustReread(tc.pin, tc.holding, tc.idle); got != tc.stale {
+			t.Errorf("MustReread(%v, %v, %s) = %v", tc.pin, tc.holding, tc.idle, got)
 		}
 	}
 	for _, tc := range []struct {
@@ -370,10 +370,10 @@ func TestSettle(t *testing.T) {
 
 // A run that must end stops on a command the shell cannot run, at once,
 // and on a sender that ended GiveUpAfter times in a row without a batch.
-func TestOnceAfter(t *testing.T) {
+func TestAfterSenderEnd(t *testing.T) {
 	for _, tc := range []struct {
 		code, ends int
-		want       Once
+		want       SenderVerdict
 	}{
 		{127, 1, CannotStart},
 		{126, 1, CannotStart},
@@ -383,8 +383,8 @@ func TestOnceAfter(t *testing.T) {
 		{75, GiveUpAfter + 1, KeepsFailing},
 		{0, 0, StartAgain},
 	} {
-		if got := OnceAfter(tc.code, tc.ends); got != tc.want {
-			t.Errorf("OnceAfter(exit %d, %d ends in a row) = %d, want %d", tc.code, tc.ends, got, tc.want)
+		if got := AfterSenderEnd(tc.code, tc.ends); got != tc.want {
+			t.Errorf("AfterSenderEnd(exit %d, %d ends in a row) = %d, want %d", tc.code, tc.ends, got, tc.want)
 		}
 	}
 }
@@ -416,7 +416,7 @@ func TestDrained(t *testing.T) {
 func TestOnGap(t *testing.T) {
 	for _, c := range []struct {
 		there, pinned, shared bool
-		want                  Missing
+		want                  GapVerdict
 	}{
 		{false, true, false, RemovedFirst},
 		{false, false, false, RemovedFirst},

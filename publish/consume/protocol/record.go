@@ -2,12 +2,12 @@ package protocol
 
 import "time"
 
-// Stale reports whether the durable's record must be read again before
+// MustReread reports whether the durable's record must be read again before
 // a delivery is handed on: the server pinned this subscriber anew
 // (pinChanged), or it held nothing and was idle longer than a second (a
 // standby woken, or a subscriber before it on the durable died), so
 // another subscriber may have written the record since.
-func Stale(pinChanged, holding bool, idle time.Duration) bool {
+func MustReread(pinChanged, holding bool, idle time.Duration) bool {
 	return pinChanged || !holding && idle > time.Second
 }
 
@@ -142,13 +142,13 @@ func CheckRecord(at AtLast, missing, fromStart, keepsOwn bool) OnRecord {
 	return DropRecord
 }
 
-// MadeAt is where a consumer missing from the server is made.
-type MadeAt uint8
+// ConsumerPlace is where a consumer missing from the server is made.
+type ConsumerPlace uint8
 
 const (
 	// AfterFloor: after the record's floor, the last message every
 	// subscriber of the durable acknowledged.
-	AfterFloor MadeAt = iota + 1
+	AfterFloor ConsumerPlace = iota + 1
 	// AsSinkSays: where the sink's own record says, from the stream's
 	// first message (--from-start), or refused for a consumer the
 	// subscriber was bound to and saw go: nothing says where it was.
@@ -163,7 +163,7 @@ const (
 // consumer's ack floor and been given nothing made the consumer of a
 // stream made again after it (the simulation: the new stream's first
 // message never delivered).
-func MakeAt(anchored, keepsOwn bool) MadeAt {
+func MakeAt(anchored, keepsOwn bool) ConsumerPlace {
 	if anchored && !keepsOwn {
 		return AfterFloor
 	}

@@ -65,13 +65,13 @@ func RestartIn(prev time.Duration, progressed bool) time.Duration {
 // seconds.
 const GiveUpAfter = 3
 
-// Once is what becomes of a run that must end (a resend, not a
+// SenderVerdict is what becomes of a run that must end (a resend, not a
 // subscriber kept by a supervisor) after its sender ended with code.
-type Once uint8
+type SenderVerdict uint8
 
 const (
 	// StartAgain: start the sender again after RestartIn.
-	StartAgain Once = iota
+	StartAgain SenderVerdict = iota
 	// CannotStart: the shell could not run the command (126: not
 	// executable, 127: not found); starting it again changes nothing.
 	CannotStart
@@ -80,11 +80,11 @@ const (
 	KeepsFailing
 )
 
-// OnceAfter decides, for a run that must end, on a sender that ended
+// AfterSenderEnd decides, for a run that must end, on a sender that ended
 // with code, having ended endsInARow times in a row without finishing
 // a batch, this one included (tailer dead-letters resend with a sender
 // that cannot start ran until stopped, restarting it every 10 s).
-func OnceAfter(code, endsInARow int) Once {
+func AfterSenderEnd(code, endsInARow int) SenderVerdict {
 	switch {
 	case code == 126 || code == 127:
 		return CannotStart

@@ -439,7 +439,7 @@ func (p *proc) take(d *delivery) {
 // waits on the bucket, or this process no longer delivers.
 func (p *proc) refresh(d *delivery) bool {
 	if !d.stale {
-		d.stale = protocol.Stale(d.pin != p.pin, len(p.held) > 0, p.now()-p.lastDelivery)
+		d.stale = protocol.MustReread(d.pin != p.pin, len(p.held) > 0, p.now()-p.lastDelivery)
 		p.pin = d.pin
 	}
 	if !d.stale {
@@ -707,7 +707,7 @@ func (p *proc) senderEnds(sig syscall.Signal, wrote bool) {
 	}
 	p.progressed = false
 	p.senderDown, p.restartAt = true, p.now()+p.restartIn
-	if p.cfg().resend && protocol.OnceAfter(code, p.endsInARow) != protocol.StartAgain {
+	if p.cfg().resend && protocol.AfterSenderEnd(code, p.endsInARow) != protocol.StartAgain {
 		// A resend stops on a sender that keeps failing (Sender.giveUp),
 		// its dead letters left for the next.
 		p.w.logf("p%d gives up on its sender (%d ends in a row)", p.id, p.endsInARow)
