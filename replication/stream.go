@@ -39,7 +39,10 @@ type Options struct {
 	// allowed before (or past Confirmed) is reported as flushed: the
 	// position is reported only once it returned nil, and until then the
 	// last one it allowed is (Lease.SetConfirmLimit writes it down first).
-	BeforeConfirm func(ctx context.Context, confirmed pglogrepl.LSN) error
+	// It returns how far positions are allowed from then on (at least
+	// confirmed): a caller that writes the limit down ahead of confirmed
+	// is not asked again for each position within it.
+	BeforeConfirm func(ctx context.Context, confirmed pglogrepl.LSN) (pglogrepl.LSN, error)
 	// Confirmed is the slot's confirmed position as the stream starts,
 	// which BeforeConfirm need not be asked for.
 	Confirmed pglogrepl.LSN
@@ -375,10 +378,11 @@ func (r *Receiver) allow(confirmed pglogrepl.LSN) pglogrepl.LSN {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.opts.StatusInterval*5)
 	defer cancel()
-	if err := r.opts.BeforeConfirm(ctx, confirmed); err != nil {
+	upTo, err := r.opts.BeforeConfirm(ctx, confirmed)
+	if err != nil {
 		return r.allowed
 	}
-	r.allowed = confirmed
+	r.allowed = max(upTo, confirmed)
 	return confirmed
 }
 

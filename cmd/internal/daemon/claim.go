@@ -82,13 +82,28 @@ func (x *run) claim() protocol.Event {
 // confirmed before the stream confirms it there: a slot found confirmed
 // further was advanced by another process (protocol.SlotAdvanced).
 // Failing costs only the confirmation, which the next status asks again.
-func (x *run) beforeConfirm(ctx context.Context, at pglogrepl.LSN) error {
-	err := x.s.lease.SetConfirmLimit(ctx, x.d.cfg.Schema, at)
+func (x *run) beforeConfirm(ctx context.Context, at pglogrepl.LSN) (pglogrepl.LSN, error) {
+	limit := at + confirmAhead
+	err := x.s.lease.SetConfirmLimit(ctx, x.d.cfg.Schema, limit)
 	if err != nil {
 		x.d.log.Warn("cannot record how far the slot may be confirmed; it is confirmed no further until this can be", "slot", x.d.cfg.Slot, "err", err)
+		return 0, err
 	}
-	return err
+	return limit, nil
 }
+
+// confirmAhead is how far past the position being confirmed the confirm
+// limit is written: the write is itself WAL (an UPDATE and its commit,
+// a few hundred bytes) that the slot must then be confirmed past, so a
+// limit written at the position alone was written again at every status
+// of an idle tailer, each write a transaction of its own; a failover
+// slot whose catalog xmin moved on with each of them was never
+// synchronized to a standby by pg_sync_replication_slots ("could lead to
+// data loss", PostgreSQL 17). The price: another process that advanced
+// the slot less than this past the last limit (a transaction or two of
+// tokens) goes unseen by this check; the audit still names every token
+// that skipped the stream.
+const confirmAhead = 4 << 10
 
 // bind ties the stream to the slot's incarnation: a new incarnation for a
 // slot no tailer recorded making (Adopt), or the record's (Bind).
