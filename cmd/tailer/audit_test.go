@@ -225,11 +225,7 @@ func (c *cluster) runAuditEnv(env []string, args ...string) (auditReport, int) {
 // confirm past its snapshot (the tailer stopped). Its exit code is 1.
 func TestAuditCannotFinish(t *testing.T) {
 	t.Parallel()
-	pg, err := pgtest.Start(pgtest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pg.Close() })
+	pg := ownServer(t)
 	c := newCluster(t, pg, 10, 50*time.Millisecond)
 	p := c.tailer()
 	p.waitLog("msg=streaming", 1, 30*time.Second)

@@ -32,11 +32,7 @@ func newFailover(t *testing.T) *failover {
 	if major < 17 {
 		t.Skipf("PostgreSQL %d has no failover slots (CI runs this on 17 and 18: make test-pg VERSION=17)", major)
 	}
-	primary, err := pgtest.Start(pgtest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { primary.Close() })
+	primary := ownServer(t)
 	c := newCluster(t, primary, 10, 50*time.Millisecond)
 	// The slot is synchronized by hand (pg_sync_replication_slots), at the
 	// points the test chooses; sync_replication_slots=on does the same in

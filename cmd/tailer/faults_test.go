@@ -457,11 +457,7 @@ func TestForeignStreamRefused(t *testing.T) {
 		t.Fatal("messages carry no origin")
 	}
 
-	fresh, err := pgtest.Start(pgtest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { fresh.Close() })
+	fresh := ownServer(t)
 	otherDB := tailertest.NewDB(t, pgtest.Shared(t)).URL
 	freshDB := tailertest.NewDB(t, fresh)
 	for _, tc := range []struct{ name, url, want string }{

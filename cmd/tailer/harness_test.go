@@ -555,3 +555,15 @@ func (p *proc) exit(within time.Duration) int {
 	}
 	return p.cmd.ProcessState.ExitCode()
 }
+
+// ownServer starts a PostgreSQL server of t's own (one a test stops,
+// restarts or copies, apart from the shared one), closed at t's end.
+func ownServer(t *testing.T) *pgtest.Server {
+	t.Helper()
+	srv, err := pgtest.Start(pgtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return srv
+}

@@ -29,11 +29,7 @@ func TestSubscribeIntoPostgres(t *testing.T) {
 	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
 	p := c.tailer()
 	p.waitLog("msg=streaming", 1, 30*time.Second)
-	consumerPG, err := pgtest.Start(pgtest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { consumerPG.Close() })
+	consumerPG := ownServer(t)
 	consumerURL := consumerPG.CreateDB(t)
 	link := lossyDelayProxy(t, fmt.Sprintf("127.0.0.1:%d", c.natsPort), 60*time.Millisecond)
 	link.Arm()

@@ -93,11 +93,7 @@ func (c *cluster) lastStreamPosition() pglogrepl.LSN {
 // stream exactly once.
 func TestRestoredCopyCannotSkip(t *testing.T) {
 	t.Parallel()
-	pg, err := pgtest.Start(pgtest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pg.Close() })
+	pg := ownServer(t)
 	c := newCluster(t, pg, 10, 50*time.Millisecond)
 	c.publishThenStop("orig", 20)
 

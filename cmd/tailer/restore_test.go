@@ -29,11 +29,7 @@ func TestRestoredSnapshotWithItsSlot(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			pg, err := pgtest.Start(pgtest.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { pg.Close() })
+			pg := ownServer(t)
 			c := newCluster(t, pg, 10, 50*time.Millisecond)
 			p := c.tailer()
 			p.waitLog("msg=streaming", 1, 30*time.Second)

@@ -30,11 +30,7 @@ func TestSharedInboxDurable(t *testing.T) {
 	c := newCluster(t, pgtest.Shared(t), 10, 50*time.Millisecond)
 	p := c.tailer()
 	p.waitLog("msg=streaming", 1, 30*time.Second)
-	consumerPG, err := pgtest.Start(pgtest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { consumerPG.Close() })
+	consumerPG := ownServer(t)
 	consumerURL := consumerPG.CreateDB(t)
 	js := c.jsOf()
 	if _, err := js.CreateConsumer(c.ctx, "MAILROOM", jetstream.ConsumerConfig{
