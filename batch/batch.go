@@ -6,7 +6,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/mailroom/tailer/decoder"
-	"github.com/mailroom/tailer/publish/token"
+	"github.com/mailroom/tailer/decoder/action"
 )
 
 // CutReason says why a batch was cut.
@@ -32,7 +32,7 @@ func (r CutReason) String() string {
 
 // MaxLanes is the most lanes a Batcher splits tokens into: one for each
 // token action (ByAction).
-const MaxLanes = token.MaxActions
+const MaxLanes = action.Max
 
 // Seqs holds one sequence number per lane.
 type Seqs [MaxLanes]uint64
@@ -77,7 +77,7 @@ func NewBatcher(limit int, timeout time.Duration, now func() time.Time) *Batcher
 	return &Batcher{limit: limit, timeout: timeout, now: now, lane: func(*decoder.Token) int { return 0 }, free: make(chan *Batch, 64)}
 }
 
-// ByAction gives each action a lane of its own, in token.Actions' order.
+// ByAction gives each action a lane of its own, in action.Actions' order.
 func ByAction(t *decoder.Token) int { return t.Action.Lane() }
 
 // SetLanes makes the Batcher split tokens with lane (which must return

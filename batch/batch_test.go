@@ -7,7 +7,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/mailroom/tailer/decoder"
-	"github.com/mailroom/tailer/publish/token"
+	"github.com/mailroom/tailer/decoder/action"
 )
 
 type clock struct{ t time.Time }
@@ -16,7 +16,7 @@ func (c *clock) now() time.Time          { return c.t }
 func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
 
 func tok(commit pglogrepl.LSN, idx uint32) *decoder.Token {
-	return &decoder.Token{Pos: decoder.Position{Commit: commit, Index: idx}, ID: int64(commit)*1000 + int64(idx), Action: token.Activation}
+	return &decoder.Token{Pos: decoder.Position{Commit: commit, Index: idx}, ID: int64(commit)*1000 + int64(idx), Action: action.Activation}
 }
 
 func TestBatcherLimit(t *testing.T) {
@@ -93,7 +93,7 @@ func TestBatcherLanes(t *testing.T) {
 	act := func(i uint32) *decoder.Token { return tok(1, i) }
 	rec := func(i uint32) *decoder.Token {
 		t := tok(1, i)
-		t.Action = token.PasswordRecovery
+		t.Action = action.PasswordRecovery
 		return t
 	}
 	if b.Add(act(0)) != nil || b.Add(rec(1)) != nil {

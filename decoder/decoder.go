@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/mailroom/tailer/publish/token"
+	"github.com/mailroom/tailer/decoder/action"
 )
 
 // Output receives what the decoder finds, in commit order. The decoder calls
@@ -119,7 +119,7 @@ type ActionError struct {
 }
 
 func (e *ActionError) Error() string {
-	return fmt.Sprintf("a token's action %q is no token action this tailer knows (%s)", e.Label, strings.Join(token.Labels(), ", "))
+	return fmt.Sprintf("a token's action %q is no token action this tailer knows (%s)", e.Label, strings.Join(action.Labels(), ", "))
 }
 
 // Decode handles one pgoutput message (the payload of an XLogData message).

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/mailroom/tailer/publish/token"
+	"github.com/mailroom/tailer/decoder/action"
 )
 
 // recorder is an Output that keeps everything it is given.
@@ -172,11 +172,11 @@ func TestDecodeTransaction(t *testing.T) {
 				t.Fatalf("got %d tokens, want 2", len(rec.tokens))
 			}
 			a, r := rec.tokens[0], rec.tokens[1]
-			if a.ID != 11 || a.Action != token.Activation || a.Account != 1 || a.CodeString() != "01234" ||
+			if a.ID != 11 || a.Action != action.Activation || a.Account != 1 || a.CodeString() != "01234" ||
 				!bytes.Equal(a.Secret[:], secret(1)) || a.Pos != (Position{0x1000, 0}) {
 				t.Errorf("activation token = %+v", a)
 			}
-			if r.ID != 12 || r.Action != token.PasswordRecovery || r.Account != 2 || r.CodeString() != "99999" ||
+			if r.ID != 12 || r.Action != action.PasswordRecovery || r.Account != 2 || r.CodeString() != "99999" ||
 				!bytes.Equal(r.Secret[:], secret(2)) || r.Pos != (Position{0x1000, 1}) {
 				t.Errorf("recovery token = %+v", r)
 			}
@@ -458,7 +458,7 @@ func TestDecodeStreamedSpillsToDisk(t *testing.T) {
 				}
 				tok := rec.tokens[ti]
 				next(tok.Pos)
-				if tok.Xid != xid || tok.Account != tok.ID || tok.Action != token.PasswordRecovery ||
+				if tok.Xid != xid || tok.Account != tok.ID || tok.Action != action.PasswordRecovery ||
 					tok.CodeString() != "12345" || tok.Secret != [32]byte(secret(byte(tok.ID))) {
 					t.Fatalf("token %d = %+v", tok.ID, tok)
 				}

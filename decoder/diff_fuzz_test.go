@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/mailroom/tailer/publish/token"
+	"github.com/mailroom/tailer/decoder/action"
 )
 
 // FuzzDecodeAgainstPglogrepl decodes a token insert, well formed or
@@ -211,9 +211,9 @@ func oracleToken(tuple *pglogrepl.TupleData) (Token, error) {
 	case null:
 		return tok, errors.New("action NULL")
 	case string(v) == "activation":
-		tok.Action = token.Activation
+		tok.Action = action.Activation
 	case string(v) == "password_recovery":
-		tok.Action = token.PasswordRecovery
+		tok.Action = action.PasswordRecovery
 	default:
 		return tok, fmt.Errorf("action %q", v)
 	}
@@ -242,7 +242,7 @@ func oracleToken(tuple *pglogrepl.TupleData) (Token, error) {
 	default:
 		tok.CodeLen = uint8(copy(tok.Code[:], v))
 	}
-	if tok.Action == token.PasswordRecovery && (tok.CodeNull || tok.CodeLen != 5) {
+	if tok.Action == action.PasswordRecovery && (tok.CodeNull || tok.CodeLen != 5) {
 		return tok, errors.New("recovery code not 5 bytes")
 	}
 	return tok, nil

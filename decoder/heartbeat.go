@@ -5,8 +5,6 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
-
-	"github.com/mailroom/tailer/publish/wire"
 )
 
 // HeartbeatPrefix is the prefix of the logical messages the tailer writes
@@ -46,7 +44,7 @@ func (d *Decoder) message(r *reader, sink Output) error {
 	}
 	transactional := flags&1 != 0
 	switch {
-	case transactional && string(prefix) == TraceparentPrefix && wire.ValidTraceparent(content):
+	case transactional && string(prefix) == TraceparentPrefix && ValidTraceparent(content):
 		d.trace(xid, string(content))
 	case !transactional && string(prefix) == HeartbeatPrefix:
 		if at, ok := parseHeartbeat(content); ok {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/mailroom/tailer/publish/token"
+	"github.com/mailroom/tailer/decoder/action"
 )
 
 // memRows is how many rows of one streamed transaction stay in memory; the
@@ -75,7 +75,7 @@ const (
 	recBadRow = 'X'
 	// tokenRecord is kind, subXid, ID, Account, Action, Secret, Code,
 	// CodeLen, CodeNull.
-	tokenRecord = 1 + 4 + 8 + 8 + 1 + 32 + token.MaxCodeLen + 1 + 1
+	tokenRecord = 1 + 4 + 8 + 8 + 1 + 32 + action.MaxCodeLen + 1 + 1
 )
 
 func writeRow(w *bufio.Writer, row *streamedRow) error {
@@ -134,11 +134,11 @@ func readRow(r *bufio.Reader, row *streamedRow) error {
 		row.err = nil
 		t.ID = int64(binary.BigEndian.Uint64(b))
 		t.Account = int64(binary.BigEndian.Uint64(b[8:]))
-		t.Action = token.Action(b[16])
+		t.Action = action.Action(b[16])
 		copy(t.Secret[:], b[17:49])
 		b = b[49:]
-		copy(t.Code[:], b[:token.MaxCodeLen])
-		t.CodeLen, t.CodeNull = b[token.MaxCodeLen], b[token.MaxCodeLen+1] != 0
+		copy(t.Code[:], b[:action.MaxCodeLen])
+		t.CodeLen, t.CodeNull = b[action.MaxCodeLen], b[action.MaxCodeLen+1] != 0
 		return nil
 	}
 	return fmt.Errorf("spilled row of unknown kind %q", buf[0])

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/mailroom/tailer/publish/token"
+	"github.com/mailroom/tailer/decoder/action"
 )
 
 // Position identifies a row in the WAL: the commit LSN of its transaction
@@ -106,11 +106,11 @@ type Token struct {
 	CommitTime int64
 	ID         int64
 	Account    int64
-	Action     token.Action
+	Action     action.Action
 	// Secret is the token's 32 random bytes.
 	Secret [32]byte
 	// Code holds CodeLen bytes of the short code (the column is VARCHAR(5)).
-	Code    [token.MaxCodeLen]byte
+	Code    [action.MaxCodeLen]byte
 	CodeLen uint8
 	// CodeNull is set when the code column was NULL.
 	CodeNull bool

@@ -9,7 +9,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/mailroom/tailer/publish/token"
+	"github.com/mailroom/tailer/decoder/action"
 )
 
 // decodeTuple fills tok from a TupleData. It returns a row error for values
@@ -49,7 +49,7 @@ func (rel *relation) decodeTuple(r *reader, tok *Token) (rowErr, err error) {
 			seen[1] = true
 			if null {
 				rowErr = errors.New("action is NULL")
-			} else if a, ok := token.ActionOf(val); ok {
+			} else if a, ok := action.Of(val); ok {
 				tok.Action = a
 			} else {
 				// No row to skip: every token of the action would be.

@@ -232,7 +232,7 @@ func (e *Encoder) appendLine(dst []byte, t *decoder.Token, r *join.TokenState) (
 	if !wire.LineSafe(r.Email) || !wire.LineSafe(r.Login) {
 		return dst, errUnsafeField
 	}
-	// The action's number, a digit: token.MaxActions is below 10.
+	// The action's number, a digit: action.Max is below 10.
 	dst = append(dst, '0'+byte(t.Action), ',')
 	dst = append(dst, r.Email...)
 	dst = append(dst, ',')

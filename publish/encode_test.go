@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/join"
 	"github.com/mailroom/tailer/publish/token"
@@ -35,7 +36,7 @@ func encodeOne(e *Encoder, id func(covered int) string, tokens []decoder.Token, 
 func testTokens(n int) []decoder.Token {
 	tokens := make([]decoder.Token, n)
 	for i := range tokens {
-		tokens[i] = decoder.Token{Pos: decoder.Position{Commit: pglogrepl.LSN(0x1000), Index: uint32(i)}, ID: int64(i + 1), Action: token.Activation}
+		tokens[i] = decoder.Token{Pos: decoder.Position{Commit: pglogrepl.LSN(0x1000), Index: uint32(i)}, ID: int64(i + 1), Action: action.Activation}
 		tokens[i].Secret[0], tokens[i].Secret[1] = byte(i), byte(i>>8)
 	}
 	return tokens

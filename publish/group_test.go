@@ -16,6 +16,7 @@ import (
 
 	"github.com/mailroom/tailer/batch"
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/join"
 	"github.com/mailroom/tailer/publish/token"
@@ -39,9 +40,9 @@ func testBatches(n, per int, lanes bool) []*batch.Batch {
 		}
 		for j := range per {
 			id++
-			tok := decoder.Token{Pos: decoder.Position{Commit: pglogrepl.LSN(0x10000 + 0x100*i), Index: uint32(j)}, ID: id, Action: token.Activation}
+			tok := decoder.Token{Pos: decoder.Position{Commit: pglogrepl.LSN(0x10000 + 0x100*i), Index: uint32(j)}, ID: id, Action: action.Activation}
 			if b.Lane == 1 {
-				tok.Action, tok.Code, tok.CodeLen = token.PasswordRecovery, [5]byte{'1', '2', '3', '4', '5'}, 5
+				tok.Action, tok.Code, tok.CodeLen = action.PasswordRecovery, [5]byte{'1', '2', '3', '4', '5'}, 5
 			}
 			tok.Secret[0], tok.Secret[1] = byte(id), byte(id>>8)
 			b.Tokens = append(b.Tokens, tok)

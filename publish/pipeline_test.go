@@ -8,6 +8,7 @@ import (
 
 	"github.com/mailroom/tailer/batch"
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/publish/join"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
@@ -40,7 +41,7 @@ func TestDuplicateAckForAMissingMessage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok := decoder.Token{Pos: decoder.Position{Commit: 0x2000}, ID: 1, Action: token.Activation}
+	tok := decoder.Token{Pos: decoder.Position{Commit: 0x2000}, ID: 1, Action: action.Activation}
 	session := func() (done int, err error) {
 		pub, err := NewPublisher(ctx, nc, Destination{Name: "DUPACK", Subject: "mailroom.batches"})
 		if err != nil {
@@ -90,7 +91,7 @@ func TestRefusalOtherThanTheChainIsNotStreamMoved(t *testing.T) {
 	}
 	p := &Pipeline{Publisher: pub, Joiner: publishAll{}, Encoder: NewEncoder(signer, wire.FormatLine), Done: func(*batch.Batch) { t.Error("a batch done without a stream") }}
 	in := make(chan *batch.Batch, 1)
-	in <- &batch.Batch{Tokens: []decoder.Token{{Pos: decoder.Position{Commit: 0x2000}, ID: 1, Action: token.Activation}}}
+	in <- &batch.Batch{Tokens: []decoder.Token{{Pos: decoder.Position{Commit: 0x2000}, ID: 1, Action: action.Activation}}}
 	close(in)
 	err = p.Run(ctx, in)
 	if err == nil || errors.Is(err, ErrStreamMoved) {

@@ -18,8 +18,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/publish/protocol"
-	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -49,7 +49,7 @@ func (s Destination) LaneSubjects() []string {
 		return []string{s.Subject}
 	}
 	var out []string
-	for _, label := range token.Labels() {
+	for _, label := range action.Labels() {
 		out = append(out, wire.LaneSubject(s.Subject, label))
 	}
 	return out

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
-	"github.com/mailroom/tailer/internal/testutil/tailertest"
+	"github.com/mailroom/tailer/migrations/migratetest"
 )
 
 // One holder at a time, per slot; the others are told who holds it, can
@@ -17,7 +17,7 @@ func TestLease(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	db := tailertest.NewDB(t, pgtest.Shared(t))
+	db := migratetest.NewDB(t, pgtest.Shared(t))
 
 	if _, held, err := LeaseHolder(ctx, db.Conn, "s"); held || err != nil {
 		t.Fatalf("LeaseHolder of a free lease = %v, %v", held, err)
@@ -97,7 +97,7 @@ func TestLeaseNotAwaitedFromAStreamingHolder(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	db := tailertest.NewDB(t, pgtest.Shared(t))
+	db := migratetest.NewDB(t, pgtest.Shared(t))
 	if _, err := CreateSlot(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "st", "test", false, false); err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
-	"github.com/mailroom/tailer/internal/testutil/tailertest"
+	"github.com/mailroom/tailer/migrations/migratetest"
 )
 
 // A slot's record through its life: made by migrate (not yet on the
@@ -45,7 +45,7 @@ func TestRecord(t *testing.T) {
 		t.Fatalf("SetResyncNeeded on a schema before resync_needed: %v", err)
 	}
 
-	db := tailertest.NewDB(t, pgtest.Shared(t))
+	db := migratetest.NewDB(t, pgtest.Shared(t))
 	if r, err := LoadRecord(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s"); err != nil || r.Exists {
 		t.Fatalf("LoadRecord of a slot never made = %+v, %v", r, err)
 	}
@@ -112,7 +112,7 @@ func TestRecordAnchor(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	db := tailertest.NewDB(t, pgtest.Shared(t))
+	db := migratetest.NewDB(t, pgtest.Shared(t))
 	r, err := CreateSlot(ctx, SchemaConn{Querier: db.Conn, Schema: "public"}, "s", "tailer migrate", false, false)
 	if err != nil {
 		t.Fatal(err)

@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
-	"github.com/mailroom/tailer/internal/testutil/tailertest"
 	"github.com/mailroom/tailer/migrations"
+	"github.com/mailroom/tailer/migrations/migratetest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -46,7 +46,7 @@ func TestSlots(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	tdb := tailertest.NewDB(t, pgtest.Shared(t))
+	tdb := migratetest.NewDB(t, pgtest.Shared(t))
 	url, db := tdb.URL, tdb.Conn
 
 	if _, err := CreateSlot(ctx, SchemaConn{Querier: db, Schema: "public"}, "bad-name", "test", false, false); err == nil {
@@ -197,7 +197,7 @@ func TestSilentConnectionIsGivenUp(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	tdb := tailertest.NewDB(t, pgtest.Shared(t))
+	tdb := migratetest.NewDB(t, pgtest.Shared(t))
 	url, db := tdb.URL, tdb.Conn
 	if _, err := CreateSlot(ctx, SchemaConn{Querier: db, Schema: "public"}, "silent", "test", false, false); err != nil {
 		t.Fatal(err)
@@ -260,7 +260,7 @@ func TestStoppedStreamLeavesItsPositionOnTheSlot(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	tdb := tailertest.NewDB(t, pgtest.Shared(t))
+	tdb := migratetest.NewDB(t, pgtest.Shared(t))
 	if _, err := CreateSlot(ctx, SchemaConn{Querier: tdb.Conn, Schema: "public"}, "stopping", "test", false, false); err != nil {
 		t.Fatal(err)
 	}

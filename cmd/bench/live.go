@@ -20,9 +20,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/internal/pgname"
 	"github.com/mailroom/tailer/migrations"
-	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 )
@@ -75,7 +75,7 @@ type Stages struct {
 
 // insertToken is a password recovery of an account: a token of its own
 // transaction.
-var insertToken = `INSERT INTO tokens (account, action) VALUES ($1, '` + token.PasswordRecovery.String() + `') RETURNING id`
+var insertToken = `INSERT INTO tokens (account, action) VALUES ($1, '` + action.PasswordRecovery.String() + `') RETURNING id`
 
 // liveLatency writes single-row transactions at o.liveRate and times each
 // from its commit to its arrival: at a subscriber of the stream the tailer

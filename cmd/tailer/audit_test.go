@@ -19,6 +19,7 @@ import (
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
 	"github.com/mailroom/tailer/publish/audit"
+	"github.com/mailroom/tailer/publish/wire/wiretest"
 )
 
 // auditReport is tailer audit --json's report.
@@ -196,7 +197,7 @@ func TestAuditFindsLosses(t *testing.T) {
 func (c *cluster) messageOf(id int64) uint64 {
 	c.t.Helper()
 	for _, m := range c.messages() {
-		ids, _ := tailertest.TokenIDs(m)
+		ids, _ := wiretest.TokenIDs(m)
 		if slices.Contains(ids, id) {
 			return m.Sequence
 		}

@@ -21,9 +21,11 @@ import (
 
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
+	"github.com/mailroom/tailer/migrations/migratetest"
 	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
+	"github.com/mailroom/tailer/publish/wire/wiretest"
 )
 
 func TestCrashLoop(t *testing.T) {
@@ -458,8 +460,8 @@ func TestForeignStreamRefused(t *testing.T) {
 	}
 
 	fresh := ownServer(t)
-	otherDB := tailertest.NewDB(t, pgtest.Shared(t)).URL
-	freshDB := tailertest.NewDB(t, fresh)
+	otherDB := migratetest.NewDB(t, pgtest.Shared(t)).URL
+	freshDB := migratetest.NewDB(t, fresh)
 	for _, tc := range []struct{ name, url, want string }{
 		{"another database", otherDB, "published from another database"},
 		{"a fresh cluster", freshDB.URL, "published from another database"},
@@ -556,7 +558,7 @@ func TestForeignStreamRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 		tailertest.Eventually(t, 30*time.Second, func() error {
-			msgs, err := tailertest.StoredMessages(c.ctx, s)
+			msgs, err := wiretest.StoredMessages(c.ctx, s)
 			if err != nil {
 				return err
 			}

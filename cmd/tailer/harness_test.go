@@ -31,6 +31,8 @@ import (
 	"github.com/mailroom/tailer/internal/embedded"
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
+	"github.com/mailroom/tailer/migrations/migratetest"
+	"github.com/mailroom/tailer/publish/wire/wiretest"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -68,7 +70,7 @@ func TestMain(m *testing.M) {
 // cluster is a database, a restartable NATS server and the tailers run
 // against them.
 type cluster struct {
-	*tailertest.DB
+	*migratetest.DB
 	t        *testing.T
 	ctx      context.Context
 	natsDir  string
@@ -85,7 +87,7 @@ type cluster struct {
 	limit              int
 	timeout            time.Duration
 	// streamCache keeps the stream's messages between polls.
-	streamCache tailertest.StreamCache
+	streamCache wiretest.StreamCache
 	// writers counts the writers started: each names its accounts apart.
 	writers atomic.Int32
 }
@@ -110,7 +112,7 @@ func newClusterWithoutSlot(t *testing.T, pg *pgtest.Server, limit int, timeout t
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	t.Cleanup(cancel)
-	db := tailertest.NewDB(t, pg)
+	db := migratetest.NewDB(t, pg)
 	port, err := pgtest.FreePort()
 	if err != nil {
 		t.Fatal(err)
@@ -411,7 +413,7 @@ func (c *cluster) tokenCounts() map[int64]int {
 	c.t.Helper()
 	counts := map[int64]int{}
 	for _, m := range c.messages() {
-		ids, err := tailertest.TokenIDs(m)
+		ids, err := wiretest.TokenIDs(m)
 		if err != nil {
 			c.t.Fatal(err)
 		}

@@ -33,6 +33,7 @@ import (
 	"github.com/mailroom/tailer/internal/embedded"
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
+	"github.com/mailroom/tailer/migrations/migratetest"
 )
 
 const infra = "../../infra/"
@@ -922,7 +923,7 @@ func (s *composeDB) cluster(t *testing.T) *cluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	return &cluster{DB: tailertest.ExistingDB(t, s.url("tailer"), s.app), t: t, ctx: t.Context(), natsPort: port, limit: 10, timeout: 100 * time.Millisecond}
+	return &cluster{DB: migratetest.ExistingDB(t, s.url("tailer"), s.app), t: t, ctx: t.Context(), natsPort: port, limit: 10, timeout: 100 * time.Millisecond}
 }
 
 // exporter runs prometheus-community/postgres_exporter as the compose file

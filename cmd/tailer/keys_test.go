@@ -10,11 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
 	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
+	"github.com/mailroom/tailer/publish/wire/wiretest"
 )
 
 // The rotation runbook of docs/operations.md, twice, under a writer: add
@@ -104,12 +106,12 @@ func TestKeyRotation(t *testing.T) {
 			}
 		}
 		for _, tok := range b.Tokens {
-			action := token.Activation
+			act := action.Activation
 			if tok.Action == "password_recovery" {
-				action = token.PasswordRecovery
+				act = action.PasswordRecovery
 			}
 			for i, r := range rings {
-				id, _, err := r.Verify(tok.Token, action, tok.Code)
+				id, _, err := r.Verify(tok.Token, act, tok.Code)
 				holds := strings.Contains(" "+steps[i]+" ", " "+b.KeyID+" ") || strings.Contains(" "+steps[i]+" ", " "+b.KeyID+"* ")
 				switch {
 				case holds && (err != nil || id != b.KeyID):
@@ -152,8 +154,8 @@ func TestKeyRotation(t *testing.T) {
 	// again, signed with c, under the keys it had.
 	keyOf := map[int64]string{}
 	for _, m := range c.messages() {
-		ids, _ := tailertest.TokenIDs(m)
-		for i, k := range tailertest.TokenKeys(m) {
+		ids, _ := wiretest.TokenIDs(m)
+		for i, k := range wiretest.TokenKeys(m) {
 			keyOf[ids[i]] = k
 		}
 	}
@@ -169,8 +171,8 @@ func TestKeyRotation(t *testing.T) {
 		if m.Header.Get(wire.HeaderKeyID) != "c" {
 			t.Fatalf("resynced message %d names key %q, want c", m.Sequence, m.Header.Get(wire.HeaderKeyID))
 		}
-		ids, _ := tailertest.TokenIDs(m)
-		for i, k := range tailertest.TokenKeys(m) {
+		ids, _ := wiretest.TokenIDs(m)
+		for i, k := range wiretest.TokenKeys(m) {
 			if keyOf[ids[i]] != k {
 				t.Fatalf("token %d resynced under key %s, published before under %s", ids[i], k, keyOf[ids[i]])
 			}

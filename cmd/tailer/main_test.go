@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/publish/token"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -157,7 +158,7 @@ func TestVerifyCommand(t *testing.T) {
 	}
 	// The first six bits 62: base64url's '-'.
 	secret := [token.SecretSize]byte{0xF8}
-	dashed, err := signer.AppendToken(nil, token.Activation, &secret, nil)
+	dashed, err := signer.AppendToken(nil, action.Activation, &secret, nil)
 	if err != nil || dashed[0] != '-' {
 		t.Fatalf("a token starting with '-': %s, %v", dashed, err)
 	}
@@ -254,7 +255,7 @@ func TestKeyWithTrailingNewline(t *testing.T) {
 	}
 	var secret [token.SecretSize]byte
 	secret[0] = 7
-	signed, err := signer.AppendToken(nil, token.Activation, &secret, nil)
+	signed, err := signer.AppendToken(nil, action.Activation, &secret, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/publish/token"
 )
 
@@ -22,7 +23,7 @@ func TestNewcomerStumbles(t *testing.T) {
 	}
 	key, _ := token.ParseKey(goodKey)
 	signer, _ := token.NewSigner("k", key)
-	activation, err := signer.AppendToken(nil, token.Activation, &[token.SecretSize]byte{1}, nil)
+	activation, err := signer.AppendToken(nil, action.Activation, &[token.SecretSize]byte{1}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

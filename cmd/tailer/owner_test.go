@@ -20,8 +20,10 @@ import (
 
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
+	"github.com/mailroom/tailer/migrations/migratetest"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
+	"github.com/mailroom/tailer/publish/wire/wiretest"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -30,7 +32,7 @@ func (c *cluster) keyCounts() map[string]int {
 	c.t.Helper()
 	counts := map[string]int{}
 	for _, m := range c.messages() {
-		for _, k := range tailertest.TokenKeys(m) {
+		for _, k := range wiretest.TokenKeys(m) {
 			counts[k]++
 		}
 	}
@@ -114,7 +116,7 @@ func TestRestoredCopyCannotSkip(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { copyConn.Close(c.ctx) })
-	onCopy := tailertest.ExistingDB(t, copyURL, copyConn)
+	onCopy := migratetest.ExistingDB(t, copyURL, copyConn)
 	env := []string{"MAILROOM_DATABASE_URL=" + copyURL}
 
 	refused := func(when string) {

@@ -23,6 +23,7 @@ import (
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
 	"github.com/mailroom/tailer/publish/wire"
+	"github.com/mailroom/tailer/publish/wire/wiretest"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -471,7 +472,7 @@ func (c *cluster) lastTokenOnStream() int64 {
 	if len(msgs) == 0 {
 		return 0
 	}
-	ids, _ := tailertest.TokenIDs(msgs[len(msgs)-1])
+	ids, _ := wiretest.TokenIDs(msgs[len(msgs)-1])
 	var last int64
 	for _, id := range ids {
 		last = max(last, id)

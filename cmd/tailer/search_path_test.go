@@ -11,6 +11,7 @@ import (
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
 	"github.com/mailroom/tailer/publish/wire"
+	"github.com/mailroom/tailer/publish/wire/wiretest"
 )
 
 // A schema that shadows the tailer's tables on a search path: named after
@@ -122,7 +123,7 @@ func expectRealAddresses(t *testing.T, c *cluster, n int) {
 	tailertest.Eventually(t, 30*time.Second, func() error {
 		got := map[int64][]string{}
 		for _, m := range c.messages() {
-			ids, err := tailertest.TokenIDs(m)
+			ids, err := wiretest.TokenIDs(m)
 			if err != nil {
 				t.Fatal(err)
 			}

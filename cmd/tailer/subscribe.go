@@ -22,8 +22,8 @@ import (
 	"github.com/mailroom/tailer/cmd/internal/daemon"
 	"github.com/mailroom/tailer/cmd/internal/natsconn"
 	"github.com/mailroom/tailer/cmd/internal/subscriber"
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/publish/consume"
-	"github.com/mailroom/tailer/publish/token"
 )
 
 func (x *cli) subscribeCmd() *cobra.Command {
@@ -188,7 +188,7 @@ func (x *cli) bindSubscribe(c *cobra.Command) (*subscribeFlags, func() (*config.
 	fs.StringVar(&f.format, "format", "line", "output: `line|json`, collector lines or a JSON object a batch")
 	fs.IntVar(&f.perLine, "max-tokens-per-line", 0, "split a batch into lines of at most N tokens (the mailroom sender holds 10); 0 keeps one line per batch")
 	fs.BoolVar(&f.fromStart, "from-start", false, "a new consumer starts at the stream's first message instead of the next one")
-	fs.StringVar(&f.action, "filter-action", "", "only tokens of this `action`: "+strings.Join(token.Labels(), " or "))
+	fs.StringVar(&f.action, "filter-action", "", "only tokens of this `action`: "+strings.Join(action.Labels(), " or "))
 	fs.IntVar(&f.window, "dedup-window", 0, "drop tokens whose key (a hash of the secret, never reused) was among the last N written (0: off); with stdout a file, also those at its end")
 	fs.DurationVar(&f.ackWait, "ack-wait", consume.DefaultAckWait, "how long the server waits for an ack before redelivering, for a new consumer")
 	fs.StringVar(&f.exec, "exec", "", "start this `command` (sh -c) as the sender, its standard input the lines; start it again when it exits, giving it what it had not finished; on SIGTERM close its input once it has taken all of it")
@@ -214,8 +214,8 @@ func (f *subscribeFlags) check(cfg *config.Config, resend bool) string {
 		return fmt.Sprintf("--format: must be line or json, got %q", f.format)
 	case f.perLine < 0:
 		return fmt.Sprintf("--max-tokens-per-line: must be >= 0, got %d", f.perLine)
-	case f.action != "" && !slices.Contains(token.Labels(), f.action):
-		return fmt.Sprintf("--filter-action: must be %s, got %q", strings.Join(token.Labels(), " or "), f.action)
+	case f.action != "" && !slices.Contains(action.Labels(), f.action):
+		return fmt.Sprintf("--filter-action: must be %s, got %q", strings.Join(action.Labels(), " or "), f.action)
 	case f.window < 0:
 		return fmt.Sprintf("--dedup-window: must be >= 0, got %d", f.window)
 	case f.ackWait < time.Second:

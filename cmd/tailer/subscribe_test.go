@@ -18,11 +18,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
 	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
+	"github.com/mailroom/tailer/publish/wire/wiretest"
 )
 
 // subscriber runs tailer subscribe with stdout appended to out.
@@ -96,15 +98,15 @@ func (c *cluster) signedTokens() map[int64]string {
 	out := map[int64]string{}
 	for rows.Next() {
 		var id int64
-		var action, code string
+		var label, code string
 		var secret []byte
-		if err := rows.Scan(&id, &action, &secret, &code); err != nil {
+		if err := rows.Scan(&id, &label, &secret, &code); err != nil {
 			c.t.Fatal(err)
 		}
 		var s [32]byte
 		copy(s[:], secret)
-		a, _ := token.ParseAction(action)
-		tok, err := signer.Token(token.Action(a), &s, []byte(code))
+		a, _ := action.Parse(label)
+		tok, err := signer.Token(a, &s, []byte(code))
 		if err != nil {
 			c.t.Fatal(err)
 		}
@@ -345,7 +347,7 @@ func TestSubjectPerAction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer done()
-	msgs, err := tailertest.StoredMessages(c.ctx, stream)
+	msgs, err := wiretest.StoredMessages(c.ctx, stream)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/mailroom/tailer/cmd/internal/config"
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/publish/token"
 )
 
@@ -28,7 +29,7 @@ is checked with it: give it with --code.`,
 		},
 	}
 	code := c.Flags().String("code", "", "the code the token was mailed with, for an action that signs one")
-	action := c.Flags().String("action", "", "the token's `action`, "+strings.Join(token.Labels(), " or ")+"; by default the first whose code --code fits")
+	action := c.Flags().String("action", "", "the token's `action`, "+strings.Join(action.Labels(), " or ")+"; by default the first whose code --code fits")
 	load := x.settings(c, verifyVars, true)
 	return x.leaf(c, func(_ *cobra.Command, args []string) int {
 		cfg, err := load()
@@ -45,14 +46,14 @@ is checked with it: give it with --code.`,
 }
 
 // verifyAction is the action named, or the first whose code rule code
-// fits (token.Actions): without a code, one that signs none.
-func verifyAction(label, code string) (token.Action, error) {
+// fits (action.Actions): without a code, one that signs none.
+func verifyAction(label, code string) (action.Action, error) {
 	if label != "" {
-		return token.ParseAction(label)
+		return action.Parse(label)
 	}
-	coded := token.Action(0)
-	for i, spec := range token.Actions {
-		a := token.Action(i + 1)
+	coded := action.Action(0)
+	for i, spec := range action.Actions {
+		a := action.Action(i + 1)
 		if spec.CodeLen == len(code) {
 			return a, nil
 		}
@@ -68,11 +69,11 @@ func verifyAction(label, code string) (token.Action, error) {
 // uncodedFit is the label of the first action that signs no code for
 // which tok is valid ("": none).
 func uncodedFit(cfg *config.Config, tok string) string {
-	for i, spec := range token.Actions {
+	for i, spec := range action.Actions {
 		if spec.CodeLen > 0 {
 			continue
 		}
-		if _, _, err := cfg.Keys.Verify(tok, token.Action(i+1), ""); err == nil {
+		if _, _, err := cfg.Keys.Verify(tok, action.Action(i+1), ""); err == nil {
 			return spec.Label
 		}
 	}
@@ -82,7 +83,7 @@ func uncodedFit(cfg *config.Config, tok string) string {
 // codedLabels are the labels of the actions that sign a code.
 func codedLabels() []string {
 	var out []string
-	for _, spec := range token.Actions {
+	for _, spec := range action.Actions {
 		if spec.CodeLen > 0 {
 			out = append(out, spec.Label)
 		}
@@ -92,7 +93,7 @@ func codedLabels() []string {
 
 // verify checks tok as a token of action, signed with code when action
 // signs one.
-func verify(cfg *config.Config, tok string, action token.Action, code string, stdout io.Writer) int {
+func verify(cfg *config.Config, tok string, action action.Action, code string, stdout io.Writer) int {
 	id, secret, err := cfg.Keys.Verify(tok, action, code)
 	if err != nil {
 		hint := ""

@@ -16,6 +16,7 @@ import (
 	"github.com/mailroom/tailer/internal/pgname"
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
+	"github.com/mailroom/tailer/migrations/migratetest"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
@@ -27,7 +28,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // each on the stream in a message of its own, as the tailer publishes.
 type fixture struct {
 	ctx    context.Context
-	db     *tailertest.DB
+	db     *migratetest.DB
 	srv    interface{ Shutdown() }
 	js     jetstream.JetStream
 	stream jetstream.Stream
@@ -40,7 +41,7 @@ type fixture struct {
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	ctx := context.Background()
-	f := &fixture{ctx: ctx, db: tailertest.NewDB(t, pgtest.Shared(t)), seqs: map[int64]uint64{}}
+	f := &fixture{ctx: ctx, db: migratetest.NewDB(t, pgtest.Shared(t)), seqs: map[int64]uint64{}}
 	if _, err := replication.CreateSlot(ctx, replication.SchemaConn{Querier: f.db.Conn, Schema: pgname.Public}, "mailroom", "tailer migrate", true, false); err != nil {
 		t.Fatal(err)
 	}

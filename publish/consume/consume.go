@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
@@ -18,7 +20,7 @@ import (
 // the account it is mailed to.
 type SignedToken struct {
 	ID int64 `json:"id"`
-	// Action is the token's action label (token.Actions).
+	// Action is the token's action label (action.Actions).
 	Action string `json:"action"`
 	Email  string `json:"email"`
 	Login  string `json:"login"`
@@ -138,7 +140,7 @@ func (b *Decoded) fillTraces(h nats.Header) {
 	}
 	at := make([]string, len(b.Tokens))
 	for i, tp := range traces {
-		if !wire.ValidTraceparent(tp) {
+		if !decoder.ValidTraceparent(tp) {
 			return
 		}
 		twice := false
@@ -242,9 +244,9 @@ func decodeLine(idsHeader, body string) (*Decoded, error) {
 			return nil, fieldErr(wire.HeaderTokenIDs, "id %d: %q is not an integer", i, ids[i])
 		}
 		t.ID = id
-		a, ok := token.ParseActionNumber(f[0])
+		a, ok := action.ParseNumber(f[0])
 		if !ok {
-			return nil, fieldErr(fmt.Sprintf("token %d action", i), "%q, want 1 to %d", f[0], len(token.Actions))
+			return nil, fieldErr(fmt.Sprintf("token %d action", i), "%q, want 1 to %d", f[0], len(action.Actions))
 		}
 		t.Action = a.String()
 		t.Email, t.Login, t.Token, t.Code = f[1], f[2], f[3], f[4]
@@ -294,7 +296,7 @@ func decodeJSON(body []byte) (*Decoded, error) {
 		if jt.Code != nil {
 			t.Code = *jt.Code
 		}
-		if _, err := token.ParseAction(t.Action); err != nil {
+		if _, err := action.Parse(t.Action); err != nil {
 			return nil, fieldErr(fmt.Sprintf("token %d action", i), "%v", err)
 		}
 		if err := t.validate(i); err != nil {
@@ -314,7 +316,7 @@ func (t *SignedToken) validate(i int) error {
 	case len(t.Token) != 86 || strings.Trim(t.Token, base64URL) != "":
 		return fieldErr(fmt.Sprintf("token %d token", i), "%d characters, want 86 base64url characters", len(t.Token))
 	}
-	a, err := token.ParseAction(t.Action)
+	a, err := action.Parse(t.Action)
 	if err != nil {
 		return fieldErr(fmt.Sprintf("token %d action", i), "%v", err)
 	}
@@ -333,8 +335,8 @@ func AppendLine(dst []byte, tokens []SignedToken) []byte {
 			dst = append(dst, ',')
 		}
 		// Decoded tokens have a known action; its number is a digit
-		// (token.MaxActions is below 10).
-		a, _ := token.ParseAction(t.Action)
+		// (action.Max is below 10).
+		a, _ := action.Parse(t.Action)
 		dst = append(dst, '0'+byte(a), ',')
 		dst = append(dst, t.Email...)
 		dst = append(dst, ',')
@@ -414,7 +416,7 @@ func DecodeLine(line string) ([]SignedToken, error) {
 	tokens := make([]SignedToken, len(fields)/5)
 	for i := range tokens {
 		f := fields[5*i : 5*i+5]
-		a, ok := token.ParseActionNumber(f[0])
+		a, ok := action.ParseNumber(f[0])
 		if !ok {
 			return nil, ErrNotMailroom
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/join"
@@ -29,9 +30,9 @@ func encoded(t testing.TB, format wire.Format) (nats.Header, []byte, []decoder.T
 	t.Helper()
 	signer := testSigner()
 	tokens := []decoder.Token{
-		{ID: 7, Action: token.Activation, Code: [5]byte{'0', '1', '2', '3', '4'}, CodeLen: 5},
-		{ID: 9, Action: token.PasswordRecovery, Code: [5]byte{'9', '8', '7', '6', '5'}, CodeLen: 5},
-		{ID: 11, Action: token.Activation, CodeNull: true},
+		{ID: 7, Action: action.Activation, Code: [5]byte{'0', '1', '2', '3', '4'}, CodeLen: 5},
+		{ID: 9, Action: action.PasswordRecovery, Code: [5]byte{'9', '8', '7', '6', '5'}, CodeLen: 5},
+		{ID: 11, Action: action.Activation, CodeNull: true},
 	}
 	for i := range tokens {
 		tokens[i].Secret[0] = byte(i + 1)
@@ -74,7 +75,7 @@ func TestRoundTrip(t *testing.T) {
 					tok.Login != string(rows[i].Login) || tok.Code != tokens[i].CodeString() || len(tok.Token) != 86 {
 					t.Errorf("token %d = %+v", i, tok)
 				}
-				if _, err := testSigner().Verify(tok.Token, token.Action(tokens[i].Action), tok.Code); err != nil {
+				if _, err := testSigner().Verify(tok.Token, action.Action(tokens[i].Action), tok.Code); err != nil {
 					t.Errorf("token %d does not verify: %v", i, err)
 				}
 				if want := string(token.AppendKey(nil, &tokens[i].Secret)); tok.Key != want || len(want) != token.KeyLen {

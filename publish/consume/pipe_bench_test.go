@@ -12,11 +12,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/internal/embedded"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/join"
-	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -82,7 +82,7 @@ func backlogMessage(m, per int) *nats.Msg {
 	e.Begin(nil, 0)
 	for i := range per {
 		id := m*per + i + 1
-		tok := []decoder.Token{{ID: int64(id), Action: token.Activation, CodeNull: true}}
+		tok := []decoder.Token{{ID: int64(id), Action: action.Activation, CodeNull: true}}
 		tok[0].Secret[0], tok[0].Secret[1] = byte(id), byte(id>>8)
 		e.Add(tok, []join.TokenState{{Email: []byte(fmt.Sprintf("u%d@example.com", id)), Login: []byte("l"), ExpiresAt: 100}})
 	}

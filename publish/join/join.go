@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/internal/pause"
 	"github.com/mailroom/tailer/internal/pgname"
-	"github.com/mailroom/tailer/publish/token"
 )
 
 // Skip says why a token is not published. The zero value means publish.
@@ -119,13 +119,13 @@ const (
 )
 
 // StatusFits holds for a token whose account has the status its action
-// needs (token.Actions). The column and the labels are compared as text,
+// needs (action.Actions). The column and the labels are compared as text,
 // so that an action the table has and the database's enum types lack yet
 // makes no query fail.
 func StatusFits() string {
 	var b strings.Builder
 	b.WriteString(`CASE t.action::text`)
-	for _, spec := range token.Actions {
+	for _, spec := range action.Actions {
 		fmt.Fprintf(&b, ` WHEN %s THEN a.status::text = %s`, quote(spec.Label), quote(spec.Status))
 	}
 	b.WriteString(` ELSE false END`)

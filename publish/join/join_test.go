@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
-	"github.com/mailroom/tailer/internal/testutil/tailertest"
-	"github.com/mailroom/tailer/publish/token"
+	"github.com/mailroom/tailer/migrations/migratetest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -23,7 +23,7 @@ func setup(t *testing.T) (context.Context, string, *pgx.Conn) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
-	db := tailertest.NewDB(t, pgtest.Shared(t))
+	db := migratetest.NewDB(t, pgtest.Shared(t))
 	return ctx, db.URL, db.Conn
 }
 
@@ -32,7 +32,7 @@ func setup(t *testing.T) (context.Context, string, *pgx.Conn) {
 // consumed_at) set to 1, a moment long past.
 func insertToken(t *testing.T, ctx context.Context, q interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
-}, login, action, setOne string) decoder.Token {
+}, login, label, setOne string) decoder.Token {
 	t.Helper()
 	cols, vals := "account, action", "id, $2::token_action"
 	if setOne != "" {
@@ -41,12 +41,12 @@ func insertToken(t *testing.T, ctx context.Context, q interface {
 	var tok decoder.Token
 	var xid int64
 	err := q.QueryRow(ctx, `INSERT INTO tokens (`+cols+`) SELECT `+vals+` FROM accounts WHERE login = $1
-		RETURNING id, txid_current()`, login, action).Scan(&tok.ID, &xid)
+		RETURNING id, txid_current()`, login, label).Scan(&tok.ID, &xid)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tok.Xid = uint32(xid)
-	tok.Action, _ = token.ParseAction(action)
+	tok.Action, _ = action.Parse(label)
 	return tok
 }
 

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/internal/pgname"
-	"github.com/mailroom/tailer/publish/token"
 )
 
 // kind is what the tailer needs a column to be.
@@ -217,7 +217,7 @@ func unknownActions(ctx context.Context, conn Conn, schema pgname.Schema) ([]str
 		if err := rows.Scan(&typ, &label); err != nil {
 			return nil, fmt.Errorf("read the labels of tokens.action: %w", err)
 		}
-		if _, err := token.ParseAction(label); err != nil {
+		if _, err := action.Parse(label); err != nil {
 			unknown = append(unknown, label)
 		}
 	}
@@ -228,7 +228,7 @@ func unknownActions(ctx context.Context, conn Conn, schema pgname.Schema) ([]str
 		return nil, nil
 	}
 	return []string{fmt.Sprintf("type %s of tokens.action has value(s) %s that are no token action this tailer knows (%s): run a tailer that knows them, or take them out of the type (a token of one could be neither signed nor mailed)",
-		typ, strings.Join(unknown, ", "), strings.Join(token.Labels(), ", "))}, nil
+		typ, strings.Join(unknown, ", "), strings.Join(action.Labels(), ", "))}, nil
 }
 
 // explain turns a failed join into a *SchemaError when the schema is what

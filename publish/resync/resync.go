@@ -17,6 +17,7 @@ import (
 
 	"github.com/mailroom/tailer/batch"
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/internal/pgname"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/consume"
@@ -376,14 +377,14 @@ func readCandidates(ctx context.Context, tx pgx.Tx, schema pgname.Schema, lastSe
 	for rows.Next() {
 		var (
 			t      decoder.Token
-			action string
+			label  string
 			secret []byte
 			code   *string
 		)
-		if err := rows.Scan(&t.ID, &action, &secret, &code); err != nil {
+		if err := rows.Scan(&t.ID, &label, &secret, &code); err != nil {
 			return fmt.Errorf("read eligible tokens: %w", err)
 		}
-		if t.Action, err = token.ParseAction(action); err != nil || len(secret) != len(t.Secret) || (code != nil && len(*code) > len(t.Code)) {
+		if t.Action, err = action.Parse(label); err != nil || len(secret) != len(t.Secret) || (code != nil && len(*code) > len(t.Code)) {
 			if log != nil {
 				log.Warn("token not published: its row cannot be signed", "reason", join.SkipMalformed.String(), "token_id", t.ID)
 			}

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
-	"github.com/mailroom/tailer/internal/testutil/tailertest"
+	"github.com/mailroom/tailer/migrations/migratetest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -28,7 +28,7 @@ func TestCollectorCursor(t *testing.T) {
 		t.Fatalf("CollectorCursor without jobs = %+v, %v", c, err)
 	}
 
-	db := tailertest.NewDB(t, pgtest.Shared(t))
+	db := migratetest.NewDB(t, pgtest.Shared(t))
 	db.Exec(`CREATE TYPE job_type AS ENUM ('mailroom')`)
 	db.Exec(`CREATE TABLE jobs (job_type job_type PRIMARY KEY, last_seq BIGINT)`)
 	if c, err := CollectorCursor(ctx, replication.SchemaConn{Querier: db.Conn, Schema: "public"}); c != nil || err != nil {

@@ -5,12 +5,13 @@
 //
 // A token is base64url(secret ‖ HMAC-SHA256(key, input)), 86 characters
 // without padding, where input is its action's prefix ‖ secret, and its
-// code after for an action that has one (Actions): byte for byte what
-// mailroom signs.
+// code after for an action that has one (decoder/action's table): byte for
+// byte what mailroom signs.
 //
-// It imports only the standard library, so that a backend verifying a
-// token from a link imports this and nothing else of the tailer.
+// It imports the standard library and the action table only, so that a
+// backend verifying a token from a link imports this and nothing else of
+// the tailer.
 //
-// A leaf: standard library only, for backends that verify tokens without
-// the rest of the tailer; publish signs with it.
+// Beneath both of publish's rooms: the relay signs with it, the
+// subscriber's sinks and tailer verify read it.
 package token

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log"
 
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/publish/token"
 )
 
@@ -19,15 +20,15 @@ func Example_verify() {
 	// A token as the tailer signs it for the mail, with its code.
 	var secret [token.SecretSize]byte
 	secret[0] = 7
-	tok, err := ring.Signer().Token(token.PasswordRecovery, &secret, []byte("35866"))
+	tok, err := ring.Signer().Token(action.PasswordRecovery, &secret, []byte("35866"))
 	if err != nil {
 		log.Fatal(err)
 	}
 
-	keyID, got, err := ring.Verify(tok, token.PasswordRecovery, "35866")
+	keyID, got, err := ring.Verify(tok, action.PasswordRecovery, "35866")
 	fmt.Println(keyID, got == secret, err)
 	// err wraps token.ErrInvalidToken when no key of the ring signed it.
-	_, _, err = ring.Verify(tok, token.PasswordRecovery, "35867")
+	_, _, err = ring.Verify(tok, action.PasswordRecovery, "35867")
 	fmt.Println(errors.Is(err, token.ErrInvalidToken))
 	// Output:
 	// k1 true <nil>

@@ -1,6 +1,8 @@
 package token
 
 import (
+	"github.com/mailroom/tailer/decoder/action"
+
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -49,11 +51,11 @@ func TestVerifierFromTheDocs(t *testing.T) {
 	var secret [SecretSize]byte
 	rand.Read(secret[:])
 	keyHex := hex.EncodeToString(key)
-	act, err := s.Token(Activation, &secret, nil)
+	act, err := s.Token(action.Activation, &secret, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec, err := s.Token(PasswordRecovery, &secret, []byte("35866"))
+	rec, err := s.Token(action.PasswordRecovery, &secret, []byte("35866"))
 	if err != nil {
 		t.Fatal(err)
 	}

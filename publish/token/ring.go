@@ -1,6 +1,8 @@
 package token
 
 import (
+	"github.com/mailroom/tailer/decoder/action"
+
 	"bufio"
 	"bytes"
 	"crypto/sha256"
@@ -138,7 +140,7 @@ func (r *Ring) Signer() *Signer {
 // recovery) signed with any key of the ring, and returns the id of the key
 // that signed it and its secret. Every key is tried, each compared in
 // constant time, so the time taken says nothing about which matched.
-func (r *Ring) Verify(token string, action Action, code string) (id string, secret [SecretSize]byte, err error) {
+func (r *Ring) Verify(token string, action action.Action, code string) (id string, secret [SecretSize]byte, err error) {
 	raw, err := decode(token)
 	if err != nil {
 		return "", secret, err

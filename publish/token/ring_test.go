@@ -1,6 +1,8 @@
 package token
 
 import (
+	"github.com/mailroom/tailer/decoder/action"
+
 	"errors"
 	"strings"
 	"testing"
@@ -52,17 +54,17 @@ func TestRingVerify(t *testing.T) {
 	sa, _ := NewSigner("a", a)
 	var secret [SecretSize]byte
 	secret[3] = 9
-	tok, _ := sa.Token(PasswordRecovery, &secret, []byte("12345"))
+	tok, _ := sa.Token(action.PasswordRecovery, &secret, []byte("12345"))
 	both, _ := ParseRing([]byte("b " + keyB + " primary\na " + keyA + "\n"))
-	id, back, err := both.Verify(tok, PasswordRecovery, "12345")
+	id, back, err := both.Verify(tok, action.PasswordRecovery, "12345")
 	if err != nil || id != "a" || back != secret {
 		t.Fatalf("Verify = %s, %x, %v; want key a", id, back, err)
 	}
-	if _, _, err := both.Verify(tok, PasswordRecovery, "12346"); !errors.Is(err, ErrInvalidToken) {
+	if _, _, err := both.Verify(tok, action.PasswordRecovery, "12346"); !errors.Is(err, ErrInvalidToken) {
 		t.Fatalf("another code: %v", err)
 	}
 	retired, _ := ParseRing([]byte("b " + keyB + " primary\n"))
-	if _, _, err := retired.Verify(tok, PasswordRecovery, "12345"); !errors.Is(err, ErrInvalidToken) || !strings.Contains(err.Error(), "no key of the ring (b)") {
+	if _, _, err := retired.Verify(tok, action.PasswordRecovery, "12345"); !errors.Is(err, ErrInvalidToken) || !strings.Contains(err.Error(), "no key of the ring (b)") {
 		t.Fatalf("a retired key's token: %v", err)
 	}
 }

@@ -1,6 +1,8 @@
 package token
 
 import (
+	"github.com/mailroom/tailer/decoder/action"
+
 	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -19,12 +21,6 @@ const (
 	// Len is the length of a token: base64url without padding of the
 	// secret followed by the 32-byte MAC.
 	Len = 86
-	// CodeLen is the length of the code signed into password recovery
-	// tokens (Actions).
-	CodeLen = 5
-	// MaxCodeLen is the most bytes a token's code has: the width of the
-	// tokens.code column (VARCHAR(5)); no action's code is longer.
-	MaxCodeLen = 5
 	// KeyLen is the length of a token key (AppendKey).
 	KeyLen = 22
 )
@@ -68,7 +64,7 @@ func (s *Signer) ID() string { return s.id }
 // signedInput builds the bytes mailroom signs for action: its prefix ‖
 // secret ‖ its code (Actions). An action without a code signs none,
 // whatever the row's code column holds.
-func (s *Signer) signedInput(action Action, secret *[SecretSize]byte, code []byte) ([]byte, error) {
+func (s *Signer) signedInput(action action.Action, secret *[SecretSize]byte, code []byte) ([]byte, error) {
 	spec, ok := action.Spec()
 	switch {
 	case !ok:
@@ -90,7 +86,7 @@ func (s *Signer) sum(input []byte) []byte {
 
 // AppendToken appends the 86-character token for secret (and code, for
 // password recovery) to dst.
-func (s *Signer) AppendToken(dst []byte, action Action, secret *[SecretSize]byte, code []byte) ([]byte, error) {
+func (s *Signer) AppendToken(dst []byte, action action.Action, secret *[SecretSize]byte, code []byte) ([]byte, error) {
 	input, err := s.signedInput(action, secret, code)
 	if err != nil {
 		return dst, err
@@ -101,7 +97,7 @@ func (s *Signer) AppendToken(dst []byte, action Action, secret *[SecretSize]byte
 }
 
 // Token returns the token for secret and code as a string.
-func (s *Signer) Token(action Action, secret *[SecretSize]byte, code []byte) (string, error) {
+func (s *Signer) Token(action action.Action, secret *[SecretSize]byte, code []byte) (string, error) {
 	var buf [Len]byte
 	out, err := s.AppendToken(buf[:0], action, secret, code)
 	return string(out), err
@@ -136,7 +132,7 @@ func KeyOfToken(token string) (RawKey, bool) {
 
 // matches reports, in constant time, whether mac is s's for the token's
 // input.
-func (s *Signer) matches(action Action, secret *[SecretSize]byte, code string, mac []byte) (bool, error) {
+func (s *Signer) matches(action action.Action, secret *[SecretSize]byte, code string, mac []byte) (bool, error) {
 	input, err := s.signedInput(action, secret, []byte(code))
 	if err != nil {
 		return false, fmt.Errorf("%w: %v", ErrInvalidToken, err)
@@ -147,7 +143,7 @@ func (s *Signer) matches(action Action, secret *[SecretSize]byte, code string, m
 // Verify checks token as a token for action (and code, for password
 // recovery) signed with s's key, and returns its secret. The MAC is
 // compared in constant time.
-func (s *Signer) Verify(token string, action Action, code string) ([SecretSize]byte, error) {
+func (s *Signer) Verify(token string, action action.Action, code string) ([SecretSize]byte, error) {
 	var secret [SecretSize]byte
 	raw, err := decode(token)
 	if err != nil {

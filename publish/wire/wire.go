@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"unicode/utf8"
 
-	"github.com/mailroom/tailer/publish/token"
+	"github.com/mailroom/tailer/decoder/action"
 )
 
 // Header names of a published batch.
@@ -86,14 +86,14 @@ func MarkerSubject(subject string) string { return subject + "._session" }
 // counts as pending.
 func DataSubjects(subject string) []string {
 	out := []string{subject}
-	for _, label := range token.Labels() {
+	for _, label := range action.Labels() {
 		out = append(out, LaneSubject(subject, label))
 	}
 	return out
 }
 
 // LaneSubject is the subject of the batches of the action of label
-// (token.Actions) with MAILROOM_SUBJECT_PER_ACTION.
+// (action.Actions) with MAILROOM_SUBJECT_PER_ACTION.
 func LaneSubject(subject, label string) string { return subject + "." + label }
 
 // Header is what the helpers below read of a message's headers (a

@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/internal/pgname"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/token"
@@ -224,7 +225,7 @@ var Vars = []Var{
 		c.Replicas = n
 		return err
 	}},
-	{Env: "MAILROOM_SUBJECT_PER_ACTION", Cmds: Run | Resync, Flag: "subject-per-action", Type: "bool", Group: GroupBatches, Default: "false", Usage: "publish each action on its own subject, <subject>.<action> (" + strings.Join(token.Labels(), ", ") + "), one action a batch", Shown: true, set: boolVar(func(c *Config) *bool { return &c.PerAction })},
+	{Env: "MAILROOM_SUBJECT_PER_ACTION", Cmds: Run | Resync, Flag: "subject-per-action", Type: "bool", Group: GroupBatches, Default: "false", Usage: "publish each action on its own subject, <subject>.<action> (" + strings.Join(action.Labels(), ", ") + "), one action a batch", Shown: true, set: boolVar(func(c *Config) *bool { return &c.PerAction })},
 	{Env: "MAILROOM_FORMAT", Cmds: Run | Resync, Flag: "format", Type: "line|json", Group: GroupBatches, Default: "line", Usage: "message body: line (collector-compatible) or json", Shown: true, set: func(c *Config, v string) error {
 		f, err := wire.ParseFormat(v)
 		if err != nil {

@@ -27,12 +27,15 @@ import (
 
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/decoder"
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/internal/embedded"
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
+	"github.com/mailroom/tailer/migrations/migratetest"
 	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
+	"github.com/mailroom/tailer/publish/wire/wiretest"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -42,7 +45,7 @@ const testKeyHex = "cafebabecafebabecafebabecafebabecafebabecafebabecafebabecafe
 
 // env is one tailer under test: its own database, slot and NATS server.
 type env struct {
-	*tailertest.DB
+	*migratetest.DB
 	t    *testing.T
 	ctx  context.Context
 	cfg  *config.Config
@@ -52,7 +55,7 @@ type env struct {
 	logs *tailertest.Buffer
 	stop func() // stops the tailer gracefully and waits for it
 	// streamCache keeps the stream's messages between polls.
-	streamCache tailertest.StreamCache
+	streamCache wiretest.StreamCache
 }
 
 type envOpts struct {
@@ -69,7 +72,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
-	db := tailertest.NewDB(t, pgtest.Shared(t))
+	db := migratetest.NewDB(t, pgtest.Shared(t))
 	if _, err := replication.CreateSlot(ctx, replication.SchemaConn{Querier: db.Conn, Schema: "public"}, "mailroom", "tailer migrate", false, false); err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +208,7 @@ func (e *env) readAll() []published {
 	for _, m := range msgs {
 		p := published{seq: m.Sequence, header: m.Header, body: m.Data}
 		p.count, _ = strconv.Atoi(m.Header.Get(wire.HeaderCount))
-		if p.ids, err = tailertest.TokenIDs(m); err != nil {
+		if p.ids, err = wiretest.TokenIDs(m); err != nil {
 			e.t.Fatal(err)
 		}
 		b, err := consume.Decode(m.Header, m.Data)
@@ -323,16 +326,16 @@ func TestEndToEnd(t *testing.T) {
 			seen[id] = true
 			got = append(got, id)
 			f := fields[5*i : 5*i+5]
-			action := map[string]string{"1": "activation", "2": "password_recovery"}[f[0]]
+			label := map[string]string{"1": "activation", "2": "password_recovery"}[f[0]]
 			code := ""
-			if action == "password_recovery" {
+			if label == "password_recovery" {
 				code = f[4]
 			}
-			act, _ := token.ParseAction(action)
+			act, _ := action.Parse(label)
 			if len(f[3]) != token.Len {
 				t.Fatalf("token %d: %d characters", id, len(f[3]))
 			}
-			if _, err := signer.Verify(f[3], token.Action(act), code); err != nil {
+			if _, err := signer.Verify(f[3], action.Action(act), code); err != nil {
 				t.Fatalf("token %d does not verify: %v", id, err)
 			}
 		}
@@ -659,7 +662,7 @@ func TestJSONFormat(t *testing.T) {
 		t.Fatalf("token = %+v", tok)
 	}
 	signer, _ := token.NewSigner("k", mustKey(t))
-	if _, err := signer.Verify(tok.Token, token.Activation, ""); err != nil {
+	if _, err := signer.Verify(tok.Token, action.Activation, ""); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -1,11 +1,8 @@
-// Package tailertest holds what the tailer's integration tests share: a
-// migrated mailroom database with the questions tests ask it (WAL and slot
-// positions), the stream's messages read back, and a buffer for a tailer's
-// output that tests read while it writes.
+// Package tailertest holds what the tailer's integration tests share that
+// belongs to no stage of the data path: waiting for a condition, and a
+// buffer for a tailer's output that tests read while it writes.
 //
-// The servers themselves come from pgtest (PostgreSQL) and the tests'
-// embedded NATS servers. It does not import the packages under test, so
-// that their own tests can use it.
-//
-// Test support: helpers shared by the integration tests.
+// A migrated database is migrations/migratetest's; a stream read back is
+// publish/wire/wiretest's. Test support: it imports nothing of the tailer,
+// so that every package's tests can use it.
 package tailertest

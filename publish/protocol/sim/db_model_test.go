@@ -13,7 +13,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
-	"github.com/mailroom/tailer/internal/testutil/tailertest"
+	"github.com/mailroom/tailer/migrations/migratetest"
 	"github.com/mailroom/tailer/publish/protocol"
 )
 
@@ -32,7 +32,7 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 func TestSlotModelAgreesWithPostgreSQL(t *testing.T) {
 	for _, partitioned := range []bool{false, true} {
 		t.Run(fmt.Sprintf("partitioned %v", partitioned), func(t *testing.T) {
-			db := tailertest.NewDB(t, pgtest.Shared(t))
+			db := migratetest.NewDB(t, pgtest.Shared(t))
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
 			if partitioned {

@@ -1,4 +1,4 @@
-// Package newaction_test adds a token action to token.Actions, in this test
+// Package newaction_test adds a token action to action.Actions, in this test
 // binary alone, and runs tokens of it through the tailer to a subscriber:
 // a new action is a row of that table and a value of the database's
 // token_action type, and nothing else (issue 48).
@@ -22,20 +22,23 @@ import (
 
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
+	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/internal/embedded"
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
+	"github.com/mailroom/tailer/migrations/migratetest"
 	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/token"
+	"github.com/mailroom/tailer/publish/wire/wiretest"
 	"github.com/mailroom/tailer/replication"
 )
 
 // magicLink is the action this test adds: a sign-in link, its own signed
 // prefix, no code, for active accounts.
-var magicLink = token.ActionSpec{Label: "magic_link", Prefix: "/magic", Status: "active"}
+var magicLink = action.Spec{Label: "magic_link", Prefix: "/magic", Status: "active"}
 
 func TestMain(m *testing.M) {
-	token.Actions = append(token.Actions, magicLink)
+	action.Actions = append(action.Actions, magicLink)
 	os.Exit(pgtest.Main(m))
 }
 
@@ -49,7 +52,7 @@ const keyHex = "cafebabecafebabecafebabecafebabecafebabecafebabecafebabecafebabe
 func TestANewActionEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	db := tailertest.NewDB(t, pgtest.Shared(t))
+	db := migratetest.NewDB(t, pgtest.Shared(t))
 	db.Exec(`ALTER TYPE token_action ADD VALUE 'magic_link'`)
 	if _, err := replication.CreateSlot(ctx, replication.SchemaConn{Querier: db.Conn, Schema: "public"}, "mailroom", "tailer migrate", false, false); err != nil {
 		t.Fatal(err)
@@ -131,13 +134,13 @@ func TestANewActionEndToEnd(t *testing.T) {
 		t.Fatalf("the ring does not verify the magic_link token: %v", err)
 	}
 	// On its lane's subject, with the skipped one and the others counted.
-	msgs, err := (&tailertest.StreamCache{}).Messages(ctx, mustStream(ctx, t, js, cfg.Stream))
+	msgs, err := (&wiretest.StreamCache{}).Messages(ctx, mustStream(ctx, t, js, cfg.Stream))
 	if err != nil {
 		t.Fatal(err)
 	}
 	subjects := map[string]bool{}
 	for _, m := range msgs {
-		ids, _ := tailertest.TokenIDs(m)
+		ids, _ := wiretest.TokenIDs(m)
 		for _, id := range ids {
 			if id == skippedID {
 				t.Fatalf("token %d of a provisioned account published as magic_link", id)

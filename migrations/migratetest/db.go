@@ -1,4 +1,4 @@
-package tailertest
+package migratetest
 
 import (
 	"context"

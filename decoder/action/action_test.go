@@ -1,4 +1,4 @@
-package token
+package action
 
 import (
 	"os"
@@ -10,8 +10,8 @@ import (
 // The table fits what reads it: labels told apart, codes within the
 // column, lanes within the batcher's arrays.
 func TestActionsTable(t *testing.T) {
-	if len(Actions) > MaxActions {
-		t.Fatalf("%d actions, at most %d", len(Actions), MaxActions)
+	if len(Actions) > Max {
+		t.Fatalf("%d actions, at most %d", len(Actions), Max)
 	}
 	seen := map[string]bool{}
 	for i, s := range Actions {
@@ -25,19 +25,19 @@ func TestActionsTable(t *testing.T) {
 			t.Fatalf("%s: no prefix or status", s.Label)
 		}
 		seen[s.Label] = true
-		if got, err := ParseAction(s.Label); got != a || err != nil {
-			t.Fatalf("ParseAction(%q) = %d, %v", s.Label, got, err)
+		if got, err := Parse(s.Label); got != a || err != nil {
+			t.Fatalf("Parse(%q) = %d, %v", s.Label, got, err)
 		}
-		if got, ok := ParseActionNumber(strconv.Itoa(int(a))); got != a || !ok || a.Lane() != i {
+		if got, ok := ParseNumber(strconv.Itoa(int(a))); got != a || !ok || a.Lane() != i {
 			t.Fatalf("action %d: number parsed as %d, lane %d", a, got, a.Lane())
 		}
 	}
 	for _, bad := range []string{"0", "01", "+1", "", strconv.Itoa(len(Actions) + 1)} {
-		if _, ok := ParseActionNumber(bad); ok {
-			t.Fatalf("ParseActionNumber(%q) took it", bad)
+		if _, ok := ParseNumber(bad); ok {
+			t.Fatalf("ParseNumber(%q) took it", bad)
 		}
 	}
-	if _, err := ParseAction("magic"); err == nil {
+	if _, err := Parse("magic"); err == nil {
 		t.Fatal("an unknown label parsed")
 	}
 }

@@ -1,4 +1,4 @@
-package tailertest
+package wiretest
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package token
+package action
 
 import (
 	"fmt"
@@ -6,13 +6,21 @@ import (
 	"strings"
 )
 
+// CodeLen is the length of the code signed into password recovery
+// tokens (Actions).
+const CodeLen = 5
+
+// MaxCodeLen is the most bytes a token's code has: the width of the
+// tokens.code column (VARCHAR(5)); no action's code is longer.
+const MaxCodeLen = 5
+
 // Action is what a token is for: its place in Actions, counted from 1,
 // which is also how mailroom's lines print it. 0 is no action.
 type Action uint8
 
-// ActionSpec is everything the tailer does differently for one action;
+// Spec is everything the tailer does differently for one action;
 // each part of the tailer reads it here, none names an action itself.
-type ActionSpec struct {
+type Spec struct {
 	// Label is the action's value of the token_action enum type: the
 	// tokens.action column, a JSON body's "action", the suffix of its
 	// lane's subject (MAILROOM_SUBJECT_PER_ACTION), --filter-action.
@@ -37,14 +45,14 @@ type ActionSpec struct {
 // database has and this table lacks stops the tailer before it is
 // confirmed. Tests may add rows before anything reads them (TestMain);
 // nothing changes it after.
-var Actions = []ActionSpec{
+var Actions = []Spec{
 	{Label: "activation", Prefix: "/activate", Status: "provisioned"},
 	{Label: "password_recovery", Prefix: "/recover", CodeLen: CodeLen, Status: "active"},
 }
 
-// MaxActions is the most rows Actions may have: the batcher keeps a lane
+// Max is the most rows Actions may have: the batcher keeps a lane
 // for each in fixed-size arrays, copied at every commit.
-const MaxActions = 8
+const Max = 8
 
 // The actions of mailroom's schema, by name, for the code and tests that
 // mean one of them in particular.
@@ -54,9 +62,9 @@ const (
 )
 
 // Spec returns a's row of Actions; false for no action.
-func (a Action) Spec() (ActionSpec, bool) {
+func (a Action) Spec() (Spec, bool) {
 	if a == 0 || int(a) > len(Actions) {
-		return ActionSpec{}, false
+		return Spec{}, false
 	}
 	return Actions[a-1], true
 }
@@ -72,18 +80,18 @@ func (a Action) String() string {
 	return "unknown"
 }
 
-// ParseAction returns the action of a token_action label.
-func ParseAction(label string) (Action, error) {
-	if a, ok := ActionOf([]byte(label)); ok {
+// Parse returns the action of a token_action label.
+func Parse(label string) (Action, error) {
+	if a, ok := Of([]byte(label)); ok {
 		return a, nil
 	}
 	return 0, fmt.Errorf("unknown token action %q, want %s", label, strings.Join(Labels(), " or "))
 }
 
-// ActionOf returns the action labelled label, as the decoder reads it from
+// Of returns the action labelled label, as the decoder reads it from
 // a row (no copy of it is made: a string of it would cost the decoder an
 // allocation a token).
-func ActionOf(label []byte) (Action, bool) {
+func Of(label []byte) (Action, bool) {
 	for i, s := range Actions {
 		if string(label) == s.Label {
 			return Action(i + 1), true
@@ -92,8 +100,8 @@ func ActionOf(label []byte) (Action, bool) {
 	return 0, false
 }
 
-// ParseActionNumber returns the action a line prints as s ("1").
-func ParseActionNumber(s string) (Action, bool) {
+// ParseNumber returns the action a line prints as s ("1").
+func ParseNumber(s string) (Action, bool) {
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 1 || n > len(Actions) || strconv.Itoa(n) != s {
 		return 0, false
