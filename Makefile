@@ -32,13 +32,13 @@ test-soak:
 	TAILER_CHILD_RACE=1 $(GO_TEST) -run '^($(SOAK_TESTS))$$' ./cmd/tailer/
 
 # The relay's and the subscriber's simulations (TestSimulation of
-# publish/protocol and publish/consume/protocol): make sim SEEDS=N runs N
+# publish/relay and publish/subscriber/protocol): make sim SEEDS=N runs N
 # schedules of each profile, from a random seed (SEED=n for one); a
 # failing one prints its steps and the command that runs it again.
 SEEDS ?= 10000
 SEED ?= 0
 sim:
-	go test -count=1 -run '^TestSimulation$$' ./publish/protocol/ ./publish/consume/protocol/ -rapid.checks=$(SEEDS) -rapid.seed=$(SEED) -v
+	go test -count=1 -run '^TestSimulation$$' ./publish/relay/ ./publish/subscriber/protocol/ -rapid.checks=$(SEEDS) -rapid.seed=$(SEED) -v
 
 # Mutation testing of the relay's and the subscriber's cores with their
 # own tests (gremlins v0.6.0): fails below 90% efficacy or 85% mutant
@@ -46,8 +46,8 @@ sim:
 # a multiple of that, would time every mutant out without the larger
 # coefficient.
 mutate:
-	go run github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0 unleash --exclude-files 'sim/' --threshold-efficacy 90 --threshold-mcover 85 ./publish/protocol
-	go run github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0 unleash --exclude-files 'sim/' --timeout-coefficient 50 --threshold-efficacy 90 --threshold-mcover 85 ./publish/consume/protocol
+	go run github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0 unleash --exclude-files 'sim/' --threshold-efficacy 90 --threshold-mcover 85 ./publish/relay
+	go run github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0 unleash --exclude-files 'sim/' --timeout-coefficient 50 --threshold-efficacy 90 --threshold-mcover 85 ./publish/subscriber/protocol
 
 # Runs the whole thing end to end on a throwaway PostgreSQL.
 demo:

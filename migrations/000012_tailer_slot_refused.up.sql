@@ -5,7 +5,7 @@
 -- next one sees, markers go on over the gap), so the first tailer that
 -- finds it records it here, and every tailer after it refuses the slot
 -- until the way out is taken: tailer resync, whose new incarnation clears
--- it. refused_fact names the fact (publish/protocol.Fact), refused the
+-- it. refused_fact names the fact (publish/relay.Fact), refused the
 -- words it was said with.
 ALTER TABLE tailer_slot ADD COLUMN IF NOT EXISTS refused_fact text;
 ALTER TABLE tailer_slot ADD COLUMN IF NOT EXISTS refused text;

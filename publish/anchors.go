@@ -9,16 +9,16 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/relay"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
 // Anchors are the newest message this process had acknowledged on the
-// stream, and the newest batch (protocol.Anchors): a stream deleted and
+// stream, and the newest batch (relay.Anchors): a stream deleted and
 // made again, restored from an older backup or purged (the batches'
 // subject alone too, which leaves the markers and the first sequence
 // where they were) does not hold them.
-type Anchors = protocol.Anchors
+type Anchors = relay.Anchors
 
 // anchors guards a Publisher's Anchors and its count of batch messages
 // sent and stored: PubAcks note them, the stream checks read them.
@@ -43,7 +43,7 @@ func (a *anchors) sent() {
 // and the newest batch when it is one; duplicate: the stream held it
 // before (its PubAck says so).
 func (p *Publisher) stored(seq uint64, msg *nats.Msg, batch, duplicate bool) {
-	a := protocol.Anchor{Seq: seq, Mark: wire.Mark(msg.Subject, msg.Header, msg.Data)}
+	a := relay.Anchor{Seq: seq, Mark: wire.Mark(msg.Subject, msg.Header, msg.Data)}
 	p.anchors.mu.Lock()
 	defer p.anchors.mu.Unlock()
 	if seq >= p.anchors.a.Last.Seq {
@@ -75,8 +75,8 @@ func (p *Publisher) Anchors() Anchors {
 // sequence (the message gone, or another there), read from the stream's
 // leader, whatever removed them: whether its limits did is the relay's
 // to judge.
-func (p *Publisher) MissingAnchors(ctx context.Context, anchors []protocol.Anchor) ([]protocol.Anchor, error) {
-	var missing []protocol.Anchor
+func (p *Publisher) MissingAnchors(ctx context.Context, anchors []relay.Anchor) ([]relay.Anchor, error) {
+	var missing []relay.Anchor
 	for _, want := range anchors {
 		if want.Seq == 0 {
 			continue

@@ -9,8 +9,8 @@ import (
 
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/decoder/action"
-	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/join"
+	"github.com/mailroom/tailer/publish/subscriber"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
@@ -81,7 +81,7 @@ func TestEncodeUnsafeField(t *testing.T) {
 	if enc.N != 5 {
 		t.Fatalf("json: %d tokens, want all 5", enc.N)
 	}
-	if _, err := consume.Decode(map[string][]string{wire.HeaderFormat: {"json"}, wire.HeaderTokenKeys: {enc.Keys}}, enc.Body); err != nil {
+	if _, err := subscriber.Decode(map[string][]string{wire.HeaderFormat: {"json"}, wire.HeaderTokenKeys: {enc.Keys}}, enc.Body); err != nil {
 		t.Fatalf("json body does not decode: %v", err)
 	}
 }
@@ -116,7 +116,7 @@ func TestEncodeSplitsByBytes(t *testing.T) {
 					t.Fatal("a message covers no token")
 				}
 				if format == wire.FormatJSON {
-					b, err := consume.Decode(map[string][]string{wire.HeaderFormat: {"json"}}, enc.Body)
+					b, err := subscriber.Decode(map[string][]string{wire.HeaderFormat: {"json"}}, enc.Body)
 					if err != nil || len(b.Tokens) != enc.N || b.ID != BatchID(first, last) {
 						t.Fatalf("message %d: %v (%d tokens, id %q)", messages, err, enc.N, b.ID)
 					}
@@ -181,7 +181,7 @@ func TestEncodeTraces(t *testing.T) {
 		if !slices.Equal(enc.Traces, []string{a, b}) || !slices.Equal(enc.TraceTokens, []string{"0,4", "2-3"}) {
 			t.Fatalf("round %d: traces %q tokens %q, want [a b] [0,4 2-3]", round, enc.Traces, enc.TraceTokens)
 		}
-		batch, err := consume.Decode(map[string][]string{wire.HeaderTokenIDs: {enc.IDs}, wire.HeaderTokenKeys: {enc.Keys}, wire.HeaderBatchSizes: {enc.Sizes},
+		batch, err := subscriber.Decode(map[string][]string{wire.HeaderTokenIDs: {enc.IDs}, wire.HeaderTokenKeys: {enc.Keys}, wire.HeaderBatchSizes: {enc.Sizes},
 			wire.HeaderTraceparent: enc.Traces, wire.HeaderTraceTokens: enc.TraceTokens}, enc.Body)
 		if err != nil {
 			t.Fatal(err)

@@ -17,8 +17,8 @@ import (
 	"github.com/mailroom/tailer/batch"
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/decoder/action"
-	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/join"
+	"github.com/mailroom/tailer/publish/subscriber"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
@@ -149,7 +149,7 @@ func storedTokens(t *testing.T, ctx context.Context, js jetstream.JetStream, str
 		if wire.IsMarker(m.Header) {
 			continue
 		}
-		b, err := consume.Decode(m.Header, m.Data)
+		b, err := subscriber.Decode(m.Header, m.Data)
 		if err != nil {
 			t.Fatalf("message %d does not decode: %v", seq, err)
 		}

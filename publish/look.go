@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/relay"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -69,26 +69,26 @@ func (p *Publisher) Limited() bool { return p.limited }
 // replica answering), what it holds, and whether its configuration (as
 // it is now) removes old messages. It may run beside the publishing
 // goroutine.
-func (p *Publisher) Look(ctx context.Context) (created string, seen protocol.Seen, err error) {
+func (p *Publisher) Look(ctx context.Context) (created string, seen relay.Seen, err error) {
 	info, err := p.stream.Info(ctx, jetstream.WithSubjectFilter(">"))
 	if err != nil {
-		return "", protocol.Seen{}, fmt.Errorf("stream %s: %w", p.name, err)
+		return "", relay.Seen{}, fmt.Errorf("stream %s: %w", p.name, err)
 	}
 	p.sawLeader(info)
 	return info.Created.UTC().Format(time.RFC3339Nano), p.seenOf(info), nil
 }
 
 // seenOf is SeenOf for the publisher's subject.
-func (p *Publisher) seenOf(info *jetstream.StreamInfo) protocol.Seen { return SeenOf(info, p.subject) }
+func (p *Publisher) seenOf(info *jetstream.StreamInfo) relay.Seen { return SeenOf(info, p.subject) }
 
 // SeenOf is what a stream's info says it holds. A stream that never held
 // a message has first sequence zero; one purged empty, one past its
 // last. Its batches are the messages on subject's batch subjects
 // (wire.DataSubjects), counted when info has the messages by subject
 // (read with a subject filter); whether it trims is its configuration's.
-func SeenOf(info *jetstream.StreamInfo, subject string) protocol.Seen {
+func SeenOf(info *jetstream.StreamInfo, subject string) relay.Seen {
 	st := info.State
-	seen := protocol.Seen{Known: true, First: st.FirstSeq, Last: st.LastSeq, Deleted: st.NumDeleted, Trims: Trims(info.Config), Keeps: keeps(info.Config)}
+	seen := relay.Seen{Known: true, First: st.FirstSeq, Last: st.LastSeq, Deleted: st.NumDeleted, Trims: Trims(info.Config), Keeps: keeps(info.Config)}
 	if st.LastSeq == 0 {
 		seen.First = 0
 	}
@@ -102,7 +102,7 @@ func SeenOf(info *jetstream.StreamInfo, subject string) protocol.Seen {
 // stream (Seen.Quiet), and the batch messages stored by then: sending is
 // held until every batch sent before has its PubAck, for at most the
 // time ctx leaves. Without every PubAck in time, it is Look, not quiet.
-func (p *Publisher) LookQuietly(ctx context.Context) (created string, seen protocol.Seen, stored uint64, err error) {
+func (p *Publisher) LookQuietly(ctx context.Context) (created string, seen relay.Seen, stored uint64, err error) {
 	p.sending.Lock()
 	defer p.sending.Unlock()
 	quiet := p.settle(ctx)

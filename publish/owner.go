@@ -3,31 +3,31 @@ package publish
 import (
 	"github.com/jackc/pglogrepl"
 
-	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/relay"
 )
 
 // Origin identifies the database whose WAL positions a batch carries
-// (protocol.Origin).
-type Origin = protocol.Origin
+// (relay.Origin).
+type Origin = relay.Origin
 
 // OriginOf is the origin of a server: its system identifier, timeline and
 // database, and where each of its earlier timelines ended (history, the
 // server's timeline history).
 func OriginOf(systemID string, timeline int32, database string, history map[int32]pglogrepl.LSN) Origin {
-	o := Origin{SystemID: systemID, Timeline: timeline, Database: database, History: make(map[int32]protocol.LSN, len(history))}
+	o := Origin{SystemID: systemID, Timeline: timeline, Database: database, History: make(map[int32]relay.LSN, len(history))}
 	for tl, end := range history {
-		o.History[tl] = protocol.LSN(end)
+		o.History[tl] = relay.LSN(end)
 	}
 	return o
 }
 
 // Owner is the slot incarnation a publisher continues the stream for
-// (protocol.Owner).
-type Owner = protocol.Owner
+// (relay.Owner).
+type Owner = relay.Owner
 
 // CheckOrigin refuses a stream whose last message was published from
 // another database than here: another database of the server, a new
-// cluster, a restore to a new cluster (a *protocol.ForeignStreamError).
+// cluster, a restore to a new cluster (a *relay.ForeignStreamError).
 func (p *Publisher) CheckOrigin(here Origin) error {
-	return protocol.CheckOrigin(p.name, p.last, here)
+	return relay.CheckOrigin(p.name, p.last, here)
 }

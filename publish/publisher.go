@@ -19,7 +19,7 @@ import (
 
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/decoder/action"
-	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/relay"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -124,7 +124,7 @@ type Publisher struct {
 
 	// last is the stream's last message when the publisher started (zero
 	// seq: none).
-	last protocol.Stored
+	last relay.Stored
 	// lastTime is when the stream's last message was stored.
 	lastTime time.Time
 	// lastSeq is the stream's last sequence when the session started, and
@@ -135,10 +135,10 @@ type Publisher struct {
 	// limits says them, for the operator ("" when limited is false).
 	limits string
 	// seen is what the stream held when the publisher started.
-	seen protocol.Seen
+	seen relay.Seen
 	// window is what Resume found on the stream of the tokens the session
 	// replays.
-	window *protocol.Window
+	window *relay.Window
 	// anchors: see Anchors.
 	anchors anchors
 	// sending is held by each send, and held whole by a quiet look
@@ -258,7 +258,7 @@ func (p *Publisher) readLast(ctx context.Context) error {
 		return fmt.Errorf("stream info: %w", err)
 	}
 	p.lastSeq, p.next, p.seen = info.State.LastSeq, info.State.LastSeq, p.seenOf(info)
-	p.last, p.lastTime = protocol.Stored{}, time.Time{}
+	p.last, p.lastTime = relay.Stored{}, time.Time{}
 	if info.State.LastSeq == 0 {
 		return nil
 	}
@@ -275,10 +275,10 @@ func (p *Publisher) readLast(ctx context.Context) error {
 }
 
 // readStored reads what the tailer wrote on a message. A message whose
-// headers the tailer cannot read is another publisher's (protocol.Other).
-func readStored(msg *jetstream.RawStreamMsg) protocol.Stored {
+// headers the tailer cannot read is another publisher's (relay.Other).
+func readStored(msg *jetstream.RawStreamMsg) relay.Stored {
 	h := msg.Header
-	s := protocol.Stored{Seq: msg.Sequence, Subject: msg.Subject, Origin: h.Get(wire.HeaderOrigin), Incarnation: h.Get(wire.HeaderIncarnation)}
+	s := relay.Stored{Seq: msg.Sequence, Subject: msg.Subject, Origin: h.Get(wire.HeaderOrigin), Incarnation: h.Get(wire.HeaderIncarnation)}
 	switch {
 	case wire.IsMarker(h):
 		n, k, ok := strings.Cut(h.Get(wire.HeaderFence), "/")
@@ -289,9 +289,9 @@ func readStored(msg *jetstream.RawStreamMsg) protocol.Stored {
 		s.InFlight, errs[2] = strconv.Atoi(h.Get(wire.HeaderInFlight))
 		after, errs[3] = pglogrepl.ParseLSN(h.Get(wire.HeaderWindowAfter))
 		s.Floor, errs[4] = strconv.ParseUint(h.Get(wire.HeaderWindowFloor), 10, 64)
-		s.After = protocol.LSN(after)
+		s.After = relay.LSN(after)
 		if ok && errors.Join(errs[:]...) == nil && s.FenceN >= 1 && s.FenceN <= s.FenceK {
-			s.Kind = protocol.Marker
+			s.Kind = relay.Marker
 		}
 	case wire.IsBatch(h):
 		s.Keys, s.Resync = h.Get(wire.HeaderTokenKeys), h.Get(wire.HeaderResync) != ""
@@ -307,14 +307,14 @@ func readStored(msg *jetstream.RawStreamMsg) protocol.Stored {
 		} else if !s.Resync && h.Get(wire.HeaderOrigin) != "" {
 			return s
 		}
-		s.Kind = protocol.Batch
+		s.Kind = relay.Batch
 	}
 	return s
 }
 
 // position is pos as the protocol has it.
-func position(pos decoder.Position) protocol.Position {
-	return protocol.Position{Commit: protocol.LSN(pos.Commit), Index: pos.Index}
+func position(pos decoder.Position) relay.Position {
+	return relay.Position{Commit: relay.LSN(pos.Commit), Index: pos.Index}
 }
 
 // ErrReusedID is a PubAck saying a message was already on the stream,
@@ -375,7 +375,7 @@ func (p *Publisher) SetUniqueIDs() { p.idSuffix = "@" + strconv.FormatUint(p.las
 func (p *Publisher) Created() string { return p.created }
 
 // Seen is what the stream held when the publisher started.
-func (p *Publisher) Seen() protocol.Seen { return p.seen }
+func (p *Publisher) Seen() relay.Seen { return p.seen }
 
 // sawLeader notes which server leads the stream, as info says.
 func (p *Publisher) sawLeader(info *jetstream.StreamInfo) {

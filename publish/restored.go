@@ -6,7 +6,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/relay"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -17,18 +17,18 @@ func messageMark(m *jetstream.RawStreamMsg) string { return wire.Mark(m.Subject,
 // for an empty stream), and what the stream holds, read from the stream
 // itself: where it stands once every publish of the session has its
 // PubAck.
-func (p *Publisher) LastMark(ctx context.Context) (protocol.Anchor, protocol.Seen, error) {
+func (p *Publisher) LastMark(ctx context.Context) (relay.Anchor, relay.Seen, error) {
 	info, err := p.stream.Info(ctx, jetstream.WithSubjectFilter(">"))
 	if err != nil {
-		return protocol.Anchor{}, protocol.Seen{}, fmt.Errorf("read stream %s: %w", p.name, err)
+		return relay.Anchor{}, relay.Seen{}, fmt.Errorf("read stream %s: %w", p.name, err)
 	}
 	seen, seq := p.seenOf(info), info.State.LastSeq
 	if seq == 0 {
-		return protocol.Anchor{}, seen, nil
+		return relay.Anchor{}, seen, nil
 	}
 	msg, err := p.getMsg(ctx, seq)
 	if err != nil {
-		return protocol.Anchor{}, seen, fmt.Errorf("read message %d of stream %s: %w", seq, p.name, err)
+		return relay.Anchor{}, seen, fmt.Errorf("read message %d of stream %s: %w", seq, p.name, err)
 	}
-	return protocol.Anchor{Seq: seq, Mark: messageMark(msg)}, seen, nil
+	return relay.Anchor{Seq: seq, Mark: messageMark(msg)}, seen, nil
 }

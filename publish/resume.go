@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/decoder"
-	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/relay"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
@@ -40,7 +40,7 @@ import (
 // afresh.
 func (p *Publisher) Resume(ctx context.Context, o Owner) error {
 	p.incarnation = o.Incarnation
-	w, prev, err := protocol.Scan(&streamReader{ctx: ctx, p: p}, p.scanned(), o)
+	w, prev, err := relay.Scan(&streamReader{ctx: ctx, p: p}, p.scanned(), o)
 	if err != nil {
 		return err
 	}
@@ -52,8 +52,8 @@ func (p *Publisher) Resume(ctx context.Context, o Owner) error {
 }
 
 // scanned is what a scan of the stream starts from.
-func (p *Publisher) scanned() protocol.Stream {
-	return protocol.Stream{Name: p.name, LastSeq: p.lastSeq, Limited: p.limited, Limits: p.limits, Marker: p.marker, Data: wire.DataSubjects(p.subject)}
+func (p *Publisher) scanned() relay.Stream {
+	return relay.Stream{Name: p.name, LastSeq: p.lastSeq, Limited: p.limited, Limits: p.limits, Marker: p.marker, Data: wire.DataSubjects(p.subject)}
 }
 
 // streamReader reads the publisher's stream, from its leader, for a scan.
@@ -64,25 +64,25 @@ type streamReader struct {
 
 // At is the message at seq; false when the stream no longer holds it
 // (removed by its limits, or deleted).
-func (r *streamReader) At(seq uint64) (protocol.Stored, bool, error) {
+func (r *streamReader) At(seq uint64) (relay.Stored, bool, error) {
 	msg, err := r.p.getMsg(r.ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return protocol.Stored{}, false, nil
+		return relay.Stored{}, false, nil
 	}
 	if err != nil {
-		return protocol.Stored{}, false, fmt.Errorf("read message %d of stream %s: %w", seq, r.p.name, err)
+		return relay.Stored{}, false, fmt.Errorf("read message %d of stream %s: %w", seq, r.p.name, err)
 	}
 	return readStored(msg), true, nil
 }
 
 // LastOn is the last message on subject; false when there is none.
-func (r *streamReader) LastOn(subject string) (protocol.Stored, bool, error) {
+func (r *streamReader) LastOn(subject string) (relay.Stored, bool, error) {
 	msg, err := r.p.getLastMsgForSubject(r.ctx, subject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return protocol.Stored{}, false, nil
+		return relay.Stored{}, false, nil
 	}
 	if err != nil {
-		return protocol.Stored{}, false, fmt.Errorf("read the last message on %s of stream %s: %w", subject, r.p.name, err)
+		return relay.Stored{}, false, fmt.Errorf("read the last message on %s of stream %s: %w", subject, r.p.name, err)
 	}
 	return readStored(msg), true, nil
 }
@@ -91,10 +91,10 @@ func (r *streamReader) LastOn(subject string) (protocol.Stored, bool, error) {
 // hold tokens the session replays, how many of their tokens, the furthest
 // position they cover, how many messages are not the tailer's, and how
 // many markers the session started with.
-func (p *Publisher) Window() (messages, tokens int, max protocol.Position, strays, fence int) {
+func (p *Publisher) Window() (messages, tokens int, max relay.Position, strays, fence int) {
 	w := p.window
 	if w == nil {
-		return 0, 0, protocol.Position{}, 0, 0
+		return 0, 0, relay.Position{}, 0, 0
 	}
 	return w.Messages, w.Tokens, w.Max, w.Strays, w.Fence
 }
@@ -128,8 +128,8 @@ func errWindowGone(stream string, seq uint64) error {
 // publishMarkers publishes the session's markers, chained to the stream's
 // last sequence, and waits for their PubAcks. They say what the scan found
 // (w), for the sessions after this one.
-func (p *Publisher) publishMarkers(ctx context.Context, o Owner, w *protocol.Window, prev *protocol.Stored) error {
-	k, floor := protocol.Fence(o, w, prev, p.lastSeq)
+func (p *Publisher) publishMarkers(ctx context.Context, o Owner, w *relay.Window, prev *relay.Stored) error {
+	k, floor := relay.Fence(o, w, prev, p.lastSeq)
 	// Each marker has an id of its own, so that it names its place by
 	// content (Anchors); the duplicate window never matches it.
 	var nonce [8]byte
@@ -137,7 +137,7 @@ func (p *Publisher) publishMarkers(ctx context.Context, o Owner, w *protocol.Win
 	futs := make([]jetstream.PubAckFuture, 0, k)
 	for i := 1; i <= k; i++ {
 		msg := nats.NewMsg(p.marker)
-		msg.Header.Set(nats.MsgIdHdr, fmt.Sprintf("%s%x-%d/%d", protocol.MarkerID, nonce, i, k))
+		msg.Header.Set(nats.MsgIdHdr, fmt.Sprintf("%s%x-%d/%d", relay.MarkerID, nonce, i, k))
 		msg.Header.Set(wire.HeaderFence, strconv.Itoa(i)+"/"+strconv.Itoa(k))
 		msg.Header.Set(wire.HeaderInFlight, strconv.Itoa(max(o.InFlight, 1)))
 		msg.Header.Set(wire.HeaderWindowAfter, o.After.String())

@@ -3,7 +3,7 @@ package publish
 import (
 	"context"
 	"errors"
-	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/relay"
 	"strconv"
 	"strings"
 	"testing"
@@ -45,7 +45,7 @@ func session(t *testing.T, ctx context.Context, nc *nats.Conn, after, inFlight i
 	t.Cleanup(p.Close)
 	o := Owner{Origin: resumeOrigin, Incarnation: "i", InFlight: inFlight, After: 0x2000}
 	if after > 0 {
-		o.After = protocol.LSN(tokenAt(after).Pos.Commit + 1)
+		o.After = relay.LSN(tokenAt(after).Pos.Commit + 1)
 	}
 	if err := p.Resume(ctx, o); err != nil {
 		t.Fatal(err)
@@ -282,11 +282,11 @@ func FuzzReadStored(f *testing.F) {
 		}
 		s := readStored(&jetstream.RawStreamMsg{Subject: "mailroom.batches", Sequence: 9, Header: h})
 		switch s.Kind {
-		case protocol.Marker:
+		case relay.Marker:
 			if s.FenceN < 1 || s.FenceN > s.FenceK {
 				t.Fatalf("marker %d of %d", s.FenceN, s.FenceK)
 			}
-		case protocol.Batch:
+		case relay.Batch:
 			if keys == "" || count == "" || s.Keys != keys {
 				t.Fatalf("a batch of keys %q (header %q) and count %q", s.Keys, keys, count)
 			}
@@ -319,9 +319,9 @@ func TestResumeRefusesATrimmedWindow(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer p.Close()
-		return p.Resume(ctx, Owner{Origin: resumeOrigin, Incarnation: "i", InFlight: 1, After: protocol.LSN(tokenAt(after).Pos.Commit + 1)})
+		return p.Resume(ctx, Owner{Origin: resumeOrigin, Incarnation: "i", InFlight: 1, After: relay.LSN(tokenAt(after).Pos.Commit + 1)})
 	}
-	var trimmed *protocol.WindowTrimmedError
+	var trimmed *relay.WindowTrimmedError
 	if err := resume(2); !errors.As(err, &trimmed) || trimmed.Limits != "max_msgs=4" || trimmed.Seq != 3 {
 		t.Fatalf("Resume = %v, want a WindowTrimmedError at message 3 naming max_msgs=4", err)
 	}

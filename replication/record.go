@@ -74,7 +74,7 @@ type Record struct {
 	// FinishResync); nil until a tailer of the incarnation looked.
 	Seen *StreamSeen
 	// RefusedFact and Refused are a refusal that lasts until a resync
-	// (SetRefused): the fact (publish/protocol's name of it) and the
+	// (SetRefused): the fact (publish/relay's name of it) and the
 	// words it was said with, since RefusedAt; empty while there is none.
 	RefusedFact, Refused string
 	RefusedAt            time.Time

@@ -16,8 +16,8 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/mailroom/tailer/internal/pgserver"
-	"github.com/mailroom/tailer/publish/consume"
-	"github.com/mailroom/tailer/publish/consume/inbox"
+	"github.com/mailroom/tailer/publish/subscriber"
+	"github.com/mailroom/tailer/publish/subscriber/inbox"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -111,7 +111,7 @@ func streamJobs(ctx context.Context, natsURL string, n int) ([]river.InsertManyP
 		if err != nil {
 			return nil, fmt.Errorf("read the stream back, %d of %d tokens: %w", len(jobs), n, err)
 		}
-		b, err := consume.Decode(msg.Headers(), msg.Data())
+		b, err := subscriber.Decode(msg.Headers(), msg.Data())
 		if err != nil {
 			return nil, err
 		}

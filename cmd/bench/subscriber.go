@@ -19,8 +19,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/internal/pgserver"
-	"github.com/mailroom/tailer/publish/consume"
-	"github.com/mailroom/tailer/publish/consume/inbox"
+	"github.com/mailroom/tailer/publish/subscriber"
+	"github.com/mailroom/tailer/publish/subscriber/inbox"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -177,7 +177,7 @@ func lastTokenKey(ctx context.Context, natsURL string) (string, error) {
 	if last == nil {
 		return "", errors.New("no batch on the stream")
 	}
-	b, err := consume.Decode(last.Header, last.Data)
+	b, err := subscriber.Decode(last.Header, last.Data)
 	if err != nil || len(b.Tokens) == 0 {
 		return "", fmt.Errorf("the stream's last batch (seq %d): %v", last.Sequence, err)
 	}

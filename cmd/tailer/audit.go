@@ -21,9 +21,9 @@ import (
 	"github.com/mailroom/tailer/cmd/internal/daemon"
 	"github.com/mailroom/tailer/cmd/internal/natsconn"
 	"github.com/mailroom/tailer/publish/audit"
-	"github.com/mailroom/tailer/publish/consume"
-	"github.com/mailroom/tailer/publish/consume/inbox"
 	"github.com/mailroom/tailer/publish/resync"
+	"github.com/mailroom/tailer/publish/subscriber"
+	"github.com/mailroom/tailer/publish/subscriber/inbox"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 )
@@ -194,13 +194,13 @@ func (x *cli) runAudit(ctx context.Context, cfg *config.Config, f *auditFlags, l
 func (f *auditFlags) options(ctx context.Context, cfg *config.Config, js jetstream.JetStream) (audit.Options, func(), error) {
 	since, _ := f.start(time.Now())
 	opts := audit.Options{Schema: cfg.Schema, Slot: cfg.Slot, Since: since, Grace: f.grace, Lines: cfg.Format == wire.FormatLine,
-		ClockSkew: 10 * time.Second, Consumer: consume.AuditConsumer, Settle: f.wait}
+		ClockSkew: 10 * time.Second, Consumer: subscriber.AuditConsumer, Settle: f.wait}
 	floor := audit.Floor{JS: js, Stream: cfg.Stream, Durable: f.durable}
 	switch {
 	case f.lines != "":
 		opts.Durable = audit.Lines{Floor: floor, Path: f.lines}
 	case f.durable != "" && f.into == "":
-		opts.Durable = audit.Record{Floor: floor, Consumer: consume.AuditConsumer}
+		opts.Durable = audit.Record{Floor: floor, Consumer: subscriber.AuditConsumer}
 	case f.into != "":
 		pool, err := inbox.Connect(ctx, cfg.InboxURL)
 		if err != nil {

@@ -22,7 +22,7 @@ import (
 
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
-	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/subscriber"
 )
 
 // routeLink carries one node's routes to another. Cut, it takes no new
@@ -242,7 +242,7 @@ func whole(ctx context.Context, js jetstream.JetStream, within time.Duration) ti
 	for time.Since(start) < within {
 		qctx, cancel := context.WithTimeout(ctx, time.Second)
 		ok := true
-		for _, name := range []string{"MAILROOM", "KV_" + consume.ProgressBucket("MAILROOM")} {
+		for _, name := range []string{"MAILROOM", "KV_" + subscriber.ProgressBucket("MAILROOM")} {
 			s, err := js.Stream(qctx, name)
 			ok = ok && err == nil && current(s.CachedInfo().Cluster)
 			if ok && name == "MAILROOM" {
@@ -309,7 +309,7 @@ func (dw *deliveryWatch) run(ctx context.Context, t *testing.T, js jetstream.Jet
 			}
 			line := string(data[read : read+nl])
 			read += nl + 1
-			toks, err := consume.DecodeLine(line)
+			toks, err := subscriber.DecodeLine(line)
 			if err != nil || len(toks) == 0 {
 				continue
 			}
@@ -544,7 +544,7 @@ func TestNATSClusterFaults(t *testing.T) {
 			consumer, name := []string{"", "pair", ""}[kind], []string{"stream", "consumer", "bucket"}[kind]
 			stream := "MAILROOM"
 			if kind == 2 {
-				stream = "KV_" + consume.ProgressBucket("MAILROOM")
+				stream = "KV_" + subscriber.ProgressBucket("MAILROOM")
 			}
 			if l := leaderOf(c.ctx, js, stream, consumer); l >= 0 {
 				n = l
@@ -583,7 +583,7 @@ func TestNATSClusterFaults(t *testing.T) {
 		delivering := dw.deliveringSince(healed, 30*time.Second)
 		said = append(said, fmt.Sprintf("fault %d (%s): %s; streaming %s after; every replica current %s after; the pair writing %s after; stream led by n%d, the pair's consumer by n%d, the bucket by n%d",
 			i, start.UTC().Format("15:04:05"), what, took.Round(100*time.Millisecond), caughtUp.Round(100*time.Millisecond), delivering.Round(100*time.Millisecond),
-			leaderOf(c.ctx, js, "MAILROOM", "")+1, leaderOf(c.ctx, js, "MAILROOM", "pair")+1, leaderOf(c.ctx, js, "KV_"+consume.ProgressBucket("MAILROOM"), "")+1))
+			leaderOf(c.ctx, js, "MAILROOM", "")+1, leaderOf(c.ctx, js, "MAILROOM", "pair")+1, leaderOf(c.ctx, js, "KV_"+subscriber.ProgressBucket("MAILROOM"), "")+1))
 		time.Sleep(time.Until(healed.Add(2 * time.Second)))
 	}
 	w.halt()

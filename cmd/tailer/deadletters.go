@@ -14,7 +14,7 @@ import (
 
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/natsconn"
-	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/subscriber"
 )
 
 func (x *cli) deadLettersCmd() *cobra.Command {
@@ -80,7 +80,7 @@ func listDeadLetters(ctx context.Context, cfg *config.Config, durable string, st
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	list, err := consume.ListDeadLetters(ctx, js, cfg.Stream, durable)
+	list, err := subscriber.ListDeadLetters(ctx, js, cfg.Stream, durable)
 	if err != nil {
 		fmt.Fprintf(stderr, "tailer dead-letters list: %v\n", err)
 		return exitFailure
@@ -93,7 +93,7 @@ func listDeadLetters(ctx context.Context, cfg *config.Config, durable string, st
 		fmt.Fprintf(stdout, "%d\t%s\t%s seq %d batch %d\t%d tokens\t%d deliveries\t%s\n",
 			l.At, l.Time.UTC().Format(time.RFC3339), l.Stream, l.Seq, l.Batch, l.Tokens, l.Deliveries, l.Reason)
 	}
-	fmt.Fprintf(stderr, "%d dead letters of durable %s on stream %s\n", len(list), durable, consume.DeadStream(cfg.Stream))
+	fmt.Fprintf(stderr, "%d dead letters of durable %s on stream %s\n", len(list), durable, subscriber.DeadStream(cfg.Stream))
 	return exitOK
 }
 
@@ -103,7 +103,7 @@ func removeResent(ctx context.Context, js jetstream.JetStream, stream, durable s
 	if resend == nil {
 		return nil
 	}
-	removed, left, err := consume.RemoveResent(ctx, js, stream, durable, resend)
+	removed, left, err := subscriber.RemoveResent(ctx, js, stream, durable, resend)
 	if err != nil {
 		return err
 	}

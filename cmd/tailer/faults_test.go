@@ -22,7 +22,7 @@ import (
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
 	"github.com/mailroom/tailer/migrations/migratetest"
-	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/subscriber"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/publish/wire/wiretest"
@@ -685,7 +685,7 @@ func TestSIGKILLInsideAGroup(t *testing.T) {
 	}
 	grouped := 0
 	for _, m := range c.messages() {
-		b, err := consume.Decode(m.Header, m.Data)
+		b, err := subscriber.Decode(m.Header, m.Data)
 		if err != nil {
 			t.Fatalf("message %d: %v", m.Sequence, err)
 		}

@@ -29,7 +29,7 @@ import (
 	"github.com/mailroom/tailer/cmd/internal/daemon"
 	"github.com/mailroom/tailer/cmd/internal/natsconn"
 	"github.com/mailroom/tailer/cmd/internal/natsmetrics"
-	"github.com/mailroom/tailer/cmd/internal/subscriber"
+	"github.com/mailroom/tailer/cmd/internal/subscribe"
 	"github.com/mailroom/tailer/internal/embedded"
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
@@ -404,9 +404,9 @@ func TestDashboardAndRulesUseExportedMetrics(t *testing.T) {
 	if n := check("mailroom_subscriber_"); n < 5 {
 		t.Errorf("only %d subscriber metrics referenced: the subscribers are not watched", n)
 	}
-	for _, name := range subscriber.MetricNames {
+	for _, name := range subscribe.MetricNames {
 		if !exported[name] {
-			t.Errorf("%s is in subscriber.MetricNames but not exported", name)
+			t.Errorf("%s is in subscribe.MetricNames but not exported", name)
 		}
 	}
 	// tailer nats-metrics: its families (package natsmetrics's tests

@@ -13,7 +13,7 @@ import (
 	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
-	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/subscriber"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/publish/wire/wiretest"
@@ -92,7 +92,7 @@ func TestKeyRotation(t *testing.T) {
 
 	signedBy := map[string]int{}
 	for _, m := range c.messages() {
-		b, err := consume.Decode(m.Header, m.Data)
+		b, err := subscriber.Decode(m.Header, m.Data)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -131,9 +131,9 @@ func TestKeyRotation(t *testing.T) {
 
 	// tailer verify with the last ring: a token of c is valid and named, one
 	// of a is not.
-	var ofA, ofC consume.SignedToken
+	var ofA, ofC subscriber.SignedToken
 	for _, m := range c.messages() {
-		b, _ := consume.Decode(m.Header, m.Data)
+		b, _ := subscriber.Decode(m.Header, m.Data)
 		for _, tok := range b.Tokens {
 			switch b.KeyID {
 			case "a":

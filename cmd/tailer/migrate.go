@@ -19,7 +19,7 @@ import (
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
 	"github.com/mailroom/tailer/migrations"
-	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/relay"
 	"github.com/mailroom/tailer/publish/resync"
 	"github.com/mailroom/tailer/replication"
 )
@@ -103,7 +103,7 @@ func migrate(ctx context.Context, cfg *config.Config, direction string, stderr i
 		return exitFailure
 	}
 	if len(shared) > 0 {
-		fmt.Fprintf(stderr, "tailer migrate: the schema is up to date, but the slot was neither made nor adopted: %s\n", daemon.SlotSharedMessage(cfg.Slot, &protocol.SlotSharedError{Schemas: shared}))
+		fmt.Fprintf(stderr, "tailer migrate: the schema is up to date, but the slot was neither made nor adopted: %s\n", daemon.SlotSharedMessage(cfg.Slot, &relay.SlotSharedError{Schemas: shared}))
 		return exitConfig
 	}
 	if len(unreadable) > 0 {

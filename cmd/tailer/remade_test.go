@@ -14,7 +14,7 @@ import (
 
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
-	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/subscriber"
 )
 
 // The stream deleted and made again under running subscribers, then tailer
@@ -197,7 +197,7 @@ func TestMarkersNotPending(t *testing.T) {
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	cons, err := consume.Durable{Stream: "MAILROOM", Subject: "mailroom.batches", Name: "count", FromStart: true}.Ensure(c.ctx, js)
+	cons, err := subscriber.Durable{Stream: "MAILROOM", Subject: "mailroom.batches", Name: "count", FromStart: true}.Ensure(c.ctx, js)
 	if err != nil {
 		t.Fatal(err)
 	}

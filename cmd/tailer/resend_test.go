@@ -11,7 +11,7 @@ import (
 
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
-	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/subscriber"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -37,7 +37,7 @@ func TestResendsAtOnce(t *testing.T) {
 		"--max-deliveries", "1", "--ack-wait", "5s")
 	js := c.jsOf()
 	tailertest.EventuallyProgressing(t, 2*time.Minute, func() (int, error) {
-		n, err := consume.CountDeadLetters(c.ctx, js, "MAILROOM", "f")
+		n, err := subscriber.CountDeadLetters(c.ctx, js, "MAILROOM", "f")
 		if err == nil && n < len(poison) {
 			err = fmt.Errorf("%d dead letters, waiting for %d", n, len(poison))
 		}
@@ -46,7 +46,7 @@ func TestResendsAtOnce(t *testing.T) {
 	if code := p.term(30 * time.Second); code != exitOK {
 		t.Fatalf("subscribe: exit %d:\n%s", code, p.out.String())
 	}
-	letters, err := consume.ListDeadLetters(c.ctx, js, "MAILROOM", "f")
+	letters, err := subscriber.ListDeadLetters(c.ctx, js, "MAILROOM", "f")
 	if err != nil || len(letters) != len(poison) {
 		t.Fatalf("%d dead letters (%v), want %d", len(letters), err, len(poison))
 	}
@@ -69,7 +69,7 @@ func TestResendsAtOnce(t *testing.T) {
 			t.Fatalf("run %d: two resends at once: %d tokens missing, %d written again; they said:\n%s\n%s",
 				run, missing, repeats, rs[0].out.String(), rs[1].out.String())
 		}
-		if n, err := consume.CountDeadLetters(c.ctx, js, "MAILROOM", "f"); err != nil || n != 0 {
+		if n, err := subscriber.CountDeadLetters(c.ctx, js, "MAILROOM", "f"); err != nil || n != 0 {
 			t.Fatalf("run %d: %d dead letters left (%v), want 0", run, n, err)
 		}
 	}
@@ -78,7 +78,7 @@ func TestResendsAtOnce(t *testing.T) {
 // putBack publishes the dead letters again, as if set aside anew (a
 // message id of the run's, so that JetStream does not drop them as
 // duplicates).
-func putBack(t *testing.T, c *cluster, js jetstream.JetStream, letters []consume.Listed, run int) {
+func putBack(t *testing.T, c *cluster, js jetstream.JetStream, letters []subscriber.Listed, run int) {
 	t.Helper()
 	for _, l := range letters {
 		h := nats.Header{}
@@ -86,7 +86,7 @@ func putBack(t *testing.T, c *cluster, js jetstream.JetStream, letters []consume
 			h[k] = v
 		}
 		h.Set(wire.HeaderMsgID, fmt.Sprintf("%s:again%d", l.Header.Get(wire.HeaderMsgID), run))
-		m := &nats.Msg{Subject: consume.DeadSubject("MAILROOM", "f"), Header: h, Data: l.Body}
+		m := &nats.Msg{Subject: subscriber.DeadSubject("MAILROOM", "f"), Header: h, Data: l.Body}
 		if _, err := js.PublishMsg(c.ctx, m); err != nil {
 			t.Fatal(err)
 		}

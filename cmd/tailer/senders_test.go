@@ -22,7 +22,7 @@ import (
 
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
-	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/subscriber"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -896,7 +896,7 @@ func TestSlowSender(t *testing.T) {
 						t.Fatal(err)
 					}
 					js, _ := jetstream.New(nc)
-					d := consume.Durable{Stream: "MAILROOM", Subject: "mailroom.batches", Name: "slow", FromStart: true, AckWait: 3 * time.Second,
+					d := subscriber.Durable{Stream: "MAILROOM", Subject: "mailroom.batches", Name: "slow", FromStart: true, AckWait: 3 * time.Second,
 						MaxAckPending: 2, Pinned: true, PinnedTTL: 10 * time.Second}
 					_, err = d.Ensure(c.ctx, js)
 					nc.Close()

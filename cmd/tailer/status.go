@@ -19,7 +19,7 @@ import (
 	"github.com/mailroom/tailer/cmd/internal/daemon"
 	"github.com/mailroom/tailer/cmd/internal/natsconn"
 	"github.com/mailroom/tailer/publish/join"
-	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/relay"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -247,7 +247,7 @@ func (rep *statusReport) judgeStreaming(cfg *config.Config, slot replication.Slo
 	case rec.ConfirmLimit != 0 && slot.ConfirmedFlush > rec.ConfirmLimit && rec.RefusedFact == "":
 		// The slot was read before the record: a tailer writes the limit
 		// down before it confirms past it.
-		rep.Problems = append(rep.Problems, daemon.SlotAdvancedMessage(rep.Slot, &protocol.SlotAdvancedError{Confirmed: protocol.LSN(slot.ConfirmedFlush), Limit: protocol.LSN(rec.ConfirmLimit)}))
+		rep.Problems = append(rep.Problems, daemon.SlotAdvancedMessage(rep.Slot, &relay.SlotAdvancedError{Confirmed: relay.LSN(slot.ConfirmedFlush), Limit: relay.LSN(rec.ConfirmLimit)}))
 	}
 	if rep.Owner == "" && rep.Blocked == "" {
 		// A tailer run that waits for the operator says why (BLOCKED), and

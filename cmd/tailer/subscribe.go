@@ -21,9 +21,9 @@ import (
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/daemon"
 	"github.com/mailroom/tailer/cmd/internal/natsconn"
-	"github.com/mailroom/tailer/cmd/internal/subscriber"
+	"github.com/mailroom/tailer/cmd/internal/subscribe"
 	"github.com/mailroom/tailer/decoder/action"
-	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/subscriber"
 )
 
 func (x *cli) subscribeCmd() *cobra.Command {
@@ -70,7 +70,7 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 	log := daemon.NewLogger("text", "info", stderr)
 	url := natsconn.URL(cfg)
 	server := config.RedactURL(url)
-	denials := &subscriber.Denials{Log: log}
+	denials := &subscribe.Denials{Log: log}
 	nc, err := nats.Connect(url, append(append(cfg.NATSOptions(), nats.Name("tailer subscribe"), nats.MaxReconnects(-1), nats.ErrorHandler(denials.Handler)),
 		saysAway(log, server)...)...)
 	if err != nil {
@@ -84,7 +84,7 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 		return exitFailure
 	}
 	if f.into != "" {
-		c := consume.Config{Stream: cfg.Stream, Subject: cfg.Subject, Durable: f.durable, FromStart: f.fromStart, Action: f.action, AckWait: f.ackWait, Log: log}
+		c := subscriber.Config{Stream: cfg.Stream, Subject: cfg.Subject, Durable: f.durable, FromStart: f.fromStart, Action: f.action, AckWait: f.ackWait, Log: log}
 		return subscribeInto(ctx, cfg, f.into, f.migrate, c, js, f.healthAddr, denials, stderr, log)
 	}
 	sub, lines, err := f.subscriber(ctx, cfg, js, stdout, log, resend)
@@ -96,7 +96,7 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 	// A reader gone is an error to handle (its batches handed back), not
 	// a signal that ends the process before it can.
 	signal.Ignore(syscall.SIGPIPE)
-	sender := &subscriber.Sender{Command: f.exec, Reports: f.reports, DoneExit: done, TransientExit: transient,
+	sender := &subscribe.Sender{Command: f.exec, Reports: f.reports, DoneExit: done, TransientExit: transient,
 		StopTimeout: f.stopTimeout, Stdout: stdout, Stderr: stderr, Log: log, Once: resend}
 	stop, err := f.watchReader(ctx, cfg, js, sub, lines, sender, denials, log)
 	if err != nil {
@@ -108,9 +108,9 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 		stopped(sub, js, log)
 	} else {
 		err = sub.Run(ctx, js)
-		outcome := consume.ReaderStopped
-		if errors.Is(err, consume.ErrReaderGone) {
-			outcome = consume.ReaderFailed
+		outcome := subscriber.ReaderStopped
+		if errors.Is(err, subscriber.ErrReaderGone) {
+			outcome = subscriber.ReaderFailed
 		}
 		if n := sub.Settle(context.Background(), outcome); n > 0 {
 			log.Info("lines the reader may not have finished are delivered again", "messages", n)
@@ -127,21 +127,21 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 
 // watchReader serves the health endpoint (--health-addr) and says in the
 // log when the reader stalls (--stall-timeout); stop ends both.
-func (f *subscribeFlags) watchReader(ctx context.Context, cfg *config.Config, js jetstream.JetStream, sub *consume.Subscriber, lines *consume.Lines,
-	sender *subscriber.Sender, denials *subscriber.Denials, log *slog.Logger) (stop func(), err error) {
+func (f *subscribeFlags) watchReader(ctx context.Context, cfg *config.Config, js jetstream.JetStream, sub *subscriber.Subscriber, lines *subscriber.Lines,
+	sender *subscribe.Sender, denials *subscribe.Denials, log *slog.Logger) (stop func(), err error) {
 	reader := func() string { return "the reader of the standard output" }
 	if f.exec != "" {
 		reader = sender.Name
 	}
-	stall := &subscriber.Stall{Reader: reader, Timeout: f.stall, Stalled: lines.Stalled}
+	stall := &subscribe.Stall{Reader: reader, Timeout: f.stall, Stalled: lines.Stalled}
 	stopServing := func() {}
 	if f.healthAddr != "" {
-		probe := &subscriber.Probe{Stream: cfg.Stream, Durable: f.durable, JS: js, Server: config.RedactURL(natsconn.URL(cfg)), Consuming: sub.Consuming, Stats: sub.Stats, GroupStall: f.stall,
+		probe := &subscribe.Probe{Stream: cfg.Stream, Durable: f.durable, JS: js, Server: config.RedactURL(natsconn.URL(cfg)), Consuming: sub.Consuming, Stats: sub.Stats, GroupStall: f.stall,
 			Denied: denials.Denied}
 		if f.stall > 0 {
 			probe.Stalled = stall.Reason
 		}
-		if stopServing, err = subscriber.Serve(f.healthAddr, probe); err != nil {
+		if stopServing, err = subscribe.Serve(f.healthAddr, probe); err != nil {
 			return nil, err
 		}
 	}
@@ -154,15 +154,15 @@ func (f *subscribeFlags) watchReader(ctx context.Context, cfg *config.Config, js
 
 // subscribeEnded says how the subscriber ended, err what Run returned,
 // and returns the exit code.
-func subscribeEnded(sub *consume.Subscriber, err error, log *slog.Logger) int {
+func subscribeEnded(sub *subscriber.Subscriber, err error, log *slog.Logger) int {
 	if st := sub.Stats(); st.Redelivered > 0 {
 		log.Info("messages delivered more than once", "messages", st.Redelivered, "batches_done_before", st.Skipped)
 	}
 	switch {
-	case errors.Is(err, consume.ErrReaderGone):
+	case errors.Is(err, subscriber.ErrReaderGone):
 		log.Error("the reader of the lines is gone", "err", err)
 		return exitFailure
-	case errors.Is(err, subscriber.ErrSenderFailing):
+	case errors.Is(err, subscribe.ErrSenderFailing):
 		log.Error("stopped: what the sender had not finished stays where it was", "err", err)
 		return exitFailure
 	case err != nil:
@@ -190,7 +190,7 @@ func (x *cli) bindSubscribe(c *cobra.Command) (*subscribeFlags, func() (*config.
 	fs.BoolVar(&f.fromStart, "from-start", false, "a new consumer starts at the stream's first message instead of the next one")
 	fs.StringVar(&f.action, "filter-action", "", "only tokens of this `action`: "+strings.Join(action.Labels(), " or "))
 	fs.IntVar(&f.window, "dedup-window", 0, "drop tokens whose key (a hash of the secret, never reused) was among the last N written (0: off); with stdout a file, also those at its end")
-	fs.DurationVar(&f.ackWait, "ack-wait", consume.DefaultAckWait, "how long the server waits for an ack before redelivering, for a new consumer")
+	fs.DurationVar(&f.ackWait, "ack-wait", subscriber.DefaultAckWait, "how long the server waits for an ack before redelivering, for a new consumer")
 	fs.StringVar(&f.exec, "exec", "", "start this `command` (sh -c) as the sender, its standard input the lines; start it again when it exits, giving it what it had not finished; on SIGTERM close its input once it has taken all of it")
 	fs.BoolVar(&f.reports, "reports", false, "with --exec: the sender writes each line it finished, as it was given, to file descriptor 3 (MAILROOM_REPORT_FD); only reported lines are done, so it may read ahead as far as it likes")
 	fs.StringVar(&f.doneExit, "done-exit", "0", "with --exec: exit `codes` that mean the sender finished what it was given, when it exits after the end of its input (the mailroom sender: 0,1)")
@@ -243,42 +243,42 @@ func (f *subscribeFlags) check(cfg *config.Config, resend bool) string {
 // subscriber makes the subscriber the flags describe, with its progress
 // record and dead letters, writing to stdout unless a sender is run;
 // resend: on the durable's dead letters.
-func (f *subscribeFlags) subscriber(ctx context.Context, cfg *config.Config, js jetstream.JetStream, stdout io.Writer, log *slog.Logger, resend bool) (*consume.Subscriber, *consume.Lines, error) {
-	lines := &consume.Lines{JSON: f.format == "json", MaxTokensPerLine: f.perLine, Out: stdout, Reports: f.reports, Log: log}
-	c := consume.Config{
+func (f *subscribeFlags) subscriber(ctx context.Context, cfg *config.Config, js jetstream.JetStream, stdout io.Writer, log *slog.Logger, resend bool) (*subscriber.Subscriber, *subscriber.Lines, error) {
+	lines := &subscriber.Lines{JSON: f.format == "json", MaxTokensPerLine: f.perLine, Out: stdout, Reports: f.reports, Log: log}
+	c := subscriber.Config{
 		Stream: cfg.Stream, Subject: cfg.Subject, Durable: f.durable, FromStart: f.fromStart, Action: f.action, Sink: lines, Log: log,
 		AckWait: f.ackWait, MaxDeliveries: f.maxDeliveries, Pinned: true, PinnedTTL: f.pinnedTTL,
 	}
 	if resend {
 		// The durable's dead letters, through a consumer of their own, once
 		// each, until none is left.
-		c.Stream, c.Subject = consume.DeadStream(cfg.Stream), consume.DeadSubject(cfg.Stream, f.durable)
+		c.Stream, c.Subject = subscriber.DeadStream(cfg.Stream), subscriber.DeadSubject(cfg.Stream, f.durable)
 		c.Durable, c.FromStart, c.UntilDrained = f.durable+"-resend", true, true
 		c.MaxDeliveries = 0
 	}
 	var err error
-	if c.Progress, err = consume.OpenProgress(ctx, js, cfg.Stream, c.Durable); err != nil {
+	if c.Progress, err = subscriber.OpenProgress(ctx, js, cfg.Stream, c.Durable); err != nil {
 		return nil, nil, fmt.Errorf("the subscriber keeps which batches are done in a key-value bucket beside the stream; allow it to make and use the bucket: %w", err)
 	}
 	if c.MaxDeliveries > 0 {
-		dl, err := consume.OpenDeadLetters(ctx, js, cfg.Stream, f.durable)
+		dl, err := subscriber.OpenDeadLetters(ctx, js, cfg.Stream, f.durable)
 		if err != nil {
 			return nil, nil, fmt.Errorf("allow the subscriber to make and publish to the dead-letter stream, or run it with --max-deliveries 0: %w", err)
 		}
 		c.DeadLetters = dl
 	}
 	if out, ok := stdout.(*os.File); ok && f.exec == "" {
-		pipe, _ := consume.OpenPipe(out)
+		pipe, _ := subscriber.OpenPipe(out)
 		lines.SetOut(stdout, pipe)
 	}
 	if f.window > 0 {
-		lines.Dedup = consume.NewDedup[string](f.window)
+		lines.Dedup = subscriber.NewDedup[string](f.window)
 		if out, ok := stdout.(*os.File); ok && f.exec == "" {
 			if st, err := out.Stat(); err == nil && st.Mode().IsRegular() {
 				// Reopened for reading: the tokens a killed run wrote but
 				// could not acknowledge are at the end of this file.
 				if r, err := os.Open("/proc/self/fd/1"); err == nil {
-					err = consume.SeedFromOutput(r, st.Size(), lines.Dedup)
+					err = subscriber.SeedFromOutput(r, st.Size(), lines.Dedup)
 					r.Close()
 					if err != nil {
 						log.Warn("cannot read earlier output", "err", err)
@@ -287,7 +287,7 @@ func (f *subscribeFlags) subscriber(ctx context.Context, cfg *config.Config, js 
 			}
 		}
 	}
-	sub, err := consume.NewSubscriber(c)
+	sub, err := subscriber.NewSubscriber(c)
 	return sub, lines, err
 }
 
@@ -311,7 +311,7 @@ func exitCodes(s string) ([]int, error) {
 // stopped says, as a subscriber with a sender stops, how many messages
 // its consumer still awaits an ack for: they are delivered again to the
 // next subscriber, without the batches the record says are done.
-func stopped(sub *consume.Subscriber, js jetstream.JetStream, log *slog.Logger) {
+func stopped(sub *subscriber.Subscriber, js jetstream.JetStream, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	c := sub.Config()

@@ -10,15 +10,15 @@ import (
 
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/natsconn"
-	"github.com/mailroom/tailer/cmd/internal/subscriber"
-	"github.com/mailroom/tailer/publish/consume"
-	"github.com/mailroom/tailer/publish/consume/inbox"
+	"github.com/mailroom/tailer/cmd/internal/subscribe"
+	"github.com/mailroom/tailer/publish/subscriber"
+	"github.com/mailroom/tailer/publish/subscriber/inbox"
 )
 
 // subscribeInto stores the tokens of durable's messages in the database at
 // MAILROOM_INBOX_URL, exactly once: into (inbox or river) says as what.
-func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate bool, c consume.Config, js jetstream.JetStream,
-	healthAddr string, denials *subscriber.Denials, stderr io.Writer, log *slog.Logger) int {
+func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate bool, c subscriber.Config, js jetstream.JetStream,
+	healthAddr string, denials *subscribe.Denials, stderr io.Writer, log *slog.Logger) int {
 	pool, err := inbox.Connect(ctx, cfg.InboxURL)
 	if err != nil {
 		fmt.Fprintf(stderr, "tailer subscribe: MAILROOM_INBOX_URL: %v\n", err)
@@ -58,14 +58,14 @@ func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate
 	}
 	db := &inbox.DB{Pool: pool, Table: table, Log: log}
 	c.Sink = db
-	sub, err := consume.NewSubscriber(c)
+	sub, err := subscriber.NewSubscriber(c)
 	if err != nil {
 		log.Error("subscribe failed", "err", err)
 		return exitFailure
 	}
 	denials.Watch(func() int { return sub.Stats().Acked })
 	if healthAddr != "" {
-		stop, err := subscriber.Serve(healthAddr, &subscriber.Probe{Stream: c.Stream, Durable: c.Durable, JS: js, Server: config.RedactURL(natsconn.URL(cfg)), Consuming: sub.Consuming, Stats: sub.Stats,
+		stop, err := subscribe.Serve(healthAddr, &subscribe.Probe{Stream: c.Stream, Durable: c.Durable, JS: js, Server: config.RedactURL(natsconn.URL(cfg)), Consuming: sub.Consuming, Stats: sub.Stats,
 			Denied: denials.Denied})
 		if err != nil {
 			fmt.Fprintf(stderr, "tailer subscribe: --health-addr: %v\n", err)

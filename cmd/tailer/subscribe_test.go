@@ -21,7 +21,7 @@ import (
 	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
-	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/subscriber"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/publish/wire/wiretest"
@@ -74,9 +74,9 @@ func awaitOutput(t *testing.T, out string, want map[int64]string) {
 
 // waitOutput waits until the file out holds at least n tokens, and returns
 // them; it fails when no token has been added for 30 s.
-func waitOutput(t *testing.T, out string, n int) []consume.SignedToken {
+func waitOutput(t *testing.T, out string, n int) []subscriber.SignedToken {
 	t.Helper()
-	var got []consume.SignedToken
+	var got []subscriber.SignedToken
 	tailertest.EventuallyProgressing(t, 30*time.Second, func() (int, error) {
 		if got, _ = outputTokens(t, out); len(got) < n {
 			return len(got), fmt.Errorf("%d tokens written, want %d", len(got), n)
@@ -126,7 +126,7 @@ func (c *cluster) firstMessage() *jetstream.RawStreamMsg {
 }
 
 // outputTokens reads the lines a subscriber wrote, in order.
-func outputTokens(t *testing.T, path string) (tokens []consume.SignedToken, lines [][]consume.SignedToken) {
+func outputTokens(t *testing.T, path string) (tokens []subscriber.SignedToken, lines [][]subscriber.SignedToken) {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -139,7 +139,7 @@ func outputTokens(t *testing.T, path string) (tokens []consume.SignedToken, line
 		if line == "" {
 			continue
 		}
-		toks, err := consume.DecodeLine(line)
+		toks, err := subscriber.DecodeLine(line)
 		if err != nil {
 			t.Fatalf("line %q: %v", line, err)
 		}
@@ -177,11 +177,11 @@ func TestSubscribeSurvivesKills(t *testing.T) {
 	// The first batch's line, as a run killed after writing it but before
 	// acknowledging it would have left it.
 	first := c.firstMessage()
-	b, err := consume.Decode(first.Header, first.Data)
+	b, err := subscriber.Decode(first.Header, first.Data)
 	if err != nil {
 		t.Fatal(err)
 	}
-	unacked := string(consume.AppendLine(nil, b.Tokens)) + "\n"
+	unacked := string(subscriber.AppendLine(nil, b.Tokens)) + "\n"
 
 	for _, tc := range []struct {
 		name  string
@@ -215,7 +215,7 @@ func TestSubscribeSurvivesKills(t *testing.T) {
 			}
 			p := c.subscriber(out, tc.args...)
 			p.waitLog("consuming", 1, 10*time.Second)
-			var got []consume.SignedToken
+			var got []subscriber.SignedToken
 			seen := map[string]int{}
 			tailertest.EventuallyProgressing(t, 30*time.Second, func() (int, error) {
 				got, _ = outputTokens(t, out)
@@ -352,7 +352,7 @@ func TestSubjectPerAction(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, m := range msgs {
-		b, err := consume.Decode(m.Header, m.Data)
+		b, err := subscriber.Decode(m.Header, m.Data)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -561,7 +561,7 @@ func TestDedupSurvivesReusedIDs(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "lines")
 	p := c.subscriber(out, "--durable", "sender", "--from-start", "--dedup-window", "1000")
 	p.waitLog("consuming", 1, 10*time.Second)
-	waitTokens := func(n int) []consume.SignedToken {
+	waitTokens := func(n int) []subscriber.SignedToken {
 		t.Helper()
 		return waitOutput(t, out, n)
 	}

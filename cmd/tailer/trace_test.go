@@ -14,7 +14,7 @@ import (
 
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
-	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/subscriber"
 	"github.com/mailroom/tailer/publish/wire"
 )
 
@@ -109,7 +109,7 @@ func TestTraceparent(t *testing.T) {
 
 	traced := map[string]string{}
 	for _, m := range c.messages() {
-		batch, err := consume.Decode(m.Header, m.Data)
+		batch, err := subscriber.Decode(m.Header, m.Data)
 		if err != nil {
 			t.Fatal(err)
 		}

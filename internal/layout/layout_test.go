@@ -63,7 +63,7 @@ func TestFunctionsFitOnAScreen(t *testing.T) {
 }
 
 // dataPath are the packages a token goes through, WAL to reader.
-var dataPath = []string{"replication", "decoder", "batch", "publish", "publish/join", "publish/token", "publish/wire", "publish/jsio", "publish/consume", "publish/consume/inbox"}
+var dataPath = []string{"replication", "decoder", "batch", "publish", "publish/join", "publish/token", "publish/wire", "publish/jsio", "publish/subscriber", "publish/subscriber/inbox"}
 
 // No exported type name means two things on the data path.
 func TestTypeNamesMeanOneThing(t *testing.T) {

@@ -2,6 +2,6 @@
 // nothing can wake them on: a transaction becoming visible, a pipe's
 // reader taking its bytes.
 //
-// Wiring: publish/join, publish/consume, the daemon's and the
+// Wiring: publish/join, publish/subscriber, the daemon's and the
 // subscriber's health checks.
 package pause

@@ -15,8 +15,8 @@ import (
 
 	"github.com/mailroom/tailer/internal/pgname"
 	"github.com/mailroom/tailer/publish"
-	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/join"
+	"github.com/mailroom/tailer/publish/subscriber"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
@@ -47,8 +47,8 @@ type Options struct {
 	// ClockSkew is read of the stream before Since, for the two servers'
 	// clocks.
 	ClockSkew time.Duration
-	// Consumer is the read-back consumer's name (consume.AuditConsumer,
-	// consume.AuditRunConsumer).
+	// Consumer is the read-back consumer's name (subscriber.AuditConsumer,
+	// subscriber.AuditRunConsumer).
 	Consumer string
 	// Durable, when set, is what a durable delivered.
 	Durable Durable
@@ -322,7 +322,7 @@ func readStream(ctx context.Context, stream jetstream.Stream, opts Options, rep 
 	keys := &streamKeys{counts: &Counts{}, trims: publish.Trims(before.Config)}
 	acked := &ackedKeys{}
 	from := rep.Since.Add(-opts.ClockSkew)
-	first, aside, err := consume.ReadKeys(ctx, stream, opts.Consumer, from, before.State.LastSeq, func(seq uint64, _ int, k string) {
+	first, aside, err := subscriber.ReadKeys(ctx, stream, opts.Consumer, from, before.State.LastSeq, func(seq uint64, _ int, k string) {
 		if opts.read != nil {
 			opts.read(seq)
 		}

@@ -2,7 +2,7 @@
 // says: every token of the database that was eligible when the slot
 // confirmed past it is on the stream once, and, for a durable, in what
 // that durable delivered. It reads the database from one snapshot and
-// the stream from the window's start by time (package consume's read-back,
+// the stream from the window's start by time (package subscriber's read-back,
 // the one way the stream is read back), and changes nothing; healing
 // publishes through package resync's path.
 //

@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/internal/pgname"
-	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/subscriber"
 	"github.com/mailroom/tailer/publish/token"
 )
 
@@ -94,7 +94,7 @@ func (l Lines) Delivered(context.Context, time.Time) (*Counts, error) {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 0, 64*1024), 16<<20)
 	for sc.Scan() {
-		toks, err := consume.DecodeLine(strings.TrimSuffix(sc.Text(), "\r"))
+		toks, err := subscriber.DecodeLine(strings.TrimSuffix(sc.Text(), "\r"))
 		if err != nil {
 			continue
 		}
@@ -119,7 +119,7 @@ type Record struct {
 
 // Delivered reads the record, and the keys of what it says done.
 func (r Record) Delivered(ctx context.Context, since time.Time) (*Counts, error) {
-	p, err := consume.ReadProgress(ctx, r.JS, r.Stream, r.Durable)
+	p, err := subscriber.ReadProgress(ctx, r.JS, r.Stream, r.Durable)
 	if err != nil {
 		return nil, err
 	}
@@ -128,7 +128,7 @@ func (r Record) Delivered(ctx context.Context, since time.Time) (*Counts, error)
 		return nil, fmt.Errorf("stream %s: %w", r.Stream, err)
 	}
 	c := &Counts{}
-	_, _, err = consume.ReadKeys(ctx, stream, r.Consumer, since, stream.CachedInfo().State.LastSeq, func(seq uint64, batch int, k string) {
+	_, _, err = subscriber.ReadKeys(ctx, stream, r.Consumer, since, stream.CachedInfo().State.LastSeq, func(seq uint64, batch int, k string) {
 		if m := p.Messages[seq]; seq <= p.Floor || m != nil && m.Done.Has(batch) {
 			c.Add(k)
 		}

@@ -2,7 +2,7 @@
 // their own work: a message read back from the stream's leader (GetMsg),
 // and the server's answers classified (a request unanswered, a leader
 // not yet elected, a store without room for a message). The tailer's
-// publisher (package publish), its subscriber (package consume) and the
+// publisher (package publish), its subscriber (package subscriber) and the
 // daemon's cause finder read the servers' words here, one way.
 //
 // A leaf both ends share, beside package wire (the formats), which does

@@ -16,8 +16,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/mailroom/tailer/publish"
-	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/join"
+	"github.com/mailroom/tailer/publish/subscriber"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -136,7 +136,7 @@ func healTokens(ctx context.Context, q *pgx.Conn, pub *publish.Publisher, nc *na
 	if oldest == nil {
 		return nil
 	}
-	onStream, setAside, err := consume.KeysSince(ctx, pub.Stream(), time.Unix(*oldest, 0).Add(-opts.ClockSkew), pub.LastSeq())
+	onStream, setAside, err := subscriber.KeysSince(ctx, pub.Stream(), time.Unix(*oldest, 0).Add(-opts.ClockSkew), pub.LastSeq())
 	if err != nil {
 		return err
 	}

@@ -20,8 +20,8 @@ import (
 	"github.com/mailroom/tailer/decoder/action"
 	"github.com/mailroom/tailer/internal/pgname"
 	"github.com/mailroom/tailer/publish"
-	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/join"
+	"github.com/mailroom/tailer/publish/subscriber"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
@@ -291,7 +291,7 @@ func countTokens(ctx context.Context, tx pgx.Tx, pub *publish.Publisher, opts Op
 	onStream := &token.KeySet{}
 	if oldest != nil {
 		var err error
-		if onStream, rep.SetAside, err = consume.KeysSince(ctx, pub.Stream(), time.Unix(*oldest, 0).Add(-opts.ClockSkew), pub.LastSeq()); err != nil {
+		if onStream, rep.SetAside, err = subscriber.KeysSince(ctx, pub.Stream(), time.Unix(*oldest, 0).Add(-opts.ClockSkew), pub.LastSeq()); err != nil {
 			return nil, err
 		}
 	}

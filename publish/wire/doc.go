@@ -1,13 +1,13 @@
 // Package wire is the tailer's message format as both ends see it: the
 // header names of a published batch and of a session marker, the body
 // formats and the rule for what may go into a collector line. The producer
-// (package publish) writes it and consumers (package consume) read it;
+// (package publish) writes it and consumers (package subscriber) read it;
 // neither owns it. The token itself, and its key, are package token's;
 // reading a message back from the servers is package jsio's.
 //
 // It depends on the standard library only and does no IO, so that the
-// subscriber's core (package consume/protocol) may hold its anchors and
+// subscriber's core (package subscriber/protocol) may hold its anchors and
 // chains.
 //
-// A leaf both ends share: what publish writes and publish/consume reads.
+// A leaf both ends share: what publish writes and publish/subscriber reads.
 package wire

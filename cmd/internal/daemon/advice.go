@@ -8,7 +8,7 @@ import (
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
-	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/relay"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -63,7 +63,7 @@ func PublicationMessage(e *replication.PublicationError) string {
 
 // ForeignStreamMessage says whose batches the stream holds and how to go
 // on.
-func ForeignStreamMessage(e *protocol.ForeignStreamError) string {
+func ForeignStreamMessage(e *relay.ForeignStreamError) string {
 	return e.Error() + ", so the tailer does not stream. To go on from here, run `tailer resync`: it recreates the slot and publishes, once, every still-eligible token of this database that the stream lacks. " +
 		"Or use a stream of this database (MAILROOM_NATS_STREAM) once the consumers have drained the old one"
 }
@@ -82,7 +82,7 @@ const lostStreamWayOut = "To go on: run `tailer resync` while the tokens are sti
 	"tokens a consumer had already taken come again, so consumers drop them by token key"
 
 // StreamLossMessage says what the stream lost, and the way out.
-func StreamLossMessage(e *protocol.StreamLoss) string {
+func StreamLossMessage(e *relay.StreamLoss) string {
 	return e.Error() + ". " + lostStreamWayOut
 }
 
@@ -95,7 +95,7 @@ func ActionMessage(e *decoder.ActionError) string {
 
 // WindowTrimmedMessage says why the tailer does not publish a replay whose
 // messages the stream's limits removed, and the way out.
-func WindowTrimmedMessage(e *protocol.WindowTrimmedError) string {
+func WindowTrimmedMessage(e *relay.WindowTrimmedError) string {
 	return e.Error() + ". Raise the stream's limits (or remove them: the tailer's own stream has none) so that they keep what the slot may replay and what consumers have yet to read. " + resyncWayOut
 }
 
@@ -112,13 +112,13 @@ func ResyncNeededMessage(slot, publication, cause string) string {
 
 // SlotSharedMessage says why tailer run does not stream from a slot
 // another schema's record names, and the way out.
-func SlotSharedMessage(slot string, e *protocol.SlotSharedError) string {
+func SlotSharedMessage(slot string, e *relay.SlotSharedError) string {
 	return fmt.Sprintf("slot %s: %v. A slot serves one tailer of one schema: give this schema a MAILROOM_SLOT of its own (then tailer migrate makes it); the tailer goes on by itself once no other schema's record names this one", slot, e)
 }
 
 // SlotAdvancedMessage says why tailer run does not stream from a slot
 // another process advanced, and the way out.
-func SlotAdvancedMessage(slot string, e *protocol.SlotAdvancedError) string {
+func SlotAdvancedMessage(slot string, e *relay.SlotAdvancedError) string {
 	return fmt.Sprintf("slot %s: %v. A slot serves one tailer of one schema: give each schema a MAILROOM_SLOT of its own, stop whatever else reads or advances it, "+
 		"then run `tailer resync`, which recreates the slot and publishes, once, every still-eligible token the stream lacks", slot, e)
 }

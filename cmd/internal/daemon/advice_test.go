@@ -9,7 +9,7 @@ import (
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
-	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/relay"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -24,7 +24,7 @@ func TestAdvice(t *testing.T) {
 	foreignSlot := &replication.ForeignSlotError{Slot: "mailroom", Database: "other", Here: "app"}
 	subject := &publish.StreamConfigError{Stream: "MAILROOM", Err: &publish.SubjectError{Subject: "mailroom.batches", Configured: "mailroom.batches", Subjects: []string{"x.>"}}}
 	markers := &publish.StreamConfigError{Stream: "MAILROOM", Err: &publish.SubjectError{Subject: "mailroom.batches._session", Configured: "mailroom.batches", Subjects: []string{"mailroom.batches"}, Marker: true}}
-	foreignStream := &protocol.ForeignStreamError{Stream: "MAILROOM", Reason: "published from another database", Stored: "origin a", Here: "origin b"}
+	foreignStream := &relay.ForeignStreamError{Stream: "MAILROOM", Reason: "published from another database", Stored: "origin a", Here: "origin b"}
 	relation := &decoder.RelationError{Relation: "public.tokens", Missing: []string{"secret"}}
 	if !errors.As(Advise(foreignSlot), &foreignSlot) || Advise(errors.New("other")).Error() != "other" {
 		t.Fatal("Advise hides the fact, or advises what it does not know")
@@ -50,11 +50,11 @@ func TestAdvice(t *testing.T) {
 		{markers.Error(), Advise(markers).Error(), []string{"mailroom.batches.>"}},
 		{foreignStream.Error(), ForeignStreamMessage(foreignStream), []string{"tailer resync", "MAILROOM_NATS_STREAM"}},
 		{relation.Error(), RelationMessage(relation, "mailroom"), []string{"ALTER PUBLICATION mailroom SET TABLE public.tokens", "tailer resync"}},
-		{"stream MAILROOM was deleted and made again", StreamLossMessage(&protocol.StreamLoss{Fact: protocol.StreamReplaced, Stream: "MAILROOM", Created: "t2", Recorded: "t1"}), []string{"tailer resync"}},
+		{"stream MAILROOM was deleted and made again", StreamLossMessage(&relay.StreamLoss{Fact: relay.StreamReplaced, Stream: "MAILROOM", Created: "t2", Recorded: "t1"}), []string{"tailer resync"}},
 		{`a token's action "magic_link" is no token action this tailer knows`, ActionMessage(&decoder.ActionError{Label: "magic_link"}), []string{"run a tailer that knows the action"}},
-		{"stream MAILROOM's limits (max_msgs=5) removed message 7", WindowTrimmedMessage(&protocol.WindowTrimmedError{Stream: "MAILROOM", Seq: 7, Limits: "max_msgs=5"}), []string{"tailer resync", "Raise the stream's limits"}},
-		{"stream MAILROOM no longer holds message 7 that this tailer stored on it", StreamLossMessage(&protocol.StreamLoss{Fact: protocol.StreamLostAnchor, Stream: "MAILROOM", Anchor: protocol.Anchor{Seq: 7, Mark: "id:a"}}), []string{"tailer resync"}},
-		{"stream MAILROOM no longer holds messages this slot published after sequence 7", StreamLossMessage(&protocol.StreamLoss{Fact: protocol.StreamPurged, Stream: "MAILROOM", Since: 7}), []string{"tailer resync"}},
+		{"stream MAILROOM's limits (max_msgs=5) removed message 7", WindowTrimmedMessage(&relay.WindowTrimmedError{Stream: "MAILROOM", Seq: 7, Limits: "max_msgs=5"}), []string{"tailer resync", "Raise the stream's limits"}},
+		{"stream MAILROOM no longer holds message 7 that this tailer stored on it", StreamLossMessage(&relay.StreamLoss{Fact: relay.StreamLostAnchor, Stream: "MAILROOM", Anchor: relay.Anchor{Seq: 7, Mark: "id:a"}}), []string{"tailer resync"}},
+		{"stream MAILROOM no longer holds messages this slot published after sequence 7", StreamLossMessage(&relay.StreamLoss{Fact: relay.StreamPurged, Stream: "MAILROOM", Since: 7}), []string{"tailer resync"}},
 		{"publication mailroom could not carry token inserts", ResyncNeededMessage("mailroom", "mailroom", ""), []string{"tailer resync", "MAILROOM_AUTO_RESYNC"}},
 		{"slot mailroom does not exist, but this database recorded it", DroppedSlotMessage("mailroom", "made by tailer run"), []string{"tailer resync", "MAILROOM_AUTO_RESYNC", "MAILROOM_NATS_STREAM"}},
 		{"slot mailroom does not exist, but stream MAILROOM holds batches", UnrecordedSlotMessage("mailroom", "MAILROOM", 9), []string{"tailer resync", "MAILROOM_NATS_STREAM"}},

@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mailroom/tailer/publish/audit"
-	"github.com/mailroom/tailer/publish/consume"
 	"github.com/mailroom/tailer/publish/resync"
+	"github.com/mailroom/tailer/publish/subscriber"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/replication"
 )
@@ -147,7 +147,7 @@ func (a *auditor) slice(ctx context.Context) (audit.Report, error) {
 	rep, err := audit.Audit(ctx, a.conn, stream, audit.Options{
 		Schema: d.cfg.Schema, Slot: d.cfg.Slot, Since: a.cursor, MaxSpan: 10 * d.cfg.AuditInterval,
 		Grace: d.auditGrace(), CutBySettle: true, Lines: d.cfg.Format == wire.FormatLine, ClockSkew: 10 * time.Second,
-		Consumer: consume.AuditRunConsumer, Settle: min(d.cfg.AuditInterval, 30*time.Second), Settled: true,
+		Consumer: subscriber.AuditRunConsumer, Settle: min(d.cfg.AuditInterval, 30*time.Second), Settled: true,
 	})
 	if err != nil {
 		if !errors.Is(err, audit.ErrIncomplete) || a.conn.IsClosed() {

@@ -8,21 +8,21 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/mailroom/tailer/publish"
-	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/relay"
 	"github.com/mailroom/tailer/replication"
 )
 
 // claim records the publication the slot is read through, makes the slot
 // what MAILROOM_SLOT_FAILOVER asks, ends the walsender of a holder that
 // lost the lease, starts streaming the slot and opens the stream.
-func (x *run) claim() protocol.Event {
+func (x *run) claim() relay.Event {
 	d, ctx, cfg := x.d, x.ctx, x.d.cfg
 	failover, err := replication.WantFailover(cfg.SlotFailover, x.s.major)
 	if err != nil {
 		return x.ended(FailoverSettingError(err))
 	}
 	if err := replication.SetPublication(ctx, x.db(), cfg.Slot, cfg.Publication); errors.Is(err, replication.ErrOldSchema) {
-		return protocol.Ended{Kind: protocol.EndFound, Found: protocol.SchemaUnreadable, Err: err}
+		return relay.Ended{Kind: relay.EndFound, Found: relay.SchemaUnreadable, Err: err}
 	} else if err != nil {
 		return x.ended(pgErr(err))
 	}
@@ -51,7 +51,7 @@ func (x *run) claim() protocol.Event {
 		Confirmed: x.slot.ConfirmedFlush, BeforeConfirm: x.beforeConfirm,
 	})
 	if replication.IsSlotLost(err) {
-		return protocol.Ended{Kind: protocol.EndFound, Found: protocol.SlotLost, Err: err}
+		return relay.Ended{Kind: relay.EndFound, Found: relay.SlotLost, Err: err}
 	}
 	if err != nil {
 		return x.ended(pgErr(err))
@@ -73,14 +73,14 @@ func (x *run) claim() protocol.Event {
 	if err != nil {
 		return x.ended(pgErr(err))
 	}
-	x.head = protocol.StreamHead{Name: cfg.Stream, Created: x.pub.Created(), LastSeq: x.pub.LastSeq(), Replicas: x.pub.Replicas(),
+	x.head = relay.StreamHead{Name: cfg.Stream, Created: x.pub.Created(), LastSeq: x.pub.LastSeq(), Replicas: x.pub.Replicas(),
 		Seen: x.pub.Seen(), Foreign: x.pub.CheckOrigin(x.s.origin)}
-	return protocol.Claimed{Head: x.head, Record: recordOf(rec), Confirmed: protocol.LSN(slot.ConfirmedFlush)}
+	return relay.Claimed{Head: x.head, Record: recordOf(rec), Confirmed: relay.LSN(slot.ConfirmedFlush)}
 }
 
 // beforeConfirm writes down, under the lease, how far the slot may be
 // confirmed before the stream confirms it there: a slot found confirmed
-// further was advanced by another process (protocol.SlotAdvanced).
+// further was advanced by another process (relay.SlotAdvanced).
 // Failing costs only the confirmation, which the next status asks again.
 func (x *run) beforeConfirm(ctx context.Context, at pglogrepl.LSN) (pglogrepl.LSN, error) {
 	limit := at + confirmAhead
@@ -107,10 +107,10 @@ const confirmAhead = 4 << 10
 
 // bind ties the stream to the slot's incarnation: a new incarnation for a
 // slot no tailer recorded making (Adopt), or the record's (Bind).
-func (x *run) bind(cmd protocol.Command) protocol.Event {
+func (x *run) bind(cmd relay.Command) relay.Event {
 	d := x.d
 	var err error
-	if _, adopt := cmd.(protocol.Adopt); adopt {
+	if _, adopt := cmd.(relay.Adopt); adopt {
 		if x.rec, err = replication.AdoptSlot(x.ctx, x.db(), d.cfg.Slot); err != nil {
 			return x.ended(pgErr(err))
 		}
@@ -118,13 +118,13 @@ func (x *run) bind(cmd protocol.Command) protocol.Event {
 	} else if err := replication.Bind(x.ctx, x.db(), &x.rec, 0); err != nil {
 		return x.ended(pgErr(err))
 	}
-	return protocol.Bound{Record: recordOf(x.rec)}
+	return relay.Bound{Record: recordOf(x.rec)}
 }
 
 // checkStream looks at the stream: whether it holds the anchors, and lost
 // nothing since the incarnation took it over. Nothing is published yet:
 // the look is quiet.
-func (x *run) checkStream(c protocol.CheckStream) protocol.Event {
+func (x *run) checkStream(c relay.CheckStream) relay.Event {
 	c.Quiet = true
 	ev, err := streamCheck(x.ctx, x.pub, c)
 	if err != nil {
@@ -147,11 +147,11 @@ const quietWait = 5 * time.Second
 // read: one a limit set in between removed then lies below the first
 // sequence of a stream seen to trim, not beside a configuration that
 // removes nothing.
-func streamCheck(ctx context.Context, pub *publish.Publisher, c protocol.CheckStream) (protocol.StreamChecked, error) {
-	var ev protocol.StreamChecked
+func streamCheck(ctx context.Context, pub *publish.Publisher, c relay.CheckStream) (relay.StreamChecked, error) {
+	var ev relay.StreamChecked
 	var err error
 	if ev.Missing, err = pub.MissingAnchors(ctx, c.Anchors); err != nil {
-		return protocol.StreamChecked{}, err
+		return relay.StreamChecked{}, err
 	}
 	if c.Quiet {
 		qctx, cancel := context.WithTimeout(ctx, quietWait)
@@ -162,25 +162,25 @@ func streamCheck(ctx context.Context, pub *publish.Publisher, c protocol.CheckSt
 		ev.Created, ev.Seen, err = pub.Look(ctx)
 	}
 	if err != nil {
-		return protocol.StreamChecked{}, err
+		return relay.StreamChecked{}, err
 	}
 	return ev, nil
 }
 
 // resume resumes the publisher past what the stream holds of the slot.
-func (x *run) resume(c protocol.Resume) protocol.Event {
+func (x *run) resume(c relay.Resume) relay.Event {
 	d, ctx := x.d, x.ctx
 	o := c.Owner
 	o.Origin = x.s.origin
 	x.inFlight = o.InFlight
 	err := x.pub.Resume(ctx, o)
 	var (
-		foreign *protocol.ForeignStreamError
-		trimmed *protocol.WindowTrimmedError
+		foreign *relay.ForeignStreamError
+		trimmed *relay.WindowTrimmedError
 	)
 	switch {
 	case errors.As(err, &foreign), errors.As(err, &trimmed):
-		return protocol.Resumed{Err: err}
+		return relay.Resumed{Err: err}
 	case err != nil:
 		return x.ended(natsErr(err))
 	}
@@ -188,7 +188,7 @@ func (x *run) resume(c protocol.Resume) protocol.Event {
 		d.log.Warn("the stream's limits remove its oldest messages, read or not: a consumer further behind loses them, and a restart whose replayed tokens they removed is refused",
 			"stream", d.cfg.Stream, "limits", l)
 	}
-	var reach protocol.Position
+	var reach relay.Position
 	var strays int
 	x.window, x.tokens, reach, strays, x.fence = x.pub.Window()
 	if strays > 0 {
@@ -198,5 +198,5 @@ func (x *run) resume(c protocol.Resume) protocol.Event {
 	if err != nil {
 		return x.ended(pgErr(err))
 	}
-	return protocol.Resumed{Reach: reach, WAL: protocol.LSN(current), Anchors: x.pub.Anchors()}
+	return relay.Resumed{Reach: reach, WAL: relay.LSN(current), Anchors: x.pub.Anchors()}
 }

@@ -20,7 +20,7 @@ import (
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/cmd/internal/natsconn"
 	"github.com/mailroom/tailer/publish"
-	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/relay"
 )
 
 // NewLogger builds the slog logger the settings ask for. Values with a
@@ -82,7 +82,7 @@ type Daemon struct {
 	guardSaid, limitsSaid, sharedSaid atomic.Bool
 	// relay is the protocol the sessions carry out; stepped from the
 	// session, the slot sampler and NATS's handlers, one at a time.
-	relay   *protocol.Relay
+	relay   *relay.Relay
 	relayMu sync.Mutex
 	// streaming is the session that streams (nil: none).
 	streaming atomic.Pointer[streaming]
@@ -112,7 +112,7 @@ type publishing struct {
 // New returns a Daemon for cfg.
 func New(cfg *config.Config, log *slog.Logger) *Daemon {
 	d := &Daemon{cfg: cfg, log: log, ready: make(chan struct{}),
-		relay: protocol.New(protocol.Config{Stream: cfg.Stream, AutoResync: cfg.AutoResync, MaxInFlight: cfg.MaxInFlight})}
+		relay: relay.New(relay.Config{Stream: cfg.Stream, AutoResync: cfg.AutoResync, MaxInFlight: cfg.MaxInFlight})}
 	d.metrics = NewMetrics(func() float64 {
 		if f := d.feeder.Load(); f != nil {
 			return float64(f.PendingTokens())

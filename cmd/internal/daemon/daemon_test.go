@@ -32,7 +32,7 @@ import (
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
 	"github.com/mailroom/tailer/migrations/migratetest"
-	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/subscriber"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 	"github.com/mailroom/tailer/publish/wire/wiretest"
@@ -211,7 +211,7 @@ func (e *env) readAll() []published {
 		if p.ids, err = wiretest.TokenIDs(m); err != nil {
 			e.t.Fatal(err)
 		}
-		b, err := consume.Decode(m.Header, m.Data)
+		b, err := subscriber.Decode(m.Header, m.Data)
 		if err != nil {
 			e.t.Fatalf("message %d: %v", m.Sequence, err)
 		}

@@ -2,7 +2,7 @@
 // join → publish into the running service, with the embedded NATS
 // server, the HTTP endpoints and metrics, the slot's sampler and the
 // continuous audit. It decides nothing of a session's protocol: it
-// carries out the commands of publish/protocol's Relay (open, claim,
+// carries out the commands of publish/relay's Relay (open, claim,
 // check the stream, publish, stop, wait, retry) and tells it, as events,
 // what the IO found.
 //

@@ -10,7 +10,7 @@ import (
 
 	"github.com/mailroom/tailer/cmd/internal/config"
 	"github.com/mailroom/tailer/publish"
-	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/relay"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -25,21 +25,21 @@ func TestEndKinds(t *testing.T) {
 		name                   string
 		err                    error
 		stopped, startupConfig bool
-		want                   protocol.EndKind
+		want                   relay.EndKind
 	}{
-		{"clean end", nil, false, false, protocol.EndStopped},
-		{"stopped", natsErr(errors.New("connection closed")), true, false, protocol.EndStopped},
-		{"stopped with tokens unpublished", &stopError{errors.New("context canceled")}, true, false, protocol.EndStoppedUnpublished},
-		{"a startup configuration", pgErr(errors.New("password authentication failed")), false, true, protocol.EndStartupConfig},
-		{"a setting", wrapped(&config.Error{Var: "MAILROOM_SLOT", Err: errors.New("bad")}), false, false, protocol.EndConfig},
-		{"the stream's configuration", natsErr(&publish.StreamConfigError{Stream: "MAILROOM", Err: errors.New("subjects")}), false, false, protocol.EndStreamConfig},
-		{"the lease held", pgErr(&replication.LeaseHeldError{Slot: "mailroom"}), false, false, protocol.EndLeaseHeld},
-		{"the slot in use", pgErr(&pgconn.PgError{Code: pgerrcode.ObjectInUse}), false, false, protocol.EndLeaseHeld},
-		{"a reused id", natsErr(wrapped(publish.ErrReusedID)), false, false, protocol.EndReusedID},
-		{"a batch gone", natsErr(wrapped(publish.ErrDuplicateGone)), false, false, protocol.EndBatchGone},
-		{"NATS", natsErr(errors.New("no responders")), false, false, protocol.EndNATS},
-		{"PostgreSQL", pgErr(errors.New("connection reset")), false, false, protocol.EndPostgres},
-		{"unclassified", errors.New("something"), false, false, protocol.EndPostgres},
+		{"clean end", nil, false, false, relay.EndStopped},
+		{"stopped", natsErr(errors.New("connection closed")), true, false, relay.EndStopped},
+		{"stopped with tokens unpublished", &stopError{errors.New("context canceled")}, true, false, relay.EndStoppedUnpublished},
+		{"a startup configuration", pgErr(errors.New("password authentication failed")), false, true, relay.EndStartupConfig},
+		{"a setting", wrapped(&config.Error{Var: "MAILROOM_SLOT", Err: errors.New("bad")}), false, false, relay.EndConfig},
+		{"the stream's configuration", natsErr(&publish.StreamConfigError{Stream: "MAILROOM", Err: errors.New("subjects")}), false, false, relay.EndStreamConfig},
+		{"the lease held", pgErr(&replication.LeaseHeldError{Slot: "mailroom"}), false, false, relay.EndLeaseHeld},
+		{"the slot in use", pgErr(&pgconn.PgError{Code: pgerrcode.ObjectInUse}), false, false, relay.EndLeaseHeld},
+		{"a reused id", natsErr(wrapped(publish.ErrReusedID)), false, false, relay.EndReusedID},
+		{"a batch gone", natsErr(wrapped(publish.ErrDuplicateGone)), false, false, relay.EndBatchGone},
+		{"NATS", natsErr(errors.New("no responders")), false, false, relay.EndNATS},
+		{"PostgreSQL", pgErr(errors.New("connection reset")), false, false, relay.EndPostgres},
+		{"unclassified", errors.New("something"), false, false, relay.EndPostgres},
 	} {
 		if got := endKind(tc.err, tc.stopped, tc.startupConfig); got != tc.want {
 			t.Errorf("%s: endKind(%v) = %d, want %d", tc.name, tc.err, got, tc.want)

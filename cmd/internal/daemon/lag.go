@@ -13,7 +13,7 @@ import (
 
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish/join"
-	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/relay"
 	"github.com/mailroom/tailer/replication"
 )
 
@@ -191,21 +191,21 @@ func (d *Daemon) heartbeat(ctx context.Context) {
 // record. A look that fails is taken again at the next sample.
 func (d *Daemon) checkStreaming(ctx context.Context, conn *pgx.Conn, st *streaming) {
 	x := st.x
-	cmds := d.step(protocol.Checking{Anchors: x.pub.Anchors()})
+	cmds := d.step(relay.Checking{Anchors: x.pub.Anchors()})
 	for len(cmds) > 0 {
 		cmd := cmds[0]
 		cmds = cmds[1:]
 		switch c := cmd.(type) {
-		case protocol.CheckStream:
+		case relay.CheckStream:
 			// The first look, or a quiet one the relay asks for after it.
 			ev, err := d.look(ctx, conn, st, c)
 			if err != nil {
 				return
 			}
 			cmds = append(cmds, d.step(ev)...)
-		case protocol.Stop:
+		case relay.Stop:
 			st.stop(&refusalCause{c.Refusal})
-		case protocol.RecordAnchor:
+		case relay.RecordAnchor:
 			_, err := d.recordAnchor(ctx, conn, st.rec, c)
 			if err != nil && ctx.Err() == nil && !d.anchorSaid.Swap(true) {
 				d.log.Warn("cannot record the newest batch found on the stream; a tailer started after this one is killed checks the stream by an older one", "err", err)
@@ -223,8 +223,8 @@ func (d *Daemon) checkStreaming(ctx context.Context, conn *pgx.Conn, st *streami
 // look is what a check while streaming finds: the schema, the
 // publication, the record's word that the stream lacks inserts, and the
 // stream.
-func (d *Daemon) look(ctx context.Context, conn *pgx.Conn, st *streaming, c protocol.CheckStream) (protocol.Checked, error) {
-	var ev protocol.Checked
+func (d *Daemon) look(ctx context.Context, conn *pgx.Conn, st *streaming, c relay.CheckStream) (relay.Checked, error) {
+	var ev relay.Checked
 	// The record first: see inspect.
 	rec, err := replication.LoadRecord(ctx, d.db(conn), d.cfg.Slot)
 	if err != nil {

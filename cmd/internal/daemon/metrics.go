@@ -1,7 +1,7 @@
 package daemon
 
 import (
-	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/relay"
 	"net/http"
 	"time"
 
@@ -108,7 +108,7 @@ func NewMetrics(pending, lag, pubAckWait func() float64) *Metrics {
 	for _, t := range []string{targetPostgres, targetNATS} {
 		m.reconnects.WithLabelValues(t)
 	}
-	for _, r := range protocol.Reasons {
+	for _, r := range relay.Reasons {
 		m.blocked.WithLabelValues(r)
 	}
 	m.reg.MustRegister(m.published, m.skipped, m.batches, m.batchSize, m.publishLatency, m.messageBatches, m.messageLatency, m.commitToAck, m.joinLatency,
@@ -265,7 +265,7 @@ func b2s(b bool) string {
 
 // setBlocked marks reason as why the tailer waits ("": it does not).
 func (m *Metrics) setBlocked(reason string) {
-	for _, r := range protocol.Reasons {
+	for _, r := range relay.Reasons {
 		m.blocked.WithLabelValues(r).Set(b2f(r == reason))
 	}
 }

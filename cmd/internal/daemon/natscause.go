@@ -12,7 +12,7 @@ import (
 
 	"github.com/mailroom/tailer/internal/embedded"
 	"github.com/mailroom/tailer/internal/pause"
-	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/relay"
 )
 
 // The causes of a NATS server that takes no batches, which retrying does
@@ -21,7 +21,7 @@ import (
 // /readyz as "not streaming", tailer status exit 0): the embedded server's
 // store out of disk, a server without room for the stream, and the
 // tailer's user denied publishing. Each is a refusal of the relay's
-// (protocol.NATSStoresNothing), said once, on /readyz, tailer_blocked and
+// (relay.NATSStoresNothing), said once, on /readyz, tailer_blocked and
 // tailer status, until a session's markers are stored again.
 
 // denial is a publish the server refused the tailer's user.
@@ -56,8 +56,8 @@ func (d *Daemon) trouble(err error) {
 	if st == nil {
 		return
 	}
-	for _, cmd := range d.step(protocol.NATSTrouble{Err: err}) {
-		if c, ok := cmd.(protocol.Stop); ok {
+	for _, cmd := range d.step(relay.NATSTrouble{Err: err}) {
+		if c, ok := cmd.(relay.Stop); ok {
 			st.stop(&refusalCause{c.Refusal})
 		}
 	}

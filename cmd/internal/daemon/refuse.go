@@ -8,17 +8,17 @@ import (
 
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish/join"
-	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/relay"
 	"github.com/mailroom/tailer/replication"
 )
 
 // refused says a refusal the relay made: on /readyz and in
 // tailer_blocked, in the slot's record for tailer status (and, when it
 // lasts until a resync, as such), and in the log when it is new.
-func (d *Daemon) refused(x *run, c protocol.Refuse) {
+func (d *Daemon) refused(x *run, c relay.Refuse) {
 	msg := d.words(x, c.Refusal)
 	f := c.Refusal.Fact
-	lost := f.Reason() == protocol.ReasonSlotLost
+	lost := f.Reason() == relay.ReasonSlotLost
 	if !lost {
 		d.blocked.Store(&msg)
 		d.metrics.setBlocked(f.Reason())
@@ -26,7 +26,7 @@ func (d *Daemon) refused(x *run, c protocol.Refuse) {
 			d.log.Warn("cannot record why the tailer waits", "err", err)
 		}
 	}
-	if _, recorded := c.Refusal.Err.(*protocol.Recorded); f.Lasting() && !recorded && x.rec.Exists {
+	if _, recorded := c.Refusal.Err.(*relay.Recorded); f.Lasting() && !recorded && x.rec.Exists {
 		if err := replication.SetRefused(x.ctx, x.db(), &x.rec, f.String(), msg); err != nil {
 			d.log.Warn("cannot record that the slot is refused until a resync; a tailer started next looks at the stream again", "err", err)
 		}
@@ -35,9 +35,9 @@ func (d *Daemon) refused(x *run, c protocol.Refuse) {
 		return
 	}
 	switch f {
-	case protocol.HealAsked:
+	case relay.HealAsked:
 		d.log.Info(msg)
-	case protocol.NATSStoresNothing:
+	case relay.NATSStoresNothing:
 		d.log.Error("NATS stores no batches: the tailer confirms nothing and goes on by itself once it does", "err", msg)
 	default:
 		d.log.Error("replication slot cannot be streamed from", "err", msg)
@@ -45,7 +45,7 @@ func (d *Daemon) refused(x *run, c protocol.Refuse) {
 }
 
 // standBy says that another process owns the slot.
-func (d *Daemon) standBy(c protocol.StandBy) {
+func (d *Daemon) standBy(c relay.StandBy) {
 	var held *replication.LeaseHeldError
 	why := "slot " + d.cfg.Slot + " is in use by another process (pg_stat_replication)"
 	if errors.As(c.Err, &held) {
@@ -67,7 +67,7 @@ func ownerOf(held *replication.LeaseHeldError) string {
 }
 
 // waiting says why the session ended, when it is a failure to retry.
-func (d *Daemon) waiting(c protocol.Wait) {
+func (d *Daemon) waiting(c relay.Wait) {
 	if c.Err == nil {
 		return
 	}
@@ -78,7 +78,7 @@ func (d *Daemon) waiting(c protocol.Wait) {
 }
 
 // reconnect moves the NATS connection to another server of the URL list
-// (protocol.Reconnect); with one server there is none to move to.
+// (relay.Reconnect); with one server there is none to move to.
 func (d *Daemon) reconnect(nc *nats.Conn) {
 	if len(nc.Servers()) < 2 {
 		return
@@ -91,19 +91,19 @@ func (d *Daemon) reconnect(nc *nats.Conn) {
 }
 
 // words are what a refusal is said with: what was found, and the way out.
-func (d *Daemon) words(x *run, ref protocol.Refusal) string {
+func (d *Daemon) words(x *run, ref relay.Refusal) string {
 	var (
-		recorded *protocol.Recorded
+		recorded *relay.Recorded
 		pub      *replication.PublicationError
 		relation *decoder.RelationError
 		action   *decoder.ActionError
-		foreign  *protocol.ForeignStreamError
-		trimmed  *protocol.WindowTrimmedError
-		loss     *protocol.StreamLoss
+		foreign  *relay.ForeignStreamError
+		trimmed  *relay.WindowTrimmedError
+		loss     *relay.StreamLoss
 		schema   *join.SchemaError
-		advanced *protocol.SlotAdvancedError
-		shared   *protocol.SlotSharedError
-		cause    *protocol.ResyncCause
+		advanced *relay.SlotAdvancedError
+		shared   *relay.SlotSharedError
+		cause    *relay.ResyncCause
 	)
 	cfg := d.cfg
 	switch err := ref.Err; {
@@ -131,23 +131,23 @@ func (d *Daemon) words(x *run, ref protocol.Refusal) string {
 		return ResyncNeededMessage(cfg.Slot, cfg.Publication, cause.Cause)
 	}
 	switch ref.Fact {
-	case protocol.HealAsked:
+	case relay.HealAsked:
 		return "letting go of slot " + cfg.Slot + " for tailer audit --heal, which publishes the tokens an audit found missing: streaming again once it is done"
-	case protocol.ResyncNeeded:
+	case relay.ResyncNeeded:
 		return ResyncNeededMessage(cfg.Slot, cfg.Publication, "")
-	case protocol.ResyncPending:
+	case relay.ResyncPending:
 		return PendingResyncMessage(cfg.Slot)
-	case protocol.SlotLost:
+	case relay.SlotLost:
 		msg := LostSlotMessage(x.slot)
 		if ref.Err != nil {
 			msg += " (" + ref.Err.Error() + ")"
 		}
 		return msg
-	case protocol.SlotDropped:
+	case relay.SlotDropped:
 		return DroppedSlotMessage(cfg.Slot, x.rec.Describe())
-	case protocol.SlotUnrecorded:
+	case relay.SlotUnrecorded:
 		return UnrecordedSlotMessage(cfg.Slot, cfg.Stream, x.head.LastSeq)
-	case protocol.EarlierBatches:
+	case relay.EarlierBatches:
 		made := "no tailer command recorded making it (made by hand, or by an older tailer)"
 		if x.rec.Exists {
 			made = "it was made after them (" + x.rec.Describe() + ")"

@@ -13,28 +13,28 @@ import (
 
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/join"
-	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/relay"
 	"github.com/mailroom/tailer/publish/resync"
 	"github.com/mailroom/tailer/replication"
 )
 
 // session runs one of the relay's sessions: it carries out what the
-// relay (publish/protocol) asks, and steps it with what each command
+// relay (publish/relay) asks, and steps it with what each command
 // found, until the relay says how long to wait before the next session,
 // or that the process exits. Every judgement is the relay's; a session
 // only takes the lease, reads, writes and streams.
 func (d *Daemon) session(ctx context.Context, nc *nats.Conn) (wait time.Duration, exit bool, err error) {
 	x := &run{d: d, ctx: ctx, nc: nc, start: time.Now()}
 	defer x.close()
-	cmds := d.step(protocol.Start{})
+	cmds := d.step(relay.Start{})
 	for len(cmds) > 0 {
 		cmd := cmds[0]
 		cmds = cmds[1:]
 		switch c := cmd.(type) {
-		case protocol.Wait:
+		case relay.Wait:
 			d.waiting(c)
 			return c.Delay, false, nil
-		case protocol.Exit:
+		case relay.Exit:
 			if c.Err == nil {
 				d.log.Info("stopped")
 			}
@@ -48,7 +48,7 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) (wait time.Duration
 }
 
 // step steps the relay, from whichever goroutine finds something.
-func (d *Daemon) step(ev protocol.Event) []protocol.Command {
+func (d *Daemon) step(ev relay.Event) []relay.Command {
 	d.relayMu.Lock()
 	defer d.relayMu.Unlock()
 	return d.relay.Step(ev)
@@ -63,7 +63,7 @@ type run struct {
 	s     *opened
 	rec   replication.Record
 	slot  replication.SlotInfo
-	head  protocol.StreamHead
+	head  relay.StreamHead
 	pub   *publish.Publisher
 	// receiver streams the slot (Claim); inFlight is the session's bound
 	// on messages awaiting their PubAck (Resume).
@@ -83,52 +83,52 @@ func (x *run) close() {
 }
 
 // do carries cmd out, and returns what it found (nil: nothing to step).
-func (x *run) do(cmd protocol.Command) protocol.Event {
+func (x *run) do(cmd relay.Command) relay.Event {
 	switch c := cmd.(type) {
-	case protocol.Open:
+	case relay.Open:
 		return x.open()
-	case protocol.Inspect:
+	case relay.Inspect:
 		return x.inspect()
-	case protocol.ReadHead:
+	case relay.ReadHead:
 		return x.readHead()
-	case protocol.MakeSlot:
+	case relay.MakeSlot:
 		return x.makeSlot()
-	case protocol.Claim:
+	case relay.Claim:
 		return x.claim()
-	case protocol.Adopt, protocol.Bind:
+	case relay.Adopt, relay.Bind:
 		return x.bind(c)
-	case protocol.CheckStream:
+	case relay.CheckStream:
 		return x.checkStream(c)
-	case protocol.Resume:
+	case relay.Resume:
 		return x.resume(c)
-	case protocol.Publish:
+	case relay.Publish:
 		return x.stream()
 	}
 	return x.write(cmd)
 }
 
 // write carries out a command that finds nothing: a write, or a word.
-func (x *run) write(cmd protocol.Command) protocol.Event {
+func (x *run) write(cmd relay.Command) relay.Event {
 	d := x.d
 	var err error
 	switch c := cmd.(type) {
-	case protocol.ClearStopped:
+	case relay.ClearStopped:
 		err = replication.SetStopped(x.ctx, x.db(), &x.rec, 0, "")
-	case protocol.UniqueIDs:
+	case relay.UniqueIDs:
 		x.pub.SetUniqueIDs()
 		d.log.Warn("the stream holds batches past this server's WAL, or of other tokens under the ids of this session's batches (a restored database): " +
 			"the tokens the stream holds are known by key and skipped, every other one is published; batch ids carry the session")
-	case protocol.RecordAnchor:
+	case relay.RecordAnchor:
 		err = x.recordAnchor(c)
-	case protocol.MarkResyncNeeded:
+	case relay.MarkResyncNeeded:
 		err = replication.SetResyncNeeded(x.ctx, x.db(), d.cfg.Slot)
-	case protocol.Refuse:
+	case relay.Refuse:
 		d.refused(x, c)
-	case protocol.Resync:
+	case relay.Resync:
 		return x.resync(c)
-	case protocol.StandBy:
+	case relay.StandBy:
 		d.standBy(c)
-	case protocol.Reconnect:
+	case relay.Reconnect:
 		d.reconnect(x.nc)
 	}
 	if err != nil {
@@ -139,7 +139,7 @@ func (x *run) write(cmd protocol.Command) protocol.Event {
 
 // recordAnchor keeps the anchor, and the stream with it when asked, in
 // one transaction.
-func (x *run) recordAnchor(c protocol.RecordAnchor) error {
+func (x *run) recordAnchor(c relay.RecordAnchor) error {
 	rec, err := x.d.recordAnchor(x.ctx, x.s.q, x.rec, c)
 	if err == nil {
 		x.rec = rec
@@ -150,7 +150,7 @@ func (x *run) recordAnchor(c protocol.RecordAnchor) error {
 // recordAnchor carries out c on conn for the record rec of the session's
 // incarnation: the anchor, and the stream with it in one transaction when
 // c names one. It returns the record as written.
-func (d *Daemon) recordAnchor(ctx context.Context, conn *pgx.Conn, rec replication.Record, c protocol.RecordAnchor) (replication.Record, error) {
+func (d *Daemon) recordAnchor(ctx context.Context, conn *pgx.Conn, rec replication.Record, c relay.RecordAnchor) (replication.Record, error) {
 	set := func(db replication.SchemaConn) error {
 		return replication.SetAnchor(ctx, db, d.cfg.Slot, rec.Incarnation, c.Anchor.Seq, c.Anchor.Mark, seenOf(c.Seen))
 	}
@@ -171,7 +171,7 @@ func (d *Daemon) recordAnchor(ctx context.Context, conn *pgx.Conn, rec replicati
 func (x *run) db() replication.SchemaConn { return x.d.db(x.s.q) }
 
 // ended is how a session that failed ended, for the relay.
-func (x *run) ended(err error) protocol.Event {
+func (x *run) ended(err error) relay.Event {
 	return x.d.endOf(x.ctx, err, x.start)
 }
 
@@ -193,14 +193,14 @@ func (s *opened) close() {
 }
 
 // open takes the slot's lease and opens the session's connections.
-func (x *run) open() protocol.Event {
+func (x *run) open() relay.Event {
 	cfg, ctx := x.d.cfg, x.ctx
 	lease, err := replication.AcquireLease(ctx, cfg.DatabaseURL, cfg.Slot, replication.LeaseOptions{Application: "tailer run"})
 	if err != nil {
 		return x.ended(pgErr(err))
 	}
 	s := &opened{nc: x.nc, lease: lease}
-	fail := func(err error) protocol.Event {
+	fail := func(err error) relay.Event {
 		if s.rc != nil {
 			s.rc.Close(context.Background())
 		}
@@ -229,14 +229,14 @@ func (x *run) open() protocol.Event {
 		return fail(err)
 	}
 	x.s = s
-	return protocol.Opened{}
+	return relay.Opened{}
 }
 
 // inspect reads what the relay judges before the session streams: the
 // schema, the publication, the slot's record and the slot.
-func (x *run) inspect() protocol.Event {
+func (x *run) inspect() relay.Event {
 	d, ctx := x.d, x.ctx
-	ev := protocol.Inspected{}
+	ev := relay.Inspected{}
 	// The record first: the publication guard marks it in the transaction
 	// that changes the publication, so a change the record shows is one
 	// the publication's check below sees too.
@@ -281,30 +281,30 @@ func (x *run) inspect() protocol.Event {
 	case err != nil:
 		return x.ended(pgErr(err))
 	default:
-		ev.Slot = protocol.Slot{Present: true, Lost: x.slot.Lost(), Confirmed: protocol.LSN(x.slot.ConfirmedFlush),
+		ev.Slot = relay.Slot{Present: true, Lost: x.slot.Lost(), Confirmed: relay.LSN(x.slot.ConfirmedFlush),
 			Foreign: Advise(replication.CheckSlot(ctx, x.s.q, x.slot))}
 	}
 	return ev
 }
 
 // recordOf is the record as the relay judges it.
-func recordOf(r replication.Record) protocol.Record {
-	p := protocol.Record{Exists: r.Exists, Incarnation: r.Incarnation, Bound: r.Bound, StreamSeq: r.StreamSeq, Legacy: r.Legacy,
+func recordOf(r replication.Record) relay.Record {
+	p := relay.Record{Exists: r.Exists, Incarnation: r.Incarnation, Bound: r.Bound, StreamSeq: r.StreamSeq, Legacy: r.Legacy,
 		ResyncPending: r.ResyncPending, ResyncNeeded: r.ResyncNeeded, ResyncCause: r.ResyncCause, StreamName: r.StreamName, StreamCreated: r.StreamCreated,
-		Anchor: protocol.Anchor{Seq: r.AnchorSeq, Mark: r.AnchorMark}, Stopped: protocol.Anchor{Seq: r.StoppedSeq, Mark: r.StoppedMsgID},
-		ConfirmLimit: protocol.LSN(r.ConfirmLimit), HealAsked: r.HealAsked}
+		Anchor: relay.Anchor{Seq: r.AnchorSeq, Mark: r.AnchorMark}, Stopped: relay.Anchor{Seq: r.StoppedSeq, Mark: r.StoppedMsgID},
+		ConfirmLimit: relay.LSN(r.ConfirmLimit), HealAsked: r.HealAsked}
 	if r.Seen != nil {
-		p.Seen = protocol.Seen{Known: true, First: r.Seen.First, Last: r.Seen.Last, Deleted: r.Seen.Deleted, Batches: r.Seen.Batches, Trims: r.Seen.Trims, Quiet: r.Seen.Quiet, Keeps: r.Seen.Keeps}
+		p.Seen = relay.Seen{Known: true, First: r.Seen.First, Last: r.Seen.Last, Deleted: r.Seen.Deleted, Batches: r.Seen.Batches, Trims: r.Seen.Trims, Quiet: r.Seen.Quiet, Keeps: r.Seen.Keeps}
 	}
-	if f := protocol.ParseFact(r.RefusedFact); f != protocol.NoFact {
-		p.Refused = protocol.Refusal{Fact: f, Err: &protocol.Recorded{Said: r.Refused}}
+	if f := relay.ParseFact(r.RefusedFact); f != relay.NoFact {
+		p.Refused = relay.Refusal{Fact: f, Err: &relay.Recorded{Said: r.Refused}}
 	}
 	return p
 }
 
 // seenOf is what the relay asks to record the stream held, as the record
 // keeps it.
-func seenOf(s protocol.Seen) replication.StreamSeen {
+func seenOf(s relay.Seen) replication.StreamSeen {
 	return replication.StreamSeen{First: s.First, Last: s.Last, Deleted: s.Deleted, Batches: s.Batches, Trims: s.Trims, Quiet: s.Quiet, Keeps: s.Keeps}
 }
 
@@ -315,18 +315,18 @@ func (x *run) destination() publish.Destination {
 }
 
 // readHead opens the stream to read its head, for a slot that is missing.
-func (x *run) readHead() protocol.Event {
+func (x *run) readHead() relay.Event {
 	pub, err := x.d.newPublisher(x.ctx, x.s.q, x.nc, x.destination())
 	if err != nil {
 		return x.ended(err)
 	}
 	defer pub.Close()
-	x.head = protocol.StreamHead{Name: x.d.cfg.Stream, LastSeq: pub.LastSeq(), Foreign: pub.CheckOrigin(x.s.origin)}
-	return protocol.HeadRead{Head: x.head}
+	x.head = relay.StreamHead{Name: x.d.cfg.Stream, LastSeq: pub.LastSeq(), Foreign: pub.CheckOrigin(x.s.origin)}
+	return relay.HeadRead{Head: x.head}
 }
 
 // makeSlot makes the slot, on a first start.
-func (x *run) makeSlot() protocol.Event {
+func (x *run) makeSlot() relay.Event {
 	d, ctx := x.d, x.ctx
 	failover, err := replication.WantFailover(d.cfg.SlotFailover, x.s.major)
 	if err != nil {
@@ -339,25 +339,25 @@ func (x *run) makeSlot() protocol.Event {
 	if x.slot, err = replication.Slot(ctx, x.s.q, d.cfg.Slot); err != nil {
 		return x.ended(pgErr(err))
 	}
-	return protocol.SlotMade{Record: recordOf(x.rec), Slot: protocol.Slot{Present: true, Confirmed: protocol.LSN(x.slot.ConfirmedFlush)}}
+	return relay.SlotMade{Record: recordOf(x.rec), Slot: relay.Slot{Present: true, Confirmed: relay.LSN(x.slot.ConfirmedFlush)}}
 }
 
 // resync recreates the slot with the session's lease
 // (MAILROOM_AUTO_RESYNC).
-func (x *run) resync(c protocol.Resync) protocol.Event {
+func (x *run) resync(c relay.Resync) relay.Event {
 	d := x.d
 	d.log.Warn("resyncing the slot (MAILROOM_AUTO_RESYNC)", "reason", d.words(x, c.Refusal))
 	opts, err := d.cfg.ResyncOptions(d.log, "tailer run (MAILROOM_AUTO_RESYNC)")
 	if err != nil {
-		return protocol.Resynced{Err: err}
+		return relay.Resynced{Err: err}
 	}
 	rep, err := resync.Run(x.ctx, x.s.lease, x.nc, opts)
 	if err != nil {
-		return protocol.Resynced{Err: fmt.Errorf("resync: %w", err)}
+		return relay.Resynced{Err: fmt.Errorf("resync: %w", err)}
 	}
 	d.blocked.Store(nil)
 	rep.Log(d.log, "slot resynced")
-	return protocol.Resynced{}
+	return relay.Resynced{}
 }
 
 func currentLSN(ctx context.Context, q *pgx.Conn) (pglogrepl.LSN, error) {

@@ -14,7 +14,7 @@ import (
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/publish"
 	"github.com/mailroom/tailer/publish/join"
-	"github.com/mailroom/tailer/publish/protocol"
+	"github.com/mailroom/tailer/publish/relay"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/replication"
 )
@@ -32,11 +32,11 @@ type streaming struct {
 }
 
 // refusalCause is a refusal the relay ended the streaming session with.
-type refusalCause struct{ protocol.Refusal }
+type refusalCause struct{ relay.Refusal }
 
 // stream runs the data path, the receiver feeding the pipeline, until ctx
 // is done or something fails, and says how the session ended.
-func (x *run) stream() protocol.Event {
+func (x *run) stream() relay.Event {
 	d, ctx, cfg := x.d, x.ctx, x.d.cfg
 	d.publishingStarts(x)
 	defer d.publishingEnds()
@@ -89,7 +89,7 @@ func (x *run) stream() protocol.Event {
 		d.recordStop(x)
 	}
 	ev := x.streamEnd(err, pipeErr, context.Cause(runCtx), pipelineFailed)
-	if e, ok := ev.(protocol.Ended); ok {
+	if e, ok := ev.(relay.Ended); ok {
 		e.Anchors = x.pub.Anchors()
 		return e
 	}
@@ -121,10 +121,10 @@ func (d *Daemon) publishingEnds() {
 // streamEnd is how a streaming session ended: the lease lost, a refusal
 // the relay stopped it with, a schema, relation or publication that cannot
 // carry tokens, or a failure (sessionCause).
-func (x *run) streamEnd(err, pipeErr, cause error, pipelineFailed bool) protocol.Event {
+func (x *run) streamEnd(err, pipeErr, cause error, pipelineFailed bool) relay.Event {
 	d, ctx := x.d, x.ctx
 	if lerr := x.s.lease.Err(); lerr != nil && ctx.Err() == nil {
-		return protocol.Ended{Kind: protocol.EndLeaseLost, Err: lerr}
+		return relay.Ended{Kind: relay.EndLeaseLost, Err: lerr}
 	}
 	var (
 		refused  *refusalCause
@@ -132,28 +132,28 @@ func (x *run) streamEnd(err, pipeErr, cause error, pipelineFailed bool) protocol
 		relation *decoder.RelationError
 		action   *decoder.ActionError
 	)
-	found := func(f protocol.Fact, err error) protocol.Event {
-		return protocol.Ended{Kind: protocol.EndFound, Found: f, Err: err}
+	found := func(f relay.Fact, err error) relay.Event {
+		return relay.Ended{Kind: relay.EndFound, Found: f, Err: err}
 	}
 	switch {
 	case ctx.Err() != nil:
 	case errors.As(cause, &refused):
-		return protocol.Ended{Kind: protocol.EndRefused, Refusal: refused.Refusal}
+		return relay.Ended{Kind: relay.EndRefused, Refusal: refused.Refusal}
 	case errors.As(pipeErr, &schema):
-		return found(protocol.SchemaUnreadable, schema)
+		return found(relay.SchemaUnreadable, schema)
 	case errors.As(err, &action):
-		return found(protocol.UnknownAction, action)
+		return found(relay.UnknownAction, action)
 	case errors.As(err, &relation):
-		return found(protocol.RelationIncomplete, relation)
+		return found(relay.RelationIncomplete, relation)
 	case replication.IsPublicationGone(err):
 		// Gone for good, or made again after the changes the slot has
 		// still to decode: which one says what to do.
 		perr := replication.CheckPublication(ctx, x.db(), d.cfg.Publication)
 		var pub *replication.PublicationError
 		if errors.As(perr, &pub) {
-			return found(protocol.PublicationProblem, pub)
+			return found(relay.PublicationProblem, pub)
 		}
-		return found(protocol.PublicationStale, &replication.PublicationError{Publication: d.cfg.Publication, Stale: true})
+		return found(relay.PublicationStale, &replication.PublicationError{Publication: d.cfg.Publication, Stale: true})
 	}
 	return x.ended(sessionCause(ctx, err, pipeErr, pipelineFailed))
 }
@@ -162,20 +162,20 @@ func (x *run) streamEnd(err, pipeErr, cause error, pipelineFailed bool) protocol
 // stop, a setting or stream no retry changes, another process owning the
 // slot, or a failure of PostgreSQL or NATS (with what keeps NATS from
 // storing anything, when that is known).
-func (d *Daemon) endOf(ctx context.Context, err error, start time.Time) protocol.Event {
-	ev := protocol.Ended{Err: err, Lasted: time.Since(start)}
+func (d *Daemon) endOf(ctx context.Context, err error, start time.Time) relay.Event {
+	ev := relay.Ended{Err: err, Lasted: time.Since(start)}
 	startupErr := StartupConfigError(err, d.cfg)
 	ev.Kind = endKind(err, ctx.Err() != nil, startupErr != nil)
 	switch ev.Kind {
-	case protocol.EndStartupConfig:
+	case relay.EndStartupConfig:
 		ev.Err = startupErr
-	case protocol.EndNATS:
+	case relay.EndNATS:
 		if cause := d.natsCause(err, start); cause != "" {
 			ev.Cause = errors.New(cause)
 		}
 	}
 	var se *sessionError
-	if errors.As(err, &se) && ev.Kind != protocol.EndLeaseHeld && ev.Kind != protocol.EndStopped {
+	if errors.As(err, &se) && ev.Kind != relay.EndLeaseHeld && ev.Kind != relay.EndStopped {
 		d.metrics.reconnect(se.target)
 	}
 	return ev
@@ -185,7 +185,7 @@ func (d *Daemon) endOf(ctx context.Context, err error, start time.Time) protocol
 // (stopped: the daemon was asked to stop; startupConfig: the error is a
 // configuration the operator must fix before a first start), the first
 // case that fits, in order: the table TestEndKinds holds it to.
-func endKind(err error, stopped, startupConfig bool) protocol.EndKind {
+func endKind(err error, stopped, startupConfig bool) relay.EndKind {
 	var (
 		stop      *stopError
 		cfgErr    *config.Error
@@ -195,25 +195,25 @@ func endKind(err error, stopped, startupConfig bool) protocol.EndKind {
 	)
 	switch {
 	case errors.As(err, &stop):
-		return protocol.EndStoppedUnpublished
+		return relay.EndStoppedUnpublished
 	case stopped || err == nil:
-		return protocol.EndStopped
+		return relay.EndStopped
 	case startupConfig:
-		return protocol.EndStartupConfig
+		return relay.EndStartupConfig
 	case errors.As(err, &cfgErr):
-		return protocol.EndConfig
+		return relay.EndConfig
 	case errors.As(err, &streamCfg):
-		return protocol.EndStreamConfig
+		return relay.EndStreamConfig
 	case errors.As(err, &held) || replication.IsSlotInUse(err):
-		return protocol.EndLeaseHeld
+		return relay.EndLeaseHeld
 	case errors.Is(err, publish.ErrReusedID):
-		return protocol.EndReusedID
+		return relay.EndReusedID
 	case errors.Is(err, publish.ErrDuplicateGone):
-		return protocol.EndBatchGone
+		return relay.EndBatchGone
 	case errors.As(err, &se) && se.target == targetNATS:
-		return protocol.EndNATS
+		return relay.EndNATS
 	}
-	return protocol.EndPostgres
+	return relay.EndPostgres
 }
 
 // sessionCause says why a session ended, blaming the side that failed
@@ -254,7 +254,7 @@ func (d *Daemon) recordStop(x *run) {
 			err = replication.SetStopped(ctx, d.db(q), &x.rec, last.Seq, last.Mark)
 			// Every batch is stored, and none comes before the next
 			// session: what the stream holds now is quiet, and its batches
-			// are all the next session counts on (protocol.Seen).
+			// are all the next session counts on (relay.Seen).
 			seen.Quiet = true
 			if err == nil {
 				err = replication.SetAnchor(ctx, d.db(q), d.cfg.Slot, x.rec.Incarnation, last.Seq, last.Mark, seenOf(seen))

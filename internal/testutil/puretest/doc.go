@@ -1,5 +1,5 @@
 // Package puretest checks that a package is a pure core: no IO, no
 // clock, no goroutine.
 //
-// Test support: TestPure of publish/protocol and publish/consume/protocol.
+// Test support: TestPure of publish/relay and publish/subscriber/protocol.
 package puretest

@@ -1,6 +1,6 @@
 // Package simtest holds what the tests of the deterministic simulations
 // share.
 //
-// Test support: the default seeds of TestSimulation in publish/protocol
-// and publish/consume/protocol, and of the subscriber's model tests.
+// Test support: the default seeds of TestSimulation in publish/relay
+// and publish/subscriber/protocol, and of the subscriber's model tests.
 package simtest

@@ -27,7 +27,7 @@ import (
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/internal/testutil/tailertest"
 	"github.com/mailroom/tailer/migrations/migratetest"
-	"github.com/mailroom/tailer/publish/consume"
+	"github.com/mailroom/tailer/publish/subscriber"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire/wiretest"
 	"github.com/mailroom/tailer/replication"
@@ -103,8 +103,8 @@ func TestANewActionEndToEnd(t *testing.T) {
 	var out bytes.Buffer
 	tailertest.Eventually(t, time.Minute, func() error {
 		out.Reset()
-		sub, err := consume.NewSubscriber(consume.Config{Stream: cfg.Stream, Subject: cfg.Subject, Durable: fmt.Sprintf("magic%d", time.Now().UnixNano()),
-			FromStart: true, UntilDrained: true, Action: "magic_link", Sink: &consume.Lines{Out: &out}})
+		sub, err := subscriber.NewSubscriber(subscriber.Config{Stream: cfg.Stream, Subject: cfg.Subject, Durable: fmt.Sprintf("magic%d", time.Now().UnixNano()),
+			FromStart: true, UntilDrained: true, Action: "magic_link", Sink: &subscriber.Lines{Out: &out}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -125,7 +125,7 @@ func TestANewActionEndToEnd(t *testing.T) {
 	if len(f) != 5 || f[0] != "3" || f[1] != "a@x" || f[3] != want {
 		t.Fatalf("the subscriber wrote %q; want one token, numbered 3, for a@x, signed /magic ‖ secret (%s)", line, want)
 	}
-	toks, err := consume.DecodeLine(line)
+	toks, err := subscriber.DecodeLine(line)
 	if err != nil || toks[0].Action != "magic_link" {
 		t.Fatalf("DecodeLine(%q) = %+v, %v", line, toks, err)
 	}

@@ -1,0 +1,130 @@
+package subscriber
+
+import (
+	"context"
+	"github.com/mailroom/tailer/publish/subscriber/protocol"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mailroom/tailer/internal/testutil/natstest"
+	"github.com/mailroom/tailer/publish/wire"
+)
+
+// keptRecord is a record store that keeps what was saved last.
+type keptRecord struct {
+	p   protocol.Progress
+	rev uint64
+}
+
+func (k *keptRecord) Load(context.Context) (protocol.Progress, uint64, error) {
+	return k.p.Clone(), k.rev, nil
+}
+
+func (k *keptRecord) Save(_ context.Context, p *protocol.Progress, rev uint64) (uint64, error) {
+	if rev != k.rev {
+		return 0, ErrTakenOver
+	}
+	k.p, k.rev = p.Clone(), k.rev+1
+	return k.rev, nil
+}
+
+// pinnedMsg is a delivery under pin; nothing else of it is asked.
+type pinnedMsg struct {
+	jetstream.Msg
+	pin string
+}
+
+func (m pinnedMsg) Headers() nats.Header { return nats.Header{"Nats-Pin-Id": []string{m.pin}} }
+func (m pinnedMsg) InProgress() error    { return nil }
+
+// A subscriber that dropped its record (of a stream made again) and is
+// then pinned anew, nobody having written the record since, claims its
+// own record, not the one it read back: that one's floor, of the old
+// stream, would skip this stream's messages below it (issue 64: a claim
+// that wrote back the record it had read lost 10 of 60 tokens).
+func TestClaimKeepsWhatThisSubscriberDropped(t *testing.T) {
+	old := protocol.Progress{Floor: 50, Last: wire.Anchor{Seq: 50, Mark: "id:old-50"}}
+	store := &keptRecord{p: old, rev: 3}
+	s := &Subscriber{cfg: Config{Progress: store, Durable: "d"}, rev: 3, loaded: true, pinID: "p1"}
+	if err := s.refresh(context.Background(), pinnedMsg{pin: "p2"}); err != nil {
+		t.Fatal(err)
+	}
+	if store.p.Floor != 0 || store.p.Last.Seq != 0 {
+		t.Fatalf("claimed the record read back (floor %d, last %d), not this subscriber's (empty)", store.p.Floor, store.p.Last.Seq)
+	}
+	if s.prog.Floor != 0 {
+		t.Fatalf("the subscriber took floor %d of the old stream", s.prog.Floor)
+	}
+}
+
+// oneMessage starts a JetStream server for t with the stream S holding
+// one message, at sequence 1.
+func oneMessage(ctx context.Context, t *testing.T) jetstream.JetStream {
+	t.Helper()
+	_, js := natstest.JetStream(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"b"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: "b", Header: nats.Header{wire.HeaderMsgID: {"new-1"}}, Data: []byte{1}}); err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// A standby pinned on a stream made again reads back the record its
+// predecessor left, of the old stream (killed before it saved that it
+// dropped it): it is held against the stream and dropped, not merged
+// (the simulation, "rebuilt under standbys": the old floor had the new
+// stream's first message acknowledged unwritten).
+func TestRecordReadBackOfAnotherStreamIsDropped(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	js := oneMessage(ctx, t)
+	old := protocol.Progress{Floor: 5, Last: wire.Anchor{Seq: 5, Mark: "id:old-5"}}
+	store := &keptRecord{p: old, rev: 3}
+	s := &Subscriber{cfg: Config{Progress: store, Durable: "d", Stream: "S"}, js: js, rev: 2, loaded: true, pinID: "p1"}
+	if err := s.refresh(ctx, pinnedMsg{pin: "p2"}); err != nil {
+		t.Fatal(err)
+	}
+	if store.p.Floor != 0 || s.prog.Floor != 0 {
+		t.Fatalf("the old stream's floor merged: %d claimed, %d in hand", store.p.Floor, s.prog.Floor)
+	}
+}
+
+// A standby's record that names no message, only the ack floor it read
+// of a consumer since gone, is dropped when the consumer is seen again
+// (a floor names a place in no stream in particular).
+func TestFloorAloneIsDropped(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	js := oneMessage(ctx, t)
+	s := &Subscriber{cfg: Config{Durable: "d", Stream: "S"}, js: js, prog: protocol.Progress{Floor: 7}}
+	if err := s.checkRecord(ctx, js, false); err != nil {
+		t.Fatal(err)
+	}
+	if s.prog.Floor != 0 {
+		t.Fatalf("kept floor %d of a consumer since gone", s.prog.Floor)
+	}
+}
+
+// A save refused by a late write, while the server still pins this
+// subscriber, merges that write only if it is of this stream: the
+// other's, frozen as the stream was made again, saved the old record as
+// it woke (the simulation's TestLateWriteOfTheOldStream).
+func TestSaveOverDropsALateWriteOfAnotherStream(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	js := oneMessage(ctx, t)
+	store := &keptRecord{p: protocol.Progress{Floor: 5, Last: wire.Anchor{Seq: 5, Mark: "id:old-5"}}, rev: 3}
+	own := protocol.Progress{Last: wire.Anchor{Seq: 1, Mark: wire.IDMark("new-1")}}
+	s := &Subscriber{cfg: Config{Progress: store, Durable: "d", Stream: "S"}, js: js, rev: 2, prog: own}
+	if _, err := s.saveOver(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if store.p.Floor != 0 || s.prog.Floor != 0 || s.prog.Last != own.Last {
+		t.Fatalf("the late write of the old stream merged: floor %d saved, %d in hand, last %+v", store.p.Floor, s.prog.Floor, s.prog.Last)
+	}
+}

@@ -1,0 +1,12 @@
+// Package sim is the subscriber's deterministic simulation: models of a
+// JetStream stream and of a durable pull consumer with a pinned priority
+// group (pinned TTL, ack wait, redelivery, in-progress, naks), of the
+// durable's record in a KV bucket (revisions, compare-and-swap, a bucket
+// that does not answer), of sinks (a sender reporting each line, slow,
+// failing or killed; an inbox table that keeps each token once), and
+// tailer subscribe processes that compose the decisions of
+// publish/subscriber/protocol as publish/subscriber does, killed, frozen and
+// started again; in the profile resends, tailer dead-letters resend
+// runs, each ending once drained. Schedule draws schedules over them. It holds no
+// production code: publish/subscriber/protocol's TestSimulation runs it.
+package sim

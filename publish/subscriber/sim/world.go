@@ -1,0 +1,309 @@
+package sim
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/mailroom/tailer/publish/subscriber/protocol"
+	"github.com/mailroom/tailer/publish/wire"
+)
+
+// config is a schedule's settings: the sink, the durable's and the
+// subscribers'.
+type config struct {
+	// inbox: the sink keeps each token once and a record of its own;
+	// else a sender that reports each line it finished.
+	inbox bool
+	// lineTime is how long the sender takes a line (the inbox a
+	// transaction).
+	lineTime                  time.Duration
+	ttl, ackWait, ackWaitFlag time.Duration
+	maxDeliveries             int
+	fromStart                 bool
+	// resend: the processes are tailer dead-letters resend, each ending
+	// once drained, the stream the dead letters; an ack reaches the
+	// server ackDelay after it is sent.
+	resend   bool
+	ackDelay time.Duration
+}
+
+// msgKey names a message of one incarnation of the stream.
+type msgKey struct {
+	inc int
+	seq uint64
+}
+
+// hand is a batch handed to a sink by a process in one of its epochs.
+type hand struct{ proc, epoch int }
+
+// world is the simulated system and what the invariants need of its
+// history.
+type world struct {
+	cfg    config
+	now    time.Duration
+	stream *streamModel
+	dur    *durableModel
+	kv     *kvModel
+	procs  []*proc
+	tokens int
+	pins   int
+	trace  []string
+
+	// written counts each token written by a sender, or kept by the
+	// inbox; hands are the hands of each batch; charged, the batches
+	// written again on account of each let-go (process, epoch).
+	written map[string]int
+	hands   map[batchKey][]hand
+	charged map[hand]map[batchKey]bool
+	// writers are the processes, in their epochs, whose sinks wrote
+	// each batch.
+	writers map[batchKey][]hand
+	// frozeHolding are the messages each process held as it was frozen.
+	frozeHolding map[hand]map[msgKey]bool
+	// dead are the batches set aside; failures counts the senders that
+	// failed with each in hand.
+	dead     map[batchKey]bool
+	failures map[batchKey]int
+	// rebuilt: the stream was made again (a refusal has a cause).
+	rebuilt bool
+	// newFrom is, by incarnation of the stream, the first message a
+	// consumer made anew, without --from-start, delivers: those before
+	// it are not the durable's.
+	newFrom map[int]uint64
+	// lastNew is when a batch was first written, set aside or a message
+	// acknowledged; lastFault when a fault last happened.
+	lastNew, lastFault time.Duration
+	violation          string
+}
+
+func newWorld(cfg config) *world {
+	w := &world{cfg: cfg, stream: &streamModel{inc: 1, msgs: map[uint64]*smsg{}},
+		written: map[string]int{}, hands: map[batchKey][]hand{}, charged: map[hand]map[batchKey]bool{}, frozeHolding: map[hand]map[msgKey]bool{}, writers: map[batchKey][]hand{},
+		dead: map[batchKey]bool{}, failures: map[batchKey]int{}, newFrom: map[int]uint64{}}
+	w.kv = &kvModel{now: func() time.Duration { return w.now }}
+	return w
+}
+
+func (w *world) logf(format string, args ...any) {
+	w.trace = append(w.trace, fmt.Sprintf("%8.1fs ", w.now.Seconds())+fmt.Sprintf(format, args...))
+}
+
+func (w *world) fail(format string, args ...any) {
+	if w.violation == "" {
+		w.violation = fmt.Sprintf("at %.1fs: ", w.now.Seconds()) + fmt.Sprintf(format, args...)
+		w.logf("VIOLATION: %s", w.violation)
+	}
+}
+
+// atLast is what the stream holds where the record saw last.
+func (w *world) atLast(a wire.Anchor) protocol.AtLast {
+	if a.Seq == 0 {
+		return protocol.Unanchored
+	}
+	m := w.stream.msgs[a.Seq]
+	switch {
+	case m != nil && m.mark == a.Mark:
+		return protocol.SameMessage
+	case m == nil && w.stream.last > a.Seq:
+		return protocol.Removed
+	}
+	return protocol.OtherMessage
+}
+
+func (w *world) publish(batches, size int) {
+	lines := make([][]string, batches)
+	for i := range lines {
+		for range size {
+			w.tokens++
+			lines[i] = append(lines[i], fmt.Sprintf("t%d", w.tokens))
+		}
+	}
+	m := w.stream.append(lines)
+	w.logf("published seq %d: %d batches", m.seq, batches)
+}
+
+func (w *world) handed(k batchKey, p *proc) {
+	w.hands[k] = append(w.hands[k], hand{p.id, p.epoch})
+}
+
+// write is a batch written by p's sink: into a pipe, written again only
+// if a process that handed it let go of it since (and at most
+// MaxDoneUnsaved and the line in hand for each let-go); into an inbox,
+// each token kept once.
+func (w *world) write(k batchKey, p *proc, tokens []string) {
+	w.logf("p%d writes %v", p.id, k)
+	if p.unsaved == nil {
+		p.unsaved = map[batchKey]bool{}
+	}
+	p.unsaved[k] = true
+	for _, t := range tokens {
+		if w.cfg.inbox && w.written[t] > 0 {
+			continue
+		}
+		w.written[t]++
+	}
+	by := hand{p.id, p.epoch}
+	again := slices.Contains(w.writers[k], by)
+	w.writers[k] = append(w.writers[k], by)
+	switch {
+	case w.written[tokens[0]] == 1:
+		w.lastNew = w.now
+		return
+	case again:
+		w.fail("p%d wrote batch %v twice without letting go of it", p.id, k)
+		return
+	}
+	for _, h := range w.hands[k] {
+		if w.procs[h.proc].epoch > h.epoch {
+			w.charge(h, k)
+			return
+		}
+	}
+	// A process frozen with the message in hand, woken, may hand one
+	// more of its batches before it learns another delivers it now (its
+	// save before the line lands ahead of the other's claim).
+	for h, seqs := range w.frozeHolding {
+		if seqs[msgKey{k.inc, k.seq}] {
+			w.charge(h, k)
+			return
+		}
+	}
+	w.fail("batch %v written again (%d times) though no process that held it let go of it", k, w.written[tokens[0]])
+}
+
+// charge counts batch k written again on account of let-go h, at most
+// MaxDoneUnsaved and the line in hand.
+func (w *world) charge(h hand, k batchKey) {
+	if w.charged[h] == nil {
+		w.charged[h] = map[batchKey]bool{}
+	}
+	w.charged[h][k] = true
+	if n := len(w.charged[h]); n > protocol.MaxDoneUnsaved+1 {
+		w.fail("p%d let go of %d batches written again (bound %d): %v", h.proc, n, protocol.MaxDoneUnsaved+1, w.charged[h])
+	}
+}
+
+// freeze stops p until d from now, noting the messages it holds.
+func (w *world) freeze(p *proc, d time.Duration) {
+	held := map[msgKey]bool{}
+	for _, h := range p.held {
+		held[msgKey{h.inc, h.m.seq}] = true
+	}
+	w.frozeHolding[hand{p.id, p.epoch}] = held
+	p.frozenUntil, p.epoch = w.now+d, p.epoch+1
+	w.lastFault = max(w.lastFault, w.now+d)
+	w.logf("p%d frozen for %s", p.id, d)
+}
+
+func (w *world) failed(k batchKey) { w.failures[k]++ }
+
+// redelivered is seq delivered again after its ack wait: none that ran
+// then holds it, or its in-progress acks would have kept it.
+func (w *world) redelivered(seq uint64) {
+	for _, p := range w.procs {
+		if p.runs() && p.loaded && p.frozenUntil < w.dur.expiredAt && slices.ContainsFunc(p.held, func(h *heldMsg) bool { return h.m.seq == seq && h.inc == w.stream.inc }) {
+			w.fail("seq %d redelivered after the ack wait (%s) while p%d holds it", seq, w.dur.ackWait, p.id)
+		}
+	}
+}
+
+func (w *world) deadLetter(k batchKey, attempts int) {
+	w.logf("dead letter %v after %d attempts", k, attempts)
+	if w.failures[k] < w.cfg.maxDeliveries {
+		w.fail("batch %v set aside after %d senders failed with it (max deliveries %d)", k, w.failures[k], w.cfg.maxDeliveries)
+	}
+	if !w.dead[k] {
+		w.lastNew = w.now
+	}
+	w.dead[k] = true
+}
+
+// ack is p's ack of seq: each batch of the message is written or set
+// aside by then.
+func (w *world) ack(p *proc, seq uint64) {
+	m := w.stream.msgs[seq]
+	if m != nil {
+		for i := range m.lines {
+			if k := (batchKey{w.stream.inc, seq, i}); !w.dead[k] && w.written[m.lines[i][0]] == 0 {
+				w.fail("p%d acknowledged seq %d with batch %d never written", p.id, seq, i)
+			}
+		}
+	}
+	w.logf("p%d acks seq %d", p.id, seq)
+	if w.dur.acked[seq] || w.dur.floor >= seq {
+		return
+	}
+	w.dur.ack(w.stream, seq)
+	w.lastNew = w.now
+}
+
+// advance moves the time on by d, stepping every process at each moment
+// something of it, or of the server, is due.
+func (w *world) advance(d time.Duration) {
+	until := w.now + d
+	for w.violation == "" {
+		w.stepAll()
+		w.checkProgress()
+		next := until
+		if w.dur != nil && !w.dur.gone {
+			next = min(next, w.dur.due(w.now))
+		}
+		for _, p := range w.procs {
+			next = min(next, p.due())
+		}
+		if next <= w.now {
+			next = w.now + time.Millisecond
+		}
+		if next > until {
+			w.now = until
+			w.stepAll()
+			return
+		}
+		w.now = next
+	}
+}
+
+func (w *world) stepAll() {
+	for _, p := range w.procs {
+		p.step()
+	}
+}
+
+// outstanding reports whether the stream holds a batch neither written
+// nor set aside.
+func (w *world) outstanding() bool {
+	for seq, m := range w.stream.msgs {
+		if seq < w.newFrom[w.stream.inc] {
+			continue
+		}
+		for i, line := range m.lines {
+			if !w.dead[batchKey{w.stream.inc, seq, i}] && w.written[line[0]] == 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// progressBound is how long the durable may go without a batch written
+// first, set aside or a message acknowledged, while a process runs and
+// its sink accepts, since the last fault.
+func (w *world) progressBound() time.Duration {
+	c := w.cfg
+	return 2*(c.lineTime+c.ttl+c.ackWait+10*time.Second) + 30*time.Second
+}
+
+func (w *world) checkProgress() {
+	healthy := false
+	for _, p := range w.procs {
+		healthy = healthy || p.runs() && !p.senderDown
+	}
+	if !healthy || !w.outstanding() {
+		w.lastNew = max(w.lastNew, w.now)
+		return
+	}
+	if since := w.now - max(w.lastNew, w.lastFault); since > w.progressBound() {
+		w.fail("nothing written, set aside or acknowledged for %s with a process running and its sink accepting (livelock)", since)
+	}
+}
