@@ -1,6 +1,7 @@
 package batch
 
 import (
+	"github.com/mailroom/tailer/decoder/wal"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -51,8 +52,8 @@ type Batch struct {
 
 // First and Last return the WAL positions of the batch's first and last
 // token.
-func (b *Batch) First() decoder.Position { return b.Tokens[0].Pos }
-func (b *Batch) Last() decoder.Position  { return b.Tokens[len(b.Tokens)-1].Pos }
+func (b *Batch) First() wal.Position { return b.Tokens[0].Pos }
+func (b *Batch) Last() wal.Position  { return b.Tokens[len(b.Tokens)-1].Pos }
 
 // Batcher accumulates tokens and cuts a batch when it holds limit tokens or
 // when timeout has passed since its first token; each lane has its own open

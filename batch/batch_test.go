@@ -1,6 +1,7 @@
 package batch
 
 import (
+	"github.com/mailroom/tailer/decoder/wal"
 	"testing"
 	"time"
 
@@ -16,7 +17,7 @@ func (c *clock) now() time.Time          { return c.t }
 func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
 
 func tok(commit pglogrepl.LSN, idx uint32) *decoder.Token {
-	return &decoder.Token{Pos: decoder.Position{Commit: commit, Index: idx}, ID: int64(commit)*1000 + int64(idx), Action: action.Activation}
+	return &decoder.Token{Pos: wal.Position{Commit: wal.LSN(commit), Index: idx}, ID: int64(commit)*1000 + int64(idx), Action: action.Activation}
 }
 
 func TestBatcherLimit(t *testing.T) {

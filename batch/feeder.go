@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"github.com/mailroom/tailer/decoder/wal"
 	"sync/atomic"
 	"time"
 
@@ -34,7 +35,7 @@ type Feeder struct {
 	confirmedAt atomic.Int64
 	drained     <-chan struct{}
 
-	onBadRow    func(decoder.Position, error)
+	onBadRow    func(wal.Position, error)
 	stopTimeout time.Duration
 }
 
@@ -50,7 +51,7 @@ type FeederConfig struct {
 	// for it so that the final status update covers everything published.
 	Drained <-chan struct{}
 	// OnBadRow is told about rows that could not be decoded.
-	OnBadRow func(decoder.Position, error)
+	OnBadRow func(wal.Position, error)
 	// StopTimeout bounds how long Stop waits for the last batches.
 	StopTimeout time.Duration
 	Now         func() time.Time
@@ -122,7 +123,7 @@ func (s *decoderSink) Token(t *decoder.Token) {
 	}
 }
 
-func (s *decoderSink) BadRow(pos decoder.Position, err error) {
+func (s *decoderSink) BadRow(pos wal.Position, err error) {
 	if s.onBadRow != nil {
 		s.onBadRow(pos, err)
 	}

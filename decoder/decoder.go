@@ -3,6 +3,7 @@ package decoder
 import (
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/decoder/wal"
 	"strings"
 	"time"
 
@@ -18,7 +19,7 @@ type Output interface {
 	Token(t *Token)
 	// BadRow is called for an insert into the tokens table that cannot be
 	// turned into a Token. The row still occupies its position.
-	BadRow(pos Position, err error)
+	BadRow(pos wal.Position, err error)
 	// Commit is called when a transaction that touched published tables
 	// ends; endLSN is the position the slot may be confirmed to once every
 	// row of the transaction has been handled, at its commit time
@@ -392,7 +393,7 @@ func (d *Decoder) insert(r *reader, sink Output) error {
 	if !d.inTx {
 		return fmt.Errorf("%w: insert outside a transaction", ErrProtocol)
 	}
-	pos := Position{Commit: d.txCommit, Index: d.txIndex}
+	pos := wal.Position{Commit: wal.LSN(d.txCommit), Index: d.txIndex}
 	d.txIndex++
 	if rowErr != nil {
 		sink.BadRow(pos, rowErr)

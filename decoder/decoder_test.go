@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"github.com/mailroom/tailer/decoder/wal"
 	"os"
 	"slices"
 	"strconv"
@@ -30,12 +31,12 @@ type beat struct {
 }
 
 type badRow struct {
-	pos Position
+	pos wal.Position
 	err error
 }
 
-func (r *recorder) Token(t *Token)               { r.tokens = append(r.tokens, *t) }
-func (r *recorder) BadRow(p Position, err error) { r.bad = append(r.bad, badRow{p, err}) }
+func (r *recorder) Token(t *Token)                   { r.tokens = append(r.tokens, *t) }
+func (r *recorder) BadRow(p wal.Position, err error) { r.bad = append(r.bad, badRow{p, err}) }
 func (r *recorder) Commit(commit, end pglogrepl.LSN, _ time.Time) {
 	r.commits = append(r.commits, [2]pglogrepl.LSN{commit, end})
 }
@@ -173,11 +174,11 @@ func TestDecodeTransaction(t *testing.T) {
 			}
 			a, r := rec.tokens[0], rec.tokens[1]
 			if a.ID != 11 || a.Action != action.Activation || a.Account != 1 || a.CodeString() != "01234" ||
-				!bytes.Equal(a.Secret[:], secret(1)) || a.Pos != (Position{0x1000, 0}) {
+				!bytes.Equal(a.Secret[:], secret(1)) || a.Pos != (wal.Position{Commit: 0x1000, Index: 0}) {
 				t.Errorf("activation token = %+v", a)
 			}
 			if r.ID != 12 || r.Action != action.PasswordRecovery || r.Account != 2 || r.CodeString() != "99999" ||
-				!bytes.Equal(r.Secret[:], secret(2)) || r.Pos != (Position{0x1000, 1}) {
+				!bytes.Equal(r.Secret[:], secret(2)) || r.Pos != (wal.Position{Commit: 0x1000, Index: 1}) {
 				t.Errorf("recovery token = %+v", r)
 			}
 			if a.Xid != 7 || r.Xid != 7 {
@@ -267,11 +268,11 @@ func TestDecodeBadRows(t *testing.T) {
 			if got := rec.bad[0].err.Error(); !strings.Contains(got, tc.want) {
 				t.Errorf("error = %q, want it to contain %q", got, tc.want)
 			}
-			if rec.bad[0].pos != (Position{0x3000, 0}) {
+			if rec.bad[0].pos != (wal.Position{Commit: 0x3000, Index: 0}) {
 				t.Errorf("bad row position = %v", rec.bad[0].pos)
 			}
 			// The next row keeps its own position and is decoded.
-			if len(rec.tokens) != 1 || rec.tokens[0].Pos != (Position{0x3000, 1}) || rec.tokens[0].ID != 2 {
+			if len(rec.tokens) != 1 || rec.tokens[0].Pos != (wal.Position{Commit: 0x3000, Index: 1}) || rec.tokens[0].ID != 2 {
 				t.Errorf("tokens after bad row = %+v", rec.tokens)
 			}
 		})
@@ -352,7 +353,7 @@ func TestDecodeStreamed(t *testing.T) {
 		if len(ids) != 2 || ids[0] != 1 || ids[1] != 3 {
 			t.Fatalf("ids = %v, want [1 3] (subtransaction 901 aborted)", ids)
 		}
-		if rec.tokens[1].Pos != (Position{0x5000, 1}) || rec.tokens[1].Xid != xid || rec.tokens[1].CommitTime != commitMicros {
+		if rec.tokens[1].Pos != (wal.Position{Commit: 0x5000, Index: 1}) || rec.tokens[1].Xid != xid || rec.tokens[1].CommitTime != commitMicros {
 			t.Errorf("position = %v", rec.tokens[1].Pos)
 		}
 		if d.Pending() != 0 || len(rec.commits) != 1 || rec.commits[0][1] != 0x5010 {
@@ -435,9 +436,9 @@ func TestDecodeStreamedSpillsToDisk(t *testing.T) {
 			}
 			got := make([]int64, 0, len(want))
 			var index uint32
-			next := func(p Position) {
+			next := func(p wal.Position) {
 				t.Helper()
-				if p != (Position{0x9000, index}) {
+				if p != (wal.Position{Commit: 0x9000, Index: index}) {
 					t.Fatalf("row %d at %v, want index %d", len(got), p, index)
 				}
 				index++
@@ -532,7 +533,7 @@ func TestDecodeProtocolErrors(t *testing.T) {
 }
 
 func TestPositionText(t *testing.T) {
-	for _, p := range []Position{{0, 0}, {0x16B3748, 3}, {0xFFFFFFFF_FFFFFFFF, 4294967295}, {1 << 32, 12}} {
+	for _, p := range []wal.Position{{Commit: 0, Index: 0}, {Commit: 0x16B3748, Index: 3}, {Commit: 0xFFFFFFFF_FFFFFFFF, Index: 4294967295}, {Commit: 1 << 32, Index: 12}} {
 		s := p.String()
 		if got := string(p.AppendText(nil)); got != s {
 			t.Errorf("AppendText = %q, String = %q", got, s)
@@ -547,7 +548,7 @@ func TestPositionText(t *testing.T) {
 			t.Errorf("ParsePosition(%q) succeeded", bad)
 		}
 	}
-	if !(Position{1, 5}).Less(Position{2, 0}) || (Position{2, 0}).Less(Position{1, 5}) || !(Position{2, 0}).Less(Position{2, 1}) {
+	if !(wal.Position{Commit: 1, Index: 5}).Less(wal.Position{Commit: 2, Index: 0}) || (wal.Position{Commit: 2, Index: 0}).Less(wal.Position{Commit: 1, Index: 5}) || !(wal.Position{Commit: 2, Index: 0}).Less(wal.Position{Commit: 2, Index: 1}) {
 		t.Error("Less is not commit order")
 	}
 }
@@ -606,7 +607,7 @@ func BenchmarkPglogreplParseV2(b *testing.B) {
 type countSink struct{ n int }
 
 func (c *countSink) Token(*Token)                           { c.n++ }
-func (c *countSink) BadRow(Position, error)                 {}
+func (c *countSink) BadRow(wal.Position, error)             {}
 func (c *countSink) Commit(_, _ pglogrepl.LSN, _ time.Time) {}
 func (c *countSink) Heartbeat(pglogrepl.LSN, time.Time)     {}
 

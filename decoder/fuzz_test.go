@@ -2,6 +2,7 @@ package decoder
 
 import (
 	"errors"
+	"github.com/mailroom/tailer/decoder/wal"
 	"testing"
 	"time"
 
@@ -82,12 +83,12 @@ func FuzzDecode(f *testing.F) {
 type orderSink struct {
 	t      *testing.T
 	open   bool
-	commit Position
+	commit wal.Position
 }
 
-func (s *orderSink) row(p Position) {
+func (s *orderSink) row(p wal.Position) {
 	if !s.open {
-		s.open, s.commit = true, Position{Commit: p.Commit}
+		s.open, s.commit = true, wal.Position{Commit: p.Commit}
 	}
 	if p != s.commit {
 		s.t.Fatalf("row at %v, want %v", p, s.commit)
@@ -96,11 +97,11 @@ func (s *orderSink) row(p Position) {
 }
 
 func (s *orderSink) Token(t *Token)                     { s.row(t.Pos) }
-func (s *orderSink) BadRow(p Position, _ error)         { s.row(p) }
+func (s *orderSink) BadRow(p wal.Position, _ error)     { s.row(p) }
 func (s *orderSink) Heartbeat(pglogrepl.LSN, time.Time) {}
 
 func (s *orderSink) Commit(commit, _ pglogrepl.LSN, _ time.Time) {
-	if s.open && s.commit.Commit != commit {
+	if s.open && s.commit.Commit != wal.LSN(commit) {
 		s.t.Fatalf("commit %v after rows of %v", commit, s.commit.Commit)
 	}
 	s.open = false

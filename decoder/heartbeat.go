@@ -1,6 +1,7 @@
 package decoder
 
 import (
+	"github.com/mailroom/tailer/decoder/traceparent"
 	"strconv"
 	"time"
 
@@ -44,7 +45,7 @@ func (d *Decoder) message(r *reader, sink Output) error {
 	}
 	transactional := flags&1 != 0
 	switch {
-	case transactional && string(prefix) == TraceparentPrefix && ValidTraceparent(content):
+	case transactional && string(prefix) == TraceparentPrefix && traceparent.Valid(content):
 		d.trace(xid, string(content))
 	case !transactional && string(prefix) == HeartbeatPrefix:
 		if at, ok := parseHeartbeat(content); ok {

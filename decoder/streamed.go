@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/decoder/wal"
 	"io"
 	"os"
 
@@ -215,7 +216,7 @@ func (h *handover) step(sink Output, max int) (bool, error) {
 		if _, gone := h.tx.aborted[row.subXid]; gone {
 			continue
 		}
-		pos := Position{Commit: h.commitLSN, Index: h.index}
+		pos := wal.Position{Commit: wal.LSN(h.commitLSN), Index: h.index}
 		h.index++
 		if row.err != nil {
 			sink.BadRow(pos, row.err)

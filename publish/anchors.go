@@ -43,7 +43,7 @@ func (a *anchors) sent() {
 // and the newest batch when it is one; duplicate: the stream held it
 // before (its PubAck says so).
 func (p *Publisher) stored(seq uint64, msg *nats.Msg, batch, duplicate bool) {
-	a := relay.Anchor{Seq: seq, Mark: wire.Mark(msg.Subject, msg.Header, msg.Data)}
+	a := wire.Anchor{Seq: seq, Mark: wire.Mark(msg.Subject, msg.Header, msg.Data)}
 	p.anchors.mu.Lock()
 	defer p.anchors.mu.Unlock()
 	if seq >= p.anchors.a.Last.Seq {
@@ -75,8 +75,8 @@ func (p *Publisher) Anchors() Anchors {
 // sequence (the message gone, or another there), read from the stream's
 // leader, whatever removed them: whether its limits did is the relay's
 // to judge.
-func (p *Publisher) MissingAnchors(ctx context.Context, anchors []relay.Anchor) ([]relay.Anchor, error) {
-	var missing []relay.Anchor
+func (p *Publisher) MissingAnchors(ctx context.Context, anchors []wire.Anchor) ([]wire.Anchor, error) {
+	var missing []wire.Anchor
 	for _, want := range anchors {
 		if want.Seq == 0 {
 			continue

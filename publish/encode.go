@@ -2,6 +2,7 @@ package publish
 
 import (
 	"errors"
+	"github.com/mailroom/tailer/decoder/wal"
 	"math"
 	"slices"
 	"strconv"
@@ -15,7 +16,7 @@ import (
 
 // BatchID derives a batch's id from the WAL positions it covers only, so the
 // same batch re-sent after a crash has the same id.
-func BatchID(first, last decoder.Position) string {
+func BatchID(first, last wal.Position) string {
 	var buf [80]byte
 	b := first.AppendText(buf[:0])
 	b = append(b, '-')

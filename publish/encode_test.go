@@ -1,11 +1,10 @@
 package publish
 
 import (
+	"github.com/mailroom/tailer/decoder/wal"
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/jackc/pglogrepl"
 
 	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/decoder/action"
@@ -36,7 +35,7 @@ func encodeOne(e *Encoder, id func(covered int) string, tokens []decoder.Token, 
 func testTokens(n int) []decoder.Token {
 	tokens := make([]decoder.Token, n)
 	for i := range tokens {
-		tokens[i] = decoder.Token{Pos: decoder.Position{Commit: pglogrepl.LSN(0x1000), Index: uint32(i)}, ID: int64(i + 1), Action: action.Activation}
+		tokens[i] = decoder.Token{Pos: wal.Position{Commit: 0x1000, Index: uint32(i)}, ID: int64(i + 1), Action: action.Activation}
 		tokens[i].Secret[0], tokens[i].Secret[1] = byte(i), byte(i>>8)
 	}
 	return tokens
@@ -104,7 +103,7 @@ func TestEncodeSplitsByBytes(t *testing.T) {
 			e := testEncoder(t, format)
 			published, messages := 0, 0
 			for start := 0; start < len(tokens); messages++ {
-				var first, last decoder.Position
+				var first, last wal.Position
 				enc, covered := encodeOne(e, func(covered int) string {
 					first, last = tokens[start].Pos, tokens[start+covered-1].Pos
 					return BatchID(first, last)

@@ -3,6 +3,7 @@ package publish
 import (
 	"context"
 	"errors"
+	"github.com/mailroom/tailer/decoder/wal"
 	"slices"
 	"strconv"
 	"strings"
@@ -10,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -40,7 +40,7 @@ func testBatches(n, per int, lanes bool) []*batch.Batch {
 		}
 		for j := range per {
 			id++
-			tok := decoder.Token{Pos: decoder.Position{Commit: pglogrepl.LSN(0x10000 + 0x100*i), Index: uint32(j)}, ID: id, Action: action.Activation}
+			tok := decoder.Token{Pos: wal.Position{Commit: wal.LSN(0x10000 + 0x100*i), Index: uint32(j)}, ID: id, Action: action.Activation}
 			if b.Lane == 1 {
 				tok.Action, tok.Code, tok.CodeLen = action.PasswordRecovery, [5]byte{'1', '2', '3', '4', '5'}, 5
 			}

@@ -3,6 +3,7 @@ package publish
 import (
 	"github.com/jackc/pglogrepl"
 
+	"github.com/mailroom/tailer/decoder/wal"
 	"github.com/mailroom/tailer/publish/relay"
 )
 
@@ -14,9 +15,9 @@ type Origin = relay.Origin
 // database, and where each of its earlier timelines ended (history, the
 // server's timeline history).
 func OriginOf(systemID string, timeline int32, database string, history map[int32]pglogrepl.LSN) Origin {
-	o := Origin{SystemID: systemID, Timeline: timeline, Database: database, History: make(map[int32]relay.LSN, len(history))}
+	o := Origin{SystemID: systemID, Timeline: timeline, Database: database, History: make(map[int32]wal.LSN, len(history))}
 	for tl, end := range history {
-		o.History[tl] = relay.LSN(end)
+		o.History[tl] = wal.LSN(end)
 	}
 	return o
 }

@@ -3,6 +3,7 @@ package publish
 import (
 	"context"
 	"errors"
+	"github.com/mailroom/tailer/decoder/wal"
 	"github.com/mailroom/tailer/publish/relay"
 	"strings"
 	"testing"
@@ -22,7 +23,7 @@ import (
 // owner's messages are on the stream, whatever their positions.
 func TestResume(t *testing.T) {
 	here := Origin{SystemID: "1", Timeline: 1, Database: "mailroom"}
-	pos := decoder.Position{Commit: 0x5000, Index: 2}
+	pos := wal.Position{Commit: 0x5000, Index: 2}
 	type msg struct{ origin, incarnation string }
 	for _, tc := range []struct {
 		name   string
@@ -44,9 +45,9 @@ func TestResume(t *testing.T) {
 		{name: "another database", stored: []msg{{"2/1/mailroom", "a"}}, owner: Owner{Origin: here, Incarnation: "a"},
 			want: "published from another database"},
 		{name: "the same system on its next timeline (a promoted standby)", stored: []msg{{"1/1/mailroom", "a"}},
-			owner: Owner{Origin: Origin{SystemID: "1", Timeline: 2, Database: "mailroom", History: map[int32]relay.LSN{1: 0x5800}}, Incarnation: "a"}, resume: true},
+			owner: Owner{Origin: Origin{SystemID: "1", Timeline: 2, Database: "mailroom", History: map[int32]wal.LSN{1: 0x5800}}, Incarnation: "a"}, resume: true},
 		{name: "the same system on a later timeline that branched before the stream's last batch", stored: []msg{{"1/1/mailroom", "a"}},
-			owner: Owner{Origin: Origin{SystemID: "1", Timeline: 3, Database: "mailroom", History: map[int32]relay.LSN{1: 0x4000, 2: 0x5800}}, Incarnation: "a"},
+			owner: Owner{Origin: Origin{SystemID: "1", Timeline: 3, Database: "mailroom", History: map[int32]wal.LSN{1: 0x4000, 2: 0x5800}}, Incarnation: "a"},
 			want:  "past the point where this server's timeline branched"},
 		{name: "the same system on a later timeline without its history", stored: []msg{{"1/1/mailroom", "a"}},
 			owner: Owner{Origin: Origin{SystemID: "1", Timeline: 2, Database: "mailroom"}, Incarnation: "a"}, want: "published from another database"},
@@ -54,7 +55,7 @@ func TestResume(t *testing.T) {
 			want: "published from another database"},
 		{name: "another database of the same system", stored: []msg{{"1/1/other", "a"}}, owner: Owner{Origin: here, Incarnation: "a"},
 			want: "published from another database"},
-		{name: "a copy on a new timeline, slot made again", stored: []msg{{"1/1/mailroom", "a"}}, owner: Owner{Origin: Origin{SystemID: "1", Timeline: 2, Database: "mailroom", History: map[int32]relay.LSN{1: 0x9000}}, Incarnation: "b"},
+		{name: "a copy on a new timeline, slot made again", stored: []msg{{"1/1/mailroom", "a"}}, owner: Owner{Origin: Origin{SystemID: "1", Timeline: 2, Database: "mailroom", History: map[int32]wal.LSN{1: 0x9000}}, Incarnation: "b"},
 			want: "another incarnation of the slot"},
 		{name: "positions ahead of the server's WAL (a restore): resumed by content", stored: []msg{{here.String(), "a"}}, owner: Owner{Origin: here, Incarnation: "a", After: 0x4000},
 			resume: true},
@@ -134,7 +135,7 @@ func TestResume(t *testing.T) {
 }
 
 // testToken is a token whose secret starts with b.
-func testToken(b byte, pos decoder.Position) *decoder.Token {
+func testToken(b byte, pos wal.Position) *decoder.Token {
 	t := &decoder.Token{Pos: pos}
 	t.Secret[0] = b
 	return t

@@ -2,6 +2,7 @@ package publish
 
 import (
 	"context"
+	"github.com/mailroom/tailer/decoder/wal"
 	"log/slog"
 	"strconv"
 	"sync/atomic"
@@ -337,7 +338,7 @@ func (p *Pipeline) join(ctx context.Context, group []*ready) error {
 func (p *Pipeline) publishNext(body []byte, waiting *[]*ready) (inFlight, int, error) {
 	lane := (*waiting)[0].b.Lane
 	item := inFlight{started: time.Now()}
-	var first, last decoder.Position
+	var first, last wal.Position
 	covered := 0
 	p.Encoder.Begin(body, p.MaxBytes)
 	rest := (*waiting)[:0]

@@ -3,6 +3,7 @@ package publish
 import (
 	"context"
 	"errors"
+	"github.com/mailroom/tailer/decoder/wal"
 	"testing"
 	"time"
 
@@ -41,7 +42,7 @@ func TestDuplicateAckForAMissingMessage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok := decoder.Token{Pos: decoder.Position{Commit: 0x2000}, ID: 1, Action: action.Activation}
+	tok := decoder.Token{Pos: wal.Position{Commit: 0x2000}, ID: 1, Action: action.Activation}
 	session := func() (done int, err error) {
 		pub, err := NewPublisher(ctx, nc, Destination{Name: "DUPACK", Subject: "mailroom.batches"})
 		if err != nil {
@@ -91,7 +92,7 @@ func TestRefusalOtherThanTheChainIsNotStreamMoved(t *testing.T) {
 	}
 	p := &Pipeline{Publisher: pub, Joiner: publishAll{}, Encoder: NewEncoder(signer, wire.FormatLine), Done: func(*batch.Batch) { t.Error("a batch done without a stream") }}
 	in := make(chan *batch.Batch, 1)
-	in <- &batch.Batch{Tokens: []decoder.Token{{Pos: decoder.Position{Commit: 0x2000}, ID: 1, Action: action.Activation}}}
+	in <- &batch.Batch{Tokens: []decoder.Token{{Pos: wal.Position{Commit: 0x2000}, ID: 1, Action: action.Activation}}}
 	close(in)
 	err = p.Run(ctx, in)
 	if err == nil || errors.Is(err, ErrStreamMoved) {

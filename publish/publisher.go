@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/decoder/wal"
 	"github.com/mailroom/tailer/publish/jsio"
 	"slices"
 	"strconv"
@@ -289,7 +290,7 @@ func readStored(msg *jetstream.RawStreamMsg) relay.Stored {
 		s.InFlight, errs[2] = strconv.Atoi(h.Get(wire.HeaderInFlight))
 		after, errs[3] = pglogrepl.ParseLSN(h.Get(wire.HeaderWindowAfter))
 		s.Floor, errs[4] = strconv.ParseUint(h.Get(wire.HeaderWindowFloor), 10, 64)
-		s.After = relay.LSN(after)
+		s.After = wal.LSN(after)
 		if ok && errors.Join(errs[:]...) == nil && s.FenceN >= 1 && s.FenceN <= s.FenceK {
 			s.Kind = relay.Marker
 		}
@@ -300,9 +301,9 @@ func readStored(msg *jetstream.RawStreamMsg) relay.Stored {
 			if err != nil {
 				return s
 			}
-			s.Last = position(pos)
+			s.Last = pos
 			if first, err := decoder.ParsePosition(h.Get(wire.HeaderPosFirst)); err == nil && !pos.Less(first) {
-				s.First = position(first)
+				s.First = first
 			}
 		} else if !s.Resync && h.Get(wire.HeaderOrigin) != "" {
 			return s
@@ -310,11 +311,6 @@ func readStored(msg *jetstream.RawStreamMsg) relay.Stored {
 		s.Kind = relay.Batch
 	}
 	return s
-}
-
-// position is pos as the protocol has it.
-func position(pos decoder.Position) relay.Position {
-	return relay.Position{Commit: relay.LSN(pos.Commit), Index: pos.Index}
 }
 
 // ErrReusedID is a PubAck saying a message was already on the stream,
@@ -358,7 +354,7 @@ func (p *Publisher) CheckDuplicate(ctx context.Context, id, keys string, seq uin
 
 // BatchID is the id of a batch covering first to last (see the package
 // function BatchID, and SetUniqueIDs).
-func (p *Publisher) BatchID(first, last decoder.Position) string {
+func (p *Publisher) BatchID(first, last wal.Position) string {
 	return BatchID(first, last) + p.idSuffix
 }
 
@@ -418,7 +414,7 @@ type Message struct {
 	// First and Last are the positions the batch covers. A batch of a
 	// resync has none: ID names it, and Resync the consistent point of the
 	// slot it was published for.
-	First, Last decoder.Position
+	First, Last wal.Position
 	ID, Resync  string
 	Count       int
 	TokenIDs    string

@@ -2,17 +2,16 @@ package publish
 
 import (
 	"context"
+	"github.com/mailroom/tailer/decoder/wal"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/internal/embedded"
 )
 
@@ -60,7 +59,7 @@ func testJetStream(t *testing.T) (*nats.Conn, jetstream.JetStream) {
 }
 
 func testMessage(commit uint64) *Message {
-	pos := decoder.Position{Commit: pglogrepl.LSN(0x1000 + commit)}
+	pos := wal.Position{Commit: wal.LSN(0x1000 + commit)}
 	return &Message{First: pos, Last: pos, Count: 1, TokenIDs: "1", TokenKeys: "k" + strconv.FormatUint(commit, 10), Body: []byte("x")}
 }
 

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/decoder/wal"
 	"strconv"
 
 	"github.com/nats-io/nats.go"
@@ -91,10 +92,10 @@ func (r *streamReader) LastOn(subject string) (relay.Stored, bool, error) {
 // hold tokens the session replays, how many of their tokens, the furthest
 // position they cover, how many messages are not the tailer's, and how
 // many markers the session started with.
-func (p *Publisher) Window() (messages, tokens int, max relay.Position, strays, fence int) {
+func (p *Publisher) Window() (messages, tokens int, max wal.Position, strays, fence int) {
 	w := p.window
 	if w == nil {
-		return 0, 0, relay.Position{}, 0, 0
+		return 0, 0, wal.Position{}, 0, 0
 	}
 	return w.Messages, w.Tokens, w.Max, w.Strays, w.Fence
 }
@@ -107,7 +108,7 @@ func (p *Publisher) OnStream(ctx context.Context, t *decoder.Token) (bool, error
 	if p.window == nil {
 		return false, nil
 	}
-	return p.window.Has(position(t.Pos), token.RawKeyOf(&t.Secret), func(seq uint64) (string, error) {
+	return p.window.Has(t.Pos, token.RawKeyOf(&t.Secret), func(seq uint64) (string, error) {
 		m, ok, err := (&streamReader{ctx: ctx, p: p}).At(seq)
 		switch {
 		case err != nil:
@@ -137,7 +138,7 @@ func (p *Publisher) publishMarkers(ctx context.Context, o Owner, w *relay.Window
 	futs := make([]jetstream.PubAckFuture, 0, k)
 	for i := 1; i <= k; i++ {
 		msg := nats.NewMsg(p.marker)
-		msg.Header.Set(nats.MsgIdHdr, fmt.Sprintf("%s%x-%d/%d", relay.MarkerID, nonce, i, k))
+		msg.Header.Set(nats.MsgIdHdr, fmt.Sprintf("%s%x-%d/%d", wire.MarkerID, nonce, i, k))
 		msg.Header.Set(wire.HeaderFence, strconv.Itoa(i)+"/"+strconv.Itoa(k))
 		msg.Header.Set(wire.HeaderInFlight, strconv.Itoa(max(o.InFlight, 1)))
 		msg.Header.Set(wire.HeaderWindowAfter, o.After.String())

@@ -3,13 +3,13 @@ package publish
 import (
 	"context"
 	"errors"
+	"github.com/mailroom/tailer/decoder/wal"
 	"github.com/mailroom/tailer/publish/relay"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -20,7 +20,7 @@ import (
 // tokenAt is token i of the resume tests: its own secret, at a position of
 // its own (a transaction each, in order).
 func tokenAt(i int) *decoder.Token {
-	return testToken(byte(i), decoder.Position{Commit: pglogrepl.LSN(0x2000 + 0x10*i)})
+	return testToken(byte(i), wal.Position{Commit: wal.LSN(0x2000 + 0x10*i)})
 }
 
 // batchOf is a message of tokens first..last.
@@ -45,7 +45,7 @@ func session(t *testing.T, ctx context.Context, nc *nats.Conn, after, inFlight i
 	t.Cleanup(p.Close)
 	o := Owner{Origin: resumeOrigin, Incarnation: "i", InFlight: inFlight, After: 0x2000}
 	if after > 0 {
-		o.After = relay.LSN(tokenAt(after).Pos.Commit + 1)
+		o.After = tokenAt(after).Pos.Commit + 1
 	}
 	if err := p.Resume(ctx, o); err != nil {
 		t.Fatal(err)
@@ -319,7 +319,7 @@ func TestResumeRefusesATrimmedWindow(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer p.Close()
-		return p.Resume(ctx, Owner{Origin: resumeOrigin, Incarnation: "i", InFlight: 1, After: relay.LSN(tokenAt(after).Pos.Commit + 1)})
+		return p.Resume(ctx, Owner{Origin: resumeOrigin, Incarnation: "i", InFlight: 1, After: tokenAt(after).Pos.Commit + 1})
 	}
 	var trimmed *relay.WindowTrimmedError
 	if err := resume(2); !errors.As(err, &trimmed) || trimmed.Limits != "max_msgs=4" || trimmed.Seq != 3 {

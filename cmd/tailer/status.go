@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/decoder/wal"
 	"io"
 	"time"
 
@@ -247,7 +248,7 @@ func (rep *statusReport) judgeStreaming(cfg *config.Config, slot replication.Slo
 	case rec.ConfirmLimit != 0 && slot.ConfirmedFlush > rec.ConfirmLimit && rec.RefusedFact == "":
 		// The slot was read before the record: a tailer writes the limit
 		// down before it confirms past it.
-		rep.Problems = append(rep.Problems, daemon.SlotAdvancedMessage(rep.Slot, &relay.SlotAdvancedError{Confirmed: relay.LSN(slot.ConfirmedFlush), Limit: relay.LSN(rec.ConfirmLimit)}))
+		rep.Problems = append(rep.Problems, daemon.SlotAdvancedMessage(rep.Slot, &relay.SlotAdvancedError{Confirmed: wal.LSN(slot.ConfirmedFlush), Limit: wal.LSN(rec.ConfirmLimit)}))
 	}
 	if rep.Owner == "" && rep.Blocked == "" {
 		// A tailer run that waits for the operator says why (BLOCKED), and

@@ -1,6 +1,10 @@
 package relay
 
-import "time"
+import (
+	"github.com/mailroom/tailer/decoder/wal"
+	"github.com/mailroom/tailer/publish/wire"
+	"time"
+)
 
 // Event is what a session found, or what happened to it.
 type Event interface{ event() }
@@ -40,7 +44,7 @@ type Claimed struct {
 	// Confirmed is the slot's confirmed position read once it streams to
 	// the session: where its stream starts, which no other process can
 	// move from then on.
-	Confirmed LSN
+	Confirmed wal.LSN
 }
 
 // Bound: the record now binds the stream to the slot's incarnation.
@@ -54,7 +58,7 @@ type Bound struct{ Record Record }
 type StreamChecked struct {
 	Created string
 	Seen    Seen
-	Missing []Anchor
+	Missing []wire.Anchor
 	Stored  uint64
 }
 
@@ -64,8 +68,8 @@ type StreamChecked struct {
 // WAL the server's current position, Anchors what the markers stored.
 type Resumed struct {
 	Err     error
-	Reach   Position
-	WAL     LSN
+	Reach   wal.Position
+	WAL     wal.LSN
 	Anchors Anchors
 }
 
@@ -186,7 +190,7 @@ type Bind struct{}
 // CheckStream looks at the stream (StreamChecked): whether it holds
 // each of Anchors, at its sequence.
 type CheckStream struct {
-	Anchors []Anchor
+	Anchors []wire.Anchor
 	// Quiet asks for a look with nothing of the session's on its way to
 	// the stream (Seen.Quiet): its figures and the batches stored are
 	// then of one moment, and tell whether messages gone were batches.
@@ -219,7 +223,7 @@ type Publish struct{}
 // are kept together, so that no record names a stream with nothing
 // stored on it to know it by.
 type RecordAnchor struct {
-	Anchor Anchor
+	Anchor wire.Anchor
 	Seen   Seen
 	Stream StreamID
 }

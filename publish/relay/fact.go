@@ -2,6 +2,8 @@ package relay
 
 import (
 	"fmt"
+	"github.com/mailroom/tailer/decoder/wal"
+	"github.com/mailroom/tailer/publish/wire"
 	"strings"
 )
 
@@ -199,7 +201,7 @@ type StreamLoss struct {
 	// messages went, when counted (StreamPurged); Created and Recorded
 	// the stream's creation time and the one the slot published to
 	// (StreamReplaced).
-	Anchor            Anchor
+	Anchor            wire.Anchor
 	Since             uint64
 	Batches           uint64
 	Created, Recorded string
@@ -225,7 +227,7 @@ func (e *StreamLoss) Error() string {
 // SlotAdvancedError is a slot confirmed past the record's limit: how far
 // it is confirmed, and the furthest a tailer of its record confirmed it.
 type SlotAdvancedError struct {
-	Confirmed, Limit LSN
+	Confirmed, Limit wal.LSN
 }
 
 func (e *SlotAdvancedError) Error() string {

@@ -1,5 +1,7 @@
 package relay
 
+import "github.com/mailroom/tailer/publish/wire"
+
 // Judging what a look at the stream found: whether it lost batches the
 // tailer stored there (deleted, purged, made again), what a limit of the
 // stream's own may have removed, and the counts a quiet look keeps.
@@ -107,7 +109,7 @@ func (c batchCount) removed(ev StreamChecked) uint64 {
 // be a batch, and the first session marker (by its mark: its loss alone
 // says nothing of the batches). One below the stream's first sequence
 // while its configuration removes old messages went by those limits.
-func (r *Relay) gone(ev StreamChecked, trims bool) (batch, marker Anchor) {
+func (r *Relay) gone(ev StreamChecked, trims bool) (batch, marker wire.Anchor) {
 	for _, a := range ev.Missing {
 		switch {
 		case trims && a.Seq < ev.Seen.First:

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"github.com/mailroom/tailer/decoder/wal"
 	"strconv"
 	"strings"
 )
@@ -19,7 +20,7 @@ type Origin struct {
 	Database string
 	// History is where each earlier timeline of this server ended (the
 	// server's timeline history); not part of the header.
-	History map[int32]LSN
+	History map[int32]wal.LSN
 }
 
 // String formats o as system/timeline/database, the header's value.
@@ -32,7 +33,7 @@ func (o Origin) String() string {
 // database, and the same timeline, or an earlier one of o's history that
 // pos does not pass the end of. past says pos was past that end: the
 // batch was published from WAL this server does not have.
-func (o Origin) Continues(stored string, pos LSN) (ok, past bool) {
+func (o Origin) Continues(stored string, pos wal.LSN) (ok, past bool) {
 	if stored == o.String() {
 		return true, false
 	}

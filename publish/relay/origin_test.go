@@ -2,6 +2,7 @@ package relay
 
 import (
 	"errors"
+	"github.com/mailroom/tailer/decoder/wal"
 	"strings"
 	"testing"
 )
@@ -10,10 +11,10 @@ import (
 // database, on its timeline or an earlier one of its history the batch's
 // position does not pass the end of.
 func TestOriginContinues(t *testing.T) {
-	o := Origin{SystemID: "7", Timeline: 3, Database: "mailroom", History: map[int32]LSN{1: 0x100, 2: 0x200}}
+	o := Origin{SystemID: "7", Timeline: 3, Database: "mailroom", History: map[int32]wal.LSN{1: 0x100, 2: 0x200}}
 	for _, tc := range []struct {
 		stored   string
-		pos      LSN
+		pos      wal.LSN
 		ok, past bool
 	}{
 		{"7/3/mailroom", 0x900, true, false},
@@ -39,7 +40,7 @@ func TestOriginContinues(t *testing.T) {
 // where this server's timeline branched; after the owner's start, when
 // of another incarnation (or of none, unless the owner is legacy).
 func TestCheckOwner(t *testing.T) {
-	o := Owner{Origin: Origin{SystemID: "7", Timeline: 2, Database: "mailroom", History: map[int32]LSN{1: 0x100}}, Incarnation: "i1", Since: 10}
+	o := Owner{Origin: Origin{SystemID: "7", Timeline: 2, Database: "mailroom", History: map[int32]wal.LSN{1: 0x100}}, Incarnation: "i1", Since: 10}
 	for _, tc := range []struct {
 		name   string
 		m      Stored
@@ -50,7 +51,7 @@ func TestCheckOwner(t *testing.T) {
 		{"its own", Stored{Seq: 11, Origin: "7/2/mailroom", Incarnation: "i1"}, false, ""},
 		{"no origin", Stored{Seq: 11, Incarnation: "i1"}, false, ""},
 		{"another database", Stored{Seq: 11, Origin: "9/2/mailroom", Incarnation: "i1"}, false, "published from another database (stream: origin 9/2/mailroom at seq 11; this server: origin 7/2/mailroom)"},
-		{"past the branch", Stored{Seq: 12, Origin: "7/1/mailroom", Incarnation: "i1", Last: Position{Commit: 0x180}}, false, "published past the point where this server's timeline branched"},
+		{"past the branch", Stored{Seq: 12, Origin: "7/1/mailroom", Incarnation: "i1", Last: wal.Position{Commit: 0x180}}, false, "published past the point where this server's timeline branched"},
 		{"another incarnation", Stored{Seq: 11, Origin: "7/2/mailroom", Incarnation: "i0"}, false, "another incarnation of the slot (a copy or restore of the database, or the slot made again since) (stream: incarnation i0 at seq 11; this server: incarnation i1, stream taken over after seq 10)"},
 		{"none", Stored{Seq: 11, Origin: "7/2/mailroom"}, false, "no incarnation"},
 		{"none, legacy", Stored{Seq: 11, Origin: "7/2/mailroom"}, true, ""},
@@ -142,11 +143,11 @@ func TestFacts(t *testing.T) {
 
 // Positions order by commit, then index; LSNs print as PostgreSQL does.
 func TestPositions(t *testing.T) {
-	a, b, c := Position{Commit: 0x10, Index: 5}, Position{Commit: 0x10, Index: 6}, Position{Commit: 0x11}
+	a, b, c := wal.Position{Commit: 0x10, Index: 5}, wal.Position{Commit: 0x10, Index: 6}, wal.Position{Commit: 0x11}
 	if a.Compare(b) != -1 || b.Compare(a) != 1 || a.Compare(a) != 0 || b.Compare(c) != -1 || c.Compare(b) != 1 || !a.Less(c) || c.Less(a) {
 		t.Error("positions out of order")
 	}
-	if got := (Position{Commit: 0x1_0000_00AB, Index: 3}).String(); got != "1/AB:3" {
+	if got := (wal.Position{Commit: 0x1_0000_00AB, Index: 3}).String(); got != "1/AB:3" {
 		t.Errorf("position prints %q", got)
 	}
 }

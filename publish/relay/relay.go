@@ -1,8 +1,9 @@
 package relay
 
 import (
+	"github.com/mailroom/tailer/decoder/wal"
+	"github.com/mailroom/tailer/publish/wire"
 	"slices"
-	"strings"
 	"time"
 )
 
@@ -18,27 +19,13 @@ type Config struct {
 	MaxInFlight int
 }
 
-// Anchor is a message on the stream, by its sequence and its mark (its
-// Nats-Msg-Id, or what wire.Mark makes of it).
-type Anchor struct {
-	Seq  uint64
-	Mark string
-}
-
-// MarkerID begins the Nats-Msg-Id of every session marker; its mark
-// (wire.IDMark) says a message is one.
-const MarkerID = "marker-"
-
-// IsMarker reports whether a is a session marker, by its mark.
-func (a Anchor) IsMarker() bool { return strings.HasPrefix(a.Mark, "id:"+MarkerID) }
-
 // Anchors are the newest message a process stored on the stream (a batch
 // or a session marker, each with an id of its own), and the newest batch.
 // A stream is the one the tailer published to while it holds them, at
 // their sequences, whichever replica answers and whatever creation time
 // it reports.
 type Anchors struct {
-	Last, Batch Anchor
+	Last, Batch wire.Anchor
 }
 
 // Unanchored reports whether nothing was stored yet to know the stream by.
@@ -46,9 +33,9 @@ func (a Anchors) Unanchored() bool { return a.Last.Seq == 0 && a.Batch.Seq == 0 
 
 // all are a's anchors, and b's not among them, each once (zero ones
 // left out).
-func (a Anchors) all(b Anchors) []Anchor {
-	var out []Anchor
-	for _, x := range []Anchor{a.Batch, a.Last, b.Batch, b.Last} {
+func (a Anchors) all(b Anchors) []wire.Anchor {
+	var out []wire.Anchor
+	for _, x := range []wire.Anchor{a.Batch, a.Last, b.Batch, b.Last} {
 		if x.Seq != 0 && !slices.Contains(out, x) {
 			out = append(out, x)
 		}
@@ -88,13 +75,13 @@ type Record struct {
 	// Anchor is the newest message a tailer of the incarnation found on the
 	// stream, and Seen what the stream held then; Stopped, where the
 	// stream stood at the last clean stop.
-	Anchor, Stopped Anchor
+	Anchor, Stopped wire.Anchor
 	Seen            Seen
 	// Refused is a refusal that lasts until a resync (NoFact: none).
 	Refused Refusal
 	// ConfirmLimit is the furthest position a tailer of the record may
 	// have confirmed the slot to, written before it did (0: none written).
-	ConfirmLimit LSN
+	ConfirmLimit wal.LSN
 	// HealAsked: tailer audit --heal waits for the slot's lease (asked
 	// within the last minute).
 	HealAsked bool
@@ -105,7 +92,7 @@ type Slot struct {
 	Present, Lost bool
 	// Confirmed is the slot's confirmed position: a session replays every
 	// token past it.
-	Confirmed LSN
+	Confirmed wal.LSN
 	// Foreign is why the slot is not the tailer's to stream from (another
 	// database's, another plugin's); nil when it is.
 	Foreign error
@@ -219,7 +206,7 @@ type Relay struct {
 	stored Anchors
 	// recorded is the anchor last kept in the record, with what the
 	// stream held then.
-	recorded     Anchor
+	recorded     wire.Anchor
 	recordedSeen Seen
 	// reusedIDs: a session met a PubAck of a reused id.
 	reusedIDs bool

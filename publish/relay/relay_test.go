@@ -3,6 +3,8 @@ package relay
 import (
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/decoder/wal"
+	"github.com/mailroom/tailer/publish/wire"
 	"strings"
 	"testing"
 	"time"
@@ -70,7 +72,7 @@ func TestFirstStart(t *testing.T) {
 	step(t, r, Claimed{Head: headAt, Record: Record{Exists: true, Incarnation: "i1", Bound: true}}, "CheckStream{Anchors:[] Quiet:false}")
 	step(t, r, StreamChecked{Created: "t1", Seen: seen0},
 		"Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
-	step(t, r, Resumed{WAL: 0x200, Anchors: Anchors{Last: Anchor{Seq: 1, Mark: "m1"}}},
+	step(t, r, Resumed{WAL: 0x200, Anchors: Anchors{Last: wire.Anchor{Seq: 1, Mark: "m1"}}},
 		"RecordAnchor{Anchor:{Seq:1 Mark:m1} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name:S Created:t1}} Publish{}")
 	// Events of another phase are passed over.
 	step(t, r, Resumed{}, "")
@@ -196,7 +198,7 @@ func TestStreamNamedWithItsMarkers(t *testing.T) {
 	step(t, r, Inspected{Record: unnamed, Slot: slotAt}, "Claim{}")
 	step(t, r, Claimed{Head: other, Record: unnamed}, "CheckStream{Anchors:[] Quiet:false}")
 	step(t, r, StreamChecked{Created: "t2", Seen: seen0}, "Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
-	step(t, r, Resumed{WAL: 0x200, Anchors: Anchors{Last: Anchor{Seq: 1, Mark: "m1"}}},
+	step(t, r, Resumed{WAL: 0x200, Anchors: Anchors{Last: wire.Anchor{Seq: 1, Mark: "m1"}}},
 		"RecordAnchor{Anchor:{Seq:1 Mark:m1} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name:S Created:t2}} Publish{}")
 }
 
@@ -205,9 +207,9 @@ func TestStreamNamedWithItsMarkers(t *testing.T) {
 // message last on it at the last clean stop (a restore taken then).
 func TestStreamOfAnotherCreationTime(t *testing.T) {
 	anchored := boundAt
-	anchored.StreamSeq, anchored.Anchor = 2, Anchor{Seq: 5, Mark: "id:5"}
+	anchored.StreamSeq, anchored.Anchor = 2, wire.Anchor{Seq: 5, Mark: "id:5"}
 	stopped := boundAt
-	stopped.StreamSeq, stopped.Stopped = 2, Anchor{Seq: 6, Mark: "id:6"}
+	stopped.StreamSeq, stopped.Stopped = 2, wire.Anchor{Seq: 6, Mark: "id:6"}
 	head := StreamHead{Name: "S", Created: "t2", LastSeq: 6, Replicas: 3}
 	replaced := "Refuse{Refusal:stream S was deleted and made again (the server created it at t2; this slot published to one created at t1): " +
 		"the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}"
@@ -218,7 +220,7 @@ func TestStreamOfAnotherCreationTime(t *testing.T) {
 	step(t, r, Claimed{Head: head, Record: anchored}, "CheckStream{Anchors:[{Seq:5 Mark:id:5}] Quiet:false}")
 	lost := "Refuse{Refusal:stream S no longer holds message 5 that this tailer stored on it (id:5): it was deleted and made again, restored from an older backup, or purged (of the batches' subject alone too): " +
 		"the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}"
-	step(t, r, StreamChecked{Created: "t2", Missing: []Anchor{{Seq: 5, Mark: "id:5"}}}, lost)
+	step(t, r, StreamChecked{Created: "t2", Missing: []wire.Anchor{{Seq: 5, Mark: "id:5"}}}, lost)
 
 	r = New(Config{})
 	open(t, r)
@@ -239,7 +241,7 @@ func TestStreamOfAnotherCreationTime(t *testing.T) {
 	open(t, r)
 	step(t, r, Inspected{Record: stopped, Slot: slotAt}, "Claim{}")
 	step(t, r, Claimed{Head: head, Record: stopped}, "CheckStream{Anchors:[{Seq:6 Mark:id:6}] Quiet:false}")
-	step(t, r, StreamChecked{Created: "t2", Seen: Seen{Known: true, First: 1, Last: 4}, Missing: []Anchor{{Seq: 6, Mark: "id:6"}}},
+	step(t, r, StreamChecked{Created: "t2", Seen: Seen{Known: true, First: 1, Last: 4}, Missing: []wire.Anchor{{Seq: 6, Mark: "id:6"}}},
 		"Refuse{Refusal:stream S no longer holds message 6 that this tailer stored on it (id:6): it was deleted and made again, restored from an older backup, or purged (of the batches' subject alone too): "+
 			"the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}")
 }
@@ -339,9 +341,9 @@ func TestResumed(t *testing.T) {
 		{"trimmed", Resumed{Err: trimmed}, false, "Refuse{Refusal:" + trimmed.Error() + " Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
 		{"trimmed, auto resync", Resumed{Err: trimmed}, true, "Resync{Refusal:" + trimmed.Error() + "}"},
 		{"failed", Resumed{Err: errors.New("timeout")}, false, "Wait{Delay:250ms Err:timeout Say:true}"},
-		{"past the WAL", Resumed{Reach: Position{Commit: 0x300}, WAL: 0x200}, false, "UniqueIDs{} Publish{}"},
-		{"at the WAL", Resumed{Reach: Position{Commit: 0x200}, WAL: 0x200}, false, "Publish{}"},
-		{"markers stored", Resumed{Anchors: Anchors{Last: Anchor{Seq: 7, Mark: "m7"}}}, false, "RecordAnchor{Anchor:{Seq:7 Mark:m7} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}} Publish{}"},
+		{"past the WAL", Resumed{Reach: wal.Position{Commit: 0x300}, WAL: 0x200}, false, "UniqueIDs{} Publish{}"},
+		{"at the WAL", Resumed{Reach: wal.Position{Commit: 0x200}, WAL: 0x200}, false, "Publish{}"},
+		{"markers stored", Resumed{Anchors: Anchors{Last: wire.Anchor{Seq: 7, Mark: "m7"}}}, false, "RecordAnchor{Anchor:{Seq:7 Mark:m7} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}} Publish{}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := New(Config{AutoResync: tc.auto})
@@ -373,7 +375,7 @@ func TestInFlight(t *testing.T) {
 // stream stops it when the tokens can no longer be read or the stream
 // lost what was stored, and keeps the newest message found in the record.
 func TestChecksWhileStreaming(t *testing.T) {
-	stored := Anchors{Last: Anchor{Seq: 4, Mark: "m4"}, Batch: Anchor{Seq: 3, Mark: "id:3"}}
+	stored := Anchors{Last: wire.Anchor{Seq: 4, Mark: "m4"}, Batch: wire.Anchor{Seq: 3, Mark: "id:3"}}
 	for _, tc := range []struct {
 		name string
 		ev   Checked
@@ -384,7 +386,7 @@ func TestChecksWhileStreaming(t *testing.T) {
 		{"resync needed", Checked{ResyncNeeded: true}, "Stop{Refusal:resync_needed}"},
 		{"nats", Checked{NATS: errors.New("store full")}, "Stop{Refusal:store full}"},
 		{"refused by another", Checked{Refused: Refusal{Fact: StreamPurged, Err: &Recorded{Said: "purged"}}, NATS: errors.New("store full")}, "Stop{Refusal:purged}"},
-		{"anchor gone", Checked{Stream: StreamChecked{Created: "t1", Missing: []Anchor{{Seq: 3, Mark: "id:3"}}}},
+		{"anchor gone", Checked{Stream: StreamChecked{Created: "t1", Missing: []wire.Anchor{{Seq: 3, Mark: "id:3"}}}},
 			"Stop{Refusal:stream S no longer holds message 3 that this tailer stored on it (id:3): it was deleted and made again, restored from an older backup, or purged (of the batches' subject alone too): the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them}"},
 		{"another replica", Checked{Stream: StreamChecked{Created: "t9", Seen: Seen{Known: true, First: 1, Last: 4}}},
 			"RecordAnchor{Anchor:{Seq:4 Mark:m4} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}}"},
@@ -402,7 +404,7 @@ func TestChecksWhileStreaming(t *testing.T) {
 	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4}}},
 		"RecordAnchor{Anchor:{Seq:4 Mark:m4} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}}")
 	// Known now: looked for beside what is stored next; recorded once.
-	step(t, r, Checking{Anchors: Anchors{Last: Anchor{Seq: 6, Mark: "m6"}, Batch: Anchor{Seq: 3, Mark: "id:3"}}}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4} {Seq:6 Mark:m6}] Quiet:false}")
+	step(t, r, Checking{Anchors: Anchors{Last: wire.Anchor{Seq: 6, Mark: "m6"}, Batch: wire.Anchor{Seq: 3, Mark: "id:3"}}}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4} {Seq:6 Mark:m6}] Quiet:false}")
 	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4}}}, "RecordAnchor{Anchor:{Seq:6 Mark:m6} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}}")
 	step(t, r, Checking{Anchors: stored}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:6 Mark:m6} {Seq:4 Mark:m4}] Quiet:false}")
 	// A message gone: a quiet look tells whether batches were, and with no
@@ -424,9 +426,9 @@ func TestChecksWhileStreaming(t *testing.T) {
 func TestNextSessionKnowsTheStream(t *testing.T) {
 	r := New(Config{})
 	toStream(t, r, boundAt, headAt)
-	step(t, r, Checking{Anchors: Anchors{Last: Anchor{Seq: 2, Mark: "m2"}, Batch: Anchor{Seq: 1, Mark: "id:1"}}}, "CheckStream{Anchors:[{Seq:1 Mark:id:1} {Seq:2 Mark:m2}] Quiet:false}")
+	step(t, r, Checking{Anchors: Anchors{Last: wire.Anchor{Seq: 2, Mark: "m2"}, Batch: wire.Anchor{Seq: 1, Mark: "id:1"}}}, "CheckStream{Anchors:[{Seq:1 Mark:id:1} {Seq:2 Mark:m2}] Quiet:false}")
 	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 2}}}, "RecordAnchor{Anchor:{Seq:2 Mark:m2} Seen:{Known:true First:1 Last:2 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}}")
-	step(t, r, Ended{Kind: EndNATS, Err: errors.New("cut"), Anchors: Anchors{Last: Anchor{Seq: 5, Mark: "m5"}, Batch: Anchor{Seq: 5, Mark: "id:5"}}}, "Wait{Delay:250ms Err:cut Say:true}")
+	step(t, r, Ended{Kind: EndNATS, Err: errors.New("cut"), Anchors: Anchors{Last: wire.Anchor{Seq: 5, Mark: "m5"}, Batch: wire.Anchor{Seq: 5, Mark: "id:5"}}}, "Wait{Delay:250ms Err:cut Say:true}")
 	open(t, r)
 	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
 	step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t2", LastSeq: 5, Replicas: 1}, Record: boundAt}, "CheckStream{Anchors:[{Seq:1 Mark:id:1} {Seq:2 Mark:m2} {Seq:5 Mark:id:5} {Seq:5 Mark:m5}] Quiet:false}")
@@ -635,19 +637,19 @@ func TestBatchesCounted(t *testing.T) {
 // a stream that trims went by its limits.
 func TestAnchorsGone(t *testing.T) {
 	r := New(Config{})
-	marker := Anchor{Seq: 9, Mark: "id:" + MarkerID + "ab-1/1"}
-	if !marker.IsMarker() || (Anchor{Seq: 9, Mark: "id:0/16:0-0/16:2"}).IsMarker() {
+	marker := wire.Anchor{Seq: 9, Mark: "id:" + wire.MarkerID + "ab-1/1"}
+	if !marker.IsMarker() || (wire.Anchor{Seq: 9, Mark: "id:0/16:0-0/16:2"}).IsMarker() {
 		t.Fatal("IsMarker")
 	}
-	batch, other := r.gone(StreamChecked{Missing: []Anchor{marker}}, false)
+	batch, other := r.gone(StreamChecked{Missing: []wire.Anchor{marker}}, false)
 	if batch.Seq != 0 || other != marker {
 		t.Errorf("a marker gone: batch %v, marker %v", batch, other)
 	}
-	b := Anchor{Seq: 5, Mark: "id:x"}
-	if batch, _ := r.gone(StreamChecked{Missing: []Anchor{marker, b}}, false); batch != b {
+	b := wire.Anchor{Seq: 5, Mark: "id:x"}
+	if batch, _ := r.gone(StreamChecked{Missing: []wire.Anchor{marker, b}}, false); batch != b {
 		t.Errorf("a batch gone beside a marker: %v", batch)
 	}
-	if batch, other := r.gone(StreamChecked{Seen: Seen{First: 8}, Missing: []Anchor{b}}, true); batch.Seq != 0 || other.Seq != 0 {
+	if batch, other := r.gone(StreamChecked{Seen: Seen{First: 8}, Missing: []wire.Anchor{b}}, true); batch.Seq != 0 || other.Seq != 0 {
 		t.Errorf("an anchor below the first sequence of a stream that trims: %v %v", batch, other)
 	}
 }

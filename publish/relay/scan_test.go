@@ -3,6 +3,7 @@ package relay
 import (
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/decoder/wal"
 	"testing"
 )
 
@@ -34,12 +35,12 @@ func (r mapReader) put(ms ...Stored) mapReader {
 
 const inc = "i1"
 
-func marker(seq uint64, after LSN, floor uint64) Stored {
+func marker(seq uint64, after wal.LSN, floor uint64) Stored {
 	return Stored{Seq: seq, Subject: "m", Kind: Marker, Incarnation: inc, FenceN: 1, FenceK: 1, InFlight: 1, After: after, Floor: floor}
 }
 
-func batchAt(seq uint64, commit LSN) Stored {
-	return Stored{Seq: seq, Subject: "b", Kind: Batch, Incarnation: inc, First: Position{Commit: commit}, Last: Position{Commit: commit}, Keys: "k"}
+func batchAt(seq uint64, commit wal.LSN) Stored {
+	return Stored{Seq: seq, Subject: "b", Kind: Batch, Incarnation: inc, First: wal.Position{Commit: commit}, Last: wal.Position{Commit: commit}, Keys: "k"}
 }
 
 // A slot confirmed less far than when the last session started (a
@@ -53,7 +54,7 @@ func TestScanBehindTheLastMarkers(t *testing.T) {
 		marker(5, 0x120, 3), batchAt(6, 0x130))
 	s := Stream{Name: "S", LastSeq: 6, Marker: "m", Data: []string{"b"}}
 	for _, tc := range []struct {
-		after    LSN
+		after    wal.LSN
 		messages int
 		strays   int
 	}{{0x100, 3, 1}, {0x120, 2, 1}, {0x125, 1, 1}} {

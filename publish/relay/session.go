@@ -2,6 +2,7 @@ package relay
 
 import (
 	"errors"
+	"github.com/mailroom/tailer/publish/wire"
 	"time"
 )
 
@@ -319,7 +320,7 @@ func (r *Relay) checked(ev Checked) []Command {
 // in between, followed by another creation time (another replica
 // answering), would find a record naming a stream with nothing to know it
 // by, and refuse it.
-func (r *Relay) recordAnchor(a Anchor) RecordAnchor {
+func (r *Relay) recordAnchor(a wire.Anchor) RecordAnchor {
 	rec := RecordAnchor{Anchor: a, Seen: r.seen.recordable()}
 	if r.rec.StreamName != r.stream.Name || r.rec.StreamCreated != r.stream.Created {
 		rec.Stream = StreamID{Name: r.stream.Name, Created: r.stream.Created}

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"fmt"
+	"github.com/mailroom/tailer/decoder/wal"
 	"strconv"
 )
 
@@ -29,7 +30,7 @@ type Stored struct {
 	// resync's; First zero for a tailer's before the first-position
 	// header), their token keys (comma-joined), and whether a resync
 	// published them.
-	First, Last Position
+	First, Last wal.Position
 	Keys        string
 	Resync      bool
 	// Markers: their place among their session's (FenceN of FenceK),
@@ -37,7 +38,7 @@ type Stored struct {
 	// (the slot position its window starts after, and its first
 	// sequence).
 	FenceN, FenceK, InFlight int
-	After                    LSN
+	After                    wal.LSN
 	Floor                    uint64
 }
 
@@ -56,7 +57,7 @@ type Owner struct {
 	// After is the slot's confirmed position: the session replays every
 	// token past it, and Scan finds which of those the stream holds.
 	// Zero for a resync, which publishes no positions.
-	After LSN
+	After wal.LSN
 	// InFlight is the most messages the session keeps awaiting their
 	// PubAck (at least 1).
 	InFlight int

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"github.com/mailroom/tailer/decoder/wal"
 	"slices"
 	"strings"
 
@@ -38,7 +39,7 @@ type Window struct {
 	// messages; Max is the furthest position they cover (a token past it
 	// cannot be on the stream), Floor their lowest sequence (0: none).
 	Tokens, Messages int
-	Max              Position
+	Max              wal.Position
 	Floor            uint64
 	// Strays counts the messages read that are neither batches nor
 	// markers (another publisher's); Fence is the number of markers the
@@ -50,7 +51,7 @@ type Window struct {
 // positions its batches cover.
 type span struct {
 	seq         uint64
-	first, last Position
+	first, last wal.Position
 }
 
 // heldKeys are the keys of the message at seq (0: none; a stream's
@@ -106,7 +107,7 @@ func (w *Window) chain() {
 // of the window whose span holds pos carries key. It reads the keys of
 // such a message with read (the message's keys, comma-joined) when they
 // are not held already.
-func (w *Window) Has(pos Position, key token.RawKey, read func(seq uint64) (string, error)) (bool, error) {
+func (w *Window) Has(pos wal.Position, key token.RawKey, read func(seq uint64) (string, error)) (bool, error) {
 	if len(w.all) == 0 || w.Max.Less(pos) {
 		return false, nil
 	}
@@ -115,7 +116,7 @@ func (w *Window) Has(pos Position, key token.RawKey, read func(seq uint64) (stri
 	}
 	for c, run := range w.chains {
 		// The first span of the run that ends at pos or after.
-		k, _ := slices.BinarySearchFunc(run, pos, func(i int, pos Position) int { return w.all[i].last.Compare(pos) })
+		k, _ := slices.BinarySearchFunc(run, pos, func(i int, pos wal.Position) int { return w.all[i].last.Compare(pos) })
 		if k == len(run) || pos.Less(w.all[run[k]].first) {
 			continue
 		}

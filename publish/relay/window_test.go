@@ -3,6 +3,7 @@ package relay
 import (
 	"encoding/binary"
 	"errors"
+	"github.com/mailroom/tailer/decoder/wal"
 	"runtime"
 	"slices"
 	"strings"
@@ -14,7 +15,7 @@ import (
 // tok is a token: its secret and its position.
 type tok struct {
 	secret [token.SecretSize]byte
-	pos    Position
+	pos    wal.Position
 }
 
 func (t *tok) key() token.RawKey { return token.RawKeyOf(&t.secret) }
@@ -24,7 +25,7 @@ func tokens(n int) []tok {
 	toks := make([]tok, n)
 	for i := range toks {
 		binary.LittleEndian.PutUint64(toks[i].secret[:], uint64(i)+1)
-		toks[i].pos = Position{Commit: LSN(0x1000 + 0x10*(i/100)), Index: uint32(i % 100)}
+		toks[i].pos = wal.Position{Commit: wal.LSN(0x1000 + 0x10*(i/100)), Index: uint32(i % 100)}
 	}
 	return toks
 }
@@ -130,7 +131,7 @@ func TestWindowWithoutFirstPositions(t *testing.T) {
 	toks := tokens(300)
 	w, stream := windowOf(toks, 50)
 	for i := range w.all {
-		w.all[i].first = Position{}
+		w.all[i].first = wal.Position{}
 	}
 	reads := 0
 	for i := range toks {

@@ -10,8 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/mailroom/tailer/decoder"
 	"github.com/mailroom/tailer/decoder/action"
+	"github.com/mailroom/tailer/decoder/traceparent"
 	"github.com/mailroom/tailer/publish/token"
 	"github.com/mailroom/tailer/publish/wire"
 )
@@ -140,7 +140,7 @@ func (b *Decoded) fillTraces(h nats.Header) {
 	}
 	at := make([]string, len(b.Tokens))
 	for i, tp := range traces {
-		if !decoder.ValidTraceparent(tp) {
+		if !traceparent.Valid(tp) {
 			return
 		}
 		twice := false

@@ -3,6 +3,7 @@ package wire
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"strings"
 )
 
 // Mark names a stored message by what it carries: its Nats-Msg-Id, or for
@@ -30,3 +31,10 @@ type Anchor struct {
 	Seq  uint64 `json:"seq"`
 	Mark string `json:"mark"`
 }
+
+// MarkerID begins the Nats-Msg-Id of every session marker; its mark
+// (IDMark) says a message is one.
+const MarkerID = "marker-"
+
+// IsMarker reports whether a is a session marker, by its mark.
+func (a Anchor) IsMarker() bool { return strings.HasPrefix(a.Mark, "id:"+MarkerID) }

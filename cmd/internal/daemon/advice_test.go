@@ -3,6 +3,7 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/publish/wire"
 	"strings"
 	"testing"
 
@@ -53,7 +54,7 @@ func TestAdvice(t *testing.T) {
 		{"stream MAILROOM was deleted and made again", StreamLossMessage(&relay.StreamLoss{Fact: relay.StreamReplaced, Stream: "MAILROOM", Created: "t2", Recorded: "t1"}), []string{"tailer resync"}},
 		{`a token's action "magic_link" is no token action this tailer knows`, ActionMessage(&decoder.ActionError{Label: "magic_link"}), []string{"run a tailer that knows the action"}},
 		{"stream MAILROOM's limits (max_msgs=5) removed message 7", WindowTrimmedMessage(&relay.WindowTrimmedError{Stream: "MAILROOM", Seq: 7, Limits: "max_msgs=5"}), []string{"tailer resync", "Raise the stream's limits"}},
-		{"stream MAILROOM no longer holds message 7 that this tailer stored on it", StreamLossMessage(&relay.StreamLoss{Fact: relay.StreamLostAnchor, Stream: "MAILROOM", Anchor: relay.Anchor{Seq: 7, Mark: "id:a"}}), []string{"tailer resync"}},
+		{"stream MAILROOM no longer holds message 7 that this tailer stored on it", StreamLossMessage(&relay.StreamLoss{Fact: relay.StreamLostAnchor, Stream: "MAILROOM", Anchor: wire.Anchor{Seq: 7, Mark: "id:a"}}), []string{"tailer resync"}},
 		{"stream MAILROOM no longer holds messages this slot published after sequence 7", StreamLossMessage(&relay.StreamLoss{Fact: relay.StreamPurged, Stream: "MAILROOM", Since: 7}), []string{"tailer resync"}},
 		{"publication mailroom could not carry token inserts", ResyncNeededMessage("mailroom", "mailroom", ""), []string{"tailer resync", "MAILROOM_AUTO_RESYNC"}},
 		{"slot mailroom does not exist, but this database recorded it", DroppedSlotMessage("mailroom", "made by tailer run"), []string{"tailer resync", "MAILROOM_AUTO_RESYNC", "MAILROOM_NATS_STREAM"}},

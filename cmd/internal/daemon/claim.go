@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"github.com/mailroom/tailer/decoder/wal"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -75,7 +76,7 @@ func (x *run) claim() relay.Event {
 	}
 	x.head = relay.StreamHead{Name: cfg.Stream, Created: x.pub.Created(), LastSeq: x.pub.LastSeq(), Replicas: x.pub.Replicas(),
 		Seen: x.pub.Seen(), Foreign: x.pub.CheckOrigin(x.s.origin)}
-	return relay.Claimed{Head: x.head, Record: recordOf(rec), Confirmed: relay.LSN(slot.ConfirmedFlush)}
+	return relay.Claimed{Head: x.head, Record: recordOf(rec), Confirmed: wal.LSN(slot.ConfirmedFlush)}
 }
 
 // beforeConfirm writes down, under the lease, how far the slot may be
@@ -188,7 +189,7 @@ func (x *run) resume(c relay.Resume) relay.Event {
 		d.log.Warn("the stream's limits remove its oldest messages, read or not: a consumer further behind loses them, and a restart whose replayed tokens they removed is refused",
 			"stream", d.cfg.Stream, "limits", l)
 	}
-	var reach relay.Position
+	var reach wal.Position
 	var strays int
 	x.window, x.tokens, reach, strays, x.fence = x.pub.Window()
 	if strays > 0 {
@@ -198,5 +199,5 @@ func (x *run) resume(c relay.Resume) relay.Event {
 	if err != nil {
 		return x.ended(pgErr(err))
 	}
-	return relay.Resumed{Reach: reach, WAL: relay.LSN(current), Anchors: x.pub.Anchors()}
+	return relay.Resumed{Reach: reach, WAL: wal.LSN(current), Anchors: x.pub.Anchors()}
 }

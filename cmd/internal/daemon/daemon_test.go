@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/decoder/wal"
 	"os"
 	"slices"
 	"strconv"
@@ -447,7 +448,7 @@ func TestLargeTransactionConfirmedOnlyAfterLastBatch(t *testing.T) {
 	// LSN is at or after confirmed_flush_lsn. (Positions inside the
 	// transaction, from keepalives sent while it streamed, are safe.)
 	time.Sleep(2 * time.Second)
-	if c := e.ConfirmedLSN("mailroom"); c > commitLSN {
+	if c := e.ConfirmedLSN("mailroom"); c > pglogrepl.LSN(commitLSN) {
 		t.Fatalf("slot confirmed at %s, past the commit %s of a transaction whose last 500 tokens are unpublished", c, commitLSN)
 	}
 
@@ -756,7 +757,7 @@ func TestLoggedPositions(t *testing.T) {
 	t.Parallel()
 	for _, format := range []string{"json", "text"} {
 		var out bytes.Buffer
-		NewLogger(format, "info", &out).Info("x", "from", pglogrepl.LSN(0x45E8A0F8), "position", decoder.Position{Commit: 0x45E8A0F8, Index: 3})
+		NewLogger(format, "info", &out).Info("x", "from", pglogrepl.LSN(0x45E8A0F8), "position", wal.Position{Commit: 0x45E8A0F8, Index: 3})
 		if !strings.Contains(out.String(), "0/45E8A0F8") || !strings.Contains(out.String(), "0/45E8A0F8:3") || strings.Contains(out.String(), "1172873464") {
 			t.Errorf("%s log: %s", format, out.String())
 		}

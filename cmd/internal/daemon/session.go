@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/decoder/wal"
+	"github.com/mailroom/tailer/publish/wire"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -281,7 +283,7 @@ func (x *run) inspect() relay.Event {
 	case err != nil:
 		return x.ended(pgErr(err))
 	default:
-		ev.Slot = relay.Slot{Present: true, Lost: x.slot.Lost(), Confirmed: relay.LSN(x.slot.ConfirmedFlush),
+		ev.Slot = relay.Slot{Present: true, Lost: x.slot.Lost(), Confirmed: wal.LSN(x.slot.ConfirmedFlush),
 			Foreign: Advise(replication.CheckSlot(ctx, x.s.q, x.slot))}
 	}
 	return ev
@@ -291,8 +293,8 @@ func (x *run) inspect() relay.Event {
 func recordOf(r replication.Record) relay.Record {
 	p := relay.Record{Exists: r.Exists, Incarnation: r.Incarnation, Bound: r.Bound, StreamSeq: r.StreamSeq, Legacy: r.Legacy,
 		ResyncPending: r.ResyncPending, ResyncNeeded: r.ResyncNeeded, ResyncCause: r.ResyncCause, StreamName: r.StreamName, StreamCreated: r.StreamCreated,
-		Anchor: relay.Anchor{Seq: r.AnchorSeq, Mark: r.AnchorMark}, Stopped: relay.Anchor{Seq: r.StoppedSeq, Mark: r.StoppedMsgID},
-		ConfirmLimit: relay.LSN(r.ConfirmLimit), HealAsked: r.HealAsked}
+		Anchor: wire.Anchor{Seq: r.AnchorSeq, Mark: r.AnchorMark}, Stopped: wire.Anchor{Seq: r.StoppedSeq, Mark: r.StoppedMsgID},
+		ConfirmLimit: wal.LSN(r.ConfirmLimit), HealAsked: r.HealAsked}
 	if r.Seen != nil {
 		p.Seen = relay.Seen{Known: true, First: r.Seen.First, Last: r.Seen.Last, Deleted: r.Seen.Deleted, Batches: r.Seen.Batches, Trims: r.Seen.Trims, Quiet: r.Seen.Quiet, Keeps: r.Seen.Keeps}
 	}
@@ -339,7 +341,7 @@ func (x *run) makeSlot() relay.Event {
 	if x.slot, err = replication.Slot(ctx, x.s.q, d.cfg.Slot); err != nil {
 		return x.ended(pgErr(err))
 	}
-	return relay.SlotMade{Record: recordOf(x.rec), Slot: relay.Slot{Present: true, Confirmed: relay.LSN(x.slot.ConfirmedFlush)}}
+	return relay.SlotMade{Record: recordOf(x.rec), Slot: relay.Slot{Present: true, Confirmed: wal.LSN(x.slot.ConfirmedFlush)}}
 }
 
 // resync recreates the slot with the session's lease

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"github.com/mailroom/tailer/decoder/wal"
 	"log/slog"
 	"strings"
 	"time"
@@ -282,7 +283,7 @@ func (d *Daemon) pipeline(ctx context.Context, x *run, drained chan struct{}) (*
 		Start:    x.slot.ConfirmedFlush,
 		Schema:   string(cfg.Schema),
 		Drained:  drained,
-		OnBadRow: func(pos decoder.Position, err error) {
+		OnBadRow: func(pos wal.Position, err error) {
 			d.log.Warn("skipping a token row that cannot be decoded", "position", pos.String(), "err", err)
 			d.metrics.TokensSkipped(join.SkipMalformed, 1)
 		},

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/decoder/wal"
 
 	"github.com/mailroom/tailer/publish/relay"
 	"github.com/mailroom/tailer/publish/token"
@@ -19,11 +20,11 @@ import (
 type simTok struct {
 	key string
 	raw token.RawKey
-	pos relay.Position
+	pos wal.Position
 }
 
 // newTok is the n-th token, at pos.
-func newTok(n int, pos relay.Position) simTok {
+func newTok(n int, pos wal.Position) simTok {
 	var secret [token.SecretSize]byte
 	binary.BigEndian.PutUint64(secret[:], uint64(n))
 	return simTok{key: string(token.AppendKey(nil, &secret)), raw: token.RawKeyOf(&secret), pos: pos}
@@ -33,7 +34,7 @@ func newTok(n int, pos relay.Position) simTok {
 // carries it: a transaction committed while the publication could not
 // carry token inserts is decoded without them, however often replayed.
 type tx struct {
-	commit relay.LSN
+	commit wal.LSN
 	toks   []simTok
 	inSlot bool
 }
@@ -41,14 +42,14 @@ type tx struct {
 // slotModel is the logical replication slot: from where it was made, and
 // how far it is confirmed.
 type slotModel struct {
-	made, confirmed relay.LSN
+	made, confirmed wal.LSN
 	lost            bool
 }
 
 // dbModel is the database.
 type dbModel struct {
 	txs    []tx
-	next   relay.LSN
+	next   wal.LSN
 	tokens *int
 	slot   *slotModel
 	rec    relay.Record
@@ -71,7 +72,7 @@ func (db *dbModel) commit(n int) {
 	t := tx{commit: db.next, inSlot: !db.broken}
 	for i := range n {
 		*db.tokens++
-		t.toks = append(t.toks, newTok(*db.tokens, relay.Position{Commit: db.next, Index: uint32(i)}))
+		t.toks = append(t.toks, newTok(*db.tokens, wal.Position{Commit: db.next, Index: uint32(i)}))
 	}
 	db.txs = append(db.txs, t)
 }
@@ -90,7 +91,7 @@ func (db *dbModel) attach(n int) {
 }
 
 // wal is the WAL's current position.
-func (db *dbModel) wal() relay.LSN { return db.next }
+func (db *dbModel) wal() wal.LSN { return db.next }
 
 // newIncarnation records a new incarnation of the slot.
 func (db *dbModel) newIncarnation(bound bool, streamSeq uint64) {
@@ -108,7 +109,7 @@ func (db *dbModel) makeSlot() {
 
 // replay is the slot's transactions past confirmed, as its stream
 // carries them: none of a lost slot.
-func (db *dbModel) replay(after relay.LSN) []tx {
+func (db *dbModel) replay(after wal.LSN) []tx {
 	var out []tx
 	for _, t := range db.txs {
 		if t.commit > after && t.commit > db.slot.made {
@@ -119,7 +120,7 @@ func (db *dbModel) replay(after relay.LSN) []tx {
 }
 
 // confirm moves the slot's confirmed position to lsn (never back).
-func (db *dbModel) confirm(lsn relay.LSN) {
+func (db *dbModel) confirm(lsn wal.LSN) {
 	if db.slot != nil && lsn > db.slot.confirmed {
 		db.slot.confirmed = lsn
 	}
@@ -165,7 +166,7 @@ func (db *dbModel) eligible() map[string]bool {
 }
 
 // txEnd is the last transaction's commit (0: none).
-func (db *dbModel) txEnd() relay.LSN {
+func (db *dbModel) txEnd() wal.LSN {
 	if len(db.txs) == 0 {
 		return 0
 	}

@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"fmt"
+	"github.com/mailroom/tailer/decoder/wal"
 	"os"
 	"strings"
 	"testing"
@@ -14,7 +15,6 @@ import (
 
 	"github.com/mailroom/tailer/internal/testutil/pgtest"
 	"github.com/mailroom/tailer/migrations/migratetest"
-	"github.com/mailroom/tailer/publish/relay"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -120,7 +120,7 @@ type slotCheck struct {
 	conn  *pgx.Conn
 	slot  string
 	model *dbModel
-	ends  map[relay.LSN]pglogrepl.LSN
+	ends  map[wal.LSN]wal.LSN
 	// attached counts the tables attached in the database, for their
 	// names and ranges; tables are the check's.
 	attached *int
@@ -136,7 +136,7 @@ func (c *slotCheck) exec(rt *rapid.T, sql string, args ...any) {
 func (c *slotCheck) makeSlot(rt *rapid.T) {
 	c.exec(rt, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, c.slot)
 	c.model.makeSlot()
-	c.ends = map[relay.LSN]pglogrepl.LSN{}
+	c.ends = map[wal.LSN]wal.LSN{}
 }
 
 // commit commits a transaction of 1 to 3 tokens (an account each, whose
@@ -179,7 +179,7 @@ func (c *slotCheck) agree(rt *rapid.T) {
 		rt.Fatal(err)
 	}
 	var want, got []string
-	var commits []relay.LSN
+	var commits []wal.LSN
 	for _, tx := range c.carried() {
 		commits = append(commits, tx.commit)
 		want = append(want, fmt.Sprint(len(tx.toks)))
@@ -210,7 +210,7 @@ func (c *slotCheck) carried() []tx {
 // carries, and where it ends.
 type realTx struct {
 	tokens int
-	end    pglogrepl.LSN
+	end    wal.LSN
 }
 
 // replay peeks at what the slot replays through the mailroom publication.
@@ -242,7 +242,7 @@ func (c *slotCheck) replay() ([]realTx, error) {
 				cur.tokens++
 			}
 		case *pglogrepl.CommitMessage:
-			cur.end = m.TransactionEndLSN
+			cur.end = wal.LSN(m.TransactionEndLSN)
 			out = append(out, cur)
 		}
 	}

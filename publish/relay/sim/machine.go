@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"github.com/mailroom/tailer/decoder/wal"
 	"slices"
 	"strings"
 	"time"
@@ -435,7 +436,7 @@ func (m *machine) fingerprint() string {
 			streaming++
 		}
 	}
-	confirmed := relay.LSN(0)
+	confirmed := wal.LSN(0)
 	if w.db.slot != nil {
 		confirmed = w.db.slot.confirmed
 	}

@@ -3,6 +3,8 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/decoder/wal"
+	"github.com/mailroom/tailer/publish/wire"
 	"time"
 
 	"github.com/mailroom/tailer/publish/relay"
@@ -49,11 +51,11 @@ type simSession struct {
 	// stored counts the batch messages the session added to the stream
 	// (PubAcks taken, not duplicates).
 	stored   uint64
-	readUpTo relay.LSN
-	left     map[relay.LSN]int
+	readUpTo wal.LSN
+	left     map[wal.LSN]int
 	// commitOf is each token's transaction, read.
-	commitOf map[string]relay.LSN
-	order    []relay.LSN
+	commitOf map[string]wal.LSN
+	order    []wal.LSN
 	// lanes are the tokens read and not yet sent, by lane (subject):
 	// each lane's batches go out in order, the lanes' in any.
 	lanes      [2][]simTok
@@ -88,7 +90,7 @@ func (p *simProc) step() bool {
 		return false
 	}
 	if len(p.cmds) == 0 && p.s == nil {
-		p.s = &simSession{p: p, start: p.w.now, left: map[relay.LSN]int{}, commitOf: map[string]relay.LSN{}}
+		p.s = &simSession{p: p, start: p.w.now, left: map[wal.LSN]int{}, commitOf: map[string]wal.LSN{}}
 		p.w.sessions++
 		p.s.id = p.w.sessions
 		p.cmds = p.relay.Step(relay.Start{})
@@ -221,7 +223,7 @@ func (p *simProc) write1(cmd relay.Command) {
 	w, s := p.w, p.s
 	switch c := cmd.(type) {
 	case relay.ClearStopped:
-		p.write(func(r *relay.Record) { r.Stopped = relay.Anchor{} })
+		p.write(func(r *relay.Record) { r.Stopped = wire.Anchor{} })
 	case relay.UniqueIDs:
 		s.unique = true
 	case relay.RecordAnchor:
@@ -319,13 +321,13 @@ func (p *simProc) resume(o relay.Owner) relay.Event {
 			m := msg{Stored: relay.Stored{Kind: relay.Marker, Subject: "b._session", Origin: w.db.origin.String(), Incarnation: o.Incarnation,
 				FenceN: i, FenceK: k, InFlight: max(o.InFlight, 1), After: o.After, Floor: floor}}
 			*w.db.tokens++
-			m.id = fmt.Sprintf("%s%d", relay.MarkerID, *w.db.tokens)
+			m.id = fmt.Sprintf("%s%d", wire.MarkerID, *w.db.tokens)
 			seq, _, err := w.put(m, next)
 			if err != nil {
 				ok = false
 				break
 			}
-			s.anchors.Last = relay.Anchor{Seq: seq, Mark: m.mark()}
+			s.anchors.Last = wire.Anchor{Seq: seq, Mark: m.mark()}
 			next++
 		}
 		if ok {
@@ -365,7 +367,7 @@ func (p *simProc) record(c relay.RecordAnchor) {
 	p.write(func(r *relay.Record) {
 		if id := c.Stream; id.Name != "" {
 			if r.StreamName != id.Name {
-				r.Anchor = relay.Anchor{}
+				r.Anchor = wire.Anchor{}
 			}
 			r.StreamName, r.StreamCreated = id.Name, id.Created
 		}

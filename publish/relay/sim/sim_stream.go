@@ -7,6 +7,8 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/decoder/wal"
+	"github.com/mailroom/tailer/publish/wire"
 	"strings"
 
 	"github.com/mailroom/tailer/publish/relay"
@@ -63,7 +65,7 @@ func (p *simProc) takeAck() {
 			return
 		}
 	}
-	s.anchors.Last = relay.Anchor{Seq: a.seq, Mark: a.m.mark()}
+	s.anchors.Last = wire.Anchor{Seq: a.seq, Mark: a.m.mark()}
 	s.anchors.Batch = s.anchors.Last
 	if !a.dup {
 		s.stored++
@@ -153,7 +155,7 @@ func (p *simProc) send() {
 // acknowledged or skipped, and past the WAL's end when none waits.
 func (p *simProc) confirm() bool {
 	w, s := p.w, p.s
-	to := relay.LSN(0)
+	to := wal.LSN(0)
 	for len(s.order) > 0 && s.left[s.order[0]] <= 0 {
 		to = s.order[0]
 		delete(s.left, s.order[0])

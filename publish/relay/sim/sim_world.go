@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/publish/wire"
 	"strings"
 	"time"
 
@@ -186,7 +187,7 @@ func (w *world) resync() {
 		m := msg{Stored: relay.Stored{Kind: relay.Marker, Subject: "b._session", Origin: w.db.origin.String(), Incarnation: o.Incarnation,
 			FenceN: i, FenceK: k, InFlight: 1, Floor: floor}}
 		*w.db.tokens++
-		m.id = fmt.Sprintf("%s%d", relay.MarkerID, *w.db.tokens)
+		m.id = fmt.Sprintf("%s%d", wire.MarkerID, *w.db.tokens)
 		if _, _, err := w.put(m, int64(w.stream.last)); err != nil {
 			panic(err)
 		}
@@ -200,7 +201,7 @@ func (w *world) resync() {
 			}
 		}
 	}
-	var anchor relay.Anchor
+	var anchor wire.Anchor
 	for len(keys) > 0 {
 		n := min(3, len(keys))
 		m := msg{Stored: relay.Stored{Kind: relay.Batch, Subject: "b", Origin: w.db.origin.String(), Incarnation: w.db.rec.Incarnation, Keys: strings.Join(keys[:n], ","), Resync: true}}
@@ -210,7 +211,7 @@ func (w *world) resync() {
 		if err != nil {
 			panic(err)
 		}
-		anchor = relay.Anchor{Seq: seq, Mark: m.mark()}
+		anchor = wire.Anchor{Seq: seq, Mark: m.mark()}
 		for _, k := range keys[:n] {
 			w.acked[k] = true
 		}
@@ -219,7 +220,7 @@ func (w *world) resync() {
 	// The incarnation owns the stream past what is on it now, and knows
 	// it by its last message (FinishResync).
 	if m, ok := w.stream.msgs[w.stream.last]; ok {
-		anchor = relay.Anchor{Seq: m.Seq, Mark: m.mark()}
+		anchor = wire.Anchor{Seq: m.Seq, Mark: m.mark()}
 	}
 	w.anchorWrites++
 	r := &w.db.rec
@@ -239,7 +240,7 @@ var errStreamGone = errors.New("a message of the window left the stream")
 // clean stop left it): a tailer that judges it by the record alone finds
 // nothing missing.
 func (w *world) holdsRecord() bool {
-	for _, a := range []relay.Anchor{w.db.rec.Anchor, w.db.rec.Stopped} {
+	for _, a := range []wire.Anchor{w.db.rec.Anchor, w.db.rec.Stopped} {
 		if m, ok := w.stream.msgs[a.Seq]; a.Seq != 0 && (!ok || m.mark() != a.Mark) {
 			return false
 		}
