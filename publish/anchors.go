@@ -13,18 +13,11 @@ import (
 	"github.com/mailroom/tailer/publish/wire"
 )
 
-// Anchors are the newest message this process had acknowledged on the
-// stream, and the newest batch (relay.Anchors): a stream deleted and
-// made again, restored from an older backup or purged (the batches'
-// subject alone too, which leaves the markers and the first sequence
-// where they were) does not hold them.
-type Anchors = relay.Anchors
-
 // anchors guards a Publisher's Anchors and its count of batch messages
 // sent and stored: PubAcks note them, the stream checks read them.
 type anchors struct {
 	mu sync.Mutex
-	a  Anchors
+	a  relay.Anchors
 	// sentN and ackedN count the session's batch messages sent and
 	// acknowledged (PubAck in hand), settled signalled as each is;
 	// appendedN those the stream did not hold before (not a duplicate).
@@ -65,7 +58,7 @@ func (p *Publisher) stored(seq uint64, msg *nats.Msg, batch, duplicate bool) {
 
 // Anchors returns the newest messages acknowledged so far (zero ones:
 // none).
-func (p *Publisher) Anchors() Anchors {
+func (p *Publisher) Anchors() relay.Anchors {
 	p.anchors.mu.Lock()
 	defer p.anchors.mu.Unlock()
 	return p.anchors.a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"github.com/mailroom/tailer/decoder/wal"
+	"github.com/mailroom/tailer/publish/relay"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,7 +25,7 @@ import (
 )
 
 // groupOrigin is the database the group tests' positions belong to.
-var groupOrigin = Origin{SystemID: "7", Timeline: 1, Database: "mailroom"}
+var groupOrigin = relay.Origin{SystemID: "7", Timeline: 1, Database: "mailroom"}
 
 // testBatches returns n batches of per tokens each, one transaction per
 // batch at increasing positions, token ids 1.. in order; with lanes, batch
@@ -120,7 +121,7 @@ func (g *groupRun) publisher(ctx context.Context) *Publisher {
 	if err != nil {
 		g.t.Fatal(err)
 	}
-	if err := pub.Resume(ctx, Owner{Origin: groupOrigin, Incarnation: "i1"}); err != nil {
+	if err := pub.Resume(ctx, relay.Owner{Origin: groupOrigin, Incarnation: "i1"}); err != nil {
 		g.t.Fatal(err)
 	}
 	return pub
@@ -276,7 +277,7 @@ func TestGroupAloneAtLowLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	if err := pub.Resume(ctx, Owner{Origin: groupOrigin, Incarnation: "i1"}); err != nil {
+	if err := pub.Resume(ctx, relay.Owner{Origin: groupOrigin, Incarnation: "i1"}); err != nil {
 		t.Fatal(err)
 	}
 	signer, _ := token.NewSigner("k", make([]byte, token.KeySize))

@@ -22,44 +22,44 @@ import (
 // legacy slot). What it accepts, it resumes by content: the tokens of the
 // owner's messages are on the stream, whatever their positions.
 func TestResume(t *testing.T) {
-	here := Origin{SystemID: "1", Timeline: 1, Database: "mailroom"}
+	here := relay.Origin{SystemID: "1", Timeline: 1, Database: "mailroom"}
 	pos := wal.Position{Commit: 0x5000, Index: 2}
 	type msg struct{ origin, incarnation string }
 	for _, tc := range []struct {
 		name   string
 		stored []msg
-		owner  Owner
+		owner  relay.Owner
 		want   string // in the error; "" for none
 		resume bool   // the stored token is on the stream
 	}{
-		{name: "empty stream", owner: Owner{Origin: here, Incarnation: "a"}},
-		{name: "its own", stored: []msg{{here.String(), "a"}}, owner: Owner{Origin: here, Incarnation: "a"}, resume: true},
-		{name: "another incarnation", stored: []msg{{here.String(), "a"}}, owner: Owner{Origin: here, Incarnation: "b"},
+		{name: "empty stream", owner: relay.Owner{Origin: here, Incarnation: "a"}},
+		{name: "its own", stored: []msg{{here.String(), "a"}}, owner: relay.Owner{Origin: here, Incarnation: "a"}, resume: true},
+		{name: "another incarnation", stored: []msg{{here.String(), "a"}}, owner: relay.Owner{Origin: here, Incarnation: "b"},
 			want: "another incarnation of the slot"},
-		{name: "another incarnation before the takeover", stored: []msg{{here.String(), "a"}}, owner: Owner{Origin: here, Incarnation: "b", Since: 1}},
-		{name: "the takeover, then its own", stored: []msg{{here.String(), "a"}, {here.String(), "b"}}, owner: Owner{Origin: here, Incarnation: "b", Since: 1},
+		{name: "another incarnation before the takeover", stored: []msg{{here.String(), "a"}}, owner: relay.Owner{Origin: here, Incarnation: "b", Since: 1}},
+		{name: "the takeover, then its own", stored: []msg{{here.String(), "a"}, {here.String(), "b"}}, owner: relay.Owner{Origin: here, Incarnation: "b", Since: 1},
 			resume: true},
-		{name: "an older tailer's, legacy slot", stored: []msg{{"", ""}}, owner: Owner{Origin: here, Incarnation: "a", Legacy: true}, resume: true},
-		{name: "an older tailer's, new slot", stored: []msg{{"", ""}}, owner: Owner{Origin: here, Incarnation: "a"},
+		{name: "an older tailer's, legacy slot", stored: []msg{{"", ""}}, owner: relay.Owner{Origin: here, Incarnation: "a", Legacy: true}, resume: true},
+		{name: "an older tailer's, new slot", stored: []msg{{"", ""}}, owner: relay.Owner{Origin: here, Incarnation: "a"},
 			want: "no incarnation"},
-		{name: "another database", stored: []msg{{"2/1/mailroom", "a"}}, owner: Owner{Origin: here, Incarnation: "a"},
+		{name: "another database", stored: []msg{{"2/1/mailroom", "a"}}, owner: relay.Owner{Origin: here, Incarnation: "a"},
 			want: "published from another database"},
 		{name: "the same system on its next timeline (a promoted standby)", stored: []msg{{"1/1/mailroom", "a"}},
-			owner: Owner{Origin: Origin{SystemID: "1", Timeline: 2, Database: "mailroom", History: map[int32]wal.LSN{1: 0x5800}}, Incarnation: "a"}, resume: true},
+			owner: relay.Owner{Origin: relay.Origin{SystemID: "1", Timeline: 2, Database: "mailroom", History: map[int32]wal.LSN{1: 0x5800}}, Incarnation: "a"}, resume: true},
 		{name: "the same system on a later timeline that branched before the stream's last batch", stored: []msg{{"1/1/mailroom", "a"}},
-			owner: Owner{Origin: Origin{SystemID: "1", Timeline: 3, Database: "mailroom", History: map[int32]wal.LSN{1: 0x4000, 2: 0x5800}}, Incarnation: "a"},
+			owner: relay.Owner{Origin: relay.Origin{SystemID: "1", Timeline: 3, Database: "mailroom", History: map[int32]wal.LSN{1: 0x4000, 2: 0x5800}}, Incarnation: "a"},
 			want:  "past the point where this server's timeline branched"},
 		{name: "the same system on a later timeline without its history", stored: []msg{{"1/1/mailroom", "a"}},
-			owner: Owner{Origin: Origin{SystemID: "1", Timeline: 2, Database: "mailroom"}, Incarnation: "a"}, want: "published from another database"},
-		{name: "the same system on an earlier timeline", stored: []msg{{"1/3/mailroom", "a"}}, owner: Owner{Origin: here, Incarnation: "a"},
+			owner: relay.Owner{Origin: relay.Origin{SystemID: "1", Timeline: 2, Database: "mailroom"}, Incarnation: "a"}, want: "published from another database"},
+		{name: "the same system on an earlier timeline", stored: []msg{{"1/3/mailroom", "a"}}, owner: relay.Owner{Origin: here, Incarnation: "a"},
 			want: "published from another database"},
-		{name: "another database of the same system", stored: []msg{{"1/1/other", "a"}}, owner: Owner{Origin: here, Incarnation: "a"},
+		{name: "another database of the same system", stored: []msg{{"1/1/other", "a"}}, owner: relay.Owner{Origin: here, Incarnation: "a"},
 			want: "published from another database"},
-		{name: "a copy on a new timeline, slot made again", stored: []msg{{"1/1/mailroom", "a"}}, owner: Owner{Origin: Origin{SystemID: "1", Timeline: 2, Database: "mailroom", History: map[int32]wal.LSN{1: 0x9000}}, Incarnation: "b"},
+		{name: "a copy on a new timeline, slot made again", stored: []msg{{"1/1/mailroom", "a"}}, owner: relay.Owner{Origin: relay.Origin{SystemID: "1", Timeline: 2, Database: "mailroom", History: map[int32]wal.LSN{1: 0x9000}}, Incarnation: "b"},
 			want: "another incarnation of the slot"},
-		{name: "positions ahead of the server's WAL (a restore): resumed by content", stored: []msg{{here.String(), "a"}}, owner: Owner{Origin: here, Incarnation: "a", After: 0x4000},
+		{name: "positions ahead of the server's WAL (a restore): resumed by content", stored: []msg{{here.String(), "a"}}, owner: relay.Owner{Origin: here, Incarnation: "a", After: 0x4000},
 			resume: true},
-		{name: "a message that is not a batch", stored: []msg{{"stray", ""}}, owner: Owner{Origin: here, Incarnation: "a"}},
+		{name: "a message that is not a batch", stored: []msg{{"stray", ""}}, owner: relay.Owner{Origin: here, Incarnation: "a"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

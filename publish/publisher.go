@@ -35,7 +35,7 @@ type Destination struct {
 	Replicas   int
 	// Origin is put on every message: the database its positions belong
 	// to. The slot incarnation they belong to is Resume's.
-	Origin Origin
+	Origin relay.Origin
 	// PerAction publishes each action's batches on a subject of its own,
 	// Subject.<label> (wire.LaneSubject), in the lanes of batch.ByAction.
 	PerAction bool
@@ -125,7 +125,7 @@ type Publisher struct {
 
 	// last is the stream's last message when the publisher started (zero
 	// seq: none).
-	last relay.Stored
+	last relay.Published
 	// lastTime is when the stream's last message was stored.
 	lastTime time.Time
 	// lastSeq is the stream's last sequence when the session started, and
@@ -259,7 +259,7 @@ func (p *Publisher) readLast(ctx context.Context) error {
 		return fmt.Errorf("stream info: %w", err)
 	}
 	p.lastSeq, p.next, p.seen = info.State.LastSeq, info.State.LastSeq, p.seenOf(info)
-	p.last, p.lastTime = relay.Stored{}, time.Time{}
+	p.last, p.lastTime = relay.Published{}, time.Time{}
 	if info.State.LastSeq == 0 {
 		return nil
 	}
@@ -277,9 +277,9 @@ func (p *Publisher) readLast(ctx context.Context) error {
 
 // readStored reads what the tailer wrote on a message. A message whose
 // headers the tailer cannot read is another publisher's (relay.Other).
-func readStored(msg *jetstream.RawStreamMsg) relay.Stored {
+func readStored(msg *jetstream.RawStreamMsg) relay.Published {
 	h := msg.Header
-	s := relay.Stored{Seq: msg.Sequence, Subject: msg.Subject, Origin: h.Get(wire.HeaderOrigin), Incarnation: h.Get(wire.HeaderIncarnation)}
+	s := relay.Published{Seq: msg.Sequence, Subject: msg.Subject, Origin: h.Get(wire.HeaderOrigin), Incarnation: h.Get(wire.HeaderIncarnation)}
 	switch {
 	case wire.IsMarker(h):
 		n, k, ok := strings.Cut(h.Get(wire.HeaderFence), "/")

@@ -39,7 +39,7 @@ import (
 // judged the stream by: a message that lands before them fails the
 // resume (ErrStreamMoved), and the next session looks at the stream
 // afresh.
-func (p *Publisher) Resume(ctx context.Context, o Owner) error {
+func (p *Publisher) Resume(ctx context.Context, o relay.Owner) error {
 	p.incarnation = o.Incarnation
 	w, prev, err := relay.Scan(&streamReader{ctx: ctx, p: p}, p.scanned(), o)
 	if err != nil {
@@ -65,25 +65,25 @@ type streamReader struct {
 
 // At is the message at seq; false when the stream no longer holds it
 // (removed by its limits, or deleted).
-func (r *streamReader) At(seq uint64) (relay.Stored, bool, error) {
+func (r *streamReader) At(seq uint64) (relay.Published, bool, error) {
 	msg, err := r.p.getMsg(r.ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return relay.Stored{}, false, nil
+		return relay.Published{}, false, nil
 	}
 	if err != nil {
-		return relay.Stored{}, false, fmt.Errorf("read message %d of stream %s: %w", seq, r.p.name, err)
+		return relay.Published{}, false, fmt.Errorf("read message %d of stream %s: %w", seq, r.p.name, err)
 	}
 	return readStored(msg), true, nil
 }
 
 // LastOn is the last message on subject; false when there is none.
-func (r *streamReader) LastOn(subject string) (relay.Stored, bool, error) {
+func (r *streamReader) LastOn(subject string) (relay.Published, bool, error) {
 	msg, err := r.p.getLastMsgForSubject(r.ctx, subject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return relay.Stored{}, false, nil
+		return relay.Published{}, false, nil
 	}
 	if err != nil {
-		return relay.Stored{}, false, fmt.Errorf("read the last message on %s of stream %s: %w", subject, r.p.name, err)
+		return relay.Published{}, false, fmt.Errorf("read the last message on %s of stream %s: %w", subject, r.p.name, err)
 	}
 	return readStored(msg), true, nil
 }
@@ -129,7 +129,7 @@ func errWindowGone(stream string, seq uint64) error {
 // publishMarkers publishes the session's markers, chained to the stream's
 // last sequence, and waits for their PubAcks. They say what the scan found
 // (w), for the sessions after this one.
-func (p *Publisher) publishMarkers(ctx context.Context, o Owner, w *relay.Window, prev *relay.Stored) error {
+func (p *Publisher) publishMarkers(ctx context.Context, o relay.Owner, w *relay.Window, prev *relay.Published) error {
 	k, floor := relay.Fence(o, w, prev, p.lastSeq)
 	// Each marker has an id of its own, so that it names its place by
 	// content (Anchors); the duplicate window never matches it.

@@ -32,7 +32,7 @@ func batchOf(first, last int) *Message {
 	return &Message{First: tokenAt(first).Pos, Last: tokenAt(last).Pos, Count: len(keys), TokenIDs: "1", TokenKeys: strings.Join(keys, ","), Body: []byte("x")}
 }
 
-var resumeOrigin = Origin{SystemID: "7", Timeline: 1, Database: "mailroom"}
+var resumeOrigin = relay.Origin{SystemID: "7", Timeline: 1, Database: "mailroom"}
 
 // session starts a publishing session that replays the tokens after
 // token after (0: all), keeping inFlight messages in flight.
@@ -43,7 +43,7 @@ func session(t *testing.T, ctx context.Context, nc *nats.Conn, after, inFlight i
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Close)
-	o := Owner{Origin: resumeOrigin, Incarnation: "i", InFlight: inFlight, After: 0x2000}
+	o := relay.Owner{Origin: resumeOrigin, Incarnation: "i", InFlight: inFlight, After: 0x2000}
 	if after > 0 {
 		o.After = tokenAt(after).Pos.Commit + 1
 	}
@@ -319,7 +319,7 @@ func TestResumeRefusesATrimmedWindow(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer p.Close()
-		return p.Resume(ctx, Owner{Origin: resumeOrigin, Incarnation: "i", InFlight: 1, After: tokenAt(after).Pos.Commit + 1})
+		return p.Resume(ctx, relay.Owner{Origin: resumeOrigin, Incarnation: "i", InFlight: 1, After: tokenAt(after).Pos.Commit + 1})
 	}
 	var trimmed *relay.WindowTrimmedError
 	if err := resume(2); !errors.As(err, &trimmed) || trimmed.Limits != "max_msgs=4" || trimmed.Seq != 3 {

@@ -16,7 +16,7 @@ import (
 func TestConfirmAllowed(t *testing.T) {
 	var asked []pglogrepl.LSN
 	fail := false
-	r := &Receiver{allowed: 100, opts: Options{StatusInterval: time.Second,
+	r := &Receiver{allowed: 100, opts: StreamOptions{StatusInterval: time.Second,
 		BeforeConfirm: func(_ context.Context, at pglogrepl.LSN) (pglogrepl.LSN, error) {
 			asked = append(asked, at)
 			if fail {

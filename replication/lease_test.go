@@ -111,7 +111,7 @@ func TestLeaseNotAwaitedFromAStreamingHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rc.Close(context.Background())
-	if _, err := Start(ctx, rc, Options{Slot: "st", Publication: "mailroom"}); err != nil {
+	if _, err := Start(ctx, rc, StreamOptions{Slot: "st", Publication: "mailroom"}); err != nil {
 		t.Fatal(err)
 	}
 	started := time.Now()

@@ -94,7 +94,7 @@ func TestSlots(t *testing.T) {
 	}
 
 	// A second stream on a slot in use is told so (SQLSTATE 55006).
-	opts := Options{Slot: "s1", Publication: migrations.Publication}
+	opts := StreamOptions{Slot: "s1", Publication: migrations.Publication}
 	c1, err := Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)
@@ -213,7 +213,7 @@ func TestSilentConnectionIsGivenUp(t *testing.T) {
 	}
 	defer conn.Close(context.Background())
 	const timeout = 4 * time.Second
-	stream, err := Start(ctx, conn, Options{Slot: "silent", Publication: migrations.Publication, Timeout: timeout})
+	stream, err := Start(ctx, conn, StreamOptions{Slot: "silent", Publication: migrations.Publication, Timeout: timeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +233,7 @@ func TestSilentConnectionIsGivenUp(t *testing.T) {
 	}
 	defer conn2.Close(context.Background())
 	waitInactive(t, ctx, db, "silent")
-	stream, err = Start(ctx, conn2, Options{Slot: "silent", Publication: migrations.Publication, Timeout: timeout})
+	stream, err = Start(ctx, conn2, StreamOptions{Slot: "silent", Publication: migrations.Publication, Timeout: timeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +272,7 @@ func TestStoppedStreamLeavesItsPositionOnTheSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	stream, err := Start(ctx, conn, Options{Slot: "stopping", Publication: migrations.Publication, Timeout: 30 * time.Second})
+	stream, err := Start(ctx, conn, StreamOptions{Slot: "stopping", Publication: migrations.Publication, Timeout: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

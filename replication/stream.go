@@ -17,8 +17,8 @@ import (
 // readBuffer is the most one read of the replication socket takes.
 const readBuffer = 256 << 10
 
-// Options choose how pgoutput encodes the stream.
-type Options struct {
+// StreamOptions choose how pgoutput encodes the stream.
+type StreamOptions struct {
 	Slot        string
 	Publication string
 	// ProtoVersion is the pgoutput protocol: 1, or 2 for streaming of large
@@ -59,7 +59,7 @@ type Options struct {
 // Options.Timeout, not even an answer to a status update asking for one.
 var ErrSilent = errors.New("replication connection silent")
 
-func (o Options) pluginArgs() []string {
+func (o StreamOptions) pluginArgs() []string {
 	args := []string{
 		fmt.Sprintf("proto_version '%d'", o.ProtoVersion),
 		fmt.Sprintf("publication_names '%s'", o.Publication),
@@ -103,7 +103,7 @@ type Handler interface {
 // Receiver is a started replication stream.
 type Receiver struct {
 	conn *pgconn.PgConn
-	opts Options
+	opts StreamOptions
 
 	received pglogrepl.LSN
 	sent     pglogrepl.LSN
@@ -113,7 +113,7 @@ type Receiver struct {
 }
 
 // Start begins streaming the slot from its confirmed position.
-func Start(ctx context.Context, conn *pgconn.PgConn, opts Options) (*Receiver, error) {
+func Start(ctx context.Context, conn *pgconn.PgConn, opts StreamOptions) (*Receiver, error) {
 	if err := ValidateName(opts.Slot); err != nil {
 		return nil, fmt.Errorf("slot name: %w", err)
 	}

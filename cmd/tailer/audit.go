@@ -194,7 +194,7 @@ func (x *cli) runAudit(ctx context.Context, cfg *config.Config, f *auditFlags, l
 func (f *auditFlags) options(ctx context.Context, cfg *config.Config, js jetstream.JetStream) (audit.Options, func(), error) {
 	since, _ := f.start(time.Now())
 	opts := audit.Options{Schema: cfg.Schema, Slot: cfg.Slot, Since: since, Grace: f.grace, Lines: cfg.Format == wire.FormatLine,
-		ClockSkew: 10 * time.Second, Consumer: subscriber.AuditConsumer, Settle: f.wait}
+		ClockSkew: 10 * time.Second, Consumer: subscriber.AuditConsumer, ConfirmWait: f.wait}
 	floor := audit.Floor{JS: js, Stream: cfg.Stream, Durable: f.durable}
 	switch {
 	case f.lines != "":

@@ -112,7 +112,7 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 		if errors.Is(err, subscriber.ErrReaderGone) {
 			outcome = subscriber.ReaderFailed
 		}
-		if n := sub.Settle(context.Background(), outcome); n > 0 {
+		if n := sub.ReaderEnded(context.Background(), outcome); n > 0 {
 			log.Info("lines the reader may not have finished are delivered again", "messages", n)
 		}
 	}

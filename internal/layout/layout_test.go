@@ -63,7 +63,9 @@ func TestFunctionsFitOnAScreen(t *testing.T) {
 }
 
 // dataPath are the packages a token goes through, WAL to reader.
-var dataPath = []string{"replication", "decoder", "batch", "publish", "publish/join", "publish/token", "publish/wire", "publish/jsio", "publish/subscriber", "publish/subscriber/inbox"}
+var dataPath = []string{"replication", "decoder", "decoder/action", "decoder/traceparent", "decoder/wal", "batch", "migrations",
+	"publish", "publish/join", "publish/token", "publish/wire", "publish/jsio", "publish/relay", "publish/resync",
+	"publish/subscriber", "publish/subscriber/protocol", "publish/subscriber/inbox"}
 
 // No exported type name means two things on the data path.
 func TestTypeNamesMeanOneThing(t *testing.T) {

@@ -39,8 +39,8 @@ type Options struct {
 	// confirmed past the audit's snapshot instead, when it did: every
 	// batch of the window was cut by then, whatever the lag (tailer run's
 	// audit, of the tokens of the last minutes).
-	Grace       time.Duration
-	CutBySettle bool
+	Grace            time.Duration
+	CutByConfirmWait bool
 	// Lines: the stream carries lines (a token unsafe for one is
 	// skipped); else JSON.
 	Lines bool
@@ -54,14 +54,14 @@ type Options struct {
 	Durable Durable
 	// read, in tests, is called as each key is read back from the stream.
 	read func(seq uint64)
-	// Settle is how long to wait for the slot to confirm past the audit's
+	// ConfirmWait is how long to wait for the slot to confirm past the audit's
 	// snapshot before the stream is read (default 30 s): then every token
 	// the snapshot holds was published, and one the stream lacks is
 	// missing, whatever its transaction's length. A slot that does not
 	// (tailer run behind or stopped) leaves what the stream lacks pending.
-	Settle time.Duration
+	ConfirmWait time.Duration
 	// Settled: an audit whose slot is not confirmed past its snapshot
-	// within Settle reads nothing more, and could not finish (tailer
+	// within ConfirmWait reads nothing more, and could not finish (tailer
 	// run's audit, while the tailer catches up).
 	Settled bool
 }
@@ -174,12 +174,12 @@ func Audit(ctx context.Context, conn *pgx.Conn, stream jetstream.Stream, opts Op
 	return rep, nil
 }
 
-// settle waits, up to opts.Settle, for the slot to confirm past the
+// settle waits, up to opts.ConfirmWait, for the slot to confirm past the
 // snapshot's position: every token the snapshot holds was then published
 // before the stream is read. The slot's view is read in the snapshot's
 // transaction, and is current all the same.
 func (rep *Report) settle(ctx context.Context, tx pgx.Tx, opts Options, snapshot pglogrepl.LSN) error {
-	wait := opts.Settle
+	wait := opts.ConfirmWait
 	if wait <= 0 {
 		wait = 30 * time.Second
 	}
@@ -232,7 +232,7 @@ func (rep *Report) count(row Row, opts Options, keys *streamKeys, deliverable, d
 		d = delivered
 	}
 	cutBy := row.Created + int64(opts.Grace.Seconds())
-	if opts.CutBySettle && rep.Settled {
+	if opts.CutByConfirmWait && rep.Settled {
 		cutBy = rep.SettledAt.Add(opts.ClockSkew).Unix() + 1
 	}
 	missing := len(rep.Missing)

@@ -121,7 +121,7 @@ func (f *fixture) audit(t *testing.T, read func(seq uint64)) (Report, error) {
 		t.Fatal(err)
 	}
 	return Audit(f.ctx, conn, stream, Options{Schema: pgname.Public, Slot: "mailroom", Since: time.Now().Add(-time.Hour), Grace: time.Second,
-		Consumer: "tailer_audit", Settle: 5 * time.Second, read: read})
+		Consumer: "tailer_audit", ConfirmWait: 5 * time.Second, read: read})
 }
 
 // An intact stream: every token checked, none missing; a message

@@ -20,7 +20,7 @@ type Opened struct{}
 // slot's record and the slot.
 type Inspected struct {
 	Schema, Publication error
-	Record              Record
+	Record              SlotRecord
 	Slot                Slot
 	// Shared are the other schemas of the database whose record names
 	// the slot.
@@ -32,7 +32,7 @@ type HeadRead struct{ Head StreamHead }
 
 // SlotMade: the slot was made, with its record.
 type SlotMade struct {
-	Record Record
+	Record SlotRecord
 	Slot   Slot
 }
 
@@ -40,7 +40,7 @@ type SlotMade struct {
 // Record is the slot's record as read then.
 type Claimed struct {
 	Head   StreamHead
-	Record Record
+	Record SlotRecord
 	// Confirmed is the slot's confirmed position read once it streams to
 	// the session: where its stream starts, which no other process can
 	// move from then on.
@@ -48,14 +48,14 @@ type Claimed struct {
 }
 
 // Bound: the record now binds the stream to the slot's incarnation.
-type Bound struct{ Record Record }
+type Bound struct{ Record SlotRecord }
 
-// StreamChecked is the stream as a check found it: the creation time its
+// StreamLook is the stream as a check found it: the creation time its
 // server reports, what it holds (and whether its configuration removes
 // messages then: Seen.Trims), every anchor it was asked about that it no
 // longer holds at its sequence (whatever removed it), and how many batch
 // messages the session had stored on it (PubAck in hand) when it looked.
-type StreamChecked struct {
+type StreamLook struct {
 	Created string
 	Seen    Seen
 	Missing []wire.Anchor
@@ -73,19 +73,19 @@ type Resumed struct {
 	Anchors Anchors
 }
 
-// Checked is a look taken while the session streams: a schema or a
+// LookTaken is a look taken while the session streams: a schema or a
 // publication the tailer can no longer read tokens through, a record
 // that says the stream lacks inserts, or that another process refused
 // the slot meanwhile (NoFact: not), a cause of NATS storing nothing (nil:
 // none), and the stream as its check found it.
-type Checked struct {
+type LookTaken struct {
 	Schema, Publication, NATS error
 	ResyncNeeded              bool
 	ResyncCause               string
 	// HealAsked: tailer audit --heal waits for the slot's lease.
 	HealAsked bool
 	Refused   Refusal
-	Stream    StreamChecked
+	Stream    StreamLook
 }
 
 // EndKind is how a session ended, as the driver tells it from the
@@ -148,18 +148,18 @@ type Ended struct {
 // snapshot published).
 type Resynced struct{ Err error }
 
-func (Start) event()         {}
-func (Opened) event()        {}
-func (Inspected) event()     {}
-func (HeadRead) event()      {}
-func (SlotMade) event()      {}
-func (Claimed) event()       {}
-func (Bound) event()         {}
-func (StreamChecked) event() {}
-func (Resumed) event()       {}
-func (Checked) event()       {}
-func (Ended) event()         {}
-func (Resynced) event()      {}
+func (Start) event()      {}
+func (Opened) event()     {}
+func (Inspected) event()  {}
+func (HeadRead) event()   {}
+func (SlotMade) event()   {}
+func (Claimed) event()    {}
+func (Bound) event()      {}
+func (StreamLook) event() {}
+func (Resumed) event()    {}
+func (LookTaken) event()  {}
+func (Ended) event()      {}
+func (Resynced) event()   {}
 
 // Command is what the relay asks its driver to do.
 type Command interface{ command() }
@@ -187,9 +187,9 @@ type Claim struct{}
 type Adopt struct{}
 type Bind struct{}
 
-// CheckStream looks at the stream (StreamChecked): whether it holds
+// LookAtStream looks at the stream (StreamLook): whether it holds
 // each of Anchors, at its sequence.
-type CheckStream struct {
+type LookAtStream struct {
 	Anchors []wire.Anchor
 	// Quiet asks for a look with nothing of the session's on its way to
 	// the stream (Seen.Quiet): its figures and the batches stored are
@@ -282,7 +282,7 @@ func (MakeSlot) command()         {}
 func (Claim) command()            {}
 func (Adopt) command()            {}
 func (Bind) command()             {}
-func (CheckStream) command()      {}
+func (LookAtStream) command()     {}
 func (ClearStopped) command()     {}
 func (Resume) command()           {}
 func (UniqueIDs) command()        {}

@@ -186,11 +186,11 @@ func (r Refusal) Error() string {
 	return r.Err.Error()
 }
 
-// Recorded is a refusal read back from the slot's record: the words it
+// RecordedRefusal is a refusal read back from the slot's record: the words it
 // was said with then.
-type Recorded struct{ Said string }
+type RecordedRefusal struct{ Said string }
 
-func (r *Recorded) Error() string { return r.Said }
+func (r *RecordedRefusal) Error() string { return r.Said }
 
 // StreamLoss is what the stream lost, as the checks found it.
 type StreamLoss struct {

@@ -19,7 +19,7 @@ func (r *Relay) replaced(created, recorded string) Refusal {
 // (again: messages gone, which only a quiet look can tell batches from
 // session markers among), or neither. What the stream held is kept as
 // the last seen when it lost nothing.
-func (r *Relay) lost(ev StreamChecked) (ref Refusal, again, refused bool) {
+func (r *Relay) lost(ev StreamLook) (ref Refusal, again, refused bool) {
 	loss := &StreamLoss{Stream: r.stream.Name}
 	// Messages gone that the configuration may have removed, now or
 	// before this look (a limit taken off since it trimmed), say nothing.
@@ -97,7 +97,7 @@ type batchCount struct {
 // removed is how many batch messages a quiet look finds gone since the
 // count: those the stream held then and the session stored since, less
 // those it holds now.
-func (c batchCount) removed(ev StreamChecked) uint64 {
+func (c batchCount) removed(ev StreamLook) uint64 {
 	had := c.batches + ev.Stored - c.stored
 	if ev.Seen.Batches >= had {
 		return 0
@@ -109,7 +109,7 @@ func (c batchCount) removed(ev StreamChecked) uint64 {
 // be a batch, and the first session marker (by its mark: its loss alone
 // says nothing of the batches). One below the stream's first sequence
 // while its configuration removes old messages went by those limits.
-func (r *Relay) gone(ev StreamChecked, trims bool) (batch, marker wire.Anchor) {
+func (r *Relay) gone(ev StreamLook, trims bool) (batch, marker wire.Anchor) {
 	for _, a := range ev.Missing {
 		switch {
 		case trims && a.Seq < ev.Seen.First:

@@ -43,19 +43,19 @@ func TestCheckOwner(t *testing.T) {
 	o := Owner{Origin: Origin{SystemID: "7", Timeline: 2, Database: "mailroom", History: map[int32]wal.LSN{1: 0x100}}, Incarnation: "i1", Since: 10}
 	for _, tc := range []struct {
 		name   string
-		m      Stored
+		m      Published
 		legacy bool
 		want   string
 	}{
-		{"before the owner", Stored{Seq: 10, Origin: "9/1/x", Incarnation: "other"}, false, ""},
-		{"its own", Stored{Seq: 11, Origin: "7/2/mailroom", Incarnation: "i1"}, false, ""},
-		{"no origin", Stored{Seq: 11, Incarnation: "i1"}, false, ""},
-		{"another database", Stored{Seq: 11, Origin: "9/2/mailroom", Incarnation: "i1"}, false, "published from another database (stream: origin 9/2/mailroom at seq 11; this server: origin 7/2/mailroom)"},
-		{"past the branch", Stored{Seq: 12, Origin: "7/1/mailroom", Incarnation: "i1", Last: wal.Position{Commit: 0x180}}, false, "published past the point where this server's timeline branched"},
-		{"another incarnation", Stored{Seq: 11, Origin: "7/2/mailroom", Incarnation: "i0"}, false, "another incarnation of the slot (a copy or restore of the database, or the slot made again since) (stream: incarnation i0 at seq 11; this server: incarnation i1, stream taken over after seq 10)"},
-		{"none", Stored{Seq: 11, Origin: "7/2/mailroom"}, false, "no incarnation"},
-		{"none, legacy", Stored{Seq: 11, Origin: "7/2/mailroom"}, true, ""},
-		{"another, legacy", Stored{Seq: 11, Origin: "7/2/mailroom", Incarnation: "i0"}, true, "another incarnation"},
+		{"before the owner", Published{Seq: 10, Origin: "9/1/x", Incarnation: "other"}, false, ""},
+		{"its own", Published{Seq: 11, Origin: "7/2/mailroom", Incarnation: "i1"}, false, ""},
+		{"no origin", Published{Seq: 11, Incarnation: "i1"}, false, ""},
+		{"another database", Published{Seq: 11, Origin: "9/2/mailroom", Incarnation: "i1"}, false, "published from another database (stream: origin 9/2/mailroom at seq 11; this server: origin 7/2/mailroom)"},
+		{"past the branch", Published{Seq: 12, Origin: "7/1/mailroom", Incarnation: "i1", Last: wal.Position{Commit: 0x180}}, false, "published past the point where this server's timeline branched"},
+		{"another incarnation", Published{Seq: 11, Origin: "7/2/mailroom", Incarnation: "i0"}, false, "another incarnation of the slot (a copy or restore of the database, or the slot made again since) (stream: incarnation i0 at seq 11; this server: incarnation i1, stream taken over after seq 10)"},
+		{"none", Published{Seq: 11, Origin: "7/2/mailroom"}, false, "no incarnation"},
+		{"none, legacy", Published{Seq: 11, Origin: "7/2/mailroom"}, true, ""},
+		{"another, legacy", Published{Seq: 11, Origin: "7/2/mailroom", Incarnation: "i0"}, true, "another incarnation"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := o
@@ -80,7 +80,7 @@ func TestFence(t *testing.T) {
 		name  string
 		o     Owner
 		w     Window
-		prev  *Stored
+		prev  *Published
 		last  uint64
 		k     int
 		floor uint64
@@ -88,10 +88,10 @@ func TestFence(t *testing.T) {
 		{"empty stream", Owner{InFlight: 1}, Window{}, nil, 0, 1, 1},
 		{"no in-flight given", Owner{}, Window{}, nil, 0, 1, 1},
 		{"written without markers", Owner{InFlight: 1}, Window{}, nil, 7, legacyInFlight, 8},
-		{"a wider session before", Owner{InFlight: 1}, Window{Floor: 3}, &Stored{FenceN: 2, FenceK: 2, InFlight: 4}, 7, 4, 3},
-		{"a narrower session before", Owner{InFlight: 3}, Window{}, &Stored{FenceN: 1, FenceK: 1, InFlight: 1}, 7, 3, 8},
-		{"markers not all landed", Owner{InFlight: 1}, Window{}, &Stored{FenceN: 1, FenceK: 5, InFlight: 2}, 7, 5, 8},
-		{"markers not all landed, wide", Owner{InFlight: 1}, Window{}, &Stored{FenceN: 1, FenceK: 2, InFlight: 6}, 7, 6, 8},
+		{"a wider session before", Owner{InFlight: 1}, Window{Floor: 3}, &Published{FenceN: 2, FenceK: 2, InFlight: 4}, 7, 4, 3},
+		{"a narrower session before", Owner{InFlight: 3}, Window{}, &Published{FenceN: 1, FenceK: 1, InFlight: 1}, 7, 3, 8},
+		{"markers not all landed", Owner{InFlight: 1}, Window{}, &Published{FenceN: 1, FenceK: 5, InFlight: 2}, 7, 5, 8},
+		{"markers not all landed, wide", Owner{InFlight: 1}, Window{}, &Published{FenceN: 1, FenceK: 2, InFlight: 6}, 7, 6, 8},
 	} {
 		k, floor := Fence(tc.o, &tc.w, tc.prev, tc.last)
 		if k != tc.k || floor != tc.floor {
@@ -136,7 +136,7 @@ func TestFacts(t *testing.T) {
 	if got := (Refusal{Fact: SlotLost}).Error(); got != "slot_lost" {
 		t.Errorf("a refusal without words says %q", got)
 	}
-	if got := (Refusal{Fact: SlotLost, Err: &Recorded{Said: "said"}}).Error(); got != "said" {
+	if got := (Refusal{Fact: SlotLost, Err: &RecordedRefusal{Said: "said"}}).Error(); got != "said" {
 		t.Errorf("a recorded refusal says %q", got)
 	}
 }

@@ -7,8 +7,8 @@ import (
 	"time"
 )
 
-// Config is a Relay's settings, fixed for its life.
-type Config struct {
+// Settings is a Relay's settings, fixed for its life.
+type Settings struct {
 	// Stream is the stream the relay publishes to.
 	Stream string
 	// AutoResync lets the relay resync the slot itself where a resync is
@@ -54,9 +54,9 @@ func (a Anchors) with(b Anchors) Anchors {
 	return a
 }
 
-// Record is the slot's record (the table tailer_slot), as a session read
+// SlotRecord is the slot's record (the table tailer_slot), as a session read
 // it.
-type Record struct {
+type SlotRecord struct {
 	Exists bool
 	// Incarnation is new each time a tailer command makes the slot.
 	Incarnation string
@@ -175,10 +175,10 @@ const (
 // session found and returns what to do. It is not safe for concurrent
 // use: its caller steps it from one goroutine at a time.
 type Relay struct {
-	cfg Config
+	cfg Settings
 	ph  phase
 	// The session's: what it found so far.
-	rec    Record
+	rec    SlotRecord
 	slot   Slot
 	stream StreamHead
 	// anchors are what the session knows the stream by; anchored, those
@@ -222,7 +222,7 @@ type Relay struct {
 }
 
 // New returns a Relay of cfg.
-func New(cfg Config) *Relay {
+func New(cfg Settings) *Relay {
 	return &Relay{cfg: cfg, delay: minDelay}
 }
 
@@ -261,13 +261,13 @@ func (r *Relay) Step(ev Event) []Command {
 	case Bound:
 		r.rec = ev.Record
 		return r.checkStream()
-	case StreamChecked:
+	case StreamLook:
 		return r.streamChecked(ev)
 	case Resumed:
 		return r.resumed(ev)
-	case Checking:
+	case LookDue:
 		return r.checking(ev)
-	case Checked:
+	case LookTaken:
 		return r.checked(ev)
 	case NATSTrouble:
 		return r.natsTrouble(ev)
@@ -285,7 +285,7 @@ func (r *Relay) start() []Command {
 		return nil
 	}
 	r.ph = opening
-	r.rec, r.slot, r.stream, r.anchors, r.stored, r.seen, r.judged, r.count = Record{}, Slot{}, StreamHead{}, Anchors{}, Anchors{}, Seen{}, false, batchCount{}
+	r.rec, r.slot, r.stream, r.anchors, r.stored, r.seen, r.judged, r.count = SlotRecord{}, Slot{}, StreamHead{}, Anchors{}, Anchors{}, Seen{}, false, batchCount{}
 	return []Command{Open{}}
 }
 

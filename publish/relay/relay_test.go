@@ -37,7 +37,7 @@ func step(t *testing.T, r *Relay, ev Event, want string) []Command {
 var (
 	here    = Origin{SystemID: "7", Timeline: 1, Database: "mailroom"}
 	slotAt  = Slot{Present: true, Confirmed: 0x100}
-	boundAt = Record{Exists: true, Incarnation: "i1", Bound: true, StreamName: "S", StreamCreated: "t1"}
+	boundAt = SlotRecord{Exists: true, Incarnation: "i1", Bound: true, StreamName: "S", StreamCreated: "t1"}
 	headAt  = StreamHead{Name: "S", Created: "t1", Replicas: 1, Seen: Seen{Known: true}}
 	seen0   = Seen{Known: true}
 )
@@ -51,12 +51,12 @@ func open(t *testing.T, r *Relay) {
 
 // toResume steps a relay through a session of rec, slot and head whose
 // stream lost nothing, up to its Resume.
-func toStream(t *testing.T, r *Relay, rec Record, head StreamHead) {
+func toStream(t *testing.T, r *Relay, rec SlotRecord, head StreamHead) {
 	t.Helper()
 	open(t, r)
 	step(t, r, Inspected{Record: rec, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: head, Record: rec}, "CheckStream{Anchors:[] Quiet:false}")
-	step(t, r, StreamChecked{Created: head.Created, Seen: head.Seen},
+	step(t, r, Claimed{Head: head, Record: rec}, "LookAtStream{Anchors:[] Quiet:false}")
+	step(t, r, StreamLook{Created: head.Created, Seen: head.Seen},
 		fmt.Sprintf("RecordAnchor{Anchor:{Seq:0 Mark:} Seen:%+v Stream:{Name: Created:}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}", head.Seen.recordable()))
 	step(t, r, Resumed{}, "Publish{}")
 }
@@ -64,13 +64,13 @@ func toStream(t *testing.T, r *Relay, rec Record, head StreamHead) {
 // A first start: no slot, no record, an empty stream. The slot is made,
 // the stream bound, recorded and resumed.
 func TestFirstStart(t *testing.T) {
-	r := New(Config{Stream: "S"})
+	r := New(Settings{Stream: "S"})
 	open(t, r)
 	step(t, r, Inspected{}, "ReadHead{}")
 	step(t, r, HeadRead{Head: StreamHead{Name: "S"}}, "MakeSlot{}")
-	step(t, r, SlotMade{Record: Record{Exists: true, Incarnation: "i1", Bound: true}, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: headAt, Record: Record{Exists: true, Incarnation: "i1", Bound: true}}, "CheckStream{Anchors:[] Quiet:false}")
-	step(t, r, StreamChecked{Created: "t1", Seen: seen0},
+	step(t, r, SlotMade{Record: SlotRecord{Exists: true, Incarnation: "i1", Bound: true}, Slot: slotAt}, "Claim{}")
+	step(t, r, Claimed{Head: headAt, Record: SlotRecord{Exists: true, Incarnation: "i1", Bound: true}}, "LookAtStream{Anchors:[] Quiet:false}")
+	step(t, r, StreamLook{Created: "t1", Seen: seen0},
 		"Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
 	step(t, r, Resumed{WAL: 0x200, Anchors: Anchors{Last: wire.Anchor{Seq: 1, Mark: "m1"}}},
 		"RecordAnchor{Anchor:{Seq:1 Mark:m1} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name:S Created:t1}} Publish{}")
@@ -84,18 +84,18 @@ func TestFirstStart(t *testing.T) {
 func TestMissingSlot(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		rec  Record
+		rec  SlotRecord
 		head StreamHead
 		auto bool
 		want string
 	}{
-		{"recorded", Record{Exists: true, Incarnation: "i1"}, StreamHead{}, false, "Refuse{Refusal:slot_dropped Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
-		{"recorded, auto resync", Record{Exists: true, Incarnation: "i1"}, StreamHead{}, true, "Resync{Refusal:slot_dropped}"},
-		{"batches of an unrecorded slot", Record{}, StreamHead{LastSeq: 4}, false, "Refuse{Refusal:slot_unrecorded Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
-		{"another database's stream", Record{}, StreamHead{LastSeq: 4, Foreign: errors.New("from elsewhere")}, false, "Refuse{Refusal:from elsewhere Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
+		{"recorded", SlotRecord{Exists: true, Incarnation: "i1"}, StreamHead{}, false, "Refuse{Refusal:slot_dropped Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
+		{"recorded, auto resync", SlotRecord{Exists: true, Incarnation: "i1"}, StreamHead{}, true, "Resync{Refusal:slot_dropped}"},
+		{"batches of an unrecorded slot", SlotRecord{}, StreamHead{LastSeq: 4}, false, "Refuse{Refusal:slot_unrecorded Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
+		{"another database's stream", SlotRecord{}, StreamHead{LastSeq: 4, Foreign: errors.New("from elsewhere")}, false, "Refuse{Refusal:from elsewhere Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := New(Config{AutoResync: tc.auto})
+			r := New(Settings{AutoResync: tc.auto})
 			open(t, r)
 			step(t, r, Inspected{Record: tc.rec}, "ReadHead{}")
 			step(t, r, HeadRead{Head: tc.head}, tc.want)
@@ -107,7 +107,7 @@ func TestMissingSlot(t *testing.T) {
 // publication (which marks the stream as lacking inserts), the record's
 // word, a resync unfinished, a refusal recorded, the slot.
 func TestInspectionRefuses(t *testing.T) {
-	recorded := Refusal{Fact: StreamPurged, Err: &Recorded{Said: "purged, said before"}}
+	recorded := Refusal{Fact: StreamPurged, Err: &RecordedRefusal{Said: "purged, said before"}}
 	for _, tc := range []struct {
 		name string
 		ev   Inspected
@@ -118,28 +118,28 @@ func TestInspectionRefuses(t *testing.T) {
 			"Refuse{Refusal:no column secret Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
 		{"publication", Inspected{Publication: errors.New("no tokens table"), Record: boundAt, Slot: slotAt}, false,
 			"MarkResyncNeeded{} Refuse{Refusal:no tokens table Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
-		{"resync needed", Inspected{Record: Record{Exists: true, ResyncNeeded: true}, Slot: slotAt}, false,
+		{"resync needed", Inspected{Record: SlotRecord{Exists: true, ResyncNeeded: true}, Slot: slotAt}, false,
 			"Refuse{Refusal:resync_needed Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
-		{"resync needed, auto", Inspected{Record: Record{Exists: true, ResyncNeeded: true}, Slot: slotAt}, true, "Resync{Refusal:resync_needed}"},
-		{"resync pending", Inspected{Record: Record{Exists: true, ResyncPending: true}, Slot: slotAt}, false,
+		{"resync needed, auto", Inspected{Record: SlotRecord{Exists: true, ResyncNeeded: true}, Slot: slotAt}, true, "Resync{Refusal:resync_needed}"},
+		{"resync pending", Inspected{Record: SlotRecord{Exists: true, ResyncPending: true}, Slot: slotAt}, false,
 			"Refuse{Refusal:resync_pending Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
-		{"recorded refusal", Inspected{Record: Record{Exists: true, Refused: recorded}, Slot: slotAt}, true,
+		{"recorded refusal", Inspected{Record: SlotRecord{Exists: true, Refused: recorded}, Slot: slotAt}, true,
 			"Refuse{Refusal:purged, said before Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
 		{"another's slot", Inspected{Record: boundAt, Slot: Slot{Present: true, Foreign: errors.New("slot of another plugin")}}, false,
 			"Wait{Delay:250ms Err:slot of another plugin Say:true}"},
 		{"slot lost", Inspected{Record: boundAt, Slot: Slot{Present: true, Lost: true}}, false,
 			"Refuse{Refusal:slot_lost Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
-		{"resync needed, with its cause", Inspected{Record: Record{Exists: true, ResyncNeeded: true, ResyncCause: "the publication was altered"}, Slot: slotAt}, false,
+		{"resync needed, with its cause", Inspected{Record: SlotRecord{Exists: true, ResyncNeeded: true, ResyncCause: "the publication was altered"}, Slot: slotAt}, false,
 			"Refuse{Refusal:the publication was altered Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
-		{"a heal asked", Inspected{Record: Record{Exists: true, Bound: true, HealAsked: true}, Slot: slotAt}, false,
+		{"a heal asked", Inspected{Record: SlotRecord{Exists: true, Bound: true, HealAsked: true}, Slot: slotAt}, false,
 			"Refuse{Refusal:heal_asked Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
 		{"the slot shared with another schema", Inspected{Record: boundAt, Slot: slotAt, Shared: []string{"other"}}, false,
 			"Refuse{Refusal:the slot is recorded in schema other too (its tailer_slot): a tailer of each schema would stream it through its own publication, and confirm it past the other's tokens Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
-		{"the slot advanced past the confirm limit", Inspected{Record: Record{Exists: true, Bound: true, ConfirmLimit: 0x80}, Slot: slotAt}, false,
+		{"the slot advanced past the confirm limit", Inspected{Record: SlotRecord{Exists: true, Bound: true, ConfirmLimit: 0x80}, Slot: slotAt}, false,
 			"Refuse{Refusal:the slot is confirmed at 0/100, past 0/80, the furthest a tailer of this database's record of it confirmed it: another process advanced it (a tailer of another schema configured with the same MAILROOM_SLOT, or pg_replication_slot_advance), and the tokens committed in between never reached the stream Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := New(Config{AutoResync: tc.auto})
+			r := New(Settings{AutoResync: tc.auto})
 			open(t, r)
 			step(t, r, tc.ev, tc.want)
 		})
@@ -151,29 +151,29 @@ func TestInspectionRefuses(t *testing.T) {
 func TestTakingTheStreamOver(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		rec  Record
+		rec  SlotRecord
 		head StreamHead
 		want string
 	}{
-		{"unrecorded slot", Record{}, headAt, "Adopt{}"},
-		{"recorded, unbound", Record{Exists: true, Incarnation: "i1"}, headAt, "Bind{}"},
-		{"batches on it", Record{Exists: true, Incarnation: "i1"}, StreamHead{Name: "S", LastSeq: 3}, "Refuse{Refusal:earlier_batches Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
-		{"another database's", Record{Exists: true, Incarnation: "i1"}, StreamHead{Name: "S", LastSeq: 3, Foreign: errors.New("foreign")},
+		{"unrecorded slot", SlotRecord{}, headAt, "Adopt{}"},
+		{"recorded, unbound", SlotRecord{Exists: true, Incarnation: "i1"}, headAt, "Bind{}"},
+		{"batches on it", SlotRecord{Exists: true, Incarnation: "i1"}, StreamHead{Name: "S", LastSeq: 3}, "Refuse{Refusal:earlier_batches Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
+		{"another database's", SlotRecord{Exists: true, Incarnation: "i1"}, StreamHead{Name: "S", LastSeq: 3, Foreign: errors.New("foreign")},
 			"Refuse{Refusal:foreign Say:true} Wait{Delay:5s Err:<nil> Say:false}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := New(Config{})
+			r := New(Settings{})
 			open(t, r)
 			step(t, r, Inspected{Record: tc.rec, Slot: slotAt}, "Claim{}")
 			step(t, r, Claimed{Head: tc.head, Record: tc.rec}, tc.want)
 		})
 	}
-	r := New(Config{})
+	r := New(Settings{})
 	open(t, r)
 	step(t, r, Inspected{Slot: slotAt}, "Claim{}")
 	step(t, r, Claimed{Head: headAt}, "Adopt{}")
-	step(t, r, Bound{Record: Record{Exists: true, Incarnation: "i2", Bound: true}}, "CheckStream{Anchors:[] Quiet:false}")
-	step(t, r, StreamChecked{Created: "t1", Seen: seen0}, "Resume{Owner:{Origin:/0/ Incarnation:i2 Since:0 Legacy:false After:0/100 InFlight:1}}")
+	step(t, r, Bound{Record: SlotRecord{Exists: true, Incarnation: "i2", Bound: true}}, "LookAtStream{Anchors:[] Quiet:false}")
+	step(t, r, StreamLook{Created: "t1", Seen: seen0}, "Resume{Owner:{Origin:/0/ Incarnation:i2 Since:0 Legacy:false After:0/100 InFlight:1}}")
 }
 
 // The stream is named in the record with the session's first markers,
@@ -183,21 +183,21 @@ func TestTakingTheStreamOver(t *testing.T) {
 // stream for its own (it refused it as made again: a false refusal,
 // docs/faults.md).
 func TestStreamNamedWithItsMarkers(t *testing.T) {
-	unnamed := Record{Exists: true, Incarnation: "i1", Bound: true}
-	r := New(Config{Stream: "S"})
+	unnamed := SlotRecord{Exists: true, Incarnation: "i1", Bound: true}
+	r := New(Settings{Stream: "S"})
 	open(t, r)
 	step(t, r, Inspected{Record: unnamed, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: headAt, Record: unnamed}, "CheckStream{Anchors:[] Quiet:false}")
-	step(t, r, StreamChecked{Created: "t1", Seen: seen0}, "Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+	step(t, r, Claimed{Head: headAt, Record: unnamed}, "LookAtStream{Anchors:[] Quiet:false}")
+	step(t, r, StreamLook{Created: "t1", Seen: seen0}, "Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
 	// Killed here; the next finds the record as it was, and another
 	// creation time.
-	r = New(Config{Stream: "S"})
+	r = New(Settings{Stream: "S"})
 	open(t, r)
 	other := headAt
 	other.Created = "t2"
 	step(t, r, Inspected{Record: unnamed, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: other, Record: unnamed}, "CheckStream{Anchors:[] Quiet:false}")
-	step(t, r, StreamChecked{Created: "t2", Seen: seen0}, "Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+	step(t, r, Claimed{Head: other, Record: unnamed}, "LookAtStream{Anchors:[] Quiet:false}")
+	step(t, r, StreamLook{Created: "t2", Seen: seen0}, "Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
 	step(t, r, Resumed{WAL: 0x200, Anchors: Anchors{Last: wire.Anchor{Seq: 1, Mark: "m1"}}},
 		"RecordAnchor{Anchor:{Seq:1 Mark:m1} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name:S Created:t2}} Publish{}")
 }
@@ -214,15 +214,15 @@ func TestStreamOfAnotherCreationTime(t *testing.T) {
 	replaced := "Refuse{Refusal:stream S was deleted and made again (the server created it at t2; this slot published to one created at t1): " +
 		"the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}"
 
-	r := New(Config{})
+	r := New(Settings{})
 	open(t, r)
 	step(t, r, Inspected{Record: anchored, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: head, Record: anchored}, "CheckStream{Anchors:[{Seq:5 Mark:id:5}] Quiet:false}")
+	step(t, r, Claimed{Head: head, Record: anchored}, "LookAtStream{Anchors:[{Seq:5 Mark:id:5}] Quiet:false}")
 	lost := "Refuse{Refusal:stream S no longer holds message 5 that this tailer stored on it (id:5): it was deleted and made again, restored from an older backup, or purged (of the batches' subject alone too): " +
 		"the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}"
-	step(t, r, StreamChecked{Created: "t2", Missing: []wire.Anchor{{Seq: 5, Mark: "id:5"}}}, lost)
+	step(t, r, StreamLook{Created: "t2", Missing: []wire.Anchor{{Seq: 5, Mark: "id:5"}}}, lost)
 
-	r = New(Config{})
+	r = New(Settings{})
 	open(t, r)
 	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
 	step(t, r, Claimed{Head: head, Record: boundAt}, replaced)
@@ -230,18 +230,18 @@ func TestStreamOfAnotherCreationTime(t *testing.T) {
 	// The message last on it at the last clean stop is one to know it by
 	// (a restore of everything it held holds it); the stop is forgotten
 	// once a session goes on.
-	r = New(Config{})
+	r = New(Settings{})
 	open(t, r)
 	step(t, r, Inspected{Record: stopped, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: head, Record: stopped}, "CheckStream{Anchors:[{Seq:6 Mark:id:6}] Quiet:false}")
-	step(t, r, StreamChecked{Created: "t2", Seen: Seen{Known: true, First: 1, Last: 6}},
+	step(t, r, Claimed{Head: head, Record: stopped}, "LookAtStream{Anchors:[{Seq:6 Mark:id:6}] Quiet:false}")
+	step(t, r, StreamLook{Created: "t2", Seen: Seen{Known: true, First: 1, Last: 6}},
 		"RecordAnchor{Anchor:{Seq:6 Mark:id:6} Seen:{Known:true First:1 Last:6 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}} ClearStopped{} "+
 			"Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:2}}")
-	r = New(Config{})
+	r = New(Settings{})
 	open(t, r)
 	step(t, r, Inspected{Record: stopped, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: head, Record: stopped}, "CheckStream{Anchors:[{Seq:6 Mark:id:6}] Quiet:false}")
-	step(t, r, StreamChecked{Created: "t2", Seen: Seen{Known: true, First: 1, Last: 4}, Missing: []wire.Anchor{{Seq: 6, Mark: "id:6"}}},
+	step(t, r, Claimed{Head: head, Record: stopped}, "LookAtStream{Anchors:[{Seq:6 Mark:id:6}] Quiet:false}")
+	step(t, r, StreamLook{Created: "t2", Seen: Seen{Known: true, First: 1, Last: 4}, Missing: []wire.Anchor{{Seq: 6, Mark: "id:6"}}},
 		"Refuse{Refusal:stream S no longer holds message 6 that this tailer stored on it (id:6): it was deleted and made again, restored from an older backup, or purged (of the batches' subject alone too): "+
 			"the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}")
 }
@@ -295,33 +295,33 @@ func TestStreamChecks(t *testing.T) {
 		"the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}"
 	for _, tc := range []struct {
 		name string
-		ev   StreamChecked
+		ev   StreamLook
 		want string
 	}{
-		{"purged", StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 10, Last: 9}}, purged},
-		{"a message deleted", StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 9, Deleted: 1}}, purged},
-		{"limits", StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 10, Last: 12, Trims: true}},
+		{"purged", StreamLook{Created: "t1", Seen: Seen{Known: true, First: 10, Last: 9}}, purged},
+		{"a message deleted", StreamLook{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 9, Deleted: 1}}, purged},
+		{"limits", StreamLook{Created: "t1", Seen: Seen{Known: true, First: 10, Last: 12, Trims: true}},
 			"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:10 Last:12 Deleted:0 Batches:0 Trims:true Keeps:0 Quiet:false} Stream:{Name: Created:}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}"},
-		{"as seen", StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 9}},
+		{"as seen", StreamLook{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 9}},
 			"Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}"},
-		{"made again, held nothing", StreamChecked{Created: "t2", Seen: Seen{Known: true, First: 1, Last: 9}},
+		{"made again, held nothing", StreamLook{Created: "t2", Seen: Seen{Known: true, First: 1, Last: 9}},
 			"Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := New(Config{})
+			r := New(Settings{})
 			open(t, r)
 			step(t, r, Inspected{Record: rec, Slot: slotAt}, "Claim{}")
-			step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t1", Replicas: 1}, Record: rec}, "CheckStream{Anchors:[] Quiet:false}")
+			step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t1", Replicas: 1}, Record: rec}, "LookAtStream{Anchors:[] Quiet:false}")
 			step(t, r, tc.ev, tc.want)
 		})
 	}
 	// Made again under a session that opened it holding messages, before
 	// it stored any: refused.
-	r := New(Config{})
+	r := New(Settings{})
 	open(t, r)
 	step(t, r, Inspected{Record: rec, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t1", LastSeq: 9, Replicas: 1}, Record: rec}, "CheckStream{Anchors:[] Quiet:false}")
-	step(t, r, StreamChecked{Created: "t2", Seen: Seen{Known: true}},
+	step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t1", LastSeq: 9, Replicas: 1}, Record: rec}, "LookAtStream{Anchors:[] Quiet:false}")
+	step(t, r, StreamLook{Created: "t2", Seen: Seen{Known: true}},
 		"Refuse{Refusal:stream S was deleted and made again (the server created it at t2; this slot published to one created at t1): the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}")
 }
 
@@ -346,11 +346,11 @@ func TestResumed(t *testing.T) {
 		{"markers stored", Resumed{Anchors: Anchors{Last: wire.Anchor{Seq: 7, Mark: "m7"}}}, false, "RecordAnchor{Anchor:{Seq:7 Mark:m7} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}} Publish{}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := New(Config{AutoResync: tc.auto})
+			r := New(Settings{AutoResync: tc.auto})
 			open(t, r)
 			step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
-			step(t, r, Claimed{Head: headAt, Record: boundAt}, "CheckStream{Anchors:[] Quiet:false}")
-			step(t, r, StreamChecked{Created: "t1", Seen: seen0},
+			step(t, r, Claimed{Head: headAt, Record: boundAt}, "LookAtStream{Anchors:[] Quiet:false}")
+			step(t, r, StreamLook{Created: "t1", Seen: seen0},
 				"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
 			step(t, r, tc.ev, tc.want)
 		})
@@ -363,7 +363,7 @@ func TestInFlight(t *testing.T) {
 	for _, tc := range []struct {
 		cfg, replicas, want int
 	}{{0, 1, 1}, {0, 3, 2}, {5, 3, 5}, {4, 1, 4}} {
-		r := New(Config{MaxInFlight: tc.cfg})
+		r := New(Settings{MaxInFlight: tc.cfg})
 		r.stream.Replicas = tc.replicas
 		if got := r.inFlight(); got != tc.want {
 			t.Errorf("MaxInFlight %d, %d replicas: %d in flight, want %d", tc.cfg, tc.replicas, got, tc.want)
@@ -378,73 +378,73 @@ func TestChecksWhileStreaming(t *testing.T) {
 	stored := Anchors{Last: wire.Anchor{Seq: 4, Mark: "m4"}, Batch: wire.Anchor{Seq: 3, Mark: "id:3"}}
 	for _, tc := range []struct {
 		name string
-		ev   Checked
+		ev   LookTaken
 		want string
 	}{
-		{"schema", Checked{Schema: errors.New("no column secret")}, "Stop{Refusal:no column secret}"},
-		{"publication", Checked{Publication: errors.New("no tokens table")}, "Stop{Refusal:no tokens table}"},
-		{"resync needed", Checked{ResyncNeeded: true}, "Stop{Refusal:resync_needed}"},
-		{"nats", Checked{NATS: errors.New("store full")}, "Stop{Refusal:store full}"},
-		{"refused by another", Checked{Refused: Refusal{Fact: StreamPurged, Err: &Recorded{Said: "purged"}}, NATS: errors.New("store full")}, "Stop{Refusal:purged}"},
-		{"anchor gone", Checked{Stream: StreamChecked{Created: "t1", Missing: []wire.Anchor{{Seq: 3, Mark: "id:3"}}}},
+		{"schema", LookTaken{Schema: errors.New("no column secret")}, "Stop{Refusal:no column secret}"},
+		{"publication", LookTaken{Publication: errors.New("no tokens table")}, "Stop{Refusal:no tokens table}"},
+		{"resync needed", LookTaken{ResyncNeeded: true}, "Stop{Refusal:resync_needed}"},
+		{"nats", LookTaken{NATS: errors.New("store full")}, "Stop{Refusal:store full}"},
+		{"refused by another", LookTaken{Refused: Refusal{Fact: StreamPurged, Err: &RecordedRefusal{Said: "purged"}}, NATS: errors.New("store full")}, "Stop{Refusal:purged}"},
+		{"anchor gone", LookTaken{Stream: StreamLook{Created: "t1", Missing: []wire.Anchor{{Seq: 3, Mark: "id:3"}}}},
 			"Stop{Refusal:stream S no longer holds message 3 that this tailer stored on it (id:3): it was deleted and made again, restored from an older backup, or purged (of the batches' subject alone too): the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them}"},
-		{"another replica", Checked{Stream: StreamChecked{Created: "t9", Seen: Seen{Known: true, First: 1, Last: 4}}},
+		{"another replica", LookTaken{Stream: StreamLook{Created: "t9", Seen: Seen{Known: true, First: 1, Last: 4}}},
 			"RecordAnchor{Anchor:{Seq:4 Mark:m4} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := New(Config{})
+			r := New(Settings{})
 			toStream(t, r, boundAt, headAt)
-			step(t, r, Checking{Anchors: stored}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4}] Quiet:false}")
+			step(t, r, LookDue{Anchors: stored}, "LookAtStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4}] Quiet:false}")
 			step(t, r, tc.ev, tc.want)
 		})
 	}
-	r := New(Config{})
+	r := New(Settings{})
 	toStream(t, r, boundAt, headAt)
-	step(t, r, Checking{Anchors: stored}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4}] Quiet:false}")
-	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4}}},
+	step(t, r, LookDue{Anchors: stored}, "LookAtStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4}] Quiet:false}")
+	step(t, r, LookTaken{Stream: StreamLook{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4}}},
 		"RecordAnchor{Anchor:{Seq:4 Mark:m4} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}}")
 	// Known now: looked for beside what is stored next; recorded once.
-	step(t, r, Checking{Anchors: Anchors{Last: wire.Anchor{Seq: 6, Mark: "m6"}, Batch: wire.Anchor{Seq: 3, Mark: "id:3"}}}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4} {Seq:6 Mark:m6}] Quiet:false}")
-	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4}}}, "RecordAnchor{Anchor:{Seq:6 Mark:m6} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}}")
-	step(t, r, Checking{Anchors: stored}, "CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:6 Mark:m6} {Seq:4 Mark:m4}] Quiet:false}")
+	step(t, r, LookDue{Anchors: Anchors{Last: wire.Anchor{Seq: 6, Mark: "m6"}, Batch: wire.Anchor{Seq: 3, Mark: "id:3"}}}, "LookAtStream{Anchors:[{Seq:3 Mark:id:3} {Seq:4 Mark:m4} {Seq:6 Mark:m6}] Quiet:false}")
+	step(t, r, LookTaken{Stream: StreamLook{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4}}}, "RecordAnchor{Anchor:{Seq:6 Mark:m6} Seen:{Known:true First:1 Last:4 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}}")
+	step(t, r, LookDue{Anchors: stored}, "LookAtStream{Anchors:[{Seq:3 Mark:id:3} {Seq:6 Mark:m6} {Seq:4 Mark:m4}] Quiet:false}")
 	// A message gone: a quiet look tells whether batches were, and with no
 	// quiet look to count from (the first one was not), it was.
-	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4, Deleted: 1}}},
-		"CheckStream{Anchors:[{Seq:3 Mark:id:3} {Seq:6 Mark:m6} {Seq:4 Mark:m4}] Quiet:true}")
-	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4, Deleted: 1, Quiet: true}}},
+	step(t, r, LookTaken{Stream: StreamLook{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4, Deleted: 1}}},
+		"LookAtStream{Anchors:[{Seq:3 Mark:id:3} {Seq:6 Mark:m6} {Seq:4 Mark:m4}] Quiet:true}")
+	step(t, r, LookTaken{Stream: StreamLook{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 4, Deleted: 1, Quiet: true}}},
 		"Stop{Refusal:stream S no longer holds messages this slot published after sequence 0, and its configuration removes none: it was purged: the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them}")
 	step(t, r, NATSTrouble{Err: errors.New("denied")}, "Stop{Refusal:denied}")
 	// Once the session ended, a late look is passed over.
 	step(t, r, Ended{Kind: EndRefused, Refusal: Refusal{Fact: StreamPurged, Err: errors.New("purged")}}, "Refuse{Refusal:purged Say:true} Wait{Delay:5s Err:<nil> Say:false}")
-	step(t, r, Checked{NATS: errors.New("late")}, "")
+	step(t, r, LookTaken{NATS: errors.New("late")}, "")
 	step(t, r, NATSTrouble{Err: errors.New("late")}, "")
-	step(t, r, Checking{}, "")
+	step(t, r, LookDue{}, "")
 }
 
 // The next session of the same process knows the stream by what the last
 // one stored, checked or not.
 func TestNextSessionKnowsTheStream(t *testing.T) {
-	r := New(Config{})
+	r := New(Settings{})
 	toStream(t, r, boundAt, headAt)
-	step(t, r, Checking{Anchors: Anchors{Last: wire.Anchor{Seq: 2, Mark: "m2"}, Batch: wire.Anchor{Seq: 1, Mark: "id:1"}}}, "CheckStream{Anchors:[{Seq:1 Mark:id:1} {Seq:2 Mark:m2}] Quiet:false}")
-	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 2}}}, "RecordAnchor{Anchor:{Seq:2 Mark:m2} Seen:{Known:true First:1 Last:2 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}}")
+	step(t, r, LookDue{Anchors: Anchors{Last: wire.Anchor{Seq: 2, Mark: "m2"}, Batch: wire.Anchor{Seq: 1, Mark: "id:1"}}}, "LookAtStream{Anchors:[{Seq:1 Mark:id:1} {Seq:2 Mark:m2}] Quiet:false}")
+	step(t, r, LookTaken{Stream: StreamLook{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 2}}}, "RecordAnchor{Anchor:{Seq:2 Mark:m2} Seen:{Known:true First:1 Last:2 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}}")
 	step(t, r, Ended{Kind: EndNATS, Err: errors.New("cut"), Anchors: Anchors{Last: wire.Anchor{Seq: 5, Mark: "m5"}, Batch: wire.Anchor{Seq: 5, Mark: "id:5"}}}, "Wait{Delay:250ms Err:cut Say:true}")
 	open(t, r)
 	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t2", LastSeq: 5, Replicas: 1}, Record: boundAt}, "CheckStream{Anchors:[{Seq:1 Mark:id:1} {Seq:2 Mark:m2} {Seq:5 Mark:id:5} {Seq:5 Mark:m5}] Quiet:false}")
+	step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t2", LastSeq: 5, Replicas: 1}, Record: boundAt}, "LookAtStream{Anchors:[{Seq:1 Mark:id:1} {Seq:2 Mark:m2} {Seq:5 Mark:id:5} {Seq:5 Mark:m5}] Quiet:false}")
 }
 
 // How a session ended: exit, stand by, refuse, or retry after a delay
 // that doubles to its bound and starts afresh after a long session.
 func TestSessionEnds(t *testing.T) {
 	failed := errors.New("failed")
-	r := New(Config{})
+	r := New(Settings{})
 	open(t, r)
 	step(t, r, Ended{Kind: EndStartupConfig, Err: failed}, "Exit{Err:failed}")
 	for _, kind := range []EndKind{EndStoppedUnpublished, EndConfig, EndStreamConfig} {
-		step(t, New(Config{}), Ended{Kind: kind, Err: failed}, "Exit{Err:failed}")
+		step(t, New(Settings{}), Ended{Kind: kind, Err: failed}, "Exit{Err:failed}")
 	}
-	r = New(Config{})
+	r = New(Settings{})
 	var want []string
 	for _, d := range []string{"250ms", "500ms", "1s", "2s", "4s", "8s", "16s", "30s", "30s"} {
 		want = append(want, "Wait{Delay:"+d+" Err:failed Say:true}")
@@ -463,11 +463,11 @@ func TestSessionEnds(t *testing.T) {
 	step(t, r, Ended{Kind: EndFound, Found: SlotLost}, "Refuse{Refusal:slot_lost Say:true} Wait{Delay:5s Err:<nil> Say:false}")
 	step(t, r, Ended{Kind: EndPostgres, Err: failed}, "Wait{Delay:10s Err:failed Say:true}")
 	// After a session streamed, a startup setting is retried.
-	r = New(Config{})
+	r = New(Settings{})
 	toStream(t, r, boundAt, headAt)
 	step(t, r, Ended{Kind: EndStartupConfig, Err: failed}, "Wait{Delay:250ms Err:failed Say:true}")
 	// NATS: at most 2 s apart, and another server after two in a row.
-	r = New(Config{})
+	r = New(Settings{})
 	step(t, r, Ended{Kind: EndNATS, Err: failed}, "Wait{Delay:250ms Err:failed Say:true}")
 	step(t, r, Ended{Kind: EndNATS, Err: failed}, "Reconnect{} Wait{Delay:500ms Err:failed Say:true}")
 	step(t, r, Ended{Kind: EndNATS, Err: failed}, "Wait{Delay:1s Err:failed Say:true}")
@@ -485,13 +485,13 @@ func TestSessionEnds(t *testing.T) {
 // A PubAck of a reused id: the next sessions name their batches apart.
 // One naming a message the stream no longer holds: the stream lost it.
 func TestPubAckEnds(t *testing.T) {
-	r := New(Config{})
+	r := New(Settings{})
 	toStream(t, r, boundAt, headAt)
 	step(t, r, Ended{Kind: EndReusedID, Err: errors.New("reused")}, "Wait{Delay:250ms Err:reused Say:true}")
 	open(t, r)
 	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: headAt, Record: boundAt}, "CheckStream{Anchors:[] Quiet:false}")
-	step(t, r, StreamChecked{Created: "t1", Seen: seen0}, "RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
+	step(t, r, Claimed{Head: headAt, Record: boundAt}, "LookAtStream{Anchors:[] Quiet:false}")
+	step(t, r, StreamLook{Created: "t1", Seen: seen0}, "RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
 	step(t, r, Resumed{}, "UniqueIDs{} Publish{}")
 	step(t, r, Ended{Kind: EndBatchGone, Err: errors.New("gone")}, "Refuse{Refusal:gone Say:true} Wait{Delay:5s Err:<nil> Say:false}")
 	if f := r.rec.Refused.Fact; f != NoFact {
@@ -499,12 +499,12 @@ func TestPubAckEnds(t *testing.T) {
 	}
 	limited := headAt
 	limited.Seen.Trims = true
-	r = New(Config{AutoResync: true})
+	r = New(Settings{AutoResync: true})
 	toStream(t, r, boundAt, limited)
 	step(t, r, Ended{Kind: EndBatchGone, Err: errors.New("gone")}, "Resync{Refusal:gone}")
 	step(t, r, Resynced{Err: errors.New("no lease")}, "Wait{Delay:5s Err:no lease Say:true}")
 	step(t, r, Resynced{}, "")
-	r = New(Config{})
+	r = New(Settings{})
 	toStream(t, r, boundAt, headAt)
 	step(t, r, Ended{Kind: EndBatchGone, Err: errors.New("gone")}, "Refuse{Refusal:gone Say:true} Wait{Delay:5s Err:<nil> Say:false}")
 }
@@ -512,13 +512,13 @@ func TestPubAckEnds(t *testing.T) {
 // A resync that worked starts the next session soon, and the next
 // refusal is said again.
 func TestResynced(t *testing.T) {
-	r := New(Config{AutoResync: true})
+	r := New(Settings{AutoResync: true})
 	open(t, r)
-	step(t, r, Inspected{Record: Record{Exists: true, ResyncNeeded: true}, Slot: slotAt}, "Resync{Refusal:resync_needed}")
+	step(t, r, Inspected{Record: SlotRecord{Exists: true, ResyncNeeded: true}, Slot: slotAt}, "Resync{Refusal:resync_needed}")
 	step(t, r, Resynced{}, "Wait{Delay:250ms Err:<nil> Say:false}")
 	step(t, r, Ended{Kind: EndPostgres, Err: errors.New("x")}, "Wait{Delay:500ms Err:x Say:true}")
 	open(t, r)
-	step(t, r, Inspected{Record: Record{Exists: true, ResyncPending: true}, Slot: slotAt}, "Resync{Refusal:resync_pending}")
+	step(t, r, Inspected{Record: SlotRecord{Exists: true, ResyncPending: true}, Slot: slotAt}, "Resync{Refusal:resync_pending}")
 	step(t, r, Resynced{Err: errors.New("no lease")}, "Wait{Delay:5s Err:no lease Say:true}")
 	step(t, r, Ended{Kind: EndPostgres, Err: errors.New("x")}, "Wait{Delay:10s Err:x Say:true}")
 }
@@ -527,7 +527,7 @@ func TestResynced(t *testing.T) {
 // to it, another incarnation there (its lease lapsed and a resync made
 // the slot again): the session ends before it publishes anything.
 func TestRecordMovedUnderAFrozenSession(t *testing.T) {
-	r := New(Config{})
+	r := New(Settings{})
 	open(t, r)
 	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
 	moved := boundAt
@@ -537,11 +537,11 @@ func TestRecordMovedUnderAFrozenSession(t *testing.T) {
 
 // One refused by another process meanwhile refuses it too.
 func TestRefusedUnderAFrozenSession(t *testing.T) {
-	r := New(Config{})
+	r := New(Settings{})
 	open(t, r)
 	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
 	refused := boundAt
-	refused.Refused = Refusal{Fact: StreamPurged, Err: &Recorded{Said: "purged"}}
+	refused.Refused = Refusal{Fact: StreamPurged, Err: &RecordedRefusal{Said: "purged"}}
 	step(t, r, Claimed{Head: headAt, Record: refused}, "Refuse{Refusal:purged Say:true} Wait{Delay:5s Err:<nil> Say:false}")
 }
 
@@ -553,61 +553,61 @@ func TestRefusedUnderAFrozenSession(t *testing.T) {
 // while messages are on their way asks once for a quiet one; a limit
 // taken off after it removed messages is no purge, across restarts.
 func TestBatchesCounted(t *testing.T) {
-	quietAt := func(r *Relay, rec Record, seen Seen) {
+	quietAt := func(r *Relay, rec SlotRecord, seen Seen) {
 		t.Helper()
 		open(t, r)
 		step(t, r, Inspected{Record: rec, Slot: slotAt}, "Claim{}")
-		step(t, r, Claimed{Head: headAt, Record: rec}, "CheckStream{Anchors:[] Quiet:false}")
+		step(t, r, Claimed{Head: headAt, Record: rec}, "LookAtStream{Anchors:[] Quiet:false}")
 		seen.Quiet = true
-		step(t, r, StreamChecked{Created: "t1", Seen: seen},
+		step(t, r, StreamLook{Created: "t1", Seen: seen},
 			fmt.Sprintf("RecordAnchor{Anchor:{Seq:0 Mark:} Seen:%+v Stream:{Name: Created:}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}", seen.recordable()))
 		step(t, r, Resumed{}, "Publish{}")
 	}
 	start := Seen{Known: true, First: 1, Last: 10, Batches: 6}
 	markers := Seen{Known: true, First: 3, Last: 14, Deleted: 2, Batches: 10}
-	r := New(Config{})
+	r := New(Settings{})
 	quietAt(r, boundAt, start)
-	step(t, r, Checking{}, "CheckStream{Anchors:[] Quiet:false}")
-	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: markers, Stored: 3}}, "CheckStream{Anchors:[] Quiet:true}")
+	step(t, r, LookDue{}, "LookAtStream{Anchors:[] Quiet:false}")
+	step(t, r, LookTaken{Stream: StreamLook{Created: "t1", Seen: markers, Stored: 3}}, "LookAtStream{Anchors:[] Quiet:true}")
 	// Something on its way all the same: the next check looks again.
-	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: markers, Stored: 3}}, "")
-	step(t, r, Checking{}, "CheckStream{Anchors:[] Quiet:false}")
-	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: markers, Stored: 3}}, "CheckStream{Anchors:[] Quiet:true}")
+	step(t, r, LookTaken{Stream: StreamLook{Created: "t1", Seen: markers, Stored: 3}}, "")
+	step(t, r, LookDue{}, "LookAtStream{Anchors:[] Quiet:false}")
+	step(t, r, LookTaken{Stream: StreamLook{Created: "t1", Seen: markers, Stored: 3}}, "LookAtStream{Anchors:[] Quiet:true}")
 	quiet := markers
 	quiet.Quiet = true
-	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: quiet, Stored: 4}}, "")
+	step(t, r, LookTaken{Stream: StreamLook{Created: "t1", Seen: quiet, Stored: 4}}, "")
 	// A batch gone: counted from the last quiet look.
 	gone := Seen{Known: true, First: 3, Last: 16, Deleted: 3, Batches: 11, Quiet: true}
-	step(t, r, Checking{}, "CheckStream{Anchors:[] Quiet:false}")
-	step(t, r, Checked{Stream: StreamChecked{Created: "t1", Seen: gone, Stored: 6}},
+	step(t, r, LookDue{}, "LookAtStream{Anchors:[] Quiet:false}")
+	step(t, r, LookTaken{Stream: StreamLook{Created: "t1", Seen: gone, Stored: 6}},
 		"Stop{Refusal:stream S no longer holds messages this slot published after sequence 0, and its configuration removes none: it was purged (1 batch messages gone): the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them}")
 
 	// The record's look at a clean stop counts for the next session: the
 	// markers purged while no tailer ran lost no batch; one more gone did.
 	stopped := boundAt
 	stopped.Seen = Seen{Known: true, First: 1, Last: 10, Batches: 6, Quiet: true}
-	r = New(Config{})
+	r = New(Settings{})
 	open(t, r)
 	step(t, r, Inspected{Record: stopped, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: headAt, Record: stopped}, "CheckStream{Anchors:[] Quiet:false}")
-	step(t, r, StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 4, Last: 10, Deleted: 1, Batches: 6, Quiet: true}},
+	step(t, r, Claimed{Head: headAt, Record: stopped}, "LookAtStream{Anchors:[] Quiet:false}")
+	step(t, r, StreamLook{Created: "t1", Seen: Seen{Known: true, First: 4, Last: 10, Deleted: 1, Batches: 6, Quiet: true}},
 		"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:4 Last:10 Deleted:1 Batches:6 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
-	r = New(Config{})
+	r = New(Settings{})
 	open(t, r)
 	step(t, r, Inspected{Record: stopped, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: headAt, Record: stopped}, "CheckStream{Anchors:[] Quiet:false}")
-	step(t, r, StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 4, Last: 10, Deleted: 1, Batches: 5, Quiet: true}},
+	step(t, r, Claimed{Head: headAt, Record: stopped}, "LookAtStream{Anchors:[] Quiet:false}")
+	step(t, r, StreamLook{Created: "t1", Seen: Seen{Known: true, First: 4, Last: 10, Deleted: 1, Batches: 5, Quiet: true}},
 		"Refuse{Refusal:stream S no longer holds messages this slot published after sequence 0, and its configuration removes none: it was purged (1 batch messages gone): "+
 			"the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}")
 	// Recorded by a session that went on publishing (killed since): what
 	// it stored after is not known, and a message gone is a purge.
 	killed := stopped
 	killed.Seen.Quiet = false
-	r = New(Config{})
+	r = New(Settings{})
 	open(t, r)
 	step(t, r, Inspected{Record: killed, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: headAt, Record: killed}, "CheckStream{Anchors:[] Quiet:false}")
-	step(t, r, StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 4, Last: 10, Deleted: 1, Batches: 6, Quiet: true}},
+	step(t, r, Claimed{Head: headAt, Record: killed}, "LookAtStream{Anchors:[] Quiet:false}")
+	step(t, r, StreamLook{Created: "t1", Seen: Seen{Known: true, First: 4, Last: 10, Deleted: 1, Batches: 6, Quiet: true}},
 		"Refuse{Refusal:stream S no longer holds messages this slot published after sequence 0, and its configuration removes none: it was purged: "+
 			"the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}")
 
@@ -615,20 +615,20 @@ func TestBatchesCounted(t *testing.T) {
 	// incarnation's is no purge, now or after a restart.
 	trimmed := boundAt
 	trimmed.StreamSeq, trimmed.Seen = 2, Seen{Known: true, First: 40, Last: 52, Trims: true}
-	r = New(Config{})
+	r = New(Settings{})
 	open(t, r)
 	step(t, r, Inspected{Record: trimmed, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: headAt, Record: trimmed}, "CheckStream{Anchors:[] Quiet:false}")
+	step(t, r, Claimed{Head: headAt, Record: trimmed}, "LookAtStream{Anchors:[] Quiet:false}")
 	off := Seen{Known: true, First: 41, Last: 60, Quiet: true}
-	step(t, r, StreamChecked{Created: "t1", Seen: off},
+	step(t, r, StreamLook{Created: "t1", Seen: off},
 		"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:41 Last:60 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}")
 	after := boundAt
 	after.StreamSeq, after.Seen = 2, off.recordable()
-	r = New(Config{})
+	r = New(Settings{})
 	open(t, r)
 	step(t, r, Inspected{Record: after, Slot: slotAt}, "Claim{}")
-	step(t, r, Claimed{Head: headAt, Record: after}, "CheckStream{Anchors:[] Quiet:false}")
-	step(t, r, StreamChecked{Created: "t1", Seen: Seen{Known: true, First: 41, Last: 62, Quiet: true}},
+	step(t, r, Claimed{Head: headAt, Record: after}, "LookAtStream{Anchors:[] Quiet:false}")
+	step(t, r, StreamLook{Created: "t1", Seen: Seen{Known: true, First: 41, Last: 62, Quiet: true}},
 		"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:41 Last:62 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}")
 }
 
@@ -636,20 +636,20 @@ func TestBatchesCounted(t *testing.T) {
 // then only the batches' count can tell; one below the first sequence of
 // a stream that trims went by its limits.
 func TestAnchorsGone(t *testing.T) {
-	r := New(Config{})
+	r := New(Settings{})
 	marker := wire.Anchor{Seq: 9, Mark: "id:" + wire.MarkerID + "ab-1/1"}
 	if !marker.IsMarker() || (wire.Anchor{Seq: 9, Mark: "id:0/16:0-0/16:2"}).IsMarker() {
 		t.Fatal("IsMarker")
 	}
-	batch, other := r.gone(StreamChecked{Missing: []wire.Anchor{marker}}, false)
+	batch, other := r.gone(StreamLook{Missing: []wire.Anchor{marker}}, false)
 	if batch.Seq != 0 || other != marker {
 		t.Errorf("a marker gone: batch %v, marker %v", batch, other)
 	}
 	b := wire.Anchor{Seq: 5, Mark: "id:x"}
-	if batch, _ := r.gone(StreamChecked{Missing: []wire.Anchor{marker, b}}, false); batch != b {
+	if batch, _ := r.gone(StreamLook{Missing: []wire.Anchor{marker, b}}, false); batch != b {
 		t.Errorf("a batch gone beside a marker: %v", batch)
 	}
-	if batch, other := r.gone(StreamChecked{Seen: Seen{First: 8}, Missing: []wire.Anchor{b}}, true); batch.Seq != 0 || other.Seq != 0 {
+	if batch, other := r.gone(StreamLook{Seen: Seen{First: 8}, Missing: []wire.Anchor{b}}, true); batch.Seq != 0 || other.Seq != 0 {
 		t.Errorf("an anchor below the first sequence of a stream that trims: %v %v", batch, other)
 	}
 }

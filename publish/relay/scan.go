@@ -12,10 +12,10 @@ const legacyInFlight = 2
 type Reader interface {
 	// At returns the message at seq; false when the stream no longer
 	// holds it.
-	At(seq uint64) (Stored, bool, error)
+	At(seq uint64) (Published, bool, error)
 	// LastOn returns the last message on subject; false when there is
 	// none.
-	LastOn(subject string) (Stored, bool, error)
+	LastOn(subject string) (Published, bool, error)
 }
 
 // Stream is what Scan knows of the stream before reading it.
@@ -81,9 +81,9 @@ type scanner struct {
 // complete markers, which holds unless a late publish reordered the
 // stream: then it may read too little, and a token may be published
 // twice, never skipped.
-func Scan(r Reader, s Stream, o Owner) (*Window, *Stored, error) {
+func Scan(r Reader, s Stream, o Owner) (*Window, *Published, error) {
 	sc := &scanner{r: r, s: s, o: o, w: &Window{}}
-	var prev *Stored
+	var prev *Published
 	if m, ok, err := r.LastOn(s.Marker); err != nil {
 		return nil, nil, err
 	} else if ok && m.Kind == Marker {
@@ -94,7 +94,7 @@ func Scan(r Reader, s Stream, o Owner) (*Window, *Stored, error) {
 	}
 	// The last session's messages: after its markers.
 	regionStart := o.Since
-	var mine *Stored
+	var mine *Published
 	if prev != nil && prev.Seq > o.Since {
 		if err := CheckOwner(s.Name, *prev, o); err != nil {
 			return nil, nil, err
@@ -111,12 +111,12 @@ func Scan(r Reader, s Stream, o Owner) (*Window, *Stored, error) {
 }
 
 // inWindow says whether m holds tokens the session replays.
-func (sc *scanner) inWindow(m Stored) bool {
+func (sc *scanner) inWindow(m Published) bool {
 	return m.Kind == Batch && !m.Resync && m.Last.Commit >= sc.o.After
 }
 
 // visit takes m into the window when it is the owner's and in it.
-func (sc *scanner) visit(m Stored) error {
+func (sc *scanner) visit(m Published) error {
 	if m.Kind == Other {
 		sc.w.Strays++
 		return nil
@@ -170,7 +170,7 @@ func (sc *scanner) afterMarkers(regionStart uint64, whole bool) error {
 // (mine) that the markers say the window may hold, and, for a slot
 // confirmed less far than when that session started, further back, marker
 // by marker, to one of a session that started from there or before.
-func (sc *scanner) beforeMarkers(mine *Stored) error {
+func (sc *scanner) beforeMarkers(mine *Published) error {
 	for m := mine; m != nil; {
 		if m.After <= sc.o.After {
 			for seq := max(m.Floor, sc.o.Since+1); seq < m.Seq; seq++ {
@@ -216,10 +216,10 @@ func (sc *scanner) beforeMarkers(mine *Stored) error {
 // the slot's confirmed position, a session killed before it confirmed
 // them, and which of them the stream had is gone with it); gone from one
 // without limits, passed over (purges are the stream checks' to find).
-func (sc *scanner) read(seq uint64) (Stored, bool, error) {
+func (sc *scanner) read(seq uint64) (Published, bool, error) {
 	m, ok, err := sc.r.At(seq)
 	if err == nil && !ok && sc.s.Limited {
-		return Stored{}, false, &WindowTrimmedError{Stream: sc.s.Name, Seq: seq, Limits: sc.s.Limits}
+		return Published{}, false, &WindowTrimmedError{Stream: sc.s.Name, Seq: seq, Limits: sc.s.Limits}
 	}
 	return m, ok, err
 }
@@ -232,7 +232,7 @@ func (sc *scanner) read(seq uint64) (Stored, bool, error) {
 // written without markers (lastSeq > 0, prev nil) is fenced as wide as an
 // older tailer kept in flight. The floor is the window's first sequence,
 // or, with none, the one after the stream's last.
-func Fence(o Owner, w *Window, prev *Stored, lastSeq uint64) (k int, floor uint64) {
+func Fence(o Owner, w *Window, prev *Published, lastSeq uint64) (k int, floor uint64) {
 	k = max(o.InFlight, 1)
 	switch {
 	case prev != nil && prev.FenceN < prev.FenceK:

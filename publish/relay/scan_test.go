@@ -8,15 +8,15 @@ import (
 )
 
 // mapReader is a stream in memory for Scan.
-type mapReader map[uint64]Stored
+type mapReader map[uint64]Published
 
-func (r mapReader) At(seq uint64) (Stored, bool, error) {
+func (r mapReader) At(seq uint64) (Published, bool, error) {
 	m, ok := r[seq]
 	return m, ok, nil
 }
 
-func (r mapReader) LastOn(subject string) (Stored, bool, error) {
-	var best Stored
+func (r mapReader) LastOn(subject string) (Published, bool, error) {
+	var best Published
 	for _, m := range r {
 		if m.Subject == subject && m.Seq > best.Seq {
 			best = m
@@ -26,7 +26,7 @@ func (r mapReader) LastOn(subject string) (Stored, bool, error) {
 }
 
 // put adds messages to r at their sequences.
-func (r mapReader) put(ms ...Stored) mapReader {
+func (r mapReader) put(ms ...Published) mapReader {
 	for _, m := range ms {
 		r[m.Seq] = m
 	}
@@ -35,12 +35,12 @@ func (r mapReader) put(ms ...Stored) mapReader {
 
 const inc = "i1"
 
-func marker(seq uint64, after wal.LSN, floor uint64) Stored {
-	return Stored{Seq: seq, Subject: "m", Kind: Marker, Incarnation: inc, FenceN: 1, FenceK: 1, InFlight: 1, After: after, Floor: floor}
+func marker(seq uint64, after wal.LSN, floor uint64) Published {
+	return Published{Seq: seq, Subject: "m", Kind: Marker, Incarnation: inc, FenceN: 1, FenceK: 1, InFlight: 1, After: after, Floor: floor}
 }
 
-func batchAt(seq uint64, commit wal.LSN) Stored {
-	return Stored{Seq: seq, Subject: "b", Kind: Batch, Incarnation: inc, First: wal.Position{Commit: commit}, Last: wal.Position{Commit: commit}, Keys: "k"}
+func batchAt(seq uint64, commit wal.LSN) Published {
+	return Published{Seq: seq, Subject: "b", Kind: Batch, Incarnation: inc, First: wal.Position{Commit: commit}, Last: wal.Position{Commit: commit}, Keys: "k"}
 }
 
 // A slot confirmed less far than when the last session started (a
@@ -50,7 +50,7 @@ func batchAt(seq uint64, commit wal.LSN) Stored {
 func TestScanBehindTheLastMarkers(t *testing.T) {
 	stream := mapReader{}.put(
 		marker(1, 0x100, 1), batchAt(2, 0x110), batchAt(3, 0x120),
-		Stored{Seq: 4, Subject: "other"},
+		Published{Seq: 4, Subject: "other"},
 		marker(5, 0x120, 3), batchAt(6, 0x130))
 	s := Stream{Name: "S", LastSeq: 6, Marker: "m", Data: []string{"b"}}
 	for _, tc := range []struct {
@@ -79,7 +79,7 @@ func TestScanBehindTheLastMarkers(t *testing.T) {
 	}
 	// Another incarnation's marker back there: the stream is not its.
 	s.Limited = false
-	stream.put(Stored{Seq: 1, Subject: "m", Kind: Marker, Incarnation: "i0", After: 0x100})
+	stream.put(Published{Seq: 1, Subject: "m", Kind: Marker, Incarnation: "i0", After: 0x100})
 	var foreign *ForeignStreamError
 	if _, _, err := Scan(stream, s, Owner{Incarnation: inc, After: 0x100}); !errors.As(err, &foreign) {
 		t.Errorf("another incarnation's marker: %v", err)
@@ -96,7 +96,7 @@ type countingReader struct {
 	read []uint64
 }
 
-func (r *countingReader) At(seq uint64) (Stored, bool, error) {
+func (r *countingReader) At(seq uint64) (Published, bool, error) {
 	r.read = append(r.read, seq)
 	return r.mapReader.At(seq)
 }

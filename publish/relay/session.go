@@ -171,11 +171,11 @@ func (r *Relay) checkStream() []Command {
 		return r.refuse(r.replaced(r.stream.Created, r.rec.StreamCreated))
 	}
 	r.ph = checking
-	return []Command{CheckStream{Anchors: r.anchors.all(r.stored)}}
+	return []Command{LookAtStream{Anchors: r.anchors.all(r.stored)}}
 }
 
 // streamChecked resumes on a stream that lost nothing.
-func (r *Relay) streamChecked(ev StreamChecked) []Command {
+func (r *Relay) streamChecked(ev StreamLook) []Command {
 	if !r.expect(checking) {
 		return nil
 	}
@@ -251,12 +251,12 @@ func (r *Relay) resumed(ev Resumed) []Command {
 	return append(cmds, Publish{})
 }
 
-// Checking asks, while the session streams, for a look at what it reads
-// through and at the stream (Checked), knowing it by Anchors, what the
+// LookDue asks, while the session streams, for a look at what it reads
+// through and at the stream (LookTaken), knowing it by Anchors, what the
 // session stored on it so far.
-type Checking struct{ Anchors Anchors }
+type LookDue struct{ Anchors Anchors }
 
-func (Checking) event() {}
+func (LookDue) event() {}
 
 // NATSTrouble is a cause of NATS storing nothing found while a session
 // streams (a full store, a denied publish).
@@ -269,18 +269,18 @@ func (NATSTrouble) event() {}
 // once found beside them (a stream made again between a check and the
 // session's first publishes holds the session's messages, not the ones
 // it was known by).
-func (r *Relay) checking(ev Checking) []Command {
+func (r *Relay) checking(ev LookDue) []Command {
 	if !r.expect(streaming) {
 		return nil
 	}
 	r.stored, r.askedQuiet = ev.Anchors, false
-	return []Command{CheckStream{Anchors: r.anchors.all(ev.Anchors)}}
+	return []Command{LookAtStream{Anchors: r.anchors.all(ev.Anchors)}}
 }
 
 // checked stops a streaming session that can no longer read tokens or
 // whose stream lost what it stored, and keeps the newest message found
 // on the stream in the record.
-func (r *Relay) checked(ev Checked) []Command {
+func (r *Relay) checked(ev LookTaken) []Command {
 	if !r.expect(streaming) {
 		return nil
 	}
@@ -300,7 +300,7 @@ func (r *Relay) checked(ev Checked) []Command {
 		return []Command{Stop{Refusal: ref}}
 	} else if again && !r.askedQuiet {
 		r.askedQuiet = true
-		return []Command{CheckStream{Anchors: r.anchors.all(r.stored), Quiet: true}}
+		return []Command{LookAtStream{Anchors: r.anchors.all(r.stored), Quiet: true}}
 	} else if again {
 		// Asked quietly, and something was on its way all the same: the
 		// next check looks again.

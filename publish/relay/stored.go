@@ -6,24 +6,24 @@ import (
 	"strconv"
 )
 
-// Kind is what a message on the stream's subjects is.
-type Kind uint8
+// PublishedKind is what a message on the stream's subjects is.
+type PublishedKind uint8
 
 // Message kinds.
 const (
 	// Other is neither a batch nor a marker: another publisher's.
-	Other Kind = iota
+	Other PublishedKind = iota
 	// Batch is a batch of tokens (wire.IsBatch).
 	Batch
 	// Marker is a session marker (wire.IsMarker).
 	Marker
 )
 
-// Stored is what the tailer reads of a message already on the stream.
-type Stored struct {
+// Published is what the tailer reads of a message already on the stream.
+type Published struct {
 	Seq         uint64
 	Subject     string
-	Kind        Kind
+	Kind        PublishedKind
 	Origin      string
 	Incarnation string
 	// Batches: the first and last positions they cover (zero for a
@@ -82,7 +82,7 @@ func (e *ForeignStreamError) Error() string {
 // database than here: another database of the server, a new cluster, a
 // restore to a new cluster, or a server whose timeline branched before
 // the position m was published from.
-func CheckOrigin(stream string, m Stored, here Origin) error {
+func CheckOrigin(stream string, m Published, here Origin) error {
 	if m.Origin == "" {
 		return nil
 	}
@@ -101,7 +101,7 @@ func CheckOrigin(stream string, m Stored, here Origin) error {
 // CheckOwner refuses a message of stream after o.Since that is not o's:
 // of another database, or of another incarnation of the slot (a copy or
 // restore of the database, a slot made again since).
-func CheckOwner(stream string, m Stored, o Owner) error {
+func CheckOwner(stream string, m Published, o Owner) error {
 	if m.Seq <= o.Since {
 		return nil
 	}

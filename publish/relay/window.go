@@ -63,7 +63,7 @@ type heldKeys struct {
 
 // Add notes m as a message of the window. A message of a tailer before
 // the first-position header covers every position up to its last.
-func (w *Window) Add(m Stored) {
+func (w *Window) Add(m Published) {
 	w.all = append(w.all, span{seq: m.Seq, first: m.First, last: m.Last})
 	w.chains, w.held = nil, nil
 	if m.Keys != "" {

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/publish/relay"
 	"slices"
 	"strconv"
 	"time"
@@ -60,7 +61,7 @@ func Heal(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opt
 	}
 	defer pub.Close()
 	inFlight := cmp.Or(opts.MaxInFlight, publish.InFlightFor(pub.Replicas()))
-	if err := pub.Resume(ctx, publish.Owner{Origin: dest.Origin, Incarnation: rec.Incarnation, Since: pub.LastSeq(), InFlight: inFlight}); err != nil {
+	if err := pub.Resume(ctx, relay.Owner{Origin: dest.Origin, Incarnation: rec.Incarnation, Since: pub.LastSeq(), InFlight: inFlight}); err != nil {
 		return rep, err
 	}
 	if err := healTokens(ctx, q, pub, nc, opts, inFlight, ids, &rep); err != nil {
@@ -159,19 +160,19 @@ func healName(ids []int64) string {
 
 // originOf is where the database's stream comes from, as the replication
 // protocol identifies it (publish.OriginOf).
-func originOf(ctx context.Context, url string) (publish.Origin, error) {
+func originOf(ctx context.Context, url string) (relay.Origin, error) {
 	rc, err := replication.Connect(ctx, url)
 	if err != nil {
-		return publish.Origin{}, err
+		return relay.Origin{}, err
 	}
 	defer rc.Close(context.Background())
 	ident, err := pglogrepl.IdentifySystem(ctx, rc)
 	if err != nil {
-		return publish.Origin{}, fmt.Errorf("identify system: %w", err)
+		return relay.Origin{}, fmt.Errorf("identify system: %w", err)
 	}
 	history, err := replication.TimelineBranches(ctx, rc, ident.Timeline)
 	if err != nil {
-		return publish.Origin{}, err
+		return relay.Origin{}, err
 	}
 	return publish.OriginOf(ident.SystemID, ident.Timeline, ident.DBName, history), nil
 }

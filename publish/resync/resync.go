@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mailroom/tailer/publish/relay"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -128,7 +129,7 @@ func Run(ctx context.Context, lease *replication.Lease, nc *nats.Conn, opts Opti
 	// what is on it now says nothing about the new slot's positions. Its
 	// markers keep out what an earlier session may still have on its way.
 	inFlight := cmp.Or(opts.MaxInFlight, publish.InFlightFor(pub.Replicas()))
-	if err := pub.Resume(ctx, publish.Owner{Origin: dest.Origin, Incarnation: rec.Incarnation, Since: pub.LastSeq(), InFlight: inFlight}); err != nil {
+	if err := pub.Resume(ctx, relay.Owner{Origin: dest.Origin, Incarnation: rec.Incarnation, Since: pub.LastSeq(), InFlight: inFlight}); err != nil {
 		return rep, err
 	}
 	var lastSeq, cutoverAt *int64
@@ -213,7 +214,7 @@ func begin(ctx context.Context, q *pgx.Conn, db replication.SchemaConn, opts Opt
 // reads the candidates, jtx is the pipeline's join, which runs meanwhile.
 type snapshotted struct {
 	snap   replication.Snapshot
-	origin publish.Origin
+	origin relay.Origin
 	tx     pgx.Tx
 	jq     *pgx.Conn
 	jtx    pgx.Tx

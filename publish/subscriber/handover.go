@@ -75,7 +75,7 @@ func (s *Subscriber) take(ctx context.Context, msg jetstream.Msg) ([]*Unit, erro
 	rec := s.prog.MessageAt(seq, mark, len(b.Sizes))
 	lines := s.ofAction(b.Lines())
 	inHand := slices.ContainsFunc(s.held, func(h *held) bool { return h.rec == rec && !h.acking })
-	fates, acknowledge := protocol.Plan(protocol.Message{Seq: seq, Floor: s.prog.Floor, Acked: rec.Acked, Held: inHand, Batches: batchesOf(rec, lines)},
+	fates, acknowledge := protocol.Plan(protocol.Delivery{Seq: seq, Floor: s.prog.Floor, Acked: rec.Acked, Held: inHand, Batches: batchesOf(rec, lines)},
 		protocol.Rules{MaxDeliveries: s.cfg.MaxDeliveries, DeadLetters: s.cfg.DeadLetters != nil})
 	if acknowledge {
 		s.stats.Skipped += rec.Batches
@@ -156,10 +156,10 @@ func (s *Subscriber) ofAction(lines [][]SignedToken) [][]SignedToken {
 
 // batchesOf is the message's batches as the plan sees them: what rec
 // says of each, and its tokens for the sink.
-func batchesOf(rec *protocol.MessageProgress, lines [][]SignedToken) []protocol.Batch {
-	out := make([]protocol.Batch, len(lines))
+func batchesOf(rec *protocol.MessageProgress, lines [][]SignedToken) []protocol.PlanBatch {
+	out := make([]protocol.PlanBatch, len(lines))
 	for i, line := range lines {
-		out[i] = protocol.Batch{Done: rec.Done.Has(i), Attempts: rec.Attempts[i], Tokens: len(line)}
+		out[i] = protocol.PlanBatch{Done: rec.Done.Has(i), Attempts: rec.Attempts[i], Tokens: len(line)}
 	}
 	return out
 }
@@ -433,7 +433,7 @@ func (s *Subscriber) ack(ctx context.Context, msg jetstream.Msg) error {
 	return msg.DoubleAck(try)
 }
 
-// Outcome is how a reader ended, for Settle.
+// Outcome is how a reader ended, for ReaderEnded.
 type Outcome int
 
 const (
@@ -452,12 +452,12 @@ const (
 	ReaderTook
 )
 
-// Settle ends the doubt about the batches a reader may have had when it
+// ReaderEnded ends the doubt about the batches a reader may have had when it
 // ended: done if it said so (ReaderDone: a reader that reports has said so
 // line by line, and only those lines are done), delivered again at once
 // otherwise, the others of their messages remembered as done. It returns
 // how many messages were handed back.
-func (s *Subscriber) Settle(ctx context.Context, o Outcome) int {
+func (s *Subscriber) ReaderEnded(ctx context.Context, o Outcome) int {
 	var failedOn *Unit
 	inDoubt := false
 	if r := s.reader; r != nil {

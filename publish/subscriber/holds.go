@@ -107,7 +107,7 @@ func (s *Subscriber) checkRecord(ctx context.Context, js jetstream.JetStream, mi
 }
 
 // atLast is what the stream holds at the sequence the record saw last.
-func (s *Subscriber) atLast(ctx context.Context, js jetstream.JetStream, last wire.Anchor) (protocol.AtLast, error) {
+func (s *Subscriber) atLast(ctx context.Context, js jetstream.JetStream, last wire.Anchor) (protocol.HeldAtLast, error) {
 	if last.Seq == 0 {
 		return protocol.Unanchored, nil
 	}

@@ -43,7 +43,7 @@ type Lines struct {
 	// written one at a time, each once the reader has taken the one
 	// before, which is then done. The last batch taken, and the one being
 	// handed over, are in doubt: kept from redelivery while the subscriber
-	// runs, and settled by Subscriber.Settle when the reader ends.
+	// runs, and settled by Subscriber.ReaderEnded when the reader ends.
 	Pipe *Pipe
 	// Reports says the reader reports each line it finished (ReadReports):
 	// only reported lines are done, however far ahead the reader reads.
@@ -396,7 +396,7 @@ func (l *Lines) settle(o Outcome) (failedOn *Unit, held bool) {
 		end.Ends = append(end.Ends, x.end)
 	}
 	l.mu.Unlock()
-	done, blamed := protocol.Settle(end)
+	done, blamed := protocol.AfterReaderEnd(end)
 	l.finish(handed[:done])
 	if blamed >= 0 {
 		failedOn = handed[blamed].u

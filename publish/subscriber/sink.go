@@ -71,7 +71,7 @@ func (at Stored) holds(m *jetstream.RawStreamMsg) bool {
 }
 
 // reader is a Sink whose reader can end holding batches in doubt (Lines):
-// the Subscriber settles them as the reader ended (Settle).
+// the Subscriber settles them as the reader ended (ReaderEnded).
 type reader interface {
 	// watch looks after the reader while a consume runs (busy: a message
 	// is being handed over), ending it with ErrReaderGone.

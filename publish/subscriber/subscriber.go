@@ -331,7 +331,7 @@ var ErrPositionUnknown = errors.New("the consumer is gone and no record says whe
 // Run hands messages on until ctx is done (or, UntilDrained, nothing is
 // left to deliver; it returns nil then), the Sink fails, or the reader is
 // gone (an error wrapping ErrReaderGone). A reader's batches in doubt
-// (Lines) stay pending, kept from redelivery, until Settle; those of
+// (Lines) stay pending, kept from redelivery, until ReaderEnded; those of
 // another sink are settled as Run returns: the record saved, the
 // messages not done delivered again at once. A consumer that vanishes
 // from the server is made again where the record (Progress) says it was.
@@ -346,7 +346,7 @@ func (s *Subscriber) Run(ctx context.Context, js jetstream.JetStream) error {
 		defer func() {
 			end, cancel := context.WithTimeout(context.WithoutCancel(ctx), progressTry)
 			defer cancel()
-			s.Settle(end, ReaderStopped)
+			s.ReaderEnded(end, ReaderStopped)
 		}()
 	}
 	if err := s.load(ctx); err != nil {
@@ -439,7 +439,7 @@ func (s *Subscriber) standBy(ctx context.Context, why error) error {
 	s.stats.StoodBy++
 	unsaved := s.doneUnsaved
 	s.mu.Unlock()
-	n := s.Settle(ctx, ReaderStopped)
+	n := s.ReaderEnded(ctx, ReaderStopped)
 	if s.cfg.Log != nil {
 		s.cfg.Log.Warn("this subscriber no longer delivers: what it held goes to the one that does; standing by", "durable", s.cfg.Durable, "messages_let_go", n,
 			"batches_done_unsaved", unsaved, "why", why)

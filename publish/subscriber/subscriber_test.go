@@ -156,7 +156,7 @@ func TestSubscriberPipe(t *testing.T) {
 	if n := sub.Stats().Redelivered; n != 0 {
 		t.Fatalf("%d messages delivered again while the reader held them", n)
 	}
-	if n := sub.Settle(ctx, subscriber.ReaderFailed); n != 1 {
+	if n := sub.ReaderEnded(ctx, subscriber.ReaderFailed); n != 1 {
 		t.Fatalf("%d messages handed back, want 1", n)
 	}
 	r2, w2, pipe2 := readerPipe(t)

@@ -146,8 +146,8 @@ func (a *auditor) slice(ctx context.Context) (audit.Report, error) {
 	}
 	rep, err := audit.Audit(ctx, a.conn, stream, audit.Options{
 		Schema: d.cfg.Schema, Slot: d.cfg.Slot, Since: a.cursor, MaxSpan: 10 * d.cfg.AuditInterval,
-		Grace: d.auditGrace(), CutBySettle: true, Lines: d.cfg.Format == wire.FormatLine, ClockSkew: 10 * time.Second,
-		Consumer: subscriber.AuditRunConsumer, Settle: min(d.cfg.AuditInterval, 30*time.Second), Settled: true,
+		Grace: d.auditGrace(), CutByConfirmWait: true, Lines: d.cfg.Format == wire.FormatLine, ClockSkew: 10 * time.Second,
+		Consumer: subscriber.AuditRunConsumer, ConfirmWait: min(d.cfg.AuditInterval, 30*time.Second), Settled: true,
 	})
 	if err != nil {
 		if !errors.Is(err, audit.ErrIncomplete) || a.conn.IsClosed() {

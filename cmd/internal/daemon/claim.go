@@ -46,7 +46,7 @@ func (x *run) claim() relay.Event {
 	} else if pid != 0 {
 		d.log.Warn("took the slot over from a process that lost its lease: ended the walsender that still streamed it", "slot", cfg.Slot, "walsender_pid", pid)
 	}
-	x.receiver, err = replication.Start(ctx, x.s.rc, replication.Options{
+	x.receiver, err = replication.Start(ctx, x.s.rc, replication.StreamOptions{
 		Slot: cfg.Slot, Publication: cfg.Publication, ProtoVersion: cfg.ProtoVersion, Binary: cfg.Binary, Messages: cfg.HeartbeatInterval > 0,
 		OnStatus: d.streamConfirmed, Timeout: cfg.ReplicationTimeout,
 		Confirmed: x.slot.ConfirmedFlush, BeforeConfirm: x.beforeConfirm,
@@ -125,7 +125,7 @@ func (x *run) bind(cmd relay.Command) relay.Event {
 // checkStream looks at the stream: whether it holds the anchors, and lost
 // nothing since the incarnation took it over. Nothing is published yet:
 // the look is quiet.
-func (x *run) checkStream(c relay.CheckStream) relay.Event {
+func (x *run) checkStream(c relay.LookAtStream) relay.Event {
 	c.Quiet = true
 	ev, err := streamCheck(x.ctx, x.pub, c)
 	if err != nil {
@@ -142,17 +142,17 @@ func (x *run) checkStream(c relay.CheckStream) relay.Event {
 // of what was sent before.
 const quietWait = 5 * time.Second
 
-// streamCheck is pub's stream as CheckStream asks to look at it: quietly
+// streamCheck is pub's stream as LookAtStream asks to look at it: quietly
 // (publishing held until what was sent is stored) when it asks. The
 // anchors are looked up before the stream's state and configuration are
 // read: one a limit set in between removed then lies below the first
 // sequence of a stream seen to trim, not beside a configuration that
 // removes nothing.
-func streamCheck(ctx context.Context, pub *publish.Publisher, c relay.CheckStream) (relay.StreamChecked, error) {
-	var ev relay.StreamChecked
+func streamCheck(ctx context.Context, pub *publish.Publisher, c relay.LookAtStream) (relay.StreamLook, error) {
+	var ev relay.StreamLook
 	var err error
 	if ev.Missing, err = pub.MissingAnchors(ctx, c.Anchors); err != nil {
-		return relay.StreamChecked{}, err
+		return relay.StreamLook{}, err
 	}
 	if c.Quiet {
 		qctx, cancel := context.WithTimeout(ctx, quietWait)
@@ -163,7 +163,7 @@ func streamCheck(ctx context.Context, pub *publish.Publisher, c relay.CheckStrea
 		ev.Created, ev.Seen, err = pub.Look(ctx)
 	}
 	if err != nil {
-		return relay.StreamChecked{}, err
+		return relay.StreamLook{}, err
 	}
 	return ev, nil
 }

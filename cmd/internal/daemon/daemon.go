@@ -112,7 +112,7 @@ type publishing struct {
 // New returns a Daemon for cfg.
 func New(cfg *config.Config, log *slog.Logger) *Daemon {
 	d := &Daemon{cfg: cfg, log: log, ready: make(chan struct{}),
-		relay: relay.New(relay.Config{Stream: cfg.Stream, AutoResync: cfg.AutoResync, MaxInFlight: cfg.MaxInFlight})}
+		relay: relay.New(relay.Settings{Stream: cfg.Stream, AutoResync: cfg.AutoResync, MaxInFlight: cfg.MaxInFlight})}
 	d.metrics = NewMetrics(func() float64 {
 		if f := d.feeder.Load(); f != nil {
 			return float64(f.PendingTokens())

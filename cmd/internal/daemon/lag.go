@@ -191,12 +191,12 @@ func (d *Daemon) heartbeat(ctx context.Context) {
 // record. A look that fails is taken again at the next sample.
 func (d *Daemon) checkStreaming(ctx context.Context, conn *pgx.Conn, st *streaming) {
 	x := st.x
-	cmds := d.step(relay.Checking{Anchors: x.pub.Anchors()})
+	cmds := d.step(relay.LookDue{Anchors: x.pub.Anchors()})
 	for len(cmds) > 0 {
 		cmd := cmds[0]
 		cmds = cmds[1:]
 		switch c := cmd.(type) {
-		case relay.CheckStream:
+		case relay.LookAtStream:
 			// The first look, or a quiet one the relay asks for after it.
 			ev, err := d.look(ctx, conn, st, c)
 			if err != nil {
@@ -223,8 +223,8 @@ func (d *Daemon) checkStreaming(ctx context.Context, conn *pgx.Conn, st *streami
 // look is what a check while streaming finds: the schema, the
 // publication, the record's word that the stream lacks inserts, and the
 // stream.
-func (d *Daemon) look(ctx context.Context, conn *pgx.Conn, st *streaming, c relay.CheckStream) (relay.Checked, error) {
-	var ev relay.Checked
+func (d *Daemon) look(ctx context.Context, conn *pgx.Conn, st *streaming, c relay.LookAtStream) (relay.LookTaken, error) {
+	var ev relay.LookTaken
 	// The record first: see inspect.
 	rec, err := replication.LoadRecord(ctx, d.db(conn), d.cfg.Slot)
 	if err != nil {

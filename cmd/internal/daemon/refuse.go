@@ -26,7 +26,7 @@ func (d *Daemon) refused(x *run, c relay.Refuse) {
 			d.log.Warn("cannot record why the tailer waits", "err", err)
 		}
 	}
-	if _, recorded := c.Refusal.Err.(*relay.Recorded); f.Lasting() && !recorded && x.rec.Exists {
+	if _, recorded := c.Refusal.Err.(*relay.RecordedRefusal); f.Lasting() && !recorded && x.rec.Exists {
 		if err := replication.SetRefused(x.ctx, x.db(), &x.rec, f.String(), msg); err != nil {
 			d.log.Warn("cannot record that the slot is refused until a resync; a tailer started next looks at the stream again", "err", err)
 		}
@@ -93,7 +93,7 @@ func (d *Daemon) reconnect(nc *nats.Conn) {
 // words are what a refusal is said with: what was found, and the way out.
 func (d *Daemon) words(x *run, ref relay.Refusal) string {
 	var (
-		recorded *relay.Recorded
+		recorded *relay.RecordedRefusal
 		pub      *replication.PublicationError
 		relation *decoder.RelationError
 		action   *decoder.ActionError

@@ -99,7 +99,7 @@ func (x *run) do(cmd relay.Command) relay.Event {
 		return x.claim()
 	case relay.Adopt, relay.Bind:
 		return x.bind(c)
-	case relay.CheckStream:
+	case relay.LookAtStream:
 		return x.checkStream(c)
 	case relay.Resume:
 		return x.resume(c)
@@ -184,7 +184,7 @@ type opened struct {
 	lease  *replication.Lease
 	q      *pgx.Conn
 	rc     *pgconn.PgConn
-	origin publish.Origin
+	origin relay.Origin
 	major  int
 }
 
@@ -290,8 +290,8 @@ func (x *run) inspect() relay.Event {
 }
 
 // recordOf is the record as the relay judges it.
-func recordOf(r replication.Record) relay.Record {
-	p := relay.Record{Exists: r.Exists, Incarnation: r.Incarnation, Bound: r.Bound, StreamSeq: r.StreamSeq, Legacy: r.Legacy,
+func recordOf(r replication.Record) relay.SlotRecord {
+	p := relay.SlotRecord{Exists: r.Exists, Incarnation: r.Incarnation, Bound: r.Bound, StreamSeq: r.StreamSeq, Legacy: r.Legacy,
 		ResyncPending: r.ResyncPending, ResyncNeeded: r.ResyncNeeded, ResyncCause: r.ResyncCause, StreamName: r.StreamName, StreamCreated: r.StreamCreated,
 		Anchor: wire.Anchor{Seq: r.AnchorSeq, Mark: r.AnchorMark}, Stopped: wire.Anchor{Seq: r.StoppedSeq, Mark: r.StoppedMsgID},
 		ConfirmLimit: wal.LSN(r.ConfirmLimit), HealAsked: r.HealAsked}
@@ -299,7 +299,7 @@ func recordOf(r replication.Record) relay.Record {
 		p.Seen = relay.Seen{Known: true, First: r.Seen.First, Last: r.Seen.Last, Deleted: r.Seen.Deleted, Batches: r.Seen.Batches, Trims: r.Seen.Trims, Quiet: r.Seen.Quiet, Keeps: r.Seen.Keeps}
 	}
 	if f := relay.ParseFact(r.RefusedFact); f != relay.NoFact {
-		p.Refused = relay.Refusal{Fact: f, Err: &relay.Recorded{Said: r.Refused}}
+		p.Refused = relay.Refusal{Fact: f, Err: &relay.RecordedRefusal{Said: r.Refused}}
 	}
 	return p
 }

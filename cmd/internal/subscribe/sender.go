@@ -88,7 +88,7 @@ func (x *Sender) Run(ctx context.Context, sub *subscriber.Subscriber, lines *sub
 			p.kill()
 			code := p.wait()
 			p.endReports()
-			sub.Settle(context.Background(), subscriber.ReaderStopped)
+			sub.ReaderEnded(context.Background(), subscriber.ReaderStopped)
 			x.Log.Info("the sender is stopped", "exit", code)
 			return err
 		}
@@ -108,7 +108,7 @@ func (x *Sender) Run(ctx context.Context, sub *subscriber.Subscriber, lines *sub
 		}
 		// Settled with its pipe still open: what it left unread there
 		// tells which batches it took.
-		n := sub.Settle(context.Background(), outcome)
+		n := sub.ReaderEnded(context.Background(), outcome)
 		p.in.Close()
 		progressed := sub.Stats().Batches > batches
 		if ends++; progressed {
@@ -276,7 +276,7 @@ func (x *Sender) stop(sub *subscriber.Subscriber, lines *subscriber.Lines, p *pr
 	} else {
 		x.Log.Info("stopping: the sender did not read to the end of its input and exit with a code that means done", "exit", code)
 	}
-	if n := sub.Settle(context.Background(), outcome); n > 0 {
+	if n := sub.ReaderEnded(context.Background(), outcome); n > 0 {
 		x.Log.Info("stopping: lines a sender may not have finished are delivered again", "messages", n)
 	}
 }

@@ -52,7 +52,7 @@ type dbModel struct {
 	next   wal.LSN
 	tokens *int
 	slot   *slotModel
-	rec    relay.Record
+	rec    relay.SlotRecord
 	// guarded: the publication guard marks the slot in the transaction of
 	// a publication change; published: the record names the publication
 	// (the guard only marks slots a tailer streamed from).
@@ -96,7 +96,7 @@ func (db *dbModel) wal() wal.LSN { return db.next }
 // newIncarnation records a new incarnation of the slot.
 func (db *dbModel) newIncarnation(bound bool, streamSeq uint64) {
 	*db.incarnations++
-	db.rec = relay.Record{Exists: true, Incarnation: fmt.Sprintf("i%d", *db.incarnations), Bound: bound, StreamSeq: streamSeq}
+	db.rec = relay.SlotRecord{Exists: true, Incarnation: fmt.Sprintf("i%d", *db.incarnations), Bound: bound, StreamSeq: streamSeq}
 	if db.slot != nil {
 		db.rec.ConfirmLimit = db.slot.confirmed
 	}

@@ -37,7 +37,7 @@ type simSession struct {
 	p         *simProc
 	id        int
 	start     time.Duration
-	rec       relay.Record
+	rec       relay.SlotRecord
 	head      relay.StreamHead
 	window    *relay.Window
 	owner     relay.Owner
@@ -72,7 +72,7 @@ func (s *simSession) live() bool { return s.p.alive && s.p.s == s }
 
 // newProc is process id, of MaxInFlight inFlight.
 func newProc(w *world, id, inFlight int) *simProc {
-	return &simProc{w: w, id: id, relay: relay.New(relay.Config{Stream: "MAILROOM", MaxInFlight: inFlight}), alive: true}
+	return &simProc{w: w, id: id, relay: relay.New(relay.Settings{Stream: "MAILROOM", MaxInFlight: inFlight}), alive: true}
 }
 
 // runnable reports whether stepping p does anything.
@@ -198,9 +198,9 @@ func (p *simProc) do(cmd relay.Command) relay.Event {
 		s.rec = w.db.rec
 		return relay.Bound{Record: s.rec}
 	case relay.Bind:
-		p.write(func(r *relay.Record) { r.Bound, r.StreamSeq = true, 0 })
+		p.write(func(r *relay.SlotRecord) { r.Bound, r.StreamSeq = true, 0 })
 		return relay.Bound{Record: s.rec}
-	case relay.CheckStream:
+	case relay.LookAtStream:
 		return p.look(c)
 	case relay.Resume:
 		return p.resume(c.Owner)
@@ -210,7 +210,7 @@ func (p *simProc) do(cmd relay.Command) relay.Event {
 }
 
 // write changes the record, as of the session's incarnation.
-func (p *simProc) write(change func(*relay.Record)) {
+func (p *simProc) write(change func(*relay.SlotRecord)) {
 	w, s := p.w, p.s
 	if w.db.rec.Incarnation == s.rec.Incarnation {
 		change(&w.db.rec)
@@ -223,7 +223,7 @@ func (p *simProc) write1(cmd relay.Command) {
 	w, s := p.w, p.s
 	switch c := cmd.(type) {
 	case relay.ClearStopped:
-		p.write(func(r *relay.Record) { r.Stopped = wire.Anchor{} })
+		p.write(func(r *relay.SlotRecord) { r.Stopped = wire.Anchor{} })
 	case relay.UniqueIDs:
 		s.unique = true
 	case relay.RecordAnchor:
@@ -232,10 +232,10 @@ func (p *simProc) write1(cmd relay.Command) {
 		w.db.rec.ResyncNeeded = true
 	case relay.Refuse:
 		if c.Refusal.Fact.Lasting() {
-			if _, recorded := c.Refusal.Err.(*relay.Recorded); !recorded {
-				p.write(func(r *relay.Record) {
+			if _, recorded := c.Refusal.Err.(*relay.RecordedRefusal); !recorded {
+				p.write(func(r *relay.SlotRecord) {
 					if r.Refused.Fact == relay.NoFact {
-						r.Refused = relay.Refusal{Fact: c.Refusal.Fact, Err: &relay.Recorded{Said: c.Refusal.Error()}}
+						r.Refused = relay.Refusal{Fact: c.Refusal.Fact, Err: &relay.RecordedRefusal{Said: c.Refusal.Error()}}
 						w.writes++
 						w.refusedAt = w.writes
 					}
@@ -281,9 +281,9 @@ func (p *simProc) claim() relay.Event {
 // asks and nothing of the session's is on its way or unanswered (a
 // session that has not published yet, or whose publishes are all
 // answered); the anchors gone, whatever removed them.
-func (p *simProc) look(c relay.CheckStream) relay.Event {
+func (p *simProc) look(c relay.LookAtStream) relay.Event {
 	w, s := p.w, p.s
-	ev := relay.StreamChecked{Created: w.stream.created(), Seen: w.seen(), Stored: s.stored}
+	ev := relay.StreamLook{Created: w.stream.created(), Seen: w.seen(), Stored: s.stored}
 	ev.Seen.Quiet = (c.Quiet || !s.streaming) && s.pending == 0 && len(s.acks) == 0
 	for _, want := range c.Anchors {
 		if mark, ok := w.stream.mark(want.Seq); want.Seq != 0 && (!ok || mark != want.Mark) {
@@ -294,7 +294,7 @@ func (p *simProc) look(c relay.CheckStream) relay.Event {
 		w.say("look %+v: %+v (stream first %d last %d msgs %d)", c, ev, w.stream.first, w.stream.last, len(w.stream.msgs))
 		return ev
 	}
-	ck := relay.Checked{Publication: w.db.publicationErr(), Stream: ev}
+	ck := relay.LookTaken{Publication: w.db.publicationErr(), Stream: ev}
 	if w.db.rec.Incarnation == s.rec.Incarnation {
 		ck.ResyncNeeded, ck.ResyncCause, ck.Refused = w.db.rec.ResyncNeeded, w.db.rec.ResyncCause, w.db.rec.Refused
 	}
@@ -318,7 +318,7 @@ func (p *simProc) resume(o relay.Owner) relay.Event {
 		next := int64(s.head.LastSeq)
 		ok := true
 		for i := 1; i <= k; i++ {
-			m := msg{Stored: relay.Stored{Kind: relay.Marker, Subject: "b._session", Origin: w.db.origin.String(), Incarnation: o.Incarnation,
+			m := msg{Published: relay.Published{Kind: relay.Marker, Subject: "b._session", Origin: w.db.origin.String(), Incarnation: o.Incarnation,
 				FenceN: i, FenceK: k, InFlight: max(o.InFlight, 1), After: o.After, Floor: floor}}
 			*w.db.tokens++
 			m.id = fmt.Sprintf("%s%d", wire.MarkerID, *w.db.tokens)
@@ -345,12 +345,12 @@ func (p *simProc) check() {
 	if s == nil || !s.streaming || s.stopped != nil || len(p.cmds) > 0 {
 		return
 	}
-	cmds := p.relay.Step(relay.Checking{Anchors: s.anchors})
+	cmds := p.relay.Step(relay.LookDue{Anchors: s.anchors})
 	for len(cmds) > 0 {
 		cmd := cmds[0]
 		cmds = cmds[1:]
 		switch c := cmd.(type) {
-		case relay.CheckStream:
+		case relay.LookAtStream:
 			cmds = append(cmds, p.relay.Step(p.look(c))...)
 		case relay.Stop:
 			s.stopped = &c.Refusal
@@ -364,7 +364,7 @@ func (p *simProc) check() {
 // held (SetAnchor).
 func (p *simProc) record(c relay.RecordAnchor) {
 	p.w.anchorWrites++
-	p.write(func(r *relay.Record) {
+	p.write(func(r *relay.SlotRecord) {
 		if id := c.Stream; id.Name != "" {
 			if r.StreamName != id.Name {
 				r.Anchor = wire.Anchor{}

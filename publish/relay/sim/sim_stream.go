@@ -140,7 +140,7 @@ func (p *simProc) send() {
 	for i, k := range toks {
 		keys[i] = k.key
 	}
-	m := msg{Stored: relay.Stored{Kind: relay.Batch, Subject: laneSubjects[lane], Origin: w.db.origin.String(), Incarnation: s.rec.Incarnation,
+	m := msg{Published: relay.Published{Kind: relay.Batch, Subject: laneSubjects[lane], Origin: w.db.origin.String(), Incarnation: s.rec.Incarnation,
 		First: toks[0].pos, Last: toks[n-1].pos, Keys: strings.Join(keys, ",")}}
 	m.id = toks[0].pos.String() + "-" + toks[n-1].pos.String()
 	if s.unique {

@@ -178,13 +178,13 @@ func (w *world) resync() {
 	w.db.newIncarnation(false, 0)
 	// Its session's markers first, as every session's.
 	o := relay.Owner{Origin: w.db.origin, Incarnation: w.db.rec.Incarnation, Since: w.stream.last, InFlight: 1}
-	var prev *relay.Stored
+	var prev *relay.Published
 	if m, ok := w.stream.lastOn("b._session"); ok && m.Kind == relay.Marker {
 		prev = &m
 	}
 	k, floor := relay.Fence(o, &relay.Window{}, prev, w.stream.last)
 	for i := 1; i <= k; i++ {
-		m := msg{Stored: relay.Stored{Kind: relay.Marker, Subject: "b._session", Origin: w.db.origin.String(), Incarnation: o.Incarnation,
+		m := msg{Published: relay.Published{Kind: relay.Marker, Subject: "b._session", Origin: w.db.origin.String(), Incarnation: o.Incarnation,
 			FenceN: i, FenceK: k, InFlight: 1, Floor: floor}}
 		*w.db.tokens++
 		m.id = fmt.Sprintf("%s%d", wire.MarkerID, *w.db.tokens)
@@ -204,7 +204,7 @@ func (w *world) resync() {
 	var anchor wire.Anchor
 	for len(keys) > 0 {
 		n := min(3, len(keys))
-		m := msg{Stored: relay.Stored{Kind: relay.Batch, Subject: "b", Origin: w.db.origin.String(), Incarnation: w.db.rec.Incarnation, Keys: strings.Join(keys[:n], ","), Resync: true}}
+		m := msg{Published: relay.Published{Kind: relay.Batch, Subject: "b", Origin: w.db.origin.String(), Incarnation: w.db.rec.Incarnation, Keys: strings.Join(keys[:n], ","), Resync: true}}
 		*w.db.tokens++
 		m.id = fmt.Sprintf("resync-%d", *w.db.tokens)
 		seq, _, err := w.put(m, int64(w.stream.last))

@@ -16,7 +16,7 @@ import (
 
 // msg is a message as the model stores it.
 type msg struct {
-	relay.Stored
+	relay.Published
 	id string
 }
 
@@ -173,20 +173,20 @@ func (s *streamModel) deleteMsg(seq uint64) bool {
 }
 
 // at is the message at seq.
-func (s *streamModel) at(seq uint64) (relay.Stored, bool) {
+func (s *streamModel) at(seq uint64) (relay.Published, bool) {
 	m, ok := s.msgs[seq]
-	return m.Stored, ok
+	return m.Published, ok
 }
 
 // lastOn is the last message on subject.
-func (s *streamModel) lastOn(subject string) (relay.Stored, bool) {
+func (s *streamModel) lastOn(subject string) (relay.Published, bool) {
 	var best msg
 	for _, m := range s.msgs {
 		if m.Subject == subject && m.Seq > best.Seq {
 			best = m
 		}
 	}
-	return best.Stored, best.Seq != 0
+	return best.Published, best.Seq != 0
 }
 
 // mark is what wire.Mark makes of the message at seq.
@@ -265,12 +265,12 @@ func (s *streamModel) marks() map[uint64]string {
 // reader reads s for Scan.
 type modelReader struct{ s *streamModel }
 
-func (r modelReader) At(seq uint64) (relay.Stored, bool, error) {
+func (r modelReader) At(seq uint64) (relay.Published, bool, error) {
 	m, ok := r.s.at(seq)
 	return m, ok, nil
 }
 
-func (r modelReader) LastOn(subject string) (relay.Stored, bool, error) {
+func (r modelReader) LastOn(subject string) (relay.Published, bool, error) {
 	m, ok := r.s.lastOn(subject)
 	return m, ok, nil
 }

@@ -1,7 +1,7 @@
 package protocol
 
-// Batch is one batch of a delivered message as the plan sees it.
-type Batch struct {
+// PlanBatch is one batch of a delivered message as the plan sees it.
+type PlanBatch struct {
 	// Done: the durable's record says a reader finished it.
 	Done bool
 	// Attempts counts the readers that failed with it taken.
@@ -19,11 +19,11 @@ type Rules struct {
 	DeadLetters   bool
 }
 
-// Message is a delivered message as the plan sees it: its stream
+// Delivery is a delivered message as the plan sees it: its stream
 // sequence, the record's floor (every message up to it is done), whether
 // the record says it was acknowledged, whether this subscriber holds it
 // already, and its batches.
-type Message struct {
+type Delivery struct {
 	Seq, Floor uint64
 	Acked      bool
 	// Held: this subscriber was given the message before and holds it,
@@ -32,7 +32,7 @@ type Message struct {
 	// went to this one: the server takes a nak by stream sequence, of
 	// whichever delivery.
 	Held    bool
-	Batches []Batch
+	Batches []PlanBatch
 }
 
 // Fate is what becomes of one batch.
@@ -57,7 +57,7 @@ const (
 // is in hand finishes it (handed again, its batches were written twice:
 // the simulation's frozen subscriber, woken after its message went to
 // the other, naked it under that one).
-func Plan(m Message, r Rules) (fates []Fate, acknowledge bool) {
+func Plan(m Delivery, r Rules) (fates []Fate, acknowledge bool) {
 	if m.Seq <= m.Floor || m.Acked || allDone(m.Batches) {
 		return nil, true
 	}
@@ -72,7 +72,7 @@ func Plan(m Message, r Rules) (fates []Fate, acknowledge bool) {
 }
 
 // fate is what becomes of b, of a message not done before.
-func fate(b Batch, r Rules) Fate {
+func fate(b PlanBatch, r Rules) Fate {
 	if b.Done {
 		return DoneBefore
 	}
@@ -86,7 +86,7 @@ func fate(b Batch, r Rules) Fate {
 }
 
 // allDone reports whether the record says every batch is done.
-func allDone(bs []Batch) bool {
+func allDone(bs []PlanBatch) bool {
 	for _, b := range bs {
 		if !b.Done {
 			return false

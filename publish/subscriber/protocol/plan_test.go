@@ -15,10 +15,10 @@ import (
 // it is, and every other is handed on.
 func TestPlan(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		batches := rapid.SliceOfN(rapid.Custom(func(t *rapid.T) Batch {
-			return Batch{Done: rapid.Bool().Draw(t, "done"), Attempts: rapid.IntRange(0, 4).Draw(t, "attempts"), Tokens: rapid.IntRange(0, 3).Draw(t, "tokens")}
+		batches := rapid.SliceOfN(rapid.Custom(func(t *rapid.T) PlanBatch {
+			return PlanBatch{Done: rapid.Bool().Draw(t, "done"), Attempts: rapid.IntRange(0, 4).Draw(t, "attempts"), Tokens: rapid.IntRange(0, 3).Draw(t, "tokens")}
 		}), 0, 6).Draw(t, "batches")
-		m := Message{Seq: rapid.Uint64Range(1, 10).Draw(t, "seq"), Floor: rapid.Uint64Range(0, 10).Draw(t, "floor"), Acked: rapid.Bool().Draw(t, "acked"),
+		m := Delivery{Seq: rapid.Uint64Range(1, 10).Draw(t, "seq"), Floor: rapid.Uint64Range(0, 10).Draw(t, "floor"), Acked: rapid.Bool().Draw(t, "acked"),
 			Held: rapid.Bool().Draw(t, "held"), Batches: batches}
 		r := Rules{MaxDeliveries: rapid.IntRange(0, 3).Draw(t, "max deliveries"), DeadLetters: rapid.Bool().Draw(t, "dead letters")}
 		fates, ack := Plan(m, r)
@@ -61,23 +61,23 @@ func TestPlan(t *testing.T) {
 func TestPlanScenarios(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		m     Message
+		m     Delivery
 		r     Rules
 		fates []Fate
 		ack   bool
 	}{
-		{name: "below the floor (a consumer made again below it)", m: Message{Seq: 3, Floor: 3, Batches: []Batch{{Tokens: 1}}}, ack: true},
-		{name: "acknowledged before, its ack lost", m: Message{Seq: 4, Floor: 3, Acked: true, Batches: []Batch{{Tokens: 1}}}, ack: true},
-		{name: "every batch done by a subscriber that died before its ack", m: Message{Seq: 4, Floor: 3, Batches: []Batch{{Done: true}, {Done: true}}}, ack: true},
-		{name: "redelivered after a reader died: the batch done is skipped", m: Message{Seq: 4, Floor: 3, Batches: []Batch{{Done: true, Tokens: 2}, {Tokens: 1, Attempts: 1}}},
+		{name: "below the floor (a consumer made again below it)", m: Delivery{Seq: 3, Floor: 3, Batches: []PlanBatch{{Tokens: 1}}}, ack: true},
+		{name: "acknowledged before, its ack lost", m: Delivery{Seq: 4, Floor: 3, Acked: true, Batches: []PlanBatch{{Tokens: 1}}}, ack: true},
+		{name: "every batch done by a subscriber that died before its ack", m: Delivery{Seq: 4, Floor: 3, Batches: []PlanBatch{{Done: true}, {Done: true}}}, ack: true},
+		{name: "redelivered after a reader died: the batch done is skipped", m: Delivery{Seq: 4, Floor: 3, Batches: []PlanBatch{{Done: true, Tokens: 2}, {Tokens: 1, Attempts: 1}}},
 			fates: []Fate{DoneBefore, Hand}},
-		{name: "a batch failed as often as allowed is set aside", m: Message{Seq: 4, Batches: []Batch{{Tokens: 1, Attempts: 2}, {Tokens: 1, Attempts: 1}}},
+		{name: "a batch failed as often as allowed is set aside", m: Delivery{Seq: 4, Batches: []PlanBatch{{Tokens: 1, Attempts: 2}, {Tokens: 1, Attempts: 1}}},
 			r: Rules{MaxDeliveries: 2, DeadLetters: true}, fates: []Fate{SetAside, Hand}},
-		{name: "nowhere to set it aside: handed again", m: Message{Seq: 4, Batches: []Batch{{Tokens: 1, Attempts: 2}}},
+		{name: "nowhere to set it aside: handed again", m: Delivery{Seq: 4, Batches: []PlanBatch{{Tokens: 1, Attempts: 2}}},
 			r: Rules{MaxDeliveries: 2}, fates: []Fate{Hand}},
-		{name: "held, delivered again: nothing handed again", m: Message{Seq: 4, Floor: 3, Held: true, Batches: []Batch{{Done: true, Tokens: 1}, {Tokens: 1}}}},
-		{name: "held and done: acknowledged again", m: Message{Seq: 4, Floor: 3, Held: true, Batches: []Batch{{Done: true, Tokens: 1}}}, ack: true},
-		{name: "a batch of another action", m: Message{Seq: 4, Batches: []Batch{{Tokens: 0}, {Tokens: 1}}}, fates: []Fate{NothingForSink, Hand}},
+		{name: "held, delivered again: nothing handed again", m: Delivery{Seq: 4, Floor: 3, Held: true, Batches: []PlanBatch{{Done: true, Tokens: 1}, {Tokens: 1}}}},
+		{name: "held and done: acknowledged again", m: Delivery{Seq: 4, Floor: 3, Held: true, Batches: []PlanBatch{{Done: true, Tokens: 1}}}, ack: true},
+		{name: "a batch of another action", m: Delivery{Seq: 4, Batches: []PlanBatch{{Tokens: 0}, {Tokens: 1}}}, fates: []Fate{NothingForSink, Hand}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fates, ack := Plan(tc.m, tc.r)
@@ -267,7 +267,7 @@ func TestStall(t *testing.T) {
 // a stream rebuilt under a reader had its old record applied).
 func TestCheckRecord(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		at := AtLast(rapid.IntRange(0, 3).Draw(t, "at"))
+		at := HeldAtLast(rapid.IntRange(0, 3).Draw(t, "at"))
 		missing, fromStart, keepsOwn := rapid.Bool().Draw(t, "missing"), rapid.Bool().Draw(t, "from start"), rapid.Bool().Draw(t, "keeps own")
 		got := CheckRecord(at, missing, fromStart, keepsOwn)
 		switch {
@@ -320,7 +320,7 @@ func TestSettle(t *testing.T) {
 			e.Ends = append(e.Ends, written)
 		}
 		e.Taken = rapid.Int64Range(0, written).Draw(t, "taken")
-		done, blamed := Settle(e)
+		done, blamed := AfterReaderEnd(e)
 		wantDone := 0
 		switch {
 		case e.Reports:
@@ -351,19 +351,19 @@ func TestSettle(t *testing.T) {
 		}
 	})
 	// Three batches of 10 bytes, 15 taken: the first taken whole.
-	if _, b := Settle(ReaderEnd{Failed: true, Pipe: true, Taken: 15, Ends: []int64{10, 20, 30}}); b != 0 {
+	if _, b := AfterReaderEnd(ReaderEnd{Failed: true, Pipe: true, Taken: 15, Ends: []int64{10, 20, 30}}); b != 0 {
 		t.Fatalf("blamed %d, want the first batch", b)
 	}
 	// 10 taken: the first taken whole, to its last byte.
-	if _, b := Settle(ReaderEnd{Failed: true, Pipe: true, Taken: 10, Ends: []int64{10, 20, 30}}); b != 0 {
+	if _, b := AfterReaderEnd(ReaderEnd{Failed: true, Pipe: true, Taken: 10, Ends: []int64{10, 20, 30}}); b != 0 {
 		t.Fatalf("blamed %d, want the first batch", b)
 	}
 	// 5 taken: none whole, none blamed.
-	if _, b := Settle(ReaderEnd{Failed: true, Pipe: true, Taken: 5, Ends: []int64{10, 20, 30}}); b != -1 {
+	if _, b := AfterReaderEnd(ReaderEnd{Failed: true, Pipe: true, Taken: 5, Ends: []int64{10, 20, 30}}); b != -1 {
 		t.Fatalf("blamed %d, want none", b)
 	}
 	// head -n 1: one batch taken, then exit 0: that one is done.
-	if d, b := Settle(ReaderEnd{Took: true, Pipe: true, Taken: 10, Ends: []int64{10, 20}}); d != 1 || b != -1 {
+	if d, b := AfterReaderEnd(ReaderEnd{Took: true, Pipe: true, Taken: 10, Ends: []int64{10, 20}}); d != 1 || b != -1 {
 		t.Fatalf("done %d blamed %d, want the first done", d, b)
 	}
 }

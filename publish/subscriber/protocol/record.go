@@ -81,14 +81,14 @@ func KeepPinEvery(pinnedTTL time.Duration) time.Duration {
 	return max(pinnedTTL, 0) / 4
 }
 
-// AtLast is what the stream holds at the sequence the durable's record
+// HeldAtLast is what the stream holds at the sequence the durable's record
 // saw last.
-type AtLast uint8
+type HeldAtLast uint8
 
 const (
 	// SameMessage: the message the record saw there: the record is this
 	// stream's, whichever replica answers and whatever creation time.
-	SameMessage AtLast = iota
+	SameMessage HeldAtLast = iota
 	// Removed: no message there, and the stream goes on beyond it (a
 	// limit's trim, a purge, a delete): the chain tells at the next
 	// message whether what was removed had been read.
@@ -127,7 +127,7 @@ const (
 // the server, whether the subscriber asks for the stream from its first
 // message (fromStart), and whether its sink keeps a record of its own
 // (keepsOwn).
-func CheckRecord(at AtLast, missing, fromStart, keepsOwn bool) OnRecord {
+func CheckRecord(at HeldAtLast, missing, fromStart, keepsOwn bool) OnRecord {
 	switch at {
 	case Unanchored:
 		// Where to go on is MakeAt's: the consumer's own position, the

@@ -17,14 +17,14 @@ type ReaderEnd struct {
 	Ends  []int64
 }
 
-// Settle decides the batches a reader held as it ended: how many of
+// AfterReaderEnd decides the batches a reader held as it ended: how many of
 // them, oldest first, are done (all when it said it finished everything,
 // those it took whole when it said it finished what it took; none from
 // a reader that reports line by line), and the one its failure counts
 // against (-1: none), the oldest it took whole: a reader that keeps
 // failing on one batch fails there first. A reader not fed through a
 // pipe took each batch handed to it.
-func Settle(e ReaderEnd) (done int, blamed int) {
+func AfterReaderEnd(e ReaderEnd) (done int, blamed int) {
 	switch {
 	case e.Reports:
 	case e.Done:

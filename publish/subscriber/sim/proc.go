@@ -395,12 +395,12 @@ func (p *proc) take(d *delivery) {
 		p.dirty = true
 	}
 	rec := p.rec.MessageAt(m.seq, m.mark, len(m.lines))
-	batches := make([]protocol.Batch, len(m.lines))
+	batches := make([]protocol.PlanBatch, len(m.lines))
 	for i, line := range m.lines {
-		batches[i] = protocol.Batch{Done: rec.Done.Has(i), Attempts: rec.Attempts[i], Tokens: len(line)}
+		batches[i] = protocol.PlanBatch{Done: rec.Done.Has(i), Attempts: rec.Attempts[i], Tokens: len(line)}
 	}
 	held := slices.ContainsFunc(p.held, func(h *heldMsg) bool { return h.rec == rec && !h.acking })
-	fates, ack := protocol.Plan(protocol.Message{Seq: m.seq, Floor: p.rec.Floor, Acked: rec.Acked, Held: held, Batches: batches},
+	fates, ack := protocol.Plan(protocol.Delivery{Seq: m.seq, Floor: p.rec.Floor, Acked: rec.Acked, Held: held, Batches: batches},
 		protocol.Rules{MaxDeliveries: p.cfg().maxDeliveries, DeadLetters: true})
 	if ack {
 		p.w.ack(p, m.seq)
@@ -613,7 +613,7 @@ func (p *proc) landAcks() {
 }
 
 // settle lets go of what the process held as its reader ended
-// (Subscriber.Settle, Lines.settle): the batch a failure counts against,
+// (Subscriber.ReaderEnded, Lines.settle): the batch a failure counts against,
 // the messages handed back after the record is saved.
 func (p *proc) settle(failed bool) {
 	end := protocol.ReaderEnd{Failed: failed, Reports: true, Pipe: true}
@@ -622,7 +622,7 @@ func (p *proc) settle(failed bool) {
 		handed = []*unit{p.inHand}
 		end.Taken, end.Ends = 1, []int64{1}
 	}
-	if _, blamed := protocol.Settle(end); blamed >= 0 {
+	if _, blamed := protocol.AfterReaderEnd(end); blamed >= 0 {
 		u := handed[blamed]
 		u.h.rec.Failed(u.line)
 		p.dirty = true

@@ -97,7 +97,7 @@ func (w *world) fail(format string, args ...any) {
 }
 
 // atLast is what the stream holds where the record saw last.
-func (w *world) atLast(a wire.Anchor) protocol.AtLast {
+func (w *world) atLast(a wire.Anchor) protocol.HeldAtLast {
 	if a.Seq == 0 {
 		return protocol.Unanchored
 	}
