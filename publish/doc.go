@@ -8,5 +8,7 @@
 // read-back of what the stream holds on a restart.
 //
 // Data path, last step: after batch; it signs with publish/token, encodes
-// with publish/wire, and sends to JetStream.
+// with publish/wire, and sends to JetStream. Its core is publish/relay
+// (with its simulation); beside it, the subscriber's room
+// (publish/subscriber) reads what it wrote, importing none of it.
 package publish

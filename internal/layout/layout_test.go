@@ -32,7 +32,7 @@ func goFiles(t *testing.T) (*token.FileSet, map[string]*ast.File) {
 		if d.IsDir() || !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
 			return nil
 		}
-		f, err := parser.ParseFile(fset, p, nil, 0)
+		f, err := parser.ParseFile(fset, p, nil, parser.ParseComments)
 		if err != nil {
 			return err
 		}
@@ -95,5 +95,98 @@ func TestTypeNamesMeanOneThing(t *testing.T) {
 	}
 	if len(where) == 0 {
 		t.Fatal("no type found on the data path")
+	}
+}
+
+// maxFileLines is the most lines a file of non-test code may have: one
+// a reader holds in one sitting.
+const maxFileLines = 500
+
+// Every file outside tests is one a reader can hold.
+func TestFilesFitInOneRead(t *testing.T) {
+	fset, files := goFiles(t)
+	for path, f := range files {
+		if n := fset.File(f.Pos()).LineCount(); n > maxFileLines {
+			t.Errorf("%s is %d lines, more than %d: split it along its seams", path, n, maxFileLines)
+		}
+	}
+}
+
+// whereItSits are the words a package's doc uses to say where the package
+// sits: on the data path, beside it, wiring it, or supporting tests.
+var whereItSits = []string{"Where it sits", "Data path", "data path", "Wiring", "Test support", "test support"}
+
+// Every package of non-test code has a doc.go that says where it sits.
+func TestEveryPackageSaysWhereItSits(t *testing.T) {
+	_, files := goFiles(t)
+	dirs := map[string]bool{}
+	for path := range files {
+		dirs[filepath.Dir(path)] = true
+	}
+	for dir := range dirs {
+		doc := files[filepath.Join(dir, "doc.go")]
+		if doc == nil || doc.Doc == nil {
+			t.Errorf("%s has no doc.go with a package comment", dir)
+			continue
+		}
+		if text := doc.Doc.Text(); !slices.ContainsFunc(whereItSits, func(w string) bool { return strings.Contains(text, w) }) {
+			t.Errorf("%s/doc.go does not say where the package sits (one of %q)", dir, whereItSits)
+		}
+	}
+}
+
+// floor is how high a package stands in the house: a package imports only
+// packages on lower floors, or of its own tree (a room's core, simulation
+// and sinks beside its driver). The top level keeps the data's order
+// (decoder, batch, replication, publish), with test support and the
+// standard-library leaves on the ground and cmd, which wires, on top;
+// inside publish the formats lie beneath the two rooms, the relay's and
+// the subscriber's, which import nothing of each other.
+var floors = []struct {
+	prefix string
+	floor  int
+}{
+	{"internal/", 0}, {"decoder/action", 0}, {"decoder/traceparent", 0}, {"decoder/wal", 0},
+	{"decoder", 1}, {"migrations", 1},
+	{"batch", 2},
+	{"replication", 3},
+	{"publish/token", 4}, {"publish/wire", 4}, {"publish/jsio", 4},
+	{"publish/join", 5}, {"publish/relay", 5}, {"publish/subscriber", 5},
+	{"publish/audit", 7}, {"publish/resync", 7},
+	{"publish", 6},
+	{"cmd", 8},
+}
+
+// floorOf is the floor of the package in dir, and the tree it belongs to.
+func floorOf(dir string) (floor int, tree string) {
+	for _, f := range floors {
+		if dir == f.prefix || strings.HasPrefix(dir, strings.TrimSuffix(f.prefix, "/")+"/") {
+			return f.floor, f.prefix
+		}
+	}
+	return -1, ""
+}
+
+// No arrow climbs back: no package imports one on a higher floor, or one
+// of another tree on its own floor.
+func TestNoArrowClimbsBack(t *testing.T) {
+	const module = "github.com/mailroom/tailer/"
+	_, files := goFiles(t)
+	for path, f := range files {
+		dir := filepath.ToSlash(filepath.Dir(path))
+		from, fromTree := floorOf(dir)
+		if from < 0 {
+			continue
+		}
+		for _, imp := range f.Imports {
+			p := strings.Trim(imp.Path.Value, `"`)
+			if !strings.HasPrefix(p, module) {
+				continue
+			}
+			to, toTree := floorOf(strings.TrimPrefix(p, module))
+			if to > from || to == from && toTree != fromTree {
+				t.Errorf("%s (floor %d) imports %s (floor %d): an arrow that climbs back", path, from, p, to)
+			}
+		}
 	}
 }

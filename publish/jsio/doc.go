@@ -5,6 +5,6 @@
 // publisher (package publish), its subscriber (package subscriber) and the
 // daemon's cause finder read the servers' words here, one way.
 //
-// A leaf both ends share, beside package wire (the formats), which does
-// no IO.
+// Where it sits: beneath both rooms of publish (the relay's and the
+// subscriber's), beside package wire (the formats), which does no IO.
 package jsio

@@ -12,6 +12,6 @@
 // backend verifying a token from a link imports this and nothing else of
 // the tailer.
 //
-// Beneath both of publish's rooms: the relay signs with it, the
-// subscriber's sinks and tailer verify read it.
+// Where it sits: beneath both of publish's rooms; the relay signs with it,
+// the subscriber's sinks and tailer verify read it.
 package token

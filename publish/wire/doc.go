@@ -9,5 +9,7 @@
 // subscriber's core (package subscriber/protocol) may hold its anchors and
 // chains.
 //
-// A leaf both ends share: what publish writes and publish/subscriber reads.
+// Where it sits: beneath both rooms of publish, the relay's (package
+// publish and publish/relay write it) and the subscriber's
+// (publish/subscriber reads it); it imports only decoder/action.
 package wire

@@ -6,4 +6,7 @@
 // and the schedules rapid draws over them (Schedule). It holds no
 // production code: publish/relay's TestSimulation runs it, and its
 // own tests hold each model to the real server (nats-server, PostgreSQL).
+//
+// Where it sits: inside the relay's room (publish/relay), beside its
+// core; nothing but tests imports it.
 package sim

@@ -9,4 +9,7 @@
 // started again; in the profile resends, tailer dead-letters resend
 // runs, each ending once drained. Schedule draws schedules over them. It holds no
 // production code: publish/subscriber/protocol's TestSimulation runs it.
+//
+// Where it sits: inside the subscriber's room (publish/subscriber), beside
+// its core; nothing but tests imports it.
 package sim

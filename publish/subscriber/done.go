@@ -1,0 +1,223 @@
+package subscriber
+
+// A batch done: the message acknowledged once all its batches are, a
+// reader's end settled, a batch or a message that cannot be read set
+// aside.
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// doneFunc is what a Sink calls with the units it finished, also after
+// the Hand that gave them, and as the subscriber stops: a unit a sink
+// finished is acknowledged all the same (reports that come as the
+// sender ends; a commit that landed).
+func (s *Subscriber) doneFunc() func(...*Unit) {
+	ctx := context.WithoutCancel(s.life)
+	return func(us ...*Unit) { s.done(ctx, us) }
+}
+
+// done marks units done and acknowledges the messages that are then
+// complete.
+func (s *Subscriber) done(ctx context.Context, units []*Unit) {
+	s.mu.Lock()
+	var complete []*held
+	for _, u := range units {
+		if u.done {
+			continue
+		}
+		u.done = true
+		u.h.rec.Finished(u.Line)
+		s.stats.Batches++
+		s.stats.LastDone = time.Now()
+		s.dirty = true
+		s.doneUnsaved++
+		if u.h.pending--; u.h.pending == 0 {
+			complete = append(complete, u.h)
+		}
+	}
+	s.mu.Unlock()
+	s.signal()
+	s.finish(ctx, complete...)
+}
+
+// finish acknowledges messages all of whose batches are done, once the
+// record says so, the acks' answers awaited side by side.
+func (s *Subscriber) finish(ctx context.Context, hs ...*held) {
+	var ready []*held
+	s.mu.Lock()
+	for _, h := range hs {
+		if !h.acking && h.pending == 0 {
+			h.acking = true
+			ready = append(ready, h)
+		}
+	}
+	s.mu.Unlock()
+	if len(ready) == 0 {
+		return
+	}
+	// Every batch of them is done: acknowledged even when taken over.
+	s.saveNow(ctx, ready[0].msg)
+	if len(ready) == 1 {
+		s.acked(ctx, ready[0], s.ack(ctx, ready[0].msg))
+	} else {
+		var wg sync.WaitGroup
+		for _, h := range ready {
+			wg.Add(1)
+			go func() { defer wg.Done(); s.acked(ctx, h, s.ack(ctx, h.msg)) }()
+		}
+		wg.Wait()
+	}
+	s.signal()
+}
+
+// acked notes h's ack and how the server answered it (err).
+func (s *Subscriber) acked(ctx context.Context, h *held, err error) {
+	s.mu.Lock()
+	if i := slices.Index(s.held, h); i >= 0 {
+		s.held = slices.Delete(s.held, i, i+1)
+	}
+	if err == nil {
+		h.rec.Acked = true
+		s.stats.Acked++
+		s.dirty = true
+	}
+	s.mu.Unlock()
+	if err != nil && ctx.Err() == nil && s.cfg.Log != nil {
+		// Its batches are done, as the record says: delivered again,
+		// the message is acknowledged without handing anything on.
+		s.cfg.Log.Warn("ack not confirmed; the message will be delivered again, and not handed on again", "stream_seq", h.seq, "err", err)
+	}
+}
+
+// ackMsg acknowledges a message that needs nothing from the reader.
+func (s *Subscriber) ackMsg(ctx context.Context, msg jetstream.Msg, seq uint64) {
+	if err := s.ack(ctx, msg); err != nil && ctx.Err() == nil && s.cfg.Log != nil {
+		s.cfg.Log.Warn("ack not confirmed; the message will be delivered again", "stream_seq", seq, "err", err)
+	}
+	s.mu.Lock()
+	s.stats.Acked++
+	s.mu.Unlock()
+}
+
+// ack acknowledges msg and waits progressTry at most for the server to
+// confirm it: a consumer's leader frozen or cut off does not answer, and
+// the message, whose batches the record says are done, comes again and is
+// acknowledged without a line, where waiting held up the next one.
+func (s *Subscriber) ack(ctx context.Context, msg jetstream.Msg) error {
+	try, cancel := context.WithTimeout(ctx, progressTry)
+	defer cancel()
+	return msg.DoubleAck(try)
+}
+
+// Outcome is how a reader ended, for ReaderEnded.
+type Outcome int
+
+const (
+	// ReaderStopped: the subscriber stopped it; it may not have finished
+	// what it held.
+	ReaderStopped Outcome = iota
+	// ReaderDone: it read to the end of its input and said it finished
+	// everything (exited with a code that means done).
+	ReaderDone
+	// ReaderFailed: it failed with batches in hand; the oldest batch it
+	// took and did not finish counts an attempt (see MaxDeliveries).
+	ReaderFailed
+	// ReaderTook: it ended on its own saying it finished what it took
+	// (exit 0 before the end of its input): the batches it took whole
+	// are done, the others delivered again.
+	ReaderTook
+)
+
+// ReaderEnded ends the doubt about the batches a reader may have had when it
+// ended: done if it said so (ReaderDone: a reader that reports has said so
+// line by line, and only those lines are done), delivered again at once
+// otherwise, the others of their messages remembered as done. It returns
+// how many messages were handed back.
+func (s *Subscriber) ReaderEnded(ctx context.Context, o Outcome) int {
+	var failedOn *Unit
+	inDoubt := false
+	if r := s.reader; r != nil {
+		failedOn, inDoubt = r.settle(o)
+	}
+	s.mu.Lock()
+	if o == ReaderFailed && inDoubt {
+		s.stats.ReaderFailures++
+	}
+	if u := failedOn; u != nil {
+		u.h.rec.Failed(u.Line)
+		s.dirty = true
+	}
+	// Every message in hand but those being acknowledged: some of their
+	// batches may not even have been handed over.
+	var nak []*held
+	for _, h := range s.held {
+		if !h.acking {
+			nak = append(nak, h)
+		}
+	}
+	s.held = slices.DeleteFunc(s.held, func(h *held) bool { return !h.acking })
+	s.mu.Unlock()
+	// Which batches are done, before the messages come again.
+	if err := s.save(ctx); err != nil && s.cfg.Log != nil {
+		s.cfg.Log.Warn("cannot save which batches are done; those of the messages handed back are written again", "durable", s.cfg.Durable, "err", err)
+	}
+	for _, h := range nak {
+		h.msg.Nak()
+	}
+	return len(nak)
+}
+
+// unreadable sets aside a message that does not decode: delivering it again
+// would not fix it.
+func (s *Subscriber) unreadable(ctx context.Context, msg jetstream.Msg, seq uint64, err error) error {
+	if s.cfg.Log != nil {
+		s.cfg.Log.Error("a message that cannot be read", "subject", msg.Subject(), "stream_seq", seq, "err", err)
+	}
+	if s.cfg.DeadLetters != nil {
+		dl := DeadLetter{Stream: s.cfg.Stream, Seq: seq, Batch: -1, Durable: s.cfg.Durable, Reason: "cannot be read: " + err.Error(),
+			Deliveries: 1, Header: msg.Headers(), Body: msg.Data()}
+		if err := s.cfg.DeadLetters.Put(ctx, dl); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.stats.DeadLetters++
+		s.mu.Unlock()
+		if s.cfg.Log != nil {
+			s.cfg.Log.Error("dead letter: set aside a message that cannot be read", "stream_seq", seq, "durable", s.cfg.Durable)
+		}
+	}
+	// Off this consumer; it stays in the stream.
+	return msg.Term()
+}
+
+// deadLetter sets batch i of h aside and marks it done.
+func (s *Subscriber) deadLetter(ctx context.Context, h *held, b *Decoded, i int) error {
+	hdr, body, err := batchMessage(b, i)
+	if err != nil {
+		return fmt.Errorf("dead letter of seq %d batch %d: %w", h.seq, i, err)
+	}
+	s.mu.Lock()
+	n := h.rec.Attempts[i]
+	s.mu.Unlock()
+	reason := fmt.Sprintf("%d readers failed with this batch taken and not finished", n)
+	dl := DeadLetter{Stream: s.cfg.Stream, Seq: h.seq, Batch: i, Durable: s.cfg.Durable, Reason: reason, Deliveries: n, Header: hdr, Body: body}
+	if err := s.cfg.DeadLetters.Put(ctx, dl); err != nil {
+		return err
+	}
+	if s.cfg.Log != nil {
+		s.cfg.Log.Error("dead letter: set a batch aside; the batches behind it flow", "stream_seq", h.seq, "batch", i,
+			"batch_id", b.ID, "tokens", b.Sizes[i], "deliveries", n, "durable", s.cfg.Durable)
+	}
+	s.mu.Lock()
+	s.stats.DeadLetters++
+	s.mu.Unlock()
+	s.done(ctx, []*Unit{{h: h, Line: i}})
+	return nil
+}

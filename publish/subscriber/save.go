@@ -1,0 +1,236 @@
+package subscriber
+
+// The durable's record saved: before an ack or more for a serial reader
+// (saveNow), whenever it changed (saver), over a late write of another
+// subscriber's while this one is pinned (saveOver).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"github.com/mailroom/tailer/publish/jsio"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// saveNow saves the record before msg is acknowledged or the reader given
+// more of it. An ack the server confirmed is one replica's word: a
+// consumer leader killed or cut off before it replicated it loses it, and
+// the new leader delivers the message again, maybe to the other
+// subscriber of a pinned pair, which skips the batches the durable's
+// record says are done (issue 49's fault runs: messages of 126 and 178
+// batches written again whole, the record's save waiting on a partitioned
+// node). While the bucket cannot take the save, msg is kept and the save
+// tried again; a save refused because another subscriber delivers now
+// ends the wait, with ErrTakenOver (issue 49: a subscriber went on
+// handing its reader a message's batches, 97 and 218 of them, for the
+// second the saver took to notice, and the other wrote them again).
+func (s *Subscriber) saveNow(ctx context.Context, msg jetstream.Msg) error {
+	if s.cfg.Progress == nil {
+		return nil
+	}
+	return s.untilSaved(ctx, msg, s.save)
+}
+
+// untilSaved calls save, each try given progressTry, until it lands, is
+// refused as taken over, or ctx ends, msg kept from redelivery meanwhile.
+// Waiting here, the consume loop hears no heartbeat: a server cut off
+// from the bucket is left as the loop would leave it.
+func (s *Subscriber) untilSaved(ctx context.Context, msg jetstream.Msg, save func(context.Context) error) error {
+	var stranded Stranded
+	for {
+		try, cancel := context.WithTimeout(ctx, progressTry)
+		err := save(try)
+		cancel()
+		s.noRoom(err)
+		if err == nil || errors.Is(err, ErrTakenOver) || ctx.Err() != nil {
+			return err
+		}
+		if jsio.Unanswered(err) && s.js != nil {
+			stranded.Missed(s.js.Conn(), s.cfg.Log, s.cfg.Durable, "no answer to the save of which batches are done")
+		}
+		msg.InProgress()
+		if !sleep(ctx, 250*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+}
+
+// noRoom keeps, and says once, a save the server refused for want of
+// room (the record's bucket full, or the account's JetStream limits):
+// retrying alone would say nothing while nothing goes on. A save that
+// lands forgets it.
+func (s *Subscriber) noRoom(err error) {
+	why := ""
+	if err != nil && jsio.NoRoom(err) {
+		why = fmt.Sprintf("the server has no room for the durable's record of which batches are done (%s): grow its bucket (max_bytes) or the account's JetStream storage; "+
+			"nothing more is handed on until a save lands", jsio.ServerWords(err))
+	}
+	s.mu.Lock()
+	said := s.stats.NoRoom
+	s.stats.NoRoom = why
+	s.mu.Unlock()
+	if why != "" && said == "" && s.cfg.Log != nil {
+		s.cfg.Log.Error("cannot save which batches are done", "durable", s.cfg.Durable, "err", why)
+	}
+}
+
+// signal tells the saver there is something to save.
+func (s *Subscriber) signal() {
+	if s.cfg.Progress == nil || s.kick == nil {
+		return
+	}
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// saver saves the record whenever it changed, one save at a time (when
+// there is a store), and reads the consumer's ack floor now and then so
+// that the record forgets what the server will not deliver again. A save refused because another
+// subscriber wrote while this one holds messages ends Run.
+func (s *Subscriber) saver(ctx context.Context, cancel context.CancelCauseFunc) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.kick:
+		case <-tick.C:
+		}
+		if s.cfg.Progress == nil {
+			// The record in memory forgets, all the same, what the
+			// server will not deliver again.
+			s.readFloor(ctx)
+			continue
+		}
+		// A save under way completes as Run ends: one cut off may land
+		// unheard, and the next must find it this subscriber's.
+		saveCtx, cancelSave := context.WithTimeout(context.WithoutCancel(ctx), progressTry)
+		s.readFloor(saveCtx)
+		err := s.save(saveCtx)
+		cancelSave()
+		s.noRoom(err)
+		switch {
+		case errors.Is(err, ErrTakenOver):
+			s.mu.Lock()
+			holding := len(s.held) > 0
+			s.mu.Unlock()
+			if holding {
+				cancel(err)
+				return
+			}
+		case err != nil && !failing && ctx.Err() == nil:
+			failing = true
+			if s.cfg.Log != nil {
+				s.cfg.Log.Warn("cannot save which batches are done; trying again", "durable", s.cfg.Durable, "err", err)
+			}
+		case err == nil:
+			failing = false
+		}
+	}
+}
+
+// readFloor reads the consumer's ack floor, at most once a second.
+func (s *Subscriber) readFloor(ctx context.Context) {
+	cons := s.Consumer()
+	s.mu.Lock()
+	due := cons != nil && time.Since(s.floorRead) >= time.Second
+	if due {
+		s.floorRead = time.Now()
+	}
+	s.mu.Unlock()
+	if !due {
+		return
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return
+	}
+	s.mu.Lock()
+	if f := info.AckFloor.Stream; f > s.prog.Floor {
+		// Messages in hand are above the floor: they are not acknowledged.
+		s.prog.Prune(f)
+		s.dirty = true
+	}
+	s.mu.Unlock()
+}
+
+// save writes the record if it changed. It returns ErrTakenOver when
+// another subscriber wrote it since this one read or wrote it, and the
+// server no longer pins this one (saveOver).
+func (s *Subscriber) save(ctx context.Context) error {
+	if s.cfg.Progress == nil {
+		return nil
+	}
+	s.saveMu.Lock()
+	defer s.saveMu.Unlock()
+	s.mu.Lock()
+	if !s.dirty || s.takenOver {
+		taken := s.takenOver
+		s.mu.Unlock()
+		if taken {
+			return ErrTakenOver
+		}
+		return nil
+	}
+	p := s.prog.Clone()
+	rev := s.rev
+	s.dirty = false
+	saving := s.doneUnsaved
+	s.mu.Unlock()
+	newRev, err := s.cfg.Progress.Save(ctx, &p, rev)
+	if errors.Is(err, ErrTakenOver) && s.pinnedHere(ctx) {
+		newRev, err = s.saveOver(ctx)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case errors.Is(err, ErrTakenOver):
+		// Another subscriber delivers now. This one writes nothing more
+		// into the record (each write would refuse the other's next save
+		// and stop it delivering); what it finished and did not save is
+		// what a fault costs.
+		if len(s.held) > 0 {
+			s.takenOver = true
+		}
+		return err
+	case err != nil:
+		s.dirty = true
+		return err
+	}
+	s.rev = newRev
+	s.doneUnsaved -= saving
+	return nil
+}
+
+// saveOver saves the record over another subscriber's write while the
+// server still pins this one: that write was the other's, landed late (a
+// save it never heard back from, before it lost the pin), and the
+// batches it says are done are done. So this subscriber takes them beside
+// its own and goes on delivering, instead of standing by and having the
+// batches it held written again (issue 49: most of what a cluster fault
+// still cost). The one the server pins is the one that merges; the other
+// writes nothing more once refused. The caller holds saveMu.
+func (s *Subscriber) saveOver(ctx context.Context) (uint64, error) {
+	cur, rev, err := s.cfg.Progress.Load(ctx)
+	if err != nil {
+		return 0, err
+	}
+	// Late, and of a stream since made again (the simulation: the
+	// other, frozen as the stream went, saved the old record as it
+	// woke): dropped, not absorbed.
+	if err := s.ofThisStream(ctx, &cur); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	// In place: the messages in hand keep their records.
+	s.prog.Absorb(&cur)
+	p := s.prog.Clone()
+	s.mu.Unlock()
+	return s.cfg.Progress.Save(ctx, &p, rev)
+}

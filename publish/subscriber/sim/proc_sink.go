@@ -1,0 +1,167 @@
+package sim
+
+// A process and its sink: units handed, done, their messages acknowledged,
+// a reader's end settled.
+
+import (
+	"errors"
+	"slices"
+
+	"github.com/mailroom/tailer/publish/subscriber/protocol"
+)
+
+// handNext gives the sink what it can take: a sender one line at a
+// time, the record saved first while a batch done is unsaved; an inbox
+// all of them in one transaction.
+func (p *proc) handNext() {
+	if p.cfg().inbox {
+		if p.committing == nil && len(p.toHand) > 0 {
+			p.committing, p.toHand = p.toHand, nil
+			p.commitAt = p.now() + p.cfg().lineTime
+			for _, u := range p.committing {
+				p.w.handed(u.key(), p)
+			}
+		}
+		return
+	}
+	for len(p.toHand) > 0 && p.inHand == nil && !p.senderDown {
+		if protocol.SaveFirst(true, p.doneUnsaved) {
+			if err := p.save(); errors.Is(err, errTaken) {
+				p.standBy("taken over (a save before the next line)")
+				return
+			} else if err != nil {
+				return
+			}
+		}
+		u := p.toHand[0]
+		p.toHand = p.toHand[1:]
+		p.inHand, p.startedAt = u, p.now()
+		p.w.handed(u.key(), p)
+	}
+}
+
+// sink moves the sink on: a line finished, a transaction committed, a
+// sender started again.
+func (p *proc) sink() {
+	now := p.now()
+	if p.senderDown && now >= p.restartAt {
+		p.senderDown = false
+		p.w.logf("p%d's sender started again", p.id)
+	}
+	if u := p.inHand; u != nil && now >= p.startedAt+p.cfg().lineTime {
+		p.inHand = nil
+		p.progressed = true
+		p.w.write(u.key(), p, u.h.m.lines[u.line])
+		p.done(u)
+	}
+	if us := p.committing; us != nil && now >= p.commitAt {
+		p.committing = nil
+		for _, u := range us {
+			p.w.write(u.key(), p, u.h.m.lines[u.line])
+		}
+		p.done(us...)
+	}
+}
+
+// done marks units done and acknowledges the messages then complete.
+func (p *proc) done(units ...*unit) {
+	var complete []*heldMsg
+	for _, u := range units {
+		if u.done {
+			continue
+		}
+		u.done = true
+		u.h.rec.Finished(u.line)
+		p.dirty = true
+		p.doneUnsaved++
+		if u.h.pending--; u.h.pending == 0 {
+			complete = append(complete, u.h)
+		}
+	}
+	p.finish(complete...)
+}
+
+// finish acknowledges messages all of whose batches are done, once the
+// record is saved (a save refused: acknowledged all the same).
+func (p *proc) finish(hs ...*heldMsg) {
+	var ready []*heldMsg
+	for _, h := range hs {
+		if !h.acking && h.pending == 0 {
+			h.acking = true
+			ready = append(ready, h)
+		}
+	}
+	if len(ready) == 0 {
+		return
+	}
+	if err := p.save(); err != nil && !errors.Is(err, errTaken) {
+		p.acking = append(p.acking, ready...)
+		for _, h := range ready {
+			h.acking = false
+		}
+		return
+	}
+	for _, h := range ready {
+		if d := p.cfg().ackDelay; d > 0 {
+			// Held until the server answers, as the subscriber's held.acking.
+			h.landsAt = p.now() + d
+			p.inFlight = append(p.inFlight, h)
+			continue
+		}
+		p.acked(h)
+	}
+}
+
+// acked is h's ack answered by the server.
+func (p *proc) acked(h *heldMsg) {
+	if h.inc == p.w.stream.inc {
+		p.w.ack(p, h.m.seq)
+	}
+	p.held = slices.DeleteFunc(p.held, func(x *heldMsg) bool { return x == h })
+	h.rec.Acked = true
+	p.dirty = true
+}
+
+// landAcks lands the acks on their way that reach the server by now.
+func (p *proc) landAcks() {
+	p.inFlight = slices.DeleteFunc(p.inFlight, func(h *heldMsg) bool {
+		if h.landsAt > p.now() {
+			return false
+		}
+		p.acked(h)
+		return true
+	})
+}
+
+// settle lets go of what the process held as its reader ended
+// (Subscriber.ReaderEnded, Lines.settle): the batch a failure counts against,
+// the messages handed back after the record is saved.
+func (p *proc) settle(failed bool) {
+	end := protocol.ReaderEnd{Failed: failed, Reports: true, Pipe: true}
+	var handed []*unit
+	if p.inHand != nil {
+		handed = []*unit{p.inHand}
+		end.Taken, end.Ends = 1, []int64{1}
+	}
+	if _, blamed := protocol.AfterReaderEnd(end); blamed >= 0 {
+		u := handed[blamed]
+		u.h.rec.Failed(u.line)
+		p.dirty = true
+	}
+	var nak []*heldMsg
+	p.held = slices.DeleteFunc(p.held, func(h *heldMsg) bool {
+		if !h.acking {
+			nak = append(nak, h)
+		}
+		return !h.acking
+	})
+	inHand := p.inHand != nil
+	p.inHand, p.toHand, p.committing, p.taking, p.acking = nil, nil, nil, nil, nil
+	p.save()
+	p.letGo(inHand)
+	for _, h := range nak {
+		p.w.logf("p%d naks seq %d", p.id, h.m.seq)
+		p.w.dur.nak(h.m.seq, p.now())
+	}
+	p.epoch++
+}
