@@ -151,15 +151,22 @@ func auditFindsRestore(t *testing.T, env []string, within time.Duration, healOn 
 // lostSince are the tokens the killed tailer stored after the backup,
 // which a tailer started since does not publish again: prefix's and the
 // writer's of the time, every token created before one made now that the
-// stream lacks.
+// stream lacks. A writer's token created before that one may commit after
+// it, and be on its way to the stream as it is read (a test under load
+// counted two such tokens lost, which the audit rightly never named): a
+// token is lost when the stream still lacks it once a token made later
+// again is on it.
 func (c *cluster) lostSince(prefix string) []int64 {
 	c.t.Helper()
 	c.accounts("after", 1)
 	c.waitTokens("after", 1)
 	on, after := c.tokenCounts(), c.tokenIDs("after")[0]
+	c.accounts("later", 1)
+	c.waitTokens("later", 1)
+	onLater := c.tokenCounts()
 	var lost []int64
 	for _, id := range c.tokenIDs("") {
-		if on[id] == 0 && id < after {
+		if on[id] == 0 && onLater[id] == 0 && id < after {
 			lost = append(lost, id)
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -80,10 +79,9 @@ type Daemon struct {
 	// limitsSaid: the stream's limits were warned of; sharedSaid: other
 	// schemas' records that cannot be read were.
 	guardSaid, limitsSaid, sharedSaid atomic.Bool
-	// relay is the protocol the sessions carry out; stepped from the
-	// session, the slot sampler and NATS's handlers, one at a time.
-	relay   *relay.Relay
-	relayMu sync.Mutex
+	// relay is the protocol the sessions carry out; stepped on the
+	// session's goroutine alone (step).
+	relay *relay.Relay
 	// streaming is the session that streams (nil: none).
 	streaming atomic.Pointer[streaming]
 	// clock measures the lag in seconds; throughSaid: a record that

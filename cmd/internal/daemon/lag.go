@@ -74,7 +74,7 @@ func (d *Daemon) sampleSlot(ctx context.Context) {
 				d.recordConfirmedThrough(ctx, conn)
 			}
 			if st := d.streaming.Load(); st != nil {
-				d.checkStreaming(ctx, conn, st)
+				st.ask(ctx, func() { d.checkStreaming(ctx, conn, st) })
 			}
 		}
 		// A configuration error at startup is the session loop's to

@@ -56,11 +56,13 @@ func (d *Daemon) trouble(err error) {
 	if st == nil {
 		return
 	}
-	for _, cmd := range d.step(relay.NATSTrouble{Err: err}) {
-		if c, ok := cmd.(relay.Stop); ok {
-			st.stop(&refusalCause{c.Refusal})
+	st.tell(func() {
+		for _, cmd := range d.step(relay.NATSTrouble{Err: err}) {
+			if c, ok := cmd.(relay.Stop); ok {
+				st.stop(&refusalCause{c.Refusal})
+			}
 		}
-	}
+	})
 }
 
 // deniedMessage says that NATS denies the tailer's user publishing, and

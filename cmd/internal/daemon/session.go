@@ -49,12 +49,10 @@ func (d *Daemon) session(ctx context.Context, nc *nats.Conn) (wait time.Duration
 	return time.Second, false, nil
 }
 
-// step steps the relay, from whichever goroutine finds something.
-func (d *Daemon) step(ev relay.Event) []relay.Command {
-	d.relayMu.Lock()
-	defer d.relayMu.Unlock()
-	return d.relay.Step(ev)
-}
+// step steps the relay. Only the session's goroutine calls it: the
+// others hand what they find to it (streaming.ask, tell), so no two steps
+// interleave and no lock guards a decision.
+func (d *Daemon) step(ev relay.Event) []relay.Command { return d.relay.Step(ev) }
 
 // run is a session as its commands found it.
 type run struct {

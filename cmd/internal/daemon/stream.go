@@ -21,7 +21,10 @@ import (
 )
 
 // streaming is the session that streams, for what looks at it from other
-// goroutines: the slot sampler's checks, NATS's asynchronous errors.
+// goroutines: the slot sampler's checks, NATS's asynchronous errors. They
+// do not step the relay themselves: they hand what they found to the
+// session's goroutine (ask, tell), the one that owns the relay, which
+// steps it and carries out every command the step returns.
 type streaming struct {
 	x *run
 	// rec is the slot's record as the session began to stream: the
@@ -30,6 +33,60 @@ type streaming struct {
 	rec replication.Record
 	// stop ends the session, with why.
 	stop context.CancelCauseFunc
+	// work is what the session's goroutine runs for the others while it
+	// streams; ended is closed once it no longer does.
+	work  chan func()
+	ended chan struct{}
+}
+
+// newStreaming is x's session as others see it while it streams.
+func newStreaming(x *run, stop context.CancelCauseFunc) *streaming {
+	return &streaming{x: x, rec: x.rec, stop: stop, work: make(chan func(), 4), ended: make(chan struct{})}
+}
+
+// ask runs f on the session's goroutine and waits for it; false when the
+// session stopped streaming (or ctx ended) first, and f did not run.
+func (st *streaming) ask(ctx context.Context, f func()) bool {
+	done := make(chan struct{})
+	select {
+	case st.work <- func() { defer close(done); f() }:
+	case <-st.ended:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+	// Taken, f runs to its end before the session can stop streaming;
+	// left in the queue as it stops, it never runs.
+	select {
+	case <-done:
+		return true
+	case <-st.ended:
+		return false
+	}
+}
+
+// tell has the session's goroutine run f, without waiting: from NATS's
+// callbacks, which must not block. A session with work already waiting
+// drops it: what it was told first stops it.
+func (st *streaming) tell(f func()) {
+	select {
+	case st.work <- f:
+	default:
+	}
+}
+
+// own runs, on the session's goroutine, what the others hand it until the
+// receiver ends (received), and returns the receiver's error.
+func (st *streaming) own(received <-chan error) error {
+	defer close(st.ended)
+	for {
+		select {
+		case err := <-received:
+			return err
+		case f := <-st.work:
+			f()
+		}
+	}
 }
 
 // refusalCause is a refusal the relay ended the streaming session with.
@@ -75,10 +132,12 @@ func (x *run) stream() relay.Event {
 		case <-runCtx.Done():
 		}
 	}()
-	d.streaming.Store(&streaming{x: x, rec: x.rec, stop: cancelRun})
+	st := newStreaming(x, cancelRun)
+	d.streaming.Store(st)
 	defer d.streaming.Store(nil)
-
-	err = x.receiver.Run(runCtx, feeder)
+	received := make(chan error, 1)
+	go func() { received <- x.receiver.Run(runCtx, feeder) }()
+	err = st.own(received)
 	// Read before the pipeline is stopped: afterwards it reports its own
 	// cancellation, which is not why the session ended.
 	pipelineFailed := context.Cause(runCtx) != nil && ctx.Err() == nil
