@@ -29,12 +29,41 @@ type ProgressStore interface {
 // servers as the stream, so that it survives the subscriber's host and is
 // shared by the standby subscribers of a durable.
 type KVProgress struct {
-	kv  jetstream.KeyValue
-	js  jetstream.JetStream
+	b   RecordBucket
 	key string
 	// unsure are the records written since the last confirmed write whose
 	// outcome is not known.
 	unsure [][]byte
+}
+
+// RecordBucket is the one key of the records' bucket a KVProgress keeps:
+// its value as the bucket's leader holds it (nil and revision 0: none;
+// nil and the marker's revision: deleted), and a write that lands only on
+// revision (0: none yet). A write refused because the key moved on wraps
+// jetstream.ErrKeyRevisionMismatch or jetstream.ErrKeyExists; any other
+// error leaves unknown whether it landed. The JetStream bucket is one;
+// the simulation's model of it, with answers lost, is another.
+type RecordBucket interface {
+	Get(ctx context.Context) ([]byte, uint64, error)
+	Put(ctx context.Context, value []byte, revision uint64) (uint64, error)
+}
+
+// NewKVProgress keeps the record of durable (key) in b.
+func NewKVProgress(b RecordBucket, durable string) *KVProgress {
+	return &KVProgress{b: b, key: safeName(durable)}
+}
+
+// JetStreamKey is durable's key of the records' bucket kv, read from the
+// bucket's leader through js.
+func JetStreamKey(kv jetstream.KeyValue, js jetstream.JetStream, durable string) RecordBucket {
+	return jsKey{kv: kv, js: js, key: safeName(durable)}
+}
+
+// jsKey is a key of a JetStream bucket.
+type jsKey struct {
+	kv  jetstream.KeyValue
+	js  jetstream.JetStream
+	key string
 }
 
 // ProgressBucket is the bucket holding the records of stream's consumers.
@@ -48,7 +77,7 @@ func OpenProgress(ctx context.Context, js jetstream.JetStream, stream, durable s
 	if err != nil {
 		return nil, fmt.Errorf("open key-value bucket %s (subscriber progress): %w", bucket, err)
 	}
-	return &KVProgress{kv: kv, js: js, key: safeName(durable)}, nil
+	return NewKVProgress(JetStreamKey(kv, js, durable), durable), nil
 }
 
 // ReadProgress reads durable's record as it is, making nothing: none
@@ -61,7 +90,7 @@ func ReadProgress(ctx context.Context, js jetstream.JetStream, stream, durable s
 	if err != nil {
 		return protocol.Progress{}, fmt.Errorf("open key-value bucket %s (subscriber progress): %w", ProgressBucket(stream), err)
 	}
-	p, _, err := (&KVProgress{kv: kv, js: js, key: safeName(durable)}).Load(ctx)
+	p, _, err := NewKVProgress(JetStreamKey(kv, js, durable), durable).Load(ctx)
 	return p, err
 }
 
@@ -105,7 +134,7 @@ var ErrUnreadableProgress = errors.New("the progress record cannot be read")
 
 // Load reads the record; revision 0 when there is none.
 func (s *KVProgress) Load(ctx context.Context) (protocol.Progress, uint64, error) {
-	value, rev, err := s.get(ctx)
+	value, rev, err := s.b.Get(ctx)
 	if err != nil {
 		return protocol.Progress{}, 0, fmt.Errorf("read progress of %s: %w", s.key, err)
 	}
@@ -120,14 +149,14 @@ func (s *KVProgress) Load(ctx context.Context) (protocol.Progress, uint64, error
 	return p, rev, nil
 }
 
-// get reads the record from the bucket's leader (jsio.GetMsg: not the
+// Get reads the record from the bucket's leader (jsio.GetMsg: not the
 // key-value Get, which a follower behind its leader may answer; under load
 // on a three-node cluster that made a subscriber take its own last write
 // for another subscriber's, stop, and write a message's tokens again): no
 // value and revision 0 when there is none, no value and the marker's
 // revision when it was deleted or purged.
-func (s *KVProgress) get(ctx context.Context) ([]byte, uint64, error) {
-	m, err := jsio.GetMsg(ctx, s.js.Conn(), "KV_"+s.kv.Bucket(), 0, "$KV."+s.kv.Bucket()+"."+s.key)
+func (k jsKey) Get(ctx context.Context) ([]byte, uint64, error) {
+	m, err := jsio.GetMsg(ctx, k.js.Conn(), "KV_"+k.kv.Bucket(), 0, "$KV."+k.kv.Bucket()+"."+k.key)
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return nil, 0, nil
@@ -154,7 +183,7 @@ func (s *KVProgress) Save(ctx context.Context, p *protocol.Progress, revision ui
 		return 0, fmt.Errorf("save progress of %s: %w", s.key, err)
 	}
 	for try := 0; ; try++ {
-		rev, err := s.put(ctx, data, revision)
+		rev, err := s.b.Put(ctx, data, revision)
 		if err == nil {
 			s.unsure = nil
 			return rev, nil
@@ -169,7 +198,7 @@ func (s *KVProgress) Save(ctx context.Context, p *protocol.Progress, revision ui
 		}
 		// The record moved on. If to something this subscriber wrote
 		// without hearing back, it is still this subscriber's.
-		value, rev, gerr := s.get(ctx)
+		value, rev, gerr := s.b.Get(ctx)
 		if gerr != nil {
 			// Not known either way: the next write finds out.
 			return 0, fmt.Errorf("save progress of %s: read it back: %w", s.key, gerr)
@@ -195,10 +224,11 @@ func (s *KVProgress) Save(ctx context.Context, p *protocol.Progress, revision ui
 // a message of 142 batches and wrote it again).
 const maxUnsure = 64
 
-func (s *KVProgress) put(ctx context.Context, data []byte, revision uint64) (uint64, error) {
+// Put writes the record at revision: made when there is none (Create
+// also takes over a key left deleted), updated otherwise.
+func (k jsKey) Put(ctx context.Context, data []byte, revision uint64) (uint64, error) {
 	if revision == 0 {
-		// Create also takes over a key left deleted.
-		return s.kv.Create(ctx, s.key, data)
+		return k.kv.Create(ctx, k.key, data)
 	}
-	return s.kv.Update(ctx, s.key, data, revision)
+	return k.kv.Update(ctx, k.key, data, revision)
 }

@@ -2,7 +2,8 @@
 // JetStream stream and of a durable pull consumer with a pinned priority
 // group (pinned TTL, ack wait, redelivery, in-progress, naks), of the
 // durable's record in a KV bucket (revisions, compare-and-swap, a bucket
-// that does not answer), of sinks (a sender reporting each line, slow,
+// that does not answer or loses its answers; read and written through the
+// shipping subscriber.KVProgress), of sinks (a sender reporting each line, slow,
 // failing or killed; an inbox table that keeps each token once), and
 // tailer subscribe processes that compose the decisions of
 // publish/subscriber/protocol as publish/subscriber does, killed, frozen and

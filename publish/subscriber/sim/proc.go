@@ -1,7 +1,10 @@
 package sim
 
 import (
+	"context"
+
 	"fmt"
+	"github.com/mailroom/tailer/publish/subscriber"
 	"syscall"
 	"time"
 
@@ -69,6 +72,9 @@ type proc struct {
 	missed            int
 	// bound is the consumer the process consumes from.
 	bound *durableModel
+	// store is the process's own subscriber.KVProgress on the bucket: the
+	// writes whose answers it lost are its own, and go with it.
+	store *subscriber.KVProgress
 	// unsaved are the batches this process's sender wrote that the
 	// record in the bucket does not say are done.
 	unsaved map[batchKey]bool
@@ -87,7 +93,16 @@ type proc struct {
 }
 
 func (p *proc) now() time.Duration { return p.w.now }
-func (p *proc) cfg() *config       { return &p.w.cfg }
+
+// kv is the record's store as the process reads and writes it: the
+// shipping KVProgress on the bucket's model.
+func (p *proc) kv() *subscriber.KVProgress {
+	if p.store == nil {
+		p.store = subscriber.NewKVProgress(p.w.kv, "durable")
+	}
+	return p.store
+}
+func (p *proc) cfg() *config { return &p.w.cfg }
 
 func (p *proc) runs() bool {
 	return p.alive && !p.exited && p.refused == "" && p.now() >= p.frozenUntil
@@ -96,7 +111,7 @@ func (p *proc) runs() bool {
 // start loads the record and holds it against the stream, as Run does
 // before it consumes.
 func (p *proc) start() {
-	cur, rev, err := p.w.kv.get()
+	cur, rev, err := p.kv().Load(context.Background())
 	if err != nil {
 		return
 	}
@@ -293,7 +308,7 @@ func (p *proc) standBy(why string) {
 }
 
 func (p *proc) reload() {
-	cur, rev, err := p.w.kv.get()
+	cur, rev, err := p.kv().Load(context.Background())
 	if err != nil {
 		return
 	}

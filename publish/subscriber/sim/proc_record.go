@@ -4,7 +4,10 @@ package sim
 // read again and claimed, saved, and what letting go costs.
 
 import (
+	"context"
+
 	"errors"
+	"github.com/mailroom/tailer/publish/subscriber"
 	"slices"
 
 	"github.com/mailroom/tailer/publish/subscriber/protocol"
@@ -33,7 +36,7 @@ func (p *proc) saverTick() {
 		p.rec.Prune(f)
 		p.dirty = true
 	}
-	if err := p.save(); errors.Is(err, errTaken) && len(p.held) > 0 {
+	if err := p.save(); errors.Is(err, subscriber.ErrTakenOver) && len(p.held) > 0 {
 		p.standBy("taken over (a save refused)")
 	}
 }
@@ -42,24 +45,24 @@ func (p *proc) saverTick() {
 func (p *proc) save() error {
 	if !p.dirty || p.takenOver {
 		if p.takenOver {
-			return errTaken
+			return subscriber.ErrTakenOver
 		}
 		return nil
 	}
 	r, rev, saving := p.rec.Clone(), p.rev, p.doneUnsaved
 	p.dirty = false
-	kv := p.w.kv
-	newRev, err := kv.update(r, rev)
-	if errors.Is(err, errTaken) && p.pin != 0 && p.w.dur.pin == p.pin {
+	kv, ctx := p.kv(), context.Background()
+	newRev, err := kv.Save(ctx, &r, rev)
+	if errors.Is(err, subscriber.ErrTakenOver) && p.pin != 0 && p.w.dur.pin == p.pin {
 		var cur protocol.Progress
-		if cur, rev, err = kv.get(); err == nil {
+		if cur, rev, err = kv.Load(ctx); err == nil {
 			theirs := p.ofThisStream(cur)
 			p.rec.Absorb(&theirs)
-			newRev, err = kv.update(p.rec, rev)
+			newRev, err = kv.Save(ctx, &p.rec, rev)
 		}
 	}
 	switch {
-	case errors.Is(err, errTaken):
+	case errors.Is(err, subscriber.ErrTakenOver):
 		if len(p.held) > 0 {
 			p.takenOver = true
 		}
@@ -174,9 +177,9 @@ func (p *proc) refresh(d *delivery) bool {
 	if !d.stale {
 		return true
 	}
-	kv := p.w.kv
+	kv, ctx := p.kv(), context.Background()
 	for {
-		cur, rev, err := kv.get()
+		cur, rev, err := kv.Load(ctx)
 		if err != nil {
 			p.taking = d
 			return false
@@ -198,8 +201,8 @@ func (p *proc) refresh(d *delivery) bool {
 			r = cur
 			r.Absorb(&p.rec)
 		}
-		newRev, err := kv.update(r, rev)
-		if errors.Is(err, errTaken) {
+		newRev, err := kv.Save(ctx, &r, rev)
+		if errors.Is(err, subscriber.ErrTakenOver) {
 			continue
 		}
 		if err != nil {

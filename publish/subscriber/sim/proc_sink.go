@@ -5,6 +5,7 @@ package sim
 
 import (
 	"errors"
+	"github.com/mailroom/tailer/publish/subscriber"
 	"slices"
 
 	"github.com/mailroom/tailer/publish/subscriber/protocol"
@@ -26,7 +27,7 @@ func (p *proc) handNext() {
 	}
 	for len(p.toHand) > 0 && p.inHand == nil && !p.senderDown {
 		if protocol.SaveFirst(true, p.doneUnsaved) {
-			if err := p.save(); errors.Is(err, errTaken) {
+			if err := p.save(); errors.Is(err, subscriber.ErrTakenOver) {
 				p.standBy("taken over (a save before the next line)")
 				return
 			} else if err != nil {
@@ -94,7 +95,7 @@ func (p *proc) finish(hs ...*heldMsg) {
 	if len(ready) == 0 {
 		return
 	}
-	if err := p.save(); err != nil && !errors.Is(err, errTaken) {
+	if err := p.save(); err != nil && !errors.Is(err, subscriber.ErrTakenOver) {
 		p.acking = append(p.acking, ready...)
 		for _, h := range ready {
 			h.acking = false

@@ -28,7 +28,7 @@ type Profile struct {
 	Resend bool
 }
 
-var allFaults = []string{"kill", "freeze", "sender killed", "sender fails", "stream made again", "purge", "a message deleted", "bucket unanswered"}
+var allFaults = []string{"kill", "freeze", "sender killed", "sender fails", "stream made again", "purge", "a message deleted", "bucket unanswered", "bucket answers lost"}
 
 // Profiles are the schedules TestSimulation runs, each as many times.
 var Profiles = []Profile{
@@ -43,7 +43,7 @@ var Profiles = []Profile{
 		LineTime: [2]time.Duration{10 * time.Millisecond, 2 * time.Second}, Weights: map[string]int{"fault": 3, "saver": 0}},
 	// Saves that wait on a bucket that does not answer, under senders
 	// quicker than the saver's second.
-	{Name: "saves", Faults: []string{"bucket unanswered", "kill"}, MaxFaults: 3,
+	{Name: "saves", Faults: []string{"bucket unanswered", "bucket answers lost", "kill"}, MaxFaults: 3,
 		LineTime: [2]time.Duration{10 * time.Millisecond, time.Second}, Weights: map[string]int{"fault": 2, "tick": 3}},
 	// A stream made again under a pinned subscriber and its standbys,
 	// one killed before it saved what it decided.
@@ -53,7 +53,7 @@ var Profiles = []Profile{
 	// not answer: it saves the old record as it wakes.
 	{Name: "frozen across a rebuild", Faults: []string{"stream made again", "freeze", "bucket unanswered"}, MaxFaults: 3, Standbys: true,
 		LineTime: [2]time.Duration{10 * time.Millisecond, time.Second}, Weights: map[string]int{"fault": 3, "saver": 0}},
-	{Name: "processes", Faults: []string{"kill", "freeze", "bucket unanswered"}, MaxFaults: 3,
+	{Name: "processes", Faults: []string{"kill", "freeze", "bucket unanswered", "bucket answers lost"}, MaxFaults: 3,
 		LineTime: [2]time.Duration{10 * time.Millisecond, 3 * time.Second}, Weights: map[string]int{"fault": 3, "start": 2}},
 	// Two or three resends at once on one durable's dead letters, their
 	// acks slow to land, killed, frozen, their senders killed or
@@ -252,6 +252,13 @@ func (s *schedule) fault(t *rapid.T, k string) bool {
 		w.kv.downUntil = w.now + d
 		w.lastFault = w.now + d
 		w.logf("the bucket does not answer for %s", d)
+	case "bucket answers lost":
+		// Writes land, and neither their answers nor reads come back:
+		// a leader cut off after it stored the write.
+		d := time.Duration(rapid.IntRange(1, 10).Draw(t, "answers lost s")) * time.Second
+		w.kv.lostUntil = w.now + d
+		w.lastFault = w.now + d
+		w.logf("the bucket's answers are lost for %s", d)
 	default:
 		panic(fmt.Sprintf("no fault %q", k))
 	}
@@ -289,7 +296,7 @@ func (s *schedule) advance(t *rapid.T, d time.Duration) {
 func (s *schedule) settle(t *rapid.T) {
 	w := s.w
 	w.logf("faults stop; the processes run")
-	w.kv.downUntil = 0
+	w.kv.downUntil, w.kv.lostUntil = 0, 0
 	for _, p := range w.procs {
 		p.alive, p.frozenUntil = true, min(p.frozenUntil, w.now)
 	}
