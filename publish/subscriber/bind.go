@@ -24,15 +24,12 @@ import (
 // and goes on as a standby, delivering once the server pins it again.
 func (s *Subscriber) standBy(ctx context.Context, why error) error {
 	s.mu.Lock()
-	taken := s.takenOver
-	if taken {
-		// The record moved on without this subscriber: it saves nothing
-		// of the messages it lets go (each write would refuse the next
-		// save of the one that delivers now).
-		s.dirty = false
-	}
+	// Taken over, the record moved on without this subscriber: it saves
+	// nothing of the messages it lets go (each write would refuse the
+	// next save of the one that delivers now).
+	s.h.StandingBy()
 	s.stats.StoodBy++
-	unsaved := s.doneUnsaved
+	unsaved := s.h.DoneUnsaved
 	s.mu.Unlock()
 	n := s.ReaderEnded(ctx, ReaderStopped)
 	if s.cfg.Log != nil {
@@ -44,16 +41,10 @@ func (s *Subscriber) standBy(ctx context.Context, why error) error {
 	// batches again (issue 49's fault runs: a subscriber that lost its pin
 	// with a batch done and unsaved, pinned again a moment later, wrote it
 	// again itself). It reaches the record with the claim (refresh).
-	kept := s.prog.Clone()
-	s.loaded, s.takenOver, s.pinID = false, false, ""
+	kept := s.h.StoodBy()
+	s.loaded = false
 	s.mu.Unlock()
-	if err := s.load(ctx); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	s.prog.Absorb(&kept)
-	s.mu.Unlock()
-	return nil
+	return s.reload(ctx, &kept)
 }
 
 // loadProgress reads the record, trying again while the server cannot be
@@ -97,7 +88,11 @@ func (s *Subscriber) loadProgress(ctx context.Context, wait func()) (protocol.Pr
 const progressTry = 2 * time.Second
 
 // load reads the record, unless there is no store or it is read already.
-func (s *Subscriber) load(ctx context.Context) error {
+func (s *Subscriber) load(ctx context.Context) error { return s.reload(ctx, nil) }
+
+// reload reads the record, unless there is no store or it is read
+// already, with kept (what a subscriber that stood by finished) over it.
+func (s *Subscriber) reload(ctx context.Context, kept *protocol.Progress) error {
 	if s.cfg.Progress == nil {
 		return nil
 	}
@@ -112,7 +107,8 @@ func (s *Subscriber) load(ctx context.Context) error {
 		return err
 	}
 	s.mu.Lock()
-	s.prog, s.rev, s.loaded = p, rev, true
+	s.h.Reloaded(p, rev, kept)
+	s.loaded = true
 	s.mu.Unlock()
 	return nil
 }
@@ -137,7 +133,7 @@ func (s *Subscriber) consumer(ctx context.Context, js jetstream.JetStream, lost 
 	}
 	if missing {
 		s.mu.Lock()
-		anchored, floor := s.prog.Last.Seq != 0, s.prog.Floor
+		anchored, floor := s.h.Record.Last.Seq != 0, s.h.Record.Floor
 		s.mu.Unlock()
 		switch protocol.MakeAt(anchored, s.positioner != nil) {
 		case protocol.AfterFloor:
@@ -189,7 +185,7 @@ func (s *Subscriber) fromSink(ctx context.Context, js jetstream.JetStream, d *Du
 	if s.positioner != nil {
 		s.mu.Lock()
 		// Of a stream that may be another now: followed afresh.
-		s.prog.Chain = wire.Chain{}
+		s.h.Record.Chain = wire.Chain{}
 		s.mu.Unlock()
 	}
 	switch {
@@ -222,8 +218,8 @@ func (s *Subscriber) sinkPosition(ctx context.Context) (Stored, bool, error) {
 func (s *Subscriber) seed(at Stored) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cfg.Action == "" && s.prog.Chain.Seed.Seq == 0 && len(s.prog.Chain.Subjects) == 0 {
-		s.prog.Chain.Seed = wire.Anchor{Seq: at.Seq, Mark: wire.IDMark(at.BatchID)}
+	if s.cfg.Action == "" && s.h.Record.Chain.Seed.Seq == 0 && len(s.h.Record.Chain.Subjects) == 0 {
+		s.h.Record.Chain.Seed = wire.Anchor{Seq: at.Seq, Mark: wire.IDMark(at.BatchID)}
 	}
 }
 
@@ -237,7 +233,7 @@ func (s *Subscriber) seedAtFloor(cons jetstream.Consumer) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.prog.Chain.Seed.Seq == 0 && len(s.prog.Chain.Subjects) == 0 {
-		s.prog.Chain.Seed = wire.Anchor{Seq: cons.CachedInfo().AckFloor.Stream}
+	if s.h.Record.Chain.Seed.Seq == 0 && len(s.h.Record.Chain.Subjects) == 0 {
+		s.h.Record.Chain.Seed = wire.Anchor{Seq: cons.CachedInfo().AckFloor.Stream}
 	}
 }

@@ -7,7 +7,7 @@ package subscriber
 import (
 	"context"
 	"fmt"
-	"slices"
+	"github.com/mailroom/tailer/publish/subscriber/protocol"
 	"sync"
 	"time"
 
@@ -27,18 +27,15 @@ func (s *Subscriber) doneFunc() func(...*Unit) {
 // complete.
 func (s *Subscriber) done(ctx context.Context, units []*Unit) {
 	s.mu.Lock()
-	var complete []*held
+	var complete []*protocol.Held
 	for _, u := range units {
 		if u.done {
 			continue
 		}
 		u.done = true
-		u.h.rec.Finished(u.Line)
 		s.stats.Batches++
 		s.stats.LastDone = time.Now()
-		s.dirty = true
-		s.doneUnsaved++
-		if u.h.pending--; u.h.pending == 0 {
+		if s.h.Finished(u.h, u.Line) {
 			complete = append(complete, u.h)
 		}
 	}
@@ -49,50 +46,43 @@ func (s *Subscriber) done(ctx context.Context, units []*Unit) {
 
 // finish acknowledges messages all of whose batches are done, once the
 // record says so, the acks' answers awaited side by side.
-func (s *Subscriber) finish(ctx context.Context, hs ...*held) {
-	var ready []*held
+func (s *Subscriber) finish(ctx context.Context, hs ...*protocol.Held) {
 	s.mu.Lock()
-	for _, h := range hs {
-		if !h.acking && h.pending == 0 {
-			h.acking = true
-			ready = append(ready, h)
-		}
-	}
+	ready := s.h.ToAck(hs...)
 	s.mu.Unlock()
 	if len(ready) == 0 {
 		return
 	}
 	// Every batch of them is done: acknowledged even when taken over.
-	s.saveNow(ctx, ready[0].msg)
+	s.saveNow(ctx, msgOf(ready[0]))
 	if len(ready) == 1 {
-		s.acked(ctx, ready[0], s.ack(ctx, ready[0].msg))
+		s.acked(ctx, ready[0], s.ack(ctx, msgOf(ready[0])))
 	} else {
 		var wg sync.WaitGroup
 		for _, h := range ready {
 			wg.Add(1)
-			go func() { defer wg.Done(); s.acked(ctx, h, s.ack(ctx, h.msg)) }()
+			go func() { defer wg.Done(); s.acked(ctx, h, s.ack(ctx, msgOf(h))) }()
 		}
 		wg.Wait()
 	}
 	s.signal()
 }
 
+// msgOf is the delivery h was taken from.
+func msgOf(h *protocol.Held) jetstream.Msg { return h.Msg.(jetstream.Msg) }
+
 // acked notes h's ack and how the server answered it (err).
-func (s *Subscriber) acked(ctx context.Context, h *held, err error) {
+func (s *Subscriber) acked(ctx context.Context, h *protocol.Held, err error) {
 	s.mu.Lock()
-	if i := slices.Index(s.held, h); i >= 0 {
-		s.held = slices.Delete(s.held, i, i+1)
-	}
+	s.h.Acked(h, err == nil)
 	if err == nil {
-		h.rec.Acked = true
 		s.stats.Acked++
-		s.dirty = true
 	}
 	s.mu.Unlock()
 	if err != nil && ctx.Err() == nil && s.cfg.Log != nil {
 		// Its batches are done, as the record says: delivered again,
 		// the message is acknowledged without handing anything on.
-		s.cfg.Log.Warn("ack not confirmed; the message will be delivered again, and not handed on again", "stream_seq", h.seq, "err", err)
+		s.cfg.Log.Warn("ack not confirmed; the message will be delivered again, and not handed on again", "stream_seq", h.Seq, "err", err)
 	}
 }
 
@@ -151,25 +141,18 @@ func (s *Subscriber) ReaderEnded(ctx context.Context, o Outcome) int {
 		s.stats.ReaderFailures++
 	}
 	if u := failedOn; u != nil {
-		u.h.rec.Failed(u.Line)
-		s.dirty = true
+		s.h.Blame(u.h, u.Line)
 	}
 	// Every message in hand but those being acknowledged: some of their
 	// batches may not even have been handed over.
-	var nak []*held
-	for _, h := range s.held {
-		if !h.acking {
-			nak = append(nak, h)
-		}
-	}
-	s.held = slices.DeleteFunc(s.held, func(h *held) bool { return !h.acking })
+	nak := s.h.LetGo()
 	s.mu.Unlock()
 	// Which batches are done, before the messages come again.
 	if err := s.save(ctx); err != nil && s.cfg.Log != nil {
 		s.cfg.Log.Warn("cannot save which batches are done; those of the messages handed back are written again", "durable", s.cfg.Durable, "err", err)
 	}
 	for _, h := range nak {
-		h.msg.Nak()
+		msgOf(h).Nak()
 	}
 	return len(nak)
 }
@@ -198,21 +181,21 @@ func (s *Subscriber) unreadable(ctx context.Context, msg jetstream.Msg, seq uint
 }
 
 // deadLetter sets batch i of h aside and marks it done.
-func (s *Subscriber) deadLetter(ctx context.Context, h *held, b *Decoded, i int) error {
+func (s *Subscriber) deadLetter(ctx context.Context, h *protocol.Held, b *Decoded, i int) error {
 	hdr, body, err := batchMessage(b, i)
 	if err != nil {
-		return fmt.Errorf("dead letter of seq %d batch %d: %w", h.seq, i, err)
+		return fmt.Errorf("dead letter of seq %d batch %d: %w", h.Seq, i, err)
 	}
 	s.mu.Lock()
-	n := h.rec.Attempts[i]
+	n := h.Rec.Attempts[i]
 	s.mu.Unlock()
 	reason := fmt.Sprintf("%d readers failed with this batch taken and not finished", n)
-	dl := DeadLetter{Stream: s.cfg.Stream, Seq: h.seq, Batch: i, Durable: s.cfg.Durable, Reason: reason, Deliveries: n, Header: hdr, Body: body}
+	dl := DeadLetter{Stream: s.cfg.Stream, Seq: h.Seq, Batch: i, Durable: s.cfg.Durable, Reason: reason, Deliveries: n, Header: hdr, Body: body}
 	if err := s.cfg.DeadLetters.Put(ctx, dl); err != nil {
 		return err
 	}
 	if s.cfg.Log != nil {
-		s.cfg.Log.Error("dead letter: set a batch aside; the batches behind it flow", "stream_seq", h.seq, "batch", i,
+		s.cfg.Log.Error("dead letter: set a batch aside; the batches behind it flow", "stream_seq", h.Seq, "batch", i,
 			"batch_id", b.ID, "tokens", b.Sizes[i], "deliveries", n, "durable", s.cfg.Durable)
 	}
 	s.mu.Lock()

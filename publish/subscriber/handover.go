@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -12,17 +11,6 @@ import (
 	"github.com/mailroom/tailer/publish/subscriber/protocol"
 	"github.com/mailroom/tailer/publish/wire"
 )
-
-// held is a message delivered and not yet acknowledged.
-type held struct {
-	msg jetstream.Msg
-	seq uint64
-	rec *protocol.MessageProgress
-	// pending counts its batches not done.
-	pending int
-	// acking: every batch is done and the ack is on its way.
-	acking bool
-}
 
 // handle takes a group of delivered messages: the batches of each not
 // done before go to the Sink together.
@@ -69,39 +57,35 @@ func (s *Subscriber) take(ctx context.Context, msg jetstream.Msg) ([]*Unit, erro
 		s.ackMsg(ctx, msg, seq)
 		return nil, nil
 	}
-	s.mu.Lock()
-	rec := s.prog.MessageAt(seq, mark, len(b.Sizes))
 	lines := s.ofAction(b.Lines())
-	inHand := slices.ContainsFunc(s.held, func(h *held) bool { return h.rec == rec && !h.acking })
-	fates, acknowledge := protocol.Plan(protocol.Delivery{Seq: seq, Floor: s.prog.Floor, Acked: rec.Acked, Held: inHand, Batches: batchesOf(rec, lines)},
-		protocol.Rules{MaxDeliveries: s.cfg.MaxDeliveries, DeadLetters: s.cfg.DeadLetters != nil})
-	if acknowledge {
-		s.stats.Skipped += rec.Batches
-		s.mu.Unlock()
+	tokens := make([]int, len(lines))
+	for i, line := range lines {
+		tokens[i] = len(line)
+	}
+	s.mu.Lock()
+	t := s.h.Take(seq, mark, tokens, protocol.Rules{MaxDeliveries: s.cfg.MaxDeliveries, DeadLetters: s.cfg.DeadLetters != nil}, msg)
+	s.stats.Skipped += t.Skipped
+	s.mu.Unlock()
+	switch {
+	case t.Ack:
 		s.ackMsg(ctx, msg, seq)
 		return nil, nil
-	}
-	if fates == nil {
+	case t.Held == nil:
 		// Held: the delivery in hand finishes it, and its ack, by stream
 		// sequence, is this one's too.
-		s.mu.Unlock()
 		if s.cfg.Log != nil {
 			s.cfg.Log.Info("delivered again while in hand: nothing handed again", "stream_seq", seq)
 		}
 		return nil, nil
 	}
-	h := &held{msg: msg, seq: seq, rec: rec}
-	s.held = append(s.held, h)
-	units, dead := s.units(h, meta, b, lines, fates)
-	s.dirty = true
-	s.mu.Unlock()
+	units, dead := s.units(t.Held, meta, b, lines, t.Fates)
 	for _, i := range dead {
-		if err := s.deadLetter(ctx, h, b, i); err != nil {
+		if err := s.deadLetter(ctx, t.Held, b, i); err != nil {
 			return nil, err
 		}
 	}
-	if len(units) == 0 {
-		s.finish(ctx, h)
+	if t.Held.Pending == 0 {
+		s.finish(ctx, t.Held)
 	}
 	return units, nil
 }
@@ -112,19 +96,17 @@ func (s *Subscriber) take(ctx context.Context, msg jetstream.Msg) ([]*Unit, erro
 func (s *Subscriber) noteDelivery(ctx context.Context, msg jetstream.Msg, meta *jetstream.MsgMetadata, mark string) {
 	seq, again := meta.Sequence.Stream, meta.NumDelivered > 1
 	s.mu.Lock()
-	if s.prog.Saw(seq, mark) {
-		s.dirty = true
-	}
+	s.h.Saw(seq, mark)
 	var gap *wire.Gap
 	if !wire.IsMarker(msg.Headers()) {
-		gap = s.prog.Chain.Follow(msg.Subject(), seq, msg.Headers(), mark, again)
+		gap = s.h.Record.Chain.Follow(msg.Subject(), seq, msg.Headers(), mark, again)
 	}
 	s.stats.Messages++
 	s.stats.LastDelivery = time.Now()
 	done := 0
 	if again {
 		s.stats.Redelivered++
-		if m := s.prog.Messages[seq]; m != nil && m.Mark == mark {
+		if m := s.h.Record.Messages[seq]; m != nil && m.Mark == mark {
 			done = m.Done.Len()
 		}
 	}
@@ -152,33 +134,15 @@ func (s *Subscriber) ofAction(lines [][]SignedToken) [][]SignedToken {
 	return out
 }
 
-// batchesOf is the message's batches as the plan sees them: what rec
-// says of each, and its tokens for the sink.
-func batchesOf(rec *protocol.MessageProgress, lines [][]SignedToken) []protocol.PlanBatch {
-	out := make([]protocol.PlanBatch, len(lines))
-	for i, line := range lines {
-		out[i] = protocol.PlanBatch{Done: rec.Done.Has(i), Attempts: rec.Attempts[i], Tokens: len(line)}
-	}
-	return out
-}
-
-// units carries out the plan (fates) of b's batches: the units the Sink
-// is to get and the batches to set aside as dead letters, each counted
-// pending in h; a batch with nothing for the sink is done as it is.
-// Called with s.mu held.
-func (s *Subscriber) units(h *held, meta *jetstream.MsgMetadata, b *Decoded, lines [][]SignedToken, fates []protocol.Fate) (units []*Unit, dead []int) {
+// units are the units of h the Sink is to get (fates Hand) and the
+// batches to set aside as dead letters (SetAside), as the core took h.
+func (s *Subscriber) units(h *protocol.Held, meta *jetstream.MsgMetadata, b *Decoded, lines [][]SignedToken, fates []protocol.Fate) (units []*Unit, dead []int) {
 	for i, fate := range fates {
 		switch fate {
-		case protocol.DoneBefore:
-			s.stats.Skipped++
 		case protocol.SetAside:
 			dead = append(dead, i)
-			h.pending++
-		case protocol.NothingForSink:
-			h.rec.Done.Add(i)
 		case protocol.Hand:
-			h.pending++
-			units = append(units, &Unit{Stream: meta.Stream, Seq: h.seq, Durable: s.cfg.Durable, ID: b.ID, KeyID: b.KeyID, Line: i, Tokens: lines[i], h: h})
+			units = append(units, &Unit{Stream: meta.Stream, Seq: h.Seq, Durable: s.cfg.Durable, ID: b.ID, KeyID: b.KeyID, Line: i, Tokens: lines[i], h: h})
 		}
 	}
 	return units, dead
@@ -194,8 +158,7 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 	}
 	pin := msg.Headers().Get("Nats-Pin-Id")
 	s.mu.Lock()
-	stale := protocol.MustReread(pin != s.pinID, len(s.held) > 0, time.Since(s.stats.LastDelivery))
-	s.pinID = pin
+	stale := s.h.Reread(pin, time.Since(s.stats.LastDelivery))
 	s.mu.Unlock()
 	if !stale {
 		return nil
@@ -210,7 +173,7 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 			return err
 		}
 		s.mu.Lock()
-		theirs := newRev != s.rev
+		theirs := newRev != s.h.Rev
 		s.mu.Unlock()
 		if theirs {
 			if err := s.ofThisStream(ctx, &p); err != nil {
@@ -218,24 +181,12 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 			}
 		}
 		s.mu.Lock()
-		holding := len(s.held) > 0
-		decided := protocol.AfterReread(holding, newRev == s.rev)
-		switch decided {
-		case protocol.TakenOver:
-			s.mu.Unlock()
-			return fmt.Errorf("consume %s: %w", s.cfg.Durable, ErrTakenOver)
-		case protocol.KeepOwn:
-			// A record of another stream dropped since stays dropped:
-			// read back, that one would skip this stream's messages at
-			// its sequences.
-			p = s.prog.Clone()
-		case protocol.Merge:
-			// What this subscriber finished and had not saved yet stays
-			// known.
-			p.Absorb(&s.prog)
-		}
+		claim, decided, holding := s.h.Read(p, newRev)
 		s.mu.Unlock()
-		rev, err := s.claim(ctx, msg, &p, newRev)
+		if decided == protocol.TakenOver {
+			return fmt.Errorf("consume %s: %w", s.cfg.Durable, ErrTakenOver)
+		}
+		rev, err := s.claim(ctx, msg, &claim, newRev)
 		if errors.Is(err, ErrTakenOver) {
 			// Written since the read: read again.
 			continue
@@ -244,15 +195,7 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 			return err
 		}
 		s.mu.Lock()
-		s.rev = rev
-		if decided == protocol.Merge {
-			// The record written is this subscriber's from now on; with
-			// KeepOwn it already was.
-			s.prog = p
-		}
-		if !holding {
-			s.dirty, s.doneUnsaved = false, 0
-		}
+		s.h.Claimed(claim, rev, decided, holding)
 		s.mu.Unlock()
 		return nil
 	}
@@ -308,7 +251,7 @@ func (s *Subscriber) hand(ctx context.Context, units []*Unit) error {
 	}
 	for _, u := range units {
 		s.mu.Lock()
-		behind := protocol.SaveFirst(true, s.doneUnsaved)
+		behind := protocol.SaveFirst(true, s.h.DoneUnsaved)
 		s.mu.Unlock()
 		if behind {
 			// A message of many batches (a backlog's): what the reader
@@ -318,7 +261,7 @@ func (s *Subscriber) hand(ctx context.Context, units []*Unit) error {
 			// reader nothing more: a batch written now would be read
 			// unrecorded, beside the one the reader holds and the one
 			// done and unsaved.
-			if err := s.saveNow(ctx, u.h.msg); err != nil {
+			if err := s.saveNow(ctx, u.h.Msg.(jetstream.Msg)); err != nil {
 				return fmt.Errorf("consume %s: %w", s.cfg.Durable, err)
 			}
 		}

@@ -70,7 +70,7 @@ func HoldsKey(key string) func(*jetstream.RawStreamMsg) bool {
 // its sequences would skip this stream's messages.
 func (s *Subscriber) checkRecord(ctx context.Context, js jetstream.JetStream, missing bool) error {
 	s.mu.Lock()
-	last, floor := s.prog.Last, s.prog.Floor
+	last, floor := s.h.Record.Last, s.h.Record.Floor
 	s.mu.Unlock()
 	if last.Seq == 0 && floor == 0 {
 		return nil
@@ -101,7 +101,7 @@ func (s *Subscriber) checkRecord(ctx context.Context, js jetstream.JetStream, mi
 			"durable", s.cfg.Durable, "record_last_seq", last.Seq)
 	}
 	s.mu.Lock()
-	s.prog, s.dirty = protocol.Progress{}, true
+	s.h.Record, s.h.Dirty = protocol.Progress{}, true
 	s.mu.Unlock()
 	return nil
 }

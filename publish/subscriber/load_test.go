@@ -98,14 +98,14 @@ func (saveless) Save(context.Context, *protocol.Progress, uint64) (uint64, error
 // at one fault, one of them by itself, pinned again a moment later).
 func TestStandbyKeepsWhatItFinished(t *testing.T) {
 	s := &Subscriber{cfg: Config{Progress: saveless{}}, loaded: true}
-	s.prog.MessageAt(5, "m5", 2).Done.Add(0)
-	s.dirty, s.doneUnsaved = true, 1
+	s.h.Record.MessageAt(5, "m5", 2).Done.Add(0)
+	s.h.Dirty, s.h.DoneUnsaved = true, 1
 	if err := s.standBy(context.Background(), errPinLost); err != nil {
 		t.Fatal(err)
 	}
-	m := s.prog.Messages[5]
-	if m == nil || !m.Done.Has(0) || s.rev != 3 || s.prog.Floor != 1 {
-		t.Fatalf("after standing by: record %+v (message 5: %+v) at revision %d; want the record read (floor 1, revision 3) with message 5's batch 0 done", s.prog, m, s.rev)
+	m := s.h.Record.Messages[5]
+	if m == nil || !m.Done.Has(0) || s.h.Rev != 3 || s.h.Record.Floor != 1 {
+		t.Fatalf("after standing by: record %+v (message 5: %+v) at revision %d; want the record read (floor 1, revision 3) with message 5's batch 0 done", s.h.Record, m, s.h.Rev)
 	}
 }
 

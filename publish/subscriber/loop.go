@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -245,8 +244,8 @@ func (s *Subscriber) untilDrained(ctx context.Context, cons jetstream.Consumer, 
 		// says it is done, which acknowledges it without a line (issue
 		// 45: two resends at once ended so, the dead letter delivered,
 		// never removed, and no resend after would see it).
-		acking := slices.ContainsFunc(s.held, func(h *held) bool { return h.acking })
-		holding := len(s.held)
+		acking := s.h.Acking()
+		holding := len(s.h.Held())
 		s.mu.Unlock()
 		inDoubt := false
 		if r := s.reader; r != nil {
@@ -273,8 +272,8 @@ func (s *Subscriber) heartbeat(ctx context.Context, cons jetstream.Consumer) {
 	every := protocol.InProgressEvery(cons.CachedInfo().Config.AckWait, s.cfg.AckWait, DefaultAckWait)
 	for sleep(ctx, every) {
 		s.mu.Lock()
-		for _, h := range s.held {
-			h.msg.InProgress()
+		for _, h := range s.h.Held() {
+			h.Msg.(jetstream.Msg).InProgress()
 		}
 		s.mu.Unlock()
 	}

@@ -41,7 +41,7 @@ func (s *Subscriber) keepPin(ctx context.Context, ttl time.Duration) {
 	every := protocol.KeepPinEvery(ttl)
 	for sleep(ctx, every) {
 		s.mu.Lock()
-		pin, holding := s.pinID, len(s.held) > 0
+		pin, holding := s.h.Pin, s.h.Holding()
 		s.mu.Unlock()
 		if !holding || pin == "" {
 			continue
@@ -73,7 +73,7 @@ func (s *Subscriber) watchPin(ctx context.Context, cons jetstream.Consumer, canc
 	missed := 0
 	for sleep(ctx, time.Second) {
 		s.mu.Lock()
-		pin, holding := s.pinID, len(s.held) > 0
+		pin, holding := s.h.Pin, s.h.Holding()
 		s.mu.Unlock()
 		if !holding || pin == "" {
 			missed = 0
@@ -108,7 +108,7 @@ func (s *Subscriber) watchPin(ctx context.Context, cons jetstream.Consumer, canc
 // each time with its pulls asked again.
 func (s *Subscriber) standingBy(ctx context.Context, cons jetstream.Consumer) bool {
 	s.mu.Lock()
-	holding, pin := len(s.held) > 0, s.pinID
+	holding, pin := s.h.Holding(), s.h.Pin
 	s.mu.Unlock()
 	if holding {
 		return false
@@ -143,7 +143,7 @@ func (s *Subscriber) Unpin(ctx context.Context, js jetstream.JetStream) {
 // (the pin of the last message it was given).
 func (s *Subscriber) pinnedHere(ctx context.Context) bool {
 	s.mu.Lock()
-	pin := s.pinID
+	pin := s.h.Pin
 	s.mu.Unlock()
 	cons := s.Consumer()
 	if pin == "" || cons == nil {

@@ -48,15 +48,15 @@ func (m pinnedMsg) InProgress() error    { return nil }
 func TestClaimKeepsWhatThisSubscriberDropped(t *testing.T) {
 	old := protocol.Progress{Floor: 50, Last: wire.Anchor{Seq: 50, Mark: "id:old-50"}}
 	store := &keptRecord{p: old, rev: 3}
-	s := &Subscriber{cfg: Config{Progress: store, Durable: "d"}, rev: 3, loaded: true, pinID: "p1"}
+	s := &Subscriber{cfg: Config{Progress: store, Durable: "d"}, h: protocol.Holdings{Rev: 3, Pin: "p1"}, loaded: true}
 	if err := s.refresh(context.Background(), pinnedMsg{pin: "p2"}); err != nil {
 		t.Fatal(err)
 	}
 	if store.p.Floor != 0 || store.p.Last.Seq != 0 {
 		t.Fatalf("claimed the record read back (floor %d, last %d), not this subscriber's (empty)", store.p.Floor, store.p.Last.Seq)
 	}
-	if s.prog.Floor != 0 {
-		t.Fatalf("the subscriber took floor %d of the old stream", s.prog.Floor)
+	if s.h.Record.Floor != 0 {
+		t.Fatalf("the subscriber took floor %d of the old stream", s.h.Record.Floor)
 	}
 }
 
@@ -85,12 +85,12 @@ func TestRecordReadBackOfAnotherStreamIsDropped(t *testing.T) {
 	js := oneMessage(ctx, t)
 	old := protocol.Progress{Floor: 5, Last: wire.Anchor{Seq: 5, Mark: "id:old-5"}}
 	store := &keptRecord{p: old, rev: 3}
-	s := &Subscriber{cfg: Config{Progress: store, Durable: "d", Stream: "S"}, js: js, rev: 2, loaded: true, pinID: "p1"}
+	s := &Subscriber{cfg: Config{Progress: store, Durable: "d", Stream: "S"}, js: js, h: protocol.Holdings{Rev: 2, Pin: "p1"}, loaded: true}
 	if err := s.refresh(ctx, pinnedMsg{pin: "p2"}); err != nil {
 		t.Fatal(err)
 	}
-	if store.p.Floor != 0 || s.prog.Floor != 0 {
-		t.Fatalf("the old stream's floor merged: %d claimed, %d in hand", store.p.Floor, s.prog.Floor)
+	if store.p.Floor != 0 || s.h.Record.Floor != 0 {
+		t.Fatalf("the old stream's floor merged: %d claimed, %d in hand", store.p.Floor, s.h.Record.Floor)
 	}
 }
 
@@ -101,12 +101,12 @@ func TestFloorAloneIsDropped(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	js := oneMessage(ctx, t)
-	s := &Subscriber{cfg: Config{Durable: "d", Stream: "S"}, js: js, prog: protocol.Progress{Floor: 7}}
+	s := &Subscriber{cfg: Config{Durable: "d", Stream: "S"}, js: js, h: protocol.Holdings{Record: protocol.Progress{Floor: 7}}}
 	if err := s.checkRecord(ctx, js, false); err != nil {
 		t.Fatal(err)
 	}
-	if s.prog.Floor != 0 {
-		t.Fatalf("kept floor %d of a consumer since gone", s.prog.Floor)
+	if s.h.Record.Floor != 0 {
+		t.Fatalf("kept floor %d of a consumer since gone", s.h.Record.Floor)
 	}
 }
 
@@ -120,11 +120,11 @@ func TestSaveOverDropsALateWriteOfAnotherStream(t *testing.T) {
 	js := oneMessage(ctx, t)
 	store := &keptRecord{p: protocol.Progress{Floor: 5, Last: wire.Anchor{Seq: 5, Mark: "id:old-5"}}, rev: 3}
 	own := protocol.Progress{Last: wire.Anchor{Seq: 1, Mark: wire.IDMark("new-1")}}
-	s := &Subscriber{cfg: Config{Progress: store, Durable: "d", Stream: "S"}, js: js, rev: 2, prog: own}
+	s := &Subscriber{cfg: Config{Progress: store, Durable: "d", Stream: "S"}, js: js, h: protocol.Holdings{Rev: 2, Record: own}}
 	if _, err := s.saveOver(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if store.p.Floor != 0 || s.prog.Floor != 0 || s.prog.Last != own.Last {
-		t.Fatalf("the late write of the old stream merged: floor %d saved, %d in hand, last %+v", store.p.Floor, s.prog.Floor, s.prog.Last)
+	if store.p.Floor != 0 || s.h.Record.Floor != 0 || s.h.Record.Last != own.Last {
+		t.Fatalf("the late write of the old stream merged: floor %d saved, %d in hand, last %+v", store.p.Floor, s.h.Record.Floor, s.h.Record.Last)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/mailroom/tailer/publish/jsio"
+	"github.com/mailroom/tailer/publish/subscriber/protocol"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -118,7 +119,7 @@ func (s *Subscriber) saver(ctx context.Context, cancel context.CancelCauseFunc) 
 		switch {
 		case errors.Is(err, ErrTakenOver):
 			s.mu.Lock()
-			holding := len(s.held) > 0
+			holding := s.h.Holding()
 			s.mu.Unlock()
 			if holding {
 				cancel(err)
@@ -152,11 +153,8 @@ func (s *Subscriber) readFloor(ctx context.Context) {
 		return
 	}
 	s.mu.Lock()
-	if f := info.AckFloor.Stream; f > s.prog.Floor {
-		// Messages in hand are above the floor: they are not acknowledged.
-		s.prog.Prune(f)
-		s.dirty = true
-	}
+	// Messages in hand are above the floor: they are not acknowledged.
+	s.h.Prune(info.AckFloor.Stream)
 	s.mu.Unlock()
 }
 
@@ -170,41 +168,29 @@ func (s *Subscriber) save(ctx context.Context) error {
 	s.saveMu.Lock()
 	defer s.saveMu.Unlock()
 	s.mu.Lock()
-	if !s.dirty || s.takenOver {
-		taken := s.takenOver
-		s.mu.Unlock()
-		if taken {
-			return ErrTakenOver
-		}
+	what, p, rev, saving := s.h.ToSave()
+	s.mu.Unlock()
+	switch what {
+	case protocol.Refused:
+		return ErrTakenOver
+	case protocol.NothingToSave:
 		return nil
 	}
-	p := s.prog.Clone()
-	rev := s.rev
-	s.dirty = false
-	saving := s.doneUnsaved
-	s.mu.Unlock()
 	newRev, err := s.cfg.Progress.Save(ctx, &p, rev)
 	if errors.Is(err, ErrTakenOver) && s.pinnedHere(ctx) {
 		newRev, err = s.saveOver(ctx)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch {
-	case errors.Is(err, ErrTakenOver):
-		// Another subscriber delivers now. This one writes nothing more
-		// into the record (each write would refuse the other's next save
-		// and stop it delivering); what it finished and did not save is
-		// what a fault costs.
-		if len(s.held) > 0 {
-			s.takenOver = true
-		}
-		return err
-	case err != nil:
-		s.dirty = true
+	if err != nil {
+		// Taken over, another subscriber delivers now: this one writes
+		// nothing more into the record (each write would refuse the
+		// other's next save and stop it delivering); what it finished
+		// and did not save is what a fault costs.
+		s.h.NotSaved(errors.Is(err, ErrTakenOver))
 		return err
 	}
-	s.rev = newRev
-	s.doneUnsaved -= saving
+	s.h.Saved(newRev, saving)
 	return nil
 }
 
@@ -229,8 +215,8 @@ func (s *Subscriber) saveOver(ctx context.Context) (uint64, error) {
 	}
 	s.mu.Lock()
 	// In place: the messages in hand keep their records.
-	s.prog.Absorb(&cur)
-	p := s.prog.Clone()
+	s.h.Absorb(&cur)
+	p := s.h.Record.Clone()
 	s.mu.Unlock()
 	return s.cfg.Progress.Save(ctx, &p, rev)
 }

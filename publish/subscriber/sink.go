@@ -2,6 +2,7 @@ package subscriber
 
 import (
 	"context"
+	"github.com/mailroom/tailer/publish/subscriber/protocol"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -37,7 +38,7 @@ type Unit struct {
 	Line   int
 	Tokens []SignedToken
 
-	h    *held
+	h    *protocol.Held
 	done bool
 }
 

@@ -82,21 +82,13 @@ type Subscriber struct {
 	gaps Gaps
 
 	mu sync.Mutex
-	// held are the messages delivered and not yet acknowledged, in
-	// delivery order.
-	held   []*held
-	prog   protocol.Progress
-	rev    uint64
+	// h is what the subscriber holds and the durable's record of it,
+	// changed by its core's methods alone.
+	h      protocol.Holdings
 	loaded bool
-	dirty  bool
 	// floorRead is when the consumer's ack floor was last read.
 	floorRead time.Time
-	takenOver bool
-	// doneUnsaved counts the batches finished since the record last saved.
-	doneUnsaved int
-	// pinID is the pin of the last message delivered (pinned consumers).
-	pinID string
-	stats Stats
+	stats     Stats
 }
 
 // NewSubscriber returns a subscriber of c, or an error naming the
@@ -182,7 +174,7 @@ type Stats struct {
 func (s *Subscriber) Stats() Stats {
 	s.mu.Lock()
 	st := s.stats
-	st.PinID = s.pinID
+	st.PinID = s.h.Pin
 	s.mu.Unlock()
 	st.Gaps, st.OpenGap = s.gaps.State()
 	st.TakenElsewhere = s.gaps.Taken()
@@ -371,7 +363,7 @@ func (s *Subscriber) term(ctx context.Context, js jetstream.JetStream, cons *jet
 		// The old consumer's deliveries cannot be acknowledged any more:
 		// the new one delivers what they held again, and the record says
 		// which of their batches are done.
-		s.held = nil
+		s.h.Forget()
 		s.mu.Unlock()
 		if r := s.reader; r != nil {
 			r.forget()

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"strconv"
 
 	"fmt"
 	"github.com/mailroom/tailer/publish/subscriber"
@@ -11,16 +12,18 @@ import (
 	"github.com/mailroom/tailer/publish/subscriber/protocol"
 )
 
-// heldMsg is a message delivered and not acknowledged (the subscriber's held).
+// heldMsg is a message delivered and not acknowledged: the core's Held
+// (the subscriber's own), and the model's message it came as.
 type heldMsg struct {
-	m       *smsg
-	inc     int
-	rec     *protocol.MessageProgress
-	pending int
-	acking  bool
+	*protocol.Held
+	m   *smsg
+	inc int
 	// landsAt is when its ack, on its way, reaches the server.
 	landsAt time.Duration
 }
+
+// heldOf is the model's message h was taken from.
+func heldOf(h *protocol.Held) *heldMsg { return h.Msg.(*heldMsg) }
 
 // unit is one batch handed to the sink (subscriber.Unit).
 type unit struct {
@@ -58,18 +61,15 @@ type proc struct {
 
 	loaded, reloading bool
 	kept              protocol.Progress
-	rec               protocol.Progress
-	rev               uint64
-	dirty, takenOver  bool
-	doneUnsaved       int
-	pin               int
-	lastDelivery      time.Duration
-	held              []*heldMsg
-	toHand            []*unit
-	taking            *delivery
-	acking            []*heldMsg
-	inFlight          []*heldMsg
-	missed            int
+	// h is what the process holds and its record, changed by the core's
+	// methods alone, as the subscriber's is.
+	h            protocol.Holdings
+	lastDelivery time.Duration
+	toHand       []*unit
+	taking       *delivery
+	acking       []*heldMsg
+	inFlight     []*heldMsg
+	missed       int
 	// bound is the consumer the process consumes from.
 	bound *durableModel
 	// store is the process's own subscriber.KVProgress on the bucket: the
@@ -94,6 +94,21 @@ type proc struct {
 
 func (p *proc) now() time.Duration { return p.w.now }
 
+// pin is the pin of the process's last delivery, as the durable's model
+// numbers pins (0: none).
+func (p *proc) pin() int {
+	n, _ := strconv.Atoi(p.h.Pin)
+	return n
+}
+
+// pinName is pin as the core keeps it.
+func pinName(pin int) string {
+	if pin == 0 {
+		return ""
+	}
+	return strconv.Itoa(pin)
+}
+
 // kv is the record's store as the process reads and writes it: the
 // shipping KVProgress on the bucket's model.
 func (p *proc) kv() *subscriber.KVProgress {
@@ -115,7 +130,8 @@ func (p *proc) start() {
 	if err != nil {
 		return
 	}
-	p.rec, p.rev, p.dirty, p.doneUnsaved, p.pin = cur, rev, false, 0, 0
+	p.h = protocol.Holdings{}
+	p.h.Reloaded(cur, rev, nil)
 	p.lastDelivery = -time.Hour
 	if !p.remake(false) {
 		return
@@ -131,15 +147,15 @@ func (p *proc) start() {
 func (p *proc) remake(lost bool) bool {
 	w := p.w
 	missing := w.dur == nil || w.dur.gone
-	if p.rec.Last.Seq != 0 || p.rec.Floor != 0 {
-		switch protocol.CheckRecord(w.atLast(p.rec.Last), missing, p.cfg().fromStart, p.cfg().inbox) {
+	if p.h.Record.Last.Seq != 0 || p.h.Record.Floor != 0 {
+		switch protocol.CheckRecord(w.atLast(p.h.Record.Last), missing, p.cfg().fromStart, p.cfg().inbox) {
 		case protocol.RefuseRecord:
-			p.refused = fmt.Sprintf("the record's last sequence %d holds another message: --from-start", p.rec.Last.Seq)
+			p.refused = fmt.Sprintf("the record's last sequence %d holds another message: --from-start", p.h.Record.Last.Seq)
 			w.logf("p%d refuses: %s", p.id, p.refused)
 			return false
 		case protocol.DropRecord:
-			w.logf("p%d drops the record (last %d)", p.id, p.rec.Last.Seq)
-			p.rec, p.dirty = protocol.Progress{}, true
+			w.logf("p%d drops the record (last %d)", p.id, p.h.Record.Last.Seq)
+			p.h.Record, p.h.Dirty = protocol.Progress{}, true
 		}
 	}
 	if missing {
@@ -161,8 +177,8 @@ func (p *proc) remake(lost bool) bool {
 func (p *proc) makeAt(lost bool) (uint64, bool) {
 	w, cfg := p.w, p.cfg()
 	switch {
-	case protocol.MakeAt(p.rec.Last.Seq != 0, cfg.inbox) == protocol.AfterFloor:
-		return p.rec.Floor + 1, true
+	case protocol.MakeAt(p.h.Record.Last.Seq != 0, cfg.inbox) == protocol.AfterFloor:
+		return p.h.Record.Floor + 1, true
 	case cfg.inbox || cfg.fromStart:
 		return w.stream.first(), true
 	case lost:
@@ -222,7 +238,7 @@ func (p *proc) blocked() bool {
 
 func (p *proc) pull() {
 	for !p.blocked() && p.runs() {
-		pin, m, _ := p.w.dur.pull(p.w.stream, p.pin, p.now())
+		pin, m, _ := p.w.dur.pull(p.w.stream, p.pin(), p.now())
 		p.nextPull = p.now() + min(5*time.Second, p.cfg().ttl/2)
 		if m == nil {
 			return
@@ -246,14 +262,14 @@ func (p *proc) timers() {
 	}
 	if now >= p.nextProgress {
 		p.nextProgress = now + protocol.InProgressEvery(d.ackWait, cfg.ackWaitFlag, 10*time.Second)
-		for _, h := range p.held {
-			d.inProgress(h.m.seq, now)
+		for _, h := range p.h.Held() {
+			d.inProgress(h.Seq, now)
 		}
 	}
 	if every := protocol.KeepPinEvery(cfg.ttl); every > 0 && now >= p.nextKeepPin {
 		p.nextKeepPin = now + every
-		if len(p.held) > 0 && p.pin != 0 {
-			d.keepPin(p.pin, now)
+		if p.h.Holding() && p.pin() != 0 {
+			d.keepPin(p.pin(), now)
 		}
 	} else if every == 0 {
 		p.nextKeepPin = never
@@ -298,12 +314,9 @@ func (p *proc) due() time.Duration {
 // reads the record again (Subscriber.standBy).
 func (p *proc) standBy(why string) {
 	p.w.logf("p%d stands by: %s", p.id, why)
-	if p.takenOver {
-		p.dirty = false
-	}
+	p.h.StandingBy()
 	p.settle(false)
-	p.kept, p.reloading = p.rec.Clone(), true
-	p.takenOver, p.pin = false, 0
+	p.kept, p.reloading = p.h.StoodBy(), true
 	p.reload()
 }
 
@@ -312,15 +325,16 @@ func (p *proc) reload() {
 	if err != nil {
 		return
 	}
-	p.rec, p.rev, p.reloading = cur, rev, false
-	p.rec.Absorb(&p.kept)
+	p.h.Reloaded(cur, rev, &p.kept)
+	p.reloading = false
 }
 
 // consumerLost: the consumer is gone from the server; what the process
 // held cannot be acknowledged, and the consumer is made again.
 func (p *proc) consumerLost() {
 	p.w.logf("p%d: the consumer is gone", p.id)
-	p.held, p.toHand, p.taking, p.acking, p.committing, p.inFlight = nil, nil, nil, nil, nil, nil
+	p.h.Forget()
+	p.toHand, p.taking, p.acking, p.committing, p.inFlight = nil, nil, nil, nil, nil
 	if p.inHand != nil {
 		// Forgotten: the sender writes the line it has.
 		u := p.inHand

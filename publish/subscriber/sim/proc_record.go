@@ -8,7 +8,6 @@ import (
 
 	"errors"
 	"github.com/mailroom/tailer/publish/subscriber"
-	"slices"
 
 	"github.com/mailroom/tailer/publish/subscriber/protocol"
 )
@@ -16,12 +15,12 @@ import (
 // watchPin stands by once the server pins another or none while this one
 // holds messages, seen twice a second apart.
 func (p *proc) watchPin() {
-	if len(p.held) == 0 || p.pin == 0 {
+	if !p.h.Holding() || p.pin() == 0 {
 		p.missed = 0
 		return
 	}
 	p.w.dur.expire(p.now())
-	if p.w.dur.pin == p.pin {
+	if p.w.dur.pin == p.pin() {
 		p.missed = 0
 		return
 	}
@@ -32,47 +31,37 @@ func (p *proc) watchPin() {
 
 // saverTick reads the ack floor and saves the record if it changed.
 func (p *proc) saverTick() {
-	if f := p.w.dur.floor; f > p.rec.Floor {
-		p.rec.Prune(f)
-		p.dirty = true
-	}
-	if err := p.save(); errors.Is(err, subscriber.ErrTakenOver) && len(p.held) > 0 {
+	p.h.Prune(p.w.dur.floor)
+	if err := p.save(); errors.Is(err, subscriber.ErrTakenOver) && p.h.Holding() {
 		p.standBy("taken over (a save refused)")
 	}
 }
 
 // save writes the record if it changed (Subscriber.save, saveOver).
 func (p *proc) save() error {
-	if !p.dirty || p.takenOver {
-		if p.takenOver {
-			return subscriber.ErrTakenOver
-		}
+	what, r, rev, saving := p.h.ToSave()
+	switch what {
+	case protocol.Refused:
+		return subscriber.ErrTakenOver
+	case protocol.NothingToSave:
 		return nil
 	}
-	r, rev, saving := p.rec.Clone(), p.rev, p.doneUnsaved
-	p.dirty = false
 	kv, ctx := p.kv(), context.Background()
 	newRev, err := kv.Save(ctx, &r, rev)
-	if errors.Is(err, subscriber.ErrTakenOver) && p.pin != 0 && p.w.dur.pin == p.pin {
+	if errors.Is(err, subscriber.ErrTakenOver) && p.pin() != 0 && p.w.dur.pin == p.pin() {
 		var cur protocol.Progress
 		if cur, rev, err = kv.Load(ctx); err == nil {
 			theirs := p.ofThisStream(cur)
-			p.rec.Absorb(&theirs)
-			newRev, err = kv.Save(ctx, &p.rec, rev)
+			p.h.Absorb(&theirs)
+			r = p.h.Record.Clone()
+			newRev, err = kv.Save(ctx, &r, rev)
 		}
 	}
-	switch {
-	case errors.Is(err, subscriber.ErrTakenOver):
-		if len(p.held) > 0 {
-			p.takenOver = true
-		}
-		return err
-	case err != nil:
-		p.dirty = true
+	if err != nil {
+		p.h.NotSaved(errors.Is(err, subscriber.ErrTakenOver))
 		return err
 	}
-	p.rev = newRev
-	p.doneUnsaved -= saving
+	p.h.Saved(newRev, saving)
 	p.saved()
 	return nil
 }
@@ -81,7 +70,7 @@ func (p *proc) save() error {
 // are no longer unsaved.
 func (p *proc) saved() {
 	for k := range p.unsaved {
-		if m := p.rec.Messages[k.seq]; k.inc != p.w.stream.inc || m != nil && m.Done.Has(k.line) || k.seq <= p.rec.Floor {
+		if m := p.h.Record.Messages[k.seq]; k.inc != p.w.stream.inc || m != nil && m.Done.Has(k.line) || k.seq <= p.h.Record.Floor {
 			delete(p.unsaved, k)
 		}
 	}
@@ -123,46 +112,36 @@ func (p *proc) take(d *delivery) {
 	}
 	m := d.m
 	p.lastDelivery = p.now()
-	if p.rec.Saw(m.seq, m.mark) {
-		p.dirty = true
-	}
-	rec := p.rec.MessageAt(m.seq, m.mark, len(m.lines))
-	batches := make([]protocol.PlanBatch, len(m.lines))
+	p.h.Saw(m.seq, m.mark)
+	tokens := make([]int, len(m.lines))
 	for i, line := range m.lines {
-		batches[i] = protocol.PlanBatch{Done: rec.Done.Has(i), Attempts: rec.Attempts[i], Tokens: len(line)}
+		tokens[i] = len(line)
 	}
-	held := slices.ContainsFunc(p.held, func(h *heldMsg) bool { return h.rec == rec && !h.acking })
-	fates, ack := protocol.Plan(protocol.Delivery{Seq: m.seq, Floor: p.rec.Floor, Acked: rec.Acked, Held: held, Batches: batches},
-		protocol.Rules{MaxDeliveries: p.cfg().maxDeliveries, DeadLetters: true})
-	if ack {
+	hm := &heldMsg{m: m, inc: p.w.stream.inc}
+	t := p.h.Take(m.seq, m.mark, tokens, protocol.Rules{MaxDeliveries: p.cfg().maxDeliveries, DeadLetters: true}, hm)
+	if t.Ack {
 		p.w.ack(p, m.seq)
 		return
 	}
-	if fates == nil {
+	if t.Held == nil {
 		return
 	}
-	h := &heldMsg{m: m, inc: p.w.stream.inc, rec: rec}
-	p.held = append(p.held, h)
-	p.dirty = true
+	hm.Held = t.Held
 	var dead []*unit
-	for i, f := range fates {
+	for i, f := range t.Fates {
 		switch f {
 		case protocol.SetAside:
-			h.pending++
-			dead = append(dead, &unit{h: h, line: i})
-		case protocol.NothingForSink:
-			rec.Done.Add(i)
+			dead = append(dead, &unit{h: hm, line: i})
 		case protocol.Hand:
-			h.pending++
-			p.toHand = append(p.toHand, &unit{h: h, line: i})
+			p.toHand = append(p.toHand, &unit{h: hm, line: i})
 		}
 	}
 	for _, u := range dead {
-		p.w.deadLetter(u.key(), rec.Attempts[u.line])
+		p.w.deadLetter(u.key(), hm.Rec.Attempts[u.line])
 		p.done(u)
 	}
-	if h.pending == 0 {
-		p.finish(h)
+	if hm.Pending == 0 {
+		p.finish(hm)
 	}
 }
 
@@ -171,8 +150,7 @@ func (p *proc) take(d *delivery) {
 // waits on the bucket, or this process no longer delivers.
 func (p *proc) refresh(d *delivery) bool {
 	if !d.stale {
-		d.stale = protocol.MustReread(d.pin != p.pin, len(p.held) > 0, p.now()-p.lastDelivery)
-		p.pin = d.pin
+		d.stale = p.h.Reread(pinName(d.pin), p.now()-p.lastDelivery)
 	}
 	if !d.stale {
 		return true
@@ -184,24 +162,16 @@ func (p *proc) refresh(d *delivery) bool {
 			p.taking = d
 			return false
 		}
-		holding, mine := len(p.held) > 0, rev == p.rev
-		if !mine {
+		if rev != p.h.Rev {
 			cur = p.ofThisStream(cur)
 		}
-		var r protocol.Progress
-		decided := protocol.AfterReread(holding, mine)
-		switch decided {
-		case protocol.TakenOver:
+		claim, decided, holding := p.h.Read(cur, rev)
+		if decided == protocol.TakenOver {
 			p.w.dur.nak(d.m.seq, p.now())
 			p.standBy("taken over (the record read again)")
 			return false
-		case protocol.KeepOwn:
-			r = p.rec.Clone()
-		case protocol.Merge:
-			r = cur
-			r.Absorb(&p.rec)
 		}
-		newRev, err := kv.Save(ctx, &r, rev)
+		newRev, err := kv.Save(ctx, &claim, rev)
 		if errors.Is(err, subscriber.ErrTakenOver) {
 			continue
 		}
@@ -209,14 +179,8 @@ func (p *proc) refresh(d *delivery) bool {
 			p.taking = d
 			return false
 		}
-		p.rev = newRev
-		if decided == protocol.Merge {
-			p.rec = r
-		}
+		p.h.Claimed(claim, newRev, decided, holding)
 		p.saved()
-		if !holding {
-			p.dirty, p.doneUnsaved = false, 0
-		}
 		return true
 	}
 }

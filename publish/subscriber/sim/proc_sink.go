@@ -26,7 +26,7 @@ func (p *proc) handNext() {
 		return
 	}
 	for len(p.toHand) > 0 && p.inHand == nil && !p.senderDown {
-		if protocol.SaveFirst(true, p.doneUnsaved) {
+		if protocol.SaveFirst(true, p.h.DoneUnsaved) {
 			if err := p.save(); errors.Is(err, subscriber.ErrTakenOver) {
 				p.standBy("taken over (a save before the next line)")
 				return
@@ -72,10 +72,7 @@ func (p *proc) done(units ...*unit) {
 			continue
 		}
 		u.done = true
-		u.h.rec.Finished(u.line)
-		p.dirty = true
-		p.doneUnsaved++
-		if u.h.pending--; u.h.pending == 0 {
+		if p.h.Finished(u.h.Held, u.line) {
 			complete = append(complete, u.h)
 		}
 	}
@@ -85,31 +82,30 @@ func (p *proc) done(units ...*unit) {
 // finish acknowledges messages all of whose batches are done, once the
 // record is saved (a save refused: acknowledged all the same).
 func (p *proc) finish(hs ...*heldMsg) {
-	var ready []*heldMsg
-	for _, h := range hs {
-		if !h.acking && h.pending == 0 {
-			h.acking = true
-			ready = append(ready, h)
-		}
+	held := make([]*protocol.Held, len(hs))
+	for i, h := range hs {
+		held[i] = h.Held
 	}
+	ready := p.h.ToAck(held...)
 	if len(ready) == 0 {
 		return
 	}
 	if err := p.save(); err != nil && !errors.Is(err, subscriber.ErrTakenOver) {
-		p.acking = append(p.acking, ready...)
+		p.h.Unsent(ready)
 		for _, h := range ready {
-			h.acking = false
+			p.acking = append(p.acking, heldOf(h))
 		}
 		return
 	}
 	for _, h := range ready {
+		hm := heldOf(h)
 		if d := p.cfg().ackDelay; d > 0 {
-			// Held until the server answers, as the subscriber's held.acking.
-			h.landsAt = p.now() + d
-			p.inFlight = append(p.inFlight, h)
+			// Held until the server answers, as the subscriber's Held.Acking.
+			hm.landsAt = p.now() + d
+			p.inFlight = append(p.inFlight, hm)
 			continue
 		}
-		p.acked(h)
+		p.acked(hm)
 	}
 }
 
@@ -118,9 +114,7 @@ func (p *proc) acked(h *heldMsg) {
 	if h.inc == p.w.stream.inc {
 		p.w.ack(p, h.m.seq)
 	}
-	p.held = slices.DeleteFunc(p.held, func(x *heldMsg) bool { return x == h })
-	h.rec.Acked = true
-	p.dirty = true
+	p.h.Acked(h.Held, true)
 }
 
 // landAcks lands the acks on their way that reach the server by now.
@@ -146,23 +140,16 @@ func (p *proc) settle(failed bool) {
 	}
 	if _, blamed := protocol.AfterReaderEnd(end); blamed >= 0 {
 		u := handed[blamed]
-		u.h.rec.Failed(u.line)
-		p.dirty = true
+		p.h.Blame(u.h.Held, u.line)
 	}
-	var nak []*heldMsg
-	p.held = slices.DeleteFunc(p.held, func(h *heldMsg) bool {
-		if !h.acking {
-			nak = append(nak, h)
-		}
-		return !h.acking
-	})
+	nak := p.h.LetGo()
 	inHand := p.inHand != nil
 	p.inHand, p.toHand, p.committing, p.taking, p.acking = nil, nil, nil, nil, nil
 	p.save()
 	p.letGo(inHand)
 	for _, h := range nak {
-		p.w.logf("p%d naks seq %d", p.id, h.m.seq)
-		p.w.dur.nak(h.m.seq, p.now())
+		p.w.logf("p%d naks seq %d", p.id, h.Seq)
+		p.w.dur.nak(h.Seq, p.now())
 	}
 	p.epoch++
 }

@@ -26,7 +26,7 @@ func (p *proc) untilDrained() {
 		Acking:     len(p.inFlight) > 0 || len(p.acking) > 0,
 		Pending:    pending,
 		AckPending: len(d.pend),
-		Holding:    len(p.held),
+		Holding:    len(p.h.Held()),
 	}
 	if protocol.Drained(drain) {
 		p.exitDrained()

@@ -187,8 +187,8 @@ func (w *world) charge(h hand, k batchKey) {
 // freeze stops p until d from now, noting the messages it holds.
 func (w *world) freeze(p *proc, d time.Duration) {
 	held := map[msgKey]bool{}
-	for _, h := range p.held {
-		held[msgKey{h.inc, h.m.seq}] = true
+	for _, h := range p.h.Held() {
+		held[msgKey{heldOf(h).inc, h.Seq}] = true
 	}
 	w.frozeHolding[hand{p.id, p.epoch}] = held
 	p.frozenUntil, p.epoch = w.now+d, p.epoch+1
@@ -202,7 +202,7 @@ func (w *world) failed(k batchKey) { w.failures[k]++ }
 // then holds it, or its in-progress acks would have kept it.
 func (w *world) redelivered(seq uint64) {
 	for _, p := range w.procs {
-		if p.runs() && p.loaded && p.frozenUntil < w.dur.expiredAt && slices.ContainsFunc(p.held, func(h *heldMsg) bool { return h.m.seq == seq && h.inc == w.stream.inc }) {
+		if p.runs() && p.loaded && p.frozenUntil < w.dur.expiredAt && slices.ContainsFunc(p.h.Held(), func(h *protocol.Held) bool { return h.Seq == seq && heldOf(h).inc == w.stream.inc }) {
 			w.fail("seq %d redelivered after the ack wait (%s) while p%d holds it", seq, w.dur.ackWait, p.id)
 		}
 	}
