@@ -292,7 +292,7 @@ func readStored(msg *jetstream.RawStreamMsg) relay.Published {
 		s.Floor, errs[4] = strconv.ParseUint(h.Get(wire.HeaderWindowFloor), 10, 64)
 		s.After = wal.LSN(after)
 		if ok && errors.Join(errs[:]...) == nil && s.FenceN >= 1 && s.FenceN <= s.FenceK {
-			s.Kind = relay.Marker
+			s.Is = relay.Marker
 		}
 	case wire.IsBatch(h):
 		s.Keys, s.Resync = h.Get(wire.HeaderTokenKeys), h.Get(wire.HeaderResync) != ""
@@ -308,7 +308,7 @@ func readStored(msg *jetstream.RawStreamMsg) relay.Published {
 		} else if !s.Resync && h.Get(wire.HeaderOrigin) != "" {
 			return s
 		}
-		s.Kind = relay.Batch
+		s.Is = relay.Batch
 	}
 	return s
 }

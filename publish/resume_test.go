@@ -281,7 +281,7 @@ func FuzzReadStored(f *testing.F) {
 			}
 		}
 		s := readStored(&jetstream.RawStreamMsg{Subject: "mailroom.batches", Sequence: 9, Header: h})
-		switch s.Kind {
+		switch s.Is {
 		case relay.Marker:
 			if s.FenceN < 1 || s.FenceN > s.FenceK {
 				t.Fatalf("marker %d of %d", s.FenceN, s.FenceK)

@@ -132,7 +132,7 @@ const (
 // refusal it stopped on (EndRefused) or the fact it found (EndFound), how
 // long it lasted, and what it stored on the stream.
 type Ended struct {
-	Kind    EndKind
+	End     EndKind
 	Err     error
 	Refusal Refusal
 	Found   Fact

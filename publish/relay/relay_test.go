@@ -77,7 +77,7 @@ func TestFirstStart(t *testing.T) {
 	// Events of another phase are passed over.
 	step(t, r, Resumed{}, "")
 	step(t, r, Start{}, "")
-	step(t, r, Ended{Kind: EndStopped}, "Exit{Err:<nil>}")
+	step(t, r, Ended{End: EndStopped}, "Exit{Err:<nil>}")
 }
 
 // A slot that is missing is made only when nothing says one existed.
@@ -415,7 +415,7 @@ func TestChecksWhileStreaming(t *testing.T) {
 		"Stop{Refusal:stream S no longer holds messages this slot published after sequence 0, and its configuration removes none: it was purged: the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them}")
 	step(t, r, NATSTrouble{Err: errors.New("denied")}, "Stop{Refusal:denied}")
 	// Once the session ended, a late look is passed over.
-	step(t, r, Ended{Kind: EndRefused, Refusal: Refusal{Fact: StreamPurged, Err: errors.New("purged")}}, "Refuse{Refusal:purged Say:true} Wait{Delay:5s Err:<nil> Say:false}")
+	step(t, r, Ended{End: EndRefused, Refusal: Refusal{Fact: StreamPurged, Err: errors.New("purged")}}, "Refuse{Refusal:purged Say:true} Wait{Delay:5s Err:<nil> Say:false}")
 	step(t, r, LookTaken{NATS: errors.New("late")}, "")
 	step(t, r, NATSTrouble{Err: errors.New("late")}, "")
 	step(t, r, LookDue{}, "")
@@ -428,7 +428,7 @@ func TestNextSessionKnowsTheStream(t *testing.T) {
 	toStream(t, r, boundAt, headAt)
 	step(t, r, LookDue{Anchors: Anchors{Last: wire.Anchor{Seq: 2, Mark: "m2"}, Batch: wire.Anchor{Seq: 1, Mark: "id:1"}}}, "LookAtStream{Anchors:[{Seq:1 Mark:id:1} {Seq:2 Mark:m2}] Quiet:false}")
 	step(t, r, LookTaken{Stream: StreamLook{Created: "t1", Seen: Seen{Known: true, First: 1, Last: 2}}}, "RecordAnchor{Anchor:{Seq:2 Mark:m2} Seen:{Known:true First:1 Last:2 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}}")
-	step(t, r, Ended{Kind: EndNATS, Err: errors.New("cut"), Anchors: Anchors{Last: wire.Anchor{Seq: 5, Mark: "m5"}, Batch: wire.Anchor{Seq: 5, Mark: "id:5"}}}, "Wait{Delay:250ms Err:cut Say:true}")
+	step(t, r, Ended{End: EndNATS, Err: errors.New("cut"), Anchors: Anchors{Last: wire.Anchor{Seq: 5, Mark: "m5"}, Batch: wire.Anchor{Seq: 5, Mark: "id:5"}}}, "Wait{Delay:250ms Err:cut Say:true}")
 	open(t, r)
 	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
 	step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t2", LastSeq: 5, Replicas: 1}, Record: boundAt}, "LookAtStream{Anchors:[{Seq:1 Mark:id:1} {Seq:2 Mark:m2} {Seq:5 Mark:id:5} {Seq:5 Mark:m5}] Quiet:false}")
@@ -440,9 +440,9 @@ func TestSessionEnds(t *testing.T) {
 	failed := errors.New("failed")
 	r := New(Settings{})
 	open(t, r)
-	step(t, r, Ended{Kind: EndStartupConfig, Err: failed}, "Exit{Err:failed}")
+	step(t, r, Ended{End: EndStartupConfig, Err: failed}, "Exit{Err:failed}")
 	for _, kind := range []EndKind{EndStoppedUnpublished, EndConfig, EndStreamConfig} {
-		step(t, New(Settings{}), Ended{Kind: kind, Err: failed}, "Exit{Err:failed}")
+		step(t, New(Settings{}), Ended{End: kind, Err: failed}, "Exit{Err:failed}")
 	}
 	r = New(Settings{})
 	var want []string
@@ -451,35 +451,35 @@ func TestSessionEnds(t *testing.T) {
 	}
 	var got []string
 	for range want {
-		got = append(got, cmds(r.Step(Ended{Kind: EndPostgres, Err: failed})))
+		got = append(got, cmds(r.Step(Ended{End: EndPostgres, Err: failed})))
 	}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("PostgreSQL failures wait\n%s\nwant\n%s", got, want)
 	}
-	step(t, r, Ended{Kind: EndPostgres, Err: failed, Lasted: time.Minute}, "Wait{Delay:30s Err:failed Say:true}")
-	step(t, r, Ended{Kind: EndPostgres, Err: failed, Lasted: 2 * time.Minute}, "Wait{Delay:250ms Err:failed Say:true}")
+	step(t, r, Ended{End: EndPostgres, Err: failed, Lasted: time.Minute}, "Wait{Delay:30s Err:failed Say:true}")
+	step(t, r, Ended{End: EndPostgres, Err: failed, Lasted: 2 * time.Minute}, "Wait{Delay:250ms Err:failed Say:true}")
 	// After a refusal, a failure is retried after twice the refusal's
 	// delay.
-	step(t, r, Ended{Kind: EndFound, Found: SlotLost}, "Refuse{Refusal:slot_lost Say:true} Wait{Delay:5s Err:<nil> Say:false}")
-	step(t, r, Ended{Kind: EndPostgres, Err: failed}, "Wait{Delay:10s Err:failed Say:true}")
+	step(t, r, Ended{End: EndFound, Found: SlotLost}, "Refuse{Refusal:slot_lost Say:true} Wait{Delay:5s Err:<nil> Say:false}")
+	step(t, r, Ended{End: EndPostgres, Err: failed}, "Wait{Delay:10s Err:failed Say:true}")
 	// After a session streamed, a startup setting is retried.
 	r = New(Settings{})
 	toStream(t, r, boundAt, headAt)
-	step(t, r, Ended{Kind: EndStartupConfig, Err: failed}, "Wait{Delay:250ms Err:failed Say:true}")
+	step(t, r, Ended{End: EndStartupConfig, Err: failed}, "Wait{Delay:250ms Err:failed Say:true}")
 	// NATS: at most 2 s apart, and another server after two in a row.
 	r = New(Settings{})
-	step(t, r, Ended{Kind: EndNATS, Err: failed}, "Wait{Delay:250ms Err:failed Say:true}")
-	step(t, r, Ended{Kind: EndNATS, Err: failed}, "Reconnect{} Wait{Delay:500ms Err:failed Say:true}")
-	step(t, r, Ended{Kind: EndNATS, Err: failed}, "Wait{Delay:1s Err:failed Say:true}")
-	step(t, r, Ended{Kind: EndPostgres, Err: failed}, "Wait{Delay:2s Err:failed Say:true}")
-	step(t, r, Ended{Kind: EndNATS, Err: failed}, "Wait{Delay:2s Err:failed Say:true}")
-	step(t, r, Ended{Kind: EndNATS, Err: failed, Cause: errors.New("store full")}, "Refuse{Refusal:store full Say:true} Wait{Delay:5s Err:<nil> Say:false}")
-	step(t, r, Ended{Kind: EndNATS, Err: failed, Cause: errors.New("store full")}, "Refuse{Refusal:store full Say:false} Wait{Delay:5s Err:<nil> Say:false}")
+	step(t, r, Ended{End: EndNATS, Err: failed}, "Wait{Delay:250ms Err:failed Say:true}")
+	step(t, r, Ended{End: EndNATS, Err: failed}, "Reconnect{} Wait{Delay:500ms Err:failed Say:true}")
+	step(t, r, Ended{End: EndNATS, Err: failed}, "Wait{Delay:1s Err:failed Say:true}")
+	step(t, r, Ended{End: EndPostgres, Err: failed}, "Wait{Delay:2s Err:failed Say:true}")
+	step(t, r, Ended{End: EndNATS, Err: failed}, "Wait{Delay:2s Err:failed Say:true}")
+	step(t, r, Ended{End: EndNATS, Err: failed, Cause: errors.New("store full")}, "Refuse{Refusal:store full Say:true} Wait{Delay:5s Err:<nil> Say:false}")
+	step(t, r, Ended{End: EndNATS, Err: failed, Cause: errors.New("store full")}, "Refuse{Refusal:store full Say:false} Wait{Delay:5s Err:<nil> Say:false}")
 	// Another process holds the slot: said once, looked at every second.
-	step(t, r, Ended{Kind: EndLeaseHeld, Err: failed}, "StandBy{Err:failed Say:true} Wait{Delay:1s Err:<nil> Say:false}")
-	step(t, r, Ended{Kind: EndLeaseHeld, Err: failed}, "StandBy{Err:failed Say:false} Wait{Delay:1s Err:<nil> Say:false}")
-	step(t, r, Ended{Kind: EndFound, Found: ResyncNeeded}, "Refuse{Refusal:resync_needed Say:true} Wait{Delay:5s Err:<nil> Say:false}")
-	step(t, r, Ended{Kind: EndLeaseHeld, Err: failed}, "StandBy{Err:failed Say:true} Wait{Delay:1s Err:<nil> Say:false}")
+	step(t, r, Ended{End: EndLeaseHeld, Err: failed}, "StandBy{Err:failed Say:true} Wait{Delay:1s Err:<nil> Say:false}")
+	step(t, r, Ended{End: EndLeaseHeld, Err: failed}, "StandBy{Err:failed Say:false} Wait{Delay:1s Err:<nil> Say:false}")
+	step(t, r, Ended{End: EndFound, Found: ResyncNeeded}, "Refuse{Refusal:resync_needed Say:true} Wait{Delay:5s Err:<nil> Say:false}")
+	step(t, r, Ended{End: EndLeaseHeld, Err: failed}, "StandBy{Err:failed Say:true} Wait{Delay:1s Err:<nil> Say:false}")
 }
 
 // A PubAck of a reused id: the next sessions name their batches apart.
@@ -487,13 +487,13 @@ func TestSessionEnds(t *testing.T) {
 func TestPubAckEnds(t *testing.T) {
 	r := New(Settings{})
 	toStream(t, r, boundAt, headAt)
-	step(t, r, Ended{Kind: EndReusedID, Err: errors.New("reused")}, "Wait{Delay:250ms Err:reused Say:true}")
+	step(t, r, Ended{End: EndReusedID, Err: errors.New("reused")}, "Wait{Delay:250ms Err:reused Say:true}")
 	open(t, r)
 	step(t, r, Inspected{Record: boundAt, Slot: slotAt}, "Claim{}")
 	step(t, r, Claimed{Head: headAt, Record: boundAt}, "LookAtStream{Anchors:[] Quiet:false}")
 	step(t, r, StreamLook{Created: "t1", Seen: seen0}, "RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:0 Last:0 Deleted:0 Batches:0 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:0 Legacy:false After:0/100 InFlight:1}}")
 	step(t, r, Resumed{}, "UniqueIDs{} Publish{}")
-	step(t, r, Ended{Kind: EndBatchGone, Err: errors.New("gone")}, "Refuse{Refusal:gone Say:true} Wait{Delay:5s Err:<nil> Say:false}")
+	step(t, r, Ended{End: EndBatchGone, Err: errors.New("gone")}, "Refuse{Refusal:gone Say:true} Wait{Delay:5s Err:<nil> Say:false}")
 	if f := r.rec.Refused.Fact; f != NoFact {
 		t.Fatalf("the relay wrote the record itself: %v", f)
 	}
@@ -501,12 +501,12 @@ func TestPubAckEnds(t *testing.T) {
 	limited.Seen.Trims = true
 	r = New(Settings{AutoResync: true})
 	toStream(t, r, boundAt, limited)
-	step(t, r, Ended{Kind: EndBatchGone, Err: errors.New("gone")}, "Resync{Refusal:gone}")
+	step(t, r, Ended{End: EndBatchGone, Err: errors.New("gone")}, "Resync{Refusal:gone}")
 	step(t, r, Resynced{Err: errors.New("no lease")}, "Wait{Delay:5s Err:no lease Say:true}")
 	step(t, r, Resynced{}, "")
 	r = New(Settings{})
 	toStream(t, r, boundAt, headAt)
-	step(t, r, Ended{Kind: EndBatchGone, Err: errors.New("gone")}, "Refuse{Refusal:gone Say:true} Wait{Delay:5s Err:<nil> Say:false}")
+	step(t, r, Ended{End: EndBatchGone, Err: errors.New("gone")}, "Refuse{Refusal:gone Say:true} Wait{Delay:5s Err:<nil> Say:false}")
 }
 
 // A resync that worked starts the next session soon, and the next
@@ -516,11 +516,11 @@ func TestResynced(t *testing.T) {
 	open(t, r)
 	step(t, r, Inspected{Record: SlotRecord{Exists: true, ResyncNeeded: true}, Slot: slotAt}, "Resync{Refusal:resync_needed}")
 	step(t, r, Resynced{}, "Wait{Delay:250ms Err:<nil> Say:false}")
-	step(t, r, Ended{Kind: EndPostgres, Err: errors.New("x")}, "Wait{Delay:500ms Err:x Say:true}")
+	step(t, r, Ended{End: EndPostgres, Err: errors.New("x")}, "Wait{Delay:500ms Err:x Say:true}")
 	open(t, r)
 	step(t, r, Inspected{Record: SlotRecord{Exists: true, ResyncPending: true}, Slot: slotAt}, "Resync{Refusal:resync_pending}")
 	step(t, r, Resynced{Err: errors.New("no lease")}, "Wait{Delay:5s Err:no lease Say:true}")
-	step(t, r, Ended{Kind: EndPostgres, Err: errors.New("x")}, "Wait{Delay:10s Err:x Say:true}")
+	step(t, r, Ended{End: EndPostgres, Err: errors.New("x")}, "Wait{Delay:10s Err:x Say:true}")
 }
 
 // A process frozen after it read the record finds, once the slot streams

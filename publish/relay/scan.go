@@ -86,7 +86,7 @@ func Scan(r Reader, s Stream, o Owner) (*Window, *Published, error) {
 	var prev *Published
 	if m, ok, err := r.LastOn(s.Marker); err != nil {
 		return nil, nil, err
-	} else if ok && m.Kind == Marker {
+	} else if ok && m.Is == Marker {
 		prev = &m
 	}
 	if s.LastSeq <= o.Since {
@@ -112,12 +112,12 @@ func Scan(r Reader, s Stream, o Owner) (*Window, *Published, error) {
 
 // inWindow says whether m holds tokens the session replays.
 func (sc *scanner) inWindow(m Published) bool {
-	return m.Kind == Batch && !m.Resync && m.Last.Commit >= sc.o.After
+	return m.Is == Batch && !m.Resync && m.Last.Commit >= sc.o.After
 }
 
 // visit takes m into the window when it is the owner's and in it.
 func (sc *scanner) visit(m Published) error {
-	if m.Kind == Other {
+	if m.Is == Other {
 		sc.w.Strays++
 		return nil
 	}
@@ -144,7 +144,7 @@ func (sc *scanner) afterMarkers(regionStart uint64, whole bool) error {
 		if !ok || m.Seq <= regionStart {
 			continue
 		}
-		if m.Kind == Other || sc.inWindow(m) {
+		if m.Is == Other || sc.inWindow(m) {
 			pending[subject] = true
 		}
 	}
@@ -159,7 +159,7 @@ func (sc *scanner) afterMarkers(regionStart uint64, whole bool) error {
 		if err := sc.visit(m); err != nil {
 			return err
 		}
-		if m.Kind == Batch && !sc.inWindow(m) {
+		if m.Is == Batch && !sc.inWindow(m) {
 			delete(pending, m.Subject)
 		}
 	}
@@ -196,7 +196,7 @@ func (sc *scanner) beforeMarkers(mine *Published) error {
 			if !ok {
 				continue
 			}
-			if s.Kind == Marker {
+			if s.Is == Marker {
 				if err := CheckOwner(sc.s.Name, s, sc.o); err != nil {
 					return err
 				}

@@ -36,11 +36,11 @@ func (r mapReader) put(ms ...Published) mapReader {
 const inc = "i1"
 
 func marker(seq uint64, after wal.LSN, floor uint64) Published {
-	return Published{Seq: seq, Subject: "m", Kind: Marker, Incarnation: inc, FenceN: 1, FenceK: 1, InFlight: 1, After: after, Floor: floor}
+	return Published{Seq: seq, Subject: "m", Is: Marker, Incarnation: inc, FenceN: 1, FenceK: 1, InFlight: 1, After: after, Floor: floor}
 }
 
 func batchAt(seq uint64, commit wal.LSN) Published {
-	return Published{Seq: seq, Subject: "b", Kind: Batch, Incarnation: inc, First: wal.Position{Commit: commit}, Last: wal.Position{Commit: commit}, Keys: "k"}
+	return Published{Seq: seq, Subject: "b", Is: Batch, Incarnation: inc, First: wal.Position{Commit: commit}, Last: wal.Position{Commit: commit}, Keys: "k"}
 }
 
 // A slot confirmed less far than when the last session started (a
@@ -79,7 +79,7 @@ func TestScanBehindTheLastMarkers(t *testing.T) {
 	}
 	// Another incarnation's marker back there: the stream is not its.
 	s.Limited = false
-	stream.put(Published{Seq: 1, Subject: "m", Kind: Marker, Incarnation: "i0", After: 0x100})
+	stream.put(Published{Seq: 1, Subject: "m", Is: Marker, Incarnation: "i0", After: 0x100})
 	var foreign *ForeignStreamError
 	if _, _, err := Scan(stream, s, Owner{Incarnation: inc, After: 0x100}); !errors.As(err, &foreign) {
 		t.Errorf("another incarnation's marker: %v", err)

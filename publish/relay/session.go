@@ -348,7 +348,7 @@ func (r *Relay) ended(ev Ended) []Command {
 		r.anchored, r.anchoredStored, r.anchoredInc, r.anchoredName = r.anchors, ev.Anchors, r.rec.Incarnation, r.stream.Name
 	}
 	r.ph = idle
-	switch ev.Kind {
+	switch ev.End {
 	case EndStopped:
 		return []Command{Exit{}}
 	case EndStoppedUnpublished, EndConfig, EndStreamConfig:
@@ -382,7 +382,7 @@ func (r *Relay) ended(ev Ended) []Command {
 			return r.refuse(Refusal{Fact: NATSStoresNothing, Err: ev.Cause})
 		}
 	}
-	return r.fail(ev.Kind, ev.Err, ev.Lasted)
+	return r.fail(ev.End, ev.Err, ev.Lasted)
 }
 
 // fail ends a session that failed, to be retried after a delay that

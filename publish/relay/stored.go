@@ -23,7 +23,7 @@ const (
 type Published struct {
 	Seq         uint64
 	Subject     string
-	Kind        PublishedKind
+	Is          PublishedKind
 	Origin      string
 	Incarnation string
 	// Batches: the first and last positions they cover (zero for a

@@ -53,7 +53,7 @@ func windowOf(toks []tok, per int) (*Window, map[uint64]string) {
 				keys[j] = string(token.AppendKey(nil, &toks[i].secret))
 			}
 			seq++
-			m := Published{Kind: Batch, Seq: seq, Keys: strings.Join(keys, ","), First: toks[part[0]].pos, Last: toks[part[len(part)-1]].pos}
+			m := Published{Is: Batch, Seq: seq, Keys: strings.Join(keys, ","), First: toks[part[0]].pos, Last: toks[part[len(part)-1]].pos}
 			stream[seq] = m.Keys
 			w.Add(m)
 		}
@@ -165,7 +165,7 @@ func BenchmarkWindowMemory(b *testing.B) {
 		// What the scan keeps: the spans.
 		scanned := &Window{}
 		for _, sp := range found {
-			scanned.Add(Published{Kind: Batch, Seq: sp.seq, First: sp.first, Last: sp.last, Keys: stream[sp.seq]})
+			scanned.Add(Published{Is: Batch, Seq: sp.seq, First: sp.first, Last: sp.last, Keys: stream[sp.seq]})
 		}
 		b.ReportMetric(float64(live()-base)/n, "scanned-bytes/token")
 		reads, peak := 0, int64(0)

@@ -23,7 +23,7 @@ func (x *run) claim() relay.Event {
 		return x.ended(FailoverSettingError(err))
 	}
 	if err := replication.SetPublication(ctx, x.db(), cfg.Slot, cfg.Publication); errors.Is(err, replication.ErrOldSchema) {
-		return relay.Ended{Kind: relay.EndFound, Found: relay.SchemaUnreadable, Err: err}
+		return relay.Ended{End: relay.EndFound, Found: relay.SchemaUnreadable, Err: err}
 	} else if err != nil {
 		return x.ended(pgErr(err))
 	}
@@ -52,7 +52,7 @@ func (x *run) claim() relay.Event {
 		Confirmed: x.slot.ConfirmedFlush, BeforeConfirm: x.beforeConfirm,
 	})
 	if replication.IsSlotLost(err) {
-		return relay.Ended{Kind: relay.EndFound, Found: relay.SlotLost, Err: err}
+		return relay.Ended{End: relay.EndFound, Found: relay.SlotLost, Err: err}
 	}
 	if err != nil {
 		return x.ended(pgErr(err))

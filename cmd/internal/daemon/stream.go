@@ -184,7 +184,7 @@ func (d *Daemon) publishingEnds() {
 func (x *run) streamEnd(err, pipeErr, cause error, pipelineFailed bool) relay.Event {
 	d, ctx := x.d, x.ctx
 	if lerr := x.s.lease.Err(); lerr != nil && ctx.Err() == nil {
-		return relay.Ended{Kind: relay.EndLeaseLost, Err: lerr}
+		return relay.Ended{End: relay.EndLeaseLost, Err: lerr}
 	}
 	var (
 		refused  *refusalCause
@@ -193,12 +193,12 @@ func (x *run) streamEnd(err, pipeErr, cause error, pipelineFailed bool) relay.Ev
 		action   *decoder.ActionError
 	)
 	found := func(f relay.Fact, err error) relay.Event {
-		return relay.Ended{Kind: relay.EndFound, Found: f, Err: err}
+		return relay.Ended{End: relay.EndFound, Found: f, Err: err}
 	}
 	switch {
 	case ctx.Err() != nil:
 	case errors.As(cause, &refused):
-		return relay.Ended{Kind: relay.EndRefused, Refusal: refused.Refusal}
+		return relay.Ended{End: relay.EndRefused, Refusal: refused.Refusal}
 	case errors.As(pipeErr, &schema):
 		return found(relay.SchemaUnreadable, schema)
 	case errors.As(err, &action):
@@ -225,8 +225,8 @@ func (x *run) streamEnd(err, pipeErr, cause error, pipelineFailed bool) relay.Ev
 func (d *Daemon) endOf(ctx context.Context, err error, start time.Time) relay.Event {
 	ev := relay.Ended{Err: err, Lasted: time.Since(start)}
 	startupErr := StartupConfigError(err, d.cfg)
-	ev.Kind = endKind(err, ctx.Err() != nil, startupErr != nil)
-	switch ev.Kind {
+	ev.End = endKind(err, ctx.Err() != nil, startupErr != nil)
+	switch ev.End {
 	case relay.EndStartupConfig:
 		ev.Err = startupErr
 	case relay.EndNATS:
@@ -235,7 +235,7 @@ func (d *Daemon) endOf(ctx context.Context, err error, start time.Time) relay.Ev
 		}
 	}
 	var se *sessionError
-	if errors.As(err, &se) && ev.Kind != relay.EndLeaseHeld && ev.Kind != relay.EndStopped {
+	if errors.As(err, &se) && ev.End != relay.EndLeaseHeld && ev.End != relay.EndStopped {
 		d.metrics.reconnect(se.target)
 	}
 	return ev

@@ -165,7 +165,7 @@ func (p *simProc) endSession() {
 
 // ended steps the relay with a session's end.
 func (p *simProc) ended(kind relay.EndKind, err error) relay.Event {
-	return relay.Ended{Kind: kind, Err: err, Lasted: p.w.now - p.s.start, Anchors: p.s.anchors}
+	return relay.Ended{End: kind, Err: err, Lasted: p.w.now - p.s.start, Anchors: p.s.anchors}
 }
 
 // do carries out a command that finds something.
@@ -268,7 +268,7 @@ func (p *simProc) head() relay.StreamHead {
 func (p *simProc) claim() relay.Event {
 	w, s := p.w, p.s
 	if w.db.slot.lost {
-		return relay.Ended{Kind: relay.EndFound, Found: relay.SlotLost}
+		return relay.Ended{End: relay.EndFound, Found: relay.SlotLost}
 	}
 	w.db.published = true
 	s.head = p.head()
@@ -318,7 +318,7 @@ func (p *simProc) resume(o relay.Owner) relay.Event {
 		next := int64(s.head.LastSeq)
 		ok := true
 		for i := 1; i <= k; i++ {
-			m := msg{Published: relay.Published{Kind: relay.Marker, Subject: "b._session", Origin: w.db.origin.String(), Incarnation: o.Incarnation,
+			m := msg{Published: relay.Published{Is: relay.Marker, Subject: "b._session", Origin: w.db.origin.String(), Incarnation: o.Incarnation,
 				FenceN: i, FenceK: k, InFlight: max(o.InFlight, 1), After: o.After, Floor: floor}}
 			*w.db.tokens++
 			m.id = fmt.Sprintf("%s%d", wire.MarkerID, *w.db.tokens)

@@ -23,7 +23,7 @@ func (p *simProc) stream() bool {
 		return false
 	}
 	if s.stopped != nil {
-		p.cmds = append(p.cmds, p.relay.Step(relay.Ended{Kind: relay.EndRefused, Refusal: *s.stopped, Lasted: p.w.now - s.start, Anchors: s.anchors})...)
+		p.cmds = append(p.cmds, p.relay.Step(relay.Ended{End: relay.EndRefused, Refusal: *s.stopped, Lasted: p.w.now - s.start, Anchors: s.anchors})...)
 		return true
 	}
 	if !p.w.holdsLease(p) {
@@ -140,7 +140,7 @@ func (p *simProc) send() {
 	for i, k := range toks {
 		keys[i] = k.key
 	}
-	m := msg{Published: relay.Published{Kind: relay.Batch, Subject: laneSubjects[lane], Origin: w.db.origin.String(), Incarnation: s.rec.Incarnation,
+	m := msg{Published: relay.Published{Is: relay.Batch, Subject: laneSubjects[lane], Origin: w.db.origin.String(), Incarnation: s.rec.Incarnation,
 		First: toks[0].pos, Last: toks[n-1].pos, Keys: strings.Join(keys, ",")}}
 	m.id = toks[0].pos.String() + "-" + toks[n-1].pos.String()
 	if s.unique {

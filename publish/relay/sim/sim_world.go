@@ -127,7 +127,7 @@ func (w *world) put(m msg, expect int64) (uint64, bool, error) {
 	before, held := w.stream.keys(), len(w.stream.msgs)
 	seq, dup, err := w.stream.publish(m, expect)
 	w.limited = w.limited || err == nil && !dup && len(w.stream.msgs) <= held
-	if err == nil && !dup && m.Kind == relay.Batch && m.Keys != "" && !m.Resync {
+	if err == nil && !dup && m.Is == relay.Batch && m.Keys != "" && !m.Resync {
 		for _, k := range strings.Split(m.Keys, ",") {
 			if w.trimmed[k] && !w.gone[k] {
 				panic(fmt.Sprintf("token %s landed again after the stream's limits removed it", k))
@@ -179,12 +179,12 @@ func (w *world) resync() {
 	// Its session's markers first, as every session's.
 	o := relay.Owner{Origin: w.db.origin, Incarnation: w.db.rec.Incarnation, Since: w.stream.last, InFlight: 1}
 	var prev *relay.Published
-	if m, ok := w.stream.lastOn("b._session"); ok && m.Kind == relay.Marker {
+	if m, ok := w.stream.lastOn("b._session"); ok && m.Is == relay.Marker {
 		prev = &m
 	}
 	k, floor := relay.Fence(o, &relay.Window{}, prev, w.stream.last)
 	for i := 1; i <= k; i++ {
-		m := msg{Published: relay.Published{Kind: relay.Marker, Subject: "b._session", Origin: w.db.origin.String(), Incarnation: o.Incarnation,
+		m := msg{Published: relay.Published{Is: relay.Marker, Subject: "b._session", Origin: w.db.origin.String(), Incarnation: o.Incarnation,
 			FenceN: i, FenceK: k, InFlight: 1, Floor: floor}}
 		*w.db.tokens++
 		m.id = fmt.Sprintf("%s%d", wire.MarkerID, *w.db.tokens)
@@ -204,7 +204,7 @@ func (w *world) resync() {
 	var anchor wire.Anchor
 	for len(keys) > 0 {
 		n := min(3, len(keys))
-		m := msg{Published: relay.Published{Kind: relay.Batch, Subject: "b", Origin: w.db.origin.String(), Incarnation: w.db.rec.Incarnation, Keys: strings.Join(keys[:n], ","), Resync: true}}
+		m := msg{Published: relay.Published{Is: relay.Batch, Subject: "b", Origin: w.db.origin.String(), Incarnation: w.db.rec.Incarnation, Keys: strings.Join(keys[:n], ","), Resync: true}}
 		*w.db.tokens++
 		m.id = fmt.Sprintf("resync-%d", *w.db.tokens)
 		seq, _, err := w.put(m, int64(w.stream.last))

@@ -233,7 +233,7 @@ func (s *streamModel) replicate() {
 func (s *streamModel) keys() map[string]int {
 	n := map[string]int{}
 	for _, m := range s.msgs {
-		if m.Kind != relay.Batch || m.Keys == "" {
+		if m.Is != relay.Batch || m.Keys == "" {
 			continue
 		}
 		for _, k := range strings.Split(m.Keys, ",") {
