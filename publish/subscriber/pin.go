@@ -63,20 +63,14 @@ type keepPinRequest struct {
 }
 
 // watchPin ends the consume with errPinLost once the server pins another
-// subscriber of the durable, or none, while this one holds messages: seen
-// twice a second apart, since a consumer's new leader may not know its pin
-// at once. Held messages kept alive by in-progress acks meanwhile would
-// leave nothing for the server to deliver (the durable's max ack pending
-// is this subscriber's), and so nobody to pin: the pair stuck, both
-// standing by.
+// subscriber of the durable, or none, while this one holds messages, as
+// the core judges the pins it is shown a second apart (PinSeen).
 func (s *Subscriber) watchPin(ctx context.Context, cons jetstream.Consumer, cancel context.CancelCauseFunc) {
-	missed := 0
 	for sleep(ctx, time.Second) {
 		s.mu.Lock()
-		pin, holding := s.h.Pin, s.h.Holding()
+		watching := s.h.WatchesPin()
 		s.mu.Unlock()
-		if !holding || pin == "" {
-			missed = 0
+		if !watching {
 			continue
 		}
 		info, err := cons.Info(ctx)
@@ -89,11 +83,10 @@ func (s *Subscriber) watchPin(ctx context.Context, cons jetstream.Consumer, canc
 				pinned = g.PinnedClientID
 			}
 		}
-		if pinned == pin {
-			missed = 0
-			continue
-		}
-		if missed++; missed == 2 {
+		s.mu.Lock()
+		lost := s.h.PinSeen(pinned)
+		s.mu.Unlock()
+		if lost {
 			cancel(errPinLost)
 			return
 		}

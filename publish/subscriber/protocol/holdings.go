@@ -40,6 +40,8 @@ type Holdings struct {
 	// Pin is the pin of the last message delivered ("": none).
 	Pin  string
 	held []*Held
+	// missed counts the looks in a row that found the pin another's.
+	missed int
 }
 
 // Holding reports whether any message is held.
@@ -59,6 +61,34 @@ func (h *Holdings) Reread(pin string, idle time.Duration) bool {
 	stale := MustReread(pin != h.Pin, h.Holding(), idle)
 	h.Pin = pin
 	return stale
+}
+
+// WatchesPin reports whether the pin is to be looked at now: while
+// messages are held under a pin. Not, the watch starts over.
+func (h *Holdings) WatchesPin() bool {
+	if !h.Holding() || h.Pin == "" {
+		h.missed = 0
+		return false
+	}
+	return true
+}
+
+// PinSeen notes the pin the server gives the durable's group now ("":
+// none), looked at a second after the last: whether this subscriber lost
+// its pin, seen another's, or none, twice in a row (a consumer's new
+// leader may not know its pin at once). Held messages kept alive by
+// in-progress acks meanwhile would leave nothing for the server to
+// deliver, and so nobody to pin: the pair stuck, both standing by.
+func (h *Holdings) PinSeen(pinned string) (lost bool) {
+	if pinned == h.Pin {
+		h.missed = 0
+		return false
+	}
+	if h.missed++; h.missed < 2 {
+		return false
+	}
+	h.missed = 0
+	return true
 }
 
 // Read decides on the record read again (cur at rev, held against the

@@ -184,3 +184,32 @@ func TestHoldingsPinAndLetGo(t *testing.T) {
 		t.Fatalf("saw 12: %+v", h.Record.Last)
 	}
 }
+
+// The pin is watched while messages are held under it; seen another's, or
+// none, twice in a row, it is lost, and the watch starts over; its own
+// pin seen between resets the count.
+func TestHoldingsPinWatch(t *testing.T) {
+	var h Holdings
+	if h.WatchesPin() {
+		t.Fatal("nothing held: the pin watched")
+	}
+	h.Reread("p1", 0)
+	h.Take(1, "m1", []int{1}, rules, nil)
+	if !h.WatchesPin() {
+		t.Fatal("holding under a pin: not watched")
+	}
+	for i, c := range []struct {
+		pinned string
+		lost   bool
+	}{{"p2", false}, {"p1", false}, {"p2", false}, {"", true}, {"p2", false}, {"p2", true}} {
+		if got := h.PinSeen(c.pinned); got != c.lost {
+			t.Fatalf("look %d, %q pinned: lost %v, want %v", i, c.pinned, got, c.lost)
+		}
+	}
+	h.PinSeen("p2")
+	h.Forget()
+	h.WatchesPin()
+	if h.PinSeen("p2") {
+		t.Fatal("a miss before the watch started over counted after it")
+	}
+}

@@ -69,7 +69,6 @@ type proc struct {
 	taking       *delivery
 	acking       []*heldMsg
 	inFlight     []*heldMsg
-	missed       int
 	// bound is the consumer the process consumes from.
 	bound *durableModel
 	// store is the process's own subscriber.KVProgress on the bucket: the

@@ -13,18 +13,13 @@ import (
 )
 
 // watchPin stands by once the server pins another or none while this one
-// holds messages, seen twice a second apart.
+// holds messages, as the core judges the pins it is shown a second apart.
 func (p *proc) watchPin() {
-	if !p.h.Holding() || p.pin() == 0 {
-		p.missed = 0
+	if !p.h.WatchesPin() {
 		return
 	}
 	p.w.dur.expire(p.now())
-	if p.w.dur.pin == p.pin() {
-		p.missed = 0
-		return
-	}
-	if p.missed++; p.missed == 2 {
+	if p.h.PinSeen(pinName(p.w.dur.pin)) {
 		p.standBy("the pin is lost")
 	}
 }
