@@ -84,7 +84,7 @@ func (s *Subscriber) take(ctx context.Context, msg jetstream.Msg) ([]*Unit, erro
 			return nil, err
 		}
 	}
-	if t.Held.Pending == 0 {
+	if len(units) == 0 {
 		s.finish(ctx, t.Held)
 	}
 	return units, nil

@@ -44,8 +44,9 @@ func newStreaming(x *run, stop context.CancelCauseFunc) *streaming {
 	return &streaming{x: x, rec: x.rec, stop: stop, work: make(chan func(), 4), ended: make(chan struct{})}
 }
 
-// ask runs f on the session's goroutine and waits for it; false when the
-// session stopped streaming (or ctx ended) first, and f did not run.
+// ask runs f on the session's goroutine and waits for it: true once f
+// ran; false when the session stopped streaming, or ctx ended, before f
+// was seen to run.
 func (st *streaming) ask(ctx context.Context, f func()) bool {
 	done := make(chan struct{})
 	select {
@@ -66,8 +67,8 @@ func (st *streaming) ask(ctx context.Context, f func()) bool {
 }
 
 // tell has the session's goroutine run f, without waiting: from NATS's
-// callbacks, which must not block. A session with work already waiting
-// drops it: what it was told first stops it.
+// callbacks, which must not block. A session whose queue is full drops
+// it: what it was told before stops it.
 func (st *streaming) tell(f func()) {
 	select {
 	case st.work <- f:
