@@ -133,7 +133,7 @@ func (s *Subscriber) Unpin(ctx context.Context, js jetstream.JetStream) {
 }
 
 // pinnedHere reports whether the server, asked now, pins this subscriber
-// (the pin of the last message it was given).
+// (the pin of the last message it was given), as the core judges it.
 func (s *Subscriber) pinnedHere(ctx context.Context) bool {
 	s.mu.Lock()
 	pin := s.h.Pin
@@ -146,10 +146,13 @@ func (s *Subscriber) pinnedHere(ctx context.Context) bool {
 	if err != nil {
 		return false
 	}
+	pinned := ""
 	for _, g := range info.PriorityGroups {
-		if g.Group == PriorityGroup && g.PinnedClientID == pin {
-			return true
+		if g.Group == PriorityGroup {
+			pinned = g.PinnedClientID
 		}
 	}
-	return false
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.h.PinnedHere(pinned)
 }

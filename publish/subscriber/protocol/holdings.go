@@ -91,6 +91,12 @@ func (h *Holdings) PinSeen(pinned string) (lost bool) {
 	return true
 }
 
+// PinnedHere reports whether the server pinning pinned ("": none) pins
+// this subscriber: the one pinned is the one that saves over a late write
+// of another's (the other writes nothing more once refused), and may let
+// the server pin another at once as it stops.
+func (h *Holdings) PinnedHere(pinned string) bool { return h.Pin != "" && pinned == h.Pin }
+
 // Read decides on the record read again (cur at rev, held against the
 // stream when it is another's): what to claim, and the decision and
 // whether messages were held, for Claimed.

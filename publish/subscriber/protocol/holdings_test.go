@@ -213,3 +213,16 @@ func TestHoldingsPinWatch(t *testing.T) {
 		t.Fatal("a miss before the watch started over counted after it")
 	}
 }
+
+// Only the subscriber the server pins, under the pin it was given, is
+// pinned here; none without a pin.
+func TestHoldingsPinnedHere(t *testing.T) {
+	var h Holdings
+	if h.PinnedHere("") || h.PinnedHere("p1") {
+		t.Fatal("without a pin: pinned here")
+	}
+	h.Reread("p1", 0)
+	if !h.PinnedHere("p1") || h.PinnedHere("p2") || h.PinnedHere("") {
+		t.Fatal("pinned here wrongly judged under pin p1")
+	}
+}

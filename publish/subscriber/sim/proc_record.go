@@ -43,7 +43,7 @@ func (p *proc) save() error {
 	}
 	kv, ctx := p.kv(), context.Background()
 	newRev, err := kv.Save(ctx, &r, rev)
-	if errors.Is(err, subscriber.ErrTakenOver) && p.pin() != 0 && p.w.dur.pin == p.pin() {
+	if errors.Is(err, subscriber.ErrTakenOver) && p.h.PinnedHere(pinName(p.w.dur.pin)) {
 		var cur protocol.Progress
 		if cur, rev, err = kv.Load(ctx); err == nil {
 			theirs := p.ofThisStream(cur)
