@@ -111,3 +111,28 @@ func TestKVProgressReadsTheLeader(t *testing.T) {
 		t.Fatalf("Load after = %+v, %v", got, err)
 	}
 }
+
+// Another subscriber's record is not taken for this one's because it
+// holds the same bytes: a subscriber frozen past the pin's TTL woke with
+// its record pruned to the ack floor, byte for byte what the one that
+// took over had saved, claimed it, and wrote the message it held again
+// (the subscriber's simulation found it once it wrote through KVProgress).
+func TestKVProgressClaimsNoIdenticalRecordOfAnother(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	js := progressServer(t, ctx, nil)
+	a, _ := subscriber.OpenProgress(ctx, js, "S", "d")
+	b, _ := subscriber.OpenProgress(ctx, js, "S", "d")
+	p := protocol.Progress{Floor: 1}
+	rev, err := a.Save(ctx, &p, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same := protocol.Progress{Floor: 2}
+	if _, err := b.Save(ctx, &same, rev); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := a.Save(ctx, &same, rev); !errors.Is(err, subscriber.ErrTakenOver) {
+		t.Fatalf("a save at a stale revision of the bytes another wrote = revision %d, %v; want ErrTakenOver", got, err)
+	}
+}
