@@ -37,6 +37,7 @@ func (u *unit) key() batchKey { return batchKey{u.h.inc, u.h.m.seq, u.line} }
 // delivery is a message the server gave, waiting on the record.
 type delivery struct {
 	m     *smsg
+	inc   int
 	pin   int
 	stale bool
 }
@@ -246,7 +247,7 @@ func (p *proc) pull() {
 		if p.w.dur.expired {
 			p.w.redelivered(m.seq)
 		}
-		p.take(&delivery{m: m, pin: pin})
+		p.take(&delivery{m: m, inc: p.w.stream.inc, pin: pin})
 		p.handNext()
 	}
 }

@@ -92,3 +92,22 @@ func TestFrozenPastTheTTLClaimsNoIdenticalRecord(t *testing.T) {
 		w.advance(7 * time.Second)
 	})
 }
+
+// A subscriber given a message while the bucket does not answer, frozen
+// past the pin's TTL as it waits to take it; the other, pinned, waits on
+// the bucket too. Once both run, the first claims and writes the batch,
+// and the other, reading the record before that line is saved, writes it
+// again: a write again the promise allows (the one that handed it was
+// frozen past the TTL before saving it), charged to that freeze (make
+// sim, seed 1708816859: frozen across a rebuild, where the freeze of a
+// process waiting on the bucket counted as holding nothing).
+func TestFrozenWhileTakingIsALetGo(t *testing.T) {
+	run(t, config{lineTime: 10 * time.Millisecond, ttl: 5 * time.Second, ackWait: 3 * time.Second}, 2, func(w *world) {
+		w.advance(0)
+		w.kv.downUntil = w.now + 6*time.Second
+		w.publish(1, 1)
+		w.advance(0)
+		w.freeze(w.procs[0], 6*time.Second)
+		w.advance(7 * time.Second)
+	})
+}

@@ -184,11 +184,16 @@ func (w *world) charge(h hand, k batchKey) {
 	}
 }
 
-// freeze stops p until d from now, noting the messages it holds.
+// freeze stops p until d from now, noting the messages it holds: those
+// it took, and one delivered to it that waits on the bucket to be taken
+// (the server counts it p's, kept from redelivery while p waits).
 func (w *world) freeze(p *proc, d time.Duration) {
 	held := map[msgKey]bool{}
 	for _, h := range p.h.Held() {
 		held[msgKey{heldOf(h).inc, h.Seq}] = true
+	}
+	if t := p.taking; t != nil {
+		held[msgKey{t.inc, t.m.seq}] = true
 	}
 	w.frozeHolding[hand{p.id, p.epoch}] = held
 	p.frozenUntil, p.epoch = w.now+d, p.epoch+1
