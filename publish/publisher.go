@@ -126,8 +126,10 @@ type Publisher struct {
 	// last is the stream's last message when the publisher started (zero
 	// seq: none).
 	last relay.Published
-	// lastTime is when the stream's last message was stored.
-	lastTime time.Time
+	// lastTime is when the stream's last message was stored, lastAnchor
+	// its place and content.
+	lastTime   time.Time
+	lastAnchor wire.Anchor
 	// lastSeq is the stream's last sequence when the session started, and
 	// next the last sequence the next publish expects; limited says its
 	// configuration removed old messages as the session started (Trims).
@@ -259,7 +261,7 @@ func (p *Publisher) readLast(ctx context.Context) error {
 		return fmt.Errorf("stream info: %w", err)
 	}
 	p.lastSeq, p.next, p.seen = info.State.LastSeq, info.State.LastSeq, p.seenOf(info)
-	p.last, p.lastTime = relay.Published{}, time.Time{}
+	p.last, p.lastTime, p.lastAnchor = relay.Published{}, time.Time{}, wire.Anchor{}
 	if info.State.LastSeq == 0 {
 		return nil
 	}
@@ -271,9 +273,14 @@ func (p *Publisher) readLast(ctx context.Context) error {
 		return fmt.Errorf("read last message of stream: %w", err)
 	default:
 		p.last, p.lastTime = readStored(msg), msg.Time
+		p.lastAnchor = wire.Anchor{Seq: msg.Sequence, Mark: wire.Mark(msg.Subject, msg.Header, msg.Data)}
 	}
 	return nil
 }
+
+// LastAnchor is the stream's last message as the publisher opened it, by
+// its place and content (zero: none).
+func (p *Publisher) LastAnchor() wire.Anchor { return p.lastAnchor }
 
 // readStored reads what the tailer wrote on a message. A message whose
 // headers the tailer cannot read is another publisher's (relay.Other).

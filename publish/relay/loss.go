@@ -1,6 +1,10 @@
 package relay
 
-import "github.com/mailroom/tailer/publish/wire"
+import (
+	"slices"
+
+	"github.com/mailroom/tailer/publish/wire"
+)
 
 // Judging what a look at the stream found: whether it lost batches the
 // tailer stored there (deleted, purged, made again), what a limit of the
@@ -24,6 +28,11 @@ func (r *Relay) lost(ev StreamLook) (ref Refusal, again, refused bool) {
 	// Messages gone that the configuration may have removed, now or
 	// before this look (a limit taken off since it trimmed), say nothing.
 	trims := ev.Seen.Trims || r.seen.Trims
+	// The message the session opened the stream at says only whether it
+	// is the same stream; gone, it was no anchor of the tailer's.
+	opened := r.opened()
+	openedGone := len(opened) == 1 && slices.Contains(ev.Missing, opened[0])
+	ev.Missing = slices.DeleteFunc(slices.Clone(ev.Missing), func(a wire.Anchor) bool { return slices.Contains(opened, a) })
 	batch, marker := r.gone(ev, trims)
 	// A marker gone at or past the first sequence went by no limit, nor
 	// more messages than a limit of messages could have removed.
@@ -32,7 +41,7 @@ func (r *Relay) lost(ev StreamLook) (ref Refusal, again, refused bool) {
 	switch {
 	case batch.Seq != 0:
 		loss.Fact, loss.Anchor = StreamLostAnchor, batch
-	case ev.Created != r.stream.Created && r.anchors.with(r.stored).Unanchored() && r.stream.LastSeq > 0:
+	case ev.Created != r.stream.Created && r.anchors.with(r.stored).Unanchored() && r.stream.LastSeq > 0 && (len(opened) == 0 || openedGone):
 		loss.Fact, loss.Created, loss.Recorded = StreamReplaced, ev.Created, r.stream.Created
 	case removed && !ev.Seen.Quiet:
 		return Refusal{}, true, false

@@ -145,7 +145,13 @@ func (s Seen) held() bool { return s.First != 0 && s.Last >= s.First }
 type StreamHead struct {
 	Name, Created string
 	LastSeq       uint64
-	Replicas      int
+	// Last is the stream's last message as the session opened it, by its
+	// place and content (zero: none, or removed as it was read): with
+	// nothing of the tailer's recorded to know the stream by, a stream
+	// that still holds it is the one opened, whatever creation time
+	// another replica reports.
+	Last     wire.Anchor
+	Replicas int
 	// Seen is what it held, and whether its configuration removes old
 	// messages.
 	Seen Seen

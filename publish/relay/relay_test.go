@@ -323,6 +323,32 @@ func TestStreamChecks(t *testing.T) {
 	step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t1", LastSeq: 9, Replicas: 1}, Record: rec}, "LookAtStream{Anchors:[] Quiet:false}")
 	step(t, r, StreamLook{Created: "t2", Seen: Seen{Known: true}},
 		"Refuse{Refusal:stream S was deleted and made again (the server created it at t2; this slot published to one created at t1): the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}")
+
+	// The same session knowing the stream by the message it opened it at
+	// (an earlier session's marker, written before that session recorded
+	// anything): another replica reporting another creation time is the
+	// same stream while it holds that message, and one that lacks it was
+	// made again (make sim, seed 711077751: refused, the marker still
+	// there).
+	last := wire.Anchor{Seq: 9, Mark: "id:" + wire.MarkerID + "x-1/1"}
+	replaced := "Refuse{Refusal:stream S was deleted and made again (the server created it at t2; this slot published to one created at t1): the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}"
+	for _, tc := range []struct {
+		name    string
+		missing []wire.Anchor
+		want    string
+	}{
+		{"another replica, the message there", nil, "Resume{Owner:{Origin:/0/ Incarnation:i1 Since:2 Legacy:false After:0/100 InFlight:1}}"},
+		{"made again, the message gone", []wire.Anchor{last}, replaced},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := New(Settings{})
+			open(t, r)
+			step(t, r, Inspected{Record: rec, Slot: slotAt}, "Claim{}")
+			step(t, r, Claimed{Head: StreamHead{Name: "S", Created: "t1", LastSeq: 9, Last: last, Replicas: 1}, Record: rec},
+				"LookAtStream{Anchors:[{Seq:9 Mark:id:marker-x-1/1}] Quiet:false}")
+			step(t, r, StreamLook{Created: "t2", Seen: Seen{Known: true, First: 1, Last: 9}, Missing: tc.missing}, tc.want)
+		})
+	}
 }
 
 // The resume's findings: a stream of another owner or a trimmed window

@@ -171,7 +171,16 @@ func (r *Relay) checkStream() []Command {
 		return r.refuse(r.replaced(r.stream.Created, r.rec.StreamCreated))
 	}
 	r.ph = checking
-	return []Command{LookAtStream{Anchors: r.anchors.all(r.stored)}}
+	return []Command{LookAtStream{Anchors: append(r.anchors.all(r.stored), r.opened()...)}}
+}
+
+// opened is the stream's last message as the session opened it, to be
+// looked for when nothing recorded names a message of the tailer's there.
+func (r *Relay) opened() []wire.Anchor {
+	if !r.anchors.with(r.stored).Unanchored() || r.stream.Last.Seq == 0 {
+		return nil
+	}
+	return []wire.Anchor{r.stream.Last}
 }
 
 // streamChecked resumes on a stream that lost nothing.

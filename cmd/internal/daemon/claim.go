@@ -74,7 +74,7 @@ func (x *run) claim() relay.Event {
 	if err != nil {
 		return x.ended(pgErr(err))
 	}
-	x.head = relay.StreamHead{Name: cfg.Stream, Created: x.pub.Created(), LastSeq: x.pub.LastSeq(), Replicas: x.pub.Replicas(),
+	x.head = relay.StreamHead{Name: cfg.Stream, Created: x.pub.Created(), LastSeq: x.pub.LastSeq(), Last: x.pub.LastAnchor(), Replicas: x.pub.Replicas(),
 		Seen: x.pub.Seen(), Foreign: x.pub.CheckOrigin(x.s.origin)}
 	return relay.Claimed{Head: x.head, Record: recordOf(rec), Confirmed: wal.LSN(slot.ConfirmedFlush)}
 }

@@ -260,6 +260,8 @@ func (p *simProc) head() relay.StreamHead {
 		Seen: w.seen()}
 	if m, ok := w.stream.at(w.stream.last); ok {
 		h.Foreign = relay.CheckOrigin(w.stream.name, m, w.db.origin)
+		mark, _ := w.stream.mark(w.stream.last)
+		h.Last = wire.Anchor{Seq: w.stream.last, Mark: mark}
 	}
 	return h
 }
