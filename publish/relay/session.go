@@ -159,7 +159,8 @@ func (r *Relay) claimed(ev Claimed) []Command {
 // it at the last clean stop). A stream whose server reports another
 // creation time than recorded is the same while it holds them (the
 // replicas of a stream each report their own time; a restore of all it
-// held); with none, it was made again.
+// held); with none, while it holds the message the session opened it at
+// (opened); with neither, it was made again.
 func (r *Relay) checkStream() []Command {
 	if r.anchoredInc == r.rec.Incarnation && r.anchoredName == r.stream.Name {
 		r.anchors, r.stored = r.anchored, r.anchoredStored
