@@ -77,14 +77,8 @@ func (s *Subscriber) watchPin(ctx context.Context, cons jetstream.Consumer, canc
 		if err != nil {
 			continue
 		}
-		pinned := ""
-		for _, g := range info.PriorityGroups {
-			if g.Group == PriorityGroup {
-				pinned = g.PinnedClientID
-			}
-		}
 		s.mu.Lock()
-		lost := s.h.PinSeen(pinned)
+		lost := s.h.PinSeen(pinnedIn(info))
 		s.mu.Unlock()
 		if lost {
 			cancel(errPinLost)
@@ -112,12 +106,8 @@ func (s *Subscriber) standingBy(ctx context.Context, cons jetstream.Consumer) bo
 	if err != nil {
 		return false
 	}
-	for _, g := range info.PriorityGroups {
-		if g.Group == PriorityGroup && g.PinnedClientID != "" && g.PinnedClientID != pin {
-			return true
-		}
-	}
-	return false
+	pinned := pinnedIn(info)
+	return pinned != "" && pinned != pin
 }
 
 // Unpin lets the server pin another subscriber of the durable at once,
@@ -146,13 +136,18 @@ func (s *Subscriber) pinnedHere(ctx context.Context) bool {
 	if err != nil {
 		return false
 	}
-	pinned := ""
-	for _, g := range info.PriorityGroups {
-		if g.Group == PriorityGroup {
-			pinned = g.PinnedClientID
-		}
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.h.PinnedHere(pinned)
+	return s.h.PinnedHere(pinnedIn(info))
+}
+
+// pinnedIn is the pin the server gives the durable's priority group, as
+// info says ("": none).
+func pinnedIn(info *jetstream.ConsumerInfo) string {
+	for _, g := range info.PriorityGroups {
+		if g.Group == PriorityGroup {
+			return g.PinnedClientID
+		}
+	}
+	return ""
 }
