@@ -27,21 +27,24 @@ import (
 )
 
 // The readers the sender tests run, each as its own kind of mail sender:
-// it appends each line it finished to $OUT, writes its pid to $PIDFILE,
+// it appends each line it finished to its own file, $OUT.<its pid> (a
+// reader SIGKILLed in a write that crosses a page can leave half a line,
+// and only at the end of its own file is that a line it never finished),
+// writes its pid to $PIDFILE,
 // and, given MAILROOM_REPORT_FD (tailer subscribe --reports), reports each
 // line it finished there.
 var readers = map[string]string{
 	// A line at a time: sh's read takes one byte at a time from a pipe.
 	"line": `echo $$ > "$PIDFILE"
 while IFS= read -r l; do
-  printf '%s\n' "$l" >> "$OUT"
+  printf '%s\n' "$l" >> "$OUT.$$"
   if [ -n "${MAILROOM_REPORT_FD:-}" ]; then printf '%s\n' "$l" >&3; fi
 done`,
 	// The mailroom sender's way: read 8,192 bytes, send every whole line
 	// of them, then read again; exit 1 at the end of the input.
 	"mailroom": `use strict;
 open(my $pf, '>', $ENV{PIDFILE}) or die; print $pf $$; close $pf;
-open(my $out, '>>', $ENV{OUT}) or die "$ENV{OUT}: $!";
+open(my $out, '>>', "$ENV{OUT}.$$") or die "$ENV{OUT}.$$: $!";
 my $rep;
 if (defined $ENV{MAILROOM_REPORT_FD}) { open($rep, '>>&=', $ENV{MAILROOM_REPORT_FD}) or die "report fd: $!"; }
 my $buf = '';
@@ -63,7 +66,7 @@ while (1) {
 	"node": `const fs = require('fs');
 const readline = require('readline');
 fs.writeFileSync(process.env.PIDFILE, String(process.pid));
-const out = fs.openSync(process.env.OUT, 'a');
+const out = fs.openSync(process.env.OUT + '.' + process.pid, 'a');
 const rep = process.env.MAILROOM_REPORT_FD ? Number(process.env.MAILROOM_REPORT_FD) : -1;
 const rl = readline.createInterface({ input: process.stdin, crlfDelay: Infinity });
 (async () => {
@@ -154,10 +157,9 @@ func killReaders(t *testing.T, pidfile, out string, n int, rng *rand.Rand, alive
 	return kills
 }
 
-// lines is how many lines the file at path holds.
+// lines is how many lines the files of output path hold.
 func lines(path string) int {
-	data, _ := os.ReadFile(path)
-	return bytes.Count(data, []byte("\n"))
+	return bytes.Count(readOutput(path), []byte("\n"))
 }
 
 // Readers of every kind SIGKILLed again and again under each mode that is

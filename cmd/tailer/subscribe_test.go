@@ -125,16 +125,27 @@ func (c *cluster) firstMessage() *jetstream.RawStreamMsg {
 	return msgs[0]
 }
 
-// outputTokens reads the lines a subscriber wrote, in order.
+// readOutput is the whole lines of the file at path and of its readers'
+// files, path.<pid>. A line without its newline yet is one a reader is
+// still writing, or one it was killed writing: not delivered.
+func readOutput(path string) []byte {
+	files, _ := filepath.Glob(path + ".*")
+	var all []byte
+	for _, f := range append([]string{path}, files...) {
+		data, _ := os.ReadFile(f)
+		all = append(all, data[:bytes.LastIndexByte(data, '\n')+1]...)
+	}
+	return all
+}
+
+// outputTokens reads the lines a subscriber wrote, in order (a file a
+// reader of readers wrote after the file it appended to).
 func outputTokens(t *testing.T, path string) (tokens []subscriber.SignedToken, lines [][]subscriber.SignedToken) {
 	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
+	if _, err := os.Stat(path); err != nil {
 		t.Fatal(err)
 	}
-	// A line without its newline yet is one a reader is still writing
-	// (a shell's printf may write it in pieces): not delivered yet.
-	data = data[:bytes.LastIndexByte(data, '\n')+1]
+	data := readOutput(path)
 	for _, line := range strings.Split(strings.TrimSuffix(string(data), "\n"), "\n") {
 		if line == "" {
 			continue
