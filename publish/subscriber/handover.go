@@ -167,38 +167,18 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 	// compares with is its latest.
 	s.saveMu.Lock()
 	defer s.saveMu.Unlock()
-	for {
-		p, newRev, err := s.loadProgress(ctx, func() { msg.InProgress() })
-		if err != nil {
-			return err
-		}
-		s.mu.Lock()
-		theirs := newRev != s.h.Rev
-		s.mu.Unlock()
-		if theirs {
-			if err := s.ofThisStream(ctx, &p); err != nil {
-				return err
-			}
-		}
-		s.mu.Lock()
-		claim, decided, holding := s.h.Read(p, newRev)
-		s.mu.Unlock()
-		if decided == protocol.TakenOver {
-			return fmt.Errorf("consume %s: %w", s.cfg.Durable, ErrTakenOver)
-		}
-		rev, err := s.claim(ctx, msg, &claim, newRev)
-		if errors.Is(err, ErrTakenOver) {
-			// Written since the read: read again.
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		s.mu.Lock()
-		s.h.Claimed(claim, rev, decided, holding)
-		s.mu.Unlock()
-		return nil
+	_, err := s.talk(ctx, protocol.Claim{}, recordIO{
+		load: func(ctx context.Context) (protocol.Progress, uint64, error) {
+			return s.loadProgress(ctx, func() { msg.InProgress() })
+		},
+		write: func(ctx context.Context, p *protocol.Progress, rev uint64) (uint64, error) {
+			return s.claim(ctx, msg, p, rev)
+		},
+	})
+	if errors.Is(err, ErrTakenOver) {
+		return fmt.Errorf("consume %s: %w", s.cfg.Durable, err)
 	}
+	return err
 }
 
 // ofThisStream holds a record another subscriber wrote against the

@@ -128,17 +128,27 @@ func (s *Subscriber) pinnedHere(ctx context.Context) bool {
 	s.mu.Lock()
 	pin := s.h.Pin
 	s.mu.Unlock()
-	cons := s.Consumer()
-	if pin == "" || cons == nil {
+	if pin == "" {
 		return false
+	}
+	pinned := s.serverPin(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.h.PinnedHere(pinned)
+}
+
+// serverPin is the pin the server, asked now, gives the durable's group
+// ("": none, or the server did not say).
+func (s *Subscriber) serverPin(ctx context.Context) string {
+	cons := s.Consumer()
+	if cons == nil {
+		return ""
 	}
 	info, err := cons.Info(ctx)
 	if err != nil {
-		return false
+		return ""
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.h.PinnedHere(pinnedIn(info))
+	return pinnedIn(info)
 }
 
 // pinnedIn is the pin the server gives the durable's priority group, as

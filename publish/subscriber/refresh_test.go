@@ -48,7 +48,7 @@ func (m pinnedMsg) InProgress() error    { return nil }
 func TestClaimKeepsWhatThisSubscriberDropped(t *testing.T) {
 	old := protocol.Progress{Floor: 50, Last: wire.Anchor{Seq: 50, Mark: "id:old-50"}}
 	store := &keptRecord{p: old, rev: 3}
-	s := &Subscriber{cfg: Config{Progress: store, Durable: "d"}, h: protocol.Holdings{Rev: 3, Pin: "p1"}, loaded: true}
+	s := &Subscriber{cfg: Config{Progress: store, Durable: "d"}, h: protocol.Machine{Holdings: protocol.Holdings{Rev: 3, Pin: "p1"}}, loaded: true}
 	if err := s.refresh(context.Background(), pinnedMsg{pin: "p2"}); err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestRecordReadBackOfAnotherStreamIsDropped(t *testing.T) {
 	js := oneMessage(ctx, t)
 	old := protocol.Progress{Floor: 5, Last: wire.Anchor{Seq: 5, Mark: "id:old-5"}}
 	store := &keptRecord{p: old, rev: 3}
-	s := &Subscriber{cfg: Config{Progress: store, Durable: "d", Stream: "S"}, js: js, h: protocol.Holdings{Rev: 2, Pin: "p1"}, loaded: true}
+	s := &Subscriber{cfg: Config{Progress: store, Durable: "d", Stream: "S"}, js: js, h: protocol.Machine{Holdings: protocol.Holdings{Rev: 2, Pin: "p1"}}, loaded: true}
 	if err := s.refresh(ctx, pinnedMsg{pin: "p2"}); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestFloorAloneIsDropped(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	js := oneMessage(ctx, t)
-	s := &Subscriber{cfg: Config{Durable: "d", Stream: "S"}, js: js, h: protocol.Holdings{Record: protocol.Progress{Floor: 7}}}
+	s := &Subscriber{cfg: Config{Durable: "d", Stream: "S"}, js: js, h: protocol.Machine{Holdings: protocol.Holdings{Record: protocol.Progress{Floor: 7}}}}
 	if err := s.checkRecord(ctx, js, false); err != nil {
 		t.Fatal(err)
 	}
@@ -120,11 +120,23 @@ func TestSaveOverDropsALateWriteOfAnotherStream(t *testing.T) {
 	js := oneMessage(ctx, t)
 	store := &keptRecord{p: protocol.Progress{Floor: 5, Last: wire.Anchor{Seq: 5, Mark: "id:old-5"}}, rev: 3}
 	own := protocol.Progress{Last: wire.Anchor{Seq: 1, Mark: wire.IDMark("new-1")}}
-	s := &Subscriber{cfg: Config{Progress: store, Durable: "d", Stream: "S"}, js: js, h: protocol.Holdings{Rev: 2, Record: own}}
-	if _, err := s.saveOver(ctx); err != nil {
+	s := &Subscriber{cfg: Config{Progress: store, Durable: "d", Stream: "S"}, js: js, h: protocol.Machine{Holdings: protocol.Holdings{Rev: 2, Record: own, Pin: "p1", Dirty: true}}}
+	var cons jetstream.Consumer = pinningConsumer{pin: "p1"}
+	s.cons.Store(&cons)
+	if err := s.save(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if store.p.Floor != 0 || s.h.Record.Floor != 0 || s.h.Record.Last != own.Last {
-		t.Fatalf("the late write of the old stream merged: floor %d saved, %d in hand, last %+v", store.p.Floor, s.h.Record.Floor, s.h.Record.Last)
+	if store.p.Floor != 0 || s.h.Record.Floor != 0 || s.h.Record.Last != own.Last || store.rev != 4 {
+		t.Fatalf("the late write of the old stream merged: floor %d saved at revision %d, %d in hand, last %+v", store.p.Floor, store.rev, s.h.Record.Floor, s.h.Record.Last)
 	}
+}
+
+// pinningConsumer is a consumer whose info says the server pins pin.
+type pinningConsumer struct {
+	jetstream.Consumer
+	pin string
+}
+
+func (c pinningConsumer) Info(context.Context) (*jetstream.ConsumerInfo, error) {
+	return &jetstream.ConsumerInfo{PriorityGroups: []jetstream.PriorityGroupState{{Group: PriorityGroup, PinnedClientID: c.pin}}}, nil
 }

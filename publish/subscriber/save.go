@@ -2,7 +2,7 @@ package subscriber
 
 // The durable's record saved: before an ack or more for a serial reader
 // (saveNow), whenever it changed (saver), over a late write of another
-// subscriber's while this one is pinned (saveOver).
+// subscriber's while this one is pinned: the machine's save talk).
 
 import (
 	"context"
@@ -160,63 +160,87 @@ func (s *Subscriber) readFloor(ctx context.Context) {
 
 // save writes the record if it changed. It returns ErrTakenOver when
 // another subscriber wrote it since this one read or wrote it, and the
-// server no longer pins this one (saveOver).
+// server no longer pins this one (the machine's save talk).
 func (s *Subscriber) save(ctx context.Context) error {
 	if s.cfg.Progress == nil {
 		return nil
 	}
 	s.saveMu.Lock()
 	defer s.saveMu.Unlock()
-	s.mu.Lock()
-	what, p, rev, saving := s.h.ToSave()
-	s.mu.Unlock()
-	switch what {
-	case protocol.Refused:
+	_, err := s.talk(ctx, protocol.SaveDue{}, recordIO{
+		load: s.cfg.Progress.Load,
+		write: func(ctx context.Context, p *protocol.Progress, rev uint64) (uint64, error) {
+			return s.cfg.Progress.Save(ctx, p, rev)
+		},
+	})
+	return err
+}
+
+// recordIO is how a talk reads and writes the record: a claim waits for
+// answers, keeping its delivery alive; a save tries once.
+type recordIO struct {
+	load  func(context.Context) (protocol.Progress, uint64, error)
+	write func(ctx context.Context, p *protocol.Progress, rev uint64) (uint64, error)
+}
+
+// talk steps the machine with first and carries out its commands, each
+// answered by stepping it again, until the talk ends. It returns how it
+// ended, and ErrTakenOver for GiveBack and SaveRefused, the error that
+// ended it for Waits and SaveFailed. The caller holds saveMu: one talk at
+// a time.
+func (s *Subscriber) talk(ctx context.Context, first protocol.Event, io recordIO) (protocol.Outcome, error) {
+	var ioErr error
+	// answer is what IO found, err the error it met: Unanswered then.
+	answer := func(ev protocol.Event, err error) protocol.Event {
+		if err != nil {
+			ioErr = err
+			return protocol.Unanswered{}
+		}
+		return ev
+	}
+	cmds := s.step(first)
+	for len(cmds) > 0 {
+		var ev protocol.Event
+		switch c := cmds[0].(type) {
+		case protocol.Ended:
+			return c.Outcome, outcomeErr(c.Outcome, ioErr)
+		case protocol.Load:
+			p, rev, err := io.load(ctx)
+			ev = answer(protocol.Loaded{Record: p, Rev: rev}, err)
+		case protocol.Check:
+			p := c.Record
+			err := s.ofThisStream(ctx, &p)
+			ev = answer(protocol.Checked{Record: p}, err)
+		case protocol.Write:
+			rev, err := io.write(ctx, &c.Record, c.Rev)
+			if errors.Is(err, ErrTakenOver) {
+				ev = protocol.WriteRefused{}
+			} else {
+				ev = answer(protocol.Wrote{Rev: rev}, err)
+			}
+		case protocol.AskPin:
+			ev = protocol.PinIs{Pinned: s.serverPin(ctx)}
+		}
+		cmds = append(cmds[1:], s.step(ev)...)
+	}
+	return 0, fmt.Errorf("consume %s: the record's talk stopped without an end (a driver's slip)", s.cfg.Durable)
+}
+
+// outcomeErr is the error of a talk that ended with o, ioErr the error of
+// the IO that ended it.
+func outcomeErr(o protocol.Outcome, ioErr error) error {
+	switch o {
+	case protocol.GiveBack, protocol.SaveRefused:
 		return ErrTakenOver
-	case protocol.NothingToSave:
-		return nil
+	case protocol.Waits, protocol.SaveFailed:
+		return ioErr
 	}
-	newRev, err := s.cfg.Progress.Save(ctx, &p, rev)
-	if errors.Is(err, ErrTakenOver) && s.pinnedHere(ctx) {
-		newRev, err = s.saveOver(ctx)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err != nil {
-		// Taken over, another subscriber delivers now: this one writes
-		// nothing more into the record (each write would refuse the
-		// other's next save and stop it delivering); what it finished
-		// and did not save is what a fault costs.
-		s.h.NotSaved(errors.Is(err, ErrTakenOver))
-		return err
-	}
-	s.h.Saved(newRev, saving)
 	return nil
 }
 
-// saveOver saves the record over another subscriber's write while the
-// server still pins this one: that write was the other's, landed late (a
-// save it never heard back from, before it lost the pin), and the
-// batches it says are done are done. So this subscriber takes them beside
-// its own and goes on delivering, instead of standing by and having the
-// batches it held written again (issue 49: most of what a cluster fault
-// still cost). The one the server pins is the one that merges; the other
-// writes nothing more once refused. The caller holds saveMu.
-func (s *Subscriber) saveOver(ctx context.Context) (uint64, error) {
-	cur, rev, err := s.cfg.Progress.Load(ctx)
-	if err != nil {
-		return 0, err
-	}
-	// Late, and of a stream since made again (the simulation: the
-	// other, frozen as the stream went, saved the old record as it
-	// woke): dropped, not absorbed.
-	if err := s.ofThisStream(ctx, &cur); err != nil {
-		return 0, err
-	}
+// step steps the machine with e.
+func (s *Subscriber) step(e protocol.Event) []protocol.Command {
 	s.mu.Lock()
-	// In place: the messages in hand keep their records.
-	s.h.Absorb(&cur)
-	p := s.h.Record.Clone()
-	s.mu.Unlock()
-	return s.cfg.Progress.Save(ctx, &p, rev)
+	defer s.mu.Unlock()
+	return s.h.Step(e)
 }

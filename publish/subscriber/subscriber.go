@@ -84,7 +84,7 @@ type Subscriber struct {
 	mu sync.Mutex
 	// h is what the subscriber holds and the durable's record of it,
 	// changed by its core's methods alone.
-	h      protocol.Holdings
+	h      protocol.Machine
 	loaded bool
 	// floorRead is when the consumer's ack floor was last read.
 	floorRead time.Time

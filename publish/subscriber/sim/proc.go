@@ -64,7 +64,7 @@ type proc struct {
 	kept              protocol.Progress
 	// h is what the process holds and its record, changed by the core's
 	// methods alone, as the subscriber's is.
-	h            protocol.Holdings
+	h            protocol.Machine
 	lastDelivery time.Duration
 	toHand       []*unit
 	taking       *delivery
@@ -130,7 +130,7 @@ func (p *proc) start() {
 	if err != nil {
 		return
 	}
-	p.h = protocol.Holdings{}
+	p.h = protocol.Machine{}
 	p.h.Reloaded(cur, rev, nil)
 	p.lastDelivery = -time.Hour
 	if !p.remake(false) {

@@ -32,33 +32,58 @@ func (p *proc) saverTick() {
 	}
 }
 
-// save writes the record if it changed (Subscriber.save, saveOver).
+// save writes the record if it changed (Subscriber.save): the machine's
+// save talk, carried out against the bucket's model.
 func (p *proc) save() error {
-	what, r, rev, saving := p.h.ToSave()
-	switch what {
-	case protocol.Refused:
+	switch o, err := p.talk(protocol.SaveDue{}); o {
+	case protocol.SaveRefused:
 		return subscriber.ErrTakenOver
-	case protocol.NothingToSave:
+	case protocol.SaveFailed:
+		return err
+	case protocol.Unchanged:
 		return nil
 	}
-	kv, ctx := p.kv(), context.Background()
-	newRev, err := kv.Save(ctx, &r, rev)
-	if errors.Is(err, subscriber.ErrTakenOver) && p.h.PinnedHere(pinName(p.w.dur.pin)) {
-		var cur protocol.Progress
-		if cur, rev, err = kv.Load(ctx); err == nil {
-			theirs := p.ofThisStream(cur)
-			p.h.Absorb(&theirs)
-			r = p.h.Record.Clone()
-			newRev, err = kv.Save(ctx, &r, rev)
-		}
-	}
-	if err != nil {
-		p.h.NotSaved(errors.Is(err, subscriber.ErrTakenOver))
-		return err
-	}
-	p.h.Saved(newRev, saving)
 	p.saved()
 	return nil
+}
+
+// talk steps the machine with first and carries out its commands, each
+// answered by stepping it again, until the talk ends
+// (Subscriber.talk): the reads and writes through the process's own
+// KVProgress on the bucket's model, the check against the stream's model,
+// the pin the durable's model gives. It returns how the talk ended and
+// the error of the IO that ended it.
+func (p *proc) talk(first protocol.Event) (protocol.Outcome, error) {
+	kv, ctx := p.kv(), context.Background()
+	var ioErr error
+	cmds := p.h.Step(first)
+	for len(cmds) > 0 {
+		var ev protocol.Event
+		switch c := cmds[0].(type) {
+		case protocol.Ended:
+			return c.Outcome, ioErr
+		case protocol.Load:
+			r, rev, err := kv.Load(ctx)
+			ev, ioErr = protocol.Loaded{Record: r, Rev: rev}, err
+		case protocol.Check:
+			ev = protocol.Checked{Record: p.ofThisStream(c.Record)}
+		case protocol.Write:
+			rev, err := kv.Save(ctx, &c.Record, c.Rev)
+			ev, ioErr = protocol.Wrote{Rev: rev}, err
+			if errors.Is(err, subscriber.ErrTakenOver) {
+				ev, ioErr = protocol.WriteRefused{}, nil
+			}
+		case protocol.AskPin:
+			p.w.dur.expire(p.now())
+			ev = protocol.PinIs{Pinned: pinName(p.w.dur.pin)}
+		}
+		if ioErr != nil {
+			ev = protocol.Unanswered{}
+		}
+		cmds = append(cmds[1:], p.h.Step(ev)...)
+	}
+	p.w.fail("p%d: the record's talk stopped without an end", p.id)
+	return 0, nil
 }
 
 // saved notes the record in the bucket: the batches it says are done
@@ -141,8 +166,9 @@ func (p *proc) take(d *delivery) {
 }
 
 // refresh reads the record again when another may have written it, and
-// claims what it decides on (Subscriber.refresh); false: the delivery
-// waits on the bucket, or this process no longer delivers.
+// claims what it decides on (Subscriber.refresh): the machine's claim
+// talk. False: the delivery waits on the bucket, or this process no
+// longer delivers.
 func (p *proc) refresh(d *delivery) bool {
 	if !d.stale {
 		d.stale = p.h.Reread(pinName(d.pin), p.now()-p.lastDelivery)
@@ -150,32 +176,15 @@ func (p *proc) refresh(d *delivery) bool {
 	if !d.stale {
 		return true
 	}
-	kv, ctx := p.kv(), context.Background()
-	for {
-		cur, rev, err := kv.Load(ctx)
-		if err != nil {
-			p.taking = d
-			return false
-		}
-		if rev != p.h.Rev {
-			cur = p.ofThisStream(cur)
-		}
-		claim, decided, holding := p.h.Read(cur, rev)
-		if decided == protocol.TakenOver {
-			p.w.dur.nak(d.m.seq, p.now())
-			p.standBy("taken over (the record read again)")
-			return false
-		}
-		newRev, err := kv.Save(ctx, &claim, rev)
-		if errors.Is(err, subscriber.ErrTakenOver) {
-			continue
-		}
-		if err != nil {
-			p.taking = d
-			return false
-		}
-		p.h.Claimed(claim, newRev, decided, holding)
-		p.saved()
-		return true
+	switch o, _ := p.talk(protocol.Claim{}); o {
+	case protocol.GiveBack:
+		p.w.dur.nak(d.m.seq, p.now())
+		p.standBy("taken over (the record read again)")
+		return false
+	case protocol.Waits:
+		p.taking = d
+		return false
 	}
+	p.saved()
+	return true
 }

@@ -1,0 +1,252 @@
+package protocol
+
+// Machine is a subscriber's Holdings and its talks with the durable's
+// record, stepped: the record read again and claimed before a delivery
+// is taken (a delivery under a new pin, or after an idle while), and the
+// record saved, over a late write of another's while the server pins
+// this subscriber. Whether a delivery waits on a claim is Reread's. Step takes what IO found and returns what IO must do
+// next; a talk ends with an Ended command. The subscriber
+// (publish/subscriber) and its simulation (publish/subscriber/sim) are
+// its drivers: each carries the commands out, against the servers or
+// their models, and neither decides a step of a talk. One talk at a
+// time: the driver keeps them from overlapping. Like Holdings, it does no
+// IO and reads no clock; its owner guards it.
+type Machine struct {
+	Holdings
+	talk talk
+	// rev is the revision of the record read, while it is checked.
+	rev uint64
+	// claim is the record a claim writes, with Read's decision.
+	claim   Progress
+	decided Reread
+	holding bool
+	// saving is the batches done the save on its way saves.
+	saving int
+}
+
+// talk is the talk with the record under way.
+type talk uint8
+
+const (
+	noTalk talk = iota
+	claiming
+	saving
+	savingOver
+)
+
+// Event is what IO found, for Step.
+type Event interface{ event() }
+
+// Command is what IO must do, from Step.
+type Command interface{ command() }
+
+// Claim starts a claim, for a delivery that must wait on the record read
+// again (Reread said so, or its claim was not answered, Ended{Waits}).
+type Claim struct{}
+
+// SaveDue: the record is to be saved if it changed.
+type SaveDue struct{}
+
+// Loaded: the record read (Load), at Rev.
+type Loaded struct {
+	Record Progress
+	Rev    uint64
+}
+
+// Checked: the record Check held against the stream, dropped if it is of
+// another stream or names no message.
+type Checked struct{ Record Progress }
+
+// Wrote: a Write landed, at Rev.
+type Wrote struct{ Rev uint64 }
+
+// WriteRefused: a Write found the record written since its revision.
+type WriteRefused struct{}
+
+// Unanswered: a Load or Write got no answer, or failed (the bucket
+// unreachable, no room, the subscriber stopping).
+type Unanswered struct{}
+
+// PinIs: the pin the server gives the durable's group (AskPin; "" when
+// none, or when the server did not say).
+type PinIs struct{ Pinned string }
+
+// Load reads the durable's record, answered with Loaded or Unanswered.
+type Load struct{}
+
+// Check holds Record, read back, against the stream: answered with
+// Checked.
+type Check struct{ Record Progress }
+
+// Write writes Record at Rev, answered with Wrote, WriteRefused or
+// Unanswered.
+type Write struct {
+	Record Progress
+	Rev    uint64
+}
+
+// AskPin asks the server whom it pins now, answered with PinIs.
+type AskPin struct{}
+
+// Ended ends a talk.
+type Ended struct{ Outcome Outcome }
+
+// Outcome is how a talk with the record ended.
+type Outcome uint8
+
+const (
+	// Take: the claim landed; the delivery is to be taken.
+	Take Outcome = iota
+	// GiveBack: another subscriber delivers now; the delivery goes back
+	// to the server, and this one stands by (ErrTakenOver).
+	GiveBack
+	// Waits: the claim got no answer; the delivery waits on the record.
+	Waits
+	// Saved: the save landed.
+	Saved
+	// Unchanged: the record did not change since it was saved.
+	Unchanged
+	// SaveRefused: another subscriber wrote the record, and the server
+	// does not pin this one: it writes nothing more (ErrTakenOver).
+	SaveRefused
+	// SaveFailed: the save got no answer; the record is still to save.
+	SaveFailed
+)
+
+func (Claim) event()        {}
+func (SaveDue) event()      {}
+func (Loaded) event()       {}
+func (Checked) event()      {}
+func (Wrote) event()        {}
+func (WriteRefused) event() {}
+func (Unanswered) event()   {}
+func (PinIs) event()        {}
+
+func (Load) command()   {}
+func (Check) command()  {}
+func (Write) command()  {}
+func (AskPin) command() {}
+func (Ended) command()  {}
+
+// Step takes what IO found and returns what IO must do next. An event
+// that does not fit the talk under way (none: a Loaded with no talk) is
+// a driver's slip, and ends nothing: Step returns no command.
+func (m *Machine) Step(e Event) []Command {
+	switch e.(type) {
+	case Claim:
+		return m.start(claiming, Load{})
+	case SaveDue:
+		return m.saveDue()
+	}
+	switch m.talk {
+	case claiming:
+		return m.stepClaim(e)
+	case saving, savingOver:
+		return m.stepSave(e)
+	}
+	return nil
+}
+
+// start begins talk with cmd.
+func (m *Machine) start(t talk, cmd Command) []Command {
+	m.talk = t
+	return []Command{cmd}
+}
+
+// finish ends the talk under way with o.
+func (m *Machine) finish(o Outcome) []Command {
+	m.talk = noTalk
+	return end(o)
+}
+
+func end(o Outcome) []Command { return []Command{Ended{o}} }
+
+// stepClaim steps the claim: the record read, held against the stream
+// when another wrote it since, decided on (Read), and written back before
+// anything is handed on; written since the read, it is read again.
+func (m *Machine) stepClaim(e Event) []Command {
+	switch e := e.(type) {
+	case Loaded:
+		if e.Rev != m.Rev {
+			m.rev = e.Rev
+			return []Command{Check{e.Record}}
+		}
+		return m.decide(e.Record, e.Rev)
+	case Checked:
+		return m.decide(e.Record, m.rev)
+	case Wrote:
+		m.Claimed(m.claim, e.Rev, m.decided, m.holding)
+		return m.finish(Take)
+	case WriteRefused:
+		return []Command{Load{}}
+	case Unanswered:
+		return m.finish(Waits)
+	}
+	return nil
+}
+
+// decide decides on the record cur read at rev: taken over, or the claim
+// to write.
+func (m *Machine) decide(cur Progress, rev uint64) []Command {
+	m.claim, m.decided, m.holding = m.Read(cur, rev)
+	if m.decided == TakenOver {
+		return m.finish(GiveBack)
+	}
+	return []Command{Write{m.claim, rev}}
+}
+
+// saveDue starts a save of the record, if it changed and this subscriber
+// still writes it.
+func (m *Machine) saveDue() []Command {
+	what, p, rev, n := m.ToSave()
+	switch what {
+	case Refused:
+		return end(SaveRefused)
+	case NothingToSave:
+		return end(Unchanged)
+	}
+	m.saving = n
+	return m.start(saving, Write{p, rev})
+}
+
+// stepSave steps a save. Refused, the record was written by another: if
+// the server still pins this subscriber, that write was the other's,
+// landed late (a save it never heard back from, before it lost the pin),
+// and this one takes the batches it says are done beside its own and
+// writes over it (the one pinned merges; the other writes nothing more
+// once refused), instead of standing by and having the batches it held
+// written again (issue 49).
+func (m *Machine) stepSave(e Event) []Command {
+	switch e := e.(type) {
+	case Wrote:
+		m.Saved(e.Rev, m.saving)
+		return m.finish(Saved)
+	case WriteRefused:
+		if m.talk == savingOver || m.Pin == "" {
+			m.NotSaved(true)
+			return m.finish(SaveRefused)
+		}
+		return []Command{AskPin{}}
+	case PinIs:
+		if !m.PinnedHere(e.Pinned) {
+			m.NotSaved(true)
+			return m.finish(SaveRefused)
+		}
+		m.talk = savingOver
+		return []Command{Load{}}
+	case Loaded:
+		// Late, and maybe of a stream since made again (the other,
+		// frozen as the stream went, saved the old record as it woke):
+		// dropped then, not absorbed.
+		m.rev = e.Rev
+		return []Command{Check{e.Record}}
+	case Checked:
+		// In place: the messages in hand keep their records.
+		m.Absorb(&e.Record)
+		return []Command{Write{m.Record.Clone(), m.rev}}
+	case Unanswered:
+		m.NotSaved(false)
+		return m.finish(SaveFailed)
+	}
+	return nil
+}

@@ -1,0 +1,180 @@
+package protocol
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+
+	"github.com/mailroom/tailer/publish/wire"
+)
+
+// step is one step of a talk: the event, and the commands wanted back
+// (compared as show prints them).
+type step struct {
+	e    Event
+	want string
+}
+
+// talkThrough steps m through steps, failing at the first command that
+// is not the one wanted.
+func talkThrough(t *testing.T, m *Machine, steps []step) {
+	t.Helper()
+	for i, s := range steps {
+		got := show(m.Step(s.e))
+		if got != s.want {
+			t.Fatalf("step %d (%T%+v): got %v, want %s", i, s.e, s.e, got, s.want)
+		}
+	}
+}
+
+// show prints cmds, the records they carry as they are saved.
+func show(cmds []Command) string {
+	out := ""
+	for _, c := range cmds {
+		switch c := c.(type) {
+		case Write:
+			b, _ := json.Marshal(c.Record)
+			out += fmt.Sprintf("write %s at %d;", b, c.Rev)
+		case Check:
+			b, _ := json.Marshal(c.Record)
+			out += fmt.Sprintf("check %s;", b)
+		default:
+			out += fmt.Sprintf("%T%v;", c, c)
+		}
+	}
+	return out
+}
+
+// mine is a record with message 9's batch 0 done; theirs one with
+// message 7's batch 1 done, at a later anchor.
+func records() (mine, theirs Progress) {
+	var d0, d1 Batches
+	d0.Add(0)
+	d1.Add(1)
+	mine = Progress{Last: wire.Anchor{Seq: 9, Mark: "m9"}, Messages: map[uint64]*MessageProgress{9: {Mark: "m9", Done: d0}}}
+	theirs = Progress{Last: wire.Anchor{Seq: 10, Mark: "m10"}, Messages: map[uint64]*MessageProgress{7: {Mark: "m7", Done: d1}}}
+	return mine, theirs
+}
+
+// A claim: the record read at the revision this subscriber knows is
+// written back as it is, no check; read at another, it is checked
+// against the stream first and, nothing held, the claim is the record
+// read with this one's over it; written since the read, read again.
+func TestMachineClaim(t *testing.T) {
+	mine, theirs := records()
+	m := Machine{Holdings: Holdings{Record: mine.Clone(), Rev: 4, Dirty: true, DoneUnsaved: 1}}
+	talkThrough(t, &m, []step{
+		{Claim{}, show([]Command{Load{}})},
+		{Loaded{Record: mine.Clone(), Rev: 4}, show([]Command{Write{mine, 4}})},
+		{WriteRefused{}, show([]Command{Load{}})},
+		{Loaded{Record: theirs.Clone(), Rev: 6}, show([]Command{Check{theirs}})},
+	})
+	merged := theirs.Clone()
+	merged.Absorb(&mine)
+	talkThrough(t, &m, []step{
+		{Checked{theirs.Clone()}, show([]Command{Write{merged, 6}})},
+		{Wrote{Rev: 7}, show([]Command{Ended{Take}})},
+	})
+	if m.Rev != 7 || !m.Record.Messages[7].Done.Has(1) || !m.Record.Messages[9].Done.Has(0) || m.Dirty || m.DoneUnsaved != 0 {
+		t.Fatalf("claimed: rev %d, record %+v, dirty %v, done unsaved %d", m.Rev, m.Record, m.Dirty, m.DoneUnsaved)
+	}
+	if got := m.Step(Wrote{Rev: 8}); got != nil {
+		t.Fatalf("a write answered after the talk ended: %v", got)
+	}
+}
+
+// A claim read at another revision while messages are held: another
+// delivers now; the delivery goes back. One unanswered waits on the
+// record, and starts over as a claim of its own.
+func TestMachineClaimGivesBackAndWaits(t *testing.T) {
+	mine, theirs := records()
+	m := Machine{Holdings: Holdings{Record: mine.Clone(), Rev: 4}}
+	m.Take(11, "m11", []int{1, 1}, rules, "msg11")
+	talkThrough(t, &m, []step{
+		{Claim{}, show([]Command{Load{}})},
+		{Loaded{Record: theirs.Clone(), Rev: 5}, show([]Command{Check{theirs}})},
+		{Checked{theirs.Clone()}, show([]Command{Ended{GiveBack}})},
+		{Claim{}, show([]Command{Load{}})},
+		{Unanswered{}, show([]Command{Ended{Waits}})},
+		{Claim{}, show([]Command{Load{}})},
+		{Loaded{Record: mine.Clone(), Rev: 4}, show([]Command{Write{m.Record, 4}})},
+		{Unanswered{}, show([]Command{Ended{Waits}})},
+	})
+	if m.Rev != 4 {
+		t.Fatalf("an unanswered claim moved the revision to %d", m.Rev)
+	}
+}
+
+// A save: nothing changed, nothing written; changed, written at the
+// revision known, and the batches it saves no longer unsaved;
+// unanswered, still to save; refused once taken over, nothing written.
+func TestMachineSave(t *testing.T) {
+	mine, _ := records()
+	m := Machine{Holdings: Holdings{Record: mine.Clone(), Rev: 4}}
+	talkThrough(t, &m, []step{{SaveDue{}, show([]Command{Ended{Unchanged}})}})
+	m.Dirty, m.DoneUnsaved = true, 3
+	talkThrough(t, &m, []step{
+		{SaveDue{}, show([]Command{Write{mine, 4}})},
+		{Unanswered{}, show([]Command{Ended{SaveFailed}})},
+	})
+	if !m.Dirty || m.DoneUnsaved != 3 {
+		t.Fatalf("an unanswered save: dirty %v, done unsaved %d", m.Dirty, m.DoneUnsaved)
+	}
+	talkThrough(t, &m, []step{
+		{SaveDue{}, show([]Command{Write{mine, 4}})},
+		{Wrote{Rev: 5}, show([]Command{Ended{Saved}})},
+	})
+	if m.Dirty || m.DoneUnsaved != 0 || m.Rev != 5 {
+		t.Fatalf("saved: dirty %v, done unsaved %d, rev %d", m.Dirty, m.DoneUnsaved, m.Rev)
+	}
+	m.TakenOver = true
+	talkThrough(t, &m, []step{{SaveDue{}, show([]Command{Ended{SaveRefused}})}})
+}
+
+// A save refused: with no pin, or the server pinning another, this one
+// writes nothing more while it holds messages; pinned here, it takes the
+// late write's record (checked against the stream) beside its own and
+// writes over it, once: refused again, it stops.
+func TestMachineSaveOver(t *testing.T) {
+	mine, theirs := records()
+	for _, pin := range []string{"", "p1"} {
+		m := Machine{Holdings: Holdings{Record: mine.Clone(), Rev: 4, Pin: pin}}
+		m.Take(9, "m9", []int{1}, rules, "msg9")
+		want := []step{{SaveDue{}, show([]Command{Write{m.Record, 4}})}, {WriteRefused{}, show([]Command{AskPin{}})}, {PinIs{"p2"}, show([]Command{Ended{SaveRefused}})}}
+		if pin == "" {
+			want = []step{want[0], {WriteRefused{}, show([]Command{Ended{SaveRefused}})}}
+		}
+		talkThrough(t, &m, want)
+		if !m.TakenOver {
+			t.Fatalf("pin %q: refused while holding, not taken over", pin)
+		}
+	}
+	m := Machine{Holdings: Holdings{Record: mine.Clone(), Rev: 4, Pin: "p1"}}
+	m.Take(9, "m9", []int{1}, rules, "msg9")
+	merged := m.Record.Clone()
+	merged.Absorb(&theirs)
+	talkThrough(t, &m, []step{
+		{SaveDue{}, show([]Command{Write{m.Record, 4}})},
+		{WriteRefused{}, show([]Command{AskPin{}})},
+		{PinIs{"p1"}, show([]Command{Load{}})},
+		{Loaded{Record: theirs.Clone(), Rev: 6}, show([]Command{Check{theirs}})},
+		{Checked{theirs.Clone()}, show([]Command{Write{merged, 6}})},
+		{WriteRefused{}, show([]Command{Ended{SaveRefused}})},
+	})
+	if !m.TakenOver {
+		t.Fatal("refused over a late write, not taken over")
+	}
+	// The late write dropped by the check: this one's record, written.
+	m = Machine{Holdings: Holdings{Record: mine.Clone(), Rev: 4, Pin: "p1", Dirty: true}}
+	talkThrough(t, &m, []step{
+		{SaveDue{}, show([]Command{Write{mine, 4}})},
+		{WriteRefused{}, show([]Command{AskPin{}})},
+		{PinIs{"p1"}, show([]Command{Load{}})},
+		{Loaded{Record: theirs.Clone(), Rev: 6}, show([]Command{Check{theirs}})},
+		{Checked{}, show([]Command{Write{mine, 6}})},
+		{Wrote{Rev: 7}, show([]Command{Ended{Saved}})},
+	})
+	if m.Rev != 7 || m.Record.Messages[7] != nil {
+		t.Fatalf("saved over a dropped late write: rev %d, record %+v", m.Rev, m.Record)
+	}
+}
