@@ -26,8 +26,8 @@ func (s *Subscriber) doneFunc() func(...*Unit) {
 // done marks units done and acknowledges the messages that are then
 // complete.
 func (s *Subscriber) done(ctx context.Context, units []*Unit) {
+	var batches []protocol.Batch
 	s.mu.Lock()
-	var complete []*protocol.Held
 	for _, u := range units {
 		if u.done {
 			continue
@@ -35,36 +35,37 @@ func (s *Subscriber) done(ctx context.Context, units []*Unit) {
 		u.done = true
 		s.stats.Batches++
 		s.stats.LastDone = time.Now()
-		if s.h.Finished(u.h, u.Line) {
-			complete = append(complete, u.h)
-		}
+		batches = append(batches, protocol.Batch{Held: u.h, Line: u.Line})
 	}
+	cmds := s.h.Step(protocol.Done{Batches: batches})
 	s.mu.Unlock()
 	s.signal()
-	s.finish(ctx, complete...)
+	for _, c := range cmds {
+		if f, ok := c.(protocol.Finish); ok {
+			s.finish(ctx, f.Msgs...)
+		}
+	}
 }
 
 // finish acknowledges messages all of whose batches are done, once the
-// record says so, the acks' answers awaited side by side.
+// record says so (the machine's Complete talk), the acks' answers
+// awaited side by side.
 func (s *Subscriber) finish(ctx context.Context, hs ...*protocol.Held) {
-	s.mu.Lock()
-	ready := s.h.ToAck(hs...)
-	s.mu.Unlock()
-	if len(ready) == 0 {
+	if len(hs) == 0 {
 		return
 	}
-	// Every batch of them is done: acknowledged even when taken over.
-	s.saveNow(ctx, msgOf(ready[0]))
-	if len(ready) == 1 {
-		s.acked(ctx, ready[0], s.ack(ctx, msgOf(ready[0])))
-	} else {
-		var wg sync.WaitGroup
-		for _, h := range ready {
-			wg.Add(1)
-			go func() { defer wg.Done(); s.acked(ctx, h, s.ack(ctx, msgOf(h))) }()
-		}
-		wg.Wait()
+	s.saveMu.Lock()
+	end, _ := s.talk(ctx, protocol.Complete{Msgs: hs}, s.patientIO(ctx, msgOf(hs[0])))
+	s.saveMu.Unlock()
+	if end.Outcome != protocol.Acking {
+		return
 	}
+	var wg sync.WaitGroup
+	for _, h := range end.Msgs {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.acked(ctx, h, s.ack(ctx, msgOf(h))) }()
+	}
+	wg.Wait()
 	s.signal()
 }
 
@@ -74,7 +75,7 @@ func msgOf(h *protocol.Held) jetstream.Msg { return h.Msg.(jetstream.Msg) }
 // acked notes h's ack and how the server answered it (err).
 func (s *Subscriber) acked(ctx context.Context, h *protocol.Held, err error) {
 	s.mu.Lock()
-	s.h.Acked(h, err == nil)
+	s.h.Step(protocol.Acked{Held: h, OK: err == nil})
 	if err == nil {
 		s.stats.Acked++
 	}

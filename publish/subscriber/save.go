@@ -31,7 +31,10 @@ func (s *Subscriber) saveNow(ctx context.Context, msg jetstream.Msg) error {
 	if s.cfg.Progress == nil {
 		return nil
 	}
-	return s.untilSaved(ctx, msg, s.save)
+	s.saveMu.Lock()
+	defer s.saveMu.Unlock()
+	_, err := s.talk(ctx, protocol.SaveDue{}, s.patientIO(ctx, msg))
+	return err
 }
 
 // untilSaved calls save, each try given progressTry, until it lands, is
@@ -183,12 +186,33 @@ type recordIO struct {
 	write func(ctx context.Context, p *protocol.Progress, rev uint64) (uint64, error)
 }
 
+// patientIO reads once and writes until the write lands, is refused, or
+// ctx ends, msg kept from redelivery meanwhile (untilSaved). With no
+// store, the record is in memory alone: every write lands.
+func (s *Subscriber) patientIO(ctx context.Context, msg jetstream.Msg) recordIO {
+	if s.cfg.Progress == nil {
+		return recordIO{write: func(_ context.Context, _ *protocol.Progress, rev uint64) (uint64, error) { return rev, nil }}
+	}
+	return recordIO{
+		load: s.cfg.Progress.Load,
+		write: func(ctx context.Context, p *protocol.Progress, rev uint64) (uint64, error) {
+			var newRev uint64
+			err := s.untilSaved(ctx, msg, func(try context.Context) (err error) {
+				newRev, err = s.cfg.Progress.Save(try, p, rev)
+				return err
+			})
+			return newRev, err
+		},
+	}
+}
+
 // talk steps the machine with first and carries out its commands, each
 // answered by stepping it again, until the talk ends. It returns how it
 // ended, and ErrTakenOver for GiveBack and SaveRefused, the error that
-// ended it for Waits and SaveFailed. The caller holds saveMu: one talk at
-// a time.
-func (s *Subscriber) talk(ctx context.Context, first protocol.Event, io recordIO) (protocol.Outcome, error) {
+// ended it for Waits and SaveFailed. The acks a talk ends with (Acking)
+// are the caller's, made once saveMu is let go. The caller holds saveMu:
+// one talk at a time.
+func (s *Subscriber) talk(ctx context.Context, first protocol.Event, io recordIO) (protocol.Ended, error) {
 	var ioErr error
 	// answer is what IO found, err the error it met: Unanswered then.
 	answer := func(ev protocol.Event, err error) protocol.Event {
@@ -203,7 +227,7 @@ func (s *Subscriber) talk(ctx context.Context, first protocol.Event, io recordIO
 		var ev protocol.Event
 		switch c := cmds[0].(type) {
 		case protocol.Ended:
-			return c.Outcome, outcomeErr(c.Outcome, ioErr)
+			return c, outcomeErr(c.Outcome, ioErr)
 		case protocol.Load:
 			p, rev, err := io.load(ctx)
 			ev = answer(protocol.Loaded{Record: p, Rev: rev}, err)
@@ -223,7 +247,7 @@ func (s *Subscriber) talk(ctx context.Context, first protocol.Event, io recordIO
 		}
 		cmds = append(cmds[1:], s.step(ev)...)
 	}
-	return 0, fmt.Errorf("consume %s: the record's talk stopped without an end (a driver's slip)", s.cfg.Durable)
+	return protocol.Ended{}, fmt.Errorf("consume %s: the record's talk stopped without an end (a driver's slip)", s.cfg.Durable)
 }
 
 // outcomeErr is the error of a talk that ended with o, ioErr the error of

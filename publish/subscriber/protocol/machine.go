@@ -2,9 +2,11 @@ package protocol
 
 // Machine is a subscriber's Holdings and its talks with the durable's
 // record, stepped: the record read again and claimed before a delivery
-// is taken (a delivery under a new pin, or after an idle while), and the
+// is taken (a delivery under a new pin, or after an idle while), the
 // record saved, over a late write of another's while the server pins
-// this subscriber. Whether a delivery waits on a claim is Reread's. Step takes what IO found and returns what IO must do
+// this subscriber, and the batches done, their messages acknowledged
+// once the record saved says so. Whether a delivery waits on a claim is
+// Reread's. Step takes what IO found and returns what IO must do
 // next; a talk ends with an Ended command. The subscriber
 // (publish/subscriber) and its simulation (publish/subscriber/sim) are
 // its drivers: each carries the commands out, against the servers or
@@ -22,6 +24,8 @@ type Machine struct {
 	holding bool
 	// saving is the batches done the save on its way saves.
 	saving int
+	// acks are the messages whose acks wait on the save under way.
+	acks []*Held
 }
 
 // talk is the talk with the record under way.
@@ -41,11 +45,33 @@ type Event interface{ event() }
 type Command interface{ command() }
 
 // Claim starts a claim, for a delivery that must wait on the record read
-// again (Reread said so, or its claim was not answered, Ended{Waits}).
+// again (Reread said so, or its claim was not answered, Ended{Outcome: Waits}).
 type Claim struct{}
 
 // SaveDue: the record is to be saved if it changed.
 type SaveDue struct{}
+
+// Done: batches the sink finished (or set aside), outside any talk. The
+// messages then complete come back in a Finish.
+type Done struct{ Batches []Batch }
+
+// Batch is batch Line of the message held as Held.
+type Batch struct {
+	Held *Held
+	Line int
+}
+
+// Complete: messages all of whose batches may be done (none was for the
+// sink, or their acks waited on a save that failed, Ended{Outcome: SaveFailed}):
+// acknowledged as Done's are.
+type Complete struct{ Msgs []*Held }
+
+// Acked: the ack of a message (Ack) answered, confirmed (OK) or not.
+// Outside any talk.
+type Acked struct {
+	Held *Held
+	OK   bool
+}
 
 // Loaded: the record read (Load), at Rev.
 type Loaded struct {
@@ -88,8 +114,18 @@ type Write struct {
 // AskPin asks the server whom it pins now, answered with PinIs.
 type AskPin struct{}
 
-// Ended ends a talk.
-type Ended struct{ Outcome Outcome }
+// Finish has messages whose batches are all done acknowledged: step
+// Complete{Msgs} when no talk is under way.
+type Finish struct{ Msgs []*Held }
+
+// Ended ends a talk. Msgs, with Acking, are the messages to acknowledge,
+// side by side, each answered with Acked; with SaveFailed, of a
+// Complete's save, those whose acks wait on the record (Complete,
+// later).
+type Ended struct {
+	Outcome Outcome
+	Msgs    []*Held
+}
 
 // Outcome is how a talk with the record ended.
 type Outcome uint8
@@ -111,10 +147,18 @@ const (
 	SaveRefused
 	// SaveFailed: the save got no answer; the record is still to save.
 	SaveFailed
+	// NoAck: the batches done complete no message.
+	NoAck
+	// Acking: the record is saved (or this subscriber writes it no
+	// more): the messages complete are to be acknowledged.
+	Acking
 )
 
 func (Claim) event()        {}
 func (SaveDue) event()      {}
+func (Done) event()         {}
+func (Complete) event()     {}
+func (Acked) event()        {}
 func (Loaded) event()       {}
 func (Checked) event()      {}
 func (Wrote) event()        {}
@@ -126,17 +170,34 @@ func (Load) command()   {}
 func (Check) command()  {}
 func (Write) command()  {}
 func (AskPin) command() {}
+func (Finish) command() {}
 func (Ended) command()  {}
 
 // Step takes what IO found and returns what IO must do next. An event
 // that does not fit the talk under way (none: a Loaded with no talk) is
 // a driver's slip, and ends nothing: Step returns no command.
 func (m *Machine) Step(e Event) []Command {
-	switch e.(type) {
+	switch e := e.(type) {
 	case Claim:
 		return m.start(claiming, Load{})
 	case SaveDue:
 		return m.saveDue()
+	case Done:
+		var complete []*Held
+		for _, b := range e.Batches {
+			if m.Finished(b.Held, b.Line) {
+				complete = append(complete, b.Held)
+			}
+		}
+		if len(complete) == 0 {
+			return nil
+		}
+		return []Command{Finish{complete}}
+	case Complete:
+		return m.complete(e.Msgs)
+	case Acked:
+		m.Holdings.Acked(e.Held, e.OK)
+		return nil
 	}
 	switch m.talk {
 	case claiming:
@@ -153,13 +214,36 @@ func (m *Machine) start(t talk, cmd Command) []Command {
 	return []Command{cmd}
 }
 
-// finish ends the talk under way with o.
+// finish ends the talk under way with o. A save that messages complete
+// waited on, landed or not to be made, has them acknowledged: every
+// batch of theirs is done, acknowledged even when this subscriber is
+// taken over; failed, their acks wait.
 func (m *Machine) finish(o Outcome) []Command {
 	m.talk = noTalk
-	return end(o)
+	acks := m.acks
+	m.acks = nil
+	switch {
+	case acks == nil:
+		return end(o)
+	case o == SaveFailed:
+		m.Unsent(acks)
+		return []Command{Ended{o, acks}}
+	}
+	return []Command{Ended{Acking, acks}}
 }
 
-func end(o Outcome) []Command { return []Command{Ended{o}} }
+// complete acknowledges those of ms all of whose batches are done and
+// whose acks are not on their way, once the record is saved.
+func (m *Machine) complete(ms []*Held) []Command {
+	ready := m.ToAck(ms...)
+	if len(ready) == 0 {
+		return end(NoAck)
+	}
+	m.acks = ready
+	return m.saveDue()
+}
+
+func end(o Outcome) []Command { return []Command{Ended{Outcome: o}} }
 
 // stepClaim steps the claim: the record read, held against the stream
 // when another wrote it since, decided on (Read), and written back before
@@ -201,9 +285,9 @@ func (m *Machine) saveDue() []Command {
 	what, p, rev, n := m.ToSave()
 	switch what {
 	case Refused:
-		return end(SaveRefused)
+		return m.finish(SaveRefused)
 	case NothingToSave:
-		return end(Unchanged)
+		return m.finish(Unchanged)
 	}
 	m.saving = n
 	return m.start(saving, Write{p, rev})

@@ -73,7 +73,7 @@ func TestMachineClaim(t *testing.T) {
 	merged.Absorb(&mine)
 	talkThrough(t, &m, []step{
 		{Checked{theirs.Clone()}, show([]Command{Write{merged, 6}})},
-		{Wrote{Rev: 7}, show([]Command{Ended{Take}})},
+		{Wrote{Rev: 7}, show([]Command{Ended{Outcome: Take}})},
 	})
 	if m.Rev != 7 || !m.Record.Messages[7].Done.Has(1) || !m.Record.Messages[9].Done.Has(0) || m.Dirty || m.DoneUnsaved != 0 {
 		t.Fatalf("claimed: rev %d, record %+v, dirty %v, done unsaved %d", m.Rev, m.Record, m.Dirty, m.DoneUnsaved)
@@ -93,12 +93,12 @@ func TestMachineClaimGivesBackAndWaits(t *testing.T) {
 	talkThrough(t, &m, []step{
 		{Claim{}, show([]Command{Load{}})},
 		{Loaded{Record: theirs.Clone(), Rev: 5}, show([]Command{Check{theirs}})},
-		{Checked{theirs.Clone()}, show([]Command{Ended{GiveBack}})},
+		{Checked{theirs.Clone()}, show([]Command{Ended{Outcome: GiveBack}})},
 		{Claim{}, show([]Command{Load{}})},
-		{Unanswered{}, show([]Command{Ended{Waits}})},
+		{Unanswered{}, show([]Command{Ended{Outcome: Waits}})},
 		{Claim{}, show([]Command{Load{}})},
 		{Loaded{Record: mine.Clone(), Rev: 4}, show([]Command{Write{m.Record, 4}})},
-		{Unanswered{}, show([]Command{Ended{Waits}})},
+		{Unanswered{}, show([]Command{Ended{Outcome: Waits}})},
 	})
 	if m.Rev != 4 {
 		t.Fatalf("an unanswered claim moved the revision to %d", m.Rev)
@@ -111,24 +111,24 @@ func TestMachineClaimGivesBackAndWaits(t *testing.T) {
 func TestMachineSave(t *testing.T) {
 	mine, _ := records()
 	m := Machine{Holdings: Holdings{Record: mine.Clone(), Rev: 4}}
-	talkThrough(t, &m, []step{{SaveDue{}, show([]Command{Ended{Unchanged}})}})
+	talkThrough(t, &m, []step{{SaveDue{}, show([]Command{Ended{Outcome: Unchanged}})}})
 	m.Dirty, m.DoneUnsaved = true, 3
 	talkThrough(t, &m, []step{
 		{SaveDue{}, show([]Command{Write{mine, 4}})},
-		{Unanswered{}, show([]Command{Ended{SaveFailed}})},
+		{Unanswered{}, show([]Command{Ended{Outcome: SaveFailed}})},
 	})
 	if !m.Dirty || m.DoneUnsaved != 3 {
 		t.Fatalf("an unanswered save: dirty %v, done unsaved %d", m.Dirty, m.DoneUnsaved)
 	}
 	talkThrough(t, &m, []step{
 		{SaveDue{}, show([]Command{Write{mine, 4}})},
-		{Wrote{Rev: 5}, show([]Command{Ended{Saved}})},
+		{Wrote{Rev: 5}, show([]Command{Ended{Outcome: Saved}})},
 	})
 	if m.Dirty || m.DoneUnsaved != 0 || m.Rev != 5 {
 		t.Fatalf("saved: dirty %v, done unsaved %d, rev %d", m.Dirty, m.DoneUnsaved, m.Rev)
 	}
 	m.TakenOver = true
-	talkThrough(t, &m, []step{{SaveDue{}, show([]Command{Ended{SaveRefused}})}})
+	talkThrough(t, &m, []step{{SaveDue{}, show([]Command{Ended{Outcome: SaveRefused}})}})
 }
 
 // A save refused: with no pin, or the server pinning another, this one
@@ -140,9 +140,9 @@ func TestMachineSaveOver(t *testing.T) {
 	for _, pin := range []string{"", "p1"} {
 		m := Machine{Holdings: Holdings{Record: mine.Clone(), Rev: 4, Pin: pin}}
 		m.Take(9, "m9", []int{1}, rules, "msg9")
-		want := []step{{SaveDue{}, show([]Command{Write{m.Record, 4}})}, {WriteRefused{}, show([]Command{AskPin{}})}, {PinIs{"p2"}, show([]Command{Ended{SaveRefused}})}}
+		want := []step{{SaveDue{}, show([]Command{Write{m.Record, 4}})}, {WriteRefused{}, show([]Command{AskPin{}})}, {PinIs{"p2"}, show([]Command{Ended{Outcome: SaveRefused}})}}
 		if pin == "" {
-			want = []step{want[0], {WriteRefused{}, show([]Command{Ended{SaveRefused}})}}
+			want = []step{want[0], {WriteRefused{}, show([]Command{Ended{Outcome: SaveRefused}})}}
 		}
 		talkThrough(t, &m, want)
 		if !m.TakenOver {
@@ -159,7 +159,7 @@ func TestMachineSaveOver(t *testing.T) {
 		{PinIs{"p1"}, show([]Command{Load{}})},
 		{Loaded{Record: theirs.Clone(), Rev: 6}, show([]Command{Check{theirs}})},
 		{Checked{theirs.Clone()}, show([]Command{Write{merged, 6}})},
-		{WriteRefused{}, show([]Command{Ended{SaveRefused}})},
+		{WriteRefused{}, show([]Command{Ended{Outcome: SaveRefused}})},
 	})
 	if !m.TakenOver {
 		t.Fatal("refused over a late write, not taken over")
@@ -172,9 +172,52 @@ func TestMachineSaveOver(t *testing.T) {
 		{PinIs{"p1"}, show([]Command{Load{}})},
 		{Loaded{Record: theirs.Clone(), Rev: 6}, show([]Command{Check{theirs}})},
 		{Checked{}, show([]Command{Write{mine, 6}})},
-		{Wrote{Rev: 7}, show([]Command{Ended{Saved}})},
+		{Wrote{Rev: 7}, show([]Command{Ended{Outcome: Saved}})},
 	})
 	if m.Rev != 7 || m.Record.Messages[7] != nil {
 		t.Fatalf("saved over a dropped late write: rev %d, record %+v", m.Rev, m.Record)
+	}
+}
+
+// Batches done: a message is complete once its last batch is, and
+// acknowledged once the record saying so is saved; a save that failed
+// keeps its ack waiting, and one refused (another wrote) acknowledges it
+// all the same: every batch of it is done.
+func TestMachineFinish(t *testing.T) {
+	var m Machine
+	h := m.Take(3, "m3", []int{1, 1}, rules, "msg3").Held
+	if cmds := m.Step(Done{[]Batch{{h, 0}}}); cmds != nil {
+		t.Fatalf("one batch of two done: %v", cmds)
+	}
+	cmds := m.Step(Done{[]Batch{{h, 1}}})
+	if len(cmds) != 1 || len(cmds[0].(Finish).Msgs) != 1 || cmds[0].(Finish).Msgs[0] != h {
+		t.Fatalf("both batches done: %v", cmds)
+	}
+	record := m.Record.Clone()
+	talkThrough(t, &m, []step{
+		{Complete{[]*Held{h}}, show([]Command{Write{record, 0}})},
+		{Unanswered{}, show([]Command{Ended{SaveFailed, []*Held{h}}})},
+	})
+	if h.Acking || !m.Dirty {
+		t.Fatalf("a save failed: acking %v, dirty %v", h.Acking, m.Dirty)
+	}
+	talkThrough(t, &m, []step{
+		{Complete{[]*Held{h}}, show([]Command{Write{record, 0}})},
+		{Wrote{Rev: 1}, show([]Command{Ended{Acking, []*Held{h}}})},
+		{Complete{[]*Held{h}}, show([]Command{Ended{Outcome: NoAck}})},
+		{Acked{h, true}, ""},
+	})
+	if m.Holding() || !h.Rec.Acked {
+		t.Fatalf("acked: holding %v, recorded %v", m.Holding(), h.Rec.Acked)
+	}
+	h = m.Take(4, "m4", []int{1}, rules, "msg4").Held
+	m.Step(Done{[]Batch{{h, 0}}})
+	record = m.Record.Clone()
+	talkThrough(t, &m, []step{
+		{Complete{[]*Held{h}}, show([]Command{Write{record, 1}})},
+		{WriteRefused{}, show([]Command{Ended{Acking, []*Held{h}}})},
+	})
+	if !m.TakenOver {
+		t.Fatal("refused while holding, not taken over")
 	}
 }

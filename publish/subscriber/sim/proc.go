@@ -68,7 +68,7 @@ type proc struct {
 	lastDelivery time.Duration
 	toHand       []*unit
 	taking       *delivery
-	acking       []*heldMsg
+	acking       []*protocol.Held
 	inFlight     []*heldMsg
 	// bound is the consumer the process consumes from.
 	bound *durableModel

@@ -35,15 +35,12 @@ func (p *proc) saverTick() {
 // save writes the record if it changed (Subscriber.save): the machine's
 // save talk, carried out against the bucket's model.
 func (p *proc) save() error {
-	switch o, err := p.talk(protocol.SaveDue{}); o {
+	switch end, err := p.talk(protocol.SaveDue{}); end.Outcome {
 	case protocol.SaveRefused:
 		return subscriber.ErrTakenOver
 	case protocol.SaveFailed:
 		return err
-	case protocol.Unchanged:
-		return nil
 	}
-	p.saved()
 	return nil
 }
 
@@ -51,9 +48,10 @@ func (p *proc) save() error {
 // answered by stepping it again, until the talk ends
 // (Subscriber.talk): the reads and writes through the process's own
 // KVProgress on the bucket's model, the check against the stream's model,
-// the pin the durable's model gives. It returns how the talk ended and
-// the error of the IO that ended it.
-func (p *proc) talk(first protocol.Event) (protocol.Outcome, error) {
+// the pin the durable's model gives; each write that lands is noted
+// (saved). It returns how the talk ended and the error of the IO that
+// ended it.
+func (p *proc) talk(first protocol.Event) (protocol.Ended, error) {
 	kv, ctx := p.kv(), context.Background()
 	var ioErr error
 	cmds := p.h.Step(first)
@@ -61,7 +59,7 @@ func (p *proc) talk(first protocol.Event) (protocol.Outcome, error) {
 		var ev protocol.Event
 		switch c := cmds[0].(type) {
 		case protocol.Ended:
-			return c.Outcome, ioErr
+			return c, ioErr
 		case protocol.Load:
 			r, rev, err := kv.Load(ctx)
 			ev, ioErr = protocol.Loaded{Record: r, Rev: rev}, err
@@ -81,9 +79,12 @@ func (p *proc) talk(first protocol.Event) (protocol.Outcome, error) {
 			ev = protocol.Unanswered{}
 		}
 		cmds = append(cmds[1:], p.h.Step(ev)...)
+		if _, ok := ev.(protocol.Wrote); ok {
+			p.saved()
+		}
 	}
 	p.w.fail("p%d: the record's talk stopped without an end", p.id)
-	return 0, nil
+	return protocol.Ended{}, nil
 }
 
 // saved notes the record in the bucket: the batches it says are done
@@ -161,7 +162,7 @@ func (p *proc) take(d *delivery) {
 		p.done(u)
 	}
 	if hm.Pending == 0 {
-		p.finish(hm)
+		p.finish(hm.Held)
 	}
 }
 
@@ -176,7 +177,7 @@ func (p *proc) refresh(d *delivery) bool {
 	if !d.stale {
 		return true
 	}
-	switch o, _ := p.talk(protocol.Claim{}); o {
+	switch end, _ := p.talk(protocol.Claim{}); end.Outcome {
 	case protocol.GiveBack:
 		p.w.dur.nak(d.m.seq, p.now())
 		p.standBy("taken over (the record read again)")
@@ -185,6 +186,5 @@ func (p *proc) refresh(d *delivery) bool {
 		p.taking = d
 		return false
 	}
-	p.saved()
 	return true
 }

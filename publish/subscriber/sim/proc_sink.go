@@ -66,38 +66,38 @@ func (p *proc) sink() {
 
 // done marks units done and acknowledges the messages then complete.
 func (p *proc) done(units ...*unit) {
-	var complete []*heldMsg
+	var batches []protocol.Batch
 	for _, u := range units {
 		if u.done {
 			continue
 		}
 		u.done = true
-		if p.h.Finished(u.h.Held, u.line) {
-			complete = append(complete, u.h)
+		batches = append(batches, protocol.Batch{Held: u.h.Held, Line: u.line})
+	}
+	for _, c := range p.h.Step(protocol.Done{Batches: batches}) {
+		if f, ok := c.(protocol.Finish); ok {
+			p.finish(f.Msgs...)
 		}
 	}
-	p.finish(complete...)
 }
 
 // finish acknowledges messages all of whose batches are done, once the
-// record is saved (a save refused: acknowledged all the same).
-func (p *proc) finish(hs ...*heldMsg) {
-	held := make([]*protocol.Held, len(hs))
-	for i, h := range hs {
-		held[i] = h.Held
-	}
-	ready := p.h.ToAck(held...)
-	if len(ready) == 0 {
+// record is saved (the machine's Complete talk; a save refused:
+// acknowledged all the same; one that failed: their acks wait).
+func (p *proc) finish(held ...*protocol.Held) {
+	if len(held) == 0 {
 		return
 	}
-	if err := p.save(); err != nil && !errors.Is(err, subscriber.ErrTakenOver) {
-		p.h.Unsent(ready)
-		for _, h := range ready {
-			p.acking = append(p.acking, heldOf(h))
-		}
+	end, _ := p.talk(protocol.Complete{Msgs: held})
+	switch end.Outcome {
+	case protocol.SaveFailed:
+		p.acking = append(p.acking, end.Msgs...)
+		return
+	case protocol.Acking:
+	default:
 		return
 	}
-	for _, h := range ready {
+	for _, h := range end.Msgs {
 		hm := heldOf(h)
 		if d := p.cfg().ackDelay; d > 0 {
 			// Held until the server answers, as the subscriber's Held.Acking.
@@ -114,7 +114,7 @@ func (p *proc) acked(h *heldMsg) {
 	if h.inc == p.w.stream.inc {
 		p.w.ack(p, h.m.seq)
 	}
-	p.h.Acked(h.Held, true)
+	p.h.Step(protocol.Acked{Held: h.Held, OK: true})
 }
 
 // landAcks lands the acks on their way that reach the server by now.
