@@ -61,7 +61,7 @@ func (s *Subscriber) finish(ctx context.Context, hs ...*protocol.Held) {
 		return
 	}
 	var wg sync.WaitGroup
-	for _, h := range end.Msgs {
+	for _, h := range end.Acks {
 		wg.Add(1)
 		go func() { defer wg.Done(); s.acked(ctx, h, s.ack(ctx, msgOf(h))) }()
 	}
@@ -137,25 +137,26 @@ func (s *Subscriber) ReaderEnded(ctx context.Context, o Outcome) int {
 	if r := s.reader; r != nil {
 		failedOn, inDoubt = r.settle(o)
 	}
+	var blame *protocol.Batch
+	if u := failedOn; u != nil {
+		blame = &protocol.Batch{Held: u.h, Line: u.Line}
+	}
 	s.mu.Lock()
 	if o == ReaderFailed && inDoubt {
 		s.stats.ReaderFailures++
 	}
-	if u := failedOn; u != nil {
-		s.h.Blame(u.h, u.Line)
-	}
-	// Every message in hand but those being acknowledged: some of their
-	// batches may not even have been handed over.
-	nak := s.h.LetGo()
 	s.mu.Unlock()
-	// Which batches are done, before the messages come again.
-	if err := s.save(ctx); err != nil && s.cfg.Log != nil {
+	// Which batches are done is saved before the messages come again.
+	s.saveMu.Lock()
+	end, err := s.talk(ctx, protocol.HandBack{Blame: blame}, s.onceIO())
+	s.saveMu.Unlock()
+	if err != nil && s.cfg.Log != nil {
 		s.cfg.Log.Warn("cannot save which batches are done; those of the messages handed back are written again", "durable", s.cfg.Durable, "err", err)
 	}
-	for _, h := range nak {
+	for _, h := range end.Naks {
 		msgOf(h).Nak()
 	}
-	return len(nak)
+	return len(end.Naks)
 }
 
 // unreadable sets aside a message that does not decode: delivering it again

@@ -170,13 +170,22 @@ func (s *Subscriber) save(ctx context.Context) error {
 	}
 	s.saveMu.Lock()
 	defer s.saveMu.Unlock()
-	_, err := s.talk(ctx, protocol.SaveDue{}, recordIO{
+	_, err := s.talk(ctx, protocol.SaveDue{}, s.onceIO())
+	return err
+}
+
+// onceIO reads and writes once. With no store, the record is in memory
+// alone: every write lands.
+func (s *Subscriber) onceIO() recordIO {
+	if s.cfg.Progress == nil {
+		return recordIO{write: func(_ context.Context, _ *protocol.Progress, rev uint64) (uint64, error) { return rev, nil }}
+	}
+	return recordIO{
 		load: s.cfg.Progress.Load,
 		write: func(ctx context.Context, p *protocol.Progress, rev uint64) (uint64, error) {
 			return s.cfg.Progress.Save(ctx, p, rev)
 		},
-	})
-	return err
+	}
 }
 
 // recordIO is how a talk reads and writes the record: a claim waits for
@@ -191,7 +200,7 @@ type recordIO struct {
 // store, the record is in memory alone: every write lands.
 func (s *Subscriber) patientIO(ctx context.Context, msg jetstream.Msg) recordIO {
 	if s.cfg.Progress == nil {
-		return recordIO{write: func(_ context.Context, _ *protocol.Progress, rev uint64) (uint64, error) { return rev, nil }}
+		return s.onceIO()
 	}
 	return recordIO{
 		load: s.cfg.Progress.Load,

@@ -4,8 +4,8 @@ package protocol
 // record, stepped: the record read again and claimed before a delivery
 // is taken (a delivery under a new pin, or after an idle while), the
 // record saved, over a late write of another's while the server pins
-// this subscriber, and the batches done, their messages acknowledged
-// once the record saved says so. Whether a delivery waits on a claim is
+// this subscriber, the batches done, their messages acknowledged once
+// the record saved says so, and what it held handed back. Whether a delivery waits on a claim is
 // Reread's. Step takes what IO found and returns what IO must do
 // next; a talk ends with an Ended command. The subscriber
 // (publish/subscriber) and its simulation (publish/subscriber/sim) are
@@ -24,8 +24,9 @@ type Machine struct {
 	holding bool
 	// saving is the batches done the save on its way saves.
 	saving int
-	// acks are the messages whose acks wait on the save under way.
-	acks []*Held
+	// acks are the messages whose acks wait on the save under way, naks
+	// those handed back once it ends.
+	acks, naks []*Held
 }
 
 // talk is the talk with the record under way.
@@ -73,6 +74,12 @@ type Acked struct {
 	OK   bool
 }
 
+// HandBack: the subscriber lets go of what it holds (its reader ended,
+// it stands by), Blame the batch a reader's failure counts against (nil:
+// none). The messages held but those being acknowledged are handed back,
+// once the record says which of their batches are done.
+type HandBack struct{ Blame *Batch }
+
 // Loaded: the record read (Load), at Rev.
 type Loaded struct {
 	Record Progress
@@ -118,13 +125,15 @@ type AskPin struct{}
 // Complete{Msgs} when no talk is under way.
 type Finish struct{ Msgs []*Held }
 
-// Ended ends a talk. Msgs, with Acking, are the messages to acknowledge,
+// Ended ends a talk. Acks, with Acking, are the messages to acknowledge,
 // side by side, each answered with Acked; with SaveFailed, of a
 // Complete's save, those whose acks wait on the record (Complete,
-// later).
+// later). Naks, of a HandBack, are the messages to hand back to the
+// server (a nak each, no answer), whatever the save's outcome.
 type Ended struct {
 	Outcome Outcome
-	Msgs    []*Held
+	Acks    []*Held
+	Naks    []*Held
 }
 
 // Outcome is how a talk with the record ended.
@@ -159,6 +168,7 @@ func (SaveDue) event()      {}
 func (Done) event()         {}
 func (Complete) event()     {}
 func (Acked) event()        {}
+func (HandBack) event()     {}
 func (Loaded) event()       {}
 func (Checked) event()      {}
 func (Wrote) event()        {}
@@ -198,6 +208,14 @@ func (m *Machine) Step(e Event) []Command {
 	case Acked:
 		m.Holdings.Acked(e.Held, e.OK)
 		return nil
+	case HandBack:
+		if b := e.Blame; b != nil {
+			m.Blame(b.Held, b.Line)
+		}
+		// Every message held but those being acknowledged: some of their
+		// batches may not even have been handed over.
+		m.naks = m.LetGo()
+		return m.saveDue()
 	}
 	switch m.talk {
 	case claiming:
@@ -220,16 +238,16 @@ func (m *Machine) start(t talk, cmd Command) []Command {
 // taken over; failed, their acks wait.
 func (m *Machine) finish(o Outcome) []Command {
 	m.talk = noTalk
-	acks := m.acks
-	m.acks = nil
+	acks, naks := m.acks, m.naks
+	m.acks, m.naks = nil, nil
 	switch {
 	case acks == nil:
-		return end(o)
+		return []Command{Ended{Outcome: o, Naks: naks}}
 	case o == SaveFailed:
 		m.Unsent(acks)
-		return []Command{Ended{o, acks}}
+		return []Command{Ended{Outcome: o, Acks: acks}}
 	}
-	return []Command{Ended{Acking, acks}}
+	return []Command{Ended{Outcome: Acking, Acks: acks}}
 }
 
 // complete acknowledges those of ms all of whose batches are done and

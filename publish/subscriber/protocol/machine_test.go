@@ -196,14 +196,14 @@ func TestMachineFinish(t *testing.T) {
 	record := m.Record.Clone()
 	talkThrough(t, &m, []step{
 		{Complete{[]*Held{h}}, show([]Command{Write{record, 0}})},
-		{Unanswered{}, show([]Command{Ended{SaveFailed, []*Held{h}}})},
+		{Unanswered{}, show([]Command{Ended{Outcome: SaveFailed, Acks: []*Held{h}}})},
 	})
 	if h.Acking || !m.Dirty {
 		t.Fatalf("a save failed: acking %v, dirty %v", h.Acking, m.Dirty)
 	}
 	talkThrough(t, &m, []step{
 		{Complete{[]*Held{h}}, show([]Command{Write{record, 0}})},
-		{Wrote{Rev: 1}, show([]Command{Ended{Acking, []*Held{h}}})},
+		{Wrote{Rev: 1}, show([]Command{Ended{Outcome: Acking, Acks: []*Held{h}}})},
 		{Complete{[]*Held{h}}, show([]Command{Ended{Outcome: NoAck}})},
 		{Acked{h, true}, ""},
 	})
@@ -215,9 +215,35 @@ func TestMachineFinish(t *testing.T) {
 	record = m.Record.Clone()
 	talkThrough(t, &m, []step{
 		{Complete{[]*Held{h}}, show([]Command{Write{record, 1}})},
-		{WriteRefused{}, show([]Command{Ended{Acking, []*Held{h}}})},
+		{WriteRefused{}, show([]Command{Ended{Outcome: Acking, Acks: []*Held{h}}})},
 	})
 	if !m.TakenOver {
 		t.Fatal("refused while holding, not taken over")
 	}
+}
+
+// Handed back: the failure counted against the batch blamed, every
+// message held but one being acknowledged let go, and handed back once
+// the record is saved, or not to be: taken over, this one writes nothing
+// more, and hands them back all the same.
+func TestMachineHandBack(t *testing.T) {
+	var m Machine
+	h1 := m.Take(1, "m1", []int{1, 1}, rules, "msg1").Held
+	h2 := m.Take(2, "m2", []int{1}, rules, "msg2").Held
+	m.Step(Done{[]Batch{{h2, 0}}})
+	m.Step(Complete{[]*Held{h2}})
+	m.Step(Wrote{Rev: 1})
+	m.Dirty = true
+	record := m.Record.Clone()
+	record.Messages[1].Failed(0)
+	talkThrough(t, &m, []step{
+		{HandBack{&Batch{h1, 0}}, show([]Command{Write{record, 1}})},
+		{Wrote{Rev: 2}, show([]Command{Ended{Outcome: Saved, Naks: []*Held{h1}}})},
+	})
+	if held := m.Held(); len(held) != 1 || held[0] != h2 || h1.Rec.Attempts[0] != 1 {
+		t.Fatalf("held %v after handing back, attempts %v", held, h1.Rec.Attempts)
+	}
+	h3 := m.Take(3, "m3", []int{1}, rules, "msg3").Held
+	m.TakenOver = true
+	talkThrough(t, &m, []step{{HandBack{}, show([]Command{Ended{Outcome: SaveRefused, Naks: []*Held{h3}}})}})
 }

@@ -91,13 +91,13 @@ func (p *proc) finish(held ...*protocol.Held) {
 	end, _ := p.talk(protocol.Complete{Msgs: held})
 	switch end.Outcome {
 	case protocol.SaveFailed:
-		p.acking = append(p.acking, end.Msgs...)
+		p.acking = append(p.acking, end.Acks...)
 		return
 	case protocol.Acking:
 	default:
 		return
 	}
-	for _, h := range end.Msgs {
+	for _, h := range end.Acks {
 		hm := heldOf(h)
 		if d := p.cfg().ackDelay; d > 0 {
 			// Held until the server answers, as the subscriber's Held.Acking.
@@ -138,16 +138,16 @@ func (p *proc) settle(failed bool) {
 		handed = []*unit{p.inHand}
 		end.Taken, end.Ends = 1, []int64{1}
 	}
+	var blame *protocol.Batch
 	if _, blamed := protocol.AfterReaderEnd(end); blamed >= 0 {
 		u := handed[blamed]
-		p.h.Blame(u.h.Held, u.line)
+		blame = &protocol.Batch{Held: u.h.Held, Line: u.line}
 	}
-	nak := p.h.LetGo()
 	inHand := p.inHand != nil
 	p.inHand, p.toHand, p.committing, p.taking, p.acking = nil, nil, nil, nil, nil
-	p.save()
+	back, _ := p.talk(protocol.HandBack{Blame: blame})
 	p.letGo(inHand)
-	for _, h := range nak {
+	for _, h := range back.Naks {
 		p.w.logf("p%d naks seq %d", p.id, h.Seq)
 		p.w.dur.nak(h.Seq, p.now())
 	}
