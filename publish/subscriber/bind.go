@@ -28,7 +28,7 @@ func (s *Subscriber) standBy(ctx context.Context, why error) error {
 	// nothing of the messages it lets go (each write would refuse the
 	// next save of the one that delivers now).
 	s.h.StandingBy()
-	s.stats.StoodBy++
+	s.counts.stoodBy.Add(1)
 	unsaved := s.h.DoneUnsaved
 	s.mu.Unlock()
 	n := s.ReaderEnded(ctx, ReaderStopped)

@@ -33,8 +33,8 @@ func (s *Subscriber) done(ctx context.Context, units []*Unit) {
 			continue
 		}
 		u.done = true
-		s.stats.Batches++
-		s.stats.LastDone = time.Now()
+		s.counts.batches.Add(1)
+		s.counts.lastDone.Store(time.Now().UnixNano())
 		batches = append(batches, protocol.Batch{Held: u.h, Line: u.Line})
 	}
 	cmds := s.h.Step(protocol.Done{Batches: batches})
@@ -54,9 +54,7 @@ func (s *Subscriber) finish(ctx context.Context, hs ...*protocol.Held) {
 	if len(hs) == 0 {
 		return
 	}
-	s.saveMu.Lock()
 	end, _ := s.talk(ctx, protocol.Complete{Msgs: hs}, s.patientIO(ctx, msgOf(hs[0])))
-	s.saveMu.Unlock()
 	if end.Outcome != protocol.Acking {
 		return
 	}
@@ -74,12 +72,10 @@ func msgOf(h *protocol.Held) jetstream.Msg { return h.Msg.(jetstream.Msg) }
 
 // acked notes h's ack and how the server answered it (err).
 func (s *Subscriber) acked(ctx context.Context, h *protocol.Held, err error) {
-	s.mu.Lock()
-	s.h.Step(protocol.Acked{Held: h, OK: err == nil})
+	s.step(protocol.Acked{Held: h, OK: err == nil})
 	if err == nil {
-		s.stats.Acked++
+		s.counts.acked.Add(1)
 	}
-	s.mu.Unlock()
 	if err != nil && ctx.Err() == nil && s.cfg.Log != nil {
 		// Its batches are done, as the record says: delivered again,
 		// the message is acknowledged without handing anything on.
@@ -92,9 +88,7 @@ func (s *Subscriber) ackMsg(ctx context.Context, msg jetstream.Msg, seq uint64) 
 	if err := s.ack(ctx, msg); err != nil && ctx.Err() == nil && s.cfg.Log != nil {
 		s.cfg.Log.Warn("ack not confirmed; the message will be delivered again", "stream_seq", seq, "err", err)
 	}
-	s.mu.Lock()
-	s.stats.Acked++
-	s.mu.Unlock()
+	s.counts.acked.Add(1)
 }
 
 // ack acknowledges msg and waits progressTry at most for the server to
@@ -141,15 +135,11 @@ func (s *Subscriber) ReaderEnded(ctx context.Context, o Outcome) int {
 	if u := failedOn; u != nil {
 		blame = &protocol.Batch{Held: u.h, Line: u.Line}
 	}
-	s.mu.Lock()
 	if o == ReaderFailed && inDoubt {
-		s.stats.ReaderFailures++
+		s.counts.readerFailures.Add(1)
 	}
-	s.mu.Unlock()
 	// Which batches are done is saved before the messages come again.
-	s.saveMu.Lock()
 	end, err := s.talk(ctx, protocol.HandBack{Blame: blame}, s.onceIO())
-	s.saveMu.Unlock()
 	if err != nil && s.cfg.Log != nil {
 		s.cfg.Log.Warn("cannot save which batches are done; those of the messages handed back are written again", "durable", s.cfg.Durable, "err", err)
 	}
@@ -171,9 +161,7 @@ func (s *Subscriber) unreadable(ctx context.Context, msg jetstream.Msg, seq uint
 		if err := s.cfg.DeadLetters.Put(ctx, dl); err != nil {
 			return err
 		}
-		s.mu.Lock()
-		s.stats.DeadLetters++
-		s.mu.Unlock()
+		s.counts.deadLetters.Add(1)
 		if s.cfg.Log != nil {
 			s.cfg.Log.Error("dead letter: set aside a message that cannot be read", "stream_seq", seq, "durable", s.cfg.Durable)
 		}
@@ -200,9 +188,7 @@ func (s *Subscriber) deadLetter(ctx context.Context, h *protocol.Held, b *Decode
 		s.cfg.Log.Error("dead letter: set a batch aside; the batches behind it flow", "stream_seq", h.Seq, "batch", i,
 			"batch_id", b.ID, "tokens", b.Sizes[i], "deliveries", n, "durable", s.cfg.Durable)
 	}
-	s.mu.Lock()
-	s.stats.DeadLetters++
-	s.mu.Unlock()
+	s.counts.deadLetters.Add(1)
 	s.done(ctx, []*Unit{{h: h, Line: i}})
 	return nil
 }

@@ -3,7 +3,7 @@ package subscriber
 import (
 	"context"
 	"log/slog"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -14,12 +14,11 @@ import (
 
 // Gaps is what a reader found of gaps in the stream (wire.Gap): how many,
 // the newest that no resync's message has followed yet, and how many
-// messages another client of the durable was given.
+// messages another client of the durable was given. One goroutine notes
+// them (the consume loop); any reads them.
 type Gaps struct {
-	mu    sync.Mutex
-	count int
-	open  string
-	taken int
+	count, taken atomic.Int64
+	open         atomic.Pointer[string]
 }
 
 // Note takes what wire.Chain.Follow said (nil: no gap) of a message with
@@ -50,16 +49,16 @@ func (g *Gaps) Note(ctx context.Context, js jetstream.JetStream, stream, durable
 			return
 		}
 	}
-	g.mu.Lock()
-	healed := g.open != "" && h.Get(wire.HeaderResync) != ""
+	_, open := g.State()
+	healed := open != "" && h.Get(wire.HeaderResync) != ""
 	switch {
 	case gap != nil && !gap.Resynced:
-		g.count++
-		g.open = gap.Error()
+		g.count.Add(1)
+		said := gap.Error()
+		g.open.Store(&said)
 	case healed:
-		g.open = ""
+		g.open.Store(nil)
 	}
-	g.mu.Unlock()
 	if log == nil {
 		return
 	}
@@ -78,9 +77,7 @@ func (g *Gaps) Note(ctx context.Context, js jetstream.JetStream, stream, durable
 // takenElsewhere counts and says gap's predecessor given to a client
 // that is not this subscriber.
 func (g *Gaps) takenElsewhere(durable string, log *slog.Logger, gap *wire.Gap) {
-	g.mu.Lock()
-	g.taken++
-	g.mu.Unlock()
+	g.taken.Add(1)
 	if log != nil {
 		log.Error("a message of this durable was given to another client, not to this subscriber, which never wrote its tokens: the consumer does not pin one subscriber, so any client pulling from it (a second subscriber, nats consumer next) takes messages; stop that client, and delete the consumer to have tailer subscribe make it again pinned",
 			"durable", durable, "taken_stream_seq", gap.Prev.Seq, "taken_mark", gap.Prev.Mark, "next_stream_seq", gap.Seq, "subject", gap.Subject)
@@ -89,18 +86,15 @@ func (g *Gaps) takenElsewhere(durable string, log *slog.Logger, gap *wire.Gap) {
 
 // State returns how many gaps were found, and the open one ("": none).
 func (g *Gaps) State() (count int, open string) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.count, g.open
+	if o := g.open.Load(); o != nil {
+		open = *o
+	}
+	return int(g.count.Load()), open
 }
 
 // Taken returns how many messages of the durable were found given to
 // another client.
-func (g *Gaps) Taken() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.taken
-}
+func (g *Gaps) Taken() int { return int(g.taken.Load()) }
 
 // predecessorPatience is how long PredecessorThere asks a stream that
 // cannot answer (a leader being elected, a node away or partitioned: a

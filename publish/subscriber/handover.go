@@ -64,8 +64,8 @@ func (s *Subscriber) take(ctx context.Context, msg jetstream.Msg) ([]*Unit, erro
 	}
 	s.mu.Lock()
 	t := s.h.Take(seq, mark, tokens, protocol.Rules{MaxDeliveries: s.cfg.MaxDeliveries, DeadLetters: s.cfg.DeadLetters != nil}, msg)
-	s.stats.Skipped += t.Skipped
 	s.mu.Unlock()
+	s.counts.skipped.Add(int64(t.Skipped))
 	switch {
 	case t.Ack:
 		s.ackMsg(ctx, msg, seq)
@@ -101,16 +101,18 @@ func (s *Subscriber) noteDelivery(ctx context.Context, msg jetstream.Msg, meta *
 	if !wire.IsMarker(msg.Headers()) {
 		gap = s.h.Record.Chain.Follow(msg.Subject(), seq, msg.Headers(), mark, again)
 	}
-	s.stats.Messages++
-	s.stats.LastDelivery = time.Now()
 	done := 0
 	if again {
-		s.stats.Redelivered++
 		if m := s.h.Record.Messages[seq]; m != nil && m.Mark == mark {
 			done = m.Done.Len()
 		}
 	}
 	s.mu.Unlock()
+	s.counts.messages.Add(1)
+	s.counts.lastDelivery.Store(time.Now().UnixNano())
+	if again {
+		s.counts.redelivered.Add(1)
+	}
 	if again && s.cfg.Log != nil {
 		s.cfg.Log.Info("delivered again: a reader may have had its tokens before", "stream_seq", seq, "deliveries", meta.NumDelivered, "batches_done_before", done)
 	}
@@ -157,16 +159,15 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 		return nil
 	}
 	pin := msg.Headers().Get("Nats-Pin-Id")
+	idle := time.Since(unixTime(s.counts.lastDelivery.Load()))
 	s.mu.Lock()
-	stale := s.h.Reread(pin, time.Since(s.stats.LastDelivery))
+	stale := s.h.Reread(pin, idle)
 	s.mu.Unlock()
 	if !stale {
 		return nil
 	}
-	// No save of this subscriber's in flight meanwhile: the revision it
-	// compares with is its latest.
-	s.saveMu.Lock()
-	defer s.saveMu.Unlock()
+	// One talk at a time: no save of this subscriber's in flight
+	// meanwhile, so the revision it compares with is its latest.
 	_, err := s.talk(ctx, protocol.Claim{}, recordIO{
 		load: func(ctx context.Context) (protocol.Progress, uint64, error) {
 			return s.loadProgress(ctx, func() { msg.InProgress() })

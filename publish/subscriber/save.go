@@ -31,8 +31,6 @@ func (s *Subscriber) saveNow(ctx context.Context, msg jetstream.Msg) error {
 	if s.cfg.Progress == nil {
 		return nil
 	}
-	s.saveMu.Lock()
-	defer s.saveMu.Unlock()
 	_, err := s.talk(ctx, protocol.SaveDue{}, s.patientIO(ctx, msg))
 	return err
 }
@@ -71,10 +69,7 @@ func (s *Subscriber) noRoom(err error) {
 		why = fmt.Sprintf("the server has no room for the durable's record of which batches are done (%s): grow its bucket (max_bytes) or the account's JetStream storage; "+
 			"nothing more is handed on until a save lands", jsio.ServerWords(err))
 	}
-	s.mu.Lock()
-	said := s.stats.NoRoom
-	s.stats.NoRoom = why
-	s.mu.Unlock()
+	said := s.counts.setNoRoom(why)
 	if why != "" && said == "" && s.cfg.Log != nil {
 		s.cfg.Log.Error("cannot save which batches are done", "durable", s.cfg.Durable, "err", why)
 	}
@@ -168,8 +163,6 @@ func (s *Subscriber) save(ctx context.Context) error {
 	if s.cfg.Progress == nil {
 		return nil
 	}
-	s.saveMu.Lock()
-	defer s.saveMu.Unlock()
 	_, err := s.talk(ctx, protocol.SaveDue{}, s.onceIO())
 	return err
 }
@@ -218,10 +211,12 @@ func (s *Subscriber) patientIO(ctx context.Context, msg jetstream.Msg) recordIO 
 // talk steps the machine with first and carries out its commands, each
 // answered by stepping it again, until the talk ends. It returns how it
 // ended, and ErrTakenOver for GiveBack and SaveRefused, the error that
-// ended it for Waits and SaveFailed. The acks a talk ends with (Acking)
-// are the caller's, made once saveMu is let go. The caller holds saveMu:
-// one talk at a time.
+// ended it for Waits and SaveFailed. The acks and naks a talk ends with
+// are the caller's. One talk at a time (talkMu): the machine has one
+// under way.
 func (s *Subscriber) talk(ctx context.Context, first protocol.Event, io recordIO) (protocol.Ended, error) {
+	s.talkMu.Lock()
+	defer s.talkMu.Unlock()
 	var ioErr error
 	// answer is what IO found, err the error it met: Unanswered then.
 	answer := func(ev protocol.Event, err error) protocol.Event {

@@ -73,8 +73,9 @@ type Subscriber struct {
 	// handling: a message is being handed over.
 	handling atomic.Bool
 	cons     atomic.Pointer[jetstream.Consumer]
-	saveMu   sync.Mutex
-	kick     chan struct{}
+	// talkMu keeps the machine to one talk with the record at a time.
+	talkMu sync.Mutex
+	kick   chan struct{}
 	// js and life are Run's, set before anything reads them: life is
 	// what a Sink's done runs under, after the Hand that gave the units.
 	js   jetstream.JetStream
@@ -88,7 +89,7 @@ type Subscriber struct {
 	loaded bool
 	// floorRead is when the consumer's ack floor was last read.
 	floorRead time.Time
-	stats     Stats
+	counts    counts
 }
 
 // NewSubscriber returns a subscriber of c, or an error naming the
@@ -172,8 +173,8 @@ type Stats struct {
 
 // Stats returns a copy of the counts.
 func (s *Subscriber) Stats() Stats {
+	st := s.counts.stats()
 	s.mu.Lock()
-	st := s.stats
 	st.PinID = s.h.Pin
 	s.mu.Unlock()
 	st.Gaps, st.OpenGap = s.gaps.State()
@@ -359,7 +360,7 @@ func (s *Subscriber) term(ctx context.Context, js jetstream.JetStream, cons *jet
 			return err
 		}
 		s.mu.Lock()
-		s.stats.Recreated++
+		s.counts.recreated.Add(1)
 		// The old consumer's deliveries cannot be acknowledged any more:
 		// the new one delivers what they held again, and the record says
 		// which of their batches are done.
