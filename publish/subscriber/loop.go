@@ -20,13 +20,6 @@ import (
 	"github.com/mailroom/tailer/publish/wire"
 )
 
-// pullExpiry bounds how long a pull request waits on the server. The
-// iterator asks again when two of its heartbeats (half the expiry apart)
-// are missed: a pull the server did not keep (seen under load after a
-// redelivery: the consumer shows no waiting pull while the subscriber
-// waits on it) then costs 5 s rather than the default 30 s.
-const pullExpiry = 5 * time.Second
-
 // errConsumerLost: the server no longer has the consumer.
 var errConsumerLost = errors.New("the consumer is gone from the server")
 
@@ -109,13 +102,11 @@ func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error
 // pullOpts are the options of cons's pulls, of pull messages each.
 func pullOpts(cons jetstream.Consumer, pull int) []jetstream.PullMessagesOpt {
 	cfg := cons.CachedInfo().Config
-	expiry := pullExpiry
-	if cfg.PriorityPolicy == jetstream.PriorityPolicyPinned && cfg.PinnedTTL > 0 {
-		// The pinned subscriber keeps its pin by asking again well
-		// within PinnedTTL, idle or not.
-		expiry = min(expiry, cfg.PinnedTTL/2)
+	ttl := time.Duration(0)
+	if cfg.PriorityPolicy == jetstream.PriorityPolicyPinned {
+		ttl = cfg.PinnedTTL
 	}
-	opts := []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(pull), jetstream.PullExpiry(expiry)}
+	opts := []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(pull), jetstream.PullExpiry(protocol.PullExpiry(ttl))}
 	if cfg.PriorityPolicy == jetstream.PriorityPolicyPinned {
 		opts = append(opts, jetstream.PullPriorityGroup(PriorityGroup))
 	}

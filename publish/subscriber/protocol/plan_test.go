@@ -138,7 +138,8 @@ func TestRecordDecisions(t *testing.T) {
 
 // The messages in hand are kept by the consumer's own ack wait, whatever
 // the subscriber's setting (issue 62: every token 2-4 times by the
-// flag's); the pin by a quarter of its TTL.
+// flag's); the pin by a quarter of its TTL; a pull waits 5 s, under a pin
+// at most half its TTL.
 func TestCadences(t *testing.T) {
 	for _, tc := range []struct{ consumer, setting, def, want time.Duration }{
 		{3 * time.Second, 30 * time.Second, 10 * time.Second, time.Second},
@@ -153,6 +154,11 @@ func TestCadences(t *testing.T) {
 	for _, tc := range []struct{ ttl, want time.Duration }{{10 * time.Second, 2500 * time.Millisecond}, {0, 0}, {-time.Second, 0}} {
 		if got := KeepPinEvery(tc.ttl); got != tc.want {
 			t.Errorf("KeepPinEvery(%s) = %s, want %s", tc.ttl, got, tc.want)
+		}
+	}
+	for _, tc := range []struct{ ttl, want time.Duration }{{0, 5 * time.Second}, {4 * time.Second, 2 * time.Second}, {10 * time.Second, 5 * time.Second}, {30 * time.Second, 5 * time.Second}} {
+		if got := PullExpiry(tc.ttl); got != tc.want {
+			t.Errorf("PullExpiry(%s) = %s, want %s", tc.ttl, got, tc.want)
 		}
 	}
 }

@@ -81,6 +81,19 @@ func KeepPinEvery(pinnedTTL time.Duration) time.Duration {
 	return max(pinnedTTL, 0) / 4
 }
 
+// PullExpiry is how long a pull request waits on the server: 5 s (the
+// iterator asks again when two of its heartbeats, half the expiry
+// apart, are missed: a pull the server did not keep then costs 5 s, not
+// the default 30 s); under a pin (pinnedTTL > 0), at most half the TTL,
+// so that the pinned subscriber keeps its pin by asking again, idle or
+// not.
+func PullExpiry(pinnedTTL time.Duration) time.Duration {
+	if pinnedTTL > 0 {
+		return min(5*time.Second, pinnedTTL/2)
+	}
+	return 5 * time.Second
+}
+
 // HeldAtLast is what the stream holds at the sequence the durable's record
 // saw last.
 type HeldAtLast uint8

@@ -239,7 +239,7 @@ func (p *proc) blocked() bool {
 func (p *proc) pull() {
 	for !p.blocked() && p.runs() {
 		pin, m, _ := p.w.dur.pull(p.w.stream, p.pin(), p.now())
-		p.nextPull = p.now() + min(5*time.Second, p.cfg().ttl/2)
+		p.nextPull = p.now() + protocol.PullExpiry(p.cfg().ttl)
 		if m == nil {
 			return
 		}
