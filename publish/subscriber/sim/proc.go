@@ -347,22 +347,52 @@ func (p *proc) consumerLost() {
 	p.remake(true)
 }
 
-// senderEnds is the sender ending with sig (0: exit 1, a failure),
-// having written the line it held or not; it is started again after
-// RestartIn.
-func (p *proc) senderEnds(sig syscall.Signal, wrote bool) {
+// senderEnd is how a sender ends: its exit code, whether the code is
+// one of --transient-exit, the signal that ended it (0: none).
+type senderEnd struct {
+	code      int
+	transient bool
+	sig       syscall.Signal
+}
+
+// senderEnds are the ways a sender ends with a batch in hand, as
+// docs/consumers.md's table names them; a failure drawn oftener, so that
+// batches reach --max-deliveries.
+var senderEnds = []senderEnd{
+	{code: 1}, {code: 1}, {code: 1}, // a failure
+	{code: 75, transient: true}, // EX_TEMPFAIL: its mail server away
+	{code: -1, sig: syscall.SIGSEGV},
+	{code: -1, sig: syscall.SIGABRT},
+	{code: -1, sig: syscall.SIGTERM},
+	{code: -1, sig: syscall.SIGHUP},
+	{code: 0}, // on its own, before the end of its input
+}
+
+// counts says whether the end counts a failed delivery against the batch
+// in hand, as the docs' table says, written apart from the core's
+// EndOfSender: another exit code than 0 and the transient ones, or a
+// crash of the sender's own; not a signal from outside.
+func (e senderEnd) counts() bool {
+	switch e.sig {
+	case 0:
+		return e.code != 0 && !e.transient
+	case syscall.SIGSEGV, syscall.SIGABRT, syscall.SIGBUS, syscall.SIGFPE, syscall.SIGILL:
+		return true
+	}
+	return false
+}
+
+// senderEnds is the sender ending as e, having written the line it held
+// or not; it is started again after RestartIn.
+func (p *proc) senderEnds(e senderEnd, wrote bool) {
 	if p.inHand != nil && wrote {
 		p.w.write(p.inHand.key(), p, p.inHand.h.m.lines[p.inHand.line])
 	}
-	code := 1
-	if sig != 0 {
-		code = -1
-	}
-	failed := protocol.EndOfSender(code, false, sig) == protocol.SenderFailed
-	if p.inHand != nil && sig == 0 {
+	failed := protocol.EndOfSender(e.code, e.transient, e.sig) == protocol.SenderFailed
+	if p.inHand != nil && e.counts() {
 		p.w.failed(p.inHand.key())
 	}
-	p.w.logf("p%d's sender ends (signal %d, wrote %v, failed %v)", p.id, sig, wrote, failed)
+	p.w.logf("p%d's sender ends (%+v, wrote %v, failed %v)", p.id, e, wrote, failed)
 	p.settle(failed)
 	p.restartIn = protocol.RestartIn(p.restartIn, p.progressed)
 	if p.endsInARow++; p.progressed {
@@ -370,7 +400,7 @@ func (p *proc) senderEnds(sig syscall.Signal, wrote bool) {
 	}
 	p.progressed = false
 	p.senderDown, p.restartAt = true, p.now()+p.restartIn
-	if p.cfg().resend && protocol.AfterSenderEnd(code, p.endsInARow) != protocol.StartAgain {
+	if p.cfg().resend && protocol.AfterSenderEnd(e.code, p.endsInARow) != protocol.StartAgain {
 		// A resend stops on a sender that keeps failing (Sender.giveUp),
 		// its dead letters left for the next.
 		p.w.logf("p%d gives up on its sender (%d ends in a row)", p.id, p.endsInARow)

@@ -226,9 +226,12 @@ func (s *schedule) fault(t *rapid.T, k string) bool {
 			return false
 		}
 		if k == "sender fails" {
-			p.senderEnds(0, false)
+			// Each way docs/consumers.md's table says a sender exits
+			// with a batch in hand: the count of failures is the
+			// world's own (senderEnd.counts), the fate the core's.
+			p.senderEnds(rapid.SampledFrom(senderEnds).Draw(t, "how"), false)
 		} else {
-			p.senderEnds(syscall.SIGKILL, rapid.Bool().Draw(t, "its line written"))
+			p.senderEnds(senderEnd{sig: syscall.SIGKILL}, rapid.Bool().Draw(t, "its line written"))
 		}
 	case "stream made again":
 		w.stream = &streamModel{inc: w.stream.inc + 1, msgs: map[uint64]*smsg{}}
