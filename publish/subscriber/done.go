@@ -26,7 +26,7 @@ func (s *Subscriber) doneFunc() func(...*Unit) {
 // done marks units done and acknowledges the messages that are then
 // complete.
 func (s *Subscriber) done(ctx context.Context, units []*Unit) {
-	var batches []protocol.Batch
+	var batches []protocol.HeldBatch
 	s.mu.Lock()
 	for _, u := range units {
 		if u.done {
@@ -35,7 +35,7 @@ func (s *Subscriber) done(ctx context.Context, units []*Unit) {
 		u.done = true
 		s.counts.batches.Add(1)
 		s.counts.lastDone.Store(time.Now().UnixNano())
-		batches = append(batches, protocol.Batch{Held: u.h, Line: u.Line})
+		batches = append(batches, protocol.HeldBatch{Held: u.h, Line: u.Line})
 	}
 	cmds := s.h.Step(protocol.Done{Batches: batches})
 	s.mu.Unlock()
@@ -131,9 +131,9 @@ func (s *Subscriber) ReaderEnded(ctx context.Context, o Outcome) int {
 	if r := s.reader; r != nil {
 		failedOn, inDoubt = r.settle(o)
 	}
-	var blame *protocol.Batch
+	var blame *protocol.HeldBatch
 	if u := failedOn; u != nil {
-		blame = &protocol.Batch{Held: u.h, Line: u.Line}
+		blame = &protocol.HeldBatch{Held: u.h, Line: u.Line}
 	}
 	if o == ReaderFailed && inDoubt {
 		s.counts.readerFailures.Add(1)

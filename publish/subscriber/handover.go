@@ -168,7 +168,7 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 	}
 	// One talk at a time: no save of this subscriber's in flight
 	// meanwhile, so the revision it compares with is its latest.
-	_, err := s.talk(ctx, protocol.Claim{}, recordIO{
+	_, err := s.talk(ctx, protocol.ClaimRecord{}, recordIO{
 		load: func(ctx context.Context) (protocol.Progress, uint64, error) {
 			return s.loadProgress(ctx, func() { msg.InProgress() })
 		},

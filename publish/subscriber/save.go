@@ -214,12 +214,12 @@ func (s *Subscriber) patientIO(ctx context.Context, msg jetstream.Msg) recordIO 
 // ended it for Waits and SaveFailed. The acks and naks a talk ends with
 // are the caller's. One talk at a time (talkMu): the machine has one
 // under way.
-func (s *Subscriber) talk(ctx context.Context, first protocol.Event, io recordIO) (protocol.Ended, error) {
+func (s *Subscriber) talk(ctx context.Context, first protocol.Found, io recordIO) (protocol.TalkEnded, error) {
 	s.talkMu.Lock()
 	defer s.talkMu.Unlock()
 	var ioErr error
 	// answer is what IO found, err the error it met: Unanswered then.
-	answer := func(ev protocol.Event, err error) protocol.Event {
+	answer := func(ev protocol.Found, err error) protocol.Found {
 		if err != nil {
 			ioErr = err
 			return protocol.Unanswered{}
@@ -228,9 +228,9 @@ func (s *Subscriber) talk(ctx context.Context, first protocol.Event, io recordIO
 	}
 	cmds := s.step(first)
 	for len(cmds) > 0 {
-		var ev protocol.Event
+		var ev protocol.Found
 		switch c := cmds[0].(type) {
-		case protocol.Ended:
+		case protocol.TalkEnded:
 			return c, outcomeErr(c.Outcome, ioErr)
 		case protocol.Load:
 			p, rev, err := io.load(ctx)
@@ -251,12 +251,12 @@ func (s *Subscriber) talk(ctx context.Context, first protocol.Event, io recordIO
 		}
 		cmds = append(cmds[1:], s.step(ev)...)
 	}
-	return protocol.Ended{}, fmt.Errorf("consume %s: the record's talk stopped without an end (a driver's slip)", s.cfg.Durable)
+	return protocol.TalkEnded{}, fmt.Errorf("consume %s: the record's talk stopped without an end (a driver's slip)", s.cfg.Durable)
 }
 
 // outcomeErr is the error of a talk that ended with o, ioErr the error of
 // the IO that ended it.
-func outcomeErr(o protocol.Outcome, ioErr error) error {
+func outcomeErr(o protocol.TalkOutcome, ioErr error) error {
 	switch o {
 	case protocol.GiveBack, protocol.SaveRefused:
 		return ErrTakenOver
@@ -267,7 +267,7 @@ func outcomeErr(o protocol.Outcome, ioErr error) error {
 }
 
 // step steps the machine with e.
-func (s *Subscriber) step(e protocol.Event) []protocol.Command {
+func (s *Subscriber) step(e protocol.Found) []protocol.ToDo {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.h.Step(e)

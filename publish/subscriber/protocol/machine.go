@@ -7,7 +7,7 @@ package protocol
 // this subscriber, the batches done, their messages acknowledged once
 // the record saved says so, and what it held handed back. Whether a delivery waits on a claim is
 // Reread's. Step takes what IO found and returns what IO must do
-// next; a talk ends with an Ended command. The subscriber
+// next; a talk ends with a TalkEnded. The subscriber
 // (publish/subscriber) and its simulation (publish/subscriber/sim) are
 // its drivers: each carries the commands out, against the servers or
 // their models, and neither decides a step of a talk. One talk at a
@@ -39,31 +39,31 @@ const (
 	savingOver
 )
 
-// Event is what IO found, for Step.
-type Event interface{ event() }
+// Found is what IO found, for Step.
+type Found interface{ found() }
 
-// Command is what IO must do, from Step.
-type Command interface{ command() }
+// ToDo is what IO must do, from Step.
+type ToDo interface{ toDo() }
 
-// Claim starts a claim, for a delivery that must wait on the record read
-// again (Reread said so, or its claim was not answered, Ended{Outcome: Waits}).
-type Claim struct{}
+// ClaimRecord starts a claim, for a delivery that must wait on the record read
+// again (Reread said so, or its claim was not answered: Waits).
+type ClaimRecord struct{}
 
 // SaveDue: the record is to be saved if it changed.
 type SaveDue struct{}
 
 // Done: batches the sink finished (or set aside), outside any talk. The
 // messages then complete come back in a Finish.
-type Done struct{ Batches []Batch }
+type Done struct{ Batches []HeldBatch }
 
-// Batch is batch Line of the message held as Held.
-type Batch struct {
+// HeldBatch is batch Line of the message held as Held.
+type HeldBatch struct {
 	Held *Held
 	Line int
 }
 
 // Complete: messages all of whose batches may be done (none was for the
-// sink, or their acks waited on a save that failed, Ended{Outcome: SaveFailed}):
+// sink, or their acks waited on a save that failed, SaveFailed):
 // acknowledged as Done's are.
 type Complete struct{ Msgs []*Held }
 
@@ -78,7 +78,7 @@ type Acked struct {
 // it stands by), Blame the batch a reader's failure counts against (nil:
 // none). The messages held but those being acknowledged are handed back,
 // once the record says which of their batches are done.
-type HandBack struct{ Blame *Batch }
+type HandBack struct{ Blame *HeldBatch }
 
 // Loaded: the record read (Load), at Rev.
 type Loaded struct {
@@ -125,23 +125,23 @@ type AskPin struct{}
 // Complete{Msgs} when no talk is under way.
 type Finish struct{ Msgs []*Held }
 
-// Ended ends a talk. Acks, with Acking, are the messages to acknowledge,
+// TalkEnded ends a talk. Acks, with Acking, are the messages to acknowledge,
 // side by side, each answered with Acked; with SaveFailed, of a
 // Complete's save, those whose acks wait on the record (Complete,
 // later). Naks, of a HandBack, are the messages to hand back to the
 // server (a nak each, no answer), whatever the save's outcome.
-type Ended struct {
-	Outcome Outcome
+type TalkEnded struct {
+	Outcome TalkOutcome
 	Acks    []*Held
 	Naks    []*Held
 }
 
-// Outcome is how a talk with the record ended.
-type Outcome uint8
+// TalkOutcome is how a talk with the record ended.
+type TalkOutcome uint8
 
 const (
 	// Take: the claim landed; the delivery is to be taken.
-	Take Outcome = iota
+	Take TalkOutcome = iota
 	// GiveBack: another subscriber delivers now; the delivery goes back
 	// to the server, and this one stands by (ErrTakenOver).
 	GiveBack
@@ -163,32 +163,32 @@ const (
 	Acking
 )
 
-func (Claim) event()        {}
-func (SaveDue) event()      {}
-func (Done) event()         {}
-func (Complete) event()     {}
-func (Acked) event()        {}
-func (HandBack) event()     {}
-func (Loaded) event()       {}
-func (Checked) event()      {}
-func (Wrote) event()        {}
-func (WriteRefused) event() {}
-func (Unanswered) event()   {}
-func (PinIs) event()        {}
+func (ClaimRecord) found()  {}
+func (SaveDue) found()      {}
+func (Done) found()         {}
+func (Complete) found()     {}
+func (Acked) found()        {}
+func (HandBack) found()     {}
+func (Loaded) found()       {}
+func (Checked) found()      {}
+func (Wrote) found()        {}
+func (WriteRefused) found() {}
+func (Unanswered) found()   {}
+func (PinIs) found()        {}
 
-func (Load) command()   {}
-func (Check) command()  {}
-func (Write) command()  {}
-func (AskPin) command() {}
-func (Finish) command() {}
-func (Ended) command()  {}
+func (Load) toDo()      {}
+func (Check) toDo()     {}
+func (Write) toDo()     {}
+func (AskPin) toDo()    {}
+func (Finish) toDo()    {}
+func (TalkEnded) toDo() {}
 
-// Step takes what IO found and returns what IO must do next. An event
-// that does not fit the talk under way (none: a Loaded with no talk) is
-// a driver's slip, and ends nothing: Step returns no command.
-func (m *Machine) Step(e Event) []Command {
+// Step takes what IO found and returns what IO must do next. An input
+// that does not fit the talk under way (a Loaded with no talk) is a
+// driver's slip, and ends nothing: Step returns no output.
+func (m *Machine) Step(e Found) []ToDo {
 	switch e := e.(type) {
-	case Claim:
+	case ClaimRecord:
 		return m.start(claiming, Load{})
 	case SaveDue:
 		return m.saveDue()
@@ -202,7 +202,7 @@ func (m *Machine) Step(e Event) []Command {
 		if len(complete) == 0 {
 			return nil
 		}
-		return []Command{Finish{complete}}
+		return []ToDo{Finish{complete}}
 	case Complete:
 		return m.complete(e.Msgs)
 	case Acked:
@@ -227,32 +227,32 @@ func (m *Machine) Step(e Event) []Command {
 }
 
 // start begins talk with cmd.
-func (m *Machine) start(t talk, cmd Command) []Command {
+func (m *Machine) start(t talk, cmd ToDo) []ToDo {
 	m.talk = t
-	return []Command{cmd}
+	return []ToDo{cmd}
 }
 
 // finish ends the talk under way with o. A save that messages complete
 // waited on, landed or not to be made, has them acknowledged: every
 // batch of theirs is done, acknowledged even when this subscriber is
 // taken over; failed, their acks wait.
-func (m *Machine) finish(o Outcome) []Command {
+func (m *Machine) finish(o TalkOutcome) []ToDo {
 	m.talk = noTalk
 	acks, naks := m.acks, m.naks
 	m.acks, m.naks = nil, nil
 	switch {
 	case acks == nil:
-		return []Command{Ended{Outcome: o, Naks: naks}}
+		return []ToDo{TalkEnded{Outcome: o, Naks: naks}}
 	case o == SaveFailed:
 		m.Unsent(acks)
-		return []Command{Ended{Outcome: o, Acks: acks}}
+		return []ToDo{TalkEnded{Outcome: o, Acks: acks}}
 	}
-	return []Command{Ended{Outcome: Acking, Acks: acks}}
+	return []ToDo{TalkEnded{Outcome: Acking, Acks: acks}}
 }
 
 // complete acknowledges those of ms all of whose batches are done and
 // whose acks are not on their way, once the record is saved.
-func (m *Machine) complete(ms []*Held) []Command {
+func (m *Machine) complete(ms []*Held) []ToDo {
 	ready := m.ToAck(ms...)
 	if len(ready) == 0 {
 		return end(NoAck)
@@ -261,17 +261,17 @@ func (m *Machine) complete(ms []*Held) []Command {
 	return m.saveDue()
 }
 
-func end(o Outcome) []Command { return []Command{Ended{Outcome: o}} }
+func end(o TalkOutcome) []ToDo { return []ToDo{TalkEnded{Outcome: o}} }
 
 // stepClaim steps the claim: the record read, held against the stream
 // when another wrote it since, decided on (Read), and written back before
 // anything is handed on; written since the read, it is read again.
-func (m *Machine) stepClaim(e Event) []Command {
+func (m *Machine) stepClaim(e Found) []ToDo {
 	switch e := e.(type) {
 	case Loaded:
 		if e.Rev != m.Rev {
 			m.rev = e.Rev
-			return []Command{Check{e.Record}}
+			return []ToDo{Check{e.Record}}
 		}
 		return m.decide(e.Record, e.Rev)
 	case Checked:
@@ -280,7 +280,7 @@ func (m *Machine) stepClaim(e Event) []Command {
 		m.Claimed(m.claim, e.Rev, m.decided, m.holding)
 		return m.finish(Take)
 	case WriteRefused:
-		return []Command{Load{}}
+		return []ToDo{Load{}}
 	case Unanswered:
 		return m.finish(Waits)
 	}
@@ -289,17 +289,17 @@ func (m *Machine) stepClaim(e Event) []Command {
 
 // decide decides on the record cur read at rev: taken over, or the claim
 // to write.
-func (m *Machine) decide(cur Progress, rev uint64) []Command {
+func (m *Machine) decide(cur Progress, rev uint64) []ToDo {
 	m.claim, m.decided, m.holding = m.Read(cur, rev)
 	if m.decided == TakenOver {
 		return m.finish(GiveBack)
 	}
-	return []Command{Write{m.claim, rev}}
+	return []ToDo{Write{m.claim, rev}}
 }
 
 // saveDue starts a save of the record, if it changed and this subscriber
 // still writes it.
-func (m *Machine) saveDue() []Command {
+func (m *Machine) saveDue() []ToDo {
 	what, p, rev, n := m.ToSave()
 	switch what {
 	case Refused:
@@ -318,7 +318,7 @@ func (m *Machine) saveDue() []Command {
 // writes over it (the one pinned merges; the other writes nothing more
 // once refused), instead of standing by and having the batches it held
 // written again (issue 49).
-func (m *Machine) stepSave(e Event) []Command {
+func (m *Machine) stepSave(e Found) []ToDo {
 	switch e := e.(type) {
 	case Wrote:
 		m.Saved(e.Rev, m.saving)
@@ -328,24 +328,24 @@ func (m *Machine) stepSave(e Event) []Command {
 			m.NotSaved(true)
 			return m.finish(SaveRefused)
 		}
-		return []Command{AskPin{}}
+		return []ToDo{AskPin{}}
 	case PinIs:
 		if !m.PinnedHere(e.Pinned) {
 			m.NotSaved(true)
 			return m.finish(SaveRefused)
 		}
 		m.talk = savingOver
-		return []Command{Load{}}
+		return []ToDo{Load{}}
 	case Loaded:
 		// Late, and maybe of a stream since made again (the other,
 		// frozen as the stream went, saved the old record as it woke):
 		// dropped then, not absorbed.
 		m.rev = e.Rev
-		return []Command{Check{e.Record}}
+		return []ToDo{Check{e.Record}}
 	case Checked:
 		// In place: the messages in hand keep their records.
 		m.Absorb(&e.Record)
-		return []Command{Write{m.Record.Clone(), m.rev}}
+		return []ToDo{Write{m.Record.Clone(), m.rev}}
 	case Unanswered:
 		m.NotSaved(false)
 		return m.finish(SaveFailed)

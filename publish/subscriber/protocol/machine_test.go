@@ -11,7 +11,7 @@ import (
 // step is one step of a talk: the event, and the commands wanted back
 // (compared as show prints them).
 type step struct {
-	e    Event
+	e    Found
 	want string
 }
 
@@ -28,7 +28,7 @@ func talkThrough(t *testing.T, m *Machine, steps []step) {
 }
 
 // show prints cmds, the records they carry as they are saved.
-func show(cmds []Command) string {
+func show(cmds []ToDo) string {
 	out := ""
 	for _, c := range cmds {
 		switch c := c.(type) {
@@ -64,16 +64,16 @@ func TestMachineClaim(t *testing.T) {
 	mine, theirs := records()
 	m := Machine{Holdings: Holdings{Record: mine.Clone(), Rev: 4, Dirty: true, DoneUnsaved: 1}}
 	talkThrough(t, &m, []step{
-		{Claim{}, show([]Command{Load{}})},
-		{Loaded{Record: mine.Clone(), Rev: 4}, show([]Command{Write{mine, 4}})},
-		{WriteRefused{}, show([]Command{Load{}})},
-		{Loaded{Record: theirs.Clone(), Rev: 6}, show([]Command{Check{theirs}})},
+		{ClaimRecord{}, show([]ToDo{Load{}})},
+		{Loaded{Record: mine.Clone(), Rev: 4}, show([]ToDo{Write{mine, 4}})},
+		{WriteRefused{}, show([]ToDo{Load{}})},
+		{Loaded{Record: theirs.Clone(), Rev: 6}, show([]ToDo{Check{theirs}})},
 	})
 	merged := theirs.Clone()
 	merged.Absorb(&mine)
 	talkThrough(t, &m, []step{
-		{Checked{theirs.Clone()}, show([]Command{Write{merged, 6}})},
-		{Wrote{Rev: 7}, show([]Command{Ended{Outcome: Take}})},
+		{Checked{theirs.Clone()}, show([]ToDo{Write{merged, 6}})},
+		{Wrote{Rev: 7}, show([]ToDo{TalkEnded{Outcome: Take}})},
 	})
 	if m.Rev != 7 || !m.Record.Messages[7].Done.Has(1) || !m.Record.Messages[9].Done.Has(0) || m.Dirty || m.DoneUnsaved != 0 {
 		t.Fatalf("claimed: rev %d, record %+v, dirty %v, done unsaved %d", m.Rev, m.Record, m.Dirty, m.DoneUnsaved)
@@ -91,14 +91,14 @@ func TestMachineClaimGivesBackAndWaits(t *testing.T) {
 	m := Machine{Holdings: Holdings{Record: mine.Clone(), Rev: 4}}
 	m.Take(11, "m11", []int{1, 1}, rules, "msg11")
 	talkThrough(t, &m, []step{
-		{Claim{}, show([]Command{Load{}})},
-		{Loaded{Record: theirs.Clone(), Rev: 5}, show([]Command{Check{theirs}})},
-		{Checked{theirs.Clone()}, show([]Command{Ended{Outcome: GiveBack}})},
-		{Claim{}, show([]Command{Load{}})},
-		{Unanswered{}, show([]Command{Ended{Outcome: Waits}})},
-		{Claim{}, show([]Command{Load{}})},
-		{Loaded{Record: mine.Clone(), Rev: 4}, show([]Command{Write{m.Record, 4}})},
-		{Unanswered{}, show([]Command{Ended{Outcome: Waits}})},
+		{ClaimRecord{}, show([]ToDo{Load{}})},
+		{Loaded{Record: theirs.Clone(), Rev: 5}, show([]ToDo{Check{theirs}})},
+		{Checked{theirs.Clone()}, show([]ToDo{TalkEnded{Outcome: GiveBack}})},
+		{ClaimRecord{}, show([]ToDo{Load{}})},
+		{Unanswered{}, show([]ToDo{TalkEnded{Outcome: Waits}})},
+		{ClaimRecord{}, show([]ToDo{Load{}})},
+		{Loaded{Record: mine.Clone(), Rev: 4}, show([]ToDo{Write{m.Record, 4}})},
+		{Unanswered{}, show([]ToDo{TalkEnded{Outcome: Waits}})},
 	})
 	if m.Rev != 4 {
 		t.Fatalf("an unanswered claim moved the revision to %d", m.Rev)
@@ -111,24 +111,24 @@ func TestMachineClaimGivesBackAndWaits(t *testing.T) {
 func TestMachineSave(t *testing.T) {
 	mine, _ := records()
 	m := Machine{Holdings: Holdings{Record: mine.Clone(), Rev: 4}}
-	talkThrough(t, &m, []step{{SaveDue{}, show([]Command{Ended{Outcome: Unchanged}})}})
+	talkThrough(t, &m, []step{{SaveDue{}, show([]ToDo{TalkEnded{Outcome: Unchanged}})}})
 	m.Dirty, m.DoneUnsaved = true, 3
 	talkThrough(t, &m, []step{
-		{SaveDue{}, show([]Command{Write{mine, 4}})},
-		{Unanswered{}, show([]Command{Ended{Outcome: SaveFailed}})},
+		{SaveDue{}, show([]ToDo{Write{mine, 4}})},
+		{Unanswered{}, show([]ToDo{TalkEnded{Outcome: SaveFailed}})},
 	})
 	if !m.Dirty || m.DoneUnsaved != 3 {
 		t.Fatalf("an unanswered save: dirty %v, done unsaved %d", m.Dirty, m.DoneUnsaved)
 	}
 	talkThrough(t, &m, []step{
-		{SaveDue{}, show([]Command{Write{mine, 4}})},
-		{Wrote{Rev: 5}, show([]Command{Ended{Outcome: Saved}})},
+		{SaveDue{}, show([]ToDo{Write{mine, 4}})},
+		{Wrote{Rev: 5}, show([]ToDo{TalkEnded{Outcome: Saved}})},
 	})
 	if m.Dirty || m.DoneUnsaved != 0 || m.Rev != 5 {
 		t.Fatalf("saved: dirty %v, done unsaved %d, rev %d", m.Dirty, m.DoneUnsaved, m.Rev)
 	}
 	m.TakenOver = true
-	talkThrough(t, &m, []step{{SaveDue{}, show([]Command{Ended{Outcome: SaveRefused}})}})
+	talkThrough(t, &m, []step{{SaveDue{}, show([]ToDo{TalkEnded{Outcome: SaveRefused}})}})
 }
 
 // A save refused: with no pin, or the server pinning another, this one
@@ -140,9 +140,9 @@ func TestMachineSaveOver(t *testing.T) {
 	for _, pin := range []string{"", "p1"} {
 		m := Machine{Holdings: Holdings{Record: mine.Clone(), Rev: 4, Pin: pin}}
 		m.Take(9, "m9", []int{1}, rules, "msg9")
-		want := []step{{SaveDue{}, show([]Command{Write{m.Record, 4}})}, {WriteRefused{}, show([]Command{AskPin{}})}, {PinIs{"p2"}, show([]Command{Ended{Outcome: SaveRefused}})}}
+		want := []step{{SaveDue{}, show([]ToDo{Write{m.Record, 4}})}, {WriteRefused{}, show([]ToDo{AskPin{}})}, {PinIs{"p2"}, show([]ToDo{TalkEnded{Outcome: SaveRefused}})}}
 		if pin == "" {
-			want = []step{want[0], {WriteRefused{}, show([]Command{Ended{Outcome: SaveRefused}})}}
+			want = []step{want[0], {WriteRefused{}, show([]ToDo{TalkEnded{Outcome: SaveRefused}})}}
 		}
 		talkThrough(t, &m, want)
 		if !m.TakenOver {
@@ -154,12 +154,12 @@ func TestMachineSaveOver(t *testing.T) {
 	merged := m.Record.Clone()
 	merged.Absorb(&theirs)
 	talkThrough(t, &m, []step{
-		{SaveDue{}, show([]Command{Write{m.Record, 4}})},
-		{WriteRefused{}, show([]Command{AskPin{}})},
-		{PinIs{"p1"}, show([]Command{Load{}})},
-		{Loaded{Record: theirs.Clone(), Rev: 6}, show([]Command{Check{theirs}})},
-		{Checked{theirs.Clone()}, show([]Command{Write{merged, 6}})},
-		{WriteRefused{}, show([]Command{Ended{Outcome: SaveRefused}})},
+		{SaveDue{}, show([]ToDo{Write{m.Record, 4}})},
+		{WriteRefused{}, show([]ToDo{AskPin{}})},
+		{PinIs{"p1"}, show([]ToDo{Load{}})},
+		{Loaded{Record: theirs.Clone(), Rev: 6}, show([]ToDo{Check{theirs}})},
+		{Checked{theirs.Clone()}, show([]ToDo{Write{merged, 6}})},
+		{WriteRefused{}, show([]ToDo{TalkEnded{Outcome: SaveRefused}})},
 	})
 	if !m.TakenOver {
 		t.Fatal("refused over a late write, not taken over")
@@ -167,12 +167,12 @@ func TestMachineSaveOver(t *testing.T) {
 	// The late write dropped by the check: this one's record, written.
 	m = Machine{Holdings: Holdings{Record: mine.Clone(), Rev: 4, Pin: "p1", Dirty: true}}
 	talkThrough(t, &m, []step{
-		{SaveDue{}, show([]Command{Write{mine, 4}})},
-		{WriteRefused{}, show([]Command{AskPin{}})},
-		{PinIs{"p1"}, show([]Command{Load{}})},
-		{Loaded{Record: theirs.Clone(), Rev: 6}, show([]Command{Check{theirs}})},
-		{Checked{}, show([]Command{Write{mine, 6}})},
-		{Wrote{Rev: 7}, show([]Command{Ended{Outcome: Saved}})},
+		{SaveDue{}, show([]ToDo{Write{mine, 4}})},
+		{WriteRefused{}, show([]ToDo{AskPin{}})},
+		{PinIs{"p1"}, show([]ToDo{Load{}})},
+		{Loaded{Record: theirs.Clone(), Rev: 6}, show([]ToDo{Check{theirs}})},
+		{Checked{}, show([]ToDo{Write{mine, 6}})},
+		{Wrote{Rev: 7}, show([]ToDo{TalkEnded{Outcome: Saved}})},
 	})
 	if m.Rev != 7 || m.Record.Messages[7] != nil {
 		t.Fatalf("saved over a dropped late write: rev %d, record %+v", m.Rev, m.Record)
@@ -186,36 +186,36 @@ func TestMachineSaveOver(t *testing.T) {
 func TestMachineFinish(t *testing.T) {
 	var m Machine
 	h := m.Take(3, "m3", []int{1, 1}, rules, "msg3").Held
-	if cmds := m.Step(Done{[]Batch{{h, 0}}}); cmds != nil {
+	if cmds := m.Step(Done{[]HeldBatch{{h, 0}}}); cmds != nil {
 		t.Fatalf("one batch of two done: %v", cmds)
 	}
-	cmds := m.Step(Done{[]Batch{{h, 1}}})
+	cmds := m.Step(Done{[]HeldBatch{{h, 1}}})
 	if len(cmds) != 1 || len(cmds[0].(Finish).Msgs) != 1 || cmds[0].(Finish).Msgs[0] != h {
 		t.Fatalf("both batches done: %v", cmds)
 	}
 	record := m.Record.Clone()
 	talkThrough(t, &m, []step{
-		{Complete{[]*Held{h}}, show([]Command{Write{record, 0}})},
-		{Unanswered{}, show([]Command{Ended{Outcome: SaveFailed, Acks: []*Held{h}}})},
+		{Complete{[]*Held{h}}, show([]ToDo{Write{record, 0}})},
+		{Unanswered{}, show([]ToDo{TalkEnded{Outcome: SaveFailed, Acks: []*Held{h}}})},
 	})
 	if h.Acking || !m.Dirty {
 		t.Fatalf("a save failed: acking %v, dirty %v", h.Acking, m.Dirty)
 	}
 	talkThrough(t, &m, []step{
-		{Complete{[]*Held{h}}, show([]Command{Write{record, 0}})},
-		{Wrote{Rev: 1}, show([]Command{Ended{Outcome: Acking, Acks: []*Held{h}}})},
-		{Complete{[]*Held{h}}, show([]Command{Ended{Outcome: NoAck}})},
+		{Complete{[]*Held{h}}, show([]ToDo{Write{record, 0}})},
+		{Wrote{Rev: 1}, show([]ToDo{TalkEnded{Outcome: Acking, Acks: []*Held{h}}})},
+		{Complete{[]*Held{h}}, show([]ToDo{TalkEnded{Outcome: NoAck}})},
 		{Acked{h, true}, ""},
 	})
 	if m.Holding() || !h.Rec.Acked {
 		t.Fatalf("acked: holding %v, recorded %v", m.Holding(), h.Rec.Acked)
 	}
 	h = m.Take(4, "m4", []int{1}, rules, "msg4").Held
-	m.Step(Done{[]Batch{{h, 0}}})
+	m.Step(Done{[]HeldBatch{{h, 0}}})
 	record = m.Record.Clone()
 	talkThrough(t, &m, []step{
-		{Complete{[]*Held{h}}, show([]Command{Write{record, 1}})},
-		{WriteRefused{}, show([]Command{Ended{Outcome: Acking, Acks: []*Held{h}}})},
+		{Complete{[]*Held{h}}, show([]ToDo{Write{record, 1}})},
+		{WriteRefused{}, show([]ToDo{TalkEnded{Outcome: Acking, Acks: []*Held{h}}})},
 	})
 	if !m.TakenOver {
 		t.Fatal("refused while holding, not taken over")
@@ -230,20 +230,20 @@ func TestMachineHandBack(t *testing.T) {
 	var m Machine
 	h1 := m.Take(1, "m1", []int{1, 1}, rules, "msg1").Held
 	h2 := m.Take(2, "m2", []int{1}, rules, "msg2").Held
-	m.Step(Done{[]Batch{{h2, 0}}})
+	m.Step(Done{[]HeldBatch{{h2, 0}}})
 	m.Step(Complete{[]*Held{h2}})
 	m.Step(Wrote{Rev: 1})
 	m.Dirty = true
 	record := m.Record.Clone()
 	record.Messages[1].Failed(0)
 	talkThrough(t, &m, []step{
-		{HandBack{&Batch{h1, 0}}, show([]Command{Write{record, 1}})},
-		{Wrote{Rev: 2}, show([]Command{Ended{Outcome: Saved, Naks: []*Held{h1}}})},
+		{HandBack{&HeldBatch{h1, 0}}, show([]ToDo{Write{record, 1}})},
+		{Wrote{Rev: 2}, show([]ToDo{TalkEnded{Outcome: Saved, Naks: []*Held{h1}}})},
 	})
 	if held := m.Held(); len(held) != 1 || held[0] != h2 || h1.Rec.Attempts[0] != 1 {
 		t.Fatalf("held %v after handing back, attempts %v", held, h1.Rec.Attempts)
 	}
 	h3 := m.Take(3, "m3", []int{1}, rules, "msg3").Held
 	m.TakenOver = true
-	talkThrough(t, &m, []step{{HandBack{}, show([]Command{Ended{Outcome: SaveRefused, Naks: []*Held{h3}}})}})
+	talkThrough(t, &m, []step{{HandBack{}, show([]ToDo{TalkEnded{Outcome: SaveRefused, Naks: []*Held{h3}}})}})
 }

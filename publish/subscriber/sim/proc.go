@@ -81,12 +81,23 @@ type proc struct {
 
 	nextSave, nextProgress, nextKeepPin, nextWatch, nextPull time.Duration
 
-	// A sender: the line in hand since startedAt; down until restartAt.
+	// A sender: the line in hand since startedAt (stalled until
+	// stuckUntil); down until restartAt.
 	inHand               *unit
 	startedAt            time.Duration
+	stuckUntil           time.Duration
 	senderDown           bool
 	restartAt, restartIn time.Duration
 	progressed           bool
+	// The sender's stall as the subscriber follows it (Lines.Stalled),
+	// looked at nextStallLook; moved is when the sender last took a
+	// line, finished one or was started, as the world sees it, and
+	// finished how many lines it finished.
+	stall                protocol.Stall
+	nextStallLook, moved time.Duration
+	finished             int
+	// awake is when the process started.
+	awake time.Duration
 	// An inbox: the units of the transaction that commits at commitAt.
 	committing []*unit
 	commitAt   time.Duration
@@ -139,6 +150,8 @@ func (p *proc) start() {
 	p.loaded = true
 	now := p.now()
 	p.nextSave, p.nextProgress, p.nextKeepPin, p.nextWatch, p.nextPull = now+time.Second, now, now, now+time.Second, now
+	p.nextStallLook, p.moved, p.awake = now, now, now
+	p.stall.Moved(instant(now))
 }
 
 // remake holds the record against the stream (checkRecord) and makes the
@@ -278,6 +291,10 @@ func (p *proc) timers() {
 		p.nextWatch = now + time.Second
 		p.watchPin()
 	}
+	if !cfg.inbox && now >= p.nextStallLook {
+		p.nextStallLook = now + protocol.StallLookEvery(cfg.stallTimeout)
+		p.lookForStall()
+	}
 }
 
 // due is the next time something of the process is due.
@@ -290,7 +307,10 @@ func (p *proc) due() time.Duration {
 	}
 	t := min(p.nextSave, p.nextProgress, p.nextKeepPin, p.nextWatch, p.nextPull)
 	if p.inHand != nil {
-		t = min(t, p.startedAt+p.cfg().lineTime)
+		t = min(t, p.lineDone())
+	}
+	if !p.cfg().inbox {
+		t = min(t, p.nextStallLook)
 	}
 	if p.taking != nil || len(p.acking) > 0 || p.reloading {
 		t = min(t, p.now()+250*time.Millisecond)

@@ -51,14 +51,14 @@ func (p *proc) save() error {
 // the pin the durable's model gives; each write that lands is noted
 // (saved). It returns how the talk ended and the error of the IO that
 // ended it.
-func (p *proc) talk(first protocol.Event) (protocol.Ended, error) {
+func (p *proc) talk(first protocol.Found) (protocol.TalkEnded, error) {
 	kv, ctx := p.kv(), context.Background()
 	var ioErr error
 	cmds := p.h.Step(first)
 	for len(cmds) > 0 {
-		var ev protocol.Event
+		var ev protocol.Found
 		switch c := cmds[0].(type) {
-		case protocol.Ended:
+		case protocol.TalkEnded:
 			return c, ioErr
 		case protocol.Load:
 			r, rev, err := kv.Load(ctx)
@@ -84,7 +84,7 @@ func (p *proc) talk(first protocol.Event) (protocol.Ended, error) {
 		}
 	}
 	p.w.fail("p%d: the record's talk stopped without an end", p.id)
-	return protocol.Ended{}, nil
+	return protocol.TalkEnded{}, nil
 }
 
 // saved notes the record in the bucket: the batches it says are done
@@ -177,7 +177,7 @@ func (p *proc) refresh(d *delivery) bool {
 	if !d.stale {
 		return true
 	}
-	switch end, _ := p.talk(protocol.Claim{}); end.Outcome {
+	switch end, _ := p.talk(protocol.ClaimRecord{}); end.Outcome {
 	case protocol.GiveBack:
 		p.w.dur.nak(d.m.seq, p.now())
 		p.standBy("taken over (the record read again)")

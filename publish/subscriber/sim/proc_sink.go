@@ -7,6 +7,7 @@ import (
 	"errors"
 	"github.com/mailroom/tailer/publish/subscriber"
 	"slices"
+	"time"
 
 	"github.com/mailroom/tailer/publish/subscriber/protocol"
 )
@@ -36,7 +37,7 @@ func (p *proc) handNext() {
 		}
 		u := p.toHand[0]
 		p.toHand = p.toHand[1:]
-		p.inHand, p.startedAt = u, p.now()
+		p.inHand, p.startedAt, p.moved = u, p.now(), p.now()
 		p.w.handed(u.key(), p)
 	}
 }
@@ -46,12 +47,14 @@ func (p *proc) handNext() {
 func (p *proc) sink() {
 	now := p.now()
 	if p.senderDown && now >= p.restartAt {
-		p.senderDown = false
+		p.senderDown, p.moved = false, now
+		p.stall.Moved(instant(now))
 		p.w.logf("p%d's sender started again", p.id)
 	}
-	if u := p.inHand; u != nil && now >= p.startedAt+p.cfg().lineTime {
+	if u := p.inHand; u != nil && now >= p.lineDone() {
 		p.inHand = nil
 		p.progressed = true
+		p.moved, p.finished = now, p.finished+1
 		p.w.write(u.key(), p, u.h.m.lines[u.line])
 		p.done(u)
 	}
@@ -66,13 +69,13 @@ func (p *proc) sink() {
 
 // done marks units done and acknowledges the messages then complete.
 func (p *proc) done(units ...*unit) {
-	var batches []protocol.Batch
+	var batches []protocol.HeldBatch
 	for _, u := range units {
 		if u.done {
 			continue
 		}
 		u.done = true
-		batches = append(batches, protocol.Batch{Held: u.h.Held, Line: u.line})
+		batches = append(batches, protocol.HeldBatch{Held: u.h.Held, Line: u.line})
 	}
 	for _, c := range p.h.Step(protocol.Done{Batches: batches}) {
 		if f, ok := c.(protocol.Finish); ok {
@@ -138,10 +141,10 @@ func (p *proc) settle(failed bool) {
 		handed = []*unit{p.inHand}
 		end.Taken, end.Ends = 1, []int64{1}
 	}
-	var blame *protocol.Batch
+	var blame *protocol.HeldBatch
 	if _, blamed := protocol.AfterReaderEnd(end); blamed >= 0 {
 		u := handed[blamed]
-		blame = &protocol.Batch{Held: u.h.Held, Line: u.line}
+		blame = &protocol.HeldBatch{Held: u.h.Held, Line: u.line}
 	}
 	inHand := p.inHand != nil
 	p.inHand, p.toHand, p.committing, p.taking, p.acking = nil, nil, nil, nil, nil
@@ -153,3 +156,33 @@ func (p *proc) settle(failed bool) {
 	}
 	p.epoch++
 }
+
+// lineDone is when the sender finishes the line in hand.
+func (p *proc) lineDone() time.Duration {
+	return max(p.startedAt+p.cfg().lineTime, p.stuckUntil)
+}
+
+// lookForStall looks at the sender as Lines.Stalled does, through the
+// core's Stall, and holds what it says to the world's view both ways: a
+// stall said only when the sender held a line and moved not for the
+// stall timeout; said by two looks after it, counted from the sender's
+// last move or the process's waking, whichever is later.
+func (p *proc) lookForStall() {
+	now, d := p.now(), p.cfg().stallTimeout
+	handed := 0
+	if p.inHand != nil {
+		handed = 1
+	}
+	said := p.stall.Look(instant(now), 0, handed, p.finished, d)
+	still := now - p.moved
+	if said && (p.inHand == nil || still <= d) {
+		p.w.fail("p%d says its sender stalled, which moved %s ago (--stall-timeout %s; a line in hand: %v)", p.id, still, d, p.inHand != nil)
+	}
+	bound := d + 2*protocol.StallLookEvery(d) + time.Millisecond
+	if !said && p.inHand != nil && now-max(p.moved, p.frozenUntil, p.awake) > bound {
+		p.w.fail("p%d does not say its sender stalled, which moved %s ago (--stall-timeout %s, bound %s)", p.id, still, d, bound)
+	}
+}
+
+// instant is the world's time d as a time.Time.
+func instant(d time.Duration) time.Time { return time.Unix(0, 0).Add(d) }

@@ -28,16 +28,16 @@ type Profile struct {
 	Resend bool
 }
 
-var allFaults = []string{"kill", "freeze", "sender killed", "sender fails", "stream made again", "purge", "a message deleted", "bucket unanswered", "bucket answers lost"}
+var allFaults = []string{"kill", "freeze", "sender killed", "sender fails", "sender stalls", "stream made again", "purge", "a message deleted", "bucket unanswered", "bucket answers lost"}
 
 // Profiles are the schedules TestSimulation runs, each as many times.
 var Profiles = []Profile{
 	{Name: "everything", Faults: allFaults, MaxFaults: 3, LineTime: [2]time.Duration{10 * time.Millisecond, 2 * time.Second}},
 	// A sender slower than the pinned TTL, and a consumer's ack wait
 	// shorter than the subscriber's flag.
-	{Name: "slow sender", Faults: []string{"kill", "freeze", "sender killed"}, MaxFaults: 1,
+	{Name: "slow sender", Faults: []string{"kill", "freeze", "sender killed", "sender stalls"}, MaxFaults: 1,
 		LineTime: [2]time.Duration{3 * time.Second, 40 * time.Second}, Weights: map[string]int{"time passes": 3}},
-	{Name: "senders", Faults: []string{"sender killed", "sender fails", "kill"}, MaxFaults: 5,
+	{Name: "senders", Faults: []string{"sender killed", "sender fails", "sender stalls", "kill"}, MaxFaults: 5,
 		LineTime: [2]time.Duration{10 * time.Millisecond, 3 * time.Second}, Weights: map[string]int{"fault": 4}},
 	{Name: "stream", Faults: []string{"stream made again", "purge", "a message deleted", "bucket unanswered", "kill"}, MaxFaults: 3,
 		LineTime: [2]time.Duration{10 * time.Millisecond, 2 * time.Second}, Weights: map[string]int{"fault": 3, "saver": 0}},
@@ -106,12 +106,13 @@ func (p Profile) config(rt *rapid.T) config {
 		// A resend reads a dead-letter stream from its first message,
 		// sets nothing aside, and hands on to a sender.
 		return config{
-			resend:    true,
-			ackDelay:  time.Duration(rapid.IntRange(1, 300).Draw(rt, "ack delay ms")) * time.Millisecond,
-			lineTime:  time.Duration(rapid.Int64Range(int64(p.LineTime[0]), int64(p.LineTime[1])).Draw(rt, "line time")).Round(time.Millisecond),
-			ttl:       d("pinned ttl", 5*time.Second, 10*time.Second),
-			ackWait:   d("ack wait", 3*time.Second, 10*time.Second, 30*time.Second),
-			fromStart: true,
+			resend:       true,
+			ackDelay:     time.Duration(rapid.IntRange(1, 300).Draw(rt, "ack delay ms")) * time.Millisecond,
+			lineTime:     time.Duration(rapid.Int64Range(int64(p.LineTime[0]), int64(p.LineTime[1])).Draw(rt, "line time")).Round(time.Millisecond),
+			ttl:          d("pinned ttl", 5*time.Second, 10*time.Second),
+			ackWait:      d("ack wait", 3*time.Second, 10*time.Second, 30*time.Second),
+			fromStart:    true,
+			stallTimeout: d("--stall-timeout", 10*time.Second, 30*time.Second, 2*time.Minute),
 		}
 	}
 	return config{
@@ -122,6 +123,7 @@ func (p Profile) config(rt *rapid.T) config {
 		ackWaitFlag:   d("--ack-wait", 0, 3*time.Second, 30*time.Second),
 		maxDeliveries: rapid.IntRange(0, 3).Draw(rt, "max deliveries"),
 		fromStart:     rapid.Bool().Draw(rt, "from start"),
+		stallTimeout:  d("--stall-timeout", 10*time.Second, 30*time.Second, 2*time.Minute),
 	}
 }
 
@@ -233,6 +235,15 @@ func (s *schedule) fault(t *rapid.T, k string) bool {
 		} else {
 			p.senderEnds(senderEnd{sig: syscall.SIGKILL}, rapid.Bool().Draw(t, "its line written"))
 		}
+	case "sender stalls":
+		// It takes no byte more and finishes nothing for a while.
+		p := s.pick(t, func(p *proc) bool { return p.runs() && p.inHand != nil && !p.senderDown })
+		if p == nil {
+			return false
+		}
+		p.stuckUntil = w.now + time.Duration(rapid.IntRange(5, 180).Draw(t, "stalled s"))*time.Second
+		w.lastFault = max(w.lastFault, p.stuckUntil)
+		w.logf("p%d's sender stalls until %s", p.id, p.stuckUntil)
 	case "stream made again":
 		w.stream = &streamModel{inc: w.stream.inc + 1, msgs: map[uint64]*smsg{}}
 		if w.dur != nil {
@@ -301,7 +312,7 @@ func (s *schedule) settle(t *rapid.T) {
 	w.logf("faults stop; the processes run")
 	w.kv.downUntil, w.kv.lostUntil = 0, 0
 	for _, p := range w.procs {
-		p.alive, p.frozenUntil = true, min(p.frozenUntil, w.now)
+		p.alive, p.frozenUntil, p.stuckUntil = true, min(p.frozenUntil, w.now), min(p.stuckUntil, w.now)
 	}
 	w.lastFault = w.now
 	if w.cfg.resend {

@@ -21,6 +21,8 @@ type config struct {
 	ttl, ackWait, ackWaitFlag time.Duration
 	maxDeliveries             int
 	fromStart                 bool
+	// stallTimeout is the sender's --stall-timeout.
+	stallTimeout time.Duration
 	// resend: the processes are tailer dead-letters resend, each ending
 	// once drained, the stream the dead letters; an ack reaches the
 	// server ackDelay after it is sent.
