@@ -165,8 +165,9 @@ func (p *proc) lineDone() time.Duration {
 // lookForStall looks at the sender as Lines.Stalled does, through the
 // core's Stall, and holds what it says to the world's view both ways: a
 // stall said only when the sender held a line and moved not for the
-// stall timeout; said by two looks after it, counted from the sender's
-// last move or the process's waking, whichever is later.
+// stall timeout; said within the timeout and 10 s (two looks of at most
+// 5 s, as StallLookEvery promises), counted from the sender's last move
+// or the process's waking, whichever is later.
 func (p *proc) lookForStall() {
 	now, d := p.now(), p.cfg().stallTimeout
 	handed := 0
@@ -178,7 +179,7 @@ func (p *proc) lookForStall() {
 	if said && (p.inHand == nil || still <= d) {
 		p.w.fail("p%d says its sender stalled, which moved %s ago (--stall-timeout %s; a line in hand: %v)", p.id, still, d, p.inHand != nil)
 	}
-	bound := d + 2*protocol.StallLookEvery(d) + time.Millisecond
+	bound := d + 10*time.Second + time.Millisecond
 	if !said && p.inHand != nil && now-max(p.moved, p.frozenUntil, p.awake) > bound {
 		p.w.fail("p%d does not say its sender stalled, which moved %s ago (--stall-timeout %s, bound %s)", p.id, still, d, bound)
 	}
