@@ -2,17 +2,16 @@ package protocol
 
 // Machine is a subscriber's Holdings and its talks with the durable's
 // record, stepped: the record read again and claimed before a delivery
-// is taken (a delivery under a new pin, or after an idle while), the
-// record saved, over a late write of another's while the server pins
-// this subscriber, the batches done, their messages acknowledged once
-// the record saved says so, and what it held handed back. Whether a delivery waits on a claim is
-// Reread's. Step takes what IO found and returns what IO must do
-// next; a talk ends with a TalkEnded. The subscriber
+// is taken (Reread says when), the record saved (over a late write of
+// another's while the server pins this subscriber), the batches done and
+// their messages acknowledged once the record saved says so, and what it
+// held handed back. Step takes what IO found (a Found) and returns what
+// IO must do next (ToDo); a talk ends with a TalkEnded. The subscriber
 // (publish/subscriber) and its simulation (publish/subscriber/sim) are
-// its drivers: each carries the commands out, against the servers or
+// its drivers: each carries out what it is to do, against the servers or
 // their models, and neither decides a step of a talk. One talk at a
-// time: the driver keeps them from overlapping. Like Holdings, it does no
-// IO and reads no clock; its owner guards it.
+// time: the driver keeps them from overlapping. Like Holdings, it does
+// no IO and reads no clock; its owner guards it.
 type Machine struct {
 	Holdings
 	talk talk
@@ -45,8 +44,9 @@ type Found interface{ found() }
 // ToDo is what IO must do, from Step.
 type ToDo interface{ toDo() }
 
-// ClaimRecord starts a claim, for a delivery that must wait on the record read
-// again (Reread said so, or its claim was not answered: Waits).
+// ClaimRecord starts a claim, for a delivery that must wait on the
+// record read again (Reread said so, or its claim was not answered:
+// Waits).
 type ClaimRecord struct{}
 
 // SaveDue: the record is to be saved if it changed.
@@ -67,8 +67,8 @@ type HeldBatch struct {
 // acknowledged as Done's are.
 type Complete struct{ Msgs []*Held }
 
-// Acked: the ack of a message (Ack) answered, confirmed (OK) or not.
-// Outside any talk.
+// Acked: the ack of a message (TalkEnded's Acks) answered, confirmed
+// (OK) or not. Outside any talk.
 type Acked struct {
 	Held *Held
 	OK   bool
@@ -125,9 +125,9 @@ type AskPin struct{}
 // Complete{Msgs} when no talk is under way.
 type Finish struct{ Msgs []*Held }
 
-// TalkEnded ends a talk. Acks, with Acking, are the messages to acknowledge,
-// side by side, each answered with Acked; with SaveFailed, of a
-// Complete's save, those whose acks wait on the record (Complete,
+// TalkEnded ends a talk. Acks, with Acking, are the messages to
+// acknowledge, side by side, each answered with Acked; with SaveFailed,
+// of a Complete's save, those whose acks wait on the record (Complete,
 // later). Naks, of a HandBack, are the messages to hand back to the
 // server (a nak each, no answer), whatever the save's outcome.
 type TalkEnded struct {
@@ -226,10 +226,10 @@ func (m *Machine) Step(e Found) []ToDo {
 	return nil
 }
 
-// start begins talk with cmd.
-func (m *Machine) start(t talk, cmd ToDo) []ToDo {
+// start begins talk t with its first thing to do.
+func (m *Machine) start(t talk, first ToDo) []ToDo {
 	m.talk = t
-	return []ToDo{cmd}
+	return []ToDo{first}
 }
 
 // finish ends the talk under way with o. A save that messages complete
