@@ -23,28 +23,23 @@ import (
 // by the one that delivers now; then it reads the durable's record again
 // and goes on as a standby, delivering once the server pins it again.
 func (s *Subscriber) standBy(ctx context.Context, why error) error {
+	s.counts.stoodBy.Add(1)
 	s.mu.Lock()
+	unsaved := s.h.DoneUnsaved
+	s.loaded = false
+	s.mu.Unlock()
 	// Taken over, the record moved on without this subscriber: it saves
 	// nothing of the messages it lets go (each write would refuse the
-	// next save of the one that delivers now).
-	s.h.StandingBy()
-	s.counts.stoodBy.Add(1)
-	unsaved := s.h.DoneUnsaved
-	s.mu.Unlock()
-	n := s.ReaderEnded(ctx, ReaderStopped)
+	// next save of the one that delivers now). What it finished stays
+	// true: pinned again, it does not write those batches again (issue
+	// 49's fault runs: a subscriber that lost its pin with a batch done
+	// and unsaved, pinned again a moment later, wrote it again itself).
+	n := s.readerEnded(ctx, ReaderStopped, true)
 	if s.cfg.Log != nil {
 		s.cfg.Log.Warn("this subscriber no longer delivers: what it held goes to the one that does; standing by", "durable", s.cfg.Durable, "messages_let_go", n,
 			"batches_done_unsaved", unsaved, "why", why)
 	}
-	s.mu.Lock()
-	// What it finished stays true: pinned again, it does not write those
-	// batches again (issue 49's fault runs: a subscriber that lost its pin
-	// with a batch done and unsaved, pinned again a moment later, wrote it
-	// again itself). It reaches the record with the claim (refresh).
-	kept := s.h.StoodBy()
-	s.loaded = false
-	s.mu.Unlock()
-	return s.reload(ctx, &kept)
+	return s.load(ctx)
 }
 
 // loadProgress reads the record, trying again while the server cannot be
@@ -87,12 +82,10 @@ func (s *Subscriber) loadProgress(ctx context.Context, wait func()) (protocol.Pr
 // take before it is tried again.
 const progressTry = 2 * time.Second
 
-// load reads the record, unless there is no store or it is read already.
-func (s *Subscriber) load(ctx context.Context) error { return s.reload(ctx, nil) }
-
-// reload reads the record, unless there is no store or it is read
-// already, with kept (what a subscriber that stood by finished) over it.
-func (s *Subscriber) reload(ctx context.Context, kept *protocol.Progress) error {
+// load reads the record, unless there is no store or it is read
+// already: the machine's reload, with what the subscriber finished
+// before it stood by kept over it.
+func (s *Subscriber) load(ctx context.Context) error {
 	if s.cfg.Progress == nil {
 		return nil
 	}
@@ -102,12 +95,12 @@ func (s *Subscriber) reload(ctx context.Context, kept *protocol.Progress) error 
 	if loaded {
 		return nil
 	}
-	p, rev, err := s.loadProgress(ctx, func() {})
-	if err != nil {
+	if _, err := s.talk(ctx, protocol.Reload{}, recordIO{load: func(ctx context.Context) (protocol.Progress, uint64, error) {
+		return s.loadProgress(ctx, func() {})
+	}}); err != nil {
 		return err
 	}
 	s.mu.Lock()
-	s.h.Reloaded(p, rev, kept)
 	s.loaded = true
 	s.mu.Unlock()
 	return nil

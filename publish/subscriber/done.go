@@ -126,6 +126,12 @@ const (
 // otherwise, the others of their messages remembered as done. It returns
 // how many messages were handed back.
 func (s *Subscriber) ReaderEnded(ctx context.Context, o Outcome) int {
+	return s.readerEnded(ctx, o, false)
+}
+
+// readerEnded is ReaderEnded, of a subscriber that stands by (standBy)
+// or not.
+func (s *Subscriber) readerEnded(ctx context.Context, o Outcome, standBy bool) int {
 	var failedOn *Unit
 	inDoubt := false
 	if r := s.reader; r != nil {
@@ -139,7 +145,7 @@ func (s *Subscriber) ReaderEnded(ctx context.Context, o Outcome) int {
 		s.counts.readerFailures.Add(1)
 	}
 	// Which batches are done is saved before the messages come again.
-	end, err := s.talk(ctx, protocol.HandBack{Blame: blame}, s.onceIO())
+	end, err := s.talk(ctx, protocol.HandBack{Blame: blame, StandBy: standBy}, s.onceIO())
 	if err != nil && s.cfg.Log != nil {
 		s.cfg.Log.Warn("cannot save which batches are done; those of the messages handed back are written again", "durable", s.cfg.Durable, "err", err)
 	}

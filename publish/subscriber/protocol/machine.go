@@ -26,6 +26,11 @@ type Machine struct {
 	// acks are the messages whose acks wait on the save under way, naks
 	// those handed back once it ends.
 	acks, naks []*Held
+	// standing: the hand back under way is a stand-by's; kept is what
+	// the subscriber finished before it stood by, kept over the record
+	// it reads next (Reload).
+	standing bool
+	kept     *Progress
 }
 
 // talk is the talk with the record under way.
@@ -36,6 +41,7 @@ const (
 	claiming
 	saving
 	savingOver
+	reloading
 )
 
 // Found is what IO found, for Step.
@@ -77,8 +83,19 @@ type Acked struct {
 // HandBack: the subscriber lets go of what it holds (its reader ended,
 // it stands by), Blame the batch a reader's failure counts against (nil:
 // none). The messages held but those being acknowledged are handed back,
-// once the record says which of their batches are done.
-type HandBack struct{ Blame *HeldBatch }
+// once the record says which of their batches are done. StandBy: it no
+// longer delivers (another took over, or its pin is lost): taken over,
+// it saves nothing of what it lets go, and then lets go of its pin and
+// of the refusal, keeping what it finished for the record it reads next
+// (Reload).
+type HandBack struct {
+	Blame   *HeldBatch
+	StandBy bool
+}
+
+// Reload reads the record (at the start, or after standing by), with
+// what the subscriber finished before it stood by kept over it.
+type Reload struct{}
 
 // Loaded: the record read (Load), at Rev.
 type Loaded struct {
@@ -145,8 +162,11 @@ const (
 	// GiveBack: another subscriber delivers now; the delivery goes back
 	// to the server, and this one stands by (ErrTakenOver).
 	GiveBack
-	// Waits: the claim got no answer; the delivery waits on the record.
+	// Waits: the claim or the reload got no answer; the delivery, or
+	// the subscriber, waits on the record.
 	Waits
+	// RecordRead: the reload read the record.
+	RecordRead
 	// Saved: the save landed.
 	Saved
 	// Unchanged: the record did not change since it was saved.
@@ -169,6 +189,7 @@ func (Done) found()         {}
 func (Complete) found()     {}
 func (Acked) found()        {}
 func (HandBack) found()     {}
+func (Reload) found()       {}
 func (Loaded) found()       {}
 func (Checked) found()      {}
 func (Wrote) found()        {}
@@ -208,7 +229,13 @@ func (m *Machine) Step(e Found) []ToDo {
 	case Acked:
 		m.Holdings.Acked(e.Held, e.OK)
 		return nil
+	case Reload:
+		return m.start(reloading, Load{})
 	case HandBack:
+		if e.StandBy {
+			m.StandingBy()
+			m.standing = true
+		}
 		if b := e.Blame; b != nil {
 			m.Blame(b.Held, b.Line)
 		}
@@ -222,6 +249,23 @@ func (m *Machine) Step(e Found) []ToDo {
 		return m.stepClaim(e)
 	case saving, savingOver:
 		return m.stepSave(e)
+	case reloading:
+		return m.stepReload(e)
+	}
+	return nil
+}
+
+// stepReload steps a reload: the record read, what the subscriber
+// finished before it stood by kept over it (pinned again, it does not
+// write those batches again).
+func (m *Machine) stepReload(e Found) []ToDo {
+	switch e := e.(type) {
+	case Loaded:
+		m.Reloaded(e.Record, e.Rev, m.kept)
+		m.kept = nil
+		return m.finish(RecordRead)
+	case Unanswered:
+		return m.finish(Waits)
 	}
 	return nil
 }
@@ -238,6 +282,10 @@ func (m *Machine) start(t talk, first ToDo) []ToDo {
 // taken over; failed, their acks wait.
 func (m *Machine) finish(o TalkOutcome) []ToDo {
 	m.talk = noTalk
+	if m.standing {
+		kept := m.StoodBy()
+		m.kept, m.standing = &kept, false
+	}
 	acks, naks := m.acks, m.naks
 	m.acks, m.naks = nil, nil
 	switch {

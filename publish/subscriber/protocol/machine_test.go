@@ -237,7 +237,7 @@ func TestMachineHandBack(t *testing.T) {
 	record := m.Record.Clone()
 	record.Messages[1].Failed(0)
 	talkThrough(t, &m, []step{
-		{HandBack{&HeldBatch{h1, 0}}, show([]ToDo{Write{record, 1}})},
+		{HandBack{Blame: &HeldBatch{h1, 0}}, show([]ToDo{Write{record, 1}})},
 		{Wrote{Rev: 2}, show([]ToDo{TalkEnded{Outcome: Saved, Naks: []*Held{h1}}})},
 	})
 	if held := m.Held(); len(held) != 1 || held[0] != h2 || h1.Rec.Attempts[0] != 1 {
@@ -246,4 +246,36 @@ func TestMachineHandBack(t *testing.T) {
 	h3 := m.Take(3, "m3", []int{1}, rules, "msg3").Held
 	m.TakenOver = true
 	talkThrough(t, &m, []step{{HandBack{}, show([]ToDo{TalkEnded{Outcome: SaveRefused, Naks: []*Held{h3}}})}})
+}
+
+// Standing by: taken over, nothing of what is let go is saved; the pin
+// and the refusal are let go, and what the subscriber finished is kept
+// over the record it reads next, however many reads go unanswered.
+func TestMachineStandBy(t *testing.T) {
+	mine, theirs := records()
+	m := Machine{Holdings: Holdings{Record: mine.Clone(), Rev: 4, Pin: "p1", TakenOver: true}}
+	h := m.Take(11, "m11", []int{1}, rules, "msg11").Held
+	talkThrough(t, &m, []step{
+		{HandBack{StandBy: true}, show([]ToDo{TalkEnded{Outcome: SaveRefused, Naks: []*Held{h}}})},
+		{Reload{}, show([]ToDo{Load{}})},
+		{Unanswered{}, show([]ToDo{TalkEnded{Outcome: Waits}})},
+	})
+	if m.TakenOver || m.Pin != "" || m.Holding() {
+		t.Fatalf("stood by: taken over %v, pin %q, holding %v", m.TakenOver, m.Pin, m.Holding())
+	}
+	talkThrough(t, &m, []step{
+		{Reload{}, show([]ToDo{Load{}})},
+		{Loaded{Record: theirs.Clone(), Rev: 9}, show([]ToDo{TalkEnded{Outcome: RecordRead}})},
+	})
+	if m.Rev != 9 || !m.Record.Messages[7].Done.Has(1) || !m.Record.Messages[9].Done.Has(0) {
+		t.Fatalf("reloaded: rev %d, record %+v", m.Rev, m.Record)
+	}
+	// Read again later (a stand-by after this one), nothing is kept twice.
+	talkThrough(t, &m, []step{
+		{Reload{}, show([]ToDo{Load{}})},
+		{Loaded{Record: Progress{}, Rev: 12}, show([]ToDo{TalkEnded{Outcome: RecordRead}})},
+	})
+	if len(m.Record.Messages) != 0 {
+		t.Fatalf("a second reload kept the first stand-by's record: %+v", m.Record)
+	}
 }

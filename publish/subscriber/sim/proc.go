@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"context"
 	"strconv"
 
 	"fmt"
@@ -61,7 +60,6 @@ type proc struct {
 	endsInARow     int
 
 	loaded, reloading bool
-	kept              protocol.Progress
 	// h is what the process holds and its record, changed by the core's
 	// methods alone, as the subscriber's is.
 	h            protocol.Machine
@@ -137,12 +135,10 @@ func (p *proc) runs() bool {
 // start loads the record and holds it against the stream, as Run does
 // before it consumes.
 func (p *proc) start() {
-	cur, rev, err := p.kv().Load(context.Background())
-	if err != nil {
+	p.h = protocol.Machine{}
+	if end, _ := p.talk(protocol.Reload{}); end.Outcome != protocol.RecordRead {
 		return
 	}
-	p.h = protocol.Machine{}
-	p.h.Reloaded(cur, rev, nil)
 	p.lastDelivery = -time.Hour
 	if !p.remake(false) {
 		return
@@ -334,19 +330,18 @@ func (p *proc) due() time.Duration {
 // reads the record again (Subscriber.standBy).
 func (p *proc) standBy(why string) {
 	p.w.logf("p%d stands by: %s", p.id, why)
-	p.h.StandingBy()
-	p.settle(false)
-	p.kept, p.reloading = p.h.StoodBy(), true
+	p.settle(false, true)
+	p.reloading = true
 	p.reload()
 }
 
+// reload reads the record again after standing by (Subscriber.load):
+// the machine's reload, tried again at the next steps while the bucket
+// does not answer.
 func (p *proc) reload() {
-	cur, rev, err := p.kv().Load(context.Background())
-	if err != nil {
-		return
+	if end, _ := p.talk(protocol.Reload{}); end.Outcome == protocol.RecordRead {
+		p.reloading = false
 	}
-	p.h.Reloaded(cur, rev, &p.kept)
-	p.reloading = false
 }
 
 // consumerLost: the consumer is gone from the server; what the process
@@ -413,7 +408,7 @@ func (p *proc) senderEnds(e senderEnd, wrote bool) {
 		p.w.failed(p.inHand.key())
 	}
 	p.w.logf("p%d's sender ends (%+v, wrote %v, failed %v)", p.id, e, wrote, failed)
-	p.settle(failed)
+	p.settle(failed, false)
 	p.restartIn = protocol.RestartIn(p.restartIn, p.progressed)
 	if p.endsInARow++; p.progressed {
 		p.endsInARow = 1

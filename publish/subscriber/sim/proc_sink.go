@@ -134,7 +134,7 @@ func (p *proc) landAcks() {
 // settle lets go of what the process held as its reader ended
 // (Subscriber.ReaderEnded, Lines.settle): the batch a failure counts against,
 // the messages handed back after the record is saved.
-func (p *proc) settle(failed bool) {
+func (p *proc) settle(failed, standBy bool) {
 	end := protocol.ReaderEnd{Failed: failed, Reports: true, Pipe: true}
 	var handed []*unit
 	if p.inHand != nil {
@@ -148,7 +148,7 @@ func (p *proc) settle(failed bool) {
 	}
 	inHand := p.inHand != nil
 	p.inHand, p.toHand, p.committing, p.taking, p.acking = nil, nil, nil, nil, nil
-	back, _ := p.talk(protocol.HandBack{Blame: blame})
+	back, _ := p.talk(protocol.HandBack{Blame: blame, StandBy: standBy})
 	p.letGo(inHand)
 	for _, h := range back.Naks {
 		p.w.logf("p%d naks seq %d", p.id, h.Seq)
