@@ -86,14 +86,16 @@ func (s *Subscriber) signal() {
 	}
 }
 
-// saver saves the record whenever it changed, one save at a time (when
-// there is a store), and reads the consumer's ack floor now and then so
-// that the record forgets what the server will not deliver again. A save refused because another
-// subscriber wrote while this one holds messages ends Run.
+// saver saves the record whenever it changed, one save at a time (in
+// memory alone without a store), and reads the consumer's ack floor now
+// and then so that the record forgets what the server will not deliver
+// again. A save refused because another subscriber wrote while this one
+// holds messages ends the consume (TalkEnded.StandBy).
 func (s *Subscriber) saver(ctx context.Context, cancel context.CancelCauseFunc) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	failing := false
+	var floorRead time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -101,28 +103,17 @@ func (s *Subscriber) saver(ctx context.Context, cancel context.CancelCauseFunc) 
 		case <-s.kick:
 		case <-tick.C:
 		}
-		if s.cfg.Progress == nil {
-			// The record in memory forgets, all the same, what the
-			// server will not deliver again.
-			s.readFloor(ctx)
-			continue
-		}
 		// A save under way completes as Run ends: one cut off may land
 		// unheard, and the next must find it this subscriber's.
 		saveCtx, cancelSave := context.WithTimeout(context.WithoutCancel(ctx), progressTry)
-		s.readFloor(saveCtx)
-		err := s.save(saveCtx)
+		floor := readFloor(saveCtx, s.Consumer(), &floorRead)
+		end, err := s.talk(saveCtx, protocol.SaveDue{Floor: floor}, s.onceIO())
 		cancelSave()
 		s.noRoom(err)
 		switch {
-		case errors.Is(err, ErrTakenOver):
-			s.mu.Lock()
-			holding := s.h.Holding()
-			s.mu.Unlock()
-			if holding {
-				cancel(err)
-				return
-			}
+		case end.StandBy:
+			cancel(err)
+			return
 		case err != nil && !failing && ctx.Err() == nil:
 			failing = true
 			if s.cfg.Log != nil {
@@ -134,26 +125,18 @@ func (s *Subscriber) saver(ctx context.Context, cancel context.CancelCauseFunc) 
 	}
 }
 
-// readFloor reads the consumer's ack floor, at most once a second.
-func (s *Subscriber) readFloor(ctx context.Context) {
-	cons := s.Consumer()
-	s.mu.Lock()
-	due := cons != nil && time.Since(s.floorRead) >= time.Second
-	if due {
-		s.floorRead = time.Now()
+// readFloor reads cons's ack floor, at most once a second (read: when
+// it was read last); 0 when it does not.
+func readFloor(ctx context.Context, cons jetstream.Consumer, read *time.Time) uint64 {
+	if cons == nil || time.Since(*read) < time.Second {
+		return 0
 	}
-	s.mu.Unlock()
-	if !due {
-		return
-	}
+	*read = time.Now()
 	info, err := cons.Info(ctx)
 	if err != nil {
-		return
+		return 0
 	}
-	s.mu.Lock()
-	// Messages in hand are above the floor: they are not acknowledged.
-	s.h.Prune(info.AckFloor.Stream)
-	s.mu.Unlock()
+	return info.AckFloor.Stream
 }
 
 // save writes the record if it changed. It returns ErrTakenOver when

@@ -87,9 +87,7 @@ type Subscriber struct {
 	// changed by its core's methods alone.
 	h      protocol.Machine
 	loaded bool
-	// floorRead is when the consumer's ack floor was last read.
-	floorRead time.Time
-	counts    counts
+	counts counts
 }
 
 // NewSubscriber returns a subscriber of c, or an error naming the

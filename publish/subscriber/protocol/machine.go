@@ -55,8 +55,10 @@ type ToDo interface{ toDo() }
 // Waits).
 type ClaimRecord struct{}
 
-// SaveDue: the record is to be saved if it changed.
-type SaveDue struct{}
+// SaveDue: the record is to be saved if it changed, after it forgets
+// what the consumer's ack floor, Floor (0: not read), says will not come
+// again.
+type SaveDue struct{ Floor uint64 }
 
 // Done: batches the sink finished (or set aside), outside any talk. The
 // messages then complete come back in a Finish.
@@ -146,11 +148,14 @@ type Finish struct{ Msgs []*Held }
 // acknowledge, side by side, each answered with Acked; with SaveFailed,
 // of a Complete's save, those whose acks wait on the record (Complete,
 // later). Naks, of a HandBack, are the messages to hand back to the
-// server (a nak each, no answer), whatever the save's outcome.
+// server (a nak each, no answer), whatever the save's outcome. StandBy:
+// a save was refused while the subscriber holds messages; another
+// delivers now, and this one is to stand by.
 type TalkEnded struct {
 	Outcome TalkOutcome
 	Acks    []*Held
 	Naks    []*Held
+	StandBy bool
 }
 
 // TalkOutcome is how a talk with the record ended.
@@ -212,6 +217,9 @@ func (m *Machine) Step(e Found) []ToDo {
 	case ClaimRecord:
 		return m.start(claiming, Load{})
 	case SaveDue:
+		// Messages in hand are above the floor: they are not
+		// acknowledged.
+		m.Prune(e.Floor)
 		return m.saveDue()
 	case Done:
 		var complete []*Held
@@ -290,7 +298,7 @@ func (m *Machine) finish(o TalkOutcome) []ToDo {
 	m.acks, m.naks = nil, nil
 	switch {
 	case acks == nil:
-		return []ToDo{TalkEnded{Outcome: o, Naks: naks}}
+		return []ToDo{TalkEnded{Outcome: o, Naks: naks, StandBy: o == SaveRefused && m.Holding()}}
 	case o == SaveFailed:
 		m.Unsent(acks)
 		return []ToDo{TalkEnded{Outcome: o, Acks: acks}}

@@ -127,6 +127,13 @@ func TestMachineSave(t *testing.T) {
 	if m.Dirty || m.DoneUnsaved != 0 || m.Rev != 5 {
 		t.Fatalf("saved: dirty %v, done unsaved %d, rev %d", m.Dirty, m.DoneUnsaved, m.Rev)
 	}
+	// The ack floor read: what it says will not come again is forgotten.
+	m.Take(12, "m12", []int{1}, rules, "msg12")
+	m.Acked(m.Held()[0], true)
+	if m.Step(SaveDue{Floor: 12}); m.Record.Messages[12] != nil || m.Record.Messages[9] != nil || m.Record.Floor != 12 {
+		t.Fatalf("saved after the floor 12 read: record %+v", m.Record)
+	}
+	m.Step(Wrote{Rev: 6})
 	m.TakenOver = true
 	talkThrough(t, &m, []step{{SaveDue{}, show([]ToDo{TalkEnded{Outcome: SaveRefused}})}})
 }
@@ -140,9 +147,11 @@ func TestMachineSaveOver(t *testing.T) {
 	for _, pin := range []string{"", "p1"} {
 		m := Machine{Holdings: Holdings{Record: mine.Clone(), Rev: 4, Pin: pin}}
 		m.Take(9, "m9", []int{1}, rules, "msg9")
-		want := []step{{SaveDue{}, show([]ToDo{Write{m.Record, 4}})}, {WriteRefused{}, show([]ToDo{AskPin{}})}, {PinIs{"p2"}, show([]ToDo{TalkEnded{Outcome: SaveRefused}})}}
+		// Refused while holding: another delivers now; this one stands by.
+		refused := show([]ToDo{TalkEnded{Outcome: SaveRefused, StandBy: true}})
+		want := []step{{SaveDue{}, show([]ToDo{Write{m.Record, 4}})}, {WriteRefused{}, show([]ToDo{AskPin{}})}, {PinIs{"p2"}, refused}}
 		if pin == "" {
-			want = []step{want[0], {WriteRefused{}, show([]ToDo{TalkEnded{Outcome: SaveRefused}})}}
+			want = []step{want[0], {WriteRefused{}, refused}}
 		}
 		talkThrough(t, &m, want)
 		if !m.TakenOver {
@@ -159,7 +168,7 @@ func TestMachineSaveOver(t *testing.T) {
 		{PinIs{"p1"}, show([]ToDo{Load{}})},
 		{Loaded{Record: theirs.Clone(), Rev: 6}, show([]ToDo{Check{theirs}})},
 		{Checked{theirs.Clone()}, show([]ToDo{Write{merged, 6}})},
-		{WriteRefused{}, show([]ToDo{TalkEnded{Outcome: SaveRefused}})},
+		{WriteRefused{}, show([]ToDo{TalkEnded{Outcome: SaveRefused, StandBy: true}})},
 	})
 	if !m.TakenOver {
 		t.Fatal("refused over a late write, not taken over")
@@ -245,7 +254,8 @@ func TestMachineHandBack(t *testing.T) {
 	}
 	h3 := m.Take(3, "m3", []int{1}, rules, "msg3").Held
 	m.TakenOver = true
-	talkThrough(t, &m, []step{{HandBack{}, show([]ToDo{TalkEnded{Outcome: SaveRefused, Naks: []*Held{h3}}})}})
+	// Still holding h2, whose ack is on its way: it stands by.
+	talkThrough(t, &m, []step{{HandBack{}, show([]ToDo{TalkEnded{Outcome: SaveRefused, Naks: []*Held{h3}, StandBy: true}})}})
 }
 
 // Standing by: taken over, nothing of what is let go is saved; the pin

@@ -24,10 +24,10 @@ func (p *proc) watchPin() {
 	}
 }
 
-// saverTick reads the ack floor and saves the record if it changed.
+// saverTick reads the ack floor and saves the record if it changed
+// (Subscriber.saver).
 func (p *proc) saverTick() {
-	p.h.Prune(p.w.dur.floor)
-	if err := p.save(); errors.Is(err, subscriber.ErrTakenOver) && p.h.Holding() {
+	if end, _ := p.talk(protocol.SaveDue{Floor: p.w.dur.floor}); end.StandBy {
 		p.standBy("taken over (a save refused)")
 	}
 }
