@@ -54,7 +54,7 @@ func (s *Subscriber) finish(ctx context.Context, hs ...*protocol.Held) {
 	if len(hs) == 0 {
 		return
 	}
-	end, _ := s.talk(ctx, protocol.Complete{Msgs: hs}, s.patientIO(ctx, msgOf(hs[0])))
+	end, _ := s.talk(ctx, protocol.Complete{Msgs: hs}, s.patientIO(msgOf(hs[0])))
 	if end.Outcome != protocol.Acking {
 		return
 	}

@@ -31,7 +31,7 @@ func (s *Subscriber) saveNow(ctx context.Context, msg jetstream.Msg) error {
 	if s.cfg.Progress == nil {
 		return nil
 	}
-	_, err := s.talk(ctx, protocol.SaveDue{}, s.patientIO(ctx, msg))
+	_, err := s.talk(ctx, protocol.SaveDue{}, s.patientIO(msg))
 	return err
 }
 
@@ -172,9 +172,9 @@ type recordIO struct {
 }
 
 // patientIO reads once and writes until the write lands, is refused, or
-// ctx ends, msg kept from redelivery meanwhile (untilSaved). With no
+// the talk's ctx ends, msg kept from redelivery meanwhile (untilSaved). With no
 // store, the record is in memory alone: every write lands.
-func (s *Subscriber) patientIO(ctx context.Context, msg jetstream.Msg) recordIO {
+func (s *Subscriber) patientIO(msg jetstream.Msg) recordIO {
 	if s.cfg.Progress == nil {
 		return s.onceIO()
 	}
@@ -191,8 +191,8 @@ func (s *Subscriber) patientIO(ctx context.Context, msg jetstream.Msg) recordIO 
 	}
 }
 
-// talk steps the machine with first and carries out its commands, each
-// answered by stepping it again, until the talk ends. It returns how it
+// talk steps the machine with first and carries out what it is to do,
+// each answered by stepping it again, until the talk ends. It returns how it
 // ended, and ErrTakenOver for GiveBack and SaveRefused, the error that
 // ended it for Waits and SaveFailed. The acks and naks a talk ends with
 // are the caller's. One talk at a time (talkMu): the machine has one
