@@ -220,7 +220,11 @@ func TestStall(t *testing.T) {
 		var s Stall
 		now := time.Unix(1000, 0)
 		unread, handed, finished := 0, 0, 0
-		var moved time.Time // when it last moved or had nothing waiting
+		// moved is the look at which it last moved, had nothing waiting,
+		// or had lines waiting first: lines that came between two looks
+		// count from the second.
+		var moved time.Time
+		wasWaiting := false
 		for range rapid.IntRange(1, 40).Draw(t, "looks") {
 			now = now.Add(time.Duration(rapid.IntRange(0, 4000).Draw(t, "ms")) * time.Millisecond)
 			switch rapid.IntRange(0, 3).Draw(t, "reader") {
@@ -240,9 +244,10 @@ func TestStall(t *testing.T) {
 				}
 			}
 			waiting := unread > 0 || handed > 0
-			if !waiting || moved.IsZero() {
+			if !waiting || !wasWaiting || moved.IsZero() {
 				moved = now
 			}
+			wasWaiting = waiting
 			got := s.Look(now, unread, handed, finished, d)
 			if want := waiting && now.Sub(moved) > d; got != want {
 				t.Fatalf("at %s: stalled %v, want %v (waiting %v, last moved %s, timeout %s)", now.Sub(time.Unix(1000, 0)), got, want, waiting, moved.Sub(time.Unix(1000, 0)), d)
@@ -258,6 +263,14 @@ func TestStall(t *testing.T) {
 	}
 	if !s.Look(at.Add(time.Second+1), 10, 0, 0, time.Second) {
 		t.Fatal("not stalled past the timeout")
+	}
+	// Lines that came after a look that found none count from the look
+	// that found them (the simulation's seed 602993969).
+	var c Stall
+	c.Look(at, 0, 0, 0, time.Second)
+	c.Look(at.Add(900*time.Millisecond), 0, 1, 0, time.Second)
+	if c.Look(at.Add(1500*time.Millisecond), 0, 1, 0, time.Second) {
+		t.Fatal("stalled 0.6 s after its line was first seen waiting (timeout 1 s)")
 	}
 	for _, tc := range []struct{ d, want time.Duration }{{time.Minute, 5 * time.Second}, {2 * time.Second, time.Second + time.Millisecond}} {
 		if got := StallLookEvery(tc.d); got != tc.want {

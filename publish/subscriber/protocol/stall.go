@@ -11,6 +11,7 @@ import "time"
 type Stall struct {
 	lastMove               time.Time
 	lastUnread, lastFinish int
+	waiting                bool
 }
 
 // Moved notes that the reader moved at now (a sender started again).
@@ -19,12 +20,18 @@ func (s *Stall) Moved(now time.Time) { s.lastMove = now }
 // Look notes what a look at now found (unread: bytes waiting in its pipe;
 // handed: batches it took and did not finish; finished: batches finished
 // so far) and reports whether the reader stalled for longer than d.
+//
+// Lines found waiting where the look before found none count from this
+// look, not from that one: they came in between, maybe just now, and
+// counted from before they came a stall was said up to a look early
+// (the simulation: said of a sender that had taken its line 9.2 s
+// before, with a timeout of 10 s).
 func (s *Stall) Look(now time.Time, unread, handed, finished int, d time.Duration) bool {
 	waiting := unread > 0 || handed > 0
-	if !waiting || unread < s.lastUnread || finished != s.lastFinish || s.lastMove.IsZero() {
+	if !waiting || !s.waiting || unread < s.lastUnread || finished != s.lastFinish || s.lastMove.IsZero() {
 		s.lastMove = now
 	}
-	s.lastUnread, s.lastFinish = unread, finished
+	s.lastUnread, s.lastFinish, s.waiting = unread, finished, waiting
 	return waiting && now.Sub(s.lastMove) > d
 }
 
