@@ -41,9 +41,9 @@ type delivery struct {
 	stale bool
 }
 
-// proc is one tailer subscribe process and its sink: it composes the
-// decisions of publish/subscriber/protocol as publish/subscriber and
-// cmd/internal/subscribe do, and carries them out against the models.
+// proc is one tailer subscribe process and its sink: it steps
+// protocol.Machine and takes the core's decisions as publish/subscriber
+// and cmd/internal/subscribe do, and carries them out against the models.
 type proc struct {
 	w           *world
 	id          int
