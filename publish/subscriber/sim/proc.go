@@ -94,8 +94,10 @@ type proc struct {
 	stall                protocol.Stall
 	nextStallLook, moved time.Duration
 	finished             int
-	// awake is when the process started.
-	awake time.Duration
+	// awake is when the process started; lineKept: its sender's line was
+	// let go at a stand-by (standBy).
+	awake    time.Duration
+	lineKept bool
 	// An inbox: the units of the transaction that commits at commitAt.
 	committing []*unit
 	commitAt   time.Duration
@@ -287,7 +289,7 @@ func (p *proc) timers() {
 		p.nextWatch = now + time.Second
 		p.watchPin()
 	}
-	if !cfg.inbox && now >= p.nextStallLook {
+	if !cfg.inbox && cfg.stallTimeout > 0 && now >= p.nextStallLook {
 		p.nextStallLook = now + protocol.StallLookEvery(cfg.stallTimeout)
 		p.lookForStall()
 	}
@@ -305,7 +307,7 @@ func (p *proc) due() time.Duration {
 	if p.inHand != nil {
 		t = min(t, p.lineDone())
 	}
-	if !p.cfg().inbox {
+	if !p.cfg().inbox && p.cfg().stallTimeout > 0 {
 		t = min(t, p.nextStallLook)
 	}
 	if p.taking != nil || len(p.acking) > 0 || p.reloading {
@@ -330,6 +332,11 @@ func (p *proc) due() time.Duration {
 // reads the record again (Subscriber.standBy).
 func (p *proc) standBy(why string) {
 	p.w.logf("p%d stands by: %s", p.id, why)
+	// The model lets go of the sender's line; the real sender, the same
+	// process, still works on it, and the line taken next is no move of
+	// its (the simulation, seed 2745252518: a stall said 4 s after the
+	// model's sender took a line, 16 s after the real one's last).
+	p.lineKept = p.inHand != nil
 	p.settle(false, true)
 	p.reloading = true
 	p.reload()

@@ -37,7 +37,11 @@ func (p *proc) handNext() {
 		}
 		u := p.toHand[0]
 		p.toHand = p.toHand[1:]
-		p.inHand, p.startedAt, p.moved = u, p.now(), p.now()
+		p.inHand, p.startedAt = u, p.now()
+		if !p.lineKept {
+			p.moved = p.now()
+		}
+		p.lineKept = false
 		p.w.handed(u.key(), p)
 	}
 }
@@ -47,7 +51,7 @@ func (p *proc) handNext() {
 func (p *proc) sink() {
 	now := p.now()
 	if p.senderDown && now >= p.restartAt {
-		p.senderDown, p.moved = false, now
+		p.senderDown, p.moved, p.lineKept = false, now, false
 		p.stall.Moved(instant(now))
 		p.w.logf("p%d's sender started again", p.id)
 	}

@@ -111,3 +111,18 @@ func TestFrozenWhileTakingIsALetGo(t *testing.T) {
 		w.advance(7 * time.Second)
 	})
 }
+
+// A sender slower than --stall-timeout, its subscriber frozen past the
+// pin's TTL: woken, it stands by and is given the message again. The
+// model lets go of the sender's line there and hands it the next; the
+// real sender, the same process, still works on the first, so a stall
+// said 4 s later is no early one (make sim, seed 2745252518: slow sender,
+// where the model's hand after a stand-by counted as the sender moving).
+func TestStallAcrossAStandBy(t *testing.T) {
+	run(t, config{lineTime: 12 * time.Second, ttl: 5 * time.Second, ackWait: 3 * time.Second, fromStart: true, stallTimeout: 10 * time.Second}, 1, func(w *world) {
+		w.publish(1, 1)
+		w.advance(5 * time.Second)
+		w.freeze(w.procs[0], 6*time.Second)
+		w.advance(6 * time.Second)
+	})
+}
