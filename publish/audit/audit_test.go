@@ -89,14 +89,36 @@ func newFixture(t *testing.T) *fixture {
 
 // advance confirms the slot past every WAL position as it comes, as a
 // tailer streaming from it does, until the test ends or stopAdvance.
+// stopAdvance returns once the advancing session's backend is gone: an
+// advance the server was running as the client gave up completes all
+// the same, and under load it did so after the test's next insert (the
+// slot then confirmed past it, the audit settled where the test wanted
+// it pending).
 func (f *fixture) advance(t *testing.T) {
 	ctx, cancel := context.WithCancel(f.ctx)
-	f.stopAdvance = cancel
 	conn, err := pgx.Connect(ctx, f.db.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
+	pid := conn.PgConn().PID()
 	done := make(chan struct{})
+	f.stopAdvance = func() {
+		cancel()
+		<-done
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			var n int
+			if err := f.db.Conn.QueryRow(f.ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the advancing session (pid %d) still there 30 s after it was stopped", pid)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 	go func() {
 		defer close(done)
 		defer conn.Close(context.Background())
