@@ -186,7 +186,8 @@ func (s *schedule) actions() map[string]func(*rapid.T) {
 				return
 			}
 			p.runAgain()
-			w.lastFault = w.now
+			// A fault that lasts (a freeze, a stall) still does.
+			w.lastFault = max(w.lastFault, w.now)
 			w.logf("p%d started", p.id)
 			s.advance(t, 0)
 		},
