@@ -265,14 +265,14 @@ func (s *schedule) fault(t *rapid.T, k string) bool {
 	case "bucket unanswered":
 		d := time.Duration(rapid.IntRange(1, 20).Draw(t, "unanswered s")) * time.Second
 		w.kv.downUntil = w.now + d
-		w.lastFault = w.now + d
+		w.lastFault = max(w.lastFault, w.now+d)
 		w.logf("the bucket does not answer for %s", d)
 	case "bucket answers lost":
 		// Writes land, and neither their answers nor reads come back:
 		// a leader cut off after it stored the write.
 		d := time.Duration(rapid.IntRange(1, 10).Draw(t, "answers lost s")) * time.Second
 		w.kv.lostUntil = w.now + d
-		w.lastFault = w.now + d
+		w.lastFault = max(w.lastFault, w.now+d)
 		w.logf("the bucket's answers are lost for %s", d)
 	default:
 		panic(fmt.Sprintf("no fault %q", k))
