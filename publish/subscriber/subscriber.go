@@ -389,10 +389,3 @@ const DefaultAckWait = 10 * time.Second
 
 // sleep waits d, reporting false if ctx ended first.
 func sleep(ctx context.Context, d time.Duration) bool { return pause.For(ctx, d) == nil }
-
-func seqOf(m *jetstream.MsgMetadata) uint64 {
-	if m == nil {
-		return 0
-	}
-	return m.Sequence.Stream
-}
