@@ -24,10 +24,8 @@ import (
 // and goes on as a standby, delivering once the server pins it again.
 func (s *Subscriber) standBy(ctx context.Context, why error) error {
 	s.counts.stoodBy.Add(1)
-	s.mu.Lock()
-	unsaved := s.h.DoneUnsaved
-	s.loaded = false
-	s.mu.Unlock()
+	unsaved := s.status().DoneUnsaved
+	s.loaded.Store(false)
 	// Taken over, the record moved on without this subscriber: it saves
 	// nothing of the messages it lets go (each write would refuse the
 	// next save of the one that delivers now). What it finished stays
@@ -89,10 +87,7 @@ func (s *Subscriber) load(ctx context.Context) error {
 	if s.cfg.Progress == nil {
 		return nil
 	}
-	s.mu.Lock()
-	loaded := s.loaded
-	s.mu.Unlock()
-	if loaded {
+	if s.loaded.Load() {
 		return nil
 	}
 	if _, err := s.talk(ctx, protocol.Reload{}, recordIO{load: func(ctx context.Context) (protocol.Progress, uint64, error) {
@@ -100,9 +95,7 @@ func (s *Subscriber) load(ctx context.Context) error {
 	}}); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	s.loaded = true
-	s.mu.Unlock()
+	s.loaded.Store(true)
 	return nil
 }
 
@@ -125,12 +118,10 @@ func (s *Subscriber) consumer(ctx context.Context, js jetstream.JetStream, lost 
 		return nil, err
 	}
 	if missing {
-		s.mu.Lock()
-		anchored, floor := s.h.Record.Last.Seq != 0, s.h.Record.Floor
-		s.mu.Unlock()
-		switch protocol.MakeAt(anchored, s.positioner != nil) {
+		rec := s.record()
+		switch protocol.MakeAt(rec.Last.Seq != 0, s.positioner != nil) {
 		case protocol.AfterFloor:
-			d.StartSeq = floor + 1
+			d.StartSeq = rec.Floor + 1
 			if s.cfg.Log != nil {
 				s.cfg.Log.Warn("the consumer was not on the server: made again where its subscribers had got to, after the last message acknowledged",
 					"durable", s.cfg.Durable, "start_seq", d.StartSeq)
@@ -176,10 +167,7 @@ func (s *Subscriber) fromSink(ctx context.Context, js jetstream.JetStream, d *Du
 		d.FromStart = d.FromStart || !ok
 	}
 	if s.positioner != nil {
-		s.mu.Lock()
-		// Of a stream that may be another now: followed afresh.
-		s.h.Record.Chain = wire.Chain{}
-		s.mu.Unlock()
+		s.step(protocol.FollowAfresh{})
 	}
 	switch {
 	case ok:
@@ -209,10 +197,8 @@ func (s *Subscriber) sinkPosition(ctx context.Context) (Stored, bool, error) {
 // tokens store nothing, and the last one stored says nothing of those
 // after it.
 func (s *Subscriber) seed(at Stored) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cfg.Action == "" && s.h.Record.Chain.Seed.Seq == 0 && len(s.h.Record.Chain.Subjects) == 0 {
-		s.h.Record.Chain.Seed = wire.Anchor{Seq: at.Seq, Mark: wire.IDMark(at.BatchID)}
+	if s.cfg.Action == "" {
+		s.step(protocol.SeedChain{At: wire.Anchor{Seq: at.Seq, Mark: wire.IDMark(at.BatchID)}})
 	}
 }
 
@@ -224,9 +210,5 @@ func (s *Subscriber) seedAtFloor(cons jetstream.Consumer) {
 	if s.positioner == nil || s.cfg.Action == "" {
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.h.Record.Chain.Seed.Seq == 0 && len(s.h.Record.Chain.Subjects) == 0 {
-		s.h.Record.Chain.Seed = wire.Anchor{Seq: cons.CachedInfo().AckFloor.Stream}
-	}
+	s.step(protocol.SeedChain{At: wire.Anchor{Seq: cons.CachedInfo().AckFloor.Stream}})
 }

@@ -27,18 +27,17 @@ func (s *Subscriber) doneFunc() func(...*Unit) {
 // complete.
 func (s *Subscriber) done(ctx context.Context, units []*Unit) {
 	var batches []protocol.HeldBatch
-	s.mu.Lock()
 	for _, u := range units {
-		if u.done {
+		// A sink may say a unit is done twice (a report, then the
+		// reader's end): once counts.
+		if u.done.Swap(true) {
 			continue
 		}
-		u.done = true
 		s.counts.batches.Add(1)
 		s.counts.lastDone.Store(time.Now().UnixNano())
 		batches = append(batches, protocol.HeldBatch{Held: u.h, Line: u.Line})
 	}
-	cmds := s.h.Step(protocol.Done{Batches: batches})
-	s.mu.Unlock()
+	cmds := s.step(protocol.Done{Batches: batches})
 	s.signal()
 	for _, c := range cmds {
 		if f, ok := c.(protocol.Finish); ok {
@@ -176,15 +175,13 @@ func (s *Subscriber) unreadable(ctx context.Context, msg jetstream.Msg, seq uint
 	return msg.Term()
 }
 
-// deadLetter sets batch i of h aside and marks it done.
-func (s *Subscriber) deadLetter(ctx context.Context, h *protocol.Held, b *Decoded, i int) error {
+// deadLetter sets batch i of h aside, n readers having failed with it,
+// and marks it done.
+func (s *Subscriber) deadLetter(ctx context.Context, h *protocol.Held, b *Decoded, i, n int) error {
 	hdr, body, err := batchMessage(b, i)
 	if err != nil {
 		return fmt.Errorf("dead letter of seq %d batch %d: %w", h.Seq, i, err)
 	}
-	s.mu.Lock()
-	n := h.Rec.Attempts[i]
-	s.mu.Unlock()
 	reason := fmt.Sprintf("%d readers failed with this batch taken and not finished", n)
 	dl := DeadLetter{Stream: s.cfg.Stream, Seq: h.Seq, Batch: i, Durable: s.cfg.Durable, Reason: reason, Deliveries: n, Header: hdr, Body: body}
 	if err := s.cfg.DeadLetters.Put(ctx, dl); err != nil {

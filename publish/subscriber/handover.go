@@ -62,9 +62,7 @@ func (s *Subscriber) take(ctx context.Context, msg jetstream.Msg) ([]*Unit, erro
 	for i, line := range lines {
 		tokens[i] = len(line)
 	}
-	s.mu.Lock()
-	t := s.h.Take(seq, mark, tokens, protocol.Rules{MaxDeliveries: s.cfg.MaxDeliveries, DeadLetters: s.cfg.DeadLetters != nil}, msg)
-	s.mu.Unlock()
+	t := s.step(protocol.Offer{Seq: seq, Mark: mark, Tokens: tokens, Rules: protocol.Rules{MaxDeliveries: s.cfg.MaxDeliveries, DeadLetters: s.cfg.DeadLetters != nil}, Msg: msg})[0].(protocol.Taken)
 	s.counts.skipped.Add(int64(t.Skipped))
 	switch {
 	case t.Ack:
@@ -80,7 +78,7 @@ func (s *Subscriber) take(ctx context.Context, msg jetstream.Msg) ([]*Unit, erro
 	}
 	units, dead := s.units(t.Held, meta, b, lines, t.Fates)
 	for _, i := range dead {
-		if err := s.deadLetter(ctx, t.Held, b, i); err != nil {
+		if err := s.deadLetter(ctx, t.Held, b, i, t.Attempts[i]); err != nil {
 			return nil, err
 		}
 	}
@@ -95,28 +93,16 @@ func (s *Subscriber) take(ctx context.Context, msg jetstream.Msg) ([]*Unit, erro
 // the counts.
 func (s *Subscriber) noteDelivery(ctx context.Context, msg jetstream.Msg, meta *jetstream.MsgMetadata, mark string) {
 	seq, again := meta.Sequence.Stream, meta.NumDelivered > 1
-	s.mu.Lock()
-	s.h.Saw(seq, mark)
-	var gap *wire.Gap
-	if !wire.IsMarker(msg.Headers()) {
-		gap = s.h.Record.Chain.Follow(msg.Subject(), seq, msg.Headers(), mark, again)
-	}
-	done := 0
-	if again {
-		if m := s.h.Record.Messages[seq]; m != nil && m.Mark == mark {
-			done = m.Done.Len()
-		}
-	}
-	s.mu.Unlock()
+	f := s.step(protocol.Arrived{Seq: seq, Mark: mark, Subject: msg.Subject(), Header: msg.Headers(), Again: again})[0].(protocol.Follows)
 	s.counts.messages.Add(1)
 	s.counts.lastDelivery.Store(time.Now().UnixNano())
 	if again {
 		s.counts.redelivered.Add(1)
 	}
 	if again && s.cfg.Log != nil {
-		s.cfg.Log.Info("delivered again: a reader may have had its tokens before", "stream_seq", seq, "deliveries", meta.NumDelivered, "batches_done_before", done)
+		s.cfg.Log.Info("delivered again: a reader may have had its tokens before", "stream_seq", seq, "deliveries", meta.NumDelivered, "batches_done_before", f.DoneBefore)
 	}
-	s.gaps.Note(ctx, s.js, s.cfg.Stream, s.cfg.Durable, s.pinsOne(), s.positioner != nil, s.cfg.Log, msg.Headers(), gap, func() { msg.InProgress() })
+	s.gaps.Note(ctx, s.js, s.cfg.Stream, s.cfg.Durable, s.pinsOne(), s.positioner != nil, s.cfg.Log, msg.Headers(), f.Gap, func() { msg.InProgress() })
 }
 
 // ofAction are the tokens of each line of the subscriber's action (all
@@ -160,10 +146,7 @@ func (s *Subscriber) refresh(ctx context.Context, msg jetstream.Msg) error {
 	}
 	pin := msg.Headers().Get("Nats-Pin-Id")
 	idle := time.Since(unixTime(s.counts.lastDelivery.Load()))
-	s.mu.Lock()
-	stale := s.h.Reread(pin, idle)
-	s.mu.Unlock()
-	if !stale {
+	if len(s.step(protocol.Delivered{Pin: pin, Idle: idle})) == 0 {
 		return nil
 	}
 	// One talk at a time: no save of this subscriber's in flight
@@ -231,10 +214,7 @@ func (s *Subscriber) hand(ctx context.Context, units []*Unit) error {
 		return s.cfg.Sink.Hand(ctx, units, s.doneFunc())
 	}
 	for _, u := range units {
-		s.mu.Lock()
-		behind := protocol.SaveFirst(true, s.h.DoneUnsaved)
-		s.mu.Unlock()
-		if behind {
+		if len(s.step(protocol.NextUnit{})) > 0 {
 			// A message of many batches (a backlog's): what the reader
 			// finished is saved before it gets more, so that a
 			// subscriber that takes the message over skips it. Taken

@@ -69,9 +69,8 @@ func HoldsKey(key string) func(*jetstream.RawStreamMsg) bool {
 // the consumer to be made otherwise it is refused, naming the ways on:
 // its sequences would skip this stream's messages.
 func (s *Subscriber) checkRecord(ctx context.Context, js jetstream.JetStream, missing bool) error {
-	s.mu.Lock()
-	last, floor := s.h.Record.Last, s.h.Record.Floor
-	s.mu.Unlock()
+	rec := s.record()
+	last, floor := rec.Last, rec.Floor
 	if last.Seq == 0 && floor == 0 {
 		return nil
 	}
@@ -100,9 +99,7 @@ func (s *Subscriber) checkRecord(ctx context.Context, js jetstream.JetStream, mi
 		s.cfg.Log.Warn("the durable's record is of another stream (deleted and made again, restored or purged): dropped; "+how,
 			"durable", s.cfg.Durable, "record_last_seq", last.Seq)
 	}
-	s.mu.Lock()
-	s.h.Record, s.h.Dirty = protocol.Progress{}, true
-	s.mu.Unlock()
+	s.step(protocol.RecordDropped{})
 	return nil
 }
 

@@ -97,7 +97,8 @@ func (saveless) Save(context.Context, *protocol.Progress, uint64) (uint64, error
 // (issue 49's fault runs: three of one subscriber's batches written again
 // at one fault, one of them by itself, pinned again a moment later).
 func TestStandbyKeepsWhatItFinished(t *testing.T) {
-	s := &Subscriber{cfg: Config{Progress: saveless{}}, loaded: true}
+	s := &Subscriber{cfg: Config{Progress: saveless{}}}
+	s.loaded.Store(true)
 	s.h.Record.MessageAt(5, "m5", 2).Done.Add(0)
 	s.h.Dirty, s.h.DoneUnsaved = true, 1
 	if err := s.standBy(context.Background(), errPinLost); err != nil {

@@ -68,7 +68,7 @@ func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error
 			// being elected (a cluster losing a node) misses heartbeats for
 			// a while.
 			if errors.Is(err, jetstream.ErrNoHeartbeat) {
-				if s.standingBy(runCtx, cons) {
+				if !s.missCounts(runCtx) {
 					continue
 				}
 				if s.cfg.Log != nil {
@@ -164,7 +164,7 @@ func (s *Subscriber) watch(ctx context.Context, cons jetstream.Consumer, cancel 
 	}
 	if cfg := cons.CachedInfo().Config; cfg.PriorityPolicy == jetstream.PriorityPolicyPinned {
 		wg.Add(2)
-		go func() { defer wg.Done(); s.watchPin(ctx, cons, cancel) }()
+		go func() { defer wg.Done(); s.watchPin(ctx, cancel) }()
 		go func() { defer wg.Done(); s.keepPin(ctx, cfg.PinnedTTL) }()
 	}
 }
@@ -226,24 +226,17 @@ func (s *Subscriber) untilDrained(ctx context.Context, cons jetstream.Consumer, 
 		if err != nil {
 			continue
 		}
-		s.mu.Lock()
 		// A pipe's reader has the last batches in doubt until it waits
 		// for more (settleIdle): ended before, it would have them
-		// delivered again. A message being acknowledged is held until
-		// the server answers: ended before, its ack is cut short and it
-		// comes again after the ack wait, to a subscriber whose record
-		// says it is done, which acknowledges it without a line (issue
-		// 45: two resends at once ended so, the dead letter delivered,
-		// never removed, and no resend after would see it).
-		acking := s.h.Acking()
-		holding := len(s.h.Held())
-		s.mu.Unlock()
+		// delivered again. The machine adds the messages held, and those
+		// being acknowledged (protocol.Drained says why).
 		inDoubt := false
 		if r := s.reader; r != nil {
 			_, inDoubt = r.inDoubt()
 		}
-		if protocol.Drained(protocol.Drain{Handling: s.handling.Load(), InDoubt: inDoubt, Acking: acking,
-			Pending: int(info.NumPending), AckPending: info.NumAckPending, Holding: holding}) {
+		look := protocol.DrainLook{Drain: protocol.Drain{Handling: s.handling.Load(), InDoubt: inDoubt,
+			Pending: int(info.NumPending), AckPending: info.NumAckPending}}
+		if len(s.step(look)) > 0 {
 			if s.cfg.Log != nil {
 				s.cfg.Log.Info("drained: nothing left to deliver", "durable", s.cfg.Durable, "ack_pending", info.NumAckPending,
 					"delivered_stream_seq", info.Delivered.Stream, "ack_floor_stream_seq", info.AckFloor.Stream)
@@ -262,10 +255,10 @@ func (s *Subscriber) untilDrained(ctx context.Context, cons jetstream.Consumer, 
 func (s *Subscriber) heartbeat(ctx context.Context, cons jetstream.Consumer) {
 	every := protocol.InProgressEvery(cons.CachedInfo().Config.AckWait, s.cfg.AckWait, DefaultAckWait)
 	for sleep(ctx, every) {
-		s.mu.Lock()
-		for _, h := range s.h.Held() {
-			h.Msg.(jetstream.Msg).InProgress()
+		for _, c := range s.step(protocol.HeartbeatDue{}) {
+			for _, h := range c.(protocol.InProgress).Msgs {
+				msgOf(h).InProgress()
+			}
 		}
-		s.mu.Unlock()
 	}
 }

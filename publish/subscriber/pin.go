@@ -40,16 +40,12 @@ func (s *Subscriber) keepPin(ctx context.Context, ttl time.Duration) {
 	next := "$JS.API.CONSUMER.MSG.NEXT." + s.cfg.Stream + "." + s.cfg.Durable
 	every := protocol.KeepPinEvery(ttl)
 	for sleep(ctx, every) {
-		s.mu.Lock()
-		pin, holding := s.h.Pin, s.h.Holding()
-		s.mu.Unlock()
-		if !holding || pin == "" {
-			continue
+		for _, c := range s.step(protocol.KeepPinDue{}) {
+			req, _ := json.Marshal(keepPinRequest{Batch: 1, MaxBytes: 1, NoWait: true, Group: PriorityGroup, ID: c.(protocol.KeepPin).Pin})
+			try, cancel := context.WithTimeout(ctx, every)
+			s.js.Conn().RequestWithContext(try, next, req)
+			cancel()
 		}
-		req, _ := json.Marshal(keepPinRequest{Batch: 1, MaxBytes: 1, NoWait: true, Group: PriorityGroup, ID: pin})
-		try, cancel := context.WithTimeout(ctx, every)
-		s.js.Conn().RequestWithContext(try, next, req)
-		cancel()
 	}
 }
 
@@ -64,77 +60,59 @@ type keepPinRequest struct {
 
 // watchPin ends the consume with errPinLost once the server pins another
 // subscriber of the durable, or none, while this one holds messages, as
-// the core judges the pins it is shown a second apart (PinSeen).
-func (s *Subscriber) watchPin(ctx context.Context, cons jetstream.Consumer, cancel context.CancelCauseFunc) {
+// the machine judges the pins it is shown a second apart (PinSeen).
+func (s *Subscriber) watchPin(ctx context.Context, cancel context.CancelCauseFunc) {
 	for sleep(ctx, time.Second) {
-		s.mu.Lock()
-		watching := s.h.WatchesPin()
-		s.mu.Unlock()
-		if !watching {
-			continue
-		}
-		info, err := cons.Info(ctx)
-		if err != nil {
-			continue
-		}
-		s.mu.Lock()
-		lost := s.h.PinSeen(pinnedIn(info))
-		s.mu.Unlock()
-		if lost {
+		if _, lost := s.withPin(ctx, protocol.PinWatchDue{}).(protocol.PinLost); lost {
 			cancel(errPinLost)
 			return
 		}
 	}
 }
 
-// standingBy reports whether this subscriber stands by, holding nothing,
+// missCounts reports whether a heartbeat the consume's pulls missed
+// counts as the server not heard. Not for a standby, holding nothing,
 // while the server, answering at once, pins another subscriber of the
 // durable: its pulls then wait without heartbeats while the pinned one is
 // delivered to, which says nothing of its server. Counted as misses, they
 // moved every standby to another server every 12 s (issue 49's fault runs),
 // each time with its pulls asked again.
-func (s *Subscriber) standingBy(ctx context.Context, cons jetstream.Consumer) bool {
-	s.mu.Lock()
-	holding, pin := s.h.Holding(), s.h.Pin
-	s.mu.Unlock()
-	if holding {
-		return false
+func (s *Subscriber) missCounts(ctx context.Context) bool {
+	_, counts := s.withPin(ctx, protocol.HeartbeatMissed{}).(protocol.CountMiss)
+	return counts
+}
+
+// withPin steps the machine with e, and again with the pin the server
+// gives when it asks for it (LookAtPin; "" when the server does not say
+// within progressTry). It returns the machine's last answer (nil: none).
+func (s *Subscriber) withPin(ctx context.Context, e protocol.Found) protocol.ToDo {
+	cmds := s.step(e)
+	if len(cmds) == 0 {
+		return nil
+	}
+	look, ok := cmds[0].(protocol.LookAtPin)
+	if !ok {
+		return cmds[0]
 	}
 	try, cancel := context.WithTimeout(ctx, progressTry)
 	defer cancel()
-	info, err := cons.Info(try)
-	if err != nil {
-		return false
+	if cmds = s.step(protocol.PinLooked{For: look.For, Pinned: s.serverPin(try)}); len(cmds) == 0 {
+		return nil
 	}
-	pinned := pinnedIn(info)
-	return pinned != "" && pinned != pin
+	return cmds[0]
 }
 
 // Unpin lets the server pin another subscriber of the durable at once,
-// rather than after PinnedTTL, when this one is the pinned one: for a
+// rather than after PinnedTTL, when this one is the pinned one (the pin
+// of the last message it was given), as the machine judges it: for a
 // subscriber that stops.
 func (s *Subscriber) Unpin(ctx context.Context, js jetstream.JetStream) {
-	if !s.pinnedHere(ctx) {
+	if _, ok := s.withPin(ctx, protocol.Stopping{}).(protocol.Unpin); !ok {
 		return
 	}
 	if st, err := js.Stream(ctx, s.cfg.Stream); err == nil {
 		st.UnpinConsumer(ctx, s.cfg.Durable, PriorityGroup)
 	}
-}
-
-// pinnedHere reports whether the server, asked now, pins this subscriber
-// (the pin of the last message it was given), as the core judges it.
-func (s *Subscriber) pinnedHere(ctx context.Context) bool {
-	s.mu.Lock()
-	pin := s.h.Pin
-	s.mu.Unlock()
-	if pin == "" {
-		return false
-	}
-	pinned := s.serverPin(ctx)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.h.PinnedHere(pinned)
 }
 
 // serverPin is the pin the server, asked now, gives the durable's group

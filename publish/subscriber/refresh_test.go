@@ -48,7 +48,8 @@ func (m pinnedMsg) InProgress() error    { return nil }
 func TestClaimKeepsWhatThisSubscriberDropped(t *testing.T) {
 	old := protocol.Progress{Floor: 50, Last: wire.Anchor{Seq: 50, Mark: "id:old-50"}}
 	store := &keptRecord{p: old, rev: 3}
-	s := &Subscriber{cfg: Config{Progress: store, Durable: "d"}, h: protocol.Machine{Holdings: protocol.Holdings{Rev: 3, Pin: "p1"}}, loaded: true}
+	s := &Subscriber{cfg: Config{Progress: store, Durable: "d"}, h: protocol.Machine{Holdings: protocol.Holdings{Rev: 3, Pin: "p1"}}}
+	s.loaded.Store(true)
 	if err := s.refresh(context.Background(), pinnedMsg{pin: "p2"}); err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +86,8 @@ func TestRecordReadBackOfAnotherStreamIsDropped(t *testing.T) {
 	js := oneMessage(ctx, t)
 	old := protocol.Progress{Floor: 5, Last: wire.Anchor{Seq: 5, Mark: "id:old-5"}}
 	store := &keptRecord{p: old, rev: 3}
-	s := &Subscriber{cfg: Config{Progress: store, Durable: "d", Stream: "S"}, js: js, h: protocol.Machine{Holdings: protocol.Holdings{Rev: 2, Pin: "p1"}}, loaded: true}
+	s := &Subscriber{cfg: Config{Progress: store, Durable: "d", Stream: "S"}, js: js, h: protocol.Machine{Holdings: protocol.Holdings{Rev: 2, Pin: "p1"}}}
+	s.loaded.Store(true)
 	if err := s.refresh(ctx, pinnedMsg{pin: "p2"}); err != nil {
 		t.Fatal(err)
 	}

@@ -255,3 +255,13 @@ func (s *Subscriber) step(e protocol.Found) []protocol.ToDo {
 	defer s.mu.Unlock()
 	return s.h.Step(e)
 }
+
+// status is the machine's state, for counts and logs.
+func (s *Subscriber) status() protocol.Status {
+	return s.step(protocol.Look{})[0].(protocol.Status)
+}
+
+// record is where the durable's record says its subscribers got to.
+func (s *Subscriber) record() protocol.RecordIs {
+	return s.step(protocol.RecordAt{})[0].(protocol.RecordIs)
+}

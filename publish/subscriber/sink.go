@@ -3,6 +3,7 @@ package subscriber
 import (
 	"context"
 	"github.com/mailroom/tailer/publish/subscriber/protocol"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -39,7 +40,7 @@ type Unit struct {
 	Tokens []SignedToken
 
 	h    *protocol.Held
-	done bool
+	done atomic.Bool
 }
 
 // Puller is a Sink that says how many messages it takes at once: Pull

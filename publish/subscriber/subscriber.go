@@ -82,11 +82,13 @@ type Subscriber struct {
 	life context.Context
 	gaps Gaps
 
+	// mu makes one step of the machine at a time (step): the machine,
+	// what the subscriber holds and the durable's record of it, is
+	// touched by its Step alone.
 	mu sync.Mutex
-	// h is what the subscriber holds and the durable's record of it,
-	// changed by its core's methods alone.
-	h      protocol.Machine
-	loaded bool
+	h  protocol.Machine
+	// loaded: the record was read (load).
+	loaded atomic.Bool
 	counts counts
 }
 
@@ -172,9 +174,7 @@ type Stats struct {
 // Stats returns a copy of the counts.
 func (s *Subscriber) Stats() Stats {
 	st := s.counts.stats()
-	s.mu.Lock()
-	st.PinID = s.h.Pin
-	s.mu.Unlock()
+	st.PinID = s.status().Pin
 	st.Gaps, st.OpenGap = s.gaps.State()
 	st.TakenElsewhere = s.gaps.Taken()
 	if r := s.reader; r != nil {
@@ -357,13 +357,11 @@ func (s *Subscriber) term(ctx context.Context, js jetstream.JetStream, cons *jet
 		if !errors.Is(err, errConsumerLost) {
 			return err
 		}
-		s.mu.Lock()
 		s.counts.recreated.Add(1)
 		// The old consumer's deliveries cannot be acknowledged any more:
 		// the new one delivers what they held again, and the record says
 		// which of their batches are done.
-		s.h.Forget()
-		s.mu.Unlock()
+		s.step(protocol.ConsumerGone{})
 		if r := s.reader; r != nil {
 			r.forget()
 		}

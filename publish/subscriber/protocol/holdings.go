@@ -147,6 +147,9 @@ type Taken struct {
 	Ack bool
 	// Skipped counts its batches done before, not handed again.
 	Skipped int
+	// Attempts counts, batch by batch, the readers that failed with it
+	// taken (a dead letter's reason).
+	Attempts []int
 }
 
 // Take takes a message delivered at seq, of mark, whose batches carry
@@ -170,8 +173,9 @@ func (h *Holdings) Take(seq uint64, mark string, tokens []int, rules Rules, msg 
 	held := &Held{Seq: seq, Rec: rec, Msg: msg}
 	h.held = append(h.held, held)
 	h.Dirty = true
-	t := Taken{Held: held, Fates: fates}
+	t := Taken{Held: held, Fates: fates, Attempts: make([]int, len(tokens))}
 	for i, f := range fates {
+		t.Attempts[i] = rec.Attempts[i]
 		switch f {
 		case DoneBefore:
 			t.Skipped++

@@ -213,6 +213,9 @@ func (TalkEnded) toDo() {}
 // that does not fit the talk under way (a Loaded with no talk) is a
 // driver's slip, and ends nothing: Step returns no output.
 func (m *Machine) Step(e Found) []ToDo {
+	if cmds, ok := m.stepOutside(e); ok {
+		return cmds
+	}
 	switch e := e.(type) {
 	case ClaimRecord:
 		return m.start(claiming, Load{})

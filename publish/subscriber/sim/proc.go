@@ -39,6 +39,7 @@ type delivery struct {
 	inc   int
 	pin   int
 	stale bool
+	again bool
 }
 
 // proc is one tailer subscribe process and its sink: it steps
@@ -130,6 +131,12 @@ func (p *proc) kv() *subscriber.KVProgress {
 }
 func (p *proc) cfg() *config { return &p.w.cfg }
 
+// record is where the durable's record says its subscribers got to
+// (Subscriber.record).
+func (p *proc) record() protocol.RecordIs {
+	return p.h.Step(protocol.RecordAt{})[0].(protocol.RecordIs)
+}
+
 func (p *proc) runs() bool {
 	return p.alive && !p.exited && p.refused == "" && p.now() >= p.frozenUntil
 }
@@ -158,15 +165,15 @@ func (p *proc) start() {
 func (p *proc) remake(lost bool) bool {
 	w := p.w
 	missing := w.dur == nil || w.dur.gone
-	if p.h.Record.Last.Seq != 0 || p.h.Record.Floor != 0 {
-		switch protocol.CheckRecord(w.atLast(p.h.Record.Last), missing, p.cfg().fromStart, p.cfg().inbox) {
+	if rec := p.record(); rec.Last.Seq != 0 || rec.Floor != 0 {
+		switch protocol.CheckRecord(w.atLast(rec.Last), missing, p.cfg().fromStart, p.cfg().inbox) {
 		case protocol.RefuseRecord:
-			p.refused = fmt.Sprintf("the record's last sequence %d holds another message: --from-start", p.h.Record.Last.Seq)
+			p.refused = fmt.Sprintf("the record's last sequence %d holds another message: --from-start", rec.Last.Seq)
 			w.logf("p%d refuses: %s", p.id, p.refused)
 			return false
 		case protocol.DropRecord:
-			w.logf("p%d drops the record (last %d)", p.id, p.h.Record.Last.Seq)
-			p.h.Record, p.h.Dirty = protocol.Progress{}, true
+			w.logf("p%d drops the record (last %d)", p.id, rec.Last.Seq)
+			p.h.Step(protocol.RecordDropped{})
 		}
 	}
 	if missing {
@@ -187,9 +194,9 @@ func (p *proc) remake(lost bool) bool {
 // the process was bound to (lost) when nothing says where it was.
 func (p *proc) makeAt(lost bool) (uint64, bool) {
 	w, cfg := p.w, p.cfg()
-	switch {
-	case protocol.MakeAt(p.h.Record.Last.Seq != 0, cfg.inbox) == protocol.AfterFloor:
-		return p.h.Record.Floor + 1, true
+	switch rec := p.record(); {
+	case protocol.MakeAt(rec.Last.Seq != 0, cfg.inbox) == protocol.AfterFloor:
+		return rec.Floor + 1, true
 	case cfg.inbox || cfg.fromStart:
 		return w.stream.first(), true
 	case lost:
@@ -249,7 +256,7 @@ func (p *proc) blocked() bool {
 
 func (p *proc) pull() {
 	for !p.blocked() && p.runs() {
-		pin, m, _ := p.w.dur.pull(p.w.stream, p.pin(), p.now())
+		pin, m, n := p.w.dur.pull(p.w.stream, p.pin(), p.now())
 		p.nextPull = p.now() + protocol.PullExpiry(p.cfg().ttl)
 		if m == nil {
 			return
@@ -258,7 +265,7 @@ func (p *proc) pull() {
 		if p.w.dur.expired {
 			p.w.redelivered(m.seq)
 		}
-		p.take(&delivery{m: m, inc: p.w.stream.inc, pin: pin})
+		p.take(&delivery{m: m, inc: p.w.stream.inc, pin: pin, again: n > 1})
 		p.handNext()
 	}
 }
@@ -273,14 +280,17 @@ func (p *proc) timers() {
 	}
 	if now >= p.nextProgress {
 		p.nextProgress = now + protocol.InProgressEvery(d.ackWait, cfg.ackWaitFlag, 10*time.Second)
-		for _, h := range p.h.Held() {
-			d.inProgress(h.Seq, now)
+		for _, c := range p.h.Step(protocol.HeartbeatDue{}) {
+			for _, h := range c.(protocol.InProgress).Msgs {
+				d.inProgress(h.Seq, now)
+			}
 		}
 	}
 	if every := protocol.KeepPinEvery(cfg.ttl); every > 0 && now >= p.nextKeepPin {
 		p.nextKeepPin = now + every
-		if p.h.Holding() && p.pin() != 0 {
-			d.keepPin(p.pin(), now)
+		for _, c := range p.h.Step(protocol.KeepPinDue{}) {
+			pin, _ := strconv.Atoi(c.(protocol.KeepPin).Pin)
+			d.keepPin(pin, now)
 		}
 	} else if every == 0 {
 		p.nextKeepPin = never
@@ -355,7 +365,7 @@ func (p *proc) reload() {
 // held cannot be acknowledged, and the consumer is made again.
 func (p *proc) consumerLost() {
 	p.w.logf("p%d: the consumer is gone", p.id)
-	p.h.Forget()
+	p.h.Step(protocol.ConsumerGone{})
 	p.toHand, p.taking, p.acking, p.committing, p.inFlight = nil, nil, nil, nil, nil
 	if p.inHand != nil {
 		// Forgotten: the sender writes the line it has.

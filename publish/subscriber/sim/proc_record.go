@@ -6,6 +6,8 @@ package sim
 import (
 	"context"
 
+	"github.com/nats-io/nats.go"
+
 	"errors"
 	"github.com/mailroom/tailer/publish/subscriber"
 
@@ -15,13 +17,28 @@ import (
 // watchPin stands by once the server pins another or none while this one
 // holds messages, as the core judges the pins it is shown a second apart.
 func (p *proc) watchPin() {
-	if !p.h.WatchesPin() {
-		return
-	}
-	p.w.dur.expire(p.now())
-	if p.h.PinSeen(pinName(p.w.dur.pin)) {
+	if _, lost := p.withPin(protocol.PinWatchDue{}).(protocol.PinLost); lost {
 		p.standBy("the pin is lost")
 	}
+}
+
+// withPin steps the machine with e, and again with the pin the durable's
+// model gives when it asks for it (Subscriber.withPin). It returns the
+// machine's last answer (nil: none).
+func (p *proc) withPin(e protocol.Found) protocol.ToDo {
+	cmds := p.h.Step(e)
+	if len(cmds) == 0 {
+		return nil
+	}
+	look, ok := cmds[0].(protocol.LookAtPin)
+	if !ok {
+		return cmds[0]
+	}
+	p.w.dur.expire(p.now())
+	if cmds = p.h.Step(protocol.PinLooked{For: look.For, Pinned: pinName(p.w.dur.pin)}); len(cmds) == 0 {
+		return nil
+	}
+	return cmds[0]
 }
 
 // saverTick reads the ack floor and saves the record if it changed
@@ -133,13 +150,14 @@ func (p *proc) take(d *delivery) {
 	}
 	m := d.m
 	p.lastDelivery = p.now()
-	p.h.Saw(m.seq, m.mark)
+	p.h.Step(protocol.Arrived{Seq: m.seq, Mark: m.mark, Subject: "MAILROOM.batch", Header: nats.Header{}, Again: d.again})
 	tokens := make([]int, len(m.lines))
 	for i, line := range m.lines {
 		tokens[i] = len(line)
 	}
 	hm := &heldMsg{m: m, inc: p.w.stream.inc}
-	t := p.h.Take(m.seq, m.mark, tokens, protocol.Rules{MaxDeliveries: p.cfg().maxDeliveries, DeadLetters: true}, hm)
+	offer := protocol.Offer{Seq: m.seq, Mark: m.mark, Tokens: tokens, Rules: protocol.Rules{MaxDeliveries: p.cfg().maxDeliveries, DeadLetters: true}, Msg: hm}
+	t := p.h.Step(offer)[0].(protocol.Taken)
 	if t.Ack {
 		p.w.ack(p, m.seq)
 		return
@@ -158,7 +176,7 @@ func (p *proc) take(d *delivery) {
 		}
 	}
 	for _, u := range dead {
-		p.w.deadLetter(u.key(), hm.Rec.Attempts[u.line])
+		p.w.deadLetter(u.key(), t.Attempts[u.line])
 		p.done(u)
 	}
 	if hm.Pending == 0 {
@@ -172,7 +190,7 @@ func (p *proc) take(d *delivery) {
 // longer delivers.
 func (p *proc) refresh(d *delivery) bool {
 	if !d.stale {
-		d.stale = p.h.Reread(pinName(d.pin), p.now()-p.lastDelivery)
+		d.stale = len(p.h.Step(protocol.Delivered{Pin: pinName(d.pin), Idle: p.now() - p.lastDelivery})) > 0
 	}
 	if !d.stale {
 		return true

@@ -27,7 +27,7 @@ func (p *proc) handNext() {
 		return
 	}
 	for len(p.toHand) > 0 && p.inHand == nil && !p.senderDown {
-		if protocol.SaveFirst(true, p.h.DoneUnsaved) {
+		if len(p.h.Step(protocol.NextUnit{})) > 0 {
 			if err := p.save(); errors.Is(err, subscriber.ErrTakenOver) {
 				p.standBy("taken over (a save before the next line)")
 				return

@@ -26,9 +26,8 @@ func (p *proc) untilDrained() {
 		Acking:     len(p.inFlight) > 0 || len(p.acking) > 0,
 		Pending:    pending,
 		AckPending: len(d.pend),
-		Holding:    len(p.h.Held()),
 	}
-	if protocol.Drained(drain) {
+	if len(p.h.Step(protocol.DrainLook{Drain: drain})) > 0 {
 		p.exitDrained()
 	}
 }
