@@ -7,9 +7,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -50,32 +50,30 @@ type Lines struct {
 	Reports bool
 	Log     *slog.Logger
 
-	mu sync.Mutex
-	// done is the Subscriber's, given with the units.
-	done func(...*Unit)
-	// handed are the units given to the reader and not done, in the
-	// order they were written.
-	handed []*lined
-	// lines are the lines handed and not yet reported, by content.
-	lines map[string][]*lined
-	// written counts the bytes written to Out since the last settle.
-	written int64
-	// finished counts the units done; stall follows the reader from one
-	// look of Stalled to the next.
-	finished int
-	stall    protocol.Stall
+	// mu makes one step of the book at a time (step): what the reader
+	// was handed and what its words finish, touched by its Step alone.
+	mu   sync.Mutex
+	book protocol.ReaderBook
+	// done is the Subscriber's, given with the units; out is Out and
+	// Pipe as SetOut set them last (nil: the fields as configured).
+	done atomic.Pointer[func(...*Unit)]
+	out  atomic.Pointer[outlet]
+}
+
+// outlet is where the lines go: Out, and Pipe when Out is a pipe's
+// write end.
+type outlet struct {
+	out  io.Writer
+	pipe *Pipe
 }
 
 // lined is a unit as lines.
 type lined struct {
-	u     *Unit
-	data  []byte
-	keys  []string
-	lines []string
-	// end is Lines.written once the unit was written.
-	end      int64
-	reported int
-	done     bool
+	u    *Unit
+	data []byte
+	keys []string
+	// h is the unit as the book keeps it.
+	h *protocol.Handout
 }
 
 // reportsAckPending is how many messages a reader that reports may hold:
@@ -94,27 +92,55 @@ func (l *Lines) Pulls() (pull, pending int) {
 
 // serial: a pipe's reader that does not report says it finished a batch
 // only by taking the next.
-func (l *Lines) serial() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.Pipe != nil && !l.Reports
+func (l *Lines) serial() bool { return l.outlet().pipe != nil && !l.Reports }
+
+// outlet is where the lines go now.
+func (l *Lines) outlet() outlet {
+	if o := l.out.Load(); o != nil {
+		return *o
+	}
+	return outlet{l.Out, l.Pipe}
 }
 
 // SetOut sets Out and Pipe (nil when out is not a pipe): a sender started
 // again gets a pipe of its own.
 func (l *Lines) SetOut(out io.Writer, pipe *Pipe) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.Out, l.Pipe = out, pipe
-	l.stall.Moved(time.Now())
+	l.out.Store(&outlet{out, pipe})
+	l.step(protocol.NewReader{At: time.Now()})
 }
 
-// Hand writes us to the reader as Out's kind asks.
-func (l *Lines) Hand(ctx context.Context, us []*Unit, done func(...*Unit)) error {
+// step steps the book with e; the tokens of what it says is done are
+// then in the dedup window (Dedup is not safe for concurrent use: it is
+// read and written under mu).
+func (l *Lines) step(e protocol.ReaderFound) []protocol.ReaderToDo {
 	l.mu.Lock()
-	l.done = done
-	var ls []*lined
-	var none []*Unit
+	defer l.mu.Unlock()
+	cmds := l.book.Step(e)
+	for _, c := range cmds {
+		var done []*protocol.Handout
+		switch c := c.(type) {
+		case protocol.OutsDone:
+			done = c.Outs
+		case protocol.Settled:
+			done = c.Done
+		}
+		for _, h := range done {
+			if l.Dedup != nil {
+				for _, k := range h.Unit.(*lined).keys {
+					l.Dedup.Seen(k)
+				}
+			}
+		}
+	}
+	return cmds
+}
+
+// rendered are the units of us with lines for the reader, and those
+// without (render).
+func (l *Lines) rendered(us []*Unit) (ls []*lined, none []*Unit) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	for _, u := range us {
 		if x := l.render(u); x != nil {
 			ls = append(ls, x)
@@ -122,7 +148,13 @@ func (l *Lines) Hand(ctx context.Context, us []*Unit, done func(...*Unit)) error
 			none = append(none, u)
 		}
 	}
-	l.mu.Unlock()
+	return ls, none
+}
+
+// Hand writes us to the reader as Out's kind asks.
+func (l *Lines) Hand(ctx context.Context, us []*Unit, done func(...*Unit)) error {
+	l.done.Store(&done)
+	ls, none := l.rendered(us)
 	if len(none) > 0 {
 		// Nothing of them for this reader: done as they are.
 		done(none...)
@@ -131,68 +163,57 @@ func (l *Lines) Hand(ctx context.Context, us []*Unit, done func(...*Unit)) error
 	case l.Reports:
 		// The reader says what it finished: write all, it may read ahead.
 		var buf []byte
-		l.mu.Lock()
-		if l.lines == nil {
-			l.lines = make(map[string][]*lined)
-		}
 		for _, x := range ls {
 			buf = append(buf, x.data...)
-			l.written += int64(len(x.data))
-			x.end = l.written
-			l.handed = append(l.handed, x)
-			for _, line := range x.lines {
-				l.lines[line] = append(l.lines[line], x)
-			}
 		}
-		l.mu.Unlock()
+		l.step(protocol.Handing{Outs: handouts(ls), Reports: true})
 		return l.write(buf)
-	case l.Pipe != nil:
+	case l.outlet().pipe != nil:
 		return l.handPipe(ctx, ls)
 	default:
 		var buf []byte
 		for _, x := range ls {
 			buf = append(buf, x.data...)
 		}
-		l.mu.Lock()
-		l.handed = append(l.handed, ls...)
-		l.mu.Unlock()
+		l.step(protocol.Handing{Outs: handouts(ls)})
 		if err := l.write(buf); err != nil {
 			return err
 		}
 		// The lines are out: only now may the server forget them.
-		l.finish(ls)
+		l.finish(l.step(protocol.Through{Outs: handouts(ls)}))
 		return nil
 	}
+}
+
+// handouts are ls as the book keeps them.
+func handouts(ls []*lined) []*protocol.Handout {
+	hs := make([]*protocol.Handout, len(ls))
+	for i, x := range ls {
+		hs[i] = x.h
+	}
+	return hs
 }
 
 // handPipe writes ls to the pipe one at a time: once the reader took one,
 // it is done with those before.
 func (l *Lines) handPipe(ctx context.Context, ls []*lined) error {
+	pipe := l.outlet().pipe
 	for _, x := range ls {
 		if err := ctx.Err(); err != nil {
 			// Stopping, or the reader went: hand it nothing more.
 			return fmt.Errorf("hand lines over: %w", err)
 		}
-		l.mu.Lock()
-		l.written += int64(len(x.data))
-		x.end = l.written
-		l.handed = append(l.handed, x)
-		l.mu.Unlock()
+		l.step(protocol.Handing{Outs: []*protocol.Handout{x.h}})
 		if n, err := l.writeSome(x.data); err != nil {
 			// What did not reach the pipe (a reader gone: EPIPE) was not
 			// written, and its reader cannot have taken it whole.
-			l.mu.Lock()
-			l.written -= int64(len(x.data) - n)
-			l.mu.Unlock()
+			l.step(protocol.WriteCut{Unwritten: len(x.data) - n})
 			return err
 		}
-		if err := l.Pipe.Taken(ctx); err != nil {
+		if err := pipe.Taken(ctx); err != nil {
 			return fmt.Errorf("hand lines over: %w", err)
 		}
-		l.mu.Lock()
-		before := slices.Clone(l.handed[:slices.Index(l.handed, x)])
-		l.mu.Unlock()
-		l.finish(before)
+		l.finish(l.step(protocol.TookThrough{Out: x.h}))
 	}
 	return nil
 }
@@ -219,6 +240,7 @@ func (l *Lines) render(u *Unit) *lined {
 		return nil
 	}
 	x := &lined{u: u}
+	var lines []string
 	n := l.MaxTokensPerLine
 	if n <= 0 {
 		n = len(keep)
@@ -232,12 +254,13 @@ func (l *Lines) render(u *Unit) *lined {
 		} else {
 			x.data = AppendLine(x.data, part)
 		}
-		x.lines = append(x.lines, string(x.data[at:]))
+		lines = append(lines, string(x.data[at:]))
 		x.data = append(x.data, '\n')
 		for _, t := range part {
 			x.keys = append(x.keys, t.Key)
 		}
 	}
+	x.h = &protocol.Handout{Unit: x, Lines: lines, Size: len(x.data)}
 	return x
 }
 
@@ -258,30 +281,19 @@ func (l *Lines) writeSome(buf []byte) (int, error) {
 	return n, nil
 }
 
-// finish marks ls done and tells the Subscriber.
-func (l *Lines) finish(ls []*lined) {
-	l.mu.Lock()
+// finish tells the Subscriber of the units the book's answer (OutsDone)
+// says are done.
+func (l *Lines) finish(cmds []protocol.ReaderToDo) {
 	var us []*Unit
-	for _, x := range ls {
-		if x.done {
-			continue
-		}
-		x.done = true
-		if i := slices.Index(l.handed, x); i >= 0 {
-			l.handed = slices.Delete(l.handed, i, i+1)
-		}
-		if l.Dedup != nil {
-			for _, k := range x.keys {
-				l.Dedup.Seen(k)
+	for _, c := range cmds {
+		if d, ok := c.(protocol.OutsDone); ok {
+			for _, h := range d.Outs {
+				us = append(us, h.Unit.(*lined).u)
 			}
 		}
-		l.finished++
-		us = append(us, x.u)
 	}
-	done := l.done
-	l.mu.Unlock()
-	if len(us) > 0 && done != nil {
-		done(us...)
+	if done := l.done.Load(); len(us) > 0 && done != nil {
+		(*done)(us...)
 	}
 }
 
@@ -293,28 +305,15 @@ func (l *Lines) ReadReports(r io.Reader) error {
 	sc.Buffer(make([]byte, 64<<10), 64<<20)
 	unknown := 0
 	for sc.Scan() {
-		line := strings.TrimSuffix(sc.Text(), "\r")
-		l.mu.Lock()
-		q := l.lines[line]
-		var finished []*lined
-		if len(q) == 0 {
-			unknown++
-		} else {
-			x := q[0]
-			if len(q) == 1 {
-				delete(l.lines, line)
-			} else {
-				l.lines[line] = q[1:]
-			}
-			if x.reported++; x.reported == len(x.lines) {
-				finished = append(finished, x)
+		cmds := l.step(protocol.ReportedLine{Line: strings.TrimSuffix(sc.Text(), "\r")})
+		if len(cmds) > 0 {
+			if _, ok := cmds[0].(protocol.UnknownLine); ok {
+				if unknown++; unknown == 1 && l.Log != nil {
+					l.Log.Warn("the sender reported a line it was not given (or twice); ignored")
+				}
 			}
 		}
-		l.mu.Unlock()
-		if unknown == 1 && len(q) == 0 && l.Log != nil {
-			l.Log.Warn("the sender reported a line it was not given (or twice); ignored")
-		}
-		l.finish(finished)
+		l.finish(cmds)
 	}
 	if err := sc.Err(); err != nil {
 		return fmt.Errorf("read the sender's reports: %w", err)
@@ -330,92 +329,58 @@ func (l *Lines) ReadReports(r io.Reader) error {
 // slow one finishes a batch within d. Each call looks again; a health
 // check calls it every few seconds.
 func (l *Lines) Stalled(d time.Duration) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	unread := 0
-	if l.Pipe != nil {
-		unread = l.Pipe.Unread()
+	if p := l.outlet().pipe; p != nil {
+		unread = p.Unread()
 	}
-	return l.stall.Look(time.Now(), unread, len(l.handed), l.finished, d)
+	return l.step(protocol.StallLook{Now: time.Now(), Unread: unread, Timeout: d})[0].(protocol.StallIs).Stalled
 }
 
 // watch: a reader that goes while no message comes is noticed all the
 // same: what it had in doubt is handed back at once, not at the next
-// message. One that waits for more has finished what it had (settleIdle).
+// message. One that waits for more has finished what it had: on a stream
+// that goes quiet the last batch taken would stay in doubt until the next
+// one, and a healthy reader killed meanwhile (a redeploy, an OOM kill)
+// would have it again (the book settles it once two looks a tick apart
+// find the reader waiting, Pipe.ReaderWaits).
 func (l *Lines) watch(ctx context.Context, cancel context.CancelCauseFunc, busy func() bool) {
-	l.mu.Lock()
-	pipe := l.Pipe
-	l.mu.Unlock()
+	pipe := l.outlet().pipe
 	if pipe == nil {
 		return
 	}
-	waited := false
 	for ctx.Err() == nil {
 		if pipe.Gone() {
 			cancel(ErrReaderGone)
 			return
 		}
-		waited = l.settleIdle(pipe, waited, busy)
+		for _, c := range l.step(protocol.IdleLook{Busy: busy(), Reports: l.Reports}) {
+			l.finish(l.step(protocol.ReaderWaiting{Outs: c.(protocol.AskWaits).Outs, Waits: pipe.ReaderWaits()}))
+		}
 		sleep(ctx, 200*time.Millisecond)
 	}
 }
 
-// settleIdle settles the batches in doubt on a pipe while no message is
-// being handed over, once the reader says, by waiting for more
-// (Pipe.ReaderWaits), that it finished them: on a stream that goes quiet
-// the last batch taken would stay in doubt until the next one, and a
-// healthy reader killed meanwhile (a redeploy, an OOM kill) would have it
-// again. It takes two looks a tick apart (waited: the first was seen), so
-// that a reader between two reads is not taken for one that waits; it
-// returns what the next call gets as waited.
-func (l *Lines) settleIdle(pipe *Pipe, waited bool, busy func() bool) bool {
-	l.mu.Lock()
-	idle := !l.Reports && !busy() && len(l.handed) > 0
-	handed := slices.Clone(l.handed)
-	l.mu.Unlock()
-	switch {
-	case !idle || !pipe.ReaderWaits():
-		return false
-	case !waited:
-		return true
-	}
-	l.finish(handed)
-	return false
-}
-
 // settle: see reader.
 func (l *Lines) settle(o Outcome) (failedOn *Unit, held bool) {
-	l.mu.Lock()
-	handed := slices.Clone(l.handed)
+	o2 := l.outlet()
 	unread := int64(0)
-	if l.Pipe != nil {
-		unread = int64(l.Pipe.Unread())
+	if o2.pipe != nil {
+		unread = int64(o2.pipe.Unread())
 	}
-	end := protocol.ReaderEnd{Done: o == ReaderDone, Failed: o == ReaderFailed, Took: o == ReaderTook, Reports: l.Reports, Pipe: l.Pipe != nil, Taken: l.written - unread}
-	for _, x := range handed {
-		end.Ends = append(end.Ends, x.end)
+	end := protocol.ReaderEnd{Done: o == ReaderDone, Failed: o == ReaderFailed, Took: o == ReaderTook, Reports: l.Reports, Pipe: o2.pipe != nil}
+	st := l.step(protocol.ReaderEnds{End: end, Unread: unread})[0].(protocol.Settled)
+	l.finish([]protocol.ReaderToDo{protocol.OutsDone{Outs: st.Done}})
+	if st.Blamed != nil {
+		failedOn = st.Blamed.Unit.(*lined).u
 	}
-	l.mu.Unlock()
-	done, blamed := protocol.AfterReaderEnd(end)
-	l.finish(handed[:done])
-	if blamed >= 0 {
-		failedOn = handed[blamed].u
-	}
-	handed = handed[done:]
-	l.forget()
-	return failedOn, len(handed) > 0
+	return failedOn, st.Held
 }
 
 // inDoubt: see reader.
 func (l *Lines) inDoubt() (int, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.handed), l.Pipe != nil && !l.Reports && len(l.handed) > 0
+	d := l.step(protocol.DoubtLook{Serial: l.serial()})[0].(protocol.Doubt)
+	return d.N, d.Unsettled
 }
 
 // forget: see reader.
-func (l *Lines) forget() {
-	l.mu.Lock()
-	l.handed, l.lines, l.written = nil, nil, 0
-	l.mu.Unlock()
-}
+func (l *Lines) forget() { l.step(protocol.ForgetHanded{}) }
