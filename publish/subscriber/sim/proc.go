@@ -77,6 +77,9 @@ type proc struct {
 	// unsaved are the batches this process's sender wrote that the
 	// record in the bucket does not say are done.
 	unsaved map[batchKey]bool
+	// failing counts the failures of its senders, by batch, since its
+	// last save landed (world.failed).
+	failing map[batchKey]int
 
 	nextSave, nextProgress, nextKeepPin, nextWatch, nextPull time.Duration
 
@@ -422,7 +425,7 @@ func (p *proc) senderEnds(e senderEnd, wrote bool) {
 	}
 	failed := protocol.EndOfSender(e.code, e.transient, e.sig) == protocol.SenderFailed
 	if p.inHand != nil && e.counts() {
-		p.w.failed(p.inHand.key())
+		p.w.failed(p, p.inHand.key())
 	}
 	p.w.logf("p%d's sender ends (%+v, wrote %v, failed %v)", p.id, e, wrote, failed)
 	p.settle(failed, false)
@@ -436,6 +439,7 @@ func (p *proc) senderEnds(e senderEnd, wrote bool) {
 		// A resend stops on a sender that keeps failing (Sender.giveUp),
 		// its dead letters left for the next.
 		p.w.logf("p%d gives up on its sender (%d ends in a row)", p.id, p.endsInARow)
+		p.w.forgets(p)
 		*p = proc{w: p.w, id: p.id, epoch: p.epoch, exited: true, gaveUp: true}
 	}
 }
@@ -462,5 +466,6 @@ func (p *proc) kill(wrote bool) {
 	}
 	p.w.logf("p%d killed (its line or transaction landed: %v)", p.id, wrote)
 	p.letGo(p.inHand != nil && !wrote)
+	p.w.forgets(p)
 	*p = proc{w: p.w, id: p.id, epoch: p.epoch + 1}
 }

@@ -107,6 +107,8 @@ func (p *proc) talk(first protocol.Found) (protocol.TalkEnded, error) {
 // saved notes the record in the bucket: the batches it says are done
 // are no longer unsaved.
 func (p *proc) saved() {
+	// Blamed at the hand back, the failures are in what was saved.
+	p.failing = nil
 	for k := range p.unsaved {
 		if m := p.h.Record.Messages[k.seq]; k.inc != p.w.stream.inc || m != nil && m.Done.Has(k.line) || k.seq <= p.h.Record.Floor {
 			delete(p.unsaved, k)
@@ -172,7 +174,9 @@ func (p *proc) take(d *delivery) {
 		case protocol.SetAside:
 			dead = append(dead, &unit{h: hm, line: i})
 		case protocol.Hand:
-			p.toHand = append(p.toHand, &unit{h: hm, line: i})
+			u := &unit{h: hm, line: i}
+			p.w.handedAgain(p, u.key())
+			p.toHand = append(p.toHand, u)
 		}
 	}
 	for _, u := range dead {

@@ -67,6 +67,9 @@ type world struct {
 	// failed with each in hand.
 	dead     map[batchKey]bool
 	failures map[batchKey]int
+	// lost counts the failures a process counted and died with before a
+	// save of its landed: the record never had them.
+	lost map[batchKey]int
 	// rebuilt: the stream was made again (a refusal has a cause).
 	rebuilt bool
 	// newFrom is, by incarnation of the stream, the first message a
@@ -82,7 +85,7 @@ type world struct {
 func newWorld(cfg config) *world {
 	w := &world{cfg: cfg, stream: &streamModel{inc: 1, msgs: map[uint64]*smsg{}},
 		written: map[string]int{}, hands: map[batchKey][]hand{}, charged: map[hand]map[batchKey]bool{}, frozeHolding: map[hand]map[msgKey]bool{}, writers: map[batchKey][]hand{},
-		dead: map[batchKey]bool{}, failures: map[batchKey]int{}, newFrom: map[int]uint64{}}
+		dead: map[batchKey]bool{}, failures: map[batchKey]int{}, lost: map[batchKey]int{}, newFrom: map[int]uint64{}}
 	w.kv = &kvModel{now: func() time.Duration { return w.now }}
 	return w
 }
@@ -203,7 +206,41 @@ func (w *world) freeze(p *proc, d time.Duration) {
 	w.logf("p%d frozen for %s", p.id, d)
 }
 
-func (w *world) failed(k batchKey) { w.failures[k]++ }
+// failed is a sender of p failing with k in hand, as the docs' table
+// counts failures: p's record has it from its next save on.
+func (w *world) failed(p *proc, k batchKey) {
+	w.failures[k]++
+	if p.failing == nil {
+		p.failing = map[batchKey]int{}
+	}
+	p.failing[k]++
+}
+
+// forgets: p ends with failures its record never saved.
+func (w *world) forgets(p *proc) {
+	for k, n := range p.failing {
+		w.lost[k] += n
+	}
+}
+
+// handedAgain checks that p hands k to its sender short of
+// --max-deliveries: not too late. The failures the record has are the
+// world's count but those lost, and those of other processes not saved
+// yet (p's own are in its memory).
+func (w *world) handedAgain(p *proc, k batchKey) {
+	if w.cfg.maxDeliveries == 0 || w.cfg.resend {
+		return
+	}
+	recorded := w.failures[k] - w.lost[k]
+	for _, q := range w.procs {
+		if q != p {
+			recorded -= q.failing[k]
+		}
+	}
+	if recorded >= w.cfg.maxDeliveries {
+		w.fail("p%d hands batch %v to its sender again after %d recorded failures (max deliveries %d): set aside too late", p.id, k, recorded, w.cfg.maxDeliveries)
+	}
+}
 
 // redelivered is seq delivered again after its ack wait: none that ran
 // then holds it, or its in-progress acks would have kept it.
