@@ -29,6 +29,8 @@ type unit struct {
 	h    *heldMsg
 	line int
 	done bool
+	// out is the unit as the sender's book keeps it.
+	out *protocol.Handout
 }
 
 func (u *unit) key() batchKey { return batchKey{u.h.inc, u.h.m.seq, u.line} }
@@ -91,13 +93,12 @@ type proc struct {
 	senderDown           bool
 	restartAt, restartIn time.Duration
 	progressed           bool
-	// The sender's stall as the subscriber follows it (Lines.Stalled),
-	// looked at nextStallLook; moved is when the sender last took a
-	// line, finished one or was started, as the world sees it, and
-	// finished how many lines it finished.
-	stall                protocol.Stall
+	// book is what the sender was handed and has not finished, and its
+	// stall, as Lines keeps them (its stall looked at nextStallLook);
+	// moved is when the sender last took a line, finished one or was
+	// started, as the world sees it.
+	book                 protocol.ReaderBook
 	nextStallLook, moved time.Duration
-	finished             int
 	// awake is when the process started; lineKept: its sender's line was
 	// let go at a stand-by (standBy).
 	awake    time.Duration
@@ -159,7 +160,7 @@ func (p *proc) start() {
 	now := p.now()
 	p.nextSave, p.nextProgress, p.nextKeepPin, p.nextWatch, p.nextPull = now+time.Second, now, now, now+time.Second, now
 	p.nextStallLook, p.moved, p.awake = now, now, now
-	p.stall.Moved(instant(now))
+	p.book.Step(protocol.NewReader{At: instant(now)})
 }
 
 // remake holds the record against the stream (checkRecord) and makes the
@@ -369,6 +370,7 @@ func (p *proc) reload() {
 func (p *proc) consumerLost() {
 	p.w.logf("p%d: the consumer is gone", p.id)
 	p.h.Step(protocol.ConsumerGone{})
+	p.book.Step(protocol.ForgetHanded{})
 	p.toHand, p.taking, p.acking, p.committing, p.inFlight = nil, nil, nil, nil, nil
 	if p.inHand != nil {
 		// Forgotten: the sender writes the line it has.

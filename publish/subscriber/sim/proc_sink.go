@@ -5,6 +5,7 @@ package sim
 
 import (
 	"errors"
+	"fmt"
 	"github.com/mailroom/tailer/publish/subscriber"
 	"slices"
 	"time"
@@ -38,6 +39,8 @@ func (p *proc) handNext() {
 		u := p.toHand[0]
 		p.toHand = p.toHand[1:]
 		p.inHand, p.startedAt = u, p.now()
+		u.out = &protocol.Handout{Unit: u, Lines: []string{fmt.Sprint(u.key())}, Size: 1}
+		p.book.Step(protocol.Handing{Outs: []*protocol.Handout{u.out}, Reports: true})
 		if !p.lineKept {
 			p.moved = p.now()
 		}
@@ -52,15 +55,16 @@ func (p *proc) sink() {
 	now := p.now()
 	if p.senderDown && now >= p.restartAt {
 		p.senderDown, p.moved, p.lineKept = false, now, false
-		p.stall.Moved(instant(now))
+		p.book.Step(protocol.NewReader{At: instant(now)})
 		p.w.logf("p%d's sender started again", p.id)
 	}
 	if u := p.inHand; u != nil && now >= p.lineDone() {
 		p.inHand = nil
 		p.progressed = true
-		p.moved, p.finished = now, p.finished+1
+		p.moved = now
 		p.w.write(u.key(), p, u.h.m.lines[u.line])
-		p.done(u)
+		// The sender reports the line it finished (Lines.ReadReports).
+		p.doneOuts(p.book.Step(protocol.ReportedLine{Line: u.out.Lines[0]}))
 	}
 	if us := p.committing; us != nil && now >= p.commitAt {
 		p.committing = nil
@@ -68,6 +72,17 @@ func (p *proc) sink() {
 			p.w.write(u.key(), p, u.h.m.lines[u.line])
 		}
 		p.done(us...)
+	}
+}
+
+// doneOuts marks done the units the book says are (Lines.finish).
+func (p *proc) doneOuts(cmds []protocol.ReaderToDo) {
+	for _, c := range cmds {
+		if d, ok := c.(protocol.OutsDone); ok {
+			for _, h := range d.Outs {
+				p.done(h.Unit.(*unit))
+			}
+		}
 	}
 }
 
@@ -139,15 +154,11 @@ func (p *proc) landAcks() {
 // (Subscriber.ReaderEnded, Lines.settle): the batch a failure counts against,
 // the messages handed back after the record is saved.
 func (p *proc) settle(failed, standBy bool) {
-	end := protocol.ReaderEnd{Failed: failed, Reports: true, Pipe: true}
-	var handed []*unit
-	if p.inHand != nil {
-		handed = []*unit{p.inHand}
-		end.Taken, end.Ends = 1, []int64{1}
-	}
+	// Its pipe empty: the sender took the line it held.
+	st := p.book.Step(protocol.ReaderEnds{End: protocol.ReaderEnd{Failed: failed, Reports: true, Pipe: true}})[0].(protocol.Settled)
 	var blame *protocol.HeldBatch
-	if _, blamed := protocol.AfterReaderEnd(end); blamed >= 0 {
-		u := handed[blamed]
+	if st.Blamed != nil {
+		u := st.Blamed.Unit.(*unit)
 		blame = &protocol.HeldBatch{Held: u.h.Held, Line: u.line}
 	}
 	inHand := p.inHand != nil
@@ -174,11 +185,7 @@ func (p *proc) lineDone() time.Duration {
 // or the process's waking, whichever is later.
 func (p *proc) lookForStall() {
 	now, d := p.now(), p.cfg().stallTimeout
-	handed := 0
-	if p.inHand != nil {
-		handed = 1
-	}
-	said := p.stall.Look(instant(now), 0, handed, p.finished, d)
+	said := p.book.Step(protocol.StallLook{Now: instant(now), Timeout: d})[0].(protocol.StallIs).Stalled
 	still := now - p.moved
 	if said && (p.inHand == nil || still <= d) {
 		p.w.fail("p%d says its sender stalled, which moved %s ago (--stall-timeout %s; a line in hand: %v)", p.id, still, d, p.inHand != nil)
