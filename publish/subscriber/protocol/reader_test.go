@@ -163,4 +163,14 @@ func TestReaderBookStall(t *testing.T) {
 	if look(14 * time.Second) {
 		t.Fatal("stalled a second after a new reader started")
 	}
+	if !look(25 * time.Second) {
+		t.Fatal("not stalled 12 s after a new reader started")
+	}
+	// A batch finished is a move, though another waits.
+	hs := outs(2)
+	b.Step(Handing{Outs: hs})
+	b.Step(Through{Outs: hs[:1]})
+	if look(26 * time.Second) {
+		t.Fatal("stalled at the look after a batch was finished")
+	}
 }
