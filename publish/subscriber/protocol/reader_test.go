@@ -77,7 +77,7 @@ func TestReaderBookEnds(t *testing.T) {
 	if s.Blamed != hs[0] || len(s.Done) != 0 || !s.Held {
 		t.Fatalf("failed: %+v, want the first blamed, nothing done, held", s)
 	}
-	if d := b.Step(DoubtLook{Serial: true})[0].(Doubt); d.N != 0 {
+	if d := b.Step(DoubtLook{Serial: true})[0].(Doubt); d.N != 0 || d.Unsettled {
 		t.Fatalf("doubt %+v after the end: not forgotten", d)
 	}
 	hs = outs(3)
