@@ -5,6 +5,8 @@ import (
 	"maps"
 	"slices"
 	"time"
+
+	"github.com/mailroom/tailer/publish/wire"
 )
 
 // batchKey names one batch of one message of one incarnation of the
@@ -22,6 +24,9 @@ type smsg struct {
 	seq   uint64
 	mark  string
 	lines [][]string
+	// prev is the message published before it on the subject, as its
+	// chain headers name it (wire.HeaderPrev).
+	prev wire.Anchor
 }
 
 // streamModel is the stream: its messages by sequence. A purge or a
@@ -33,8 +38,12 @@ type streamModel struct {
 }
 
 func (s *streamModel) append(lines [][]string) *smsg {
+	prev := wire.Anchor{Mark: wire.ChainStart}
+	if s.last > 0 {
+		prev = wire.Anchor{Seq: s.last, Mark: fmt.Sprintf("m%d.%d", s.inc, s.last)}
+	}
 	s.last++
-	m := &smsg{seq: s.last, mark: fmt.Sprintf("m%d.%d", s.inc, s.last), lines: lines}
+	m := &smsg{seq: s.last, mark: fmt.Sprintf("m%d.%d", s.inc, s.last), lines: lines, prev: prev}
 	s.msgs[s.last] = m
 	return m
 }

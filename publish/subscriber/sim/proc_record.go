@@ -5,6 +5,9 @@ package sim
 
 import (
 	"context"
+	"strconv"
+
+	"github.com/mailroom/tailer/publish/wire"
 
 	"github.com/nats-io/nats.go"
 
@@ -152,7 +155,11 @@ func (p *proc) take(d *delivery) {
 	}
 	m := d.m
 	p.lastDelivery = p.now()
-	p.h.Step(protocol.Arrived{Seq: m.seq, Mark: m.mark, Subject: "MAILROOM.batch", Header: nats.Header{}, Again: d.again})
+	hdr := nats.Header{}
+	hdr.Set(wire.HeaderPrev, m.prev.Mark)
+	hdr.Set(wire.HeaderPrevSeq, strconv.FormatUint(m.prev.Seq, 10))
+	f := p.h.Step(protocol.Arrived{Seq: m.seq, Mark: m.mark, Subject: "MAILROOM.batch", Header: hdr, Again: d.again})[0].(protocol.Follows)
+	p.w.gap(p, m, f.Gap)
 	tokens := make([]int, len(m.lines))
 	for i, line := range m.lines {
 		tokens[i] = len(line)

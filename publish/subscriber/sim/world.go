@@ -67,6 +67,8 @@ type world struct {
 	// failed with each in hand.
 	dead     map[batchKey]bool
 	failures map[batchKey]int
+	// given are the messages the durable gave any process.
+	given map[msgKey]bool
 	// lost counts the failures a process counted and died with before a
 	// save of its landed: the record never had them.
 	lost map[batchKey]int
@@ -85,7 +87,7 @@ type world struct {
 func newWorld(cfg config) *world {
 	w := &world{cfg: cfg, stream: &streamModel{inc: 1, msgs: map[uint64]*smsg{}},
 		written: map[string]int{}, hands: map[batchKey][]hand{}, charged: map[hand]map[batchKey]bool{}, frozeHolding: map[hand]map[msgKey]bool{}, writers: map[batchKey][]hand{},
-		dead: map[batchKey]bool{}, failures: map[batchKey]int{}, lost: map[batchKey]int{}, newFrom: map[int]uint64{}}
+		dead: map[batchKey]bool{}, failures: map[batchKey]int{}, lost: map[batchKey]int{}, given: map[msgKey]bool{}, newFrom: map[int]uint64{}}
 	w.kv = &kvModel{now: func() time.Duration { return w.now }}
 	return w
 }
@@ -249,6 +251,28 @@ func (w *world) redelivered(seq uint64) {
 		if p.runs() && p.loaded && p.frozenUntil < w.dur.expiredAt && slices.ContainsFunc(p.h.Held(), func(h *protocol.Held) bool { return h.Seq == seq && heldOf(h).inc == w.stream.inc }) {
 			w.fail("seq %d redelivered after the ack wait (%s) while p%d holds it", seq, w.dur.ackWait, p.id)
 		}
+	}
+}
+
+// gap judges what the chain said before m, delivered to p, as
+// subscriber.Gaps does (the predecessor looked up in the stream,
+// protocol.OnGap), and holds it not too early: messages said removed
+// before this durable read them were never given to any of its
+// processes.
+func (w *world) gap(p *proc, m *smsg, g *wire.Gap) {
+	if g == nil || g.Resynced {
+		return
+	}
+	prev := w.stream.msgs[g.Prev.Seq]
+	there := prev != nil && prev.mark == g.Prev.Mark
+	switch protocol.OnGap(there, w.cfg.ttl > 0, w.cfg.inbox) {
+	case protocol.RemovedFirst:
+		w.logf("p%d says messages missing before seq %d (after %v)", p.id, m.seq, g.Given)
+		if w.given[msgKey{w.stream.inc, g.Prev.Seq}] {
+			w.fail("p%d says messages missing before seq %d, though seq %d was given to this durable", p.id, m.seq, g.Prev.Seq)
+		}
+	case protocol.TakenElsewhere:
+		w.fail("p%d says seq %d taken by another client of a durable that pins one", p.id, g.Prev.Seq)
 	}
 }
 
