@@ -266,7 +266,6 @@ func (p *proc) pull() {
 			return
 		}
 		p.w.logf("p%d given seq %d (pin %d)", p.id, m.seq, pin)
-		p.w.given[msgKey{p.w.stream.inc, m.seq}] = true
 		if p.w.dur.expired {
 			p.w.redelivered(m.seq)
 		}

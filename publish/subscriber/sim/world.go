@@ -67,8 +67,8 @@ type world struct {
 	// failed with each in hand.
 	dead     map[batchKey]bool
 	failures map[batchKey]int
-	// given are the messages the durable gave any process.
-	given map[msgKey]bool
+	// published are the messages published, whatever became of them.
+	published map[msgKey]*smsg
 	// lost counts the failures a process counted and died with before a
 	// save of its landed: the record never had them.
 	lost map[batchKey]int
@@ -87,7 +87,7 @@ type world struct {
 func newWorld(cfg config) *world {
 	w := &world{cfg: cfg, stream: &streamModel{inc: 1, msgs: map[uint64]*smsg{}},
 		written: map[string]int{}, hands: map[batchKey][]hand{}, charged: map[hand]map[batchKey]bool{}, frozeHolding: map[hand]map[msgKey]bool{}, writers: map[batchKey][]hand{},
-		dead: map[batchKey]bool{}, failures: map[batchKey]int{}, lost: map[batchKey]int{}, given: map[msgKey]bool{}, newFrom: map[int]uint64{}}
+		dead: map[batchKey]bool{}, failures: map[batchKey]int{}, lost: map[batchKey]int{}, published: map[msgKey]*smsg{}, newFrom: map[int]uint64{}}
 	w.kv = &kvModel{now: func() time.Duration { return w.now }}
 	return w
 }
@@ -127,6 +127,7 @@ func (w *world) publish(batches, size int) {
 		}
 	}
 	m := w.stream.append(lines)
+	w.published[msgKey{w.stream.inc, m.seq}] = m
 	w.logf("published seq %d: %d batches", m.seq, batches)
 }
 
@@ -256,9 +257,9 @@ func (w *world) redelivered(seq uint64) {
 
 // gap judges what the chain said before m, delivered to p, as
 // subscriber.Gaps does (the predecessor looked up in the stream,
-// protocol.OnGap), and holds it not too early: messages said removed
-// before this durable read them were never given to any of its
-// processes.
+// protocol.OnGap), and holds it not too early: messages are said missing
+// only when one published between the last given and m has a batch
+// neither written nor set aside.
 func (w *world) gap(p *proc, m *smsg, g *wire.Gap) {
 	if g == nil || g.Resynced {
 		return
@@ -268,12 +269,26 @@ func (w *world) gap(p *proc, m *smsg, g *wire.Gap) {
 	switch protocol.OnGap(there, w.cfg.ttl > 0, w.cfg.inbox) {
 	case protocol.RemovedFirst:
 		w.logf("p%d says messages missing before seq %d (after %v)", p.id, m.seq, g.Given)
-		if w.given[msgKey{w.stream.inc, g.Prev.Seq}] {
-			w.fail("p%d says messages missing before seq %d, though seq %d was given to this durable", p.id, m.seq, g.Prev.Seq)
+		if !w.lacking(g.Given.Seq, m.seq) {
+			w.fail("p%d says messages missing before seq %d, though every batch published after seq %d was written or set aside", p.id, m.seq, g.Given.Seq)
 		}
 	case protocol.TakenElsewhere:
 		w.fail("p%d says seq %d taken by another client of a durable that pins one", p.id, g.Prev.Seq)
 	}
+}
+
+// lacking reports whether a message published between after and before
+// has a batch neither written nor set aside.
+func (w *world) lacking(after, before uint64) bool {
+	for seq := after + 1; seq < before; seq++ {
+		m := w.published[msgKey{w.stream.inc, seq}]
+		for i := 0; m != nil && i < len(m.lines); i++ {
+			if !w.dead[batchKey{w.stream.inc, seq, i}] && w.written[m.lines[i][0]] == 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (w *world) deadLetter(k batchKey, attempts int) {
