@@ -126,3 +126,26 @@ func TestStallAcrossAStandBy(t *testing.T) {
 		w.advance(6 * time.Second)
 	})
 }
+
+// A message deleted from the stream while its subscriber waits on the
+// bucket to take it; the pin passes to the standby, whose next message
+// names the one deleted: its tokens reached no sender, and the gap is
+// said (the simulation, stream seed 494339632, when the gap's check took
+// a message given to the durable for one written).
+func TestGapOfAMessageDeletedInHand(t *testing.T) {
+	run(t, config{inbox: true, lineTime: 10 * time.Millisecond, ttl: 5 * time.Second, ackWait: 3 * time.Second}, 2, func(w *world) {
+		w.advance(0)
+		w.publish(1, 1)
+		w.advance(2 * time.Second)
+		w.kv.downUntil = w.now + 5*time.Second
+		w.publish(1, 1)
+		w.advance(0)
+		delete(w.stream.msgs, 2)
+		w.advance(time.Millisecond)
+		w.publish(1, 1)
+		w.advance(5 * time.Second)
+		if trace := strings.Join(w.trace, "\n"); !strings.Contains(trace, "says messages missing before seq 3") {
+			t.Errorf("no gap said before seq 3:\n%s", trace)
+		}
+	})
+}
