@@ -92,7 +92,10 @@ func (l *Lines) Pulls() (pull, pending int) {
 
 // serial: a pipe's reader that does not report says it finished a batch
 // only by taking the next.
-func (l *Lines) serial() bool { return l.outlet().pipe != nil && !l.Reports }
+func (l *Lines) serial() bool { return l.CurrentPipe() != nil && !l.Reports }
+
+// CurrentPipe is the pipe the lines go to now (nil: Out is not a pipe).
+func (l *Lines) CurrentPipe() *Pipe { return l.outlet().pipe }
 
 // outlet is where the lines go now.
 func (l *Lines) outlet() outlet {
@@ -102,10 +105,11 @@ func (l *Lines) outlet() outlet {
 	return outlet{l.Out, l.Pipe}
 }
 
-// SetOut sets Out and Pipe (nil when out is not a pipe): a sender started
-// again gets a pipe of its own.
+// SetOut replaces Out and Pipe (nil when out is not a pipe): a sender
+// started again gets a pipe of its own. The fields keep what Lines was
+// made with (a health check may read the outlet meanwhile); CurrentPipe
+// is the pipe set last.
 func (l *Lines) SetOut(out io.Writer, pipe *Pipe) {
-	l.Out, l.Pipe = out, pipe
 	l.out.Store(&outlet{out, pipe})
 	l.step(protocol.NewReader{At: time.Now()})
 }
@@ -168,7 +172,7 @@ func (l *Lines) Hand(ctx context.Context, us []*Unit, done func(...*Unit)) error
 		}
 		l.step(protocol.Handing{Outs: handouts(ls), Reports: true})
 		return l.write(buf)
-	case l.outlet().pipe != nil:
+	case l.CurrentPipe() != nil:
 		return l.handPipe(ctx, ls)
 	default:
 		var buf []byte
@@ -197,7 +201,7 @@ func handouts(ls []*lined) []*protocol.Handout {
 // handPipe writes ls to the pipe one at a time: once the reader took one,
 // it is done with those before.
 func (l *Lines) handPipe(ctx context.Context, ls []*lined) error {
-	pipe := l.outlet().pipe
+	pipe := l.CurrentPipe()
 	for _, x := range ls {
 		if err := ctx.Err(); err != nil {
 			// Stopping, or the reader went: hand it nothing more.
@@ -271,7 +275,7 @@ func (l *Lines) write(buf []byte) error {
 
 // writeSome writes buf, and says how much of it went out when it fails.
 func (l *Lines) writeSome(buf []byte) (int, error) {
-	n, err := l.Out.Write(buf)
+	n, err := l.outlet().out.Write(buf)
 	if err != nil {
 		if errors.Is(err, syscall.EPIPE) {
 			err = ErrReaderGone
@@ -330,7 +334,7 @@ func (l *Lines) ReadReports(r io.Reader) error {
 // check calls it every few seconds.
 func (l *Lines) Stalled(d time.Duration) bool {
 	unread := 0
-	if p := l.outlet().pipe; p != nil {
+	if p := l.CurrentPipe(); p != nil {
 		unread = p.Unread()
 	}
 	return l.step(protocol.StallLook{Now: time.Now(), Unread: unread, Timeout: d})[0].(protocol.StallIs).Stalled
@@ -344,7 +348,7 @@ func (l *Lines) Stalled(d time.Duration) bool {
 // would have it again (the book settles it once two looks a tick apart
 // find the reader waiting, Pipe.ReaderWaits).
 func (l *Lines) watch(ctx context.Context, cancel context.CancelCauseFunc, busy func() bool) {
-	pipe := l.outlet().pipe
+	pipe := l.CurrentPipe()
 	if pipe == nil {
 		return
 	}
@@ -362,12 +366,12 @@ func (l *Lines) watch(ctx context.Context, cancel context.CancelCauseFunc, busy 
 
 // settle: see reader.
 func (l *Lines) settle(o Outcome) (failedOn *Unit, held bool) {
-	o2 := l.outlet()
+	pipe := l.CurrentPipe()
 	unread := int64(0)
-	if o2.pipe != nil {
-		unread = int64(o2.pipe.Unread())
+	if pipe != nil {
+		unread = int64(pipe.Unread())
 	}
-	end := protocol.ReaderEnd{Done: o == ReaderDone, Failed: o == ReaderFailed, Took: o == ReaderTook, Reports: l.Reports, Pipe: o2.pipe != nil}
+	end := protocol.ReaderEnd{Done: o == ReaderDone, Failed: o == ReaderFailed, Took: o == ReaderTook, Reports: l.Reports, Pipe: pipe != nil}
 	st := l.step(protocol.ReaderEnds{End: end, Unread: unread})[0].(protocol.Settled)
 	l.finish([]protocol.ReaderToDo{protocol.OutsDone{Outs: st.Done}})
 	if st.Blamed != nil {

@@ -260,7 +260,8 @@ func (x *Sender) stop(sub *subscriber.Subscriber, lines *subscriber.Lines, p *pr
 	// it and was still there to see the end: a sender that exited on its
 	// own (head -n K) left the lines still in the pipe, or the ones it
 	// read ahead, undone.
-	sawEnd := lines.Pipe != nil && lines.Pipe.Taken(stopCtx) == nil && !lines.Pipe.Gone()
+	pipe := lines.CurrentPipe()
+	sawEnd := pipe != nil && pipe.Taken(stopCtx) == nil && !pipe.Gone()
 	p.in.Close()
 	select {
 	case <-p.exited:
