@@ -92,6 +92,7 @@ func subscribeAs(ctx context.Context, command string, f *subscribeFlags, cfg *co
 		log.Error("subscribe failed", "err", err)
 		return exitFailure
 	}
+	defer sub.Close()
 	denials.Watch(func() int { return sub.Stats().Acked })
 	// A reader gone is an error to handle (its batches handed back), not
 	// a signal that ends the process before it can.

@@ -63,6 +63,7 @@ func subscribeInto(ctx context.Context, cfg *config.Config, into string, migrate
 		log.Error("subscribe failed", "err", err)
 		return exitFailure
 	}
+	defer sub.Close()
 	denials.Watch(func() int { return sub.Stats().Acked })
 	if healthAddr != "" {
 		stop, err := subscribe.Serve(healthAddr, &subscribe.Probe{Stream: c.Stream, Durable: c.Durable, JS: js, Server: config.RedactURL(natsconn.URL(cfg)), Consuming: sub.Consuming, Stats: sub.Stats,

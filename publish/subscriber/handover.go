@@ -62,7 +62,10 @@ func (s *Subscriber) take(ctx context.Context, msg jetstream.Msg) ([]*Unit, erro
 	for i, line := range lines {
 		tokens[i] = len(line)
 	}
-	t := s.step(protocol.Offer{Seq: seq, Mark: mark, Tokens: tokens, Rules: protocol.Rules{MaxDeliveries: s.cfg.MaxDeliveries, DeadLetters: s.cfg.DeadLetters != nil}, Msg: msg})[0].(protocol.Taken)
+	t, ok := answerOf[protocol.Taken](s.step(protocol.Offer{Seq: seq, Mark: mark, Tokens: tokens, Rules: protocol.Rules{MaxDeliveries: s.cfg.MaxDeliveries, DeadLetters: s.cfg.DeadLetters != nil}, Msg: msg}))
+	if !ok {
+		return nil, fmt.Errorf("consume %s: message %d: %w", s.cfg.Durable, seq, ErrClosed)
+	}
 	s.counts.skipped.Add(int64(t.Skipped))
 	switch {
 	case t.Ack:
@@ -93,7 +96,7 @@ func (s *Subscriber) take(ctx context.Context, msg jetstream.Msg) ([]*Unit, erro
 // the counts.
 func (s *Subscriber) noteDelivery(ctx context.Context, msg jetstream.Msg, meta *jetstream.MsgMetadata, mark string) {
 	seq, again := meta.Sequence.Stream, meta.NumDelivered > 1
-	f := s.step(protocol.Arrived{Seq: seq, Mark: mark, Subject: msg.Subject(), Header: msg.Headers(), Again: again})[0].(protocol.Follows)
+	f, _ := answerOf[protocol.Follows](s.step(protocol.Arrived{Seq: seq, Mark: mark, Subject: msg.Subject(), Header: msg.Headers(), Again: again}))
 	s.counts.messages.Add(1)
 	s.counts.lastDelivery.Store(time.Now().UnixNano())
 	if again {

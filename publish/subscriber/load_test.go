@@ -97,16 +97,18 @@ func (saveless) Save(context.Context, *protocol.Progress, uint64) (uint64, error
 // (issue 49's fault runs: three of one subscriber's batches written again
 // at one fault, one of them by itself, pinned again a moment later).
 func TestStandbyKeepsWhatItFinished(t *testing.T) {
-	s := &Subscriber{cfg: Config{Progress: saveless{}}}
+	var h protocol.Machine
+	h.Record.MessageAt(5, "m5", 2).Done.Add(0)
+	h.Dirty, h.DoneUnsaved = true, 1
+	s := kept(t, &Subscriber{cfg: Config{Progress: saveless{}}}, h)
 	s.loaded.Store(true)
-	s.h.Record.MessageAt(5, "m5", 2).Done.Add(0)
-	s.h.Dirty, s.h.DoneUnsaved = true, 1
 	if err := s.standBy(context.Background(), errPinLost); err != nil {
 		t.Fatal(err)
 	}
-	m := s.h.Record.Messages[5]
-	if m == nil || !m.Done.Has(0) || s.h.Rev != 3 || s.h.Record.Floor != 1 {
-		t.Fatalf("after standing by: record %+v (message 5: %+v) at revision %d; want the record read (floor 1, revision 3) with message 5's batch 0 done", s.h.Record, m, s.h.Rev)
+	h = s.keep.stop()
+	m := h.Record.Messages[5]
+	if m == nil || !m.Done.Has(0) || h.Rev != 3 || h.Record.Floor != 1 {
+		t.Fatalf("after standing by: record %+v (message 5: %+v) at revision %d; want the record read (floor 1, revision 3) with message 5's batch 0 done", h.Record, m, h.Rev)
 	}
 }
 

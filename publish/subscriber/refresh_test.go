@@ -48,7 +48,7 @@ func (m pinnedMsg) InProgress() error    { return nil }
 func TestClaimKeepsWhatThisSubscriberDropped(t *testing.T) {
 	old := protocol.Progress{Floor: 50, Last: wire.Anchor{Seq: 50, Mark: "id:old-50"}}
 	store := &keptRecord{p: old, rev: 3}
-	s := &Subscriber{cfg: Config{Progress: store, Durable: "d"}, h: protocol.Machine{Holdings: protocol.Holdings{Rev: 3, Pin: "p1"}}}
+	s := kept(t, &Subscriber{cfg: Config{Progress: store, Durable: "d"}}, protocol.Machine{Holdings: protocol.Holdings{Rev: 3, Pin: "p1"}})
 	s.loaded.Store(true)
 	if err := s.refresh(context.Background(), pinnedMsg{pin: "p2"}); err != nil {
 		t.Fatal(err)
@@ -56,8 +56,8 @@ func TestClaimKeepsWhatThisSubscriberDropped(t *testing.T) {
 	if store.p.Floor != 0 || store.p.Last.Seq != 0 {
 		t.Fatalf("claimed the record read back (floor %d, last %d), not this subscriber's (empty)", store.p.Floor, store.p.Last.Seq)
 	}
-	if s.h.Record.Floor != 0 {
-		t.Fatalf("the subscriber took floor %d of the old stream", s.h.Record.Floor)
+	if h := s.keep.stop(); h.Record.Floor != 0 {
+		t.Fatalf("the subscriber took floor %d of the old stream", h.Record.Floor)
 	}
 }
 
@@ -86,13 +86,13 @@ func TestRecordReadBackOfAnotherStreamIsDropped(t *testing.T) {
 	js := oneMessage(ctx, t)
 	old := protocol.Progress{Floor: 5, Last: wire.Anchor{Seq: 5, Mark: "id:old-5"}}
 	store := &keptRecord{p: old, rev: 3}
-	s := &Subscriber{cfg: Config{Progress: store, Durable: "d", Stream: "S"}, js: js, h: protocol.Machine{Holdings: protocol.Holdings{Rev: 2, Pin: "p1"}}}
+	s := kept(t, &Subscriber{cfg: Config{Progress: store, Durable: "d", Stream: "S"}, js: js}, protocol.Machine{Holdings: protocol.Holdings{Rev: 2, Pin: "p1"}})
 	s.loaded.Store(true)
 	if err := s.refresh(ctx, pinnedMsg{pin: "p2"}); err != nil {
 		t.Fatal(err)
 	}
-	if store.p.Floor != 0 || s.h.Record.Floor != 0 {
-		t.Fatalf("the old stream's floor merged: %d claimed, %d in hand", store.p.Floor, s.h.Record.Floor)
+	if h := s.keep.stop(); store.p.Floor != 0 || h.Record.Floor != 0 {
+		t.Fatalf("the old stream's floor merged: %d claimed, %d in hand", store.p.Floor, h.Record.Floor)
 	}
 }
 
@@ -103,12 +103,12 @@ func TestFloorAloneIsDropped(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	js := oneMessage(ctx, t)
-	s := &Subscriber{cfg: Config{Durable: "d", Stream: "S"}, js: js, h: protocol.Machine{Holdings: protocol.Holdings{Record: protocol.Progress{Floor: 7}}}}
+	s := kept(t, &Subscriber{cfg: Config{Durable: "d", Stream: "S"}, js: js}, protocol.Machine{Holdings: protocol.Holdings{Record: protocol.Progress{Floor: 7}}})
 	if err := s.checkRecord(ctx, js, false); err != nil {
 		t.Fatal(err)
 	}
-	if s.h.Record.Floor != 0 {
-		t.Fatalf("kept floor %d of a consumer since gone", s.h.Record.Floor)
+	if h := s.keep.stop(); h.Record.Floor != 0 {
+		t.Fatalf("kept floor %d of a consumer since gone", h.Record.Floor)
 	}
 }
 
@@ -122,14 +122,14 @@ func TestSaveOverDropsALateWriteOfAnotherStream(t *testing.T) {
 	js := oneMessage(ctx, t)
 	store := &keptRecord{p: protocol.Progress{Floor: 5, Last: wire.Anchor{Seq: 5, Mark: "id:old-5"}}, rev: 3}
 	own := protocol.Progress{Last: wire.Anchor{Seq: 1, Mark: wire.IDMark("new-1")}}
-	s := &Subscriber{cfg: Config{Progress: store, Durable: "d", Stream: "S"}, js: js, h: protocol.Machine{Holdings: protocol.Holdings{Rev: 2, Record: own, Pin: "p1", Dirty: true}}}
+	s := kept(t, &Subscriber{cfg: Config{Progress: store, Durable: "d", Stream: "S"}, js: js}, protocol.Machine{Holdings: protocol.Holdings{Rev: 2, Record: own, Pin: "p1", Dirty: true}})
 	var cons jetstream.Consumer = pinningConsumer{pin: "p1"}
 	s.cons.Store(&cons)
 	if err := s.save(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if store.p.Floor != 0 || s.h.Record.Floor != 0 || s.h.Record.Last != own.Last || store.rev != 4 {
-		t.Fatalf("the late write of the old stream merged: floor %d saved at revision %d, %d in hand, last %+v", store.p.Floor, store.rev, s.h.Record.Floor, s.h.Record.Last)
+	if h := s.keep.stop(); store.p.Floor != 0 || h.Record.Floor != 0 || h.Record.Last != own.Last || store.rev != 4 {
+		t.Fatalf("the late write of the old stream merged: floor %d saved at revision %d, %d in hand, last %+v", store.p.Floor, store.rev, h.Record.Floor, h.Record.Last)
 	}
 }
 

@@ -195,11 +195,9 @@ func (s *Subscriber) patientIO(msg jetstream.Msg) recordIO {
 // each answered by stepping it again, until the talk ends. It returns how it
 // ended, and ErrTakenOver for GiveBack and SaveRefused, the error that
 // ended it for Waits and SaveFailed. The acks and naks a talk ends with
-// are the caller's. One talk at a time (talkMu): the machine has one
-// under way.
+// are the caller's. One talk at a time: the keeper begins this one once
+// the one under way ended.
 func (s *Subscriber) talk(ctx context.Context, first protocol.Found, io recordIO) (protocol.TalkEnded, error) {
-	s.talkMu.Lock()
-	defer s.talkMu.Unlock()
 	var ioErr error
 	// answer is what IO found, err the error it met: Unanswered then.
 	answer := func(ev protocol.Found, err error) protocol.Found {
@@ -209,7 +207,7 @@ func (s *Subscriber) talk(ctx context.Context, first protocol.Found, io recordIO
 		}
 		return ev
 	}
-	cmds := s.step(first)
+	cmds := s.keep.step(first, opens)
 	for len(cmds) > 0 {
 		var ev protocol.Found
 		switch c := cmds[0].(type) {
@@ -232,7 +230,10 @@ func (s *Subscriber) talk(ctx context.Context, first protocol.Found, io recordIO
 		case protocol.AskPin:
 			ev = protocol.PinIs{Pinned: s.serverPin(ctx)}
 		}
-		cmds = append(cmds[1:], s.step(ev)...)
+		cmds = append(cmds[1:], s.keep.step(ev, inTalk)...)
+	}
+	if s.keep.stopped() {
+		return protocol.TalkEnded{}, fmt.Errorf("consume %s: %w", s.cfg.Durable, ErrClosed)
 	}
 	return protocol.TalkEnded{}, fmt.Errorf("consume %s: the record's talk stopped without an end (a driver's slip)", s.cfg.Durable)
 }
@@ -249,19 +250,31 @@ func outcomeErr(o protocol.TalkOutcome, ioErr error) error {
 	return nil
 }
 
-// step steps the machine with e.
+// step has the keeper step the machine with e, outside any talk.
 func (s *Subscriber) step(e protocol.Found) []protocol.ToDo {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.h.Step(e)
+	return s.keep.step(e, outside)
 }
 
-// status is the machine's state, for counts and logs.
+// status is the machine's state, for counts and logs: none held once the
+// subscriber is closed.
 func (s *Subscriber) status() protocol.Status {
-	return s.step(protocol.Look{})[0].(protocol.Status)
+	st, _ := answerOf[protocol.Status](s.step(protocol.Look{}))
+	return st
 }
 
 // record is where the durable's record says its subscribers got to.
 func (s *Subscriber) record() protocol.RecordIs {
-	return s.step(protocol.RecordAt{})[0].(protocol.RecordIs)
+	r, _ := answerOf[protocol.RecordIs](s.step(protocol.RecordAt{}))
+	return r
+}
+
+// answerOf is the answer of a step answered with one T: the zero T, and
+// false, when no answer came (the subscriber closed).
+func answerOf[T protocol.ToDo](cmds []protocol.ToDo) (T, bool) {
+	var zero T
+	if len(cmds) == 0 {
+		return zero, false
+	}
+	t, ok := cmds[0].(T)
+	return t, ok
 }

@@ -62,6 +62,7 @@ func Example_customSink() {
 		Log:  slog.Default(),
 	})
 	if err == nil {
+		defer sub.Close()
 		err = sub.Run(ctx, js)
 	}
 	if err != nil {

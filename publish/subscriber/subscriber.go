@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -73,20 +72,16 @@ type Subscriber struct {
 	// handling: a message is being handed over.
 	handling atomic.Bool
 	cons     atomic.Pointer[jetstream.Consumer]
-	// talkMu keeps the machine to one talk with the record at a time.
-	talkMu sync.Mutex
-	kick   chan struct{}
+	kick     chan struct{}
 	// js and life are Run's, set before anything reads them: life is
 	// what a Sink's done runs under, after the Hand that gave the units.
 	js   jetstream.JetStream
 	life context.Context
 	gaps Gaps
 
-	// mu makes one step of the machine at a time (step): the machine,
-	// what the subscriber holds and the durable's record of it, is
-	// touched by its Step alone.
-	mu sync.Mutex
-	h  protocol.Machine
+	// keep steps the machine, what the subscriber holds and the
+	// durable's record of it, one step at a time (keeper).
+	keep *keeper
 	// loaded: the record was read (load).
 	loaded atomic.Bool
 	counts counts
@@ -98,7 +93,7 @@ func NewSubscriber(c Config) (*Subscriber, error) {
 	if err := c.check(); err != nil {
 		return nil, err
 	}
-	s := &Subscriber{cfg: c}
+	s := &Subscriber{cfg: c, keep: newKeeper(protocol.Machine{})}
 	// What the Sink can do beyond Hand, known once.
 	s.reader, _ = c.Sink.(reader)
 	s.positioner, _ = c.Sink.(Positioner)
@@ -120,6 +115,11 @@ func (c Config) check() error {
 	}
 	return nil
 }
+
+// Close stops the goroutine that steps the subscriber's machine. Call it
+// once Run returned and a reader's end is settled (ReaderEnded): after
+// it, Run returns ErrClosed at once, and Stats says no pin is held.
+func (s *Subscriber) Close() { s.keep.stop() }
 
 // Config returns the subscriber's settings.
 func (s *Subscriber) Config() Config { return s.cfg }
@@ -296,6 +296,9 @@ func (s *Subscriber) pulls() (pull, pending int) {
 // says where it was.
 var ErrPositionUnknown = errors.New("the consumer is gone and no record says where it was")
 
+// ErrClosed is returned by a Subscriber used after Close.
+var ErrClosed = errors.New("the subscriber is closed")
+
 // Run hands messages on until ctx is done (or, UntilDrained, nothing is
 // left to deliver; it returns nil then), the Sink fails, or the reader is
 // gone (an error wrapping ErrReaderGone). A reader's batches in doubt
@@ -306,6 +309,9 @@ var ErrPositionUnknown = errors.New("the consumer is gone and no record says whe
 // A subscriber that another one of the durable took over from, or that
 // lost its pin, lets what it held go at once and stands by (standBy).
 func (s *Subscriber) Run(ctx context.Context, js jetstream.JetStream) error {
+	if s.keep.stopped() {
+		return fmt.Errorf("consume %s: %w", s.cfg.Durable, ErrClosed)
+	}
 	s.js, s.life = js, ctx
 	if s.kick == nil {
 		s.kick = make(chan struct{}, 1)

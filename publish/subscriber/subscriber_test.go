@@ -60,6 +60,7 @@ func newSubscriber(tb testing.TB, c subscriber.Config) *subscriber.Subscriber {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	tb.Cleanup(s.Close)
 	return s
 }
 

@@ -69,6 +69,7 @@ func Example_customTable() {
 		Log:  slog.Default(),
 	})
 	if err == nil {
+		defer sub.Close()
 		err = sub.Run(ctx, js)
 	}
 	if err != nil {

@@ -108,6 +108,7 @@ func TestANewActionEndToEnd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer sub.Close()
 		if err := sub.Run(ctx, js); err != nil {
 			return err
 		}

@@ -1,0 +1,95 @@
+package subscriber
+
+import (
+	"context"
+	"errors"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/mailroom/tailer/publish/subscriber/protocol"
+)
+
+// kept gives s a keeper of h, stopped as the test ends.
+func kept(t *testing.T, s *Subscriber, h protocol.Machine) *Subscriber {
+	t.Helper()
+	s.keep = newKeeper(h)
+	t.Cleanup(func() { s.keep.stop() })
+	return s
+}
+
+// A talk asked for while another is under way begins once that one
+// ended: the machine has one talk at a time, and the keeper, its one
+// stepper, keeps them so.
+func TestKeeperTalksOneAtATime(t *testing.T) {
+	k := newKeeper(protocol.Machine{})
+	defer k.stop()
+	if cmds := k.step(protocol.Reload{}, opens); len(cmds) != 1 {
+		t.Fatalf("the first reload: %v, want a Load", cmds)
+	}
+	second := make(chan []protocol.ToDo)
+	go func() { second <- k.step(protocol.Reload{}, opens) }()
+	// Outside the talk, steps are answered meanwhile.
+	if cmds := k.step(protocol.Look{}, outside); len(cmds) != 1 {
+		t.Fatalf("a look during the talk: %v", cmds)
+	}
+	select {
+	case cmds := <-second:
+		t.Fatalf("the second talk began (%v) while the first was under way", cmds)
+	case <-time.After(50 * time.Millisecond):
+	}
+	ended := k.step(protocol.Loaded{Rev: 1}, inTalk)
+	if _, ok := answerOf[protocol.TalkEnded](ended); !ok {
+		t.Fatalf("the first talk's read: %v, want its end", ended)
+	}
+	if cmds := <-second; len(cmds) != 1 {
+		t.Fatalf("the second reload, once the first ended: %v, want a Load", cmds)
+	}
+	if _, ok := answerOf[protocol.TalkEnded](k.step(protocol.Loaded{Rev: 2}, inTalk)); !ok {
+		t.Fatal("the second talk's read did not end it")
+	}
+	if h := k.stop(); h.Rev != 2 {
+		t.Fatalf("revision %d after the two reads, want 2", h.Rev)
+	}
+}
+
+// A talk that ends at once (a Complete with nothing to acknowledge) lets
+// the next one begin.
+func TestKeeperTalkEndedAtOnce(t *testing.T) {
+	k := newKeeper(protocol.Machine{})
+	defer k.stop()
+	for range 3 {
+		if _, ok := answerOf[protocol.TalkEnded](k.step(protocol.Complete{}, opens)); !ok {
+			t.Fatal("a Complete of nothing did not end at once")
+		}
+	}
+	if cmds := k.step(protocol.Reload{}, opens); len(cmds) != 1 {
+		t.Fatalf("a reload after three talks that ended at once: %v", cmds)
+	}
+}
+
+// Once closed, a subscriber steps nothing: Run says so, Stats holds no
+// pin, and a talk left waiting gets no answer rather than hanging.
+func TestClosedSubscriber(t *testing.T) {
+	s, err := NewSubscriber(Config{Stream: "S", Subject: "b", Durable: "d", Sink: &Lines{Out: io.Discard}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan []protocol.ToDo)
+	s.keep.step(protocol.Reload{}, opens)
+	go func() { waiting <- s.keep.step(protocol.Reload{}, opens) }()
+	s.Close()
+	if cmds := <-waiting; cmds != nil {
+		t.Fatalf("a talk waiting as the subscriber closed: %v", cmds)
+	}
+	if err := s.Run(context.Background(), nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Run after Close: %v", err)
+	}
+	if st := s.Stats(); st.PinID != "" {
+		t.Fatalf("Stats after Close: %+v", st)
+	}
+	if cmds := s.step(protocol.Look{}); cmds != nil {
+		t.Fatalf("a step after Close: %v", cmds)
+	}
+	s.Close()
+}
