@@ -70,10 +70,12 @@ test-pg:
 	TAILER_PG_VERSION=$(VERSION) $(GO_TEST) ./...
 
 # What CI runs on PostgreSQL 17 and 18 beside make test on 15: the packages
-# that talk to the server, and the end-to-end, crash, resync and failover
-# tests of the tailer binary.
+# that talk to the server, the relay simulation's database models held to
+# it (a failover's needs 17+), and the end-to-end, crash, resync and
+# failover tests of the tailer binary.
 CORE_TESTS = TestFailover|TestLatePublishOrderings|TestRestoredSnapshotWithItsSlot|TestStreamThatLostItsBatchesIsRefused|TestStrayMessageOnTheSubject|TestFrozenOwnerIsCutOff|TestCrashLoop|TestSIGTERMPublishesPendingBatch|TestStandbyTakesOver|TestIdleSlotAdvances|TestPostgresFaults|TestLostSlotIsReported|TestResync|TestVanishedSlot|TestRestoredCopyCannotSkip|TestConcurrentResyncs|TestRunsAsRestrictedRole|TestComposeRoles|TestSchemaChangeUnderTheTailer|TestPublicationChanges
 test-pg-core:
 	@test -n "$(VERSION)" || { echo "usage: make test-pg-core VERSION=16|17|18"; exit 2; }
 	TAILER_PG_VERSION=$(VERSION) $(GO_TEST) ./replication/... ./decoder/... ./batch/... ./publish/join/... ./publish/resync/... ./migrations/... ./cmd/internal/daemon/...
+	TAILER_PG_VERSION=$(VERSION) $(GO_TEST) -run 'ModelAgreesWithPostgreSQL' ./publish/relay/sim/
 	TAILER_PG_VERSION=$(VERSION) $(GO_TEST) -run '$(CORE_TESTS)' ./cmd/tailer/

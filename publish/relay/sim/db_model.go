@@ -154,6 +154,38 @@ func (db *dbModel) clone() *dbModel {
 	return &c
 }
 
+// failover promotes a standby that replayed all but the last lag
+// transactions: the same system on its next timeline, whose history says
+// where the old one ended, its WAL going on from there (new commits at
+// the positions of those it lacked). A failover slot synchronized to it
+// comes along, confirmed no further than the standby's WAL, if it was
+// made before that (PostgreSQL 17+); without one it has no slot. The
+// slot's record, a table's row, comes as last written.
+func (db *dbModel) failover(lag int, synced bool) {
+	lag = min(lag, len(db.txs))
+	branch := db.next
+	if lag > 0 {
+		branch = db.txs[len(db.txs)-lag].commit - 0x10
+		db.txs = db.txs[:len(db.txs)-lag]
+	}
+	o := db.origin
+	o.History = map[int32]wal.LSN{o.Timeline: branch}
+	for tl, end := range db.origin.History {
+		o.History[tl] = end
+	}
+	o.Timeline++
+	db.origin, db.next = o, branch
+	switch {
+	case db.slot == nil:
+	case synced && db.slot.made <= branch:
+		s := *db.slot
+		s.confirmed = min(s.confirmed, branch)
+		db.slot = &s
+	default:
+		db.slot = nil
+	}
+}
+
 // eligible are the tokens a resync would publish, by key.
 func (db *dbModel) eligible() map[string]bool {
 	out := map[string]bool{}

@@ -174,9 +174,16 @@ func (c *slotCheck) confirm(rt *rapid.T) {
 // insert the publication carries is not replayed at all (pgoutput skips
 // empty transactions): the model keeps it, as a place in the WAL.
 func (c *slotCheck) agree(rt *rapid.T) {
+	if err := c.agrees(); err != nil {
+		rt.Fatal(err)
+	}
+}
+
+// agrees is agree's finding: nil when the slot and the model agree.
+func (c *slotCheck) agrees() error {
 	real, err := c.replay()
 	if err != nil {
-		rt.Fatal(err)
+		return err
 	}
 	var want, got []string
 	var commits []wal.LSN
@@ -188,11 +195,12 @@ func (c *slotCheck) agree(rt *rapid.T) {
 		got = append(got, fmt.Sprint(tx.tokens))
 	}
 	if strings.Join(got, ",") != strings.Join(want, ",") {
-		rt.Fatalf("the slot replays transactions of %v tokens, the model %v", got, want)
+		return fmt.Errorf("the slot replays transactions of %v tokens, the model %v", got, want)
 	}
 	for i, tx := range real {
 		c.ends[commits[i]] = tx.end
 	}
+	return nil
 }
 
 // carried are the transactions the model's slot replays with tokens.

@@ -6,6 +6,9 @@ package sim
 
 import (
 	"pgregory.net/rapid"
+
+	"github.com/mailroom/tailer/decoder/wal"
+	"github.com/mailroom/tailer/publish/relay"
 )
 
 // fault injects one of the faults, while the schedule has some left.
@@ -141,7 +144,11 @@ var faultKinds = []faultKind{
 		w.db.commit(rapid.IntRange(1, 2).Draw(t, "tokens"))
 		w.db.broken = false
 	}},
-	{name: "the slot lost", do: func(_ *rapid.T, w *world) { w.db.slot.lost, w.causes = true, true }},
+	{name: "the slot lost", do: func(_ *rapid.T, w *world) {
+		if w.db.slot != nil {
+			w.db.slot.lost, w.causes = true, true
+		}
+	}},
 	{name: "the slot advanced by another process", do: func(_ *rapid.T, w *world) {
 		// pg_replication_slot_advance, or a tailer of another schema
 		// configured with the same slot: what it skipped never reaches
@@ -161,6 +168,32 @@ var faultKinds = []faultKind{
 		w.db.attach(rapid.IntRange(1, 3).Draw(t, "rows"))
 		w.causes = true
 	}},
+	{name: "the slot dropped", do: func(_ *rapid.T, w *world) {
+		// pg_drop_replication_slot, the walsender streaming it ended first
+		// (an active slot cannot be dropped), the sessions' replication
+		// connections with it: its record stays, bound or as tailer
+		// migrate left it, and the tokens committed since it was last
+		// confirmed are in no slot.
+		if w.db.slot == nil {
+			return
+		}
+		w.db.slot, w.causes = nil, true
+		for _, p := range w.procs {
+			if p.s != nil {
+				p.s.cut = true
+			}
+		}
+	}},
+	{name: "a failover to a standby", do: func(t *rapid.T, w *world) {
+		old := w.db.origin.String()
+		w.db.failover(rapid.IntRange(0, 2).Draw(t, "transactions the standby lacks"), rapid.Bool().Draw(t, "a failover slot synchronized to it"))
+		w.branches = append(w.branches, branch{origin: old, end: w.db.next})
+		// Without a slot, or with batches on the stream from WAL the
+		// standby never had, a refusal may stand; a synchronized slot and
+		// a stream within the standby's WAL go on.
+		w.causes = w.causes || w.db.slot == nil || w.past(old, w.db.next)
+		w.cutAll()
+	}},
 	{name: "the database's files copied", do: func(_ *rapid.T, w *world) { w.dbSnaps = append(w.dbSnaps, w.db.clone()) }},
 	{name: "the database's files put back, with its slot", do: func(_ *rapid.T, w *world) {
 		if n := len(w.dbSnaps); n > 0 {
@@ -170,12 +203,45 @@ var faultKinds = []faultKind{
 			w.causes = true
 			w.db = w.dbSnaps[n-1].clone()
 			w.db.tokens = tokens
-			w.lease = nil
-			for _, p := range w.procs {
-				if p.s != nil {
-					p.s.cut = true
-				}
-			}
+			w.cutAll()
 		}
 	}},
+}
+
+// past reports whether the stream holds, or a publish on its way will
+// put there, a batch published from origin at a position past end.
+func (w *world) past(origin string, end wal.LSN) bool {
+	for _, f := range w.net {
+		if f.m.Is == relay.Batch && f.m.Origin == origin && f.m.Last.Commit > end {
+			return true
+		}
+	}
+	return w.stream.past(origin, end)
+}
+
+// branch is where a failover left a timeline: origin's WAL ended at end.
+type branch struct {
+	origin string
+	end    wal.LSN
+}
+
+// pastBranch is a branch the stream holds a batch past (ok false: none).
+func (w *world) pastBranch() (b branch, ok bool) {
+	for _, b := range w.branches {
+		if w.stream.past(b.origin, b.end) {
+			return b, true
+		}
+	}
+	return branch{}, false
+}
+
+// cutAll cuts every connection to the database server, the lease's too:
+// it restarted, or another server took its place.
+func (w *world) cutAll() {
+	w.lease = nil
+	for _, p := range w.procs {
+		if p.s != nil {
+			p.s.cut = true
+		}
+	}
 }

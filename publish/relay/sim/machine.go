@@ -47,7 +47,7 @@ var Profiles = []Profile{
 		Faults: []string{"the database's files copied", "the database's files put back, with its slot"}},
 	{Name: "database", MaxFaults: 4, InFlight: [2]int{0, 3}, Weights: map[string]int{"fault": 2, "commit": 2, "resync": 0},
 		Faults: []string{"the publication changed and changed back", "the slot lost", "the database's files copied", "the database's files put back, with its slot",
-			"a table attached to tokens holding rows", "the slot advanced by another process"}},
+			"a table attached to tokens holding rows", "the slot advanced by another process", "the slot dropped", "a failover to a standby"}},
 }
 
 // Schedule returns the schedules of profile p: each runs the real Relay,
@@ -57,8 +57,9 @@ var Profiles = []Profile{
 // summaries before (a stream purged, whole or of the batches' subject, a
 // message deleted, the stream made again or restored from an older
 // backup, replicas with their own creation times, limits, the
-// publication changed between two checks, the slot lost, the database
-// put back with its slot). After every step: no token is twice on the
+// publication changed between two checks, the slot lost or dropped, the
+// database put back with its slot, a failover to a standby with its
+// slot or without, and short of the last transactions). After every step: no token is twice on the
 // stream, the slot is never confirmed past a token not acknowledged, and
 // no session streams where the record refuses the slot. At the end, the
 // faults stopped and the processes left to run: every token is on the
@@ -324,6 +325,9 @@ func (m *machine) settle(t *rapid.T) {
 	m.run(t)
 	if m.refused() && !w.causes && !(w.limited && m.refusedFor(relay.WindowTrimmed)) {
 		t.Fatalf("a refusal stands, and no fault called for one: %v", m.refusals())
+	}
+	if b, ok := w.pastBranch(); ok && !m.refused() {
+		t.Fatalf("the stream holds batches published from %s past %s, where a failover left that timeline, and no refusal stands", b.origin, b.end)
 	}
 	if missing := m.missing(); len(missing) > 0 {
 		if !m.refused() {

@@ -269,6 +269,10 @@ func (p *simProc) head() relay.StreamHead {
 // claim records the publication, starts the slot and opens the stream.
 func (p *simProc) claim() relay.Event {
 	w, s := p.w, p.s
+	if w.db.slot == nil {
+		// Dropped since the session looked (START_REPLICATION fails).
+		return p.ended(relay.EndPostgres, errors.New("replication slot does not exist"))
+	}
 	if w.db.slot.lost {
 		return relay.Ended{End: relay.EndFound, Found: relay.SlotLost}
 	}

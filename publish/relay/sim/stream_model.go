@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/mailroom/tailer/decoder/wal"
 	"github.com/mailroom/tailer/publish/relay"
 )
 
@@ -241,6 +242,17 @@ func (s *streamModel) keys() map[string]int {
 		}
 	}
 	return n
+}
+
+// past reports whether the stream holds a batch published from origin
+// at a position past end.
+func (s *streamModel) past(origin string, end wal.LSN) bool {
+	for _, m := range s.msgs {
+		if m.Is == relay.Batch && m.Origin == origin && m.Last.Commit > end {
+			return true
+		}
+	}
+	return false
 }
 
 // seqs are the stream's sequences, in order.
