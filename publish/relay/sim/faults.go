@@ -187,7 +187,6 @@ var faultKinds = []faultKind{
 	{name: "a failover to a standby", do: func(t *rapid.T, w *world) {
 		old := w.db.origin.String()
 		w.db.failover(rapid.IntRange(0, 2).Draw(t, "transactions the standby lacks"), rapid.Bool().Draw(t, "a failover slot synchronized to it"))
-		w.branches = append(w.branches, branch{origin: old, end: w.db.next})
 		// Without a slot, or with batches on the stream from WAL the
 		// standby never had, a refusal may stand; a synchronized slot and
 		// a stream within the standby's WAL go on.
@@ -216,23 +215,22 @@ func (w *world) past(origin string, end wal.LSN) bool {
 			return true
 		}
 	}
-	return w.stream.past(origin, end)
+	return w.stream.past(origin, end, 0)
 }
 
-// branch is where a failover left a timeline: origin's WAL ended at end.
-type branch struct {
-	origin string
-	end    wal.LSN
-}
-
-// pastBranch is a branch the stream holds a batch past (ok false: none).
-func (w *world) pastBranch() (b branch, ok bool) {
-	for _, b := range w.branches {
-		if w.stream.past(b.origin, b.end) {
-			return b, true
+// pastBranch is a timeline of the database's history, and where it
+// ended, that the stream holds a batch past, published after the last
+// resync (ok false: none). The database put back from a copy taken
+// before a failover has the history it had then.
+func (w *world) pastBranch() (origin string, end wal.LSN, ok bool) {
+	for tl, end := range w.db.origin.History {
+		o := w.db.origin
+		o.Timeline = tl
+		if w.stream.past(o.String(), end, w.resyncSeq) {
+			return o.String(), end, true
 		}
 	}
-	return branch{}, false
+	return "", 0, false
 }
 
 // cutAll cuts every connection to the database server, the lease's too:

@@ -326,8 +326,8 @@ func (m *machine) settle(t *rapid.T) {
 	if m.refused() && !w.causes && !(w.limited && m.refusedFor(relay.WindowTrimmed)) {
 		t.Fatalf("a refusal stands, and no fault called for one: %v", m.refusals())
 	}
-	if b, ok := w.pastBranch(); ok && !m.refused() {
-		t.Fatalf("the stream holds batches published from %s past %s, where a failover left that timeline, and no refusal stands", b.origin, b.end)
+	if origin, end, ok := w.pastBranch(); ok && !m.refused() {
+		t.Fatalf("the stream holds batches published from %s past %s, where a failover left that timeline, and no refusal stands", origin, end)
 	}
 	if missing := m.missing(); len(missing) > 0 {
 		if !m.refused() {

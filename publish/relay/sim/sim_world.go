@@ -69,10 +69,10 @@ type world struct {
 	// lost: acknowledged batches of the slot's incarnation are gone from
 	// the stream since the last resync (what a refusal must stand for).
 	lost bool
-	// branches are where each failover since the last resync left the
-	// timeline before it: a stream holding a batch published past one,
-	// from WAL the server does not have, must be refused.
-	branches []branch
+	// resyncSeq is the stream's last sequence as the last resync ended:
+	// a batch before it, past where a failover branched, is the resync's
+	// to answer for.
+	resyncSeq uint64
 	// backups are the stream's backups, dbSnaps the database's; backupAt,
 	// anchorWrites when each was taken.
 	backups  []*streamModel
@@ -178,7 +178,7 @@ func (w *world) takeLease(p *simProc) bool {
 // incarnation, and every eligible token the stream lacks published, once.
 func (w *world) resync() {
 	w.resyncs++
-	w.branches = nil
+	defer func() { w.resyncSeq = w.stream.last }()
 	w.db.makeSlot()
 	w.db.newIncarnation(false, 0)
 	// Its session's markers first, as every session's.

@@ -244,11 +244,11 @@ func (s *streamModel) keys() map[string]int {
 	return n
 }
 
-// past reports whether the stream holds a batch published from origin
-// at a position past end.
-func (s *streamModel) past(origin string, end wal.LSN) bool {
-	for _, m := range s.msgs {
-		if m.Is == relay.Batch && m.Origin == origin && m.Last.Commit > end {
+// past reports whether the stream holds, after sequence after, a batch
+// published from origin at a position past end.
+func (s *streamModel) past(origin string, end wal.LSN, after uint64) bool {
+	for seq, m := range s.msgs {
+		if seq > after && m.Is == relay.Batch && m.Origin == origin && m.Last.Commit > end {
 			return true
 		}
 	}
