@@ -67,8 +67,10 @@ type world struct {
 	// failed with each in hand.
 	dead     map[batchKey]bool
 	failures map[batchKey]int
-	// published are the messages published, whatever became of them.
+	// published are the messages published, whatever became of them;
+	// given those the durable gave a process.
 	published map[msgKey]*smsg
+	given     map[msgKey]bool
 	// lost counts the failures a process counted and died with before a
 	// save of its landed: the record never had them.
 	lost map[batchKey]int
@@ -87,7 +89,7 @@ type world struct {
 func newWorld(cfg config) *world {
 	w := &world{cfg: cfg, stream: &streamModel{inc: 1, msgs: map[uint64]*smsg{}},
 		written: map[string]int{}, hands: map[batchKey][]hand{}, charged: map[hand]map[batchKey]bool{}, frozeHolding: map[hand]map[msgKey]bool{}, writers: map[batchKey][]hand{},
-		dead: map[batchKey]bool{}, failures: map[batchKey]int{}, lost: map[batchKey]int{}, published: map[msgKey]*smsg{}, newFrom: map[int]uint64{}}
+		dead: map[batchKey]bool{}, failures: map[batchKey]int{}, lost: map[batchKey]int{}, published: map[msgKey]*smsg{}, given: map[msgKey]bool{}, newFrom: map[int]uint64{}}
 	w.kv = &kvModel{now: func() time.Duration { return w.now }}
 	return w
 }
@@ -275,6 +277,26 @@ func (w *world) gap(p *proc, m *smsg, g *wire.Gap) {
 		}
 	case protocol.TakenElsewhere:
 		w.fail("p%d says seq %d taken by another client of a durable that pins one", p.id, g.Prev.Seq)
+	}
+}
+
+// gapDue holds the chain not too late: m, given to p for the first time
+// past the newest its chain knew on the subject, names before it a
+// message the stream lost before the durable gave it to anyone; the gap
+// must be said (g, which gap judges). Before the chain knows a subject's
+// newest it can say nothing (wire.Chain's seed), nor of a message
+// delivered again, nor of one a stream made again numbers below it.
+func (w *world) gapDue(p *proc, m *smsg, g *wire.Gap) {
+	k := msgKey{w.stream.inc, m.prev.Seq}
+	prev := w.published[k]
+	if prev == nil || prev.mark != m.prev.Mark || w.given[k] {
+		return
+	}
+	if now := w.stream.msgs[m.prev.Seq]; now != nil && now.mark == prev.mark {
+		return
+	}
+	if g == nil {
+		w.fail("p%d says nothing of seq %d, before seq %d: removed from the stream before the durable gave it to anyone", p.id, m.prev.Seq, m.seq)
 	}
 }
 
