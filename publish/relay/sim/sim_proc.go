@@ -34,14 +34,17 @@ type simProc struct {
 
 // simSession is a session of a process.
 type simSession struct {
-	p         *simProc
-	id        int
-	start     time.Duration
-	rec       relay.SlotRecord
-	head      relay.StreamHead
-	window    *relay.Window
-	owner     relay.Owner
+	p      *simProc
+	id     int
+	start  time.Duration
+	rec    relay.SlotRecord
+	head   relay.StreamHead
+	window *relay.Window
+	owner  relay.Owner
+	// next is the sequence the next publish expects last, on chained,
+	// the stream its markers were stored on.
 	next      int64
+	chained   *streamModel
 	inFlight  int
 	unique    bool
 	streaming bool
@@ -338,7 +341,7 @@ func (p *simProc) resume(o relay.Owner) relay.Event {
 		}
 		if ok {
 			win.Fence = k
-			s.window, s.next = win, next
+			s.window, s.next, s.chained = win, next, w.stream
 			return relay.Resumed{Reach: win.Max, WAL: w.db.wal(), Anchors: s.anchors}
 		}
 	}

@@ -146,7 +146,7 @@ func (p *simProc) send() {
 	if s.unique {
 		m.id += fmt.Sprintf("@%d", s.id)
 	}
-	w.net = append(w.net, &flight{s: s, m: m, expect: s.next, stream: w.stream})
+	w.net = append(w.net, &flight{s: s, m: m, expect: s.next, stream: s.chained})
 	s.next++
 	s.pending++
 }
