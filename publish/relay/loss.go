@@ -74,9 +74,10 @@ func (r *Relay) lost(ev StreamLook) (ref Refusal, again, refused bool) {
 
 // beyondLimits reports whether more messages are gone between two looks
 // than limits of messages (Seen.Keeps) could have removed: a stream that
-// kept at most k messages removed only those past k. Limits of bytes, or
-// of messages per subject, set no such bound: all that went may be
-// theirs.
+// kept at most k messages removed only those past k, and only the
+// oldest, never one within (a purge of the batches' subject under a limit
+// since taken off: make sim seed 2174698862). Limits of bytes, or of
+// messages per subject, set no such bound: all that went may be theirs.
 func beyondLimits(before, now Seen) bool {
 	keeps := uint64(0)
 	for _, s := range []Seen{before, now} {
@@ -90,6 +91,9 @@ func beyondLimits(before, now Seen) bool {
 	}
 	if now.Last < before.Last {
 		return false
+	}
+	if now.Deleted > before.Deleted {
+		return true
 	}
 	had := before.holds() + (now.Last - before.Last)
 	gone := had - min(had, now.holds())
@@ -136,11 +140,22 @@ func (r *Relay) gone(ev StreamLook, trims bool) (batch, marker wire.Anchor) {
 // Purged reports whether a stream whose configuration removes no
 // message, seen now, lost messages since it was seen before (judged: a
 // check found it lost nothing then): more messages gone within, or its
-// first sequence moved on; or, before a judged look, its first sequence
-// past the messages of the incarnation (which took the stream over after
-// since).
+// first sequence moved past the first it held, or, empty then, past the
+// next one stored (the session's own markers and batches, stored into a
+// stream seen empty, purged before the next look: make sim seed
+// 2174698862); or, before a judged look, its first sequence past the
+// messages of the incarnation (which took the stream over after since).
 func Purged(now, before Seen, since uint64, judged bool) bool {
-	return !judged && pastSince(now, since) || before.held() && now.First > before.First || now.Deleted > before.Deleted
+	return !judged && pastSince(now, since) || before.Known && now.First > before.next() || now.Deleted > before.Deleted
+}
+
+// next is the first sequence s still holds, or, empty, the one the next
+// message stored takes.
+func (s Seen) next() uint64 {
+	if s.held() {
+		return s.First
+	}
+	return s.Last + 1
 }
 
 // pastSince reports whether the stream's first message is past the first

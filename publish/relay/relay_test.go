@@ -698,6 +698,8 @@ func TestBeyondLimits(t *testing.T) {
 		{"a limit set since", Seen{Known: true, First: 1, Last: 12}, Seen{Known: true, First: 10, Last: 14, Trims: true, Keeps: 5}, false},
 		{"a limit set since, and more gone", Seen{Known: true, First: 1, Last: 12}, Seen{Known: true, First: 13, Last: 14, Trims: true, Keeps: 5}, true},
 		{"a stream shorter than before", Seen{Known: true, First: 1, Last: 12, Trims: true, Keeps: 5}, Seen{Known: true, First: 1, Last: 3, Trims: true, Keeps: 5}, false},
+		{"a message gone within, the limit taken off since", Seen{Known: true, First: 1, Last: 1, Trims: true, Keeps: 12}, Seen{Known: true, First: 1, Last: 13, Deleted: 1}, true},
+		{"a message gone within under a limit of bytes", Seen{Known: true, First: 1, Last: 1, Trims: true}, Seen{Known: true, First: 1, Last: 13, Deleted: 1}, false},
 	} {
 		if got := beyondLimits(tc.before, tc.now); got != tc.want {
 			t.Errorf("%s: beyondLimits = %v, want %v", tc.name, got, tc.want)
@@ -719,7 +721,11 @@ func TestPurgedSeen(t *testing.T) {
 		{"nothing moved", Seen{Known: true, First: 1, Last: 9}, Seen{Known: true, First: 1, Last: 5}, 0, true, false},
 		{"the first sequence moved on", Seen{Known: true, First: 3, Last: 9}, Seen{Known: true, First: 1, Last: 5}, 0, true, true},
 		{"a message deleted within", Seen{Known: true, First: 1, Last: 9, Deleted: 1}, Seen{Known: true, First: 1, Last: 5}, 0, true, true},
-		{"empty before, then held", Seen{Known: true, First: 6, Last: 9}, Seen{Known: true}, 0, true, false},
+		{"empty before, held since from the next", Seen{Known: true, First: 1, Last: 9}, Seen{Known: true}, 0, true, false},
+		{"empty before, the first stored since gone", Seen{Known: true, First: 6, Last: 9}, Seen{Known: true}, 0, true, true},
+		{"emptied before, held since from the next", Seen{Known: true, First: 6, Last: 9}, Seen{Known: true, First: 6, Last: 5}, 0, true, false},
+		{"emptied before, the first stored since gone", Seen{Known: true, First: 7, Last: 9}, Seen{Known: true, First: 6, Last: 5}, 0, true, true},
+		{"nothing known before", Seen{Known: true, First: 6, Last: 9}, Seen{}, 0, true, false},
 		{"not judged yet, past the incarnation's first", Seen{Known: true, First: 7, Last: 9}, Seen{}, 5, false, true},
 		{"not judged yet, at the incarnation's first", Seen{Known: true, First: 6, Last: 9}, Seen{}, 5, false, false},
 		{"judged, past the incarnation's first", Seen{Known: true, First: 7, Last: 9}, Seen{Known: true, First: 7, Last: 8}, 5, true, false},
