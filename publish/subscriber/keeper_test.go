@@ -93,3 +93,20 @@ func TestClosedSubscriber(t *testing.T) {
 	}
 	s.Close()
 }
+
+// What a step costs through the keeper (two goroutine hand-offs), beside
+// the machine's own step: the subscriber makes a dozen or so a message.
+func BenchmarkKeeperStep(b *testing.B) {
+	k := newKeeper(protocol.Machine{})
+	defer k.stop()
+	for b.Loop() {
+		k.step(protocol.Look{}, outside)
+	}
+}
+
+func BenchmarkMachineStep(b *testing.B) {
+	var h protocol.Machine
+	for b.Loop() {
+		h.Step(protocol.Look{})
+	}
+}
