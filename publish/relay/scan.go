@@ -146,6 +146,12 @@ func (sc *scanner) afterMarkers(regionStart uint64, whole bool) error {
 		}
 		if m.Is == Other || sc.inWindow(m) {
 			pending[subject] = true
+		} else if err := CheckOwner(sc.s.Name, m, sc.o); err != nil {
+			// The last on a subject is the owner's though the window
+			// holds nothing of it: a later incarnation's resync batch, its
+			// markers purged, under a database put back from a copy, went
+			// unread (make sim seed 1366910510).
+			return err
 		}
 	}
 	for seq := sc.s.LastSeq; seq > regionStart && (whole || len(pending) > 0); seq-- {
