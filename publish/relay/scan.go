@@ -146,12 +146,16 @@ func (sc *scanner) afterMarkers(regionStart uint64, whole bool) error {
 		}
 		if m.Is == Other || sc.inWindow(m) {
 			pending[subject] = true
-		} else if err := CheckOwner(sc.s.Name, m, sc.o); err != nil {
-			// The last on a subject is the owner's though the window
-			// holds nothing of it: a later incarnation's resync batch, its
-			// markers purged, under a database put back from a copy, went
-			// unread (make sim seed 1366910510).
-			return err
+		} else if m.Resync {
+			// A resync's batch last on a subject is the owner's though the
+			// window needs nothing of it: another incarnation's, its
+			// markers purged, is the stream of a resync this database
+			// (put back from a copy older than it) never had (make sim
+			// seed 1366910510). A session's stale publish of an earlier
+			// incarnation, landed after a resync, is the known duplicate.
+			if err := CheckOwner(sc.s.Name, m, sc.o); err != nil {
+				return err
+			}
 		}
 	}
 	for seq := sc.s.LastSeq; seq > regionStart && (whole || len(pending) > 0); seq-- {

@@ -153,8 +153,8 @@ func TestScanReadsWhatTheWindowNeeds(t *testing.T) {
 	}
 }
 
-// The last batch on a subject past the incarnation's first is its own,
-// though the window holds nothing of it: a later incarnation's resync
+// A resync's batch last on a subject past the incarnation's first is its
+// own, though the window holds nothing of it: a later incarnation's resync
 // batch, its markers purged, read by a session of a database put back
 // from a copy older than that resync, is refused, not published again
 // beside (make sim seed 1366910510: a token twice on the stream).
@@ -171,5 +171,12 @@ func TestScanRefusesALaterIncarnationsResyncBatch(t *testing.T) {
 	later.Incarnation = inc
 	if _, _, err := Scan(mapReader{}.put(later), s, Owner{Incarnation: inc, Since: 1, After: 0x100}); err != nil {
 		t.Fatalf("the incarnation's own resync batch: %v", err)
+	}
+	// A frozen session's publish of an earlier incarnation, landed after
+	// the resync that made this one: the known duplicate, no refusal.
+	stale := batchAt(3, 0x90)
+	stale.Incarnation = "i0"
+	if _, _, err := Scan(mapReader{}.put(stale), s, Owner{Incarnation: inc, Since: 1, After: 0x100}); err != nil {
+		t.Fatalf("a stale publish of an earlier incarnation: %v", err)
 	}
 }
