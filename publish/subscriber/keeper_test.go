@@ -68,6 +68,27 @@ func TestKeeperTalkEndedAtOnce(t *testing.T) {
 	}
 }
 
+// A talk's input the machine answers with nothing (a driver's slip,
+// which talk reports) ends the talk for the keeper: the next one begins
+// rather than waiting for ever.
+func TestKeeperTalkStoppedWithoutAnEnd(t *testing.T) {
+	k := newKeeper(protocol.Machine{})
+	defer k.stop()
+	if cmds := k.step(protocol.Loaded{}, inTalk); cmds != nil {
+		t.Fatalf("a read answered with no talk under way: %v", cmds)
+	}
+	next := make(chan []protocol.ToDo, 1)
+	go func() { next <- k.step(protocol.Reload{}, opens) }()
+	select {
+	case cmds := <-next:
+		if len(cmds) != 1 {
+			t.Fatalf("the next talk: %v, want a Load", cmds)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the next talk waits on one that stopped without an end")
+	}
+}
+
 // Once closed, a subscriber steps nothing: Run says so, Stats holds no
 // pin, and a talk left waiting gets no answer rather than hanging.
 func TestClosedSubscriber(t *testing.T) {
