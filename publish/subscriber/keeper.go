@@ -17,9 +17,9 @@ import (
 type keeper struct {
 	asks chan ask
 	// closed is closed by stop; gone as the goroutine returns, after it
-	// put the machine on last.
+	// left the machine in last (read only after gone).
 	closed, gone chan struct{}
-	last         chan protocol.Machine
+	last         protocol.Machine
 	once         sync.Once
 	replies      sync.Pool
 }
@@ -45,7 +45,7 @@ const (
 
 // newKeeper starts the goroutine that steps h.
 func newKeeper(h protocol.Machine) *keeper {
-	k := &keeper{asks: make(chan ask), closed: make(chan struct{}), gone: make(chan struct{}), last: make(chan protocol.Machine, 1)}
+	k := &keeper{asks: make(chan ask), closed: make(chan struct{}), gone: make(chan struct{})}
 	k.replies.New = func() any { return make(chan []protocol.ToDo, 1) }
 	go k.run(h)
 	return k
@@ -60,7 +60,7 @@ func (k *keeper) run(h protocol.Machine) {
 	for {
 		select {
 		case <-k.closed:
-			k.last <- h
+			k.last = h
 			return
 		case a := <-k.asks:
 			if a.role == opens && talking {
@@ -134,7 +134,5 @@ func (k *keeper) stopped() bool {
 func (k *keeper) stop() protocol.Machine {
 	k.once.Do(func() { close(k.closed) })
 	<-k.gone
-	h := <-k.last
-	k.last <- h
-	return h
+	return k.last
 }
