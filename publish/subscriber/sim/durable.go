@@ -68,9 +68,9 @@ type pending struct {
 // durableModel is the durable pull consumer with a pinned priority group:
 // it pins the first client that pulls when none is pinned, refuses the
 // pulls of others, and lets go of a pin that asked for nothing within
-// the pinned TTL; it redelivers a message not acknowledged within the
-// ack wait (reset by in-progress, ended by a nak), at most maxAckPending
-// at once.
+// the pinned TTL, or by hand (unpin); it redelivers a message not
+// acknowledged within the ack wait (reset by in-progress, ended by a
+// nak), at most maxAckPending at once.
 type durableModel struct {
 	gone          bool
 	ackWait, ttl  time.Duration
@@ -85,6 +85,11 @@ type durableModel struct {
 	pin      int
 	pins     *int
 	lastPull time.Duration
+	// freedAt is when the pin was let go last (never: since one was
+	// given, or none ever was); released, the pins let go since the
+	// world last looked (world.checkPins).
+	freedAt  time.Duration
+	released []release
 	// expired: the last message redelivered was not acknowledged
 	// within the ack wait (not naked).
 	expired   bool
@@ -101,15 +106,51 @@ func before(p, q *pending) bool {
 }
 
 func newDurable(ackWait, ttl time.Duration, from uint64, pins *int) *durableModel {
-	return &durableModel{ackWait: ackWait, ttl: ttl, maxAckPending: 2, next: from, floor: from - 1, pins: pins,
+	return &durableModel{ackWait: ackWait, ttl: ttl, maxAckPending: 2, next: from, floor: from - 1, pins: pins, freedAt: never,
 		pend: map[uint64]*pending{}, deliveries: map[uint64]int{}, acked: map[uint64]bool{}}
 }
 
 // expire lets go of a pin that asked for nothing within the TTL.
 func (d *durableModel) expire(now time.Duration) {
 	if d.pin != 0 && now-d.lastPull > d.ttl {
-		d.pin = 0
+		d.let(release{pin: d.pin, lastAsk: d.lastPull}, d.lastPull+d.ttl)
 	}
+}
+
+// unpin lets go of the pin by hand (UnpinConsumer): the next client that
+// pulls is pinned. It returns the pin let go (0: none).
+func (d *durableModel) unpin(now time.Duration) int {
+	d.expire(now)
+	was := d.pin
+	if was != 0 {
+		d.let(release{pin: was, lastAsk: d.lastPull, byHand: true}, now)
+	}
+	return was
+}
+
+func (d *durableModel) let(r release, at time.Duration) {
+	d.pin, d.freedAt = 0, at
+	d.released = append(d.released, r)
+}
+
+// freeSince is since when the server pins no client, as it would say at
+// now: never while one is.
+func (d *durableModel) freeSince(now time.Duration) time.Duration {
+	switch {
+	case d.pin == 0:
+		return d.freedAt
+	case now-d.lastPull > d.ttl:
+		return d.lastPull + d.ttl
+	}
+	return never
+}
+
+// pinned is the pin the server gives at now (0: none).
+func (d *durableModel) pinned(now time.Duration) int {
+	if d.freeSince(now) <= now {
+		return 0
+	}
+	return d.pin
 }
 
 // pull is a pull request naming pin (0: none): the pin the server gives
@@ -122,35 +163,54 @@ func (d *durableModel) pull(s *streamModel, pin int, now time.Duration) (int, *s
 	if d.pin != 0 {
 		d.lastPull = now
 	}
-	// The server redelivers in the order the messages became due: naked,
-	// or their ack wait run out (its redelivery queue).
-	var due uint64
-	for _, seq := range slices.Sorted(maps.Keys(d.pend)) {
+	maps.DeleteFunc(d.pend, func(seq uint64, _ *pending) bool { return s.msgs[seq] == nil })
+	seq, again := d.offer(s, now)
+	if again {
 		p := d.pend[seq]
-		if s.msgs[seq] == nil {
-			delete(d.pend, seq)
-			continue
-		}
-		if (p.naked || p.deadline <= now) && (due == 0 || before(p, d.pend[due])) {
-			due = seq
-		}
-	}
-	if due != 0 {
-		p := d.pend[due]
 		d.expired, d.expiredAt = !p.naked, p.deadline
-		return d.deliver(due, s.msgs[due], now)
+		return d.deliver(seq, s.msgs[seq], now)
 	}
 	if len(d.pend) >= d.maxAckPending {
 		return d.pin, nil, 0
 	}
 	d.expired = false
-	for ; d.next <= s.last; d.next++ {
-		if m := s.msgs[d.next]; m != nil {
-			d.next++
-			return d.deliver(m.seq, m, now)
+	if seq == 0 {
+		d.next = max(d.next, s.last+1)
+		return d.pin, nil, 0
+	}
+	d.next = seq + 1
+	return d.deliver(seq, s.msgs[seq], now)
+}
+
+// offer is the message a pull would be given at now (0: none), and
+// whether it comes again: one due again first (naked, or its ack wait
+// run out), in the order they became due (the server's redelivery
+// queue); else the next new one while fewer than maxAckPending are
+// pending.
+func (d *durableModel) offer(s *streamModel, now time.Duration) (seq uint64, again bool) {
+	live := 0
+	for _, q := range slices.Sorted(maps.Keys(d.pend)) {
+		p := d.pend[q]
+		if s.msgs[q] == nil {
+			continue
+		}
+		live++
+		if (p.naked || p.deadline <= now) && (seq == 0 || before(p, d.pend[seq])) {
+			seq = q
 		}
 	}
-	return d.pin, nil, 0
+	if seq != 0 {
+		return seq, true
+	}
+	if live >= d.maxAckPending {
+		return 0, false
+	}
+	for n := d.next; n <= s.last; n++ {
+		if s.msgs[n] != nil {
+			return n, false
+		}
+	}
+	return 0, false
 }
 
 // deliver gives m to the pull: the server pins the pull's client when
@@ -158,7 +218,7 @@ func (d *durableModel) pull(s *streamModel, pin int, now time.Duration) (int, *s
 func (d *durableModel) deliver(seq uint64, m *smsg, now time.Duration) (int, *smsg, int) {
 	if d.pin == 0 {
 		*d.pins++
-		d.pin, d.lastPull = *d.pins, now
+		d.pin, d.lastPull, d.freedAt = *d.pins, now, never
 	}
 	d.deliveries[seq]++
 	d.pend[seq] = &pending{deadline: now + d.ackWait}

@@ -166,6 +166,17 @@ func (c *durableCheck) delete(t *rapid.T) {
 	delete(c.s.msgs, seq)
 }
 
+// unpin lets go of the pin by hand (Subscriber.Unpin), on both.
+func (c *durableCheck) unpin(t fataler) {
+	st, err := c.js.Stream(c.ctx, c.stream)
+	if err == nil {
+		err = st.UnpinConsumer(c.ctx, "d", "g")
+	}
+	if was := c.d.unpin(c.now); err != nil && was != 0 {
+		t.Fatalf("unpin with pin %d in the model: %v", was, err)
+	}
+}
+
 // wait lets d pass on both.
 func (c *durableCheck) wait(d time.Duration) {
 	time.Sleep(d)
@@ -175,7 +186,8 @@ func (c *durableCheck) wait(d time.Duration) {
 // The durable model does what a real pinned pull consumer does with the
 // operations the simulation uses: pulls naming a pin or none, from two
 // clients, acks, naks (of a delivery since given again too), in-progress
-// acks, the stream purged and a message deleted, on the model and on an embedded nats-server, deliver
+// acks, the pin let go by hand, the stream purged and a message deleted,
+// on the model and on an embedded nats-server, deliver
 // the same sequences with the same delivery counts, and pin the same
 // client. Time does not pass: the ack wait and the pinned TTL are a
 // minute (TestDurableModelTimes has them run out).
@@ -191,6 +203,7 @@ func TestDurableModelAgreesWithJetStream(t *testing.T) {
 			"ack":         func(t *rapid.T) { c.answer(t, "+ACK") },
 			"nak":         func(t *rapid.T) { c.answer(t, "-NAK") },
 			"in progress": func(t *rapid.T) { c.answer(t, "+WPI") },
+			"unpin":       func(t *rapid.T) { c.unpin(t) },
 			"purge":       c.purge,
 			"delete":      c.delete,
 		})

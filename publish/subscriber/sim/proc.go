@@ -84,6 +84,12 @@ type proc struct {
 	failing map[batchKey]int
 
 	nextSave, nextProgress, nextKeepPin, nextWatch, nextPull time.Duration
+	// mute is when the process last could not ask the server for
+	// anything (noteMute); waits, whether it waits on a pull
+	// (world.checkPins), since waitsSince.
+	mute       time.Duration
+	waits      bool
+	waitsSince time.Duration
 
 	// A sender: the line in hand since startedAt (stalled until
 	// stuckUntil); down until restartAt.
@@ -227,6 +233,8 @@ func (p *proc) step() {
 		p.consumerLost()
 		return
 	}
+	p.noteMute()
+	defer p.noteMute()
 	if p.reloading {
 		p.reload()
 	}

@@ -149,3 +149,43 @@ func TestGapOfAMessageDeletedInHand(t *testing.T) {
 		}
 	})
 }
+
+// The pinned subscriber stopped cleanly with a message in hand: it hands
+// it back and lets go of its pin, and the standby is given it at once,
+// not a pinned TTL later (docs/subscribers.md: "at once on a clean stop").
+func TestCleanStopPassesThePinAtOnce(t *testing.T) {
+	run(t, config{lineTime: 3 * time.Second, ttl: 10 * time.Second, ackWait: 30 * time.Second}, 2, func(w *world) {
+		w.advance(0)
+		w.publish(1, 1)
+		w.advance(time.Second)
+		pins := w.pins
+		w.procs[0].stop()
+		w.advance(500 * time.Millisecond)
+		if w.pins != pins+1 || w.procs[1].pin() != w.pins {
+			t.Errorf("half a second after the pinned one stopped: %d pins given (%d before), p1's pin %d", w.pins, pins, w.procs[1].pin())
+		}
+	})
+}
+
+// A subscriber frozen past the pin's TTL with nothing in hand, the other
+// pinned meanwhile; woken, it still names its old pin, and stopped
+// cleanly it must leave the other's pin be.
+func TestStopWithAStalePinLeavesTheOthers(t *testing.T) {
+	run(t, config{lineTime: 10 * time.Millisecond, ttl: 5 * time.Second, ackWait: 3 * time.Second}, 2, func(w *world) {
+		w.advance(0)
+		w.publish(1, 1)
+		w.advance(time.Second)
+		w.freeze(w.procs[0], 7*time.Second)
+		w.publish(1, 1)
+		w.advance(8 * time.Second)
+		p0, p1 := w.procs[0].pin(), w.procs[1].pin()
+		if p0 == 0 || p1 == 0 || p0 == p1 {
+			t.Fatalf("pins before the stop: p0 %d, p1 %d; the scenario wants both, each its own", p0, p1)
+		}
+		w.procs[0].stop()
+		w.advance(time.Second)
+		if w.dur.pin != p1 {
+			t.Errorf("the server's pin after p0 stopped is %d, not p1's %d", w.dur.pin, p1)
+		}
+	})
+}

@@ -28,7 +28,7 @@ type Profile struct {
 	Resend bool
 }
 
-var allFaults = []string{"kill", "freeze", "sender killed", "sender fails", "sender stalls", "stream made again", "purge", "a message deleted", "bucket unanswered", "bucket answers lost"}
+var allFaults = []string{"kill", "stop", "freeze", "sender killed", "sender fails", "sender stalls", "stream made again", "purge", "a message deleted", "bucket unanswered", "bucket answers lost"}
 
 // Profiles are the schedules TestSimulation runs, each as many times.
 var Profiles = []Profile{
@@ -47,13 +47,18 @@ var Profiles = []Profile{
 		LineTime: [2]time.Duration{10 * time.Millisecond, time.Second}, Weights: map[string]int{"fault": 2, "tick": 3}},
 	// A stream made again under a pinned subscriber and its standbys,
 	// one killed before it saved what it decided.
-	{Name: "rebuilt under standbys", Faults: []string{"stream made again", "kill"}, MaxFaults: 3, Standbys: true,
+	{Name: "rebuilt under standbys", Faults: []string{"stream made again", "kill", "stop"}, MaxFaults: 3, Standbys: true,
 		LineTime: [2]time.Duration{10 * time.Millisecond, time.Second}, Weights: map[string]int{"fault": 2, "saver": 0}},
 	// The same, the pinned one frozen across it while the bucket does
 	// not answer: it saves the old record as it wakes.
 	{Name: "frozen across a rebuild", Faults: []string{"stream made again", "freeze", "bucket unanswered"}, MaxFaults: 3, Standbys: true,
 		LineTime: [2]time.Duration{10 * time.Millisecond, time.Second}, Weights: map[string]int{"fault": 3, "saver": 0}},
-	{Name: "processes", Faults: []string{"kill", "freeze", "bucket unanswered", "bucket answers lost"}, MaxFaults: 3,
+	// The pin passing between a pinned subscriber and its standbys:
+	// frozen past the TTL, stopped cleanly (a stale pin among them),
+	// killed, started again.
+	{Name: "takeovers", Faults: []string{"freeze", "stop", "kill"}, MaxFaults: 4, Standbys: true,
+		LineTime: [2]time.Duration{10 * time.Millisecond, 2 * time.Second}, Weights: map[string]int{"fault": 3, "start": 2}},
+	{Name: "processes", Faults: []string{"kill", "stop", "freeze", "bucket unanswered", "bucket answers lost"}, MaxFaults: 3,
 		LineTime: [2]time.Duration{10 * time.Millisecond, 3 * time.Second}, Weights: map[string]int{"fault": 3, "start": 2}},
 	// Two or three resends at once on one durable's dead letters, their
 	// acks slow to land, killed, frozen, their senders killed or
@@ -216,6 +221,12 @@ func (s *schedule) fault(t *rapid.T, k string) bool {
 			return false
 		}
 		p.kill(rapid.Bool().Draw(t, "its line landed"))
+	case "stop":
+		p := s.pick(t, func(p *proc) bool { return p.runs() })
+		if p == nil {
+			return false
+		}
+		p.stop()
 	case "freeze":
 		p := s.pick(t, func(p *proc) bool { return p.runs() })
 		if p == nil {

@@ -83,7 +83,11 @@ type world struct {
 	// lastNew is when a batch was first written, set aside or a message
 	// acknowledged; lastFault when a fault last happened.
 	lastNew, lastFault time.Duration
-	violation          string
+	// stopAt is when the pinned process last stopped cleanly, and
+	// stopPins the pins given by then: a standby is owed the pin at once.
+	stopAt    time.Duration
+	stopPins  int
+	violation string
 }
 
 func newWorld(cfg config) *world {
@@ -91,6 +95,7 @@ func newWorld(cfg config) *world {
 		written: map[string]int{}, hands: map[batchKey][]hand{}, charged: map[hand]map[batchKey]bool{}, frozeHolding: map[hand]map[msgKey]bool{}, writers: map[batchKey][]hand{},
 		dead: map[batchKey]bool{}, failures: map[batchKey]int{}, lost: map[batchKey]int{}, published: map[msgKey]*smsg{}, given: map[msgKey]bool{}, newFrom: map[int]uint64{}}
 	w.kv = &kvModel{now: func() time.Duration { return w.now }}
+	w.stopAt, w.stopPins = never, -1
 	return w
 }
 
@@ -352,9 +357,13 @@ func (w *world) advance(d time.Duration) {
 	for w.violation == "" {
 		w.stepAll()
 		w.checkProgress()
+		w.checkPins()
 		next := until
 		if w.dur != nil && !w.dur.gone {
 			next = min(next, w.dur.due(w.now))
+		}
+		if w.parked() {
+			next = min(next, w.now+time.Millisecond)
 		}
 		for _, p := range w.procs {
 			next = min(next, p.due())
@@ -365,6 +374,7 @@ func (w *world) advance(d time.Duration) {
 		if next > until {
 			w.now = until
 			w.stepAll()
+			w.checkPins()
 			return
 		}
 		w.now = next
