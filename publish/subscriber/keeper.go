@@ -2,6 +2,7 @@ package subscriber
 
 import (
 	"sync"
+	"time"
 
 	"github.com/mailroom/tailer/publish/subscriber/protocol"
 )
@@ -13,9 +14,12 @@ import (
 // session alone steps its Relay. It also keeps the talks with the record
 // to one at a time, which the machine needs of its driver: a talk asked
 // for while another is under way begins, in the order asked, once that
-// one ends.
+// one ends. While a consume runs it carries out its duties itself, on
+// its own clocks: the heartbeat of the messages in hand and the pin's
+// keepalive.
 type keeper struct {
 	asks chan ask
+	duty chan duties
 	// closed is closed by stop; gone as the goroutine returns, after it
 	// left the machine in last (read only after gone).
 	closed, gone chan struct{}
@@ -45,7 +49,7 @@ const (
 
 // newKeeper starts the goroutine that steps h.
 func newKeeper(h protocol.Machine) *keeper {
-	k := &keeper{asks: make(chan ask), closed: make(chan struct{}), gone: make(chan struct{})}
+	k := &keeper{asks: make(chan ask), duty: make(chan duties), closed: make(chan struct{}), gone: make(chan struct{})}
 	k.replies.New = func() any { return make(chan []protocol.ToDo, 1) }
 	go k.run(h)
 	return k
@@ -57,11 +61,22 @@ func (k *keeper) run(h protocol.Machine) {
 	defer close(k.gone)
 	talking := false
 	var waiting []ask
+	var d duties
+	var beat, keepPin clock
+	defer beat.set(0)
+	defer keepPin.set(0)
 	for {
 		select {
 		case <-k.closed:
 			k.last = h
 			return
+		case d = <-k.duty:
+			beat.set(d.heartbeat)
+			keepPin.set(d.keepPin)
+		case <-beat.c:
+			d.carryOut(&h, protocol.HeartbeatDue{})
+		case <-keepPin.c:
+			d.carryOut(&h, protocol.KeepPinDue{})
 		case a := <-k.asks:
 			if a.role == opens && talking {
 				waiting = append(waiting, a)
@@ -116,6 +131,60 @@ func (k *keeper) step(e protocol.Found, role askRole) []protocol.ToDo {
 		default:
 			return nil
 		}
+	}
+}
+
+// carry has the keeper carry out d from now on, in place of the duties
+// it had (none: duties{}).
+func (k *keeper) carry(d duties) {
+	select {
+	case k.duty <- d:
+	case <-k.closed:
+	}
+}
+
+// duties are what the keeper carries out itself while a consume runs:
+// every heartbeat, an in-progress ack of each message in hand
+// (inProgress), so the server does not deliver it again while the sink
+// works; every keepPin (0: the consumer pins none), a request naming the
+// pin (keepPinIO), so the server keeps pinning this subscriber. Neither
+// answers the machine: their IO must not wait, as no step is answered
+// meanwhile.
+type duties struct {
+	heartbeat, keepPin time.Duration
+	inProgress         func(*protocol.Held)
+	keepPinIO          func(pin string)
+}
+
+// carryOut steps h with a duty's event and carries out what it says.
+func (d duties) carryOut(h *protocol.Machine, e protocol.Found) {
+	for _, c := range h.Step(e) {
+		switch c := c.(type) {
+		case protocol.InProgress:
+			for _, held := range c.Msgs {
+				d.inProgress(held)
+			}
+		case protocol.KeepPin:
+			d.keepPinIO(c.Pin)
+		}
+	}
+}
+
+// clock ticks every set period; it has no ticks (c nil) while off.
+type clock struct {
+	t *time.Ticker
+	c <-chan time.Time
+}
+
+// set ticks every every from now on; 0 turns it off.
+func (c *clock) set(every time.Duration) {
+	if c.t != nil {
+		c.t.Stop()
+		c.t, c.c = nil, nil
+	}
+	if every > 0 {
+		c.t = time.NewTicker(every)
+		c.c = c.t.C
 	}
 }
 

@@ -115,6 +115,40 @@ func TestClosedSubscriber(t *testing.T) {
 	s.Close()
 }
 
+// The keeper carries out the heartbeat and the pin's keepalive itself,
+// on its clocks, while a talk is under way too, and stops as the consume
+// that asked for them gives them back.
+func TestKeeperCarriesOutItsDuties(t *testing.T) {
+	h := protocol.Machine{}
+	h.Pin = "p1"
+	if _, ok := answerOf[protocol.Taken](h.Step(protocol.Offer{Seq: 5, Mark: "m5", Tokens: []int{1}, Msg: "d5"})); !ok {
+		t.Fatal("the offer was not taken")
+	}
+	k := newKeeper(h)
+	defer k.stop()
+	beats, pins := make(chan uint64, 100), make(chan string, 100)
+	k.step(protocol.Reload{}, opens) // a talk under way: its IO waits on nothing of the duties
+	k.carry(duties{heartbeat: time.Millisecond, keepPin: time.Millisecond,
+		inProgress: func(held *protocol.Held) { beats <- held.Seq },
+		keepPinIO:  func(pin string) { pins <- pin }})
+	for range 3 {
+		if seq := <-beats; seq != 5 {
+			t.Fatalf("an in-progress ack of seq %d, want 5", seq)
+		}
+		if pin := <-pins; pin != "p1" {
+			t.Fatalf("a keepalive naming %q, want p1", pin)
+		}
+	}
+	// The keeper takes the duties back between two of its steps: none
+	// is carried out after.
+	k.carry(duties{})
+	n := len(beats) + len(pins)
+	time.Sleep(20 * time.Millisecond)
+	if m := len(beats) + len(pins); m != n {
+		t.Fatalf("%d in-progress acks and keepalives after the duties were given back", m-n)
+	}
+}
+
 // What a step costs through the keeper (two goroutine hand-offs), beside
 // the machine's own step: the subscriber makes a dozen or so a message.
 func BenchmarkKeeperStep(b *testing.B) {

@@ -42,6 +42,8 @@ func (s *Subscriber) consume(ctx context.Context, cons jetstream.Consumer) error
 	}
 	var wg sync.WaitGroup
 	defer func() { cancel(nil); wg.Wait() }()
+	s.keep.carry(s.duties(runCtx, cons))
+	defer s.keep.carry(duties{})
 	s.watch(runCtx, cons, cancel, &wg)
 	var stranded Stranded
 	// next is an error the gathering of a group met, taken as Next's.
@@ -148,12 +150,10 @@ func count(msg jetstream.Msg) int {
 // tokens against 500 (the measurements are at inbox's pullBatch).
 const groupTokens = 8000
 
-// watch starts, on wg, what looks after a consume beside its messages:
-// the heartbeat of the messages in hand, the pipe's reader, the end of a
-// drain, the pin.
+// watch starts, on wg, what looks after a consume beside its messages
+// and the keeper's duties: the pipe's reader, the end of a drain, the
+// pin's watch.
 func (s *Subscriber) watch(ctx context.Context, cons jetstream.Consumer, cancel context.CancelCauseFunc, wg *sync.WaitGroup) {
-	wg.Add(1)
-	go func() { defer wg.Done(); s.heartbeat(ctx, cons) }()
 	if r := s.reader; r != nil {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.watch(ctx, cancel, s.handling.Load) }()
@@ -162,10 +162,9 @@ func (s *Subscriber) watch(ctx context.Context, cons jetstream.Consumer, cancel 
 		wg.Add(1)
 		go func() { defer wg.Done(); s.untilDrained(ctx, cons, cancel) }()
 	}
-	if cfg := cons.CachedInfo().Config; cfg.PriorityPolicy == jetstream.PriorityPolicyPinned {
-		wg.Add(2)
+	if cons.CachedInfo().Config.PriorityPolicy == jetstream.PriorityPolicyPinned {
+		wg.Add(1)
 		go func() { defer wg.Done(); s.watchPin(ctx, cancel) }()
-		go func() { defer wg.Done(); s.keepPin(ctx, cfg.PinnedTTL) }()
 	}
 }
 
@@ -247,18 +246,21 @@ func (s *Subscriber) untilDrained(ctx context.Context, cons jetstream.Consumer, 
 	}
 }
 
-// heartbeat keeps the messages in hand from being redelivered while the
-// subscriber waits for its reader, or for the next message, every third
-// of the consumer's own ack wait: the one the server redelivers after,
-// whatever this subscriber was started with (issue 62: a durable made with
-// --ack-wait 3s, run without the flag, had every token written 2-4 times).
-func (s *Subscriber) heartbeat(ctx context.Context, cons jetstream.Consumer) {
-	every := protocol.InProgressEvery(cons.CachedInfo().Config.AckWait, s.cfg.AckWait, DefaultAckWait)
-	for sleep(ctx, every) {
-		for _, c := range s.step(protocol.HeartbeatDue{}) {
-			for _, h := range c.(protocol.InProgress).Msgs {
-				msgOf(h).InProgress()
-			}
-		}
+// duties are what the keeper carries out during a consume of cons
+// (ctx): the heartbeat, every third of the consumer's own ack wait (the
+// one the server redelivers after, whatever this subscriber was started
+// with: issue 62, a durable made with --ack-wait 3s, run without the
+// flag, had every token written 2-4 times); the pin's keepalive, on a
+// consumer that pins.
+func (s *Subscriber) duties(ctx context.Context, cons jetstream.Consumer) duties {
+	cfg := cons.CachedInfo().Config
+	d := duties{
+		heartbeat:  protocol.InProgressEvery(cfg.AckWait, s.cfg.AckWait, DefaultAckWait),
+		inProgress: func(h *protocol.Held) { msgOf(h).InProgress() },
 	}
+	if cfg.PriorityPolicy == jetstream.PriorityPolicyPinned {
+		d.keepPin = protocol.KeepPinEvery(cfg.PinnedTTL)
+		d.keepPinIO = func(pin string) { s.keepPin(ctx, pin, d.keepPin) }
+	}
+	return d
 }

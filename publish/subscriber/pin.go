@@ -32,21 +32,17 @@ var errPinLost = errors.New("the server no longer pins this subscriber")
 // it held delivered again to the other subscriber, or to it, and none
 // acknowledged in 305 s). A request that names the pin resets the
 // server's timer; this one allows one byte, so the server never delivers
-// a message to it (it answers 409, or 404 with none waiting).
-func (s *Subscriber) keepPin(ctx context.Context, ttl time.Duration) {
-	if ttl <= 0 {
-		return
-	}
+// a message to it (it answers 409, or 404 with none waiting). The keeper
+// asks for it (duties) and does not wait: the request waits for its
+// answer on its own, until the next is due.
+func (s *Subscriber) keepPin(ctx context.Context, pin string, every time.Duration) {
 	next := "$JS.API.CONSUMER.MSG.NEXT." + s.cfg.Stream + "." + s.cfg.Durable
-	every := protocol.KeepPinEvery(ttl)
-	for sleep(ctx, every) {
-		for _, c := range s.step(protocol.KeepPinDue{}) {
-			req, _ := json.Marshal(keepPinRequest{Batch: 1, MaxBytes: 1, NoWait: true, Group: PriorityGroup, ID: c.(protocol.KeepPin).Pin})
-			try, cancel := context.WithTimeout(ctx, every)
-			s.js.Conn().RequestWithContext(try, next, req)
-			cancel()
-		}
-	}
+	req, _ := json.Marshal(keepPinRequest{Batch: 1, MaxBytes: 1, NoWait: true, Group: PriorityGroup, ID: pin})
+	go func() {
+		try, cancel := context.WithTimeout(ctx, every)
+		defer cancel()
+		s.js.Conn().RequestWithContext(try, next, req)
+	}()
 }
 
 // keepPinRequest is a pull request that delivers nothing (keepPin).
