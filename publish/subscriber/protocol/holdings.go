@@ -118,9 +118,14 @@ func (h *Holdings) Read(cur Progress, rev uint64) (claim Progress, decided Rerea
 	return claim, decided, holding
 }
 
-// Claimed notes claim written at rev (Read's decision and holding).
+// Claimed notes claim written at rev (Read's decision and holding). The
+// record at rev is this subscriber's: a save refused before no longer
+// holds it back (a save refused while it held a message it acknowledged
+// all the same, then pinned again and claimed, it saved nothing more,
+// and the next to deliver found its chain short of what it handed: a
+// gap said of messages written; make sim, seed 1058058775, resends).
 func (h *Holdings) Claimed(claim Progress, rev uint64, decided Reread, holding bool) {
-	h.Rev = rev
+	h.Rev, h.TakenOver = rev, false
 	if decided == Merge {
 		// The record written is this subscriber's from now on; with
 		// KeepOwn it already was.

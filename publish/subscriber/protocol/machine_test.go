@@ -105,6 +105,29 @@ func TestMachineClaimGivesBackAndWaits(t *testing.T) {
 	}
 }
 
+// A claim that lands makes the record this subscriber's again: a save
+// refused before (a message acknowledged all the same, the pin then
+// another's) holds back no save after it (make sim seed 1058058775,
+// resends: the next resend's chain short of what this one handed).
+func TestMachineClaimEndsARefusal(t *testing.T) {
+	mine, theirs := records()
+	m := Machine{Holdings: Holdings{Record: mine.Clone(), Rev: 4, TakenOver: true}}
+	talkThrough(t, &m, []step{
+		{ClaimRecord{}, show([]ToDo{Load{}})},
+		{Loaded{Record: theirs.Clone(), Rev: 6}, show([]ToDo{Check{theirs}})},
+	})
+	merged := theirs.Clone()
+	merged.Absorb(&mine)
+	talkThrough(t, &m, []step{
+		{Checked{theirs.Clone()}, show([]ToDo{Write{merged, 6}})},
+		{Wrote{Rev: 7}, show([]ToDo{TalkEnded{Outcome: Take}})},
+	})
+	m.Step(Arrived{Seq: 11, Mark: "m11", Subject: "S", Header: header{}})
+	if got := show(m.Step(SaveDue{})); got == show([]ToDo{TalkEnded{Outcome: SaveRefused}}) {
+		t.Fatalf("a save after the claim landed: %s, want the record written at 7", got)
+	}
+}
+
 // A save: nothing changed, nothing written; changed, written at the
 // revision known, and the batches it saves no longer unsaved;
 // unanswered, still to save; refused once taken over, nothing written.

@@ -44,6 +44,12 @@ func (w *world) checkPins() {
 			p.waits, p.waitsSince = true, w.now
 		}
 	}
+	switch seq, _ := d.offer(w.stream, w.now); {
+	case seq == 0:
+		w.offers = nil
+	case w.offers != d:
+		w.offers, w.offersSince = d, w.now
+	}
 	w.takeoverDue()
 }
 
@@ -62,26 +68,24 @@ func (w *world) pinExpired(r release) {
 
 // takeoverDue holds the takeover not too late: takeoverBound after the
 // pin went free (its TTL ran out, or it was let go by hand), or after
-// the pinned process stopped cleanly, and after a process began to wait
-// on a pull, that process is not waiting still while the durable has a
-// message to give (make sim, seed 3595205384: frozen across a rebuild,
-// where a process woken 2 s after the pin went free was taken for one
-// waiting since).
+// the pinned process stopped cleanly, after a process began to wait on a
+// pull, and after the durable came to have a message to give, that
+// process is not waiting still. Each of the three counts: make sim seed
+// 3595205384 (frozen across a rebuild) took a process woken 2 s after the
+// pin went free for one waiting since, and seed 523655401 (takeovers) a
+// message acknowledged into room the second after for one there since.
 func (w *world) takeoverDue() {
 	d := w.dur
 	due := d.freeSince(w.now)
 	if w.pins == w.stopPins {
 		due = min(due, w.stopAt)
 	}
-	if due == never || w.now <= due+takeoverBound {
+	if due == never || w.offers != d || w.now <= due+takeoverBound {
 		return
 	}
 	seq, _ := d.offer(w.stream, w.now)
-	if seq == 0 {
-		return
-	}
 	for _, p := range w.procs {
-		if since := max(due, p.waitsSince); p.waits && w.now > since+takeoverBound {
+		if since := max(due, p.waitsSince, w.offersSince); p.waits && w.now > since+takeoverBound {
 			w.fail("p%d waits on a pull %s after the pin went free or its holder stopped, and it began to wait (bound %s), with seq %d to give",
 				p.id, w.now-since, takeoverBound, seq)
 			return
@@ -132,17 +136,31 @@ func (p *proc) stop() {
 	w := p.w
 	w.logf("p%d stops", p.id)
 	if p.loaded && p.bound == w.dur && !w.dur.gone {
-		held := p.pin() != 0 && p.pin() == w.dur.pinned(w.now)
+		held := p.pinnedHere()
 		p.settle(false, false)
-		if _, ok := p.withPin(protocol.Stopping{}).(protocol.Unpin); ok {
-			w.unpinned(p)
-		}
-		if held {
-			w.stopAt, w.stopPins = w.now, w.pins
-		}
+		p.unpinAsItStops(held)
 	}
 	w.forgets(p)
 	*p = proc{w: w, id: p.id, epoch: p.epoch + 1}
+}
+
+// pinnedHere reports whether the server pins p, as the world sees it.
+func (p *proc) pinnedHere() bool {
+	return p.pin() != 0 && p.pin() == p.w.dur.pinned(p.now())
+}
+
+// unpinAsItStops lets the server pin another at once if p, stopping, is
+// the one it pins, as the machine judges it (Subscriber.Unpin); held:
+// the server pinned p as it began to stop, and a standby is owed the
+// pin at once.
+func (p *proc) unpinAsItStops(held bool) {
+	w := p.w
+	if _, ok := p.withPin(protocol.Stopping{}).(protocol.Unpin); ok {
+		w.unpinned(p)
+	}
+	if held {
+		w.stopAt, w.stopPins = w.now, w.pins
+	}
 }
 
 // unpinned: p had the server pin another at once: its own pin alone,

@@ -156,13 +156,18 @@ func (p *proc) take(d *delivery) {
 	m := d.m
 	p.lastDelivery = p.now()
 	hdr := nats.Header{}
-	hdr.Set(wire.HeaderPrev, m.prev.Mark)
+	// A dead letter names no predecessor (DeadLetter drops HeaderPrev):
+	// a resend follows no chain.
+	chained := !p.cfg().resend
+	if chained {
+		hdr.Set(wire.HeaderPrev, m.prev.Mark)
+	}
 	hdr.Set(wire.HeaderPrevSeq, strconv.FormatUint(m.prev.Seq, 10))
 	newest, known := p.h.Record.Chain.Subjects["MAILROOM.batch"]
 	p.w.given[msgKey{p.w.stream.inc, m.seq}] = true
 	f := p.h.Step(protocol.Arrived{Seq: m.seq, Mark: m.mark, Subject: "MAILROOM.batch", Header: hdr, Again: d.again})[0].(protocol.Follows)
 	p.w.gap(p, m, f.Gap)
-	if known && !d.again && m.seq > newest.Seq {
+	if chained && known && !d.again && m.seq > newest.Seq {
 		p.w.gapDue(p, m, f.Gap)
 	}
 	tokens := make([]int, len(m.lines))

@@ -33,16 +33,23 @@ func (p *proc) untilDrained() {
 }
 
 // exitDrained ends the resend: its acks still on their way are cut
-// short, and it removes the dead letters at or below its consumer's ack
-// floor (subscriber.RemoveResent). A resend that ends drained with no other
-// running leaves none listed: the next would send them again, or none
-// would.
+// short, its reader ends (the record saved: the sender's Run, then
+// ReaderEnded), it lets go of its pin (Unpin), and it removes the dead
+// letters at or below its consumer's ack floor (subscriber.RemoveResent).
+// A resend that ends drained with no other running leaves none listed:
+// the next would send them again, or none would. Without the save, the
+// next resend's chain missed the last message handed (make sim, seed
+// 1058058775: a gap said of a dead letter written and removed).
 func (p *proc) exitDrained() {
 	w := p.w
 	w.logf("p%d drained, ends (acks cut short: %d)", p.id, len(p.inFlight))
 	if p.inHand != nil {
 		w.fail("p%d ended drained with batch %v in its sender's hand", p.id, p.inHand.key())
 	}
+	p.inFlight = nil
+	held := p.pinnedHere()
+	p.settle(false, false)
+	p.unpinAsItStops(held)
 	for _, seq := range slices.Sorted(maps.Keys(w.stream.msgs)) {
 		m := w.stream.msgs[seq]
 		if seq > w.dur.floor {

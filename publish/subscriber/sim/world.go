@@ -85,9 +85,13 @@ type world struct {
 	lastNew, lastFault time.Duration
 	// stopAt is when the pinned process last stopped cleanly, and
 	// stopPins the pins given by then: a standby is owed the pin at once.
-	stopAt    time.Duration
-	stopPins  int
-	violation string
+	stopAt   time.Duration
+	stopPins int
+	// offers is the durable when it has had a message to give since
+	// offersSince (nil: it has none).
+	offers      *durableModel
+	offersSince time.Duration
+	violation   string
 }
 
 func newWorld(cfg config) *world {
