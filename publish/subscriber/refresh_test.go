@@ -2,6 +2,7 @@ package subscriber
 
 import (
 	"context"
+	"errors"
 	"github.com/mailroom/tailer/publish/subscriber/protocol"
 	"testing"
 	"time"
@@ -141,4 +142,51 @@ type pinningConsumer struct {
 
 func (c pinningConsumer) Info(context.Context) (*jetstream.ConsumerInfo, error) {
 	return &jetstream.ConsumerInfo{PriorityGroups: []jetstream.PriorityGroupState{{Group: PriorityGroup, PinnedClientID: c.pin}}}, nil
+}
+
+// slowBucket refuses its first saves as a bucket without a leader does,
+// then takes them; taken: refused as another's write instead.
+type slowBucket struct {
+	fails, saves int
+	taken        bool
+}
+
+func (b *slowBucket) Load(context.Context) (protocol.Progress, uint64, error) {
+	return protocol.Progress{}, 1, nil
+}
+
+func (b *slowBucket) Save(context.Context, *protocol.Progress, uint64) (uint64, error) {
+	switch b.saves++; {
+	case b.taken:
+		return 0, ErrTakenOver
+	case b.saves <= b.fails:
+		return 0, nats.ErrTimeout
+	}
+	return 2, nil
+}
+
+// countedMsg counts the in-progress acks that keep it from redelivery.
+type countedMsg struct {
+	jetstream.Msg
+	inProgress int
+}
+
+func (m *countedMsg) InProgress() error { m.inProgress++; return nil }
+
+// The save before an ack waits out a bucket that cannot take it, the
+// message kept from redelivery meanwhile, and ends at once when the
+// save is refused as another's (saveNow; issue 49).
+func TestSaveNowWaitsOutTheBucket(t *testing.T) {
+	dirty := protocol.Machine{Holdings: protocol.Holdings{Rev: 1, Dirty: true}}
+	b := &slowBucket{fails: 2}
+	s := kept(t, &Subscriber{cfg: Config{Progress: b, Durable: "d"}}, dirty)
+	msg := &countedMsg{}
+	if err := s.saveNow(context.Background(), msg); err != nil || b.saves != 3 || msg.inProgress != 2 {
+		t.Fatalf("saveNow = %v after %d saves and %d in-progress acks; want it saved at the third, kept twice", err, b.saves, msg.inProgress)
+	}
+	b = &slowBucket{taken: true}
+	s = kept(t, &Subscriber{cfg: Config{Progress: b, Durable: "d"}}, dirty)
+	if err := s.saveNow(context.Background(), msg); !errors.Is(err, ErrTakenOver) || b.saves != 1 {
+		t.Fatalf("saveNow refused = %v after %d saves; want ErrTakenOver after one", err, b.saves)
+	}
 }
