@@ -190,3 +190,27 @@ func TestSaveNowWaitsOutTheBucket(t *testing.T) {
 		t.Fatalf("saveNow refused = %v after %d saves; want ErrTakenOver after one", err, b.saves)
 	}
 }
+
+// acklessMsg is a delivery whose ack the server never confirms (a
+// consumer leader frozen or cut off).
+type acklessMsg struct{ jetstream.Msg }
+
+func (acklessMsg) DoubleAck(context.Context) error { return nats.ErrTimeout }
+
+// An ack the server did not confirm leaves the message in the record, its
+// batches done and it not acknowledged: delivered again, it is acked
+// without a line (finish, acked).
+func TestUnconfirmedAckKeepsItsRecord(t *testing.T) {
+	h := protocol.Machine{}
+	taken, ok := answerOf[protocol.Taken](h.Step(protocol.Offer{Seq: 5, Mark: "m5", Tokens: []int{1}, Msg: acklessMsg{}}))
+	if !ok || taken.Held == nil {
+		t.Fatal("the offer was not taken")
+	}
+	h.Step(protocol.Done{Batches: []protocol.HeldBatch{{Held: taken.Held, Line: 0}}})
+	s := kept(t, &Subscriber{cfg: Config{Durable: "d"}}, h)
+	s.finish(context.Background(), taken.Held)
+	rec := s.keep.stop().Record.Messages[5]
+	if rec == nil || rec.Acked || !rec.Done.Has(0) {
+		t.Fatalf("the record of a message whose ack was not confirmed: %+v, want its batch done and it not acknowledged", rec)
+	}
+}
