@@ -67,20 +67,27 @@ func TestMachineClaim(t *testing.T) {
 		{ClaimRecord{}, show([]ToDo{Load{}})},
 		{Loaded{Record: mine.Clone(), Rev: 4}, show([]ToDo{Write{mine, 4}})},
 		{WriteRefused{}, show([]ToDo{Load{}})},
-		{Loaded{Record: theirs.Clone(), Rev: 6}, show([]ToDo{Check{theirs}})},
 	})
-	merged := theirs.Clone()
-	merged.Absorb(&mine)
-	talkThrough(t, &m, []step{
-		{Checked{theirs.Clone()}, show([]ToDo{Write{merged, 6}})},
-		{Wrote{Rev: 7}, show([]ToDo{TalkEnded{Outcome: Take}})},
-	})
+	claimOver(t, &m, mine, theirs)
 	if m.Rev != 7 || !m.Record.Messages[7].Done.Has(1) || !m.Record.Messages[9].Done.Has(0) || m.Dirty || m.DoneUnsaved != 0 {
 		t.Fatalf("claimed: rev %d, record %+v, dirty %v, done unsaved %d", m.Rev, m.Record, m.Dirty, m.DoneUnsaved)
 	}
 	if got := m.Step(Wrote{Rev: 8}); got != nil {
 		t.Fatalf("a write answered after the talk ended: %v", got)
 	}
+}
+
+// claimOver steps m's claim, its read asked, through theirs read at
+// revision 6, checked, and mine over it written there, landing at 7.
+func claimOver(t *testing.T, m *Machine, mine, theirs Progress) {
+	t.Helper()
+	merged := theirs.Clone()
+	merged.Absorb(&mine)
+	talkThrough(t, m, []step{
+		{Loaded{Record: theirs.Clone(), Rev: 6}, show([]ToDo{Check{theirs}})},
+		{Checked{theirs.Clone()}, show([]ToDo{Write{merged, 6}})},
+		{Wrote{Rev: 7}, show([]ToDo{TalkEnded{Outcome: Take}})},
+	})
 }
 
 // A claim read at another revision while messages are held: another
@@ -112,16 +119,8 @@ func TestMachineClaimGivesBackAndWaits(t *testing.T) {
 func TestMachineClaimEndsARefusal(t *testing.T) {
 	mine, theirs := records()
 	m := Machine{Holdings: Holdings{Record: mine.Clone(), Rev: 4, TakenOver: true}}
-	talkThrough(t, &m, []step{
-		{ClaimRecord{}, show([]ToDo{Load{}})},
-		{Loaded{Record: theirs.Clone(), Rev: 6}, show([]ToDo{Check{theirs}})},
-	})
-	merged := theirs.Clone()
-	merged.Absorb(&mine)
-	talkThrough(t, &m, []step{
-		{Checked{theirs.Clone()}, show([]ToDo{Write{merged, 6}})},
-		{Wrote{Rev: 7}, show([]ToDo{TalkEnded{Outcome: Take}})},
-	})
+	talkThrough(t, &m, []step{{ClaimRecord{}, show([]ToDo{Load{}})}})
+	claimOver(t, &m, mine, theirs)
 	m.Step(Arrived{Seq: 11, Mark: "m11", Subject: "S", Header: header{}})
 	if got := show(m.Step(SaveDue{})); got == show([]ToDo{TalkEnded{Outcome: SaveRefused}}) {
 		t.Fatalf("a save after the claim landed: %s, want the record written at 7", got)
