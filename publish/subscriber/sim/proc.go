@@ -158,6 +158,11 @@ func (p *proc) start() {
 	if end, _ := p.talk(protocol.Reload{}); end.Outcome != protocol.RecordRead {
 		return
 	}
+	if at := p.w.inboxAt; p.cfg().inbox && at.Seq != 0 {
+		// Where the inbox's own record says the durable got to
+		// (Subscriber.seed).
+		p.h.Step(protocol.SeedChain{At: at})
+	}
 	p.lastDelivery = -time.Hour
 	if !p.remake(false) {
 		return

@@ -87,6 +87,10 @@ type world struct {
 	// stopPins the pins given by then: a standby is owed the pin at once.
 	stopAt   time.Duration
 	stopPins int
+	// inboxAt is the message of the highest stream sequence a token of
+	// which the inbox stored, whatever the stream's incarnation
+	// (inbox.Inbox.Position).
+	inboxAt wire.Anchor
 	// offers is the durable when it has had a message to give since
 	// offersSince (nil: it has none).
 	offers      *durableModel
@@ -161,6 +165,9 @@ func (w *world) write(k batchKey, p *proc, tokens []string) {
 			continue
 		}
 		w.written[t]++
+	}
+	if m := w.published[msgKey{k.inc, k.seq}]; w.cfg.inbox && m != nil && k.seq >= w.inboxAt.Seq {
+		w.inboxAt = wire.Anchor{Seq: k.seq, Mark: m.mark}
 	}
 	by := hand{p.id, p.epoch}
 	again := slices.Contains(w.writers[k], by)
