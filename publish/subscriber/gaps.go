@@ -3,6 +3,7 @@ package subscriber
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -21,27 +22,42 @@ type Gaps struct {
 	open         atomic.Pointer[string]
 }
 
+// GapCheck is what Gaps.Note judges a gap by, for durable reading from
+// Stream: the stream (does it hold the predecessor?), the sink's own
+// record (did it store it?) and the durable's kind.
+type GapCheck struct {
+	JS              jetstream.JetStream
+	Stream, Durable string
+	// Pinned: the durable pins one subscriber.
+	Pinned bool
+	// Sink keeps a record of its own (nil: none): the durable is shared
+	// by its subscribers (protocol.OnGap), and Sink says whether it
+	// stored a message.
+	Sink Positioner
+	Log  *slog.Logger
+}
+
 // Note takes what wire.Chain.Follow said (nil: no gap) of a message with
-// headers h, read by durable from stream: a gap is counted and said, unless
-// the stream still holds its predecessor; a resync's message closes the
-// open gap (it publishes every token the stream lacks again). A
+// headers h: a gap is counted and said, unless the stream still holds its
+// predecessor or the sink says it stored it; a resync's message closes
+// the open gap (it publishes every token the stream lacks again). A
 // predecessor the stream holds, on a durable that does not pin one
-// subscriber (pinned false), went to another client: said as an error.
-// A durable shared by its subscribers (shared: an inbox's or River's)
-// gives each a share of every chain: see protocol.OnGap. A stream that
-// did not answer before the subscriber stopped judges nothing: the
-// subscriber says so, and no gap. keep (nil: none) keeps the message
-// held while the stream is asked.
-func (g *Gaps) Note(ctx context.Context, js jetstream.JetStream, stream, durable string, pinned, shared bool, log *slog.Logger, h wire.Header, gap *wire.Gap, keep func()) {
+// subscriber, went to another client: said as an error. A durable shared
+// by its subscribers (an inbox's or River's) gives each a share of every
+// chain: see protocol.OnGap. A stream or sink that did not answer before
+// the subscriber stopped judges nothing: the subscriber says so, and no
+// gap. keep (nil: none) keeps the message held while they are asked.
+func (g *Gaps) Note(ctx context.Context, c GapCheck, h wire.Header, gap *wire.Gap, keep func()) {
+	log, durable := c.Log, c.Durable
 	if gap != nil && !gap.Resynced {
-		there, known := PredecessorThere(ctx, js, stream, gap, keep)
+		verdict, known := c.judge(ctx, gap, keep)
 		if !known {
 			if log != nil {
-				log.Info("stopping before the stream said whether a message before this one is still there: not judged", "durable", durable, "gap", gap.Error())
+				log.Info("stopping before the stream or the sink said whether a message before this one is still there or stored: not judged", "durable", durable, "gap", gap.Error())
 			}
 			return
 		}
-		switch protocol.OnGap(there, pinned, shared) {
+		switch verdict {
 		case protocol.NotMissing:
 			gap = nil
 		case protocol.TakenElsewhere:
@@ -67,7 +83,7 @@ func (g *Gaps) Note(ctx context.Context, js jetstream.JetStream, stream, durable
 		log.Warn("messages missing before a resync's: removed from the stream before this durable read them; the resync publishes their tokens again",
 			"durable", durable, "gap", gap.Error())
 	case gap != nil:
-		log.Error("messages missing: removed from the stream before this durable read them; run tailer resync to publish their tokens again (they reach no reader otherwise)",
+		log.Error("messages missing: removed from the stream before this durable read them, or before the subscriber that read them, since killed, said it wrote them; run tailer resync to publish their tokens again (they reach no reader otherwise; readers drop by key those they had)",
 			"durable", durable, "gap", gap.Error())
 	case healed:
 		log.Info("a resync's message follows the gap: the resync publishes the tokens removed again", "durable", durable)
@@ -103,6 +119,39 @@ func (g *Gaps) Taken() int { return int(g.taken.Load()) }
 // resync for nothing.
 const predecessorPatience = 2 * time.Minute
 
+// judge asks the stream whether it holds gap's predecessor and, when it
+// does not, the sink whether it stored it, for protocol.OnGap.
+func (c GapCheck) judge(ctx context.Context, gap *wire.Gap, keep func()) (v protocol.GapVerdict, known bool) {
+	there, known := PredecessorThere(ctx, c.JS, c.Stream, gap, keep)
+	if !known {
+		return 0, false
+	}
+	stored := false
+	if !there && c.Sink != nil {
+		if stored, known = SinkStored(ctx, c.Sink, c.Stream, c.Durable, gap.Prev, keep); !known {
+			return 0, false
+		}
+	}
+	return protocol.OnGap(there, stored, c.Pinned, c.Sink != nil), true
+}
+
+// SinkStored reports whether sink's own record holds a token durable
+// stored of the message at (its place and id): asked patiently, as
+// PredecessorThere asks the stream (a database restarting answers in
+// seconds), and not stored when it never answers.
+func SinkStored(ctx context.Context, sink Positioner, stream, durable string, at wire.Anchor, keep func()) (stored, known bool) {
+	id, ok := strings.CutPrefix(at.Mark, wire.IDMark(""))
+	if !ok || at.Seq == 0 {
+		return false, true
+	}
+	known = patiently(ctx, keep, func(try context.Context) error {
+		s, err := sink.Holds(try, stream, durable, at.Seq, id)
+		stored = s && err == nil
+		return err
+	})
+	return stored, known
+}
+
 // PredecessorThere reports whether stream holds gap's predecessor where
 // the message after it says: then nothing was removed, and the durable's
 // consumer went past it, delivering it to a subscriber of the durable
@@ -117,21 +166,35 @@ func PredecessorThere(ctx context.Context, js jetstream.JetStream, stream string
 	if gap.Prev.Seq == 0 || js == nil {
 		return false, true
 	}
+	known = patiently(ctx, keep, func(try context.Context) error {
+		t, err := StreamHolds(try, js, stream, gap.Prev.Seq, HoldsMark(gap.Prev.Mark), nil)
+		there = t && err == nil
+		return err
+	})
+	return there, known
+}
+
+// patiently asks ask, each try bounded to 2 s, until it answers (known),
+// keep called between tries; for predecessorPatience, after which the
+// question counts as answered in the negative. Asked to stop meanwhile
+// (ctx done), it asks once more, briefly: no answer then leaves it
+// unknown.
+func patiently(ctx context.Context, keep func(), ask func(try context.Context) error) (known bool) {
 	give := time.Now().Add(predecessorPatience)
 	for {
 		try, cancel := context.WithTimeout(ctx, 2*time.Second)
 		if ctx.Err() != nil {
 			try, cancel = context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		}
-		there, err := StreamHolds(try, js, stream, gap.Prev.Seq, HoldsMark(gap.Prev.Mark), nil)
+		err := ask(try)
 		cancel()
 		switch {
 		case err == nil:
-			return there, true
+			return true
 		case ctx.Err() != nil:
-			return false, false
+			return false
 		case time.Now().After(give):
-			return false, true
+			return true
 		}
 		if keep != nil {
 			keep()

@@ -105,7 +105,8 @@ func (s *Subscriber) noteDelivery(ctx context.Context, msg jetstream.Msg, meta *
 	if again && s.cfg.Log != nil {
 		s.cfg.Log.Info("delivered again: a reader may have had its tokens before", "stream_seq", seq, "deliveries", meta.NumDelivered, "batches_done_before", f.DoneBefore)
 	}
-	s.gaps.Note(ctx, s.js, s.cfg.Stream, s.cfg.Durable, s.pinsOne(), s.positioner != nil, s.cfg.Log, msg.Headers(), f.Gap, func() { msg.InProgress() })
+	check := GapCheck{JS: s.js, Stream: s.cfg.Stream, Durable: s.cfg.Durable, Pinned: s.pinsOne(), Sink: s.positioner, Log: s.cfg.Log}
+	s.gaps.Note(ctx, check, msg.Headers(), f.Gap, func() { msg.InProgress() })
 }
 
 // ofAction are the tokens of each line of the subscriber's action (all

@@ -51,12 +51,16 @@ type Puller interface {
 	Pulls() (pull, pending int)
 }
 
-// Positioner is a Sink that keeps its own record of where the durable
-// got to (a database holds what it stored): a consumer gone from the
-// server, with no record of the Subscriber's (Progress) to say where it
-// was, is made again there.
+// Positioner is a Sink that keeps its own record of what the durable
+// stored (a database holds it): Position, where the durable got to, is
+// where a consumer gone from the server, with no record of the
+// Subscriber's (Progress) to say where it was, is made again; Holds, a
+// token of the message at seq with id batchID stored, closes a gap
+// before the message that follows it (its subscriber died before its
+// record of progress said so, and the stream lost it since).
 type Positioner interface {
 	Position(ctx context.Context, stream, durable string) (at Stored, ok bool, err error)
+	Holds(ctx context.Context, stream, durable string, seq uint64, batchID string) (bool, error)
 }
 
 // Stored is a message a durable stored a token of, by its place on the

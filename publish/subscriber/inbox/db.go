@@ -144,6 +144,12 @@ func (d *DB) Position(ctx context.Context, stream, durable string) (subscriber.S
 	return d.Table.Position(ctx, d.Pool, stream, durable)
 }
 
+// Holds reports whether the Table holds a token durable stored of the
+// message at seq with id batchID.
+func (d *DB) Holds(ctx context.Context, stream, durable string, seq uint64, batchID string) (bool, error) {
+	return d.Table.Holds(ctx, d.Pool, stream, durable, seq, batchID)
+}
+
 // Hand cuts us into transactions and starts them, waiting for room.
 func (d *DB) Hand(ctx context.Context, us []*subscriber.Unit, done func(...*subscriber.Unit)) error {
 	d.once.Do(func() {

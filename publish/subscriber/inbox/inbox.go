@@ -26,12 +26,14 @@ type Meta struct {
 // Table is where a DB stores tokens: StoreAll stores them in tx, adding
 // nothing for a token it holds already, and reports how many each unit
 // added; Position says where a durable consumer got to: the last message
-// it stored a token of (ok is false when it stored none). Inbox (rows of
+// it stored a token of (ok is false when it stored none); Holds, whether
+// it stored a token of a message, by its place and id. Inbox (rows of
 // mailroom_inbox) and Jobs (River's job table) are the two of tailer
 // subscribe --into.
 type Table interface {
 	StoreAll(ctx context.Context, tx pgx.Tx, us []*subscriber.Unit) (added []int, err error)
 	Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (at subscriber.Stored, ok bool, err error)
+	Holds(ctx context.Context, pool *pgxpool.Pool, stream, durable string, seq uint64, batchID string) (bool, error)
 }
 
 // Inbox stores tokens as rows of mailroom_inbox in Schema (Migrate makes
@@ -204,6 +206,22 @@ func (i Inbox) insertNew(ctx context.Context, tx pgx.Tx, us []*subscriber.Unit) 
 func (i Inbox) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable string) (subscriber.Stored, bool, error) {
 	return position(ctx, pool, `SELECT stream_seq, batch_id, token_key FROM `+i.table().Sanitize()+`
 		WHERE stream = $1 AND durable = $2 ORDER BY stream_seq DESC LIMIT 1`, stream, durable)
+}
+
+// Holds reports whether durable stored a token of the message at seq of
+// stream with id batchID in mailroom_inbox.
+func (i Inbox) Holds(ctx context.Context, pool *pgxpool.Pool, stream, durable string, seq uint64, batchID string) (bool, error) {
+	return holds(ctx, pool, `SELECT EXISTS (SELECT 1 FROM `+i.table().Sanitize()+`
+		WHERE stream = $1 AND durable = $2 AND stream_seq = $3 AND batch_id = $4)`, stream, durable, seq, batchID)
+}
+
+// holds runs query, an EXISTS over stream, durable, seq and batchID.
+func holds(ctx context.Context, pool *pgxpool.Pool, query, stream, durable string, seq uint64, batchID string) (bool, error) {
+	var there bool
+	if err := pool.QueryRow(ctx, query, stream, durable, int64(seq), batchID).Scan(&there); err != nil {
+		return false, fmt.Errorf("whether the durable stored message %d: %w", seq, err)
+	}
+	return there, nil
 }
 
 func position(ctx context.Context, pool *pgxpool.Pool, query, stream, durable string) (subscriber.Stored, bool, error) {

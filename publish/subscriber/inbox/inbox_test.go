@@ -161,3 +161,61 @@ func deref(s *string) string {
 	}
 	return *s
 }
+
+// Each table says what a durable stored by content: Position the newest
+// message it stored a token of, Holds whether it stored one of a message
+// by place and id (another message at the same place, a stream made
+// again, is not it; nor another durable's).
+func TestTablesSayWhatTheDurableStored(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := inboxPool(ctx, t)
+	if err := MigrateRiver(ctx, pool, ""); err != nil {
+		t.Fatal(err)
+	}
+	jobs, err := NewJobs("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		table Table
+	}{{"inbox", Inbox{}}, {"river", jobs}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var us []*subscriber.Unit
+			for _, seq := range []uint64{2, 5} {
+				us = append(us, testBatch(int(seq)*10, 2).Units("S", seq, "d")...)
+			}
+			us = append(us, testBatch(90, 2).Units("S", 9, "other")...)
+			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				_, err := tc.table.StoreAll(ctx, tx, us)
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			at, ok, err := tc.table.Position(ctx, pool, "S", "d")
+			if err != nil || !ok || at.Seq != 5 || at.BatchID != testBatch(50, 2).ID {
+				t.Fatalf("Position = %+v, %v, %v; want message 5 (%s)", at, ok, err, testBatch(50, 2).ID)
+			}
+			for _, c := range []struct {
+				durable string
+				seq     uint64
+				id      string
+				want    bool
+			}{
+				{"d", 2, testBatch(20, 2).ID, true},
+				{"d", 5, testBatch(50, 2).ID, true},
+				{"d", 2, testBatch(50, 2).ID, false},
+				{"d", 3, testBatch(20, 2).ID, false},
+				{"d", 9, testBatch(90, 2).ID, false},
+				{"other", 9, testBatch(90, 2).ID, true},
+			} {
+				got, err := tc.table.Holds(ctx, pool, "S", c.durable, c.seq, c.id)
+				if err != nil || got != c.want {
+					t.Errorf("Holds(%s, %d, %s) = %v, %v; want %v", c.durable, c.seq, c.id, got, err, c.want)
+				}
+			}
+		})
+	}
+}

@@ -78,6 +78,15 @@ func (j *Jobs) Position(ctx context.Context, pool *pgxpool.Pool, stream, durable
 		ORDER BY (args->>'stream_seq')::bigint DESC LIMIT 1`, stream, durable)
 }
 
+// Holds reports whether durable stored a River job of a token of the
+// message at seq of stream with id batchID (one River has cleaned out
+// does not count). Asked by containment, which River's index of args
+// serves.
+func (j *Jobs) Holds(ctx context.Context, pool *pgxpool.Pool, stream, durable string, seq uint64, batchID string) (bool, error) {
+	return holds(ctx, pool, `SELECT EXISTS (SELECT 1 FROM `+j.schema.Name("river_job")+`
+		WHERE kind = 'mailroom_token' AND args @> jsonb_build_object('stream', $1::text, 'durable', $2::text, 'stream_seq', $3::bigint, 'batch_id', $4::text))`, stream, durable, seq, batchID)
+}
+
 // Store inserts a job for each of b's tokens, those whose job is there
 // already left alone.
 //

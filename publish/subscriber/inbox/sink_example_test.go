@@ -54,6 +54,15 @@ func (Webhooks) Position(ctx context.Context, pool *pgxpool.Pool, stream, durabl
 	return at, err == nil, err
 }
 
+// Holds is whether the durable stored a token of the message at seq
+// with id batchID.
+func (Webhooks) Holds(ctx context.Context, pool *pgxpool.Pool, stream, durable string, seq uint64, batchID string) (bool, error) {
+	var there bool
+	err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM webhook_outbox
+		WHERE stream = $1 AND durable = $2 AND stream_seq = $3 AND batch_id = $4)`, stream, durable, int64(seq), batchID).Scan(&there)
+	return there, err
+}
+
 // The subscriber that stores into the inbox and River stores into a
 // Table of one's own: exactly once into the outbox, a message
 // acknowledged after its commit.
@@ -118,5 +127,11 @@ func TestCustomTable(t *testing.T) {
 	at, ok, err := Webhooks{}.Position(ctx, pool, "S", "webhooks")
 	if err != nil || !ok || at.Seq != 8 || at.BatchID != "batch-8" || at.Key != "key4" {
 		t.Fatalf("Position = %+v, %v, %v; want message 8 (batch-8, key4)", at, ok, err)
+	}
+	if there, err := (Webhooks{}).Holds(ctx, pool, "S", "webhooks", 5, "batch-5"); err != nil || !there {
+		t.Fatalf("Holds(5, batch-5) = %v, %v; want stored", there, err)
+	}
+	if there, err := (Webhooks{}).Holds(ctx, pool, "S", "webhooks", 5, "batch-8"); err != nil || there {
+		t.Fatalf("Holds(5, batch-8) = %v, %v; want not stored: another message", there, err)
 	}
 }

@@ -1,7 +1,5 @@
 package protocol
 
-import "github.com/mailroom/tailer/publish/wire"
-
 // Machine is a subscriber's Holdings and its talks with the durable's
 // record, stepped: the record read again and claimed before a delivery
 // is taken (Reread says when), the record saved (over a late write of
@@ -33,12 +31,6 @@ type Machine struct {
 	// it reads next (Reload).
 	standing bool
 	kept     *Progress
-	// stored is the newest message the sink says it stored, as the
-	// subscriber started (SeedChain with a Mark): a message that follows
-	// it follows one handled, whatever the record's chain knew (an inbox
-	// that stored a message whose subscriber was killed before its
-	// record said so: make sim seed 1621335431, stream).
-	stored wire.Anchor
 }
 
 // talk is the talk with the record under way.

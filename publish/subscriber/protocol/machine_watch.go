@@ -278,9 +278,6 @@ func (m *Machine) stepRecord(e Found) (cmds []ToDo, ok bool) {
 		if c := &m.Record.Chain; c.Seed.Seq == 0 && len(c.Subjects) == 0 {
 			c.Seed = e.At
 		}
-		if e.At.Mark != "" {
-			m.stored = e.At
-		}
 		return nil, true
 	case FollowAfresh:
 		m.Record.Chain = wire.Chain{}
@@ -326,9 +323,6 @@ func (m *Machine) arrived(e Arrived) Follows {
 	var f Follows
 	if !wire.IsMarker(e.Header) {
 		f.Gap = m.Record.Chain.Follow(e.Subject, e.Seq, e.Header, e.Mark, e.Again)
-	}
-	if g := f.Gap; g != nil && m.stored.Mark != "" && g.Prev == m.stored {
-		f.Gap = nil
 	}
 	if msg := m.Record.Messages[e.Seq]; e.Again && msg != nil && msg.Mark == e.Mark {
 		f.DoneBefore = msg.Done.Len()

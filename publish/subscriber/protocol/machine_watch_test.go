@@ -216,33 +216,3 @@ func TestMachineRecordAt(t *testing.T) {
 		t.Fatalf("look: %s", got)
 	}
 }
-
-// A message that follows the one the sink says it stored last follows a
-// message handled, whatever the record's chain knew: an inbox stored it,
-// and its subscriber was killed before its record said so (make sim seed
-// 1621335431, stream). A seed of a place alone (no Mark) says nothing of
-// what was stored there.
-func TestMachineArrivedAfterTheSinksLast(t *testing.T) {
-	m := &Machine{}
-	m.Step(Arrived{Seq: 1, Mark: "m1", Subject: "S", Header: header{wire.HeaderPrev: wire.ChainStart}})
-	m.Step(SeedChain{At: wire.Anchor{Seq: 2, Mark: "m2"}})
-	after := header{wire.HeaderPrev: "m2", wire.HeaderPrevSeq: "2"}
-	if f := m.Step(Arrived{Seq: 3, Mark: "m3", Subject: "S", Header: after})[0].(Follows); f.Gap != nil {
-		t.Fatalf("a message after the sink's last: gap %+v", f.Gap)
-	}
-	if f := m.Step(Arrived{Seq: 5, Mark: "m5", Subject: "S", Header: header{wire.HeaderPrev: "m4", wire.HeaderPrevSeq: "4"}})[0].(Follows); f.Gap == nil {
-		t.Fatal("a message after one neither given nor stored: no gap")
-	}
-	m = &Machine{}
-	m.Step(Arrived{Seq: 1, Mark: "m1", Subject: "S", Header: header{wire.HeaderPrev: wire.ChainStart}})
-	m.Step(SeedChain{At: wire.Anchor{Seq: 2, Mark: "m2"}})
-	if f := m.Step(Arrived{Seq: 3, Mark: "m3", Subject: "S", Header: header{wire.HeaderPrev: "other", wire.HeaderPrevSeq: "2"}})[0].(Follows); f.Gap == nil {
-		t.Fatal("a message after another message at the sink's last sequence (a stream made again): no gap")
-	}
-	m = &Machine{}
-	m.Step(Arrived{Seq: 1, Mark: "m1", Subject: "S", Header: header{wire.HeaderPrev: wire.ChainStart}})
-	m.Step(SeedChain{At: wire.Anchor{Seq: 2}})
-	if f := m.Step(Arrived{Seq: 3, Mark: "m3", Subject: "S", Header: after})[0].(Follows); f.Gap == nil {
-		t.Fatal("a message after a place alone (an ack floor): no gap")
-	}
-}

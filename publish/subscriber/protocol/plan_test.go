@@ -434,19 +434,23 @@ func TestDrained(t *testing.T) {
 
 func TestOnGap(t *testing.T) {
 	for _, c := range []struct {
-		there, pinned, shared bool
-		want                  GapVerdict
+		there, stored, pinned, shared bool
+		want                          GapVerdict
 	}{
-		{false, true, false, RemovedFirst},
-		{false, false, false, RemovedFirst},
-		{false, false, true, RemovedFirst},
-		{true, true, false, NotMissing},
-		{true, false, true, NotMissing},
-		{true, true, true, NotMissing},
-		{true, false, false, TakenElsewhere},
+		{false, false, true, false, RemovedFirst},
+		{false, false, false, false, RemovedFirst},
+		{false, false, false, true, RemovedFirst},
+		{true, false, true, false, NotMissing},
+		{true, false, false, true, NotMissing},
+		{true, false, true, true, NotMissing},
+		{true, false, false, false, TakenElsewhere},
+		// The sink's own word: it stored the message, gone or not.
+		{false, true, true, true, NotMissing},
+		{false, true, false, true, NotMissing},
+		{true, true, false, false, NotMissing},
 	} {
-		if got := OnGap(c.there, c.pinned, c.shared); got != c.want {
-			t.Errorf("OnGap(there %v, pinned %v, shared %v) = %d, want %d", c.there, c.pinned, c.shared, got, c.want)
+		if got := OnGap(c.there, c.stored, c.pinned, c.shared); got != c.want {
+			t.Errorf("OnGap(there %v, stored %v, pinned %v, shared %v) = %d, want %d", c.there, c.stored, c.pinned, c.shared, got, c.want)
 		}
 	}
 }
