@@ -34,6 +34,15 @@ func (r *Relay) lost(ev StreamLook) (ref Refusal, again, refused bool) {
 	openedGone := len(opened) == 1 && slices.Contains(ev.Missing, opened[0])
 	ev.Missing = slices.DeleteFunc(slices.Clone(ev.Missing), func(a wire.Anchor) bool { return slices.Contains(opened, a) })
 	batch, marker := r.gone(ev, trims)
+	if past := pastLast(ev); past.Seq != 0 && batch.Seq == 0 {
+		// No removal lowers a stream's last sequence (a purge, a limit
+		// or a delete leaves it): a stream whose last is below a message
+		// the tailer stored there was made again or restored from an
+		// older backup, whatever its batches number now (make sim seed
+		// 1621335431: a restore holding as many batches as the record
+		// counted, other ones, and a resync's marker gone).
+		batch = past
+	}
 	// A marker gone at or past the first sequence went by no limit, nor
 	// more messages than a limit of messages could have removed.
 	purged := Purged(ev.Seen, r.seen, r.rec.StreamSeq, r.judged)
@@ -116,6 +125,18 @@ func (c batchCount) removed(ev StreamLook) uint64 {
 		return 0
 	}
 	return had - ev.Seen.Batches
+}
+
+// pastLast is the first anchor the stream no longer holds past its last
+// sequence (zero: none; a look that could not read the stream's state
+// says nothing).
+func pastLast(ev StreamLook) wire.Anchor {
+	for _, a := range ev.Missing {
+		if ev.Seen.Known && a.Seq > ev.Seen.Last {
+			return a
+		}
+	}
+	return wire.Anchor{}
 }
 
 // gone sorts the anchors the stream no longer holds: the first that may

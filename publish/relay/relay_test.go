@@ -735,3 +735,29 @@ func TestPurgedSeen(t *testing.T) {
 		}
 	}
 }
+
+// A stream whose last sequence is below a message the tailer stored there
+// was made again or restored from an older backup: no purge, limit or
+// delete lowers it. Refused though it holds as many batches as the record
+// counted (other ones: make sim seed 1621335431) and the message gone is
+// a session marker, which alone would say nothing; a marker gone from a
+// stream whose last sequence is past it (its subject purged) is no loss.
+func TestStreamGoneBack(t *testing.T) {
+	marker := wire.Anchor{Seq: 6, Mark: "id:" + wire.MarkerID + "ab-1/1"}
+	rec := boundAt
+	rec.StreamSeq, rec.Anchor = 6, marker
+	rec.Seen = Seen{Known: true, First: 3, Last: 6, Batches: 1, Quiet: true}
+	check := func(seen Seen, want string) {
+		t.Helper()
+		r := New(Settings{})
+		open(t, r)
+		step(t, r, Inspected{Record: rec, Slot: slotAt}, "Claim{}")
+		step(t, r, Claimed{Head: headAt, Record: rec}, fmt.Sprintf("LookAtStream{Anchors:[%+v] Quiet:false}", marker))
+		step(t, r, StreamLook{Created: "t1", Seen: seen, Missing: []wire.Anchor{marker}}, want)
+	}
+	check(Seen{Known: true, First: 1, Last: 2, Batches: 1, Quiet: true},
+		"Refuse{Refusal:stream S no longer holds message 6 that this tailer stored on it (id:marker-ab-1/1): it was deleted and made again, restored from an older backup, or purged (of the batches' subject alone too): "+
+			"the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}")
+	check(Seen{Known: true, First: 3, Last: 8, Deleted: 1, Batches: 1, Quiet: true},
+		"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:3 Last:8 Deleted:1 Batches:1 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:6 Legacy:false After:0/100 InFlight:1}}")
+}
