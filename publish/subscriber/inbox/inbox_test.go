@@ -50,6 +50,20 @@ func inboxPool(ctx context.Context, t *testing.T) *pgxpool.Pool {
 	return pool
 }
 
+// riverJobs is a Jobs sink on River's tables, migrated into pool's
+// database.
+func riverJobs(ctx context.Context, t *testing.T, pool *pgxpool.Pool) *Jobs {
+	t.Helper()
+	if err := MigrateRiver(ctx, pool, ""); err != nil {
+		t.Fatal(err)
+	}
+	jobs, err := NewJobs("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return jobs
+}
+
 // Each sink stores a token once, however often the message comes: a
 // message stored again adds nothing, one that overlaps adds what it does
 // not share; the rows say where each token was on the stream.
@@ -61,13 +75,7 @@ func TestStoreOnce(t *testing.T) {
 	if err := Migrate(ctx, pool, ""); err != nil {
 		t.Fatalf("Migrate again: %v", err)
 	}
-	if err := MigrateRiver(ctx, pool, ""); err != nil {
-		t.Fatal(err)
-	}
-	jobs, err := NewJobs("")
-	if err != nil {
-		t.Fatal(err)
-	}
+	jobs := riverJobs(ctx, t, pool)
 	type storer interface {
 		Table
 		Store(ctx context.Context, tx pgx.Tx, m Meta, b *subscriber.Decoded) (int, error)
@@ -171,13 +179,7 @@ func TestTablesSayWhatTheDurableStored(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pool := inboxPool(ctx, t)
-	if err := MigrateRiver(ctx, pool, ""); err != nil {
-		t.Fatal(err)
-	}
-	jobs, err := NewJobs("")
-	if err != nil {
-		t.Fatal(err)
-	}
+	jobs := riverJobs(ctx, t, pool)
 	for _, tc := range []struct {
 		name  string
 		table Table
