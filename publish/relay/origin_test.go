@@ -2,6 +2,7 @@ package relay
 
 import (
 	"errors"
+	"fmt"
 	"github.com/mailroom/tailer/decoder/wal"
 	"strings"
 	"testing"
@@ -113,7 +114,7 @@ func TestFacts(t *testing.T) {
 			t.Errorf("fact %v: reason %q", f, r)
 		}
 	}
-	if ParseFact("") != NoFact || ParseFact("nonsense") != NoFact || NoFact.Reason() != "" || Fact(99).String() != "fact(99)" {
+	if ParseFact("") != NoFact || ParseFact("nonsense") != NoFact || NoFact.Reason() != "" || Fact(99).String() != "fact(99)" || numFacts.String() != fmt.Sprintf("fact(%d)", numFacts) {
 		t.Error("no fact")
 	}
 	lasting := map[Fact]bool{StreamReplaced: true, StreamPurged: true, StreamLostAnchor: true, WindowTrimmed: true, SlotAdvanced: true}

@@ -700,6 +700,7 @@ func TestBeyondLimits(t *testing.T) {
 		{"a stream shorter than before", Seen{Known: true, First: 1, Last: 12, Trims: true, Keeps: 5}, Seen{Known: true, First: 1, Last: 3, Trims: true, Keeps: 5}, false},
 		{"a message gone within, the limit taken off since", Seen{Known: true, First: 1, Last: 1, Trims: true, Keeps: 12}, Seen{Known: true, First: 1, Last: 13, Deleted: 1}, true},
 		{"a message gone within under a limit of bytes", Seen{Known: true, First: 1, Last: 1, Trims: true}, Seen{Known: true, First: 1, Last: 13, Deleted: 1}, false},
+		{"a message gone within, nothing stored since", Seen{Known: true, First: 1, Last: 12, Trims: true, Keeps: 12}, Seen{Known: true, First: 1, Last: 12, Deleted: 1, Trims: true, Keeps: 12}, true},
 	} {
 		if got := beyondLimits(tc.before, tc.now); got != tc.want {
 			t.Errorf("%s: beyondLimits = %v, want %v", tc.name, got, tc.want)
@@ -741,7 +742,8 @@ func TestPurgedSeen(t *testing.T) {
 // delete lowers it. Refused though it holds as many batches as the record
 // counted (other ones: make sim seed 1621335431) and the message gone is
 // a session marker, which alone would say nothing; a marker gone from a
-// stream whose last sequence is past it (its subject purged) is no loss.
+// stream whose last sequence is at it or past it (its subject purged) is
+// no loss.
 func TestStreamGoneBack(t *testing.T) {
 	marker := wire.Anchor{Seq: 6, Mark: "id:" + wire.MarkerID + "ab-1/1"}
 	rec := boundAt
@@ -758,6 +760,8 @@ func TestStreamGoneBack(t *testing.T) {
 	check(Seen{Known: true, First: 1, Last: 2, Batches: 1, Quiet: true},
 		"Refuse{Refusal:stream S no longer holds message 6 that this tailer stored on it (id:marker-ab-1/1): it was deleted and made again, restored from an older backup, or purged (of the batches' subject alone too): "+
 			"the batches it held are gone, acknowledged by JetStream whether or not a consumer had read them Say:true} Wait{Delay:5s Err:<nil> Say:false}")
+	check(Seen{Known: true, First: 3, Last: 6, Deleted: 1, Batches: 1, Quiet: true},
+		"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:3 Last:6 Deleted:1 Batches:1 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:6 Legacy:false After:0/100 InFlight:1}}")
 	check(Seen{Known: true, First: 3, Last: 8, Deleted: 1, Batches: 1, Quiet: true},
 		"RecordAnchor{Anchor:{Seq:0 Mark:} Seen:{Known:true First:3 Last:8 Deleted:1 Batches:1 Trims:false Keeps:0 Quiet:false} Stream:{Name: Created:}} Resume{Owner:{Origin:/0/ Incarnation:i1 Since:6 Legacy:false After:0/100 InFlight:1}}")
 }
