@@ -328,15 +328,19 @@ func (w *world) gapDue(p *proc, m *smsg, g *wire.Gap) {
 
 // unsure reports whether a subscriber that said messages missing before
 // the one published at a could not know better: into a pipe, a was
-// given to a process whose record never said it wrote it (the chain
-// would have it then), and the stream lost it since. A pipe keeps no
-// record of its own to ask (make sim seed 3341109095, everything): the
-// tokens may have reached the sender or not, and said missing, a resync
-// publishes them again, which --dedup-window drops.
+// given to a process, the durable's record does not say it was the
+// newest handled (a process killed before its record said so), and the
+// stream lost it since. A pipe keeps no record of its own to ask (make
+// sim seed 3341109095, everything): the tokens may have reached the
+// sender or not, and said missing, a resync publishes them again, which
+// --dedup-window drops.
 func (w *world) unsure(a wire.Anchor) bool {
 	k := msgKey{w.stream.inc, a.Seq}
-	m := w.published[k]
-	return !w.cfg.inbox && m != nil && m.mark == a.Mark && w.given[k]
+	if m := w.published[k]; w.cfg.inbox || m == nil || m.mark != a.Mark || !w.given[k] {
+		return false
+	}
+	rec, err := protocol.ParseProgress(w.kv.value)
+	return err != nil || rec.Chain.Subjects["MAILROOM.batch"] != a
 }
 
 // lacking reports whether the message published at a (of this stream)
