@@ -128,18 +128,18 @@ func (c GapCheck) judge(ctx context.Context, gap *wire.Gap, keep func()) (v prot
 	}
 	stored := false
 	if !there && c.Sink != nil {
-		if stored, known = SinkStored(ctx, c.Sink, c.Stream, c.Durable, gap.Prev, keep); !known {
+		if stored, known = sinkStored(ctx, c.Sink, c.Stream, c.Durable, gap.Prev, keep); !known {
 			return 0, false
 		}
 	}
 	return protocol.OnGap(there, stored, c.Pinned, c.Sink != nil), true
 }
 
-// SinkStored reports whether sink's own record holds a token durable
+// sinkStored reports whether sink's own record holds a token durable
 // stored of the message at (its place and id): asked patiently, as
 // PredecessorThere asks the stream (a database restarting answers in
 // seconds), and not stored when it never answers.
-func SinkStored(ctx context.Context, sink Positioner, stream, durable string, at wire.Anchor, keep func()) (stored, known bool) {
+func sinkStored(ctx context.Context, sink Positioner, stream, durable string, at wire.Anchor, keep func()) (stored, known bool) {
 	id, ok := strings.CutPrefix(at.Mark, wire.IDMark(""))
 	if !ok || at.Seq == 0 {
 		return false, true
