@@ -48,9 +48,13 @@ sim:
 # the same verdict, and a mutant a unit test kills does not wait for the
 # simulation) and are never taken from the cache. A mutant that loops
 # (settle.go's AfterReaderEnd) times out at ten times the first run.
+# gremlins counts a mutant in a switch's case expression, or in a
+# constant, as not covered (Go's coverage blocks hold neither): all 46 of
+# the relay's not-covered mutants at 71384c8 were such, in code its tests
+# run (go test -cover: 97.8% of statements), so its bar is 80.
 mutate: export GOFLAGS = -count=1 -failfast
 mutate:
-	go run github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0 unleash --exclude-files 'sim/' --threshold-efficacy 90 --threshold-mcover 85 ./publish/relay
+	go run github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0 unleash --exclude-files 'sim/' --threshold-efficacy 90 --threshold-mcover 80 ./publish/relay
 	go run github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0 unleash --exclude-files 'sim/' --timeout-coefficient 10 --threshold-efficacy 90 --threshold-mcover 85 ./publish/subscriber/protocol
 
 # Runs the whole thing end to end on a throwaway PostgreSQL.
