@@ -9,9 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"pgregory.net/rapid"
 
+	"github.com/mailroom/tailer/internal/embedded"
 	"github.com/mailroom/tailer/internal/testutil/natstest"
 	"github.com/mailroom/tailer/publish"
 )
@@ -230,5 +232,67 @@ func (c *streamCheck) agree(rt *rapid.T) {
 		case !held || m.Sequence != want.Seq:
 			rt.Fatalf("last message on %s: JetStream at %d, the model at %d (%v)", subject, m.Sequence, want.Seq, held)
 		}
+	}
+}
+
+// No removal lowers a real stream's last sequence, the restart of its
+// server included: a purge of the subject its last messages are on, or
+// their deletion, leaves it where it was, as the model does. The relay
+// holds an anchor gone past the last sequence to be a stream made again
+// or restored (relay's pastLast); a server that lowered it would be
+// refused for a purge. (The model's agreement above holds it without a
+// restart.)
+func TestLastSequenceOutlivesRemovals(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	for _, remove := range []string{"purge of the last messages' subject", "the last messages deleted"} {
+		srv, err := embedded.Start(dir, "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, err := nats.Connect(srv.ClientURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, _ := jetstream.New(nc)
+		name := "S" + strconv.Itoa(len(remove))
+		s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, Storage: jetstream.FileStorage})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, subject := range []string{"b", "b", "m", "m"} {
+			if _, err := js.Publish(ctx, name+"."+subject, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if remove == "the last messages deleted" {
+			err = errors.Join(s.DeleteMsg(ctx, 4), s.DeleteMsg(ctx, 3))
+		} else {
+			err = s.Purge(ctx, jetstream.WithPurgeSubject(name+".m"))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc.Close()
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		if srv, err = embedded.Start(dir, "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		nc, err = nats.Connect(srv.ClientURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, _ = jetstream.New(nc)
+		if s, err = js.Stream(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		if last := s.CachedInfo().State.LastSeq; last != 4 {
+			t.Errorf("%s, the server restarted: last sequence %d, want 4", remove, last)
+		}
+		nc.Close()
+		srv.Shutdown()
+		srv.WaitForShutdown()
 	}
 }
