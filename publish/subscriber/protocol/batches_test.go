@@ -35,7 +35,7 @@ func TestBatches(t *testing.T) {
 			t.Errorf("ParseBatches(%q) = %v, %v", tc.want, back, err)
 		}
 	}
-	for _, bad := range []string{"-1", "1-1", "3-2", "2,1", "0-2,3", "0,0", "a", "1-", "01", "1048576", ",", "0,,1"} {
+	for _, bad := range []string{"-1", "1-1", "3-2", "2,1", "0-2,3", "0,0", "a", "1-", "01", "1048576", "0-1048576", ",", "0,,1"} {
 		if b, err := protocol.ParseBatches(bad); err == nil {
 			t.Errorf("ParseBatches(%q) = %v, want an error", bad, b)
 		}

@@ -52,4 +52,23 @@ func TestProgressAbsorb(t *testing.T) {
 	if p.Absorb(&q) {
 		t.Fatal("absorbing the same record twice changed it")
 	}
+	// A record that names no content for a message (written before marks
+	// were kept) is of the same message: its batches done count.
+	unmarked := Progress{Messages: map[uint64]*MessageProgress{12: {Batches: 2, Done: done(1)}}}
+	if !p.Absorb(&unmarked) || !p.Messages[12].Done.Has(1) {
+		t.Fatalf("message 12 after an unmarked record of it: %+v", p.Messages[12])
+	}
+}
+
+// The newest message given is the one seen last at the highest sequence:
+// another at the same sequence (a stream made again) takes its place, an
+// older one does not.
+func TestProgressSaw(t *testing.T) {
+	var p Progress
+	if !p.Saw(5, "id:a") || !p.Saw(5, "id:b") || p.Last != (wire.Anchor{Seq: 5, Mark: "id:b"}) {
+		t.Fatalf("last %v, want 5 id:b", p.Last)
+	}
+	if p.Saw(4, "id:c") || p.Last.Seq != 5 {
+		t.Fatalf("an older message moved the last to %v", p.Last)
+	}
 }
