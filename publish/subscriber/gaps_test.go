@@ -62,6 +62,14 @@ func TestGapsCheckTheStream(t *testing.T) {
 	if n, open := gaps.State(); n != 2 || open != "" {
 		t.Fatalf("after a resync's message: %d gaps, open %q", n, open)
 	}
+	// Asked to stop, it asks the stream once more, and a stream that
+	// answers judges the gap all the same.
+	stopped, stop := context.WithCancel(ctx)
+	stop()
+	gaps.Note(stopped, subscriber.GapCheck{JS: js, Stream: "S", Durable: "d", Pinned: true}, nats.Header{}, gap, nil)
+	if n, open := gaps.State(); n != 3 || open == "" {
+		t.Fatalf("stopping, the stream answering: %d gaps, open %q; want the gap said", n, open)
+	}
 }
 
 // A stream that cannot answer for longer than a client's usual wait (its
