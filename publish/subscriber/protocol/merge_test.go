@@ -58,6 +58,12 @@ func TestProgressAbsorb(t *testing.T) {
 	if !p.Absorb(&unmarked) || !p.Messages[12].Done.Has(1) {
 		t.Fatalf("message 12 after an unmarked record of it: %+v", p.Messages[12])
 	}
+	// The other way round, and a failure counted where none was.
+	p.Messages[15] = &MessageProgress{Batches: 2}
+	marked := Progress{Messages: map[uint64]*MessageProgress{15: {Mark: "id:15", Batches: 2, Done: done(0), Attempts: map[int]int{1: 1}}}}
+	if !p.Absorb(&marked) || !p.Messages[15].Done.Has(0) || p.Messages[15].Attempts[1] != 1 {
+		t.Fatalf("unmarked message 15 after a marked record of it: %+v", p.Messages[15])
+	}
 }
 
 // The newest message given is the one seen last at the highest sequence:

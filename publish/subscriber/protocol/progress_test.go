@@ -34,6 +34,15 @@ func TestParseProgress(t *testing.T) {
 			t.Errorf("%s: %v, want ErrRecordAhead", tc.name, err)
 		}
 	}
+	// At the bounds, accepted: a record of exactly maxRecordBytes, one
+	// that needs this reader's format, no attempts yet at a batch.
+	exact := `{"floor":1}`
+	exact += strings.Repeat(" ", maxRecordBytes-len(exact))
+	for _, ok := range []string{exact, `{"needs":1,"floor":1}`, `{"floor":1,"messages":{"5":{"batches":2,"attempts":{"1":0}}}}`} {
+		if _, err := ParseProgress([]byte(ok)); err != nil {
+			t.Errorf("ParseProgress(%.40q) = %v, want it read", ok, err)
+		}
+	}
 	p, err := ParseProgress([]byte(`{"floor":4,"last":{"seq":6,"mark":"m6"},"messages":{"5":{"mark":"m5","batches":3,"done":"0,2","attempts":{"1":2}}}}`))
 	if err != nil {
 		t.Fatal(err)
